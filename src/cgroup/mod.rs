@@ -1,0 +1,1 @@
+//! cgroup device rules: v1 devices.allow and v2 BPF device programs.

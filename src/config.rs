@@ -1,0 +1,239 @@
+//! `/etc/nvhook/config.toml`: where the host's driver, device nodes and proc live, and policy.
+
+use crate::capability::Capability;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_PATH: &str = "/etc/nvhook/config.toml";
+/// Environment variable that names the config file when `--config` is not given.
+pub const ENV_VAR: &str = "NVHOOK_CONFIG";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
+pub struct Config {
+    /// Root of the host's driver files (libraries, binaries, firmware, ld.so.cache).
+    pub driver_root: PathBuf,
+    /// Root under which the host's `/dev/nvidia*` nodes live.
+    pub dev_root: PathBuf,
+    /// The host's procfs (for `devices` and `driver/nvidia`).
+    pub proc_root: PathBuf,
+    /// NVML library to load; by default `libnvidia-ml.so.1` looked up in the driver root's cache.
+    pub nvml_library: Option<PathBuf>,
+    /// Capabilities this node serves; a request for another one is an error.
+    pub supported_capabilities: Vec<Capability>,
+    /// Whether an unprivileged container may select GPUs with NVIDIA_VISIBLE_DEVICES.
+    pub accept_env_when_unprivileged: bool,
+    /// Whether `/var/run/nvidia-container-devices/<id>` mounts select GPUs.
+    pub accept_volume_mount_devices: bool,
+    /// Skip every NVIDIA_REQUIRE_* check.
+    pub disable_require: bool,
+    /// File the hook appends its log to; none means log to stderr only on failure.
+    pub log_file: Option<PathBuf>,
+    pub log_level: LogLevel,
+    /// Low-level runtimes the shim execs, first found wins.
+    pub runtimes: Vec<String>,
+    /// Absolute path of the nvhook binary written into hook entries.
+    pub hook_path: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            driver_root: PathBuf::from("/"),
+            dev_root: PathBuf::from("/"),
+            proc_root: PathBuf::from("/proc"),
+            nvml_library: None,
+            supported_capabilities: Capability::ALL.to_vec(),
+            accept_env_when_unprivileged: true,
+            accept_volume_mount_devices: true,
+            disable_require: false,
+            log_file: None,
+            log_level: LogLevel::Info,
+            runtimes: vec!["runc".into(), "crun".into()],
+            hook_path: PathBuf::from("/usr/bin/nvhook"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source} (pass --config FILE or set NVHOOK_CONFIG)")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bad config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+impl Config {
+    /// Loads the config named explicitly, else `$NVHOOK_CONFIG`, else the default path.
+    /// Only the default path may be absent (then the defaults apply).
+    pub fn load(explicit: Option<&Path>, env_value: Option<&str>) -> Result<Config, ConfigError> {
+        let named = explicit
+            .map(Path::to_path_buf)
+            .or_else(|| env_value.filter(|v| !v.is_empty()).map(PathBuf::from));
+        match named {
+            Some(path) => Self::from_file(&path),
+            None => match std::fs::read_to_string(DEFAULT_PATH) {
+                Ok(text) => Self::parse(&text, Path::new(DEFAULT_PATH)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Config::default()),
+                Err(source) => Err(ConfigError::Read {
+                    path: DEFAULT_PATH.into(),
+                    source,
+                }),
+            },
+        }
+    }
+
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let parse_error = |message: String| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        };
+        let config: Config =
+            toml::from_str(text).map_err(|e| parse_error(one_line(e.message(), e.span(), text)))?;
+        config.validate().map_err(parse_error)?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if !self.hook_path.is_absolute() {
+            return Err(format!(
+                "hook-path {:?} must be an absolute path",
+                self.hook_path
+            ));
+        }
+        if self.runtimes.is_empty() {
+            return Err("runtimes must name at least one runtime (e.g. [\"runc\"])".into());
+        }
+        for (key, p) in [
+            ("driver-root", &self.driver_root),
+            ("dev-root", &self.dev_root),
+            ("proc-root", &self.proc_root),
+        ] {
+            if !p.is_absolute() {
+                return Err(format!("{key} {p:?} must be an absolute path"));
+            }
+        }
+        Ok(())
+    }
+
+    /// `<driver-root>/<path>` for an absolute host path.
+    pub fn driver_path(&self, path: &str) -> PathBuf {
+        self.driver_root.join(path.trim_start_matches('/'))
+    }
+
+    pub fn dev_path(&self, path: &str) -> PathBuf {
+        self.dev_root.join(path.trim_start_matches('/'))
+    }
+
+    pub fn proc_path(&self, path: &str) -> PathBuf {
+        self.proc_root.join(path.trim_start_matches('/'))
+    }
+}
+
+/// toml's messages span several lines with a caret drawing; keep one line with the line number.
+fn one_line(message: &str, span: Option<std::ops::Range<usize>>, text: &str) -> String {
+    match span {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("line {line}: {message}")
+        }
+        None => message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("/etc/nvhook/config.toml"))
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn keys_are_read() {
+        let c = parse(
+            r#"
+driver-root = "/run/driver"
+dev-root = "/d"
+proc-root = "/p"
+nvml-library = "/x/libnvidia-ml.so.1"
+supported-capabilities = ["compute", "utility"]
+accept-env-when-unprivileged = false
+accept-volume-mount-devices = false
+disable-require = true
+log-file = "/var/log/nvhook.log"
+log-level = "debug"
+runtimes = ["crun"]
+hook-path = "/opt/nvhook"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.driver_root, Path::new("/run/driver"));
+        assert_eq!(
+            c.supported_capabilities,
+            vec![Capability::Compute, Capability::Utility]
+        );
+        assert!(!c.accept_env_when_unprivileged);
+        assert_eq!(c.log_level, LogLevel::Debug);
+        assert_eq!(c.runtimes, vec!["crun".to_string()]);
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_file() {
+        let e = parse("driver-root = \"/\"\nbogus = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bogus"), "{e}");
+        assert!(e.contains("/etc/nvhook/config.toml"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_names_key() {
+        let e = parse("disable-require = \"yes\"").unwrap_err().to_string();
+        assert!(e.contains("line 1"), "{e}");
+        let e = parse("supported-capabilities = [\"teleport\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("teleport"), "{e}");
+    }
+
+    #[test]
+    fn relative_hook_path_rejected() {
+        let e = parse("hook-path = \"nvhook\"").unwrap_err().to_string();
+        assert!(e.contains("hook-path"), "{e}");
+    }
+
+    #[test]
+    fn explicit_missing_file_is_an_error() {
+        let e = Config::load(Some(Path::new("/nonexistent/nvhook.toml")), None).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/nvhook.toml"));
+    }
+}

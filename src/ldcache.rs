@@ -1,0 +1,1 @@
+//! glibc ld.so.cache: read (host lookup) and write (container update).

@@ -1,0 +1,11 @@
+//! nvhook: give OCI containers NVIDIA GPUs.
+//!
+//! The pure model (request, inventory data, plan) is separate from everything that touches
+//! the system (NVML loading, mounts, cgroups), so the former is tested without root.
+
+pub mod capability;
+pub mod cgroup;
+pub mod config;
+pub mod ldcache;
+pub mod oci;
+pub mod request;

@@ -1,0 +1,1 @@
+//! The GPU request a container makes through NVIDIA_* variables and device mounts.
