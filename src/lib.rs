@@ -6,6 +6,10 @@
 pub mod capability;
 pub mod cgroup;
 pub mod config;
+pub mod inject;
+pub mod inventory;
 pub mod ldcache;
 pub mod oci;
+pub mod plan;
+pub mod report;
 pub mod request;

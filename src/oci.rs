@@ -92,6 +92,8 @@ pub struct Mount {
 pub struct Linux {
     #[serde(default)]
     pub devices: Vec<LinuxDevice>,
+    #[serde(default, rename = "rootfsPropagation")]
+    pub rootfs_propagation: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -156,6 +158,10 @@ impl Spec {
     /// The container's rootfs: `root.path`, relative to the bundle unless absolute.
     pub fn rootfs(&self, bundle: &Path) -> Option<PathBuf> {
         self.root.as_ref().map(|r| bundle.join(&r.path))
+    }
+
+    pub fn rootfs_propagation(&self) -> Option<&str> {
+        self.linux.as_ref()?.rootfs_propagation.as_deref()
     }
 
     pub fn devices(&self) -> &[LinuxDevice] {

@@ -1,1 +1,118 @@
-fn main() {}
+//! simnode: builds a simulated NVIDIA GPU node (driver files, device nodes,
+//! /proc files, mock NVML) in a directory, for testing nvhook without a GPU.
+
+mod compile;
+mod devices;
+mod driver;
+mod libs;
+mod node;
+mod procfs;
+mod spec;
+mod tools;
+mod topology;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use std::path::{Path, PathBuf};
+
+#[derive(Parser)]
+#[command(about = "Build or remove a simulated NVIDIA GPU node (run as root)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build a node in DIR, replacing an earlier node there.
+    Create(CreateArgs),
+    /// Remove a node that simnode built (refuses any other directory).
+    Destroy { dir: PathBuf },
+}
+
+#[derive(clap::Args)]
+struct CreateArgs {
+    dir: PathBuf,
+    /// Number of GPUs (0 to 64).
+    #[arg(long, default_value_t = 4)]
+    gpus: u32,
+    /// GPU:COUNT: turn MIG on for GPU and give it COUNT (1 to 7) MIG devices.
+    #[arg(long, value_name = "GPU:COUNT", value_parser = parse_mig)]
+    mig: Vec<(u32, u32)>,
+    #[arg(long, default_value = "550.54.15")]
+    driver_version: String,
+    #[arg(long, default_value = "12.4")]
+    cuda_version: String,
+    /// nvmlReturn_t that the mock's nvmlInit returns (0 = success).
+    #[arg(long, default_value_t = 0)]
+    nvml_init_error: u32,
+    /// How long the mock's nvmlInit sleeps, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    nvml_init_delay_ms: u64,
+    /// The mock NVML library [default: libmock_nvml.so beside simnode].
+    #[arg(long)]
+    mock_nvml: Option<PathBuf>,
+    /// nvhook's path for the node's config.toml [default: nvhook beside simnode].
+    #[arg(long)]
+    hook_path: Option<PathBuf>,
+}
+
+fn parse_mig(text: &str) -> Result<(u32, u32), String> {
+    let (gpu, count) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?}: expected GPU:COUNT, e.g. 1:2"))?;
+    let number = |s: &str| {
+        s.parse::<u32>()
+            .map_err(|_| format!("{text:?}: {s:?} is not a number"))
+    };
+    Ok((number(gpu)?, number(count)?))
+}
+
+fn main() {
+    if let Err(err) = run(Cli::parse()) {
+        eprintln!("simnode: {err:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("must run as root: device nodes are made with mknod (try sudo)");
+    }
+    match cli.command {
+        Command::Create(args) => create(args),
+        Command::Destroy { dir } => node::destroy(&dir),
+    }
+}
+
+fn create(args: CreateArgs) -> Result<()> {
+    let params = spec::Params {
+        gpus: args.gpus,
+        mig: args.mig,
+        driver_version: args.driver_version,
+        cuda_version: args.cuda_version,
+        nvml_init_error: args.nvml_init_error,
+        nvml_init_delay_ms: args.nvml_init_delay_ms,
+    };
+    let mock_nvml = absolute(
+        args.mock_nvml
+            .map_or_else(|| beside_self("libmock_nvml.so"), Ok)?,
+    )?;
+    let hook_path = absolute(args.hook_path.map_or_else(|| beside_self("nvhook"), Ok)?)?;
+    let inputs = node::Inputs {
+        params: &params,
+        mock_nvml: &mock_nvml,
+        hook_path: &hook_path,
+    };
+    node::create(&args.dir, &inputs)
+}
+
+fn beside_self(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot locate the simnode executable")?;
+    Ok(exe.parent().unwrap_or(Path::new("/")).join(name))
+}
+
+fn absolute(path: PathBuf) -> Result<PathBuf> {
+    std::path::absolute(&path).with_context(|| format!("cannot make {} absolute", path.display()))
+}

@@ -1,0 +1,46 @@
+//! The container's loader cache, updated by nvhook itself: the image's ldconfig is never run
+//! (it is image code, and it followed symlinks out of crafted images: CVE-2025-23267).
+
+use super::rootfs::{Rootfs, RootfsError};
+use crate::inventory::ElfClassName;
+use crate::ldcache::{ElfClass, Entry, LdCache, MAX_CACHE_LEN};
+use crate::plan::{CacheEntry, LdSoConf};
+
+const CACHE_PATH: &str = "/etc/ld.so.cache";
+
+/// Adds `entries` to the image's /etc/ld.so.cache, replacing same-name entries, and writes
+/// it back atomically. A cache that does not parse is rebuilt from the entries alone: glibc
+/// then finds the image's own libraries in its default directories.
+pub fn update_cache(rootfs: &Rootfs, entries: &[CacheEntry]) -> Result<usize, RootfsError> {
+    let mut cache = match rootfs.read_file(CACHE_PATH, MAX_CACHE_LEN)? {
+        Some(bytes) => LdCache::parse(&bytes).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the image's {CACHE_PATH} does not parse; writing a new one");
+            LdCache::default()
+        }),
+        None => LdCache::default(),
+    };
+    for e in entries {
+        let class = match e.class {
+            ElfClassName::Lib64 => ElfClass::X86_64,
+            ElfClassName::Lib32 => ElfClass::I386,
+        };
+        cache.insert(Entry::new(e.soname.clone(), e.path.clone(), class));
+    }
+    let bytes = cache.to_bytes().map_err(|e| RootfsError::Op {
+        op: "encode",
+        path: CACHE_PATH.into(),
+        message: e.to_string(),
+    })?;
+    rootfs.replace_file(CACHE_PATH, &bytes, 0o644)?;
+    Ok(cache.entries().len())
+}
+
+/// Keeps the injected library directories known to a later ldconfig run inside the image.
+pub fn write_conf(rootfs: &Rootfs, conf: &LdSoConf) -> Result<(), RootfsError> {
+    let mut text = String::from("# Written by nvhook: NVIDIA driver libraries.\n");
+    for d in &conf.dirs {
+        text.push_str(d);
+        text.push('\n');
+    }
+    rootfs.replace_file(&conf.path, text.as_bytes(), 0o644)
+}

@@ -1,0 +1,241 @@
+//! The prestart hook: apply a plan inside a live container, before pivot_root.
+//!
+//! Order matters. In the host's mount namespace: read the inventory (in a child process),
+//! probe the image, plan, set the cgroup rules, and open every mount source as a detached,
+//! read-only tree. Then enter the container's mount namespace and attach those trees onto
+//! targets resolved inside the rootfs. Mounts only ever happen in the container's namespace,
+//! which dies with the container, so a failure leaves nothing on the host.
+
+pub mod loader;
+pub mod procfs;
+pub mod rootfs;
+pub mod sys;
+
+use crate::cgroup::{self, DeviceRule};
+use crate::config::Config;
+use crate::inventory::{self, Inventory};
+use crate::oci::{OciError, Spec, State};
+use crate::plan::{self, DeviceNode, MountKind, Plan};
+use crate::request::{Request, RequestError};
+use rootfs::{Existing, Rootfs, RootfsError};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// NVML gets this long; runc's default hook timeout is far longer, and our own message
+/// is clearer than the runtime's kill.
+pub const NVML_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error(transparent)]
+    Oci(#[from] OciError),
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(transparent)]
+    Inventory(#[from] inventory::InventoryError),
+    #[error(transparent)]
+    Plan(#[from] plan::PlanError),
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
+    #[error(transparent)]
+    Rootfs(#[from] RootfsError),
+    #[error("the OCI state has no pid: run nvhook as a prestart or createRuntime hook")]
+    NoPid,
+    #[error("the OCI spec has no root.path")]
+    NoRoot,
+    #[error(
+        "linux.rootfsPropagation is {0:?}: mounts would propagate to the host; use private or slave"
+    )]
+    SharedRootfs(String),
+    #[error("cannot open mount source {path}: {message}")]
+    Source { path: PathBuf, message: String },
+    #[error("cannot enter the mount namespace of pid {pid}: {message}")]
+    Namespace { pid: i32, message: String },
+}
+
+/// What the hook did, for the caller's log line.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The container asked for no GPU: nothing was touched.
+    NotGpu,
+    Applied {
+        devices: usize,
+        mounts: usize,
+    },
+}
+
+/// Logs how long a step took.
+struct Step(Instant);
+
+impl Step {
+    fn start() -> Step {
+        Step(Instant::now())
+    }
+
+    fn done(&mut self, step: &'static str) {
+        let us = self.0.elapsed().as_micros();
+        tracing::info!(step, us, "done");
+        self.0 = Instant::now();
+    }
+}
+
+/// Runs the whole prestart hook for the container described by `state`.
+pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
+    let mut step = Step::start();
+    let spec = Spec::load(&state.bundle)?;
+    let Some(request) = Request::from_spec(&spec, config)? else {
+        tracing::info!(bundle = %state.bundle.display(), "no GPU requested; nothing to do");
+        return Ok(Outcome::NotGpu);
+    };
+    let pid = state.pid.ok_or(HookError::NoPid)?;
+    if let Some(p) = spec.rootfs_propagation().filter(|p| p.contains("shared")) {
+        return Err(HookError::SharedRootfs(p.to_string()));
+    }
+    let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
+    step.done("request");
+    let inventory = inventory::isolated::load(config, NVML_TIMEOUT)?;
+    step.done("inventory");
+    let plan = plan_for(&request, &inventory, config, &rootfs_path)?;
+    step.done("plan");
+    apply(&spec, pid, &rootfs_path, &plan, &mut step)
+}
+
+/// The plan for a container whose rootfs is at `rootfs_path` (probed read-only).
+pub fn plan_for(
+    request: &Request,
+    inventory: &Inventory,
+    config: &Config,
+    rootfs_path: &Path,
+) -> Result<Plan, HookError> {
+    let image = Rootfs::open(rootfs_path)?.probe();
+    Ok(plan::build(
+        request,
+        inventory,
+        &config.dev_root.display().to_string(),
+        image,
+    )?)
+}
+
+fn apply(
+    spec: &Spec,
+    pid: i32,
+    rootfs_path: &Path,
+    plan: &Plan,
+    step: &mut Step,
+) -> Result<Outcome, HookError> {
+    // Nodes listed in the spec are the runtime's: it makes them and owns their cgroup rules.
+    let in_spec = |d: &DeviceNode| {
+        spec.devices().iter().any(|s| {
+            s.path == Path::new(&d.path)
+                && s.major == Some(i64::from(d.major))
+                && s.minor == Some(i64::from(d.minor))
+        })
+    };
+    let nodes: Vec<&DeviceNode> = plan.devices.iter().filter(|d| !in_spec(d)).collect();
+    let rules: Vec<DeviceRule> = plan
+        .cgroup_rules
+        .iter()
+        .filter(|r| {
+            nodes
+                .iter()
+                .any(|d| d.major == r.major && d.minor == r.minor)
+        })
+        .cloned()
+        .collect();
+    if !rules.is_empty() {
+        let version = cgroup::allow_devices(pid, &rules)?;
+        tracing::info!(?version, rules = rules.len(), "cgroup device rules set");
+    }
+    step.done("cgroup");
+    let sources = open_sources(plan)?;
+    let proc_prepared = plan
+        .proc_overlay
+        .as_ref()
+        .map(procfs::prepare)
+        .transpose()?;
+    let ns =
+        std::fs::File::open(format!("/proc/{pid}/ns/mnt")).map_err(|e| HookError::Namespace {
+            pid,
+            message: e.to_string(),
+        })?;
+    step.done("sources");
+    sys::enter_mount_ns(&ns).map_err(|e| HookError::Namespace {
+        pid,
+        message: e.to_string(),
+    })?;
+    let rootfs = Rootfs::open(rootfs_path)?;
+    for node in &nodes {
+        rootfs.make_node(&node.path, node.major, node.minor, node.mode)?;
+    }
+    step.done("devices");
+    for (mount, tree) in plan.mounts.iter().zip(&sources) {
+        let (target, existing) = rootfs.mount_target(&mount.destination, mount.kind)?;
+        sys::attach(tree.as_fd(), target.as_fd()).map_err(|e| RootfsError::Op {
+            op: "mount",
+            path: mount.destination.clone(),
+            message: e.to_string(),
+        })?;
+        if existing == Existing::Replaced {
+            tracing::info!(path = %mount.destination, "covered the image's own file with the host's");
+        }
+    }
+    step.done("mounts");
+    for link in &plan.symlinks {
+        if rootfs.make_symlink(&link.path, &link.target)? == Existing::Replaced {
+            tracing::info!(path = %link.path, "replaced the image's own entry with a link");
+        }
+    }
+    if plan.layout.ldcache {
+        let n = loader::update_cache(&rootfs, &plan.ldcache)?;
+        if let Some(conf) = &plan.ld_so_conf {
+            loader::write_conf(&rootfs, conf)?;
+        }
+        tracing::debug!(entries = n, "loader cache written");
+    }
+    step.done("links+ldcache");
+    if let Some(prepared) = proc_prepared {
+        if procfs::apply(&rootfs, prepared)? {
+            step.done("proc");
+        } else {
+            tracing::info!(
+                "the container's procfs has no /proc/driver/nvidia (no kernel module): overlay skipped"
+            );
+        }
+    }
+    Ok(Outcome::Applied {
+        devices: nodes.len(),
+        mounts: plan.mounts.len(),
+    })
+}
+
+/// Each mount source as a detached, read-only, nosuid, nodev tree, checked to be the kind
+/// of file the plan expects.
+fn open_sources(plan: &Plan) -> Result<Vec<OwnedFd>, HookError> {
+    plan.mounts
+        .iter()
+        .map(|m| {
+            let fail = |message: String| HookError::Source {
+                path: m.source.clone(),
+                message,
+            };
+            let tree = sys::clone_tree(&m.source, m.kind == MountKind::Dir)
+                .map_err(|e| fail(e.to_string()))?;
+            let st = sys::fstat(tree.as_fd()).map_err(|e| fail(e.to_string()))?;
+            let want = match m.kind {
+                MountKind::File => libc::S_IFREG,
+                MountKind::Socket => libc::S_IFSOCK,
+                MountKind::Dir => libc::S_IFDIR,
+            };
+            if sys::file_type(&st) != want {
+                return Err(fail(format!("not a {:?}", m.kind).to_lowercase()));
+            }
+            sys::set_attrs(
+                tree.as_fd(),
+                sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            )
+            .map_err(|e| fail(e.to_string()))?;
+            Ok(tree)
+        })
+        .collect()
+}

@@ -1,0 +1,100 @@
+//! The /proc/driver/nvidia overlay: a read-only tmpfs holding `params` (with device-file
+//! modification off), `version`, `registry`, and the selected GPUs' `gpus/<busid>` only.
+
+use super::rootfs::{Rootfs, RootfsError};
+use super::sys;
+use crate::plan::{ProcOverlay, container_params};
+use std::ffi::CString;
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+
+const TARGET: &str = "/proc/driver/nvidia";
+
+fn err(op: &'static str, path: &str, e: impl std::fmt::Display) -> RootfsError {
+    RootfsError::Op {
+        op,
+        path: path.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// Everything taken from the host before entering the container's mount namespace.
+pub struct Prepared {
+    files: Vec<(&'static str, Vec<u8>)>,
+    gpus: Vec<(String, OwnedFd)>,
+}
+
+pub fn prepare(overlay: &ProcOverlay) -> Result<Prepared, RootfsError> {
+    let read = |name: &'static str| {
+        let path = overlay.host_dir.join(name);
+        std::fs::read(&path)
+            .map(|b| (name, b))
+            .map_err(|e| err("read", &path.display().to_string(), e))
+    };
+    let (_, params) = read("params")?;
+    let params = container_params(&String::from_utf8_lossy(&params)).into_bytes();
+    let mut files = vec![("params", params), read("version")?];
+    // Not every driver has a registry file.
+    files.extend(read("registry").ok());
+    let gpus = overlay
+        .gpus
+        .iter()
+        .map(|bus| {
+            let path = overlay.host_dir.join("gpus").join(bus);
+            let tree = sys::clone_tree(&path, false)
+                .map_err(|e| err("bind", &path.display().to_string(), e))?;
+            sys::set_attrs(
+                tree.as_fd(),
+                sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            )
+            .map_err(|e| err("make read-only", &path.display().to_string(), e))?;
+            Ok((bus.clone(), tree))
+        })
+        .collect::<Result<_, RootfsError>>()?;
+    Ok(Prepared { files, gpus })
+}
+
+/// Applies the overlay; returns false (and changes nothing) when the container's procfs
+/// has no /proc/driver/nvidia, as on a node with no kernel module loaded.
+pub fn apply(rootfs: &Rootfs, prepared: Prepared) -> Result<bool, RootfsError> {
+    let Some(target) = rootfs.resolve(TARGET) else {
+        return Ok(false);
+    };
+    let tmpfs = sys::new_tmpfs().map_err(|e| err("create tmpfs for", TARGET, e))?;
+    // Attach first: mounting under a detached tree needs a newer kernel than GPU nodes run.
+    sys::attach(tmpfs.as_fd(), target.as_fd()).map_err(|e| err("mount tmpfs on", TARGET, e))?;
+    for (name, bytes) in &prepared.files {
+        let path = format!("{TARGET}/{name}");
+        let c = CString::new(*name).map_err(|e| err("write", &path, e))?;
+        let fd = sys::open_at(
+            tmpfs.as_fd(),
+            &c,
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+            0o444,
+        )
+        .map_err(|e| err("create", &path, e))?;
+        std::fs::File::from(fd)
+            .write_all(bytes)
+            .map_err(|e| err("write", &path, e))?;
+    }
+    if !prepared.gpus.is_empty() {
+        sys::mkdir_at(tmpfs.as_fd(), c"gpus", 0o555).map_err(|e| err("create", TARGET, e))?;
+    }
+    for (bus, tree) in &prepared.gpus {
+        let path = format!("{TARGET}/gpus/{bus}");
+        let rel = CString::new(format!("gpus/{bus}")).map_err(|e| err("mount", &path, e))?;
+        sys::mkdir_at(tmpfs.as_fd(), &rel, 0o555).map_err(|e| err("create", &path, e))?;
+        let dir = sys::open_at(tmpfs.as_fd(), &rel, libc::O_PATH | libc::O_DIRECTORY, 0)
+            .map_err(|e| err("open", &path, e))?;
+        sys::attach(tree.as_fd(), dir.as_fd()).map_err(|e| err("mount", &path, e))?;
+    }
+    sys::set_attrs(
+        tmpfs.as_fd(),
+        sys::MOUNT_ATTR_RDONLY
+            | sys::MOUNT_ATTR_NOSUID
+            | sys::MOUNT_ATTR_NODEV
+            | sys::MOUNT_ATTR_NOEXEC,
+    )
+    .map_err(|e| err("make read-only", TARGET, e))?;
+    Ok(true)
+}

@@ -1,0 +1,358 @@
+//! Safe operations inside a container rootfs that somebody else built.
+//!
+//! Directories are resolved with pathrs (RESOLVE_IN_ROOT semantics: absolute symlinks stay
+//! inside the rootfs); the last component is then handled with *at calls on that directory
+//! descriptor with O_NOFOLLOW / O_EXCL, so no path string is ever resolved twice.
+
+use super::sys;
+use crate::plan::{ImageInfo, MountKind};
+use pathrs::Root;
+use pathrs::flags::OpenFlags;
+use std::ffi::CString;
+use std::fs::Permissions;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    #[error("cannot open the container rootfs {path}: {message}")]
+    Open { path: String, message: String },
+    #[error("cannot {op} {path} in the container: {message}")]
+    Op {
+        op: &'static str,
+        path: String,
+        message: String,
+    },
+}
+
+fn op_err(op: &'static str, path: &str, e: impl std::fmt::Display) -> RootfsError {
+    RootfsError::Op {
+        op,
+        path: path.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// What is at a target path before nvhook writes there, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Existing {
+    Created,
+    /// The image already had a file there, now covered or replaced.
+    Replaced,
+    /// Already exactly as wanted (e.g. a node the runtime made).
+    Kept,
+}
+
+pub struct Rootfs {
+    root: Root,
+}
+
+/// Splits an absolute container path into its directory and last component.
+fn split(path: &str) -> Result<(&str, CString), RootfsError> {
+    let (dir, name) = path
+        .rsplit_once('/')
+        .filter(|(_, n)| !n.is_empty() && *n != "." && *n != "..")
+        .ok_or_else(|| op_err("use", path, "not an absolute file path"))?;
+    let name = CString::new(name).map_err(|e| op_err("use", path, e))?;
+    Ok((if dir.is_empty() { "/" } else { dir }, name))
+}
+
+impl Rootfs {
+    pub fn open(path: &Path) -> Result<Rootfs, RootfsError> {
+        let root = Root::open(path).map_err(|e| RootfsError::Open {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(Rootfs { root })
+    }
+
+    /// The directory `dir`, created (0755) where missing.
+    fn dir(&self, dir: &str) -> Result<pathrs::Handle, RootfsError> {
+        self.root
+            .mkdir_all(dir, &Permissions::from_mode(0o755))
+            .map_err(|e| op_err("create directory", dir, e))
+    }
+
+    fn exists(&self, path: &str) -> bool {
+        self.root.resolve(path).is_ok()
+    }
+
+    fn is_dir(&self, path: &str) -> bool {
+        self.root
+            .resolve(path)
+            .ok()
+            .and_then(|h| sys::fstat(h.as_fd()).ok())
+            .is_some_and(|st| sys::file_type(&st) == libc::S_IFDIR)
+    }
+
+    /// Reads only; safe to call on a rootfs from the host's mount namespace.
+    pub fn probe(&self) -> ImageInfo {
+        ImageInfo {
+            debian: self.exists("/etc/debian_version"),
+            has_usr_lib64: self.is_dir("/usr/lib64"),
+            has_ldcache: self.exists("/etc/ld.so.cache"),
+        }
+    }
+
+    /// An O_PATH descriptor of a mount point for `kind` at `path`, created with O_EXCL when
+    /// missing. A file the image has there is kept as the mount point (the host's file covers
+    /// it); a symlink is replaced, never followed.
+    pub fn mount_target(
+        &self,
+        path: &str,
+        kind: MountKind,
+    ) -> Result<(OwnedFd, Existing), RootfsError> {
+        let (dir, name) = split(path)?;
+        let dir = self.dir(dir)?;
+        let dirfd = dir.as_fd();
+        let want_dir = kind == MountKind::Dir;
+        let existing = match sys::lstat_at(dirfd, &name).map_err(|e| op_err("inspect", path, e))? {
+            None => Existing::Created,
+            Some(st) if sys::file_type(&st) == libc::S_IFLNK => {
+                sys::unlink_at(dirfd, &name).map_err(|e| op_err("remove symlink", path, e))?;
+                Existing::Created
+            }
+            Some(st) => {
+                let is_dir = sys::file_type(&st) == libc::S_IFDIR;
+                if is_dir != want_dir {
+                    return Err(op_err(
+                        "mount over",
+                        path,
+                        if is_dir {
+                            "the image has a directory where a file is expected"
+                        } else {
+                            "the image has a file where a directory is expected"
+                        },
+                    ));
+                }
+                Existing::Replaced
+            }
+        };
+        if existing == Existing::Created {
+            let created = if want_dir {
+                sys::mkdir_at(dirfd, &name, 0o755)
+            } else {
+                sys::open_at(
+                    dirfd,
+                    &name,
+                    libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+                    0o644,
+                )
+                .map(drop)
+            };
+            created.map_err(|e| op_err("create mount point", path, e))?;
+        }
+        let target = sys::open_at(dirfd, &name, libc::O_PATH, 0)
+            .map_err(|e| op_err("open mount point", path, e))?;
+        // Whatever raced in between must still be the kind of inode we expect.
+        let st = sys::fstat(target.as_fd()).map_err(|e| op_err("inspect", path, e))?;
+        let ok = match kind {
+            MountKind::Dir => sys::file_type(&st) == libc::S_IFDIR,
+            MountKind::File | MountKind::Socket => sys::file_type(&st) == libc::S_IFREG,
+        };
+        if !ok {
+            return Err(op_err("mount over", path, "the mount point changed type"));
+        }
+        Ok((target, existing))
+    }
+
+    /// A character device node; an existing node with the same numbers is left alone.
+    pub fn make_node(
+        &self,
+        path: &str,
+        major: u32,
+        minor: u32,
+        mode: u32,
+    ) -> Result<Existing, RootfsError> {
+        let (dir, name) = split(path)?;
+        let dir = self.dir(dir)?;
+        match sys::mknod_at(dir.as_fd(), &name, mode, major, minor) {
+            Ok(()) => Ok(Existing::Created),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let st =
+                    sys::lstat_at(dir.as_fd(), &name).map_err(|e| op_err("inspect", path, e))?;
+                let same = st.is_some_and(|st| {
+                    sys::file_type(&st) == libc::S_IFCHR
+                        && libc::major(st.st_rdev) == major
+                        && libc::minor(st.st_rdev) == minor
+                });
+                if same {
+                    Ok(Existing::Kept)
+                } else {
+                    Err(op_err(
+                        "create device node",
+                        path,
+                        format!("something else than char device {major}:{minor} is already there"),
+                    ))
+                }
+            }
+            Err(e) => Err(op_err("create device node", path, e)),
+        }
+    }
+
+    /// A symlink `path -> target`; an image's own file or link there is replaced.
+    pub fn make_symlink(&self, path: &str, target: &str) -> Result<Existing, RootfsError> {
+        let (dir, name) = split(path)?;
+        let dir = self.dir(dir)?;
+        let dirfd = dir.as_fd();
+        let target_c = CString::new(target).map_err(|e| op_err("link", path, e))?;
+        let mut existing = Existing::Created;
+        if let Some(st) = sys::lstat_at(dirfd, &name).map_err(|e| op_err("inspect", path, e))? {
+            match sys::file_type(&st) {
+                libc::S_IFLNK => {
+                    if sys::readlink_at(dirfd, &name).ok().as_deref() == Some(target.as_bytes()) {
+                        return Ok(Existing::Kept);
+                    }
+                }
+                libc::S_IFDIR => {
+                    return Err(op_err("link", path, "the image has a directory there"));
+                }
+                _ => {}
+            }
+            sys::unlink_at(dirfd, &name).map_err(|e| op_err("replace", path, e))?;
+            existing = Existing::Replaced;
+        }
+        sys::symlink_at(&target_c, dirfd, &name).map_err(|e| op_err("create symlink", path, e))?;
+        Ok(existing)
+    }
+
+    /// The content of a regular file, or None when absent or not a regular file; at most
+    /// `limit` bytes are accepted.
+    pub fn read_file(&self, path: &str, limit: u64) -> Result<Option<Vec<u8>>, RootfsError> {
+        let handle = match self.root.resolve_nofollow(path) {
+            Ok(h) => h,
+            Err(_) => return Ok(None),
+        };
+        let st = sys::fstat(handle.as_fd()).map_err(|e| op_err("inspect", path, e))?;
+        if sys::file_type(&st) != libc::S_IFREG {
+            return Ok(None);
+        }
+        if st.st_size as u64 > limit {
+            return Err(op_err("read", path, format!("larger than {limit} bytes")));
+        }
+        let file = handle
+            .reopen(OpenFlags::O_RDONLY)
+            .map_err(|e| op_err("open", path, e))?;
+        let mut out = Vec::with_capacity(st.st_size as usize);
+        file.take(limit)
+            .read_to_end(&mut out)
+            .map_err(|e| op_err("read", path, e))?;
+        Ok(Some(out))
+    }
+
+    /// Writes `contents` to a new temporary file beside `path`, then renames it over `path`,
+    /// so readers see the old or the new file, never a mix, and a link at `path` is replaced.
+    pub fn replace_file(&self, path: &str, contents: &[u8], mode: u32) -> Result<(), RootfsError> {
+        let (dir, name) = split(path)?;
+        let dir = self.dir(dir)?;
+        let dirfd = dir.as_fd();
+        let tmp = CString::new(format!(
+            ".{}.nvhook-{}",
+            name.to_string_lossy(),
+            std::process::id()
+        ))
+        .map_err(|e| op_err("write", path, e))?;
+        let fd = sys::open_at(
+            dirfd,
+            &tmp,
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+            mode,
+        )
+        .map_err(|e| op_err("create temporary file for", path, e))?;
+        let written = std::fs::File::from(fd)
+            .write_all(contents)
+            .and_then(|()| sys::rename_at(dirfd, &tmp, &name));
+        if let Err(e) = written {
+            let _ = sys::unlink_at(dirfd, &tmp);
+            return Err(op_err("write", path, e));
+        }
+        Ok(())
+    }
+
+    /// An O_PATH handle of an existing path, following symlinks inside the root.
+    pub fn resolve(&self, path: &str) -> Option<pathrs::Handle> {
+        self.root.resolve(path).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_paths() {
+        let (d, n) = split("/usr/lib/libcuda.so.1").unwrap();
+        assert_eq!(d, "/usr/lib");
+        assert_eq!(n.to_str().unwrap(), "libcuda.so.1");
+        let (d, _) = split("/x").unwrap();
+        assert_eq!(d, "/");
+        assert!(split("/usr/..").is_err());
+        assert!(split("/usr/").is_err());
+        assert!(split("nodir").is_err());
+    }
+
+    #[test]
+    fn operations_stay_inside_the_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        // An absolute symlink that would escape if resolved on the host.
+        std::os::unix::fs::symlink(&outside, root.join("usr")).unwrap();
+        std::os::unix::fs::symlink("/outside-file", root.join("etc/ld.so.cache")).unwrap();
+        let r = Rootfs::open(&root).unwrap();
+        r.make_symlink("/usr/lib/libcuda.so", "libcuda.so.1")
+            .unwrap();
+        r.replace_file("/etc/ld.so.cache", b"cache", 0o644).unwrap();
+        let (_fd, existing) = r
+            .mount_target("/usr/bin/nvidia-smi", MountKind::File)
+            .unwrap();
+        assert_eq!(existing, Existing::Created);
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        assert!(!tmp.path().join("outside-file").exists());
+        // The link to `outside` was resolved inside the root: /usr became root/<outside path>.
+        let inside = root.join(outside.strip_prefix("/").unwrap());
+        assert!(inside.join("lib/libcuda.so").symlink_metadata().is_ok());
+        assert_eq!(
+            std::fs::read(root.join("etc/ld.so.cache")).unwrap(),
+            b"cache"
+        );
+        assert_eq!(
+            r.read_file("/etc/ld.so.cache", 100).unwrap().unwrap(),
+            b"cache"
+        );
+        assert!(r.read_file("/etc/ld.so.cache", 2).is_err());
+    }
+
+    #[test]
+    fn mount_target_kinds() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("usr/bin/nvidia-smi")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("lib")).unwrap();
+        std::fs::write(tmp.path().join("lib/libcuda.so.1"), b"image's own").unwrap();
+        let r = Rootfs::open(tmp.path()).unwrap();
+        let e = r
+            .mount_target("/usr/bin/nvidia-smi", MountKind::File)
+            .unwrap_err();
+        assert!(e.to_string().contains("directory where a file"), "{e}");
+        let (_, existing) = r
+            .mount_target("/lib/libcuda.so.1", MountKind::File)
+            .unwrap();
+        assert_eq!(existing, Existing::Replaced);
+        let (_, existing) = r.mount_target("/tmp/nvidia-mps", MountKind::Dir).unwrap();
+        assert_eq!(existing, Existing::Created);
+        assert_eq!(
+            r.make_symlink("/lib/libcuda.so.1", "libcuda.so.550")
+                .unwrap(),
+            Existing::Replaced
+        );
+        assert_eq!(
+            r.make_symlink("/lib/libcuda.so.1", "libcuda.so.550")
+                .unwrap(),
+            Existing::Kept
+        );
+    }
+}

@@ -1,0 +1,257 @@
+//! The new mount API (open_tree, move_mount, mount_setattr, fsopen/fsmount) and the few
+//! *at calls the injector needs, as thin safe wrappers over raw syscalls.
+//!
+//! Mounts are made onto file descriptors, never onto path strings that could be swapped
+//! between a check and the mount (the lesson of CVE-2024-0132).
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+fn cstr(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| io::ErrorKind::InvalidInput.into())
+}
+
+fn fd_result(rc: libc::c_long) -> io::Result<OwnedFd> {
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as i32) })
+}
+
+fn unit_result(rc: libc::c_long) -> io::Result<()> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// A detached copy of the mount at `path` (a bind mount not yet attached anywhere).
+pub fn clone_tree(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
+    let p = cstr(path)?;
+    let flags = OPEN_TREE_CLONE
+        | libc::O_CLOEXEC as libc::c_uint
+        | if recursive { AT_RECURSIVE } else { 0 };
+    // SAFETY: p is a valid NUL-terminated string for the duration of the call.
+    fd_result(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, p.as_ptr(), flags) })
+}
+
+/// Sets mount attributes on a whole detached tree and makes it private, so that nothing
+/// mounted under it later propagates anywhere.
+pub fn set_attrs(tree: BorrowedFd, attrs: u64) -> io::Result<()> {
+    let attr = MountAttr {
+        attr_set: attrs,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    };
+    // SAFETY: the empty path with AT_EMPTY_PATH refers to `tree`; attr is a valid struct.
+    unit_result(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            (libc::AT_EMPTY_PATH as libc::c_uint) | AT_RECURSIVE,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })
+}
+
+/// Attaches a detached tree on top of the inode `target` refers to.
+pub fn attach(tree: BorrowedFd, target: BorrowedFd) -> io::Result<()> {
+    // SAFETY: both descriptors are valid for the call; empty paths with *_EMPTY_PATH flags.
+    unit_result(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    })
+}
+
+/// A new, detached tmpfs (nosuid, nodev, noexec).
+pub fn new_tmpfs() -> io::Result<OwnedFd> {
+    // SAFETY: static NUL-terminated strings; the returned fds are owned below.
+    let ctx =
+        fd_result(unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC) })?;
+    // SAFETY: ctx is a valid fs context; the key and value are NUL-terminated.
+    unit_result(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            ctx.as_raw_fd(),
+            FSCONFIG_SET_STRING,
+            c"mode".as_ptr(),
+            c"0555".as_ptr(),
+            0,
+        )
+    })?;
+    // SAFETY: as above, with no key or value for CMD_CREATE.
+    unit_result(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            ctx.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_char>(),
+            0,
+        )
+    })?;
+    // SAFETY: ctx is a created fs context.
+    fd_result(unsafe {
+        libc::syscall(
+            libc::SYS_fsmount,
+            ctx.as_raw_fd(),
+            FSMOUNT_CLOEXEC,
+            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC,
+        )
+    })
+}
+
+/// fstat of any descriptor (O_PATH included).
+pub fn fstat(fd: BorrowedFd) -> io::Result<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: st is a valid out-pointer; the empty path with AT_EMPTY_PATH names fd itself.
+    let rc = unsafe {
+        libc::fstatat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatat succeeded and filled st.
+    Ok(unsafe { st.assume_init() })
+}
+
+/// lstat of `name` in `dir`; Ok(None) when absent.
+pub fn lstat_at(dir: BorrowedFd, name: &CStr) -> io::Result<Option<libc::stat>> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: name is NUL-terminated, st a valid out-pointer.
+    let rc = unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::NotFound {
+            Ok(None)
+        } else {
+            Err(e)
+        };
+    }
+    // SAFETY: fstatat succeeded and filled st.
+    Ok(Some(unsafe { st.assume_init() }))
+}
+
+/// openat relative to `dir`, never following a final symlink.
+pub fn open_at(dir: BorrowedFd, name: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: name is NUL-terminated; the result is owned below.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    };
+    fd_result(fd as libc::c_long)
+}
+
+pub fn mknod_at(dir: BorrowedFd, name: &CStr, mode: u32, major: u32, minor: u32) -> io::Result<()> {
+    // SAFETY: name is NUL-terminated.
+    let rc = unsafe {
+        libc::mknodat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::S_IFCHR | mode,
+            libc::makedev(major, minor),
+        )
+    };
+    unit_result(rc as libc::c_long)
+}
+
+pub fn symlink_at(target: &CStr, dir: BorrowedFd, name: &CStr) -> io::Result<()> {
+    // SAFETY: both strings are NUL-terminated.
+    let rc = unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) };
+    unit_result(rc as libc::c_long)
+}
+
+pub fn readlink_at(dir: BorrowedFd, name: &CStr) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: buf is writable for its length; name is NUL-terminated.
+    let n = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+pub fn unlink_at(dir: BorrowedFd, name: &CStr) -> io::Result<()> {
+    // SAFETY: name is NUL-terminated.
+    unit_result(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) } as libc::c_long)
+}
+
+pub fn rename_at(dir: BorrowedFd, from: &CStr, to: &CStr) -> io::Result<()> {
+    // SAFETY: both names are NUL-terminated; the same directory fd is used for both.
+    let rc =
+        unsafe { libc::renameat(dir.as_raw_fd(), from.as_ptr(), dir.as_raw_fd(), to.as_ptr()) };
+    unit_result(rc as libc::c_long)
+}
+
+pub fn mkdir_at(dir: BorrowedFd, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: name is NUL-terminated.
+    unit_result(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) } as libc::c_long)
+}
+
+/// Enters the mount namespace of `pid`. Needs a single-threaded process.
+pub fn enter_mount_ns(ns: &impl AsFd) -> io::Result<()> {
+    nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNS).map_err(io::Error::from)
+}
+
+pub fn file_type(st: &libc::stat) -> libc::mode_t {
+    st.st_mode & libc::S_IFMT
+}

@@ -1,0 +1,218 @@
+//! Device majors from `<proc-root>/devices`, device nodes under the dev root, and MIG
+//! capability minors from `<proc-root>/driver/nvidia/capabilities`.
+
+use super::Gpu;
+use crate::config::Config;
+use serde::{Deserialize, Serialize};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+/// The GPU major is fixed by the driver; the others are assigned at module load.
+pub const NVIDIA_MAJOR: u32 = 195;
+pub const NVIDIACTL_MINOR: u32 = 255;
+pub const MODESET_MINOR: u32 = 254;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DevicesError {
+    #[error("cannot read {path}: {source} (is proc-root right in the nvhook config?)")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} lists no `nvidia` or `nvidia-frontend` character device: the NVIDIA kernel module is not loaded"
+    )]
+    NoDriver { path: PathBuf },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceMajors {
+    pub nvidia: u32,
+    pub uvm: Option<u32>,
+    pub caps: Option<u32>,
+}
+
+impl DeviceMajors {
+    pub fn read(config: &Config) -> Result<DeviceMajors, DevicesError> {
+        let path = config.proc_path("devices");
+        let text = std::fs::read_to_string(&path).map_err(|source| DevicesError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        parse_proc_devices(&text).ok_or(DevicesError::NoDriver { path })
+    }
+}
+
+/// Parses the "Character devices:" section of /proc/devices.
+pub fn parse_proc_devices(text: &str) -> Option<DeviceMajors> {
+    let mut nvidia = None;
+    let mut uvm = None;
+    let mut caps = None;
+    let char_section = text
+        .split("Block devices:")
+        .next()
+        .unwrap_or_default()
+        .lines();
+    for line in char_section {
+        let Some((major, name)) = line.trim().split_once(char::is_whitespace) else {
+            continue;
+        };
+        let Ok(major) = major.parse::<u32>() else {
+            continue;
+        };
+        match name.trim() {
+            // The GPU major's name changed with driver 550.
+            "nvidia" | "nvidia-frontend" => nvidia = Some(major),
+            "nvidia-uvm" => uvm = Some(major),
+            "nvidia-caps" => caps = Some(major),
+            _ => {}
+        }
+    }
+    Some(DeviceMajors {
+        nvidia: nvidia?,
+        uvm,
+        caps,
+    })
+}
+
+/// A character device node present on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostNode {
+    /// Where it appears in a container (`/dev/nvidia0`).
+    pub path: String,
+    /// Where it is on the host (under the dev root).
+    pub host_path: PathBuf,
+    pub major: u32,
+    pub minor: u32,
+    pub mode: u32,
+}
+
+/// Every `nvidia*` character device in `<dev-root>/dev` and `<dev-root>/dev/nvidia-caps`.
+pub fn scan_nodes(config: &Config) -> Result<Vec<HostNode>, DevicesError> {
+    let mut nodes = Vec::new();
+    for dir in ["/dev", "/dev/nvidia-caps"] {
+        scan_dir(&config.dev_path(dir), dir, &mut nodes)?;
+    }
+    nodes.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(nodes)
+}
+
+fn scan_dir(
+    host_dir: &Path,
+    container_dir: &str,
+    out: &mut Vec<HostNode>,
+) -> Result<(), DevicesError> {
+    let entries = match std::fs::read_dir(host_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(DevicesError::Read {
+                path: host_dir.to_path_buf(),
+                source,
+            });
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str().filter(|n| n.starts_with("nvidia")) else {
+            continue;
+        };
+        // symlink_metadata: a node is taken as it is, never through a link.
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        if !meta.file_type().is_char_device() {
+            continue;
+        }
+        let rdev = meta.rdev();
+        out.push(HostNode {
+            path: format!("{container_dir}/{name}"),
+            host_path: entry.path(),
+            major: libc::major(rdev),
+            minor: libc::minor(rdev),
+            mode: meta.mode() & 0o7777,
+        });
+    }
+    Ok(())
+}
+
+/// nvidia-caps minors read from the driver's capability files.
+#[derive(Debug, Default)]
+pub struct MigCapabilities {
+    root: PathBuf,
+    pub config_minor: Option<u32>,
+    pub monitor_minor: Option<u32>,
+}
+
+impl MigCapabilities {
+    pub fn read(config: &Config) -> MigCapabilities {
+        let root = config.proc_path("driver/nvidia/capabilities");
+        MigCapabilities {
+            config_minor: read_cap_minor(&root.join("mig/config")),
+            monitor_minor: read_cap_minor(&root.join("mig/monitor")),
+            root,
+        }
+    }
+
+    /// Fills in the GI and CI capability minors of each MIG device of `gpu`.
+    pub fn annotate(&self, gpu: &mut Gpu) {
+        let gpu_dir = self.root.join(format!("gpu{}/mig", gpu.minor));
+        for mig in &mut gpu.mig_devices {
+            let gi = gpu_dir.join(format!("gi{}", mig.gpu_instance_id));
+            mig.gi_cap_minor = read_cap_minor(&gi.join("access"));
+            mig.ci_cap_minor =
+                read_cap_minor(&gi.join(format!("ci{}/access", mig.compute_instance_id)));
+        }
+    }
+}
+
+fn read_cap_minor(path: &Path) -> Option<u32> {
+    parse_cap_minor(&std::fs::read_to_string(path).ok()?)
+}
+
+/// The `DeviceFileMinor: N` line of a driver capability file.
+pub fn parse_cap_minor(text: &str) -> Option<u32> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("DeviceFileMinor:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_devices_new_and_old_names() {
+        let text = "Character devices:\n  1 mem\n195 nvidia\n234 nvidia-uvm\n235 nvidia-caps\n\nBlock devices:\n195 nvidia\n";
+        let m = parse_proc_devices(text).unwrap();
+        assert_eq!(
+            m,
+            DeviceMajors {
+                nvidia: 195,
+                uvm: Some(234),
+                caps: Some(235)
+            }
+        );
+        let old = "Character devices:\n195 nvidia-frontend\n\nBlock devices:\n";
+        assert_eq!(parse_proc_devices(old).unwrap().uvm, None);
+        assert_eq!(parse_proc_devices(old).unwrap().nvidia, 195);
+    }
+
+    #[test]
+    fn proc_devices_without_driver() {
+        assert!(
+            parse_proc_devices("Character devices:\n  1 mem\n\nBlock devices:\n 195 nvidia\n")
+                .is_none()
+        );
+        assert!(parse_proc_devices("").is_none());
+    }
+
+    #[test]
+    fn cap_minor() {
+        assert_eq!(
+            parse_cap_minor("DeviceFileMinor: 12\nDeviceFileMode: 292\nDeviceFileModify: 1\n"),
+            Some(12)
+        );
+        assert_eq!(parse_cap_minor("garbage"), None);
+    }
+}

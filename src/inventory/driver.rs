@@ -1,0 +1,310 @@
+//! The host driver's user-space files: libraries found through the driver root's
+//! ld.so.cache, and binaries, firmware, IPC sockets and graphics configs found by path.
+
+use crate::capability::Capability;
+use crate::config::Config;
+use crate::ldcache::{self, ElfClass, LdCache};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error(
+        "cannot read the driver root's loader cache {path}: {source} (is driver-root right, and has ldconfig run there?)"
+    )]
+    ReadCache {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bad loader cache {path}: {source} (run ldconfig in the driver root)")]
+    ParseCache {
+        path: PathBuf,
+        source: ldcache::LdCacheError,
+    },
+    #[error(
+        "libnvidia-ml.so.1 is not in {cache} (is the NVIDIA driver installed? set nvml-library in the nvhook config)"
+    )]
+    NoNvml { cache: PathBuf },
+}
+
+/// The libraries each capability brings, by file-name stem (`<stem>.so.<driver version>`).
+const LIBRARIES: &[(Capability, &[&str])] = &[
+    (
+        Capability::Utility,
+        &["libnvidia-ml", "libnvidia-cfg", "libnvidia-nscq"],
+    ),
+    (
+        Capability::Compute,
+        &[
+            "libcuda",
+            "libcudadebugger",
+            "libnvidia-opencl",
+            "libnvidia-gpucomp",
+            "libnvidia-ptxjitcompiler",
+            "libnvidia-fatbinaryloader",
+            "libnvidia-allocator",
+            "libnvidia-compiler",
+            "libnvidia-pkcs11",
+            "libnvidia-pkcs11-openssl3",
+            "libnvidia-nvvm",
+        ],
+    ),
+    (
+        Capability::Video,
+        &[
+            "libvdpau_nvidia",
+            "libnvidia-encode",
+            "libnvidia-opticalflow",
+            "libnvcuvid",
+        ],
+    ),
+    (
+        Capability::Graphics,
+        &[
+            "libnvidia-eglcore",
+            "libnvidia-glcore",
+            "libnvidia-tls",
+            "libnvidia-glsi",
+            "libnvidia-fbc",
+            "libnvidia-ifr",
+            "libnvidia-rtcore",
+            "libnvoptix",
+            "libGLX_nvidia",
+            "libEGL_nvidia",
+            "libGLESv2_nvidia",
+            "libGLESv1_CM_nvidia",
+            "libnvidia-glvkspirv",
+            "libnvidia-cbl",
+        ],
+    ),
+    (Capability::Ngx, &["libnvidia-ngx"]),
+];
+
+const BINARIES: &[(Capability, &str)] = &[
+    (Capability::Utility, "nvidia-smi"),
+    (Capability::Utility, "nvidia-debugdump"),
+    (Capability::Utility, "nvidia-persistenced"),
+    (Capability::Compute, "nvidia-cuda-mps-control"),
+    (Capability::Compute, "nvidia-cuda-mps-server"),
+];
+
+const SOCKETS: &[(Capability, &str)] = &[
+    (Capability::Utility, "/run/nvidia-persistenced/socket"),
+    (Capability::Utility, "/var/run/nvidia-persistenced/socket"),
+    (Capability::Utility, "/run/nvidia-fabricmanager/socket"),
+    (Capability::Utility, "/var/run/nvidia-fabricmanager/socket"),
+    (Capability::Compute, "/tmp/nvidia-mps"),
+];
+
+const GRAPHICS_CONFIGS: &[&str] = &[
+    "/etc/vulkan/icd.d/nvidia_icd.json",
+    "/usr/share/vulkan/icd.d/nvidia_icd.json",
+    "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+    "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+];
+
+/// 64-bit or 32-bit (compat32) copy of a library.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ElfClassName {
+    Lib64,
+    Lib32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Library {
+    pub capability: Capability,
+    pub class: ElfClassName,
+    /// `libcuda.so.1`
+    pub soname: String,
+    /// `libcuda.so.550.54.15`: the real file, which is what gets mounted.
+    pub file_name: String,
+    /// The real file on the host.
+    pub host_path: PathBuf,
+}
+
+/// A file that keeps its path: a binary, firmware, a socket or a config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostFile {
+    /// None: needed by every GPU container (firmware).
+    pub capability: Option<Capability>,
+    pub host_path: PathBuf,
+    pub container_path: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DriverFiles {
+    pub libraries: Vec<Library>,
+    pub binaries: Vec<HostFile>,
+    pub firmware: Vec<HostFile>,
+    pub sockets: Vec<HostFile>,
+    pub configs: Vec<HostFile>,
+}
+
+/// The driver root's ld.so.cache, read once per start.
+pub struct HostCache {
+    path: PathBuf,
+    cache: LdCache,
+}
+
+impl HostCache {
+    pub fn read(config: &Config) -> Result<HostCache, DriverError> {
+        let path = config.driver_path("etc/ld.so.cache");
+        let bytes = std::fs::read(&path).map_err(|source| DriverError::ReadCache {
+            path: path.clone(),
+            source,
+        })?;
+        let cache = LdCache::parse(&bytes).map_err(|source| DriverError::ParseCache {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(HostCache { path, cache })
+    }
+
+    /// The host path of `libnvidia-ml.so.1`, where NVML is loaded from by default.
+    pub fn nvml_library(&self, config: &Config) -> Result<PathBuf, DriverError> {
+        self.cache
+            .lookup("libnvidia-ml.so.1", ElfClass::X86_64)
+            .map(|e| config.driver_path(&e.path))
+            .ok_or_else(|| DriverError::NoNvml {
+                cache: self.path.clone(),
+            })
+    }
+}
+
+impl DriverFiles {
+    /// Finds every driver file of version `version` under the driver root.
+    pub fn find(config: &Config, cache: &HostCache, version: &str) -> DriverFiles {
+        let root = canonical_root(&config.driver_root);
+        DriverFiles {
+            libraries: find_libraries(&root, cache, version),
+            binaries: BINARIES
+                .iter()
+                .filter_map(|&(cap, name)| {
+                    ["/usr/bin", "/bin", "/usr/sbin"].iter().find_map(|dir| {
+                        existing(&root, &format!("{dir}/{name}"), Some(cap)).map(|f| HostFile {
+                            container_path: format!("/usr/bin/{name}"),
+                            ..f
+                        })
+                    })
+                })
+                .collect(),
+            firmware: find_firmware(&root, version),
+            sockets: SOCKETS
+                .iter()
+                .filter_map(|&(cap, p)| existing(&root, p, Some(cap)))
+                .collect(),
+            configs: GRAPHICS_CONFIGS
+                .iter()
+                .filter_map(|p| existing(&root, p, Some(Capability::Graphics)))
+                .collect(),
+        }
+    }
+}
+
+fn canonical_root(root: &Path) -> PathBuf {
+    std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf())
+}
+
+/// `path` (absolute, in the driver root's terms) when it exists and stays inside the root.
+fn existing(root: &Path, path: &str, capability: Option<Capability>) -> Option<HostFile> {
+    let host = std::fs::canonicalize(root.join(path.trim_start_matches('/'))).ok()?;
+    host.starts_with(root).then(|| HostFile {
+        capability,
+        host_path: host,
+        container_path: path.to_string(),
+    })
+}
+
+fn find_libraries(root: &Path, cache: &HostCache, version: &str) -> Vec<Library> {
+    let suffix = format!(".so.{version}");
+    let mut out: Vec<Library> = Vec::new();
+    for entry in cache.cache.entries() {
+        let Some((stem, cap)) = stem_of(&entry.soname) else {
+            continue;
+        };
+        let class = match ElfClass::from_flags(entry.flags) {
+            Some(ElfClass::X86_64) => ElfClassName::Lib64,
+            Some(ElfClass::I386) => ElfClassName::Lib32,
+            None => continue,
+        };
+        // A cache entry names the SONAME link; the versioned file behind it is what we mount.
+        let Ok(host_path) = std::fs::canonicalize(root.join(entry.path.trim_start_matches('/')))
+        else {
+            continue;
+        };
+        let Some(file_name) = host_path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        // Only this driver's files: a stale library of another version would not match the module.
+        if !host_path.starts_with(root) || file_name != format!("{stem}{suffix}") {
+            tracing::debug!(path = %host_path.display(), "skipping library of another driver version");
+            continue;
+        }
+        if out
+            .iter()
+            .any(|l| l.soname == entry.soname && l.class == class)
+        {
+            continue;
+        }
+        out.push(Library {
+            capability: cap,
+            class,
+            soname: entry.soname.clone(),
+            file_name: file_name.to_string(),
+            host_path,
+        });
+    }
+    out.sort_by(|a, b| (a.capability, &a.soname).cmp(&(b.capability, &b.soname)));
+    out
+}
+
+/// The library stem and capability of a SONAME such as `libcuda.so.1`.
+fn stem_of(soname: &str) -> Option<(&'static str, Capability)> {
+    let (stem, _) = soname.split_once(".so")?;
+    LIBRARIES
+        .iter()
+        .find_map(|(cap, stems)| stems.iter().find(|s| **s == stem).map(|s| (*s, *cap)))
+}
+
+fn find_firmware(root: &Path, version: &str) -> Vec<HostFile> {
+    let dir = format!("/lib/firmware/nvidia/{version}");
+    let Ok(entries) = std::fs::read_dir(root.join(dir.trim_start_matches('/'))) else {
+        return Vec::new();
+    };
+    let mut out: Vec<HostFile> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            (name.starts_with("gsp") && name.ends_with(".bin"))
+                .then(|| existing(root, &format!("{dir}/{name}"), None))?
+        })
+        .collect();
+    out.sort_by(|a, b| a.container_path.cmp(&b.container_path));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stems_map_to_capabilities() {
+        assert_eq!(
+            stem_of("libcuda.so.1"),
+            Some(("libcuda", Capability::Compute))
+        );
+        assert_eq!(
+            stem_of("libnvidia-ml.so.1"),
+            Some(("libnvidia-ml", Capability::Utility))
+        );
+        assert_eq!(
+            stem_of("libGLX_nvidia.so.0"),
+            Some(("libGLX_nvidia", Capability::Graphics))
+        );
+        // A prefix is not a match: libcudart is the CUDA runtime, not the driver.
+        assert_eq!(stem_of("libcudart.so.12"), None);
+        assert_eq!(stem_of("libc.so.6"), None);
+    }
+}

@@ -1,0 +1,79 @@
+//! Loading the inventory in a child process.
+//!
+//! A real libnvidia-ml may start threads, and setns(CLONE_NEWNS) refuses a process whose
+//! fs struct is shared with other threads; NVML can also hang for seconds without
+//! persistence mode. A forked child keeps the hook single-threaded and bounds NVML's time.
+
+use super::{Inventory, InventoryError};
+use crate::config::Config;
+use nix::sys::wait::waitpid;
+use nix::unistd::{ForkResult, fork};
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+type Reply = Result<Inventory, String>;
+
+pub fn load(config: &Config, timeout: Duration) -> Result<Inventory, InventoryError> {
+    let (read_end, write_end) = nix::unistd::pipe().map_err(|e| child_err(format!("pipe: {e}")))?;
+    // SAFETY: the hook is single-threaded here, so the child is a faithful copy; it only
+    // queries, writes its answer and leaves with _exit.
+    match unsafe { fork() }.map_err(|e| child_err(format!("fork: {e}")))? {
+        ForkResult::Child => {
+            drop(read_end);
+            let reply: Reply = Inventory::load(config).map_err(|e| e.to_string());
+            let code = match serde_json::to_vec(&reply) {
+                Ok(bytes) => i32::from(std::fs::File::from(write_end).write_all(&bytes).is_err()),
+                Err(_) => 1,
+            };
+            // SAFETY: _exit skips atexit handlers and destructors that belong to the parent.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => {
+            drop(write_end);
+            let result = read_reply(std::fs::File::from(read_end), timeout);
+            if result.is_err() {
+                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            }
+            let _ = waitpid(child, None);
+            result
+        }
+    }
+}
+
+fn child_err(message: String) -> InventoryError {
+    InventoryError::Child(message)
+}
+
+fn read_reply(mut pipe: std::fs::File, timeout: Duration) -> Result<Inventory, InventoryError> {
+    let deadline = Instant::now() + timeout;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [nix::poll::PollFd::new(
+            pipe.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let ready = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms))
+            .map_err(|e| child_err(format!("poll: {e}")))?;
+        if ready == 0 && left.is_zero() {
+            return Err(InventoryError::Timeout(timeout));
+        }
+        if ready == 0 {
+            continue;
+        }
+        let n = pipe
+            .read(&mut chunk)
+            .map_err(|e| child_err(format!("read: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let reply: Reply = serde_json::from_slice(&buf).map_err(|_| {
+        child_err("the NVML query process died without an answer (crash in libnvidia-ml?)".into())
+    })?;
+    reply.map_err(InventoryError::Child)
+}

@@ -1,0 +1,115 @@
+//! What the host has: GPUs (through NVML), the driver's files, and the device nodes.
+//!
+//! The data types here are plain and serialisable; the plan is computed from them without
+//! touching the system, and tests build them by hand.
+
+pub mod devices;
+pub mod driver;
+pub mod isolated;
+pub mod nvml;
+
+use crate::capability::Capability;
+use crate::config::Config;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+pub use devices::{DeviceMajors, HostNode};
+pub use driver::{DriverFiles, ElfClassName, HostFile, Library};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Inventory {
+    pub driver_version: String,
+    /// The CUDA version the driver supports, "major.minor".
+    pub cuda_version: String,
+    pub gpus: Vec<Gpu>,
+    pub files: DriverFiles,
+    pub majors: DeviceMajors,
+    /// Device nodes present under the dev root, by container path (`/dev/nvidia0`).
+    pub nodes: Vec<HostNode>,
+    /// nvidia-caps minors for MIG management (`mig/config`, `mig/monitor`), when present.
+    pub mig_config_minor: Option<u32>,
+    pub mig_monitor_minor: Option<u32>,
+    /// `<proc-root>/driver/nvidia` on the host, when the kernel module is loaded.
+    pub proc_driver: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gpu {
+    pub index: u32,
+    pub uuid: String,
+    pub minor: u32,
+    /// Kernel form, as in /proc/driver/nvidia/gpus: lower case, 4-digit domain.
+    pub pci_bus_id: String,
+    pub name: String,
+    pub brand: String,
+    pub architecture: String,
+    /// "major.minor", e.g. "8.0".
+    pub compute_capability: String,
+    pub mig_enabled: bool,
+    pub mig_devices: Vec<MigDevice>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MigDevice {
+    /// Position under the parent GPU (the `M` of `G:M`).
+    pub index: u32,
+    pub uuid: String,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    /// nvidia-caps minors granting access to this GPU instance and compute instance.
+    pub gi_cap_minor: Option<u32>,
+    pub ci_cap_minor: Option<u32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    #[error(transparent)]
+    Nvml(#[from] nvml::NvmlError),
+    #[error(transparent)]
+    Driver(#[from] driver::DriverError),
+    #[error(transparent)]
+    Devices(#[from] devices::DevicesError),
+    /// The message of an error raised in the isolated NVML process.
+    #[error("{0}")]
+    Child(String),
+    #[error(
+        "NVML did not answer within {0:?} (enable persistence mode: nvidia-smi -pm 1, or start nvidia-persistenced)"
+    )]
+    Timeout(std::time::Duration),
+}
+
+impl Inventory {
+    /// Reads everything: NVML, driver files, `/proc/devices`, device nodes, MIG capabilities.
+    pub fn load(config: &Config) -> Result<Inventory, InventoryError> {
+        let cache = driver::HostCache::read(config)?;
+        let nvml_path = match &config.nvml_library {
+            Some(p) => p.clone(),
+            None => cache.nvml_library(config)?,
+        };
+        let system = nvml::query(&nvml_path)?;
+        let caps = devices::MigCapabilities::read(config);
+        let mut gpus = system.gpus;
+        for gpu in &mut gpus {
+            caps.annotate(gpu);
+        }
+        Ok(Inventory {
+            files: DriverFiles::find(config, &cache, &system.driver_version),
+            cuda_version: system.cuda_version,
+            driver_version: system.driver_version,
+            gpus,
+            majors: DeviceMajors::read(config)?,
+            nodes: devices::scan_nodes(config)?,
+            mig_config_minor: caps.config_minor,
+            mig_monitor_minor: caps.monitor_minor,
+            proc_driver: Some(config.proc_path("driver/nvidia")).filter(|p| p.is_dir()),
+        })
+    }
+
+    /// The libraries of one capability.
+    pub fn libraries(&self, cap: Capability) -> impl Iterator<Item = &Library> {
+        self.files
+            .libraries
+            .iter()
+            .filter(move |l| l.capability == cap)
+    }
+}

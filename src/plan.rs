@@ -1,0 +1,601 @@
+//! Request × Inventory × Config → Plan: everything a GPU container needs, as plain data.
+//!
+//! Pure: no I/O here. The hook applies a plan, the runtime shim writes part of one into
+//! config.json, and `nvhook plan` prints one.
+
+use crate::capability::Capability;
+use crate::cgroup::{Access, DeviceKind, DeviceRule};
+use crate::inventory::devices::{MODESET_MINOR, NVIDIACTL_MINOR};
+use crate::inventory::{ElfClassName, Gpu, HostFile, HostNode, Inventory, MigDevice};
+use crate::request::{DeviceId, DeviceSelection, GpuFacts, Request, Version};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+/// Every mount nvhook makes is a read-only, private bind that cannot carry setuid or devices.
+pub const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate"];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub driver_version: String,
+    /// What was selected, for logs and `nvhook plan`.
+    pub selected: Vec<Selected>,
+    pub layout: Layout,
+    pub devices: Vec<DeviceNode>,
+    pub cgroup_rules: Vec<DeviceRule>,
+    pub mounts: Vec<Mount>,
+    pub symlinks: Vec<Symlink>,
+    /// Entries to add to the image's /etc/ld.so.cache (when it has one).
+    pub ldcache: Vec<CacheEntry>,
+    /// `/etc/ld.so.conf.d` file keeping non-default library dirs across an ldconfig run in the image.
+    pub ld_so_conf: Option<LdSoConf>,
+    pub proc_overlay: Option<ProcOverlay>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Selected {
+    /// `0` for a GPU, `0:1` for a MIG device.
+    pub id: String,
+    pub uuid: String,
+    pub pci_bus_id: String,
+}
+
+/// Where the image's loader looks for libraries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    pub lib64_dir: String,
+    pub lib32_dir: String,
+    /// The image has a glibc loader cache to update.
+    pub ldcache: bool,
+}
+
+/// What the plan needs to know about the image, probed safely by the caller.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub debian: bool,
+    pub has_usr_lib64: bool,
+    pub has_ldcache: bool,
+}
+
+impl Layout {
+    pub fn for_image(image: ImageInfo) -> Layout {
+        let (lib64, lib32) = if image.debian {
+            ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
+        } else if image.has_usr_lib64 {
+            ("/usr/lib64", "/usr/lib")
+        } else {
+            // musl and static images: the loader's default path.
+            ("/usr/lib", "/usr/lib32")
+        };
+        Layout {
+            lib64_dir: lib64.into(),
+            lib32_dir: lib32.into(),
+            ldcache: image.has_ldcache,
+        }
+    }
+
+    fn dir(&self, class: ElfClassName) -> &str {
+        match class {
+            ElfClassName::Lib64 => &self.lib64_dir,
+            ElfClassName::Lib32 => &self.lib32_dir,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceNode {
+    /// In the container.
+    pub path: String,
+    /// On the host, checked against when the node is made.
+    pub host_path: PathBuf,
+    pub major: u32,
+    pub minor: u32,
+    pub mode: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MountKind {
+    File,
+    Socket,
+    Dir,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    pub source: PathBuf,
+    pub destination: String,
+    pub kind: MountKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Symlink {
+    pub path: String,
+    /// Relative, in the same directory.
+    pub target: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheEntry {
+    pub soname: String,
+    pub path: String,
+    pub class: ElfClassName,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LdSoConf {
+    pub path: String,
+    pub dirs: Vec<String>,
+}
+
+/// A tmpfs over the container's /proc/driver/nvidia holding what the selected GPUs need.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcOverlay {
+    /// Host's `<proc-root>/driver/nvidia`.
+    pub host_dir: PathBuf,
+    /// Bus ids of the selected GPUs (`gpus/<busid>` directories bound read-only).
+    pub gpus: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PlanError {
+    #[error("NVIDIA_VISIBLE_DEVICES={value}: no such GPU (this node has {have})")]
+    NoSuchDevice { value: String, have: String },
+    #[error("{unsatisfied} ({have})")]
+    Unsatisfied { unsatisfied: String, have: String },
+    #[error(
+        "device node {path} is missing under dev-root {dev_root} or is not {major}:{minor} (is the NVIDIA driver loaded? run nvidia-modprobe)"
+    )]
+    MissingNode {
+        path: String,
+        dev_root: String,
+        major: u32,
+        minor: u32,
+    },
+    #[error(
+        "{what} needs the nvidia-caps device, which this host's driver does not expose (/proc/devices has no nvidia-caps)"
+    )]
+    NoCapsMajor { what: String },
+    #[error(
+        "capability {capability} was requested but the driver root has none of its libraries or binaries (is the driver installed completely?)"
+    )]
+    MissingFiles { capability: Capability },
+}
+
+/// A GPU or MIG device chosen by the request.
+enum Choice<'a> {
+    Gpu(&'a Gpu),
+    Mig(&'a Gpu, &'a MigDevice),
+}
+
+impl Choice<'_> {
+    fn parent(&self) -> &Gpu {
+        match self {
+            Choice::Gpu(g) | Choice::Mig(g, _) => g,
+        }
+    }
+
+    fn selected(&self) -> Selected {
+        match self {
+            Choice::Gpu(g) => Selected {
+                id: g.index.to_string(),
+                uuid: g.uuid.clone(),
+                pci_bus_id: g.pci_bus_id.clone(),
+            },
+            Choice::Mig(g, m) => Selected {
+                id: format!("{}:{}", g.index, m.index),
+                uuid: m.uuid.clone(),
+                pci_bus_id: g.pci_bus_id.clone(),
+            },
+        }
+    }
+}
+
+/// Computes the plan for `request` on this host.
+pub fn build(
+    request: &Request,
+    inventory: &Inventory,
+    dev_root: &str,
+    image: ImageInfo,
+) -> Result<Plan, PlanError> {
+    let choices = select(&request.devices, inventory)?;
+    check_requirements(request, inventory, &choices)?;
+    let layout = Layout::for_image(image);
+    let nodes = NodeFinder {
+        inventory,
+        dev_root,
+    };
+    let devices = device_nodes(request, inventory, &choices, &nodes)?;
+    let mut builder = FileBuilder {
+        layout: &layout,
+        mounts: Vec::new(),
+        symlinks: Vec::new(),
+        ldcache: Vec::new(),
+    };
+    builder.add_driver_files(request, inventory, !choices.is_empty())?;
+    let ld_so_conf = ld_so_conf(&layout, &builder.ldcache);
+    Ok(Plan {
+        driver_version: inventory.driver_version.clone(),
+        selected: choices.iter().map(Choice::selected).collect(),
+        cgroup_rules: devices
+            .iter()
+            .map(|d| DeviceRule {
+                kind: DeviceKind::Char,
+                major: d.major,
+                minor: d.minor,
+                access: Access::RW,
+            })
+            .collect(),
+        devices,
+        mounts: builder.mounts,
+        symlinks: builder.symlinks,
+        ldcache: builder.ldcache,
+        ld_so_conf,
+        proc_overlay: proc_overlay(inventory, &choices),
+        layout,
+    })
+}
+
+fn select<'a>(
+    selection: &DeviceSelection,
+    inventory: &'a Inventory,
+) -> Result<Vec<Choice<'a>>, PlanError> {
+    let mut out: Vec<Choice<'a>> = Vec::new();
+    let ids = match selection {
+        DeviceSelection::NoDevices => return Ok(out),
+        DeviceSelection::All => {
+            for gpu in &inventory.gpus {
+                out.push(Choice::Gpu(gpu));
+                out.extend(gpu.mig_devices.iter().map(|m| Choice::Mig(gpu, m)));
+            }
+            return Ok(out);
+        }
+        DeviceSelection::List(ids) => ids,
+    };
+    for id in ids {
+        let choice = resolve(id, inventory).ok_or_else(|| PlanError::NoSuchDevice {
+            value: id.to_string(),
+            have: describe_gpus(inventory),
+        })?;
+        let key = choice.selected().uuid;
+        if !out.iter().any(|c| c.selected().uuid == key) {
+            out.push(choice);
+        }
+    }
+    Ok(out)
+}
+
+fn resolve<'a>(id: &DeviceId, inventory: &'a Inventory) -> Option<Choice<'a>> {
+    let gpus = &inventory.gpus;
+    let migs = || {
+        gpus.iter()
+            .flat_map(|g| g.mig_devices.iter().map(move |m| (g, m)))
+    };
+    match id {
+        DeviceId::Index(i) => gpus.iter().find(|g| g.index == *i).map(Choice::Gpu),
+        DeviceId::GpuUuid(u) => gpus
+            .iter()
+            .find(|g| g.uuid.eq_ignore_ascii_case(u))
+            .map(Choice::Gpu),
+        DeviceId::PciBusId(b) => gpus
+            .iter()
+            .find(|g| g.pci_bus_id.eq_ignore_ascii_case(b))
+            .map(Choice::Gpu),
+        DeviceId::MigUuid(u) => migs()
+            .find(|(_, m)| m.uuid.eq_ignore_ascii_case(u))
+            .map(|(g, m)| Choice::Mig(g, m)),
+        DeviceId::MigIndex { gpu, mig } => migs()
+            .find(|(g, m)| g.index == *gpu && m.index == *mig)
+            .map(|(g, m)| Choice::Mig(g, m)),
+    }
+}
+
+/// "0-3" style summary of the GPUs (and MIG devices) a node has, for error messages.
+fn describe_gpus(inventory: &Inventory) -> String {
+    let n = inventory.gpus.len();
+    let mut s = match n {
+        0 => "no GPU".to_string(),
+        1 => "GPU 0".to_string(),
+        _ => format!("{}-{}", 0, n - 1),
+    };
+    let migs: Vec<String> = inventory
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            g.mig_devices
+                .iter()
+                .map(move |m| format!("{}:{}", g.index, m.index))
+        })
+        .collect();
+    if !migs.is_empty() {
+        s.push_str(&format!(" and MIG devices {}", migs.join(",")));
+    }
+    s
+}
+
+fn check_requirements(
+    request: &Request,
+    inventory: &Inventory,
+    choices: &[Choice],
+) -> Result<(), PlanError> {
+    let cuda = Version::parse_lenient(&inventory.cuda_version);
+    let driver = Version::parse_lenient(&inventory.driver_version);
+    let host = format!(
+        "this host's driver is {} and supports CUDA {}",
+        inventory.driver_version, inventory.cuda_version
+    );
+    let unsatisfied = |u: crate::request::Unsatisfied, have: String| PlanError::Unsatisfied {
+        unsatisfied: u.to_string(),
+        have,
+    };
+    // With no GPU selected ("none") only the host-wide conditions can be judged.
+    if choices.is_empty() {
+        return request
+            .requirements
+            .check_without_gpu(&cuda, &driver)
+            .map_err(|u| unsatisfied(u, host));
+    }
+    for choice in choices {
+        let gpu = choice.parent();
+        let facts = GpuFacts {
+            cuda: cuda.clone(),
+            driver: driver.clone(),
+            arch: Version::parse_lenient(&gpu.compute_capability),
+            brand: gpu.brand.clone(),
+        };
+        request.requirements.check(&facts).map_err(|u| {
+            unsatisfied(
+                u,
+                format!(
+                    "{host}; GPU {} has compute capability {} and brand {}",
+                    gpu.index, gpu.compute_capability, gpu.brand
+                ),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+struct NodeFinder<'a> {
+    inventory: &'a Inventory,
+    dev_root: &'a str,
+}
+
+impl NodeFinder<'_> {
+    /// The host node at `path`, which must be a char device `major:minor`.
+    fn get(&self, path: &str, major: u32, minor: u32) -> Result<DeviceNode, PlanError> {
+        self.inventory
+            .nodes
+            .iter()
+            .find(|n: &&HostNode| n.path == path && n.major == major && n.minor == minor)
+            .map(|n| DeviceNode {
+                path: n.path.clone(),
+                host_path: n.host_path.clone(),
+                major,
+                minor,
+                mode: n.mode,
+            })
+            .ok_or_else(|| PlanError::MissingNode {
+                path: path.into(),
+                dev_root: self.dev_root.into(),
+                major,
+                minor,
+            })
+    }
+
+    fn cap(&self, what: &str, minor: u32) -> Result<DeviceNode, PlanError> {
+        let major = self
+            .inventory
+            .majors
+            .caps
+            .ok_or_else(|| PlanError::NoCapsMajor { what: what.into() })?;
+        self.get(&format!("/dev/nvidia-caps/nvidia-cap{minor}"), major, minor)
+    }
+}
+
+fn device_nodes(
+    request: &Request,
+    inventory: &Inventory,
+    choices: &[Choice],
+    nodes: &NodeFinder,
+) -> Result<Vec<DeviceNode>, PlanError> {
+    let nvidia = inventory.majors.nvidia;
+    let caps = &request.capabilities;
+    let mut out = vec![nodes.get("/dev/nvidiactl", nvidia, NVIDIACTL_MINOR)?];
+    if caps.contains(&Capability::Compute) {
+        let uvm = inventory.majors.uvm.ok_or_else(|| PlanError::MissingNode {
+            path: "/dev/nvidia-uvm".into(),
+            dev_root: nodes.dev_root.into(),
+            major: 0,
+            minor: 0,
+        })?;
+        out.push(nodes.get("/dev/nvidia-uvm", uvm, 0)?);
+        out.push(nodes.get("/dev/nvidia-uvm-tools", uvm, 1)?);
+    }
+    if caps.contains(&Capability::Display) {
+        out.push(nodes.get("/dev/nvidia-modeset", nvidia, MODESET_MINOR)?);
+    }
+    for choice in choices {
+        let gpu = choice.parent();
+        out.push(nodes.get(&format!("/dev/nvidia{}", gpu.minor), nvidia, gpu.minor)?);
+        if let Choice::Mig(_, mig) = choice {
+            let what = format!("MIG device {}", mig.uuid);
+            for minor in [mig.gi_cap_minor, mig.ci_cap_minor] {
+                let minor = minor.ok_or_else(|| PlanError::NoCapsMajor { what: what.clone() })?;
+                out.push(nodes.cap(&what, minor)?);
+            }
+        }
+    }
+    for (wanted, minor, what) in [
+        (
+            &request.mig_config,
+            inventory.mig_config_minor,
+            "NVIDIA_MIG_CONFIG_DEVICES",
+        ),
+        (
+            &request.mig_monitor,
+            inventory.mig_monitor_minor,
+            "NVIDIA_MIG_MONITOR_DEVICES",
+        ),
+    ] {
+        if wanted.is_some() {
+            let minor = minor.ok_or_else(|| PlanError::NoCapsMajor { what: what.into() })?;
+            out.push(nodes.cap(what, minor)?);
+        }
+    }
+    let mut seen = BTreeSet::new();
+    out.retain(|d| seen.insert(d.path.clone()));
+    Ok(out)
+}
+
+struct FileBuilder<'a> {
+    layout: &'a Layout,
+    mounts: Vec<Mount>,
+    symlinks: Vec<Symlink>,
+    ldcache: Vec<CacheEntry>,
+}
+
+impl FileBuilder<'_> {
+    fn add_driver_files(
+        &mut self,
+        request: &Request,
+        inventory: &Inventory,
+        any_gpu: bool,
+    ) -> Result<(), PlanError> {
+        let caps = &request.capabilities;
+        let compat32 = caps.contains(&Capability::Compat32);
+        for &cap in caps {
+            let before = self.mounts.len();
+            // Display brings the graphics stack; compat32 only adds 32-bit copies of the others.
+            let lib_cap = if cap == Capability::Display {
+                Capability::Graphics
+            } else {
+                cap
+            };
+            for lib in inventory.libraries(lib_cap) {
+                if lib.class == ElfClassName::Lib32 && !compat32 {
+                    continue;
+                }
+                self.add_library(lib);
+            }
+            let files = &inventory.files;
+            for f in files
+                .binaries
+                .iter()
+                .chain(&files.configs)
+                .filter(|f| f.capability == Some(lib_cap))
+            {
+                self.add_file(f, MountKind::File);
+            }
+            for f in files.sockets.iter().filter(|f| f.capability == Some(cap)) {
+                let kind = if f.host_path.is_dir() {
+                    MountKind::Dir
+                } else {
+                    MountKind::Socket
+                };
+                self.add_file(f, kind);
+            }
+            let brings_files = self.mounts.len() > before;
+            if !brings_files && matches!(cap, Capability::Compute | Capability::Utility) {
+                return Err(PlanError::MissingFiles { capability: cap });
+            }
+        }
+        if any_gpu {
+            for f in &inventory.files.firmware {
+                self.add_file(f, MountKind::File);
+            }
+        }
+        Ok(())
+    }
+
+    fn add_library(&mut self, lib: &crate::inventory::Library) {
+        let dir = self.layout.dir(lib.class);
+        let destination = format!("{dir}/{}", lib.file_name);
+        if self.mounts.iter().any(|m| m.destination == destination) {
+            return;
+        }
+        self.mounts.push(Mount {
+            source: lib.host_path.clone(),
+            destination,
+            kind: MountKind::File,
+        });
+        if lib.soname != lib.file_name {
+            self.symlinks.push(Symlink {
+                path: format!("{dir}/{}", lib.soname),
+                target: lib.file_name.clone(),
+            });
+        }
+        // Applications and CUDA runtimes that link at build time look for the unversioned name.
+        if lib.soname == "libcuda.so.1" {
+            self.symlinks.push(Symlink {
+                path: format!("{dir}/libcuda.so"),
+                target: lib.soname.clone(),
+            });
+        }
+        self.ldcache.push(CacheEntry {
+            soname: lib.soname.clone(),
+            path: format!("{dir}/{}", lib.soname),
+            class: lib.class,
+        });
+    }
+
+    fn add_file(&mut self, file: &HostFile, kind: MountKind) {
+        // /var/run and /run name the same host file: mount it once.
+        if self.mounts.iter().any(|m| m.source == file.host_path) {
+            return;
+        }
+        self.mounts.push(Mount {
+            source: file.host_path.clone(),
+            destination: file.container_path.clone(),
+            kind,
+        });
+    }
+}
+
+/// Directories every loader searches without configuration.
+const DEFAULT_LIB_DIRS: &[&str] = &["/lib", "/usr/lib", "/lib64", "/usr/lib64"];
+
+fn ld_so_conf(layout: &Layout, entries: &[CacheEntry]) -> Option<LdSoConf> {
+    if !layout.ldcache {
+        return None;
+    }
+    let mut dirs: Vec<String> = Vec::new();
+    for e in entries {
+        let dir = layout.dir(e.class).to_string();
+        if !DEFAULT_LIB_DIRS.contains(&dir.as_str()) && !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    (!dirs.is_empty()).then(|| LdSoConf {
+        path: "/etc/ld.so.conf.d/000-nvhook.conf".into(),
+        dirs,
+    })
+}
+
+fn proc_overlay(inventory: &Inventory, choices: &[Choice]) -> Option<ProcOverlay> {
+    let host_dir = inventory.proc_driver.clone()?;
+    if choices.is_empty() {
+        return None;
+    }
+    let mut gpus: Vec<String> = choices
+        .iter()
+        .map(|c| c.parent().pci_bus_id.clone())
+        .collect();
+    gpus.dedup();
+    Some(ProcOverlay { host_dir, gpus })
+}
+
+/// The driver's params with device-file modification off: a container must never make
+/// the driver (re)create nodes on its own.
+pub fn container_params(host_params: &str) -> String {
+    let mut out = String::with_capacity(host_params.len());
+    for line in host_params.lines() {
+        if line.starts_with("ModifyDeviceFiles:") {
+            out.push_str("ModifyDeviceFiles: 0");
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}

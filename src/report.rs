@@ -1,0 +1,122 @@
+//! Human-readable text for `nvhook info` and `nvhook plan`.
+
+use crate::inventory::Inventory;
+use crate::plan::Plan;
+use crate::request::Decision;
+use std::fmt::Write;
+
+/// Like `nvidia-container-cli info`: driver, then one block per GPU, then the files found.
+pub fn inventory_text(inv: &Inventory) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "NVRM version:   {}", inv.driver_version);
+    let _ = writeln!(s, "CUDA version:   {}", inv.cuda_version);
+    for g in &inv.gpus {
+        let _ = writeln!(s);
+        let _ = writeln!(s, "Device Index:   {}", g.index);
+        let _ = writeln!(s, "Device Minor:   {}", g.minor);
+        let _ = writeln!(s, "Model:          {}", g.name);
+        let _ = writeln!(s, "Brand:          {}", g.brand);
+        let _ = writeln!(s, "GPU UUID:       {}", g.uuid);
+        let _ = writeln!(s, "Bus Location:   {}", g.pci_bus_id);
+        let _ = writeln!(
+            s,
+            "Architecture:   {} ({})",
+            g.compute_capability, g.architecture
+        );
+        let _ = writeln!(
+            s,
+            "MIG:            {}",
+            if g.mig_enabled { "enabled" } else { "disabled" }
+        );
+        for m in &g.mig_devices {
+            let _ = writeln!(
+                s,
+                "  MIG {}:{}       {} (GI {}, CI {})",
+                g.index, m.index, m.uuid, m.gpu_instance_id, m.compute_instance_id
+            );
+        }
+    }
+    let _ = writeln!(s, "\nDriver files:");
+    for lib in &inv.files.libraries {
+        let _ = writeln!(
+            s,
+            "  {:<9} {:?}  {} -> {}",
+            lib.capability.name(),
+            lib.class,
+            lib.soname,
+            lib.host_path.display()
+        );
+    }
+    let files = &inv.files;
+    for f in files
+        .binaries
+        .iter()
+        .chain(&files.firmware)
+        .chain(&files.sockets)
+        .chain(&files.configs)
+    {
+        let cap = f.capability.map_or("any", |c| c.name());
+        let _ = writeln!(s, "  {:<9} {}", cap, f.host_path.display());
+    }
+    let _ = writeln!(s, "\nDevice nodes:");
+    for n in &inv.nodes {
+        let _ = writeln!(s, "  {} {}:{}", n.path, n.major, n.minor);
+    }
+    s
+}
+
+pub fn plan_text(plan: &Plan) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Driver {}; libraries go to {}",
+        plan.driver_version, plan.layout.lib64_dir
+    );
+    let _ = writeln!(s, "Selected:");
+    for d in &plan.selected {
+        let _ = writeln!(s, "  {} {} ({})", d.id, d.uuid, d.pci_bus_id);
+    }
+    let _ = writeln!(s, "Device nodes (cgroup rule):");
+    for (d, r) in plan.devices.iter().zip(&plan.cgroup_rules) {
+        let _ = writeln!(s, "  {} ({r})", d.path);
+    }
+    let _ = writeln!(s, "Mounts (ro,nosuid,nodev):");
+    for m in &plan.mounts {
+        let _ = writeln!(s, "  {} <- {}", m.destination, m.source.display());
+    }
+    let _ = writeln!(s, "Symlinks:");
+    for l in &plan.symlinks {
+        let _ = writeln!(s, "  {} -> {}", l.path, l.target);
+    }
+    if plan.layout.ldcache {
+        let _ = writeln!(
+            s,
+            "Loader cache: {} entries added to /etc/ld.so.cache",
+            plan.ldcache.len()
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "Loader cache: the image has none; libraries are in the default path"
+        );
+    }
+    if let Some(p) = &plan.proc_overlay {
+        let _ = writeln!(
+            s,
+            "/proc/driver/nvidia: overlay with gpus {}",
+            p.gpus.join(", ")
+        );
+    }
+    s
+}
+
+pub fn no_gpu_text(decision: &Decision) -> &'static str {
+    match decision {
+        Decision::EnvIgnored => {
+            "empty plan: NVIDIA_VISIBLE_DEVICES is ignored for unprivileged containers (accept-env-when-unprivileged = false)"
+        }
+        _ => {
+            "empty plan: the container asks for no GPU (NVIDIA_VISIBLE_DEVICES unset, empty or void)"
+        }
+    }
+}

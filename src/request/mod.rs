@@ -1,0 +1,355 @@
+//! The GPU request a container makes through NVIDIA_* variables and device mounts.
+//!
+//! Pure functions of the OCI spec and the config. The semantics are nvidia-container-toolkit
+//! v1.x's (`internal/config/image`, `cmd/nvidia-container-runtime-hook/container_config.go`,
+//! libnvidia-container's requirement DSL), so that images and device plugins written for it
+//! behave the same; where the toolkit is lenient in a way that hides a mistake, nvhook fails
+//! closed instead, and the doc comment says so.
+
+mod devices;
+mod require;
+
+pub use devices::{DEVICE_MOUNT_ROOT, DeviceId, DeviceSelection, UnknownDevice};
+pub use require::{ConditionError, GpuFacts, InvalidVersion, Requirements, Unsatisfied, Version};
+
+use crate::capability::{Capability, UnknownCapability};
+use crate::config::Config;
+use crate::oci::Spec;
+use std::collections::BTreeSet;
+
+pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+pub const DRIVER_CAPABILITIES: &str = "NVIDIA_DRIVER_CAPABILITIES";
+pub const MIG_CONFIG_DEVICES: &str = "NVIDIA_MIG_CONFIG_DEVICES";
+pub const MIG_MONITOR_DEVICES: &str = "NVIDIA_MIG_MONITOR_DEVICES";
+pub const DISABLE_REQUIRE: &str = "NVIDIA_DISABLE_REQUIRE";
+pub const REQUIRE_PREFIX: &str = "NVIDIA_REQUIRE_";
+pub const CUDA_VERSION: &str = "CUDA_VERSION";
+const REQUIRE_CUDA: &str = "NVIDIA_REQUIRE_CUDA";
+/// Jetson images state JetPack releases, which no host fact answers; the toolkit skips them.
+const REQUIRE_JETPACK: &str = "NVIDIA_REQUIRE_JETPACK";
+
+/// What the default `NVIDIA_DRIVER_CAPABILITIES` (unset or empty) means.
+const DEFAULT_CAPABILITIES: [Capability; 2] = [Capability::Utility, Capability::Compute];
+
+/// A GPU container's request, ready to be resolved against the host's inventory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub devices: DeviceSelection,
+    pub capabilities: BTreeSet<Capability>,
+    pub requirements: Requirements,
+    /// `NVIDIA_MIG_CONFIG_DEVICES` (privileged containers only).
+    pub mig_config: Option<DeviceSelection>,
+    /// `NVIDIA_MIG_MONITOR_DEVICES` (privileged containers only).
+    pub mig_monitor: Option<DeviceSelection>,
+    /// CAP_SYS_ADMIN is in the bounding set.
+    pub privileged: bool,
+    pub source: SelectionSource,
+}
+
+/// Where the device selection came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SelectionSource {
+    /// `NVIDIA_VISIBLE_DEVICES`, or the `all` a legacy CUDA image implies.
+    Env,
+    /// Mounts under `/var/run/nvidia-container-devices/`.
+    VolumeMounts,
+}
+
+/// The outcome of reading a spec, for callers that log why a container is left alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Gpu(Request),
+    /// No GPU asked for (`NVIDIA_VISIBLE_DEVICES` unset, empty or `void`): touch nothing.
+    NotRequested,
+    /// Asked for through the environment by an unprivileged container while
+    /// `accept-env-when-unprivileged` is off: the toolkit then treats the container as not a
+    /// GPU container (and logs a warning), so this is not an error either.
+    EnvIgnored,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("{origin}: {source}")]
+    UnknownDevice {
+        /// `NAME=value` or `volume mount <path>`.
+        origin: String,
+        source: UnknownDevice,
+    },
+    #[error("NVIDIA_DRIVER_CAPABILITIES={value}: {source}")]
+    UnknownCapability {
+        value: String,
+        source: UnknownCapability,
+    },
+    #[error(
+        "NVIDIA_DRIVER_CAPABILITIES={value}: this node does not serve capability {capability} (it serves {supported}; ask for those, or add {capability} to supported-capabilities in the nvhook config)"
+    )]
+    UnsupportedCapability {
+        value: String,
+        capability: Capability,
+        supported: String,
+    },
+    #[error(
+        "{variable}={value}: only a privileged container (CAP_SYS_ADMIN in its bounding set) may manage MIG (run it privileged or unset {variable})"
+    )]
+    MigUnprivileged {
+        variable: &'static str,
+        value: String,
+    },
+    #[error("{variable}={value}: {source}")]
+    Requirement {
+        variable: String,
+        value: String,
+        source: ConditionError,
+    },
+    #[error(
+        "CUDA_VERSION={value}: not a version, so the legacy requirement cuda>=MAJOR.MINOR cannot be formed (fix CUDA_VERSION, set NVIDIA_REQUIRE_CUDA, or set NVIDIA_DISABLE_REQUIRE=true)"
+    )]
+    LegacyCudaVersion { value: String },
+}
+
+impl Request {
+    /// The request in `spec`, or `None` when the container is not a GPU container and must be
+    /// left untouched.
+    pub fn from_spec(spec: &Spec, config: &Config) -> Result<Option<Request>, RequestError> {
+        Ok(match Self::decide(spec, config)? {
+            Decision::Gpu(request) => Some(request),
+            Decision::NotRequested | Decision::EnvIgnored => None,
+        })
+    }
+
+    /// Like [`Request::from_spec`], and says why a container is not a GPU container.
+    pub fn decide(spec: &Spec, config: &Config) -> Result<Decision, RequestError> {
+        let legacy = is_legacy_image(spec);
+        let privileged = spec.privileged();
+        let (devices, source) = match select_devices(spec, config, privileged, legacy)? {
+            Selected::Devices(devices, source) => (devices, source),
+            Selected::NotRequested => return Ok(Decision::NotRequested),
+            Selected::EnvIgnored => return Ok(Decision::EnvIgnored),
+        };
+        // Fields are checked in the toolkit's order, so the first error reported matches it.
+        Ok(Decision::Gpu(Request {
+            devices,
+            mig_config: mig_devices(spec, MIG_CONFIG_DEVICES, privileged)?,
+            mig_monitor: mig_devices(spec, MIG_MONITOR_DEVICES, privileged)?,
+            capabilities: capabilities(spec, config, legacy)?,
+            requirements: requirements(spec, config, legacy)?,
+            privileged,
+            source,
+        }))
+    }
+}
+
+/// A legacy CUDA image (before `NVIDIA_REQUIRE_CUDA` existed) says only `CUDA_VERSION`.
+fn is_legacy_image(spec: &Spec) -> bool {
+    spec.env(CUDA_VERSION).is_some_and(|v| !v.is_empty())
+        && spec.env(REQUIRE_CUDA).is_none_or(str::is_empty)
+}
+
+enum Selected {
+    Devices(DeviceSelection, SelectionSource),
+    NotRequested,
+    EnvIgnored,
+}
+
+/// The toolkit's precedence: accepted volume mounts, when there are any, are the whole
+/// selection; otherwise the environment, honoured for a privileged container or when the
+/// config accepts it from unprivileged ones. The privilege check comes before device ids are
+/// parsed, so an ignored variable never fails a container.
+fn select_devices(
+    spec: &Spec,
+    config: &Config,
+    privileged: bool,
+    legacy: bool,
+) -> Result<Selected, RequestError> {
+    if config.accept_volume_mount_devices {
+        let ids = devices::mount_device_ids(spec);
+        if !ids.is_empty() {
+            return select_from_mounts(&ids);
+        }
+    }
+    let value = match spec.env(VISIBLE_DEVICES) {
+        Some(value) => value,
+        None if legacy => "all",
+        None => return Ok(Selected::NotRequested),
+    };
+    let Some(items) = devices::requested_items(value.split(',')) else {
+        return Ok(Selected::NotRequested);
+    };
+    if !(privileged || config.accept_env_when_unprivileged) {
+        return Ok(Selected::EnvIgnored);
+    }
+    let devices = devices::selection(&items).map_err(|source| RequestError::UnknownDevice {
+        origin: env_origin(VISIBLE_DEVICES, value),
+        source,
+    })?;
+    Ok(Selected::Devices(devices, SelectionSource::Env))
+}
+
+fn select_from_mounts(ids: &[String]) -> Result<Selected, RequestError> {
+    let Some(items) = devices::requested_items(ids.iter().map(String::as_str)) else {
+        return Ok(Selected::NotRequested);
+    };
+    let devices = devices::selection(&items).map_err(|source| RequestError::UnknownDevice {
+        origin: format!("volume mount {DEVICE_MOUNT_ROOT}/{}", one_line(&source.0)),
+        source,
+    })?;
+    Ok(Selected::Devices(devices, SelectionSource::VolumeMounts))
+}
+
+/// MIG management nodes give control over the whole GPU's partitioning, hence privileged
+/// only. As in the toolkit, a non-empty value in an unprivileged container is an error.
+fn mig_devices(
+    spec: &Spec,
+    variable: &'static str,
+    privileged: bool,
+) -> Result<Option<DeviceSelection>, RequestError> {
+    let Some(value) = spec.env(variable).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    if !privileged {
+        return Err(RequestError::MigUnprivileged {
+            variable,
+            value: one_line(value),
+        });
+    }
+    let Some(items) = devices::requested_items(value.split(',')) else {
+        return Ok(None);
+    };
+    devices::selection(&items)
+        .map(Some)
+        .map_err(|source| RequestError::UnknownDevice {
+            origin: env_origin(variable, value),
+            source,
+        })
+}
+
+/// Unset or empty: utility and compute (those of them the node serves), or everything the
+/// node serves for a legacy image. `all` anywhere in the list: everything the node serves.
+fn capabilities(
+    spec: &Spec,
+    config: &Config,
+    legacy: bool,
+) -> Result<BTreeSet<Capability>, RequestError> {
+    let supported: BTreeSet<Capability> = config.supported_capabilities.iter().copied().collect();
+    let value = match spec.env(DRIVER_CAPABILITIES) {
+        Some(value) => value,
+        None if legacy => return Ok(supported),
+        None => "",
+    };
+    let items: Vec<&str> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if items.is_empty() {
+        return Ok(DEFAULT_CAPABILITIES
+            .into_iter()
+            .filter(|c| supported.contains(c))
+            .collect());
+    }
+    if items.contains(&"all") {
+        return Ok(supported);
+    }
+    items
+        .into_iter()
+        .map(|name| {
+            let capability =
+                name.parse::<Capability>()
+                    .map_err(|source| RequestError::UnknownCapability {
+                        value: one_line(value),
+                        source,
+                    })?;
+            if !supported.contains(&capability) {
+                return Err(RequestError::UnsupportedCapability {
+                    value: one_line(value),
+                    capability,
+                    supported: list(&supported),
+                });
+            }
+            Ok(capability)
+        })
+        .collect()
+}
+
+fn requirements(spec: &Spec, config: &Config, legacy: bool) -> Result<Requirements, RequestError> {
+    let mut out = Requirements::default();
+    if config.disable_require || spec.env(DISABLE_REQUIRE).is_some_and(go_true) {
+        return Ok(out);
+    }
+    for (variable, value) in spec.env_with_prefix(REQUIRE_PREFIX) {
+        if variable.starts_with(REQUIRE_JETPACK) {
+            continue;
+        }
+        out.add(&variable, &value)
+            .map_err(|source| RequestError::Requirement {
+                value: one_line(&value),
+                variable,
+                source,
+            })?;
+    }
+    if legacy {
+        let value = spec.env(CUDA_VERSION).unwrap_or_default();
+        let major_minor =
+            legacy_major_minor(value).ok_or_else(|| RequestError::LegacyCudaVersion {
+                value: one_line(value),
+            })?;
+        let expression = format!("cuda>={major_minor}");
+        out.add(CUDA_VERSION, &expression)
+            .map_err(|source| RequestError::Requirement {
+                variable: CUDA_VERSION.to_string(),
+                value: expression,
+                source,
+            })?;
+    }
+    Ok(out)
+}
+
+/// The values Go's `strconv.ParseBool` reads as true; anything else (even `yes`) is false
+/// for the toolkit, and so requirements stay on, the safe side.
+fn go_true(value: &str) -> bool {
+    matches!(value, "1" | "t" | "T" | "true" | "TRUE" | "True")
+}
+
+/// `MAJOR.MINOR` of `CUDA_VERSION` (`12.4.1` -> `12.4`, `12` -> `12.0`), as the toolkit's
+/// semver reading gives it; an optional `v` prefix and a `-pre`/`+build` suffix are allowed.
+fn legacy_major_minor(value: &str) -> Option<String> {
+    let value = value.strip_prefix('v').unwrap_or(value);
+    let core = value.split(['-', '+']).next().unwrap_or_default();
+    let parts: Vec<u32> = core
+        .split('.')
+        .map(|p| {
+            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            p.parse().ok()
+        })
+        .collect::<Option<_>>()?;
+    match parts[..] {
+        [major] => Some(format!("{major}.0")),
+        [major, minor] | [major, minor, _] => Some(format!("{major}.{minor}")),
+        _ => None,
+    }
+}
+
+fn env_origin(variable: &str, value: &str) -> String {
+    format!("{variable}={}", one_line(value))
+}
+
+/// Container-supplied text goes into one-line error messages: escape control characters.
+fn one_line(value: &str) -> String {
+    value.escape_debug().to_string()
+}
+
+fn list(capabilities: &BTreeSet<Capability>) -> String {
+    if capabilities.is_empty() {
+        return "none".to_string();
+    }
+    capabilities
+        .iter()
+        .map(|c| c.name())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,372 @@
+//! End-to-end tests of `nvhook hook prestart`: real runc containers on a
+//! simulated 4-GPU node, under cgroup v1 and v2. Run as root after
+//! `cargo build --workspace` (for simnode): `cargo test --test hook_e2e`.
+//!
+//! On the simulated node no driver sits behind the device nodes, so opening a
+//! node the cgroup allows gives ENXIO and one it refuses gives EPERM.
+
+mod support;
+
+use support::{
+    Bundle, Image, Output, RuntimeEnv, SimNode, busybox_image, glibc_image,
+    glibc_image_with_fake_libcuda, host_mounts_referencing, require_root, run_container,
+    tree_listing,
+};
+
+const GPUS: u32 = 4;
+const NVIDIA_MAJOR: u32 = 195;
+const LIBCUDA: &str = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
+const NVIDIA_SMI: &str = "/usr/bin/nvidia-smi";
+const CONTROL_NODES: [&str; 3] = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+
+fn gpu_node(index: u32) -> String {
+    format!("/dev/nvidia{index}")
+}
+
+/// gpucheck arguments probing every GPU and control node of the node.
+fn dev_args() -> Vec<String> {
+    let nodes = (0..GPUS)
+        .map(gpu_node)
+        .chain(CONTROL_NODES.map(String::from));
+    nodes.flat_map(|node| ["--dev".to_owned(), node]).collect()
+}
+
+fn gpucheck_bundle(image: &Image, extra: &[&str]) -> Bundle {
+    let mut args = vec!["/gpucheck".to_owned()];
+    args.extend(dev_args());
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Bundle::new(image, &args)
+}
+
+/// Runs the bundle and checks that nothing stays mounted on the host.
+fn run_clean(bundle: &Bundle, node: Option<&SimNode>, env: RuntimeEnv) -> Output {
+    require_root();
+    let output = run_container(bundle, env);
+    let mut watched = vec![bundle.dir()];
+    watched.extend(node.map(SimNode::root));
+    let leaked = host_mounts_referencing(&watched);
+    assert!(
+        leaked.is_empty(),
+        "mounts left on the host: {leaked:#?}\n{output}"
+    );
+    output
+}
+
+/// Runs a GPU container with nvhook and prints the hook's log on failure.
+fn run_with_hook(bundle: &mut Bundle, node: &SimNode, env: RuntimeEnv) -> Output {
+    bundle.prestart_hook(node);
+    let output = run_clean(bundle, Some(node), env);
+    assert!(
+        output.status.success(),
+        "container failed\n{output}\n--- nvhook.log\n{}",
+        node.log()
+    );
+    output
+}
+
+fn assert_gpus(output: &Output, visible: &[u32]) {
+    for index in 0..GPUS {
+        let verdict = if visible.contains(&index) {
+            "ENXIO"
+        } else {
+            "absent"
+        };
+        output.assert_lines(&[&format!("dev {} {verdict}", gpu_node(index))]);
+    }
+}
+
+fn assert_control_nodes_allowed(output: &Output) {
+    for node in CONTROL_NODES {
+        output.assert_lines(&[&format!("dev {node} ENXIO")]);
+    }
+}
+
+fn nvidia_entries_in_dev(output: &Output) -> Vec<&str> {
+    output
+        .stdout
+        .lines()
+        .filter(|line| line.starts_with("ls /dev nvidia"))
+        .collect()
+}
+
+// ---- plain runc, no hook, no GPU: these validate the harness itself ----
+
+#[test]
+fn smoke_glibc_image_runs_gpucheck_cgroup_v1() {
+    smoke_glibc(RuntimeEnv::CgroupV1);
+}
+
+#[test]
+fn smoke_glibc_image_runs_gpucheck_cgroup_v2() {
+    smoke_glibc(RuntimeEnv::CgroupV2);
+}
+
+/// A node placed in linux.devices is refused (EPERM) without a cgroup rule and
+/// reachable (ENXIO: no driver) with one, under the runtime's own device
+/// controller: the contrast the GPU tests rely on.
+fn smoke_glibc(env: RuntimeEnv) {
+    let mut bundle = Bundle::new(
+        glibc_image(),
+        &[
+            "/gpucheck",
+            "--dev",
+            "/dev/nvidia0",
+            "--dev",
+            "/dev/nvidia1",
+            "--stat",
+            "/dev/nvidia1",
+            "--ls",
+            "/dev",
+            "--ls",
+            "/sys/fs/cgroup",
+        ],
+    );
+    bundle
+        .extra_device("/dev/nvidia0", NVIDIA_MAJOR, 0)
+        .extra_device("/dev/nvidia1", NVIDIA_MAJOR, 1)
+        .allow_device(NVIDIA_MAJOR, 1);
+    let output = run_clean(&bundle, None, env);
+    output.assert_success();
+    output.assert_lines(&[
+        "dev /dev/nvidia0 EPERM",
+        "dev /dev/nvidia1 ENXIO",
+        "stat /dev/nvidia1 char 195:1",
+        "ls /dev null",
+    ]);
+    // Proves which hierarchy the container really got.
+    let hierarchy_marker = match env {
+        RuntimeEnv::CgroupV1 => "ls /sys/fs/cgroup devices",
+        RuntimeEnv::CgroupV2 => "ls /sys/fs/cgroup cgroup.controllers",
+    };
+    output.assert_lines(&[hierarchy_marker]);
+    assert!(
+        output
+            .stdout
+            .starts_with("dlopen libcuda.so.1 fail libcuda.so.1: cannot open shared object file"),
+        "{output}"
+    );
+}
+
+#[test]
+fn smoke_fake_libcuda_image_loads_its_own_library() {
+    let bundle = Bundle::new(glibc_image_with_fake_libcuda(), &["/gpucheck"]);
+    let output = run_clean(&bundle, None, RuntimeEnv::CgroupV1);
+    output.assert_success();
+    output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 999"]);
+}
+
+#[test]
+fn smoke_busybox_image_runs_shell() {
+    let bundle = Bundle::new(
+        busybox_image(),
+        &[
+            "sh",
+            "-c",
+            "ls /dev; test -e /etc/ld.so.cache || echo no-cache",
+        ],
+    );
+    let output = run_clean(&bundle, None, RuntimeEnv::CgroupV1);
+    output.assert_success();
+    output.assert_lines(&["null", "no-cache"]);
+}
+
+#[test]
+fn smoke_container_without_hook_leaves_rootfs_unchanged() {
+    let bundle = Bundle::new(glibc_image(), &["/gpucheck", "--ls", "/"]);
+    let before = tree_listing(bundle.rootfs());
+    let output = run_clean(&bundle, None, RuntimeEnv::CgroupV1);
+    output.assert_success();
+    output.assert_lines(&["ls / gpucheck", "ls / lib64"]);
+    assert_eq!(before, tree_listing(bundle.rootfs()));
+}
+
+#[test]
+fn smoke_host_mount_table_helper_sees_a_bind_mount() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let target = dir.path().join("target");
+    std::fs::create_dir(&target).expect("mkdir");
+    let mount = |args: &[&str]| {
+        let status = std::process::Command::new("mount")
+            .args(args)
+            .status()
+            .expect("spawn mount");
+        assert!(status.success(), "mount {args:?} failed");
+    };
+    let target_str = target.to_str().expect("utf-8 path");
+    mount(&["--bind", "/proc/self", target_str]);
+    let seen = host_mounts_referencing(&[dir.path()]);
+    let status = std::process::Command::new("umount")
+        .arg(&target)
+        .status()
+        .expect("spawn umount");
+    assert!(status.success(), "umount failed");
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    assert!(host_mounts_referencing(&[dir.path()]).is_empty());
+}
+
+// ---- nvhook as the prestart hook on a simulated 4-GPU node ----
+
+#[test]
+fn visible_devices_1_3_cgroup_v1() {
+    visible_devices_1_3(RuntimeEnv::CgroupV1);
+}
+
+#[test]
+fn visible_devices_1_3_cgroup_v2() {
+    visible_devices_1_3(RuntimeEnv::CgroupV2);
+}
+
+fn visible_devices_1_3(env: RuntimeEnv) {
+    let node = SimNode::create(GPUS);
+    let checks = [
+        "--stat",
+        "/dev/nvidia1",
+        "--stat",
+        "/dev/nvidia3",
+        "--write",
+        LIBCUDA,
+        "--write",
+        NVIDIA_SMI,
+    ];
+
+    let mut bundle = gpucheck_bundle(glibc_image(), &checks);
+    bundle.env("NVIDIA_VISIBLE_DEVICES=1,3");
+    let output = run_with_hook(&mut bundle, &node, env);
+    assert_gpus(&output, &[1, 3]);
+    assert_control_nodes_allowed(&output);
+    output.assert_lines(&[
+        "stat /dev/nvidia1 char 195:1",
+        "stat /dev/nvidia3 char 195:3",
+        "dlopen libcuda.so.1 ok",
+        "cuInit 0",
+        &format!("write {LIBCUDA} EROFS"),
+        &format!("write {NVIDIA_SMI} EROFS"),
+    ]);
+
+    // The runtime creates nvidia0 itself but no rule allows it: the hook's
+    // rules must cover the selected GPUs only.
+    let mut bundle = gpucheck_bundle(glibc_image(), &checks);
+    bundle
+        .env("NVIDIA_VISIBLE_DEVICES=1,3")
+        .extra_device("/dev/nvidia0", NVIDIA_MAJOR, 0);
+    let output = run_with_hook(&mut bundle, &node, env);
+    output.assert_lines(&[
+        "dev /dev/nvidia0 EPERM",
+        "dev /dev/nvidia1 ENXIO",
+        "dev /dev/nvidia3 ENXIO",
+    ]);
+    output.assert_lines(&["dev /dev/nvidia2 absent", "cuInit 0"]);
+}
+
+#[test]
+fn capability_utility_brings_nvidia_smi_but_not_libcuda() {
+    let node = SimNode::create(GPUS);
+    let mut bundle = gpucheck_bundle(glibc_image(), &["--exec", NVIDIA_SMI]);
+    bundle
+        .env("NVIDIA_VISIBLE_DEVICES=0")
+        .env("NVIDIA_DRIVER_CAPABILITIES=utility");
+    let output = run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV1);
+    assert!(output.stdout.contains("NVIDIA-SMI simulated"), "{output}");
+    output.assert_lines(&[&format!("exec {NVIDIA_SMI} rc=0")]);
+    assert!(
+        output.stdout.starts_with("dlopen libcuda.so.1 fail"),
+        "{output}"
+    );
+    assert_gpus(&output, &[0]);
+}
+
+#[test]
+fn visible_devices_none_gives_driver_but_no_gpu() {
+    let node = SimNode::create(GPUS);
+    let mut bundle = gpucheck_bundle(glibc_image(), &[]);
+    bundle.env("NVIDIA_VISIBLE_DEVICES=none");
+    let output = run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV1);
+    assert_gpus(&output, &[]);
+    output.assert_lines(&[
+        "dev /dev/nvidiactl ENXIO",
+        "dlopen libcuda.so.1 ok",
+        "cuInit 0",
+    ]);
+}
+
+#[test]
+fn visible_devices_all_gives_every_gpu() {
+    let node = SimNode::create(GPUS);
+    let mut bundle = gpucheck_bundle(glibc_image(), &[]);
+    bundle.env("NVIDIA_VISIBLE_DEVICES=all");
+    let output = run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV1);
+    assert_gpus(&output, &[0, 1, 2, 3]);
+    assert_control_nodes_allowed(&output);
+}
+
+#[test]
+fn visible_devices_by_uuid_gives_that_gpu() {
+    let node = SimNode::create(GPUS);
+    let mut bundle = gpucheck_bundle(glibc_image(), &[]);
+    // simnode gives GPU i the minor number i.
+    bundle.env(&format!("NVIDIA_VISIBLE_DEVICES={}", node.gpu_uuid(2)));
+    let output = run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV1);
+    assert_gpus(&output, &[2]);
+}
+
+#[test]
+fn injected_libcuda_wins_over_the_image_own_copy() {
+    let node = SimNode::create(GPUS);
+    let mut bundle = gpucheck_bundle(glibc_image_with_fake_libcuda(), &[]);
+    bundle.env("NVIDIA_VISIBLE_DEVICES=0");
+    let output = run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV1);
+    output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
+}
+
+#[test]
+fn busybox_image_gets_nvidia_smi_and_gpu_node() {
+    let node = SimNode::create(GPUS);
+    let mut bundle = Bundle::new(busybox_image(), &["sh", "-c", "ls /dev; nvidia-smi"]);
+    bundle.env("NVIDIA_VISIBLE_DEVICES=0");
+    let output = run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV1);
+    output.assert_lines(&["nvidia0"]);
+    assert!(output.stdout.contains("NVIDIA-SMI simulated"), "{output}");
+}
+
+#[test]
+fn container_without_gpu_request_is_untouched() {
+    let node = SimNode::create(GPUS);
+    let mut bundle = Bundle::new(glibc_image(), &["/gpucheck", "--ls", "/dev"]);
+    let before = tree_listing(bundle.rootfs());
+    let output = run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV1);
+    assert_eq!(
+        nvidia_entries_in_dev(&output),
+        Vec::<&str>::new(),
+        "{output}"
+    );
+    assert_eq!(
+        before,
+        tree_listing(bundle.rootfs()),
+        "the hook changed the rootfs"
+    );
+}
+
+#[test]
+fn unknown_gpu_stops_the_container_with_one_clear_line() {
+    let node = SimNode::create(GPUS);
+    let mut bundle = gpucheck_bundle(glibc_image(), &[]);
+    bundle.env("NVIDIA_VISIBLE_DEVICES=7").prestart_hook(&node);
+    let output = run_clean(&bundle, Some(&node), RuntimeEnv::CgroupV1);
+    assert!(
+        !output.status.success(),
+        "runc should have failed\n{output}"
+    );
+    assert!(
+        output
+            .stderr
+            .lines()
+            .any(|line| line.contains("nvhook:") && line.contains('7')),
+        "no `nvhook:` line naming 7 in runc's stderr\n{output}"
+    );
+    assert!(
+        !output.stdout.contains("dlopen"),
+        "the container started\n{output}"
+    );
+}

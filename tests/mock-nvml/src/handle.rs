@@ -1,0 +1,81 @@
+//! Device handles: opaque pointers that encode which GPU or MIG device they name.
+//!
+//! Each handle points at one byte of a static table owned by this library, so a handle
+//! is never null, stays valid across shutdown and re-init (as indices into the topology
+//! do), and a pointer that did not come from us is recognised and rejected.
+
+use crate::topology::{MAX_GPUS, MAX_MIG_DEVICES};
+
+/// `nvmlDevice_st`: never dereferenced, only its address matters.
+#[repr(C)]
+pub struct NvmlDevice {
+    _opaque: [u8; 0],
+}
+
+/// `nvmlDevice_t`.
+pub type DeviceHandle = *mut NvmlDevice;
+
+/// Slot 0 of each GPU's block is the GPU itself, slots 1..=7 its MIG devices.
+const SLOTS_PER_GPU: usize = 1 + MAX_MIG_DEVICES;
+
+static ANCHORS: [u8; MAX_GPUS * SLOTS_PER_GPU] = [0; MAX_GPUS * SLOTS_PER_GPU];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handle {
+    Gpu(usize),
+    Mig { gpu: usize, mig: usize },
+}
+
+impl Handle {
+    /// The C handle; callers only build handles for indices the topology validated.
+    pub fn to_raw(self) -> DeviceHandle {
+        let slot = match self {
+            Self::Gpu(gpu) => gpu * SLOTS_PER_GPU,
+            Self::Mig { gpu, mig } => gpu * SLOTS_PER_GPU + 1 + mig,
+        };
+        ANCHORS.as_ptr().wrapping_add(slot).cast_mut().cast()
+    }
+
+    /// Decodes a handle; `None` for null or anything not produced by `to_raw`.
+    pub fn from_raw(raw: DeviceHandle) -> Option<Self> {
+        let offset = raw.addr().checked_sub(ANCHORS.as_ptr().addr())?;
+        if offset >= ANCHORS.len() {
+            return None;
+        }
+        let (gpu, slot) = (offset / SLOTS_PER_GPU, offset % SLOTS_PER_GPU);
+        Some(match slot {
+            0 => Self::Gpu(gpu),
+            _ => Self::Mig { gpu, mig: slot - 1 },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_every_handle() {
+        for gpu in 0..MAX_GPUS {
+            let mut handles = vec![Handle::Gpu(gpu)];
+            handles.extend((0..MAX_MIG_DEVICES).map(|mig| Handle::Mig { gpu, mig }));
+            for handle in handles {
+                assert_eq!(Handle::from_raw(handle.to_raw()), Some(handle));
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_foreign_pointers() {
+        // Step by bytes: NvmlDevice is zero-sized, so offsetting it would not move.
+        let last = Handle::Mig {
+            gpu: MAX_GPUS - 1,
+            mig: MAX_MIG_DEVICES - 1,
+        };
+        let past_end = last.to_raw().cast::<u8>().wrapping_add(1).cast();
+        let before = Handle::Gpu(0).to_raw().cast::<u8>().wrapping_sub(1).cast();
+        for raw in [std::ptr::null_mut(), past_end, before] {
+            assert_eq!(Handle::from_raw(raw), None);
+        }
+    }
+}

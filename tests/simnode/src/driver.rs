@@ -1,0 +1,157 @@
+//! The driver root: what an NVIDIA driver installation puts on a host's `/`.
+
+use crate::compile;
+use crate::libs::{self, LIB_DIR_32, LIB_DIR_64, LIBRARIES, NVML};
+use crate::spec::{Gpu, Params, cuda_driver_version};
+use crate::{tools, topology};
+use anyhow::{Context, Result, bail};
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::process::Command;
+
+/// The glibc ldconfig, by absolute path: the cache must be a genuine one.
+const LDCONFIG: &str = "/sbin/ldconfig";
+
+const SOCKETS: &[&str] = &["run/nvidia-persistenced", "run/nvidia-fabricmanager"];
+
+pub fn build(root: &Path, params: &Params, gpus: &[Gpu], mock_nvml: &Path) -> Result<()> {
+    let version = &params.driver_version;
+    for dir in [LIB_DIR_64, LIB_DIR_32, tools::BIN_DIR, "etc"] {
+        mkdir(&root.join(dir))?;
+    }
+    let smi = tools::smi_output(version, &params.cuda_version, gpus);
+    let cuda = cuda_driver_version(&params.cuda_version)?;
+    let scratch = root.join(".build");
+    mkdir(&scratch)?;
+    let libc32_stub = scratch.join("libc.so.6");
+    compile::run_all(vec![libs::libc32_stub_job(&libc32_stub)])?;
+    let mut jobs = libs::jobs(root, version, cuda, &libc32_stub);
+    jobs.extend(tools::jobs(root, version, &smi));
+    compile::run_all(jobs)?;
+    fs::remove_dir_all(&scratch).with_context(|| format!("cannot remove {}", scratch.display()))?;
+
+    let nvml_lib = LIBRARIES
+        .iter()
+        .find(|l| l.name == NVML)
+        .expect("NVML is in the table");
+    let lib64 = root.join(LIB_DIR_64);
+    fs::copy(mock_nvml, lib64.join(nvml_lib.file_name(version))).with_context(|| {
+        format!(
+            "cannot copy the mock NVML from {}: build it with `cargo build -p mock-nvml` or pass --mock-nvml",
+            mock_nvml.display()
+        )
+    })?;
+    write(
+        &lib64.join(topology::FILE_NAME),
+        &topology::render(params, gpus)?,
+    )?;
+
+    firmware(root, version)?;
+    graphics_configs(root)?;
+    for dir in SOCKETS {
+        socket(&root.join(dir))?;
+    }
+    loader_cache(root, version)
+}
+
+fn mkdir(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    mkdir(path.parent().expect("files live in a directory"))?;
+    fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn firmware(root: &Path, version: &str) -> Result<()> {
+    for chip in ["ga10x", "tu10x"] {
+        let path = root.join(format!("lib/firmware/nvidia/{version}/gsp_{chip}.bin"));
+        write(
+            &path,
+            &format!("NVHOOK-SIM GSP firmware {chip} for driver {version}\n"),
+        )?;
+    }
+    Ok(())
+}
+
+fn graphics_configs(root: &Path) -> Result<()> {
+    write(
+        &root.join("etc/vulkan/icd.d/nvidia_icd.json"),
+        r#"{
+    "file_format_version" : "1.0.1",
+    "ICD": {
+        "library_path": "libGLX_nvidia.so.0",
+        "api_version" : "1.3.277"
+    }
+}
+"#,
+    )?;
+    write(
+        &root.join("usr/share/glvnd/egl_vendor.d/10_nvidia.json"),
+        r#"{
+    "file_format_version" : "1.0.0",
+    "ICD" : {
+        "library_path" : "libEGL_nvidia.so.0"
+    }
+}
+"#,
+    )
+}
+
+/// Leaves a real socket file at `dir/socket`. Binding through the directory's
+/// /proc/self/fd link keeps the address short whatever the node's path
+/// (sun_path holds 108 bytes).
+fn socket(dir: &Path) -> Result<()> {
+    mkdir(dir)?;
+    let handle = fs::File::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
+    let address = format!("/proc/self/fd/{}/socket", handle.as_raw_fd());
+    UnixListener::bind(&address)
+        .with_context(|| format!("cannot bind a Unix socket in {}", dir.display()))?;
+    Ok(())
+}
+
+/// ld.so.conf, SONAME links and a host-style ld.so.cache made by the real
+/// ldconfig, then a check that the cache finds the libraries nvhook needs.
+fn loader_cache(root: &Path, version: &str) -> Result<()> {
+    write(
+        &root.join("etc/ld.so.conf"),
+        &format!("/{LIB_DIR_64}\n/{LIB_DIR_32}\n"),
+    )?;
+    let out = Command::new(LDCONFIG)
+        .arg("-r")
+        .arg(root)
+        .output()
+        .with_context(|| format!("cannot run {LDCONFIG}: install libc-bin"))?;
+    if !out.status.success() {
+        bail!(
+            "{LDCONFIG} -r {} failed: {}",
+            root.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let cache = root.join("etc/ld.so.cache");
+    let listing = Command::new(LDCONFIG)
+        .arg("-C")
+        .arg(&cache)
+        .arg("-p")
+        .output()
+        .with_context(|| format!("cannot run {LDCONFIG} -p"))?;
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    for lib in ["nvidia-ml", "cuda"] {
+        let soname = LIBRARIES
+            .iter()
+            .find(|l| l.name == lib)
+            .expect("in table")
+            .soname(version);
+        let entry = format!("\t{soname} (libc6,x86-64)");
+        if !listing.lines().any(|l| l.starts_with(&entry)) {
+            bail!(
+                "{} has no 64-bit {soname}: the library (for NVML: the --mock-nvml file) lacks that SONAME",
+                cache.display()
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! The driver's user-space libraries: real ELF shared objects with the
+//! SONAMEs NVIDIA ships, so that ldconfig, the loader and nvhook treat them
+//! exactly like the real driver's files.
+
+use crate::compile::Job;
+use std::path::Path;
+
+pub const LIB_DIR_64: &str = "usr/lib/x86_64-linux-gnu";
+pub const LIB_DIR_32: &str = "usr/lib/i386-linux-gnu";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cap {
+    Utility,
+    Compute,
+    Video,
+    Graphics,
+    Ngx,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Soname {
+    /// A stable ABI suffix: `libcuda.so.1`.
+    Abi(&'static str),
+    /// Private libraries whose SONAME is the full file name (`.so.<version>`).
+    Versioned,
+}
+
+#[derive(Debug)]
+pub struct Library {
+    /// The name between `lib` and `.so`: `cuda`, `nvidia-ml`, `GLX_nvidia`.
+    pub name: &'static str,
+    soname: Soname,
+    pub cap: Cap,
+}
+
+const fn lib(name: &'static str, soname: Soname, cap: Cap) -> Library {
+    Library { name, soname, cap }
+}
+
+use Cap::{Compute, Graphics, Ngx, Utility, Video};
+use Soname::{Abi, Versioned};
+
+/// Every library of every capability, SONAMEs as the 550 driver has them.
+pub const LIBRARIES: &[Library] = &[
+    lib("nvidia-ml", Abi("1"), Utility),
+    lib("nvidia-cfg", Abi("1"), Utility),
+    lib("nvidia-nscq", Abi("2"), Utility),
+    lib("cuda", Abi("1"), Compute),
+    lib("cudadebugger", Abi("1"), Compute),
+    lib("nvidia-opencl", Abi("1"), Compute),
+    lib("nvidia-gpucomp", Versioned, Compute),
+    lib("nvidia-ptxjitcompiler", Abi("1"), Compute),
+    lib("nvidia-fatbinaryloader", Versioned, Compute),
+    lib("nvidia-allocator", Abi("1"), Compute),
+    lib("nvidia-compiler", Versioned, Compute),
+    lib("nvidia-pkcs11", Versioned, Compute),
+    lib("nvidia-pkcs11-openssl3", Versioned, Compute),
+    lib("nvidia-nvvm", Abi("4"), Compute),
+    lib("vdpau_nvidia", Abi("1"), Video),
+    lib("nvidia-encode", Abi("1"), Video),
+    lib("nvidia-opticalflow", Abi("1"), Video),
+    lib("nvcuvid", Abi("1"), Video),
+    lib("nvidia-eglcore", Versioned, Graphics),
+    lib("nvidia-glcore", Versioned, Graphics),
+    lib("nvidia-tls", Versioned, Graphics),
+    lib("nvidia-glsi", Versioned, Graphics),
+    lib("nvidia-fbc", Abi("1"), Graphics),
+    lib("nvidia-ifr", Abi("1"), Graphics),
+    lib("nvidia-rtcore", Versioned, Graphics),
+    lib("nvoptix", Abi("1"), Graphics),
+    lib("GLX_nvidia", Abi("0"), Graphics),
+    lib("EGL_nvidia", Abi("0"), Graphics),
+    lib("GLESv2_nvidia", Abi("2"), Graphics),
+    lib("GLESv1_CM_nvidia", Abi("1"), Graphics),
+    lib("nvidia-glvkspirv", Versioned, Graphics),
+    lib("nvidia-cbl", Versioned, Graphics),
+    lib("nvidia-ngx", Abi("1"), Ngx),
+];
+
+/// The library the mock NVML stands in for (64-bit only: the mock is Rust).
+pub const NVML: &str = "nvidia-ml";
+
+impl Library {
+    pub fn file_name(&self, driver_version: &str) -> String {
+        format!("lib{}.so.{driver_version}", self.name)
+    }
+
+    pub fn soname(&self, driver_version: &str) -> String {
+        match self.soname {
+            Abi(abi) => format!("lib{}.so.{abi}", self.name),
+            Versioned => self.file_name(driver_version),
+        }
+    }
+
+    /// The function every simulated library exports to name itself.
+    pub fn marker_symbol(&self) -> String {
+        format!("nvhook_sim_{}", self.name.replace('-', "_"))
+    }
+
+    /// compat32 ships 32-bit copies of the utility and compute libraries.
+    fn has_compat32(&self) -> bool {
+        matches!(self.cap, Utility | Compute)
+    }
+
+    fn source(&self, driver_version: &str, cuda_version: u32) -> String {
+        let mut c = format!(
+            "const char *{}(void) {{ return \"{} (simulated NVIDIA driver {driver_version})\"; }}\n",
+            self.marker_symbol(),
+            self.file_name(driver_version),
+        );
+        if self.name == "cuda" {
+            // CUDA_SUCCESS is 0, CUDA_ERROR_INVALID_VALUE is 1.
+            c.push_str(&format!(
+                "int cuInit(unsigned int flags) {{ (void)flags; return 0; }}\n\
+                 int cuDriverGetVersion(int *v) {{ if (!v) return 1; *v = {cuda_version}; return 0; }}\n"
+            ));
+        }
+        c
+    }
+}
+
+/// A 32-bit stand-in for libc.so.6 to link the compat32 libraries against.
+/// No 32-bit libc is installed, yet the real libraries need libc.so.6 in
+/// DT_NEEDED: ldconfig only then files them as "libc6" rather than bare "ELF".
+pub fn libc32_stub_job(output: &Path) -> Job {
+    Job {
+        source: "void nvhook_sim_libc_stub(void) {}\n".into(),
+        flags: [
+            "-m32",
+            "-shared",
+            "-nostdlib",
+            "-fPIC",
+            "-Wl,-soname,libc.so.6",
+        ]
+        .map(String::from)
+        .to_vec(),
+        output: output.to_path_buf(),
+    }
+}
+
+/// Compile jobs for every library under `driver_root`, except the 64-bit
+/// NVML, which is the mock copied in by the caller. The compat32 ones link
+/// against `libc32_stub` (see `libc32_stub_job`).
+pub fn jobs(
+    driver_root: &Path,
+    driver_version: &str,
+    cuda_version: u32,
+    libc32_stub: &Path,
+) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    for lib in LIBRARIES {
+        let soname_flag = format!("-Wl,-soname,{}", lib.soname(driver_version));
+        let source = lib.source(driver_version, cuda_version);
+        if lib.name != NVML {
+            jobs.push(Job {
+                source: source.clone(),
+                flags: vec!["-shared".into(), "-fPIC".into(), soname_flag.clone()],
+                output: driver_root
+                    .join(LIB_DIR_64)
+                    .join(lib.file_name(driver_version)),
+            });
+        }
+        if lib.has_compat32() {
+            // -nostdlib: no 32-bit libc is installed, and these need none.
+            let mut flags: Vec<String> = ["-m32", "-shared", "-nostdlib", "-fPIC", &soname_flag]
+                .map(String::from)
+                .to_vec();
+            flags.push("-Wl,--no-as-needed".into());
+            flags.push(libc32_stub.display().to_string());
+            jobs.push(Job {
+                source,
+                flags,
+                output: driver_root
+                    .join(LIB_DIR_32)
+                    .join(lib.file_name(driver_version)),
+            });
+        }
+    }
+    jobs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sonames_and_file_names() {
+        let find = |n| LIBRARIES.iter().find(|l| l.name == n).unwrap();
+        assert_eq!(find("cuda").soname("550.54.15"), "libcuda.so.1");
+        assert_eq!(
+            find("GLESv2_nvidia").soname("550.54.15"),
+            "libGLESv2_nvidia.so.2"
+        );
+        assert_eq!(
+            find("nvidia-glcore").soname("550.54.15"),
+            "libnvidia-glcore.so.550.54.15"
+        );
+        assert_eq!(find("cuda").file_name("550.54.15"), "libcuda.so.550.54.15");
+        assert_eq!(
+            find("nvidia-pkcs11-openssl3").marker_symbol(),
+            "nvhook_sim_nvidia_pkcs11_openssl3"
+        );
+    }
+
+    #[test]
+    fn every_library_but_nvml_is_built_and_compat32_covers_utility_and_compute() {
+        let jobs = jobs(
+            Path::new("/d"),
+            "550.54.15",
+            12040,
+            Path::new("/s/libc.so.6"),
+        );
+        let built64 = jobs
+            .iter()
+            .filter(|j| j.output.starts_with("/d/usr/lib/x86_64-linux-gnu"))
+            .count();
+        let built32 = jobs
+            .iter()
+            .filter(|j| j.output.starts_with("/d/usr/lib/i386-linux-gnu"))
+            .count();
+        assert_eq!(built64, LIBRARIES.len() - 1);
+        assert_eq!(built32, 14);
+        let cuda = jobs
+            .iter()
+            .find(|j| j.output.ends_with("libcuda.so.550.54.15"))
+            .unwrap();
+        assert!(cuda.source.contains("*v = 12040"));
+    }
+}

@@ -1,0 +1,254 @@
+//! Creating and destroying a whole node directory, safely: simnode only ever
+//! deletes what carries its marker, and never descends into a mount.
+
+use crate::devices::{self, Majors};
+use crate::spec::{Gpu, Params};
+use crate::{driver, procfs};
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const MARKER: &str = ".simnode";
+/// Bumped when the layout changes, so tests can tell what they read.
+const MARKER_FORMAT: u32 = 1;
+
+/// The marker's content: everything a test needs to know about the node.
+#[derive(Serialize)]
+struct Marker<'a> {
+    simnode: u32,
+    params: &'a Params,
+    majors: Majors,
+    driver_root: PathBuf,
+    config: PathBuf,
+    gpus: &'a [Gpu],
+}
+
+/// What `destroy` requires of a marker before it deletes anything.
+#[derive(Deserialize)]
+struct MarkerCheck {
+    simnode: u32,
+}
+
+/// nvhook's config for this node (keys as nvhook's config.toml spells them).
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct HookConfig {
+    driver_root: PathBuf,
+    dev_root: PathBuf,
+    proc_root: PathBuf,
+    log_file: PathBuf,
+    log_level: &'static str,
+    hook_path: PathBuf,
+}
+
+pub struct Inputs<'a> {
+    pub params: &'a Params,
+    pub mock_nvml: &'a Path,
+    pub hook_path: &'a Path,
+}
+
+pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
+    inputs.params.validate()?;
+    if !inputs.mock_nvml.is_file() {
+        bail!(
+            "mock NVML not found at {}: build it with `cargo build -p mock-nvml` or pass --mock-nvml PATH",
+            inputs.mock_nvml.display()
+        );
+    }
+    let dir = prepare(dir)?;
+    let gpus = inputs.params.gpu_list();
+    let majors = Majors::pick()?;
+    let driver_root = dir.join("driver");
+    let config = dir.join("config.toml");
+
+    // The marker goes first: a build that fails halfway can still be
+    // replaced or destroyed.
+    let marker = Marker {
+        simnode: MARKER_FORMAT,
+        params: inputs.params,
+        majors,
+        driver_root: driver_root.clone(),
+        config: config.clone(),
+        gpus: &gpus,
+    };
+    let marker_json = serde_json::to_string_pretty(&marker)? + "\n";
+    fs::write(dir.join(MARKER), marker_json).context("cannot write the node marker")?;
+
+    driver::build(&driver_root, inputs.params, &gpus, inputs.mock_nvml)?;
+    let caps = devices::capabilities(&gpus);
+    devices::make_nodes(&dir.join("dev"), &gpus, majors, &caps)?;
+    let proc_root = dir.join("proc");
+    procfs::write(
+        &proc_root,
+        &inputs.params.driver_version,
+        &gpus,
+        majors,
+        &caps,
+    )?;
+    let hook_config = HookConfig {
+        driver_root,
+        dev_root: dir.clone(),
+        proc_root,
+        log_file: dir.join("nvhook.log"),
+        log_level: "debug",
+        hook_path: inputs.hook_path.to_path_buf(),
+    };
+    let toml = toml::to_string(&hook_config).context("cannot render config.toml")?;
+    fs::write(&config, toml).with_context(|| format!("cannot write {}", config.display()))?;
+
+    print_summary(&dir, inputs.params, &gpus, &config);
+    Ok(())
+}
+
+/// An empty node directory, canonical: made new, emptied when it is an old
+/// node, refused when it holds anything simnode did not make.
+fn prepare(dir: &Path) -> Result<PathBuf> {
+    if !dir.exists() {
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", dir.display()))?;
+    if !dir.is_dir() {
+        bail!(
+            "{} is not a directory: pick a directory path for the node",
+            dir.display()
+        );
+    }
+    let empty = fs::read_dir(&dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .next()
+        .is_none();
+    if !empty {
+        check_marker(&dir)?;
+        clear(&dir)?;
+    }
+    Ok(dir)
+}
+
+pub fn destroy(dir: &Path) -> Result<()> {
+    let dir = dir
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}: no such node", dir.display()))?;
+    check_marker(&dir)?;
+    clear(&dir)?;
+    fs::remove_dir(&dir)
+        .with_context(|| format!("cannot remove {} (is it a mount point?)", dir.display()))?;
+    println!("simnode: removed {}", dir.display());
+    Ok(())
+}
+
+fn check_marker(dir: &Path) -> Result<()> {
+    let path = dir.join(MARKER);
+    let refuse = || {
+        format!(
+            "{} has no valid {MARKER} marker, so simnode did not make it: refusing to delete it; remove it yourself or pick another directory",
+            dir.display()
+        )
+    };
+    let is_file = fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+    if !is_file {
+        bail!(refuse());
+    }
+    let text = fs::read_to_string(&path).with_context(refuse)?;
+    let marker: MarkerCheck = serde_json::from_str(&text).with_context(refuse)?;
+    if marker.simnode != MARKER_FORMAT {
+        bail!(refuse());
+    }
+    Ok(())
+}
+
+/// Removes everything inside `dir`, after making sure nothing is mounted
+/// there (remove_dir_all would otherwise delete into the mounted file system).
+fn clear(dir: &Path) -> Result<()> {
+    let mountinfo =
+        fs::read_to_string("/proc/self/mountinfo").context("cannot read /proc/self/mountinfo")?;
+    if let Some(mount) = mount_points(&mountinfo).find(|m| m.starts_with(dir) && m != dir) {
+        bail!(
+            "{} is mounted inside the node: unmount it first",
+            mount.display()
+        );
+    }
+    for entry in fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let path = entry?.path();
+        let removed = if fs::symlink_metadata(&path)?.is_dir() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        removed.with_context(|| format!("cannot remove {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Mount points from /proc/self/mountinfo (field 5, octal escapes decoded).
+fn mount_points(mountinfo: &str) -> impl Iterator<Item = PathBuf> + '_ {
+    mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|field| PathBuf::from(unescape_octal(field)))
+}
+
+fn unescape_octal(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .and_then(|d| u8::from_str_radix(std::str::from_utf8(d).ok()?, 8).ok());
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn print_summary(dir: &Path, params: &Params, gpus: &[Gpu], config: &Path) {
+    println!(
+        "simnode: node ready at {} ({} GPUs, driver {}, CUDA {})",
+        dir.display(),
+        gpus.len(),
+        params.driver_version,
+        params.cuda_version
+    );
+    for gpu in gpus {
+        println!(
+            "  GPU {} {} at {}",
+            gpu.index,
+            gpu.uuid,
+            gpu.kernel_bus_id()
+        );
+        for mig in &gpu.mig {
+            println!(
+                "    {} (GI {} CI {})",
+                mig.uuid, mig.gpu_instance_id, mig.compute_instance_id
+            );
+        }
+    }
+    println!("  config: {}", config.display());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_decode_escapes() {
+        let info = "36 35 98:0 /mnt1 /mnt/my\\040dir rw,noatime master:1 - ext3 /dev/root rw\n\
+                    37 35 98:0 / /tmp rw - tmpfs tmpfs rw\n";
+        let points: Vec<PathBuf> = mount_points(info).collect();
+        assert_eq!(
+            points,
+            [PathBuf::from("/mnt/my dir"), PathBuf::from("/tmp")]
+        );
+    }
+}

@@ -1,0 +1,102 @@
+//! nvml-topology.json: the contract with the mock NVML, which reads it from
+//! beside its own file (the hook clears its environment, so no env var).
+
+use crate::spec::{Gpu, MigDevice, Params, cuda_driver_version};
+use anyhow::Result;
+use serde::Serialize;
+
+pub const FILE_NAME: &str = "nvml-topology.json";
+
+/// The A100's PCI device id 0x20B2 with NVIDIA's vendor id 0x10DE in the low half.
+const PCI_DEVICE_ID: u32 = 0x20B2_10DE;
+/// nvmlBrandType_t NVML_BRAND_TESLA.
+const BRAND_TESLA: u32 = 2;
+/// nvmlDeviceArchitecture_t NVML_DEVICE_ARCH_AMPERE.
+const ARCH_AMPERE: u32 = 7;
+/// NVML_DEVICE_MIG_ENABLE.
+const MIG_ENABLED: u32 = 1;
+/// A100's compute capability, reported for every simulated GPU.
+const COMPUTE_CAPABILITY: [u32; 2] = [8, 0];
+
+#[derive(Serialize)]
+struct Topology<'a> {
+    driver_version: &'a str,
+    cuda_driver_version: u32,
+    nvml_version: String,
+    init_error: u32,
+    init_delay_ms: u64,
+    gpus: Vec<TopologyGpu<'a>>,
+}
+
+#[derive(Serialize)]
+struct TopologyGpu<'a> {
+    uuid: &'a str,
+    minor: u32,
+    pci_bus_id: String,
+    pci_device_id: u32,
+    name: &'a str,
+    brand: u32,
+    architecture: u32,
+    cuda_compute_capability: [u32; 2],
+    mig_mode: u32,
+    mig_devices: &'a [MigDevice],
+}
+
+pub fn render(params: &Params, gpus: &[Gpu]) -> Result<String> {
+    let cuda = cuda_driver_version(&params.cuda_version)?;
+    let topology = Topology {
+        driver_version: &params.driver_version,
+        cuda_driver_version: cuda,
+        // NVML's own version is the CUDA major glued to the driver version.
+        nvml_version: format!("{}.{}", cuda / 1000, params.driver_version),
+        init_error: params.nvml_init_error,
+        init_delay_ms: params.nvml_init_delay_ms,
+        gpus: gpus
+            .iter()
+            .map(|gpu| TopologyGpu {
+                uuid: &gpu.uuid,
+                minor: gpu.minor,
+                pci_bus_id: gpu.nvml_bus_id(),
+                pci_device_id: PCI_DEVICE_ID,
+                name: &gpu.name,
+                brand: BRAND_TESLA,
+                architecture: ARCH_AMPERE,
+                cuda_compute_capability: COMPUTE_CAPABILITY,
+                mig_mode: if gpu.mig.is_empty() { 0 } else { MIG_ENABLED },
+                mig_devices: &gpu.mig,
+            })
+            .collect(),
+    };
+    Ok(serde_json::to_string_pretty(&topology)? + "\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_the_contract_shape() {
+        let params = Params {
+            gpus: 2,
+            mig: vec![(1, 1)],
+            driver_version: "550.54.15".into(),
+            cuda_version: "12.4".into(),
+            nvml_init_error: 3,
+            nvml_init_delay_ms: 250,
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&render(&params, &params.gpu_list()).unwrap()).unwrap();
+        assert_eq!(json["cuda_driver_version"], 12040);
+        assert_eq!(json["nvml_version"], "12.550.54.15");
+        assert_eq!(json["init_error"], 3);
+        assert_eq!(json["init_delay_ms"], 250);
+        assert_eq!(json["gpus"][0]["pci_device_id"], 0x20B2_10DE);
+        assert_eq!(json["gpus"][0]["mig_mode"], 0);
+        assert_eq!(json["gpus"][1]["mig_mode"], 1);
+        let mig = &json["gpus"][1]["mig_devices"][0];
+        assert_eq!(mig["gpu_instance_id"], 0);
+        assert_eq!(mig["compute_instance_id"], 0);
+        assert!(mig["uuid"].as_str().unwrap().starts_with("MIG-"));
+        assert_eq!(mig.as_object().unwrap().len(), 4);
+    }
+}

@@ -1,0 +1,153 @@
+//! OCI bundles: `runc spec` output edited as JSON, plus a private rootfs copy.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use super::cmd::{require_program, run_checked};
+use super::image::Image;
+use super::node::SimNode;
+
+/// The nvhook binary cargo built for this test run.
+pub fn nvhook_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_nvhook"))
+}
+
+/// A bundle directory (removed when dropped) holding `rootfs/`, `config.json`
+/// and the private runc state directory, with a container id unique to it.
+pub struct Bundle {
+    dir: TempDir,
+    rootfs: PathBuf,
+    spec: Value,
+    id: String,
+}
+
+impl Bundle {
+    /// A bundle running `args` in a fresh copy of `image`, no terminal, with a
+    /// writable rootfs (the hook must make its own mounts read-only).
+    pub fn new(image: &Image, args: &[&str]) -> Bundle {
+        let dir = tempfile::Builder::new()
+            .prefix("nvhook-bundle-")
+            .tempdir()
+            .expect("create bundle dir");
+        let rootfs = image.instantiate(dir.path());
+        let mut spec = default_spec(dir.path());
+        spec["process"]["args"] = json!(args);
+        spec["process"]["terminal"] = json!(false);
+        spec["root"] = json!({ "path": rootfs, "readonly": false });
+        Bundle {
+            dir,
+            rootfs,
+            spec,
+            id: unique_id(),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn rootfs(&self) -> &Path {
+        &self.rootfs
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// runc's `--root`: private, so parallel tests never see each other.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir().join("runc-state")
+    }
+
+    /// Adds `NAME=value` to the container's environment.
+    pub fn env(&mut self, var: &str) -> &mut Self {
+        push(&mut self.spec["process"]["env"], json!(var));
+        self
+    }
+
+    /// Installs nvhook as the prestart hook, configured for `node`, the way
+    /// nvhook itself writes hook entries: absolute path, explicit env, timeout.
+    pub fn prestart_hook(&mut self, node: &SimNode) -> &mut Self {
+        let hook = json!({
+            "path": nvhook_bin(),
+            "args": ["nvhook", "--config", node.config(), "hook", "prestart"],
+            "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+            "timeout": 30,
+        });
+        push(&mut self.spec["hooks"]["prestart"], hook);
+        self
+    }
+
+    /// Has runc create a char device node at `path` WITHOUT a cgroup rule for
+    /// it: opening it must then fail with EPERM.
+    pub fn extra_device(&mut self, path: &str, major: u32, minor: u32) -> &mut Self {
+        let device = json!({
+            "path": path, "type": "c", "major": major, "minor": minor,
+            "fileMode": 0o666, "uid": 0, "gid": 0,
+        });
+        push(&mut self.spec["linux"]["devices"], device);
+        self
+    }
+
+    /// Adds a cgroup rule allowing read/write/mknod of char device major:minor.
+    pub fn allow_device(&mut self, major: u32, minor: u32) -> &mut Self {
+        let rule =
+            json!({ "allow": true, "type": "c", "major": major, "minor": minor, "access": "rwm" });
+        push(&mut self.spec["linux"]["resources"]["devices"], rule);
+        self
+    }
+
+    /// Puts CAP_SYS_ADMIN in the bounding set: nvidia's definition of a
+    /// privileged container.
+    pub fn privileged(&mut self) -> &mut Self {
+        push(
+            &mut self.spec["process"]["capabilities"]["bounding"],
+            json!("CAP_SYS_ADMIN"),
+        );
+        self
+    }
+
+    /// Writes the spec as edited so far; run_container calls this.
+    pub fn write_config(&self) {
+        let text = serde_json::to_string_pretty(&self.spec).expect("serialize config.json");
+        fs::write(self.dir().join("config.json"), text).expect("write config.json");
+    }
+}
+
+/// `runc spec` run in `dir`, read back as JSON.
+fn default_spec(dir: &Path) -> Value {
+    run_checked(
+        Command::new(require_program("runc"))
+            .arg("spec")
+            .current_dir(dir),
+    );
+    let path = dir.join("config.json");
+    let text = fs::read_to_string(&path).expect("read runc spec output");
+    fs::remove_file(&path).expect("remove runc spec output");
+    serde_json::from_str(&text).expect("runc spec output is JSON")
+}
+
+/// Appends to a JSON array, creating it when the key is missing.
+fn push(slot: &mut Value, item: Value) {
+    if slot.is_null() {
+        *slot = json!([]);
+    }
+    slot.as_array_mut()
+        .expect("spec field is an array")
+        .push(item);
+}
+
+/// Tests run in parallel threads and test binaries may overlap: pid + counter.
+fn unique_id() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "nvhook-e2e-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}

@@ -1,0 +1,46 @@
+//! Running host commands with failures that explain themselves.
+
+use std::env;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// Panics unless the test runs as root: runc, mknod and mounts all need it.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "the end-to-end tests start real containers and must run as root (euid is {euid})"
+    );
+}
+
+/// Finds `name` on PATH, panicking with an install hint when it is absent.
+pub fn require_program(name: &str) -> PathBuf {
+    let path = env::var_os("PATH").unwrap_or_default();
+    env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| {
+            panic!("`{name}` is not on PATH; the end-to-end tests need it (Debian: apt-get install runc busybox-static gcc util-linux)")
+        })
+}
+
+/// Runs `cmd` to completion and panics with its full output if it fails.
+pub fn run_checked(cmd: &mut Command) -> Output {
+    let output = cmd
+        .output()
+        .unwrap_or_else(|err| panic!("cannot spawn {cmd:?}: {err}"));
+    assert!(
+        output.status.success(),
+        "{cmd:?} failed with {}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    output
+}
+
+/// Runs `cmd` and returns its stdout as text, panicking if it fails.
+pub fn stdout_of(cmd: &mut Command) -> String {
+    String::from_utf8(run_checked(cmd).stdout).expect("command output is not UTF-8")
+}

@@ -1,0 +1,27 @@
+//! Shared harness for end-to-end tests that start real containers with runc.
+//!
+//! Include it from a test file with `mod support;`. It builds container images
+//! from the host's own files, prepares OCI bundles (optionally with nvhook as a
+//! prestart hook), creates simulated GPU nodes and runs containers under
+//! cgroup v1 or v2. Everything panics with a clear message when a prerequisite
+//! (root, runc, cc, busybox, simnode) is missing: these tests never skip.
+
+// Every test crate that includes this module uses (and imports) only a part of it.
+#![allow(dead_code, unused_imports)]
+
+mod bundle;
+mod cmd;
+mod image;
+mod mounts;
+mod node;
+mod runc;
+
+pub use bundle::{Bundle, nvhook_bin};
+pub use cmd::{require_program, require_root};
+pub use image::{
+    GlibcImageOptions, Image, build_busybox_image, build_glibc_image, busybox_image, glibc_image,
+    glibc_image_with_fake_libcuda,
+};
+pub use mounts::{host_mounts_referencing, tree_listing};
+pub use node::SimNode;
+pub use runc::{Output, RuntimeEnv, run_container};
