@@ -40,9 +40,11 @@ fn gpucheck_bundle(image: &Image, extra: &[&str]) -> Bundle {
 }
 
 /// Runs the bundle and checks that nothing stays mounted on the host.
+#[track_caller]
 fn run_clean(bundle: &Bundle, node: Option<&SimNode>, env: RuntimeEnv) -> Output {
     require_root();
-    let output = run_container(bundle, env);
+    let mut output = run_container(bundle, env);
+    output.hook_log = node.map(SimNode::log);
     let mut watched = vec![bundle.dir()];
     watched.extend(node.map(SimNode::root));
     let leaked = host_mounts_referencing(&watched);
@@ -54,17 +56,15 @@ fn run_clean(bundle: &Bundle, node: Option<&SimNode>, env: RuntimeEnv) -> Output
 }
 
 /// Runs a GPU container with nvhook and prints the hook's log on failure.
+#[track_caller]
 fn run_with_hook(bundle: &mut Bundle, node: &SimNode, env: RuntimeEnv) -> Output {
     bundle.prestart_hook(node);
     let output = run_clean(bundle, Some(node), env);
-    assert!(
-        output.status.success(),
-        "container failed\n{output}\n--- nvhook.log\n{}",
-        node.log()
-    );
+    output.assert_success();
     output
 }
 
+#[track_caller]
 fn assert_gpus(output: &Output, visible: &[u32]) {
     for index in 0..GPUS {
         let verdict = if visible.contains(&index) {
@@ -76,6 +76,7 @@ fn assert_gpus(output: &Output, visible: &[u32]) {
     }
 }
 
+#[track_caller]
 fn assert_control_nodes_allowed(output: &Output) {
     for node in CONTROL_NODES {
         output.assert_lines(&[&format!("dev {node} ENXIO")]);

@@ -27,6 +27,9 @@ pub struct Output {
     pub status: ExitStatus,
     pub stdout: String,
     pub stderr: String,
+    /// The node's nvhook.log, attached by tests that ran the hook, so that a
+    /// failed assertion shows what the hook did.
+    pub hook_log: Option<String>,
 }
 
 impl Output {
@@ -53,7 +56,11 @@ impl fmt::Display for Output {
             f,
             "status: {}\n--- stdout\n{}--- stderr\n{}",
             self.status, self.stdout, self.stderr
-        )
+        )?;
+        match &self.hook_log {
+            Some(log) => write!(f, "--- nvhook.log\n{log}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -72,6 +79,7 @@ pub fn run_container(bundle: &Bundle, env: RuntimeEnv) -> Output {
         status: output.status,
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        hook_log: None,
     }
 }
 

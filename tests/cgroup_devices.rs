@@ -1,0 +1,284 @@
+//! Root integration tests for `nvhook::cgroup::allow_devices`, against the real kernel.
+//!
+//! A `mknod c 195 N` node has no driver behind it, so opening it from inside a cgroup
+//! fails with ENXIO when the cgroup allows the device and with EPERM when it does not:
+//! that difference proves the rules both ways. Each scenario makes its own cgroup with a
+//! deny-by-default policy, puts a sleeping process in it for `allow_devices` to find, and
+//! opens nodes from short-lived processes that first move themselves into the cgroup.
+
+use nvhook::cgroup::bpf::{
+    attach_device_program, attached_device_programs,
+    insn::{Insn, R0, R1, R2, R3, R4, R5, op},
+};
+use nvhook::cgroup::{Access, CgroupVersion, DeviceKind, DeviceRule, allow_devices};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::Duration;
+
+const NVIDIA_MAJOR: u32 = 195;
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "these tests need root: run `sudo cargo test --test cgroup_devices`"
+    );
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Open {
+    /// The cgroup allowed it; the open succeeded (a real device).
+    Ok,
+    /// The cgroup allowed it; no driver answered (ENXIO).
+    NoDriver,
+    /// The cgroup denied it (EPERM).
+    Denied,
+}
+
+/// Opens `node` from a new process that first joins the cgroup whose `cgroup.procs` is
+/// `procs`.
+fn open_from_cgroup(procs: &Path, node: &Path) -> Open {
+    let out = Command::new("sh")
+        .args(["-c", r#"echo $$ > "$1" && exec cat "$2""#, "sh"])
+        .arg(procs)
+        .arg(node)
+        .output()
+        .expect("spawn sh");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match () {
+        _ if out.status.success() => Open::Ok,
+        _ if stderr.contains("No such device or address") => Open::NoDriver,
+        _ if stderr.contains("Operation not permitted") => Open::Denied,
+        _ => panic!(
+            "opening {} from the cgroup failed unexpectedly: {stderr}",
+            node.display()
+        ),
+    }
+}
+
+fn mknod_char(dir: &Path, major: u32, minor: u32) -> PathBuf {
+    let path = dir.join(format!("dev-{major}-{minor}"));
+    let c_path = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: c_path is a valid NUL-terminated string.
+    let rc = unsafe {
+        libc::mknod(
+            c_path.as_ptr(),
+            libc::S_IFCHR | 0o666,
+            libc::makedev(major, minor),
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "mknod {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    path
+}
+
+/// A test cgroup with a sleeping member; killed and removed on drop, pass or fail.
+struct TestCgroup {
+    dir: PathBuf,
+    sleeper: Child,
+}
+
+impl TestCgroup {
+    fn create(dir: PathBuf) -> TestCgroup {
+        // A leftover from an interrupted run would make mkdir fail.
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        let sleeper = Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        TestCgroup { dir, sleeper }
+    }
+
+    fn procs(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
+    fn enter_sleeper(&self) -> i32 {
+        std::fs::write(self.procs(), self.sleeper.id().to_string())
+            .expect("move sleeper into cgroup");
+        self.sleeper.id() as i32
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let _ = self.sleeper.kill();
+        let _ = self.sleeper.wait();
+        // The cgroup empties as its last task exits, which can lag the reap slightly.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!("could not remove test cgroup {}", self.dir.display());
+    }
+}
+
+fn gpu0_rw() -> DeviceRule {
+    DeviceRule {
+        kind: DeviceKind::Char,
+        major: NVIDIA_MAJOR,
+        minor: 0,
+        access: Access::RW,
+    }
+}
+
+#[test]
+fn v1_devices_allow_lets_exactly_the_rule_through() {
+    require_root();
+    let hierarchy = Path::new("/sys/fs/cgroup/devices");
+    assert!(
+        hierarchy.join("devices.allow").exists(),
+        "no cgroup v1 devices hierarchy at {}: this test needs a cgroup v1 host",
+        hierarchy.display()
+    );
+    let nodes = tempfile::tempdir().unwrap();
+    let gpu0 = mknod_char(nodes.path(), NVIDIA_MAJOR, 0);
+    let gpu1 = mknod_char(nodes.path(), NVIDIA_MAJOR, 1);
+
+    let cgroup = TestCgroup::create(hierarchy.join(format!("nvhook-test-{}", std::process::id())));
+    std::fs::write(cgroup.dir.join("devices.deny"), "a").expect("deny all devices");
+    let pid = cgroup.enter_sleeper();
+    assert_eq!(
+        open_from_cgroup(&cgroup.procs(), &gpu0),
+        Open::Denied,
+        "deny-all is not in force"
+    );
+
+    assert_eq!(allow_devices(pid, &[gpu0_rw()]).unwrap(), CgroupVersion::V1);
+
+    assert_eq!(open_from_cgroup(&cgroup.procs(), &gpu0), Open::NoDriver);
+    assert_eq!(open_from_cgroup(&cgroup.procs(), &gpu1), Open::Denied);
+    let list = std::fs::read_to_string(cgroup.dir.join("devices.list")).unwrap();
+    assert_eq!(list.trim(), "c 195:0 rw");
+}
+
+/// runc's device program for an allow-list holding only /dev/null (c 1:3 rwm).
+fn runc_deny_all_but_null() -> Vec<Insn> {
+    vec![
+        Insn::load_word(R2, R1, 0),
+        Insn::alu32_imm(op::AND, R2, 0xffff),
+        Insn::load_word(R3, R1, 0),
+        Insn::alu32_imm(op::RSH, R3, 16),
+        Insn::load_word(R4, R1, 4),
+        Insn::load_word(R5, R1, 8),
+        Insn::jump_imm(op::JNE, R2, 2, 4),
+        Insn::jump_imm(op::JNE, R4, 1, 3),
+        Insn::jump_imm(op::JNE, R5, 3, 2),
+        Insn::alu32_imm(op::MOV, R0, 1),
+        Insn::exit(),
+        Insn::alu32_imm(op::MOV, R0, 0),
+        Insn::exit(),
+    ]
+}
+
+/// Gives the calling thread (only) a private mount namespace with cgroup2 over
+/// /sys/fs/cgroup: `unshare -m` for one thread, so that on a hybrid host the v1
+/// hierarchies are hidden as they are on a pure cgroup v2 host, and processes spawned
+/// from this thread see the same.
+fn enter_private_cgroup2_namespace() {
+    // SAFETY: plain syscalls on static, NUL-terminated strings.
+    unsafe {
+        assert_eq!(
+            libc::unshare(libc::CLONE_NEWNS),
+            0,
+            "unshare: {}",
+            std::io::Error::last_os_error()
+        );
+        let rc = libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        );
+        assert_eq!(rc, 0, "make / private: {}", std::io::Error::last_os_error());
+        let rc = libc::mount(
+            c"none".as_ptr(),
+            c"/sys/fs/cgroup".as_ptr(),
+            c"cgroup2".as_ptr(),
+            0,
+            std::ptr::null(),
+        );
+        assert_eq!(rc, 0, "mount cgroup2: {}", std::io::Error::last_os_error());
+    }
+}
+
+fn v2_scenario() {
+    enter_private_cgroup2_namespace();
+    let nodes = tempfile::tempdir().unwrap();
+    let gpu0 = mknod_char(nodes.path(), NVIDIA_MAJOR, 0);
+    let gpu1 = mknod_char(nodes.path(), NVIDIA_MAJOR, 1);
+
+    let cgroup = TestCgroup::create(PathBuf::from(format!(
+        "/sys/fs/cgroup/nvhook-test-{}",
+        std::process::id()
+    )));
+    let original = attach_device_program(&cgroup.dir, &runc_deny_all_but_null()).unwrap();
+    let pid = cgroup.enter_sleeper();
+    assert_eq!(
+        open_from_cgroup(&cgroup.procs(), &gpu0),
+        Open::Denied,
+        "the runc-style program is not in force"
+    );
+    assert_eq!(
+        open_from_cgroup(&cgroup.procs(), Path::new("/dev/null")),
+        Open::Ok
+    );
+
+    assert_eq!(allow_devices(pid, &[gpu0_rw()]).unwrap(), CgroupVersion::V2);
+
+    assert_eq!(open_from_cgroup(&cgroup.procs(), &gpu0), Open::NoDriver);
+    assert_eq!(open_from_cgroup(&cgroup.procs(), &gpu1), Open::Denied);
+    assert_eq!(
+        open_from_cgroup(&cgroup.procs(), Path::new("/dev/null")),
+        Open::Ok
+    );
+    let attached = attached_device_programs(&cgroup.dir).unwrap();
+    assert_eq!(
+        attached.len(),
+        1,
+        "exactly one device program must remain: {attached:?}"
+    );
+    assert_ne!(
+        attached[0], original,
+        "the runtime's program must have been replaced"
+    );
+}
+
+#[test]
+fn v2_device_program_is_replaced_with_one_that_also_allows_the_rule() {
+    require_root();
+    // A thread of its own, so the namespace never leaks into other tests, even when the
+    // harness runs tests on its main thread (--test-threads=1).
+    std::thread::spawn(v2_scenario)
+        .join()
+        .expect("v2 scenario failed");
+}
+
+#[test]
+fn v2_without_a_device_program_changes_nothing() {
+    require_root();
+    std::thread::spawn(|| {
+        enter_private_cgroup2_namespace();
+        let cgroup = TestCgroup::create(PathBuf::from(format!(
+            "/sys/fs/cgroup/nvhook-test-{}-none",
+            std::process::id()
+        )));
+        let pid = cgroup.enter_sleeper();
+        assert_eq!(allow_devices(pid, &[gpu0_rw()]).unwrap(), CgroupVersion::V2);
+        assert!(attached_device_programs(&cgroup.dir).unwrap().is_empty());
+    })
+    .join()
+    .expect("v2 no-program scenario failed");
+}
