@@ -232,6 +232,12 @@ hook-path = "/opt/nvhook"
     }
 
     #[test]
+    fn documented_file_parses_to_the_defaults() {
+        let text = include_str!("../config/config.toml");
+        assert_eq!(parse(text).unwrap(), Config::default());
+    }
+
+    #[test]
     fn explicit_missing_file_is_an_error() {
         let e = Config::load(Some(Path::new("/nonexistent/nvhook.toml")), None).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/nvhook.toml"));

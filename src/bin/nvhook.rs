@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use nvhook::config::{Config, LogLevel};
+use nvhook::config::Config;
 use nvhook::inventory::Inventory;
 use nvhook::oci::{Spec, State};
 use nvhook::plan::Plan;
@@ -74,20 +74,12 @@ fn run(cli: Cli) -> Result<()> {
     }
     let env_config = std::env::var(nvhook::config::ENV_VAR).ok();
     let config = Config::load(cli.config.as_deref(), env_config.as_deref())?;
-    init_stderr_log();
+    nvhook::logging::init(&config);
     match cli.command {
         Command::Info { format } => info(&config, format),
         Command::Plan { bundle, format } => plan(&config, &bundle, format),
         Command::Hook { .. } => unreachable!("handled above"),
     }
-}
-
-fn init_stderr_log() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::WARN)
-        .without_time()
-        .init();
 }
 
 /// The hook runs as root inside whatever environment the runtime gave it: drop all of it,
@@ -108,7 +100,7 @@ fn hook(config_path: Option<&Path>, stage: Stage) -> Result<()> {
     let started = Instant::now();
     // No $NVHOOK_CONFIG here: the hook's environment is not to be trusted.
     let config = Config::load(config_path, None)?;
-    init_file_log(&config);
+    nvhook::logging::init(&config);
     let mut input = String::new();
     std::io::stdin()
         .take(1 << 20)
@@ -124,40 +116,6 @@ fn hook(config_path: Option<&Path>, stage: Stage) -> Result<()> {
         "hook finished"
     );
     Ok(())
-}
-
-/// Logs go to the configured file; failures also reach stderr through main (the runtime
-/// shows a failing hook's stderr). No background writer: the hook must stay single-threaded.
-fn init_file_log(config: &Config) {
-    let Some(path) = &config.log_file else {
-        return;
-    };
-    let file = match std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!(
-                "nvhook: warning: cannot open log file {}: {e}",
-                path.display()
-            );
-            return;
-        }
-    };
-    let level = match config.log_level {
-        LogLevel::Error => tracing::Level::ERROR,
-        LogLevel::Warn => tracing::Level::WARN,
-        LogLevel::Info => tracing::Level::INFO,
-        LogLevel::Debug => tracing::Level::DEBUG,
-        LogLevel::Trace => tracing::Level::TRACE,
-    };
-    tracing_subscriber::fmt()
-        .with_writer(std::sync::Mutex::new(file))
-        .with_max_level(level)
-        .with_ansi(false)
-        .init();
 }
 
 fn info(config: &Config, format: Format) -> Result<()> {

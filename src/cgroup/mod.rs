@@ -151,7 +151,9 @@ pub enum CgroupVersion {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    #[error("cannot read {path}: {source} (is process {pid} still running?)")]
+    #[error(
+        "cannot read {path} to find the cgroup of pid {pid}: {source} (is the container still running?)"
+    )]
     Read {
         pid: i32,
         path: PathBuf,

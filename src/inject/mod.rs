@@ -94,9 +94,15 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     }
     let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
     step.done("request");
-    let inventory = inventory::isolated::load(config, NVML_TIMEOUT)?;
-    step.done("inventory");
-    let plan = plan_for(&request, &inventory, config, &rootfs_path)?;
+    // nvhook-runtime already queried NVML for this start and left its plan in the bundle.
+    let plan = match crate::runtime::read_plan(&state.bundle) {
+        Some(plan) => plan,
+        None => {
+            let inventory = inventory::isolated::load(config, NVML_TIMEOUT)?;
+            step.done("inventory");
+            plan_for(&request, &inventory, config, &rootfs_path)?
+        }
+    };
     step.done("plan");
     apply(&spec, pid, &rootfs_path, &plan, &mut step)
 }

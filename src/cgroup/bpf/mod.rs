@@ -20,7 +20,7 @@ pub(crate) use prefix::extend;
 
 pub(crate) fn open_cgroup(dir: &Path) -> Result<OwnedFd, CgroupError> {
     std::fs::File::open(dir)
-        .map(OwnedFd::from)
+        .and_then(|dir| sys::off_stdin(OwnedFd::from(dir)))
         .map_err(|source| CgroupError::OpenDir {
             path: dir.to_owned(),
             source,

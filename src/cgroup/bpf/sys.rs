@@ -87,12 +87,16 @@ fn bpf(
     sys_bpf(cmd, attr).map_err(|source| CgroupError::Bpf { cmd: name, source })
 }
 
-/// Takes ownership of an fd bpf(2) returned, moving it off fd 0: several bpf_attr fields
-/// treat 0 as "no fd", and fd 0 is free whenever the caller closed stdin.
+/// Takes ownership of an fd bpf(2) returned.
 fn owned_fd(raw: libc::c_long) -> io::Result<OwnedFd> {
     // SAFETY: the kernel just returned this fd to us and nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
-    if raw != 0 {
+    off_stdin(unsafe { OwnedFd::from_raw_fd(raw as i32) })
+}
+
+/// Moves an fd off 0: several bpf_attr fields treat fd 0 as "no fd", and 0 is what a new
+/// fd gets whenever the caller closed stdin.
+pub(crate) fn off_stdin(fd: OwnedFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() != 0 {
         return Ok(fd);
     }
     // SAFETY: F_DUPFD_CLOEXEC on a valid fd has no memory effects.
@@ -100,7 +104,7 @@ fn owned_fd(raw: libc::c_long) -> io::Result<OwnedFd> {
     if dup < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: fcntl returned a new fd that only we own; `fd` (0) closes on drop.
+    // SAFETY: fcntl returned a new fd that only we own; fd 0 closes when `fd` drops.
     Ok(unsafe { OwnedFd::from_raw_fd(dup) })
 }
 

@@ -1,0 +1,331 @@
+//! nvhook-runtime: a drop-in for runc that, on `create` and `run` of a GPU container, puts
+//! the plan's device nodes and cgroup rules into config.json (so the runtime owns them and
+//! they survive `runc update` and `systemctl daemon-reload`), adds the prestart hook, and
+//! hands the plan to the hook through the bundle so NVML is initialised once per start.
+
+use crate::config::Config;
+use crate::inject;
+use crate::inventory;
+use crate::oci::Spec;
+use crate::plan::Plan;
+use crate::request::Request;
+use serde_json::{Value, json};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// The plan the shim computed, read by the hook instead of querying NVML again.
+pub const PLAN_FILE: &str = "nvhook-plan.json";
+
+/// runc's global flags that take a value (`--root DIR`); the others are booleans.
+const GLOBAL_FLAGS_WITH_VALUE: &[&str] =
+    &["--root", "--log", "--log-format", "--criu", "--rootless"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("none of the runtimes {0:?} is installed (set `runtimes` in the nvhook config)")]
+    NoRuntime(Vec<String>),
+    #[error("cannot {op} {path}: {message}")]
+    Bundle {
+        op: &'static str,
+        path: PathBuf,
+        message: String,
+    },
+    #[error(transparent)]
+    Hook(#[from] inject::HookError),
+}
+
+/// What the runtime is asked to do, as far as the shim cares.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Invocation {
+    pub command: Option<String>,
+    pub bundle: Option<PathBuf>,
+}
+
+impl Invocation {
+    /// Reads runc's command line (without argv[0]): global flags, the command, its flags.
+    pub fn parse(args: &[OsString]) -> Invocation {
+        let mut i = 0;
+        while i < args.len() {
+            let a = args[i].to_string_lossy();
+            if !a.starts_with('-') {
+                break;
+            }
+            if GLOBAL_FLAGS_WITH_VALUE.contains(&a.as_ref()) {
+                i += 1;
+            }
+            i += 1;
+        }
+        let command = args.get(i).map(|c| c.to_string_lossy().into_owned());
+        let rest = args.get(i + 1..).unwrap_or_default();
+        Invocation {
+            command,
+            bundle: bundle_arg(rest),
+        }
+    }
+
+    /// Whether this command creates a container from a bundle.
+    pub fn creates(&self) -> bool {
+        matches!(self.command.as_deref(), Some("create" | "run"))
+    }
+}
+
+fn bundle_arg(args: &[OsString]) -> Option<PathBuf> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let s = a.to_string_lossy();
+        if s == "--bundle" || s == "-b" {
+            return it.next().map(PathBuf::from);
+        }
+        for prefix in ["--bundle=", "-b="] {
+            if let Some(v) = s.strip_prefix(prefix) {
+                return Some(PathBuf::from(v));
+            }
+        }
+    }
+    None
+}
+
+/// The low-level runtime to exec: the first of `runtimes` that exists (absolute, or on PATH).
+pub fn find_runtime(config: &Config, path_var: Option<&OsStr>) -> Result<PathBuf, RuntimeError> {
+    let dirs: Vec<PathBuf> = path_var
+        .map(|p| std::env::split_paths(p).collect())
+        .unwrap_or_else(|| {
+            vec![
+                "/usr/local/sbin".into(),
+                "/usr/local/bin".into(),
+                "/usr/sbin".into(),
+                "/usr/bin".into(),
+                "/sbin".into(),
+                "/bin".into(),
+            ]
+        });
+    config
+        .runtimes
+        .iter()
+        .find_map(|name| {
+            let p = Path::new(name);
+            if p.is_absolute() {
+                return is_executable(p).then(|| p.to_path_buf());
+            }
+            dirs.iter().map(|d| d.join(name)).find(|c| is_executable(c))
+        })
+        .ok_or_else(|| RuntimeError::NoRuntime(config.runtimes.clone()))
+}
+
+fn is_executable(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Prepares a bundle for a GPU container; a container that asks for no GPU is left
+/// byte for byte as it was. Returns whether config.json was changed.
+pub fn prepare_bundle(
+    config: &Config,
+    config_path: Option<&Path>,
+    bundle: &Path,
+) -> Result<bool, RuntimeError> {
+    let path = bundle.join("config.json");
+    let bundle_err = |op: &'static str, message: String| RuntimeError::Bundle {
+        op,
+        path: path.clone(),
+        message,
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| bundle_err("read", e.to_string()))?;
+    let spec = Spec::parse(&text, &path).map_err(inject::HookError::from)?;
+    let Some(request) = Request::from_spec(&spec, config).map_err(inject::HookError::from)? else {
+        return Ok(false);
+    };
+    let rootfs = spec.rootfs(bundle).ok_or(inject::HookError::NoRoot)?;
+    let inventory =
+        inventory::isolated::load(config, inject::NVML_TIMEOUT).map_err(inject::HookError::from)?;
+    let plan = inject::plan_for(&request, &inventory, config, &rootfs)?;
+    let mut value: Value =
+        serde_json::from_str(&text).map_err(|e| bundle_err("parse", e.to_string()))?;
+    edit_spec(&mut value, &plan, &hook_entry(config, config_path));
+    let plan_json = serde_json::to_vec(&plan).map_err(|e| bundle_err("encode", e.to_string()))?;
+    write_atomic(&bundle.join(PLAN_FILE), &plan_json, 0o600)
+        .map_err(|e| bundle_err("write the plan beside", e.to_string()))?;
+    let out = serde_json::to_vec_pretty(&value).map_err(|e| bundle_err("encode", e.to_string()))?;
+    let mode = std::fs::metadata(&path)
+        .map(|m| m.permissions().mode() & 0o7777)
+        .unwrap_or(0o644);
+    write_atomic(&path, &out, mode).map_err(|e| bundle_err("write", e.to_string()))?;
+    Ok(true)
+}
+
+/// The prestart hook entry: absolute path, explicit non-empty env, a timeout.
+pub fn hook_entry(config: &Config, config_path: Option<&Path>) -> Value {
+    let mut args = vec![json!("nvhook")];
+    if let Some(p) = config_path {
+        args.push(json!("--config"));
+        args.push(json!(p.display().to_string()));
+    }
+    args.extend([json!("hook"), json!("prestart")]);
+    json!({
+        "path": config.hook_path.display().to_string(),
+        "args": args,
+        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+        "timeout": 30,
+    })
+}
+
+/// Adds the hook (unless one with the same path is there), the device nodes to
+/// `linux.devices` and their allow rules to `linux.resources.devices`. Unknown fields stay.
+pub fn edit_spec(spec: &mut Value, plan: &Plan, hook: &Value) {
+    let root = object(spec);
+    let prestart = array(
+        object(root.entry("hooks").or_insert_with(|| json!({}))),
+        "prestart",
+    );
+    if !prestart.iter().any(|h| h.get("path") == hook.get("path")) {
+        prestart.push(hook.clone());
+    }
+    let linux = object(root.entry("linux").or_insert_with(|| json!({})));
+    let devices = array(linux, "devices");
+    for d in &plan.devices {
+        if !devices
+            .iter()
+            .any(|x| x.get("path").and_then(Value::as_str) == Some(&d.path))
+        {
+            devices.push(json!({
+                "path": d.path, "type": "c", "major": d.major, "minor": d.minor,
+                "fileMode": d.mode, "uid": 0, "gid": 0,
+            }));
+        }
+    }
+    let resources = object(linux.entry("resources").or_insert_with(|| json!({})));
+    let rules = array(resources, "devices");
+    for r in &plan.cgroup_rules {
+        rules.push(json!({
+            "allow": true, "type": "c", "major": r.major, "minor": r.minor,
+            "access": r.access.to_string(),
+        }));
+    }
+}
+
+/// `v` as an object, replacing a non-object (a malformed spec field) with an empty one.
+fn object(v: &mut Value) -> &mut serde_json::Map<String, Value> {
+    if !v.is_object() {
+        *v = json!({});
+    }
+    v.as_object_mut().expect("just made an object")
+}
+
+fn array<'a>(obj: &'a mut serde_json::Map<String, Value>, key: &str) -> &'a mut Vec<Value> {
+    let v = obj.entry(key).or_insert_with(|| json!([]));
+    if !v.is_array() {
+        *v = json!([]);
+    }
+    v.as_array_mut().expect("just made an array")
+}
+
+/// Writes a temporary file beside `path` and renames it into place.
+fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = path.with_file_name(format!(".{name}.nvhook-{}", std::process::id()));
+    let result = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(bytes)?;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))
+        })
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// The plan the shim left in the bundle, if any.
+pub fn read_plan(bundle: &Path) -> Option<Plan> {
+    let bytes = std::fs::read(bundle.join(PLAN_FILE)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<OsString> {
+        v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn parses_runc_command_lines() {
+        let cases: &[(&[&str], Option<&str>, Option<&str>)] = &[
+            (
+                &[
+                    "--root",
+                    "/r",
+                    "--log",
+                    "/l",
+                    "--log-format",
+                    "json",
+                    "create",
+                    "--bundle",
+                    "/b",
+                    "id",
+                ],
+                Some("create"),
+                Some("/b"),
+            ),
+            (
+                &["--systemd-cgroup", "run", "-b", "/x", "id"],
+                Some("run"),
+                Some("/x"),
+            ),
+            (&["create", "--bundle=/y", "id"], Some("create"), Some("/y")),
+            (&["start", "id"], Some("start"), None),
+            (&["run", "id"], Some("run"), None),
+            (&["--version"], None, None),
+        ];
+        for (argv, command, bundle) in cases {
+            let inv = Invocation::parse(&args(argv));
+            assert_eq!(inv.command.as_deref(), *command, "{argv:?}");
+            assert_eq!(inv.bundle.as_deref(), bundle.map(Path::new), "{argv:?}");
+        }
+        assert!(Invocation::parse(&args(&["run", "x"])).creates());
+        assert!(!Invocation::parse(&args(&["delete", "x"])).creates());
+    }
+
+    #[test]
+    fn edit_keeps_unknown_fields_and_is_idempotent_for_hooks() {
+        let mut spec = json!({
+            "ociVersion": "1.0.2",
+            "x-unknown": {"keep": [1, 2]},
+            "hooks": {"poststop": [{"path": "/bin/true"}]},
+            "linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}}
+        });
+        let plan: Plan = serde_json::from_value(json!({
+            "driver_version": "550", "selected": [],
+            "layout": {"lib64_dir": "/usr/lib", "lib32_dir": "/usr/lib32", "ldcache": false},
+            "devices": [{"path": "/dev/nvidia0", "host_path": "/dev/nvidia0", "major": 195, "minor": 0, "mode": 438}],
+            "cgroup_rules": [{"kind": "char", "major": 195, "minor": 0, "access": "rw"}],
+            "mounts": [], "symlinks": [], "ldcache": [], "ld_so_conf": null, "proc_overlay": null
+        }))
+        .unwrap();
+        let hook = hook_entry(&Config::default(), Some(Path::new("/etc/n.toml")));
+        edit_spec(&mut spec, &plan, &hook);
+        edit_spec(&mut spec, &plan, &hook);
+        assert_eq!(spec["x-unknown"], json!({"keep": [1, 2]}));
+        assert_eq!(spec["hooks"]["poststop"][0]["path"], "/bin/true");
+        assert_eq!(spec["hooks"]["prestart"].as_array().unwrap().len(), 1);
+        assert_eq!(spec["hooks"]["prestart"][0]["args"][2], "/etc/n.toml");
+        assert!(
+            !spec["hooks"]["prestart"][0]["env"]
+                .as_array()
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(spec["linux"]["devices"].as_array().unwrap().len(), 1);
+        assert_eq!(spec["linux"]["devices"][0]["fileMode"], 438);
+        // The default deny stays first; the allow rule comes after it.
+        assert_eq!(spec["linux"]["resources"]["devices"][0]["allow"], false);
+        assert_eq!(spec["linux"]["resources"]["devices"][1]["major"], 195);
+    }
+}
