@@ -13,5 +13,5 @@ pub mod logging;
 pub mod oci;
 pub mod plan;
 pub mod report;
-pub mod runtime;
 pub mod request;
+pub mod runtime;

@@ -201,10 +201,11 @@ impl Rootfs {
         let mut existing = Existing::Created;
         if let Some(st) = sys::lstat_at(dirfd, &name).map_err(|e| op_err("inspect", path, e))? {
             match sys::file_type(&st) {
-                libc::S_IFLNK => {
-                    if sys::readlink_at(dirfd, &name).ok().as_deref() == Some(target.as_bytes()) {
-                        return Ok(Existing::Kept);
-                    }
+                libc::S_IFLNK
+                    if sys::readlink_at(dirfd, &name).ok().as_deref()
+                        == Some(target.as_bytes()) =>
+                {
+                    return Ok(Existing::Kept);
                 }
                 libc::S_IFDIR => {
                     return Err(op_err("link", path, "the image has a directory there"));
