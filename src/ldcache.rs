@@ -706,14 +706,14 @@ mod tests {
         let mut cache = host_cache();
         let host_len = cache.entries().len();
         cache.hwcap_subdirs = vec!["x86-64-v2".into(), "x86-64-v3".into()];
-        for (soname, class) in [
-            ("libcuda.so.1", ElfClass::X86_64),
-            ("libcuda.so.1", ElfClass::I386),
-            ("libnvidia-ml.so.1", ElfClass::X86_64),
-            ("libnvx.so.10", ElfClass::X86_64),
-            ("libnvx.so.2", ElfClass::X86_64),
+        for (soname, dir, class) in [
+            ("libcuda.so.1", "drv32", ElfClass::I386),
+            ("libcuda.so.1", "drv", ElfClass::X86_64),
+            ("libnvidia-ml.so.1", "drv", ElfClass::X86_64),
+            ("libnvx.so.10", "drv", ElfClass::X86_64),
+            ("libnvx.so.2", "drv", ElfClass::X86_64),
         ] {
-            cache.insert(Entry::new(soname, format!("/drv/{soname}"), class));
+            cache.insert(Entry::new(soname, format!("/{dir}/{soname}"), class));
         }
         cache.insert(Entry {
             hwcap: HWCAP_EXTENSION | 1,
@@ -739,11 +739,13 @@ mod tests {
             pos("libnvx.so.2", "/opt/x86-64-v3/libnvx.so.2")
                 < pos("libnvx.so.2", "/drv/libnvx.so.2")
         );
-        assert!(pos("libcuda.so.1", "/drv/libcuda.so.1") < printed.entries.len());
+        assert!(
+            pos("libcuda.so.1", "/drv/libcuda.so.1") < pos("libcuda.so.1", "/drv32/libcuda.so.1")
+        );
         assert!(
             printed
                 .text
-                .contains("libcuda.so.1 (libc6) => /drv/libcuda.so.1")
+                .contains("libcuda.so.1 (libc6) => /drv32/libcuda.so.1")
         );
         assert!(
             printed.text.contains("hwcap: \"x86-64-v3\""),

@@ -7,13 +7,15 @@
 use super::sys;
 use crate::plan::{ImageInfo, MountKind};
 use pathrs::Root;
-use pathrs::flags::OpenFlags;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::Permissions;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::rc::Rc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RootfsError {
@@ -47,6 +49,9 @@ pub enum Existing {
 
 pub struct Rootfs {
     root: Root,
+    /// Each directory is resolved (and created) once: a pathrs resolution costs far more than
+    /// the *at calls made relative to its result, and a plan touches a handful of directories.
+    dirs: RefCell<HashMap<String, Rc<pathrs::Handle>>>,
 }
 
 /// Splits an absolute container path into its directory and last component.
@@ -65,14 +70,26 @@ impl Rootfs {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        Ok(Rootfs { root })
+        Ok(Rootfs {
+            root,
+            dirs: RefCell::default(),
+        })
     }
 
     /// The directory `dir`, created (0755) where missing.
-    fn dir(&self, dir: &str) -> Result<pathrs::Handle, RootfsError> {
-        self.root
-            .mkdir_all(dir, &Permissions::from_mode(0o755))
-            .map_err(|e| op_err("create directory", dir, e))
+    fn dir(&self, dir: &str) -> Result<Rc<pathrs::Handle>, RootfsError> {
+        if let Some(h) = self.dirs.borrow().get(dir) {
+            return Ok(Rc::clone(h));
+        }
+        let handle = Rc::new(
+            self.root
+                .mkdir_all(dir, &Permissions::from_mode(0o755))
+                .map_err(|e| op_err("create directory", dir, e))?,
+        );
+        self.dirs
+            .borrow_mut()
+            .insert(dir.to_string(), Rc::clone(&handle));
+        Ok(handle)
     }
 
     fn exists(&self, path: &str) -> bool {
@@ -222,25 +239,39 @@ impl Rootfs {
     /// The content of a regular file, or None when absent or not a regular file; at most
     /// `limit` bytes are accepted.
     pub fn read_file(&self, path: &str, limit: u64) -> Result<Option<Vec<u8>>, RootfsError> {
-        let handle = match self.root.resolve_nofollow(path) {
-            Ok(h) => h,
+        let (dir, name) = split(path)?;
+        let Ok(dir) = self.dir_if_exists(dir) else {
+            return Ok(None);
+        };
+        // O_NOFOLLOW: a link in the image's place is treated as no file at all.
+        let fd = match sys::open_at(dir.as_fd(), &name, libc::O_RDONLY | libc::O_NONBLOCK, 0) {
+            Ok(fd) => fd,
             Err(_) => return Ok(None),
         };
-        let st = sys::fstat(handle.as_fd()).map_err(|e| op_err("inspect", path, e))?;
+        let st = sys::fstat(fd.as_fd()).map_err(|e| op_err("inspect", path, e))?;
         if sys::file_type(&st) != libc::S_IFREG {
             return Ok(None);
         }
         if st.st_size as u64 > limit {
             return Err(op_err("read", path, format!("larger than {limit} bytes")));
         }
-        let file = handle
-            .reopen(OpenFlags::O_RDONLY)
-            .map_err(|e| op_err("open", path, e))?;
         let mut out = Vec::with_capacity(st.st_size as usize);
-        file.take(limit)
+        std::fs::File::from(fd)
+            .take(limit)
             .read_to_end(&mut out)
             .map_err(|e| op_err("read", path, e))?;
         Ok(Some(out))
+    }
+
+    /// An existing directory, without creating it.
+    fn dir_if_exists(&self, dir: &str) -> Result<Rc<pathrs::Handle>, RootfsError> {
+        if let Some(h) = self.dirs.borrow().get(dir) {
+            return Ok(Rc::clone(h));
+        }
+        self.root
+            .resolve(dir)
+            .map(Rc::new)
+            .map_err(|e| op_err("open directory", dir, e))
     }
 
     /// Writes `contents` to a new temporary file beside `path`, then renames it over `path`,
