@@ -232,6 +232,7 @@ impl LdCache {
             .map(|s| strings.add(s))
             .collect::<Result<Vec<u32>>>()?;
         let extension = Extension::layout(strings.end().next_multiple_of(4), &subdir_offsets);
+        // The format's offsets are u32: refuse before writing anything that would wrap.
         u32_len(extension.end)?;
 
         let mut out = Vec::with_capacity(extension.end);

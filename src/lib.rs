@@ -6,6 +6,7 @@
 pub mod capability;
 pub mod cgroup;
 pub mod config;
+pub mod configure;
 pub mod inject;
 pub mod inventory;
 pub mod ldcache;

@@ -153,6 +153,10 @@ pub enum PlanError {
         minor: u32,
     },
     #[error(
+        "compute needs /dev/nvidia-uvm but /proc/devices has no nvidia-uvm (load the module: nvidia-modprobe -u -c=0)"
+    )]
+    NoUvm,
+    #[error(
         "{what} needs the nvidia-caps device, which this host's driver does not expose (/proc/devices has no nvidia-caps)"
     )]
     NoCapsMajor { what: String },
@@ -403,12 +407,7 @@ fn device_nodes(
     let caps = &request.capabilities;
     let mut out = vec![nodes.get("/dev/nvidiactl", nvidia, NVIDIACTL_MINOR)?];
     if caps.contains(&Capability::Compute) {
-        let uvm = inventory.majors.uvm.ok_or_else(|| PlanError::MissingNode {
-            path: "/dev/nvidia-uvm".into(),
-            dev_root: nodes.dev_root.into(),
-            major: 0,
-            minor: 0,
-        })?;
+        let uvm = inventory.majors.uvm.ok_or(PlanError::NoUvm)?;
         out.push(nodes.get("/dev/nvidia-uvm", uvm, 0)?);
         out.push(nodes.get("/dev/nvidia-uvm-tools", uvm, 1)?);
     }
@@ -488,7 +487,7 @@ impl FileBuilder<'_> {
                 self.add_file(f, MountKind::File);
             }
             for f in files.sockets.iter().filter(|f| f.capability == Some(cap)) {
-                let kind = if f.host_path.is_dir() {
+                let kind = if f.is_dir {
                     MountKind::Dir
                 } else {
                     MountKind::Socket
@@ -577,11 +576,13 @@ fn proc_overlay(inventory: &Inventory, choices: &[Choice]) -> Option<ProcOverlay
     if choices.is_empty() {
         return None;
     }
-    let mut gpus: Vec<String> = choices
-        .iter()
-        .map(|c| c.parent().pci_bus_id.clone())
-        .collect();
-    gpus.dedup();
+    let mut gpus: Vec<String> = Vec::new();
+    for c in choices {
+        let bus = &c.parent().pci_bus_id;
+        if !gpus.contains(bus) {
+            gpus.push(bus.clone());
+        }
+    }
     Some(ProcOverlay { host_dir, gpus })
 }
 
@@ -599,3 +600,7 @@ pub fn container_params(host_params: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

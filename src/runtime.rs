@@ -305,7 +305,7 @@ mod tests {
             "driver_version": "550", "selected": [],
             "layout": {"lib64_dir": "/usr/lib", "lib32_dir": "/usr/lib32", "ldcache": false},
             "devices": [{"path": "/dev/nvidia0", "host_path": "/dev/nvidia0", "major": 195, "minor": 0, "mode": 438}],
-            "cgroup_rules": [{"kind": "char", "major": 195, "minor": 0, "access": "rw"}],
+            "cgroup_rules": [{"kind": "c", "major": 195, "minor": 0, "access": "rw"}],
             "mounts": [], "symlinks": [], "ldcache": [], "ld_so_conf": null, "proc_overlay": null
         }))
         .unwrap();

@@ -18,8 +18,7 @@ fn main() {
             .into(),
         Err(e) => e,
     };
-    tracing::error!("{err:#}");
-    eprintln!("nvhook-runtime: {err:#}");
+    eprintln!("nvhook-runtime: {err}");
     std::process::exit(1);
 }
 
@@ -33,7 +32,9 @@ fn run(args: &[OsString]) -> Result<PathBuf> {
         nvhook::logging::init(&config);
         let bundle = match invocation.bundle {
             Some(b) => b,
-            None => std::env::current_dir()?,
+            None => std::env::current_dir().map_err(|e| {
+                anyhow::anyhow!("cannot find the bundle (no --bundle and no cwd): {e}")
+            })?,
         };
         if prepare_bundle(&config, config_path.as_deref(), &bundle)? {
             tracing::info!(bundle = %bundle.display(), runtime = %runtime.display(), "GPU container prepared");

@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use nvhook::config::Config;
+use nvhook::configure::{DEFAULT_RUNTIME_NAME, DEFAULT_RUNTIME_PATH, Engine};
 use nvhook::inventory::Inventory;
 use nvhook::oci::{Spec, State};
 use nvhook::plan::Plan;
@@ -40,6 +41,31 @@ enum Command {
         #[arg(value_enum)]
         stage: Stage,
     },
+    /// Register nvhook-runtime with a container engine's config (or take it out with --remove).
+    Configure(ConfigureArgs),
+}
+
+#[derive(clap::Args)]
+struct ConfigureArgs {
+    /// docker, containerd or crio.
+    engine: Engine,
+    /// The engine's config file [default: /etc/docker/daemon.json,
+    /// /etc/containerd/config.toml, /etc/crio/crio.conf.d/99-nvidia.conf].
+    #[arg(long, value_name = "FILE")]
+    engine_config: Option<PathBuf>,
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_RUNTIME_NAME)]
+    runtime_name: String,
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_RUNTIME_PATH)]
+    runtime_path: String,
+    /// Also make it the engine's default runtime.
+    #[arg(long)]
+    set_as_default: bool,
+    /// Print the change as a diff; write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Take out what configure added.
+    #[arg(long, conflicts_with = "set_as_default")]
+    remove: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -60,8 +86,8 @@ fn main() {
     let code = match run(cli) {
         Ok(()) => 0,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("nvhook: {e:#}");
+            // Our errors carry their cause in their own one-line message.
+            eprintln!("nvhook: {e}");
             1
         }
     };
@@ -72,13 +98,16 @@ fn run(cli: Cli) -> Result<()> {
     if let Command::Hook { stage } = cli.command {
         return hook(cli.config.as_deref(), stage);
     }
+    if let Command::Configure(args) = cli.command {
+        return configure(cli.config.as_deref(), args);
+    }
     let env_config = std::env::var(nvhook::config::ENV_VAR).ok();
     let config = Config::load(cli.config.as_deref(), env_config.as_deref())?;
     nvhook::logging::init(&config);
     match cli.command {
         Command::Info { format } => info(&config, format),
         Command::Plan { bundle, format } => plan(&config, &bundle, format),
-        Command::Hook { .. } => unreachable!("handled above"),
+        Command::Hook { .. } | Command::Configure(_) => unreachable!("handled above"),
     }
 }
 
@@ -105,9 +134,14 @@ fn hook(config_path: Option<&Path>, stage: Stage) -> Result<()> {
     std::io::stdin()
         .take(1 << 20)
         .read_to_string(&mut input)
-        .context("cannot read the OCI state on stdin")?;
+        .map_err(|e| anyhow::anyhow!("cannot read the OCI state on stdin: {e}"))?;
     let state = State::parse(&input)?;
-    let outcome = nvhook::inject::prestart(&config, &state)?;
+    let outcome = nvhook::inject::prestart(&config, &state).inspect_err(|e| {
+        // Without a log file, main's stderr line is the only report; with one, keep it there too.
+        if config.log_file.is_some() {
+            tracing::error!(id = %state.id, "{e}");
+        }
+    })?;
     tracing::info!(
         ?stage,
         id = %state.id,
@@ -115,6 +149,28 @@ fn hook(config_path: Option<&Path>, stage: Stage) -> Result<()> {
         total_us = started.elapsed().as_micros(),
         "hook finished"
     );
+    Ok(())
+}
+
+fn configure(nvhook_config: Option<&Path>, args: ConfigureArgs) -> Result<()> {
+    // The global --config is nvhook's own file; taking it for the engine's would be a guess.
+    if let Some(file) = nvhook_config {
+        anyhow::bail!(
+            "--config {} names nvhook's own config, which configure does not read: \
+             name the engine's file with --engine-config",
+            file.display()
+        );
+    }
+    let outcome = nvhook::configure::run(&nvhook::configure::Options {
+        engine: args.engine,
+        file: args.engine_config,
+        runtime_name: args.runtime_name,
+        runtime_path: args.runtime_path,
+        set_as_default: args.set_as_default,
+        remove: args.remove,
+        dry_run: args.dry_run,
+    })?;
+    println!("{outcome}");
     Ok(())
 }
 

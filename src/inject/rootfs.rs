@@ -332,8 +332,12 @@ mod tests {
         let outside = tmp.path().join("outside");
         std::fs::create_dir_all(root.join("etc")).unwrap();
         std::fs::create_dir_all(&outside).unwrap();
-        // An absolute symlink that would escape if resolved on the host.
+        // Absolute symlinks that would escape if resolved on the host: inside the root
+        // they name root/<same path>.
         std::os::unix::fs::symlink(&outside, root.join("usr")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("lib")).unwrap();
+        let inside = root.join(outside.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(&inside).unwrap();
         std::os::unix::fs::symlink("/outside-file", root.join("etc/ld.so.cache")).unwrap();
         let r = Rootfs::open(&root).unwrap();
         r.make_symlink("/usr/lib/libcuda.so", "libcuda.so.1")
@@ -345,9 +349,9 @@ mod tests {
         assert_eq!(existing, Existing::Created);
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
         assert!(!tmp.path().join("outside-file").exists());
-        // The link to `outside` was resolved inside the root: /usr became root/<outside path>.
-        let inside = root.join(outside.strip_prefix("/").unwrap());
         assert!(inside.join("lib/libcuda.so").symlink_metadata().is_ok());
+        assert!(inside.join("bin/nvidia-smi").is_file());
+        // The link at /etc/ld.so.cache was replaced, not followed.
         assert_eq!(
             std::fs::read(root.join("etc/ld.so.cache")).unwrap(),
             b"cache"
@@ -357,6 +361,11 @@ mod tests {
             b"cache"
         );
         assert!(r.read_file("/etc/ld.so.cache", 2).is_err());
+        // A dangling escape is refused rather than created anywhere.
+        std::fs::remove_dir_all(&inside).unwrap();
+        let r = Rootfs::open(&root).unwrap();
+        assert!(r.make_symlink("/lib/x/libcuda.so", "libcuda.so.1").is_err());
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
     }
 
     #[test]

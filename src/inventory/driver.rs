@@ -131,6 +131,8 @@ pub struct HostFile {
     pub capability: Option<Capability>,
     pub host_path: PathBuf,
     pub container_path: String,
+    /// A directory (the MPS pipe directory) rather than a file or socket.
+    pub is_dir: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -212,6 +214,7 @@ fn existing(root: &Path, path: &str, capability: Option<Capability>) -> Option<H
     let host = std::fs::canonicalize(root.join(path.trim_start_matches('/'))).ok()?;
     host.starts_with(root).then(|| HostFile {
         capability,
+        is_dir: host.is_dir(),
         host_path: host,
         container_path: path.to_string(),
     })

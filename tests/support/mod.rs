@@ -11,6 +11,7 @@
 
 mod bundle;
 mod cmd;
+pub mod engines;
 mod image;
 mod mounts;
 mod node;

@@ -1,0 +1,62 @@
+//! CRI-O: a runtime in a crio.conf.d drop-in, `[crio.runtime.runtimes.<name>]`.
+
+use super::toml as edit;
+use super::{Change, Invalid};
+const RUNTIME: [&str; 2] = ["crio", "runtime"];
+
+pub(super) fn apply(current: Option<&str>, change: &Change) -> Result<Option<String>, Invalid> {
+    let mut doc = edit::parse(current)?;
+    let root = doc.as_table_mut();
+    match *change {
+        Change::Add {
+            name,
+            path,
+            set_as_default,
+        } => {
+            let runtime_path = [RUNTIME[0], RUNTIME[1], "runtimes", name];
+            let runtime = edit::table_mut(root, &runtime_path)?;
+            // Created as implicit on the way; this one carries values and needs its header.
+            runtime.set_implicit(false);
+            edit::set_str(runtime, "runtime_path", path);
+            edit::set_str(runtime, "runtime_type", "oci");
+            if set_as_default {
+                edit::set_str(edit::table_mut(root, &RUNTIME)?, "default_runtime", name);
+            }
+        }
+        Change::Remove { name } => {
+            let runtimes_path = [RUNTIME[0], RUNTIME[1], "runtimes"];
+            edit::remove_tidily(root, &runtimes_path, |root| {
+                if let Some(runtimes) = edit::existing_table_mut(root, &runtimes_path) {
+                    runtimes.remove(name);
+                }
+                if let Some(section) = edit::existing_table_mut(root, &RUNTIME) {
+                    edit::remove_str_if(section, "default_runtime", name);
+                }
+            });
+        }
+    }
+    let text = doc.to_string();
+    // CRI-O reads a missing drop-in as an empty one: give back the file's absence.
+    Ok((!text.trim().is_empty()).then_some(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drop_in_from_nothing() {
+        let change = Change::Add {
+            name: "nvidia",
+            path: "/usr/bin/nvhook-runtime",
+            set_as_default: true,
+        };
+        let out = apply(None, &change).unwrap().unwrap();
+        let expected = "[crio.runtime]\ndefault_runtime = \"nvidia\"\n\n[crio.runtime.runtimes.nvidia]\nruntime_path = \"/usr/bin/nvhook-runtime\"\nruntime_type = \"oci\"\n";
+        assert_eq!(out, expected);
+        assert_eq!(
+            apply(Some(&out), &Change::Remove { name: "nvidia" }).unwrap(),
+            None
+        );
+    }
+}

@@ -1,0 +1,187 @@
+//! Reading and replacing an engine's config file: atomic, with a backup, owner and mode
+//! kept; and the diff shown by `--dry-run`.
+
+use super::ConfigureError;
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// A file created from nothing gets the mode engines' packages use for their configs.
+const NEW_FILE_MODE: u32 = 0o644;
+
+/// The file's text, or `None` when it does not exist.
+pub(super) fn read(file: &Path) -> Result<Option<String>, ConfigureError> {
+    match fs::read_to_string(file) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(ConfigureError::Read {
+            file: file.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Where the previous version of `file` is kept.
+pub(super) fn backup_path(file: &Path) -> PathBuf {
+    let mut name = OsString::from(file.as_os_str());
+    name.push(".nvhook.bak");
+    PathBuf::from(name)
+}
+
+/// Replaces `file` with `text` so that a reader (or a crash) sees the old file or the new
+/// one, never half of it. Returns the backup made of the old file, if there was one.
+pub(super) fn replace(
+    file: &Path,
+    text: &str,
+    existed: bool,
+) -> Result<Option<PathBuf>, ConfigureError> {
+    let write_error = |source| ConfigureError::Write {
+        file: file.to_path_buf(),
+        source,
+    };
+    // A symlinked config (common for daemon.json) is edited where it points, not replaced.
+    let target = if existed {
+        fs::canonicalize(file).map_err(write_error)?
+    } else {
+        file.to_path_buf()
+    };
+    let dir = match target.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&dir).map_err(write_error)?;
+    let old = if existed {
+        Some(fs::metadata(&target).map_err(write_error)?)
+    } else {
+        None
+    };
+    let temp = temp_path(&target);
+    let written = write_new(&temp, text, old.as_ref());
+    let result = written.and_then(|()| {
+        let backup = match old {
+            Some(_) => {
+                let backup = backup_path(&target);
+                fs::copy(&target, &backup)?;
+                Some(backup)
+            }
+            None => None,
+        };
+        fs::rename(&temp, &target)?;
+        File::open(&dir)?.sync_all()?;
+        Ok(backup)
+    });
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result.map_err(write_error)
+}
+
+/// Moves `file` to its backup path: the engine then runs as if it had never existed.
+pub(super) fn retire(file: &Path) -> Result<PathBuf, ConfigureError> {
+    let backup = backup_path(file);
+    fs::rename(file, &backup).map_err(|source| ConfigureError::Write {
+        file: file.to_path_buf(),
+        source,
+    })?;
+    Ok(backup)
+}
+
+fn temp_path(target: &Path) -> PathBuf {
+    let name = target.file_name().unwrap_or_default().to_string_lossy();
+    target.with_file_name(format!(".{name}.nvhook-{}.tmp", std::process::id()))
+}
+
+fn write_new(temp: &Path, text: &str, old: Option<&fs::Metadata>) -> std::io::Result<()> {
+    let mode = old.map_or(NEW_FILE_MODE, |m| m.mode() & 0o7777);
+    let mut out = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(temp)?;
+    // The umask applied to `mode` above; the old file's mode must survive exactly.
+    out.set_permissions(fs::Permissions::from_mode(mode))?;
+    if let Some(old) = old {
+        std::os::unix::fs::fchown(&out, Some(old.uid()), Some(old.gid()))?;
+    }
+    out.write_all(text.as_bytes())?;
+    out.sync_all()
+}
+
+/// A unified diff from `old` to `new` (`None`: the file does not exist).
+pub(super) fn unified_diff(file: &Path, old: Option<&str>, new: Option<&str>) -> String {
+    let name = file.display().to_string();
+    let label = |text: Option<&str>| match text {
+        Some(_) => name.clone(),
+        None => "/dev/null".to_string(),
+    };
+    let (a, b) = (label(old), label(new));
+    similar::TextDiff::from_lines(old.unwrap_or(""), new.unwrap_or(""))
+        .unified_diff()
+        .context_radius(3)
+        .header(&a, &b)
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replace_keeps_mode_and_makes_a_backup() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("daemon.json");
+        fs::write(&file, "old\n").unwrap();
+        fs::set_permissions(&file, fs::Permissions::from_mode(0o600)).unwrap();
+
+        let backup = replace(&file, "new\n", true).unwrap().unwrap();
+
+        assert_eq!(fs::read_to_string(&file).unwrap(), "new\n");
+        assert_eq!(fs::read_to_string(&backup).unwrap(), "old\n");
+        let mode = fs::metadata(&file).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o600);
+        let left: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 2, "no temp file left behind");
+    }
+
+    #[test]
+    fn replace_creates_the_directory_and_no_backup_for_a_new_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("crio.conf.d/99-nvidia.conf");
+
+        assert_eq!(replace(&file, "x\n", false).unwrap(), None);
+
+        assert_eq!(fs::read_to_string(&file).unwrap(), "x\n");
+        assert!(!backup_path(&file).exists());
+    }
+
+    #[test]
+    fn replace_writes_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real.json");
+        let link = dir.path().join("daemon.json");
+        fs::write(&real, "old\n").unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+
+        replace(&link, "new\n", true).unwrap();
+
+        assert!(
+            fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(fs::read_to_string(&real).unwrap(), "new\n");
+    }
+
+    #[test]
+    fn diff_of_a_new_file_is_against_dev_null() {
+        let diff = unified_diff(Path::new("/etc/x.conf"), None, Some("a = 1\n"));
+        assert!(
+            diff.starts_with("--- /dev/null\n+++ /etc/x.conf\n"),
+            "{diff}"
+        );
+        assert!(diff.contains("+a = 1\n"), "{diff}");
+    }
+}

@@ -1,0 +1,249 @@
+//! `nvhook configure`: register nvhook-runtime with a container engine by editing the
+//! engine's own config file, and take it out again.
+//!
+//! Each engine module only turns the old text into the new text; reading, the atomic
+//! write, the backup and the dry-run diff are shared in `file`. Edits are
+//! format-preserving: a second run is a no-op and `--remove` gives back the original bytes.
+
+mod containerd;
+mod crio;
+mod docker;
+mod file;
+mod toml;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// The container engines whose config nvhook knows how to edit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Docker,
+    Containerd,
+    Crio,
+}
+
+impl Engine {
+    pub fn default_config(self) -> &'static Path {
+        Path::new(match self {
+            Engine::Docker => "/etc/docker/daemon.json",
+            Engine::Containerd => "/etc/containerd/config.toml",
+            // A drop-in of our own, so that the distribution's crio.conf is never rewritten.
+            Engine::Crio => "/etc/crio/crio.conf.d/99-nvidia.conf",
+        })
+    }
+
+    pub fn restart_command(self) -> &'static str {
+        match self {
+            Engine::Docker => "systemctl restart docker",
+            Engine::Containerd => "systemctl restart containerd",
+            Engine::Crio => "systemctl restart crio",
+        }
+    }
+
+    fn apply(self, current: Option<&str>, change: &Change) -> Result<Option<String>, Invalid> {
+        if current.is_none() && matches!(change, Change::Remove { .. }) {
+            return Ok(None);
+        }
+        match self {
+            Engine::Docker => docker::apply(current, change),
+            Engine::Containerd => containerd::apply(current, change),
+            Engine::Crio => crio::apply(current, change),
+        }
+    }
+}
+
+impl FromStr for Engine {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "docker" => Ok(Engine::Docker),
+            "containerd" => Ok(Engine::Containerd),
+            "crio" | "cri-o" => Ok(Engine::Crio),
+            _ => Err(format!(
+                "unknown engine {s:?}: use docker, containerd or crio"
+            )),
+        }
+    }
+}
+
+/// What `nvhook configure` was asked to do.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub engine: Engine,
+    /// The engine's config file; `None` means the engine's usual path.
+    pub file: Option<PathBuf>,
+    pub runtime_name: String,
+    pub runtime_path: String,
+    pub set_as_default: bool,
+    pub remove: bool,
+    pub dry_run: bool,
+}
+
+pub const DEFAULT_RUNTIME_NAME: &str = "nvidia";
+pub const DEFAULT_RUNTIME_PATH: &str = "/usr/bin/nvhook-runtime";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigureError {
+    #[error("cannot read {}: {source} (check the path, and run as root for files under /etc)", file.display())]
+    Read {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {message}; left untouched: fix it by hand, or name another file with --engine-config", file.display())]
+    Invalid { file: PathBuf, message: String },
+    #[error("cannot write {}: {source}; the original is unchanged (check permissions and free space)", file.display())]
+    Write {
+        file: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "--runtime-path {0:?} is not absolute: give the full path, engines must not look it up in PATH"
+    )]
+    RelativeRuntimePath(String),
+    #[error("--runtime-name {0:?}: use only letters, digits, '.', '_' and '-'")]
+    BadRuntimeName(String),
+}
+
+/// Why an engine refused the current text; `run` adds the file name.
+#[derive(Debug)]
+struct Invalid(String);
+
+/// The edit an engine applies, independent of the file format.
+#[derive(Debug)]
+enum Change<'a> {
+    Add {
+        name: &'a str,
+        path: &'a str,
+        set_as_default: bool,
+    },
+    Remove {
+        name: &'a str,
+    },
+}
+
+/// What happened to the file.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Applied {
+    Unchanged,
+    /// `--dry-run`: the unified diff of what would change; nothing was written.
+    WouldChange {
+        diff: String,
+    },
+    Written {
+        backup: Option<PathBuf>,
+    },
+    /// `--remove` left nothing in a file the engine does not need: it was moved to the backup.
+    Retired {
+        backup: PathBuf,
+    },
+}
+
+#[derive(Debug)]
+pub struct Outcome {
+    pub engine: Engine,
+    pub file: PathBuf,
+    pub runtime_name: String,
+    pub remove: bool,
+    pub applied: Applied,
+}
+
+/// Reads the engine's config, applies the change, and writes it back unless nothing changed
+/// or this is a dry run.
+pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
+    validate(options)?;
+    let file = options
+        .file
+        .clone()
+        .unwrap_or_else(|| options.engine.default_config().to_path_buf());
+    let change = if options.remove {
+        Change::Remove {
+            name: &options.runtime_name,
+        }
+    } else {
+        Change::Add {
+            name: &options.runtime_name,
+            path: &options.runtime_path,
+            set_as_default: options.set_as_default,
+        }
+    };
+    let current = file::read(&file)?;
+    let new = options
+        .engine
+        .apply(current.as_deref(), &change)
+        .map_err(|Invalid(message)| ConfigureError::Invalid {
+            file: file.clone(),
+            message,
+        })?;
+    let applied = if new == current {
+        Applied::Unchanged
+    } else if options.dry_run {
+        Applied::WouldChange {
+            diff: file::unified_diff(&file, current.as_deref(), new.as_deref()),
+        }
+    } else {
+        match new {
+            Some(text) => Applied::Written {
+                backup: file::replace(&file, &text, current.is_some())?,
+            },
+            None => Applied::Retired {
+                backup: file::retire(&file)?,
+            },
+        }
+    };
+    Ok(Outcome {
+        engine: options.engine,
+        file,
+        runtime_name: options.runtime_name.clone(),
+        remove: options.remove,
+        applied,
+    })
+}
+
+fn validate(options: &Options) -> Result<(), ConfigureError> {
+    let name = &options.runtime_name;
+    let name_ok = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if !name_ok {
+        return Err(ConfigureError::BadRuntimeName(name.clone()));
+    }
+    if !options.remove && !options.runtime_path.starts_with('/') {
+        return Err(ConfigureError::RelativeRuntimePath(
+            options.runtime_path.clone(),
+        ));
+    }
+    Ok(())
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let file = self.file.display();
+        let name = &self.runtime_name;
+        let done = if self.remove {
+            format!("removed runtime {name:?} from {file}")
+        } else {
+            format!("configured runtime {name:?} in {file}")
+        };
+        match &self.applied {
+            Applied::Unchanged if self.remove => write!(f, "not configured: {file} unchanged"),
+            Applied::Unchanged => write!(f, "already configured: {file} unchanged"),
+            Applied::WouldChange { diff } => write!(f, "{diff}dry run: {file} not written"),
+            Applied::Written { backup } => {
+                write!(f, "{done}")?;
+                if let Some(backup) = backup {
+                    write!(f, " (previous version: {})", backup.display())?;
+                }
+                write!(f, "\nto apply it: {}", self.engine.restart_command())
+            }
+            Applied::Retired { backup } => write!(
+                f,
+                "{done}; nothing else was left in it, so it was moved to {}\nto apply it: {}",
+                backup.display(),
+                self.engine.restart_command()
+            ),
+        }
+    }
+}

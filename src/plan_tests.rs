@@ -1,0 +1,956 @@
+//! Unit tests of `plan::build` on a hand-built inventory: no I/O, no root.
+
+use super::*;
+use crate::cgroup::{Access, DeviceKind};
+use crate::config::Config;
+use crate::inventory::{DeviceMajors, DriverFiles, Library};
+use crate::oci::Spec;
+use crate::request::Request;
+use serde_json::json;
+use std::path::Path;
+
+const VERSION: &str = "550.54.15";
+const NVIDIA: u32 = 195;
+const UVM: u32 = 511;
+const CAPS: u32 = 510;
+const MIG_CONFIG_MINOR: u32 = 1;
+const MIG_MONITOR_MINOR: u32 = 2;
+const DEV_ROOT: &str = "/node";
+const HOST_LIB64: &str = "/drv/usr/lib/x86_64-linux-gnu";
+const HOST_LIB32: &str = "/drv/usr/lib/i386-linux-gnu";
+const DEBIAN_LIB64: &str = "/usr/lib/x86_64-linux-gnu";
+const DEBIAN_LIB32: &str = "/usr/lib/i386-linux-gnu";
+const FIRMWARE: &str = "/lib/firmware/nvidia/550.54.15/gsp_ga10x.bin";
+
+const DEBIAN: ImageInfo = ImageInfo {
+    debian: true,
+    has_usr_lib64: false,
+    has_ldcache: true,
+};
+
+// ---------------------------------------------------------------- fixtures
+
+fn gpu_uuid(index: u32) -> String {
+    format!("GPU-{index:08x}-1111-2222-3333-444455556666")
+}
+
+fn mig_uuid(gpu: u32, mig: u32) -> String {
+    format!("MIG-{gpu:04x}{mig:04x}-aaaa-bbbb-cccc-ddddeeeeffff")
+}
+
+/// Kernel form, as the inventory keeps it.
+fn bus_id(index: u32) -> String {
+    format!("0000:{:02x}:00.0", 0x18 + 3 * index)
+}
+
+/// nvidia-caps minors of MIG device `mig` of GPU `gpu`: (gi, ci).
+fn cap_minors(gpu: u32, mig: u32) -> (u32, u32) {
+    let gi = 100 + 20 * gpu + 2 * mig;
+    (gi, gi + 1)
+}
+
+fn node(path: &str, major: u32, minor: u32) -> HostNode {
+    HostNode {
+        path: path.into(),
+        host_path: Path::new(DEV_ROOT).join(path.trim_start_matches('/')),
+        major,
+        minor,
+        mode: 0o666,
+    }
+}
+
+fn library(capability: Capability, soname: &str, file_name: &str, lib32: bool) -> Vec<Library> {
+    let mut out = vec![(ElfClassName::Lib64, HOST_LIB64)];
+    if lib32 {
+        out.push((ElfClassName::Lib32, HOST_LIB32));
+    }
+    out.into_iter()
+        .map(|(class, dir)| Library {
+            capability,
+            class,
+            soname: soname.into(),
+            file_name: file_name.into(),
+            host_path: Path::new(dir).join(file_name),
+        })
+        .collect()
+}
+
+fn host_file(capability: Option<Capability>, path: &str) -> HostFile {
+    HostFile {
+        capability,
+        host_path: Path::new("/drv").join(path.trim_start_matches('/')),
+        container_path: path.into(),
+        is_dir: false,
+    }
+}
+
+fn driver_files() -> DriverFiles {
+    use Capability::*;
+    let v = |stem: &str| format!("{stem}.so.{VERSION}");
+    let libraries = [
+        (Utility, "libnvidia-ml.so.1", v("libnvidia-ml"), true),
+        (Compute, "libcuda.so.1", v("libcuda"), true),
+        (
+            Compute,
+            "libnvidia-ptxjitcompiler.so.1",
+            v("libnvidia-ptxjitcompiler"),
+            true,
+        ),
+        (Video, "libnvcuvid.so.1", v("libnvcuvid"), false),
+        (Graphics, "libGLX_nvidia.so.0", v("libGLX_nvidia"), false),
+        // The soname is the file name: no symlink.
+        (
+            Graphics,
+            &v("libnvidia-glcore"),
+            v("libnvidia-glcore"),
+            false,
+        ),
+        (Ngx, "libnvidia-ngx.so.1", v("libnvidia-ngx"), false),
+    ]
+    .iter()
+    .flat_map(|(cap, soname, file, lib32)| library(*cap, soname, file, *lib32))
+    .collect();
+    DriverFiles {
+        libraries,
+        binaries: vec![
+            host_file(Some(Utility), "/usr/bin/nvidia-smi"),
+            host_file(Some(Compute), "/usr/bin/nvidia-cuda-mps-control"),
+        ],
+        firmware: vec![host_file(None, FIRMWARE)],
+        sockets: vec![host_file(Some(Utility), "/run/nvidia-persistenced/socket")],
+        configs: vec![host_file(
+            Some(Graphics),
+            "/etc/vulkan/icd.d/nvidia_icd.json",
+        )],
+    }
+}
+
+/// A node with `gpus` A100s; `mig` lists (GPU, number of MIG devices) for MIG-enabled GPUs.
+/// Every device node the driver would create is present.
+fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
+    let mut nodes = vec![
+        node("/dev/nvidiactl", NVIDIA, NVIDIACTL_MINOR),
+        node("/dev/nvidia-modeset", NVIDIA, MODESET_MINOR),
+        node("/dev/nvidia-uvm", UVM, 0),
+        node("/dev/nvidia-uvm-tools", UVM, 1),
+    ];
+    for minor in [MIG_CONFIG_MINOR, MIG_MONITOR_MINOR] {
+        nodes.push(node(
+            &format!("/dev/nvidia-caps/nvidia-cap{minor}"),
+            CAPS,
+            minor,
+        ));
+    }
+    let gpus = (0..gpus)
+        .map(|index| {
+            nodes.push(node(&format!("/dev/nvidia{index}"), NVIDIA, index));
+            let count = mig.iter().find(|(g, _)| *g == index).map_or(0, |(_, n)| *n);
+            let mig_devices = (0..count)
+                .map(|m| {
+                    let (gi, ci) = cap_minors(index, m);
+                    for minor in [gi, ci] {
+                        nodes.push(node(
+                            &format!("/dev/nvidia-caps/nvidia-cap{minor}"),
+                            CAPS,
+                            minor,
+                        ));
+                    }
+                    MigDevice {
+                        index: m,
+                        uuid: mig_uuid(index, m),
+                        gpu_instance_id: m + 1,
+                        compute_instance_id: 0,
+                        gi_cap_minor: Some(gi),
+                        ci_cap_minor: Some(ci),
+                    }
+                })
+                .collect();
+            Gpu {
+                index,
+                uuid: gpu_uuid(index),
+                minor: index,
+                pci_bus_id: bus_id(index),
+                name: "NVIDIA A100-SXM4-80GB".into(),
+                brand: "tesla".into(),
+                architecture: "ampere".into(),
+                compute_capability: "8.0".into(),
+                mig_enabled: count > 0,
+                mig_devices,
+            }
+        })
+        .collect();
+    Inventory {
+        driver_version: VERSION.into(),
+        cuda_version: "12.4".into(),
+        gpus,
+        files: driver_files(),
+        majors: DeviceMajors {
+            nvidia: NVIDIA,
+            uvm: Some(UVM),
+            caps: Some(CAPS),
+        },
+        nodes,
+        mig_config_minor: Some(MIG_CONFIG_MINOR),
+        mig_monitor_minor: Some(MIG_MONITOR_MINOR),
+        proc_driver: Some("/node/proc/driver/nvidia".into()),
+    }
+}
+
+/// The standard test node: GPUs 0-3, GPU 3 split into MIG devices 3:0 and 3:1.
+fn standard() -> Inventory {
+    inventory(4, &[(3, 2)])
+}
+
+fn spec(env: &[&str], bounding: &[&str]) -> Spec {
+    let doc = json!({
+        "ociVersion": "1.0.2",
+        "process": {"env": env, "capabilities": {"bounding": bounding}},
+        "root": {"path": "rootfs"},
+    });
+    Spec::parse(&doc.to_string(), Path::new("config.json")).unwrap()
+}
+
+fn request_of(env: &[&str], bounding: &[&str]) -> Option<Request> {
+    Request::from_spec(&spec(env, bounding), &Config::default())
+        .unwrap_or_else(|e| panic!("{env:?}: {e}"))
+}
+
+fn request(env: &[&str]) -> Request {
+    request_of(env, &["CAP_CHOWN"]).unwrap_or_else(|| panic!("{env:?} is not a GPU request"))
+}
+
+fn plan_on(inv: &Inventory, env: &[&str], image: ImageInfo) -> Plan {
+    build(&request(env), inv, DEV_ROOT, image).unwrap_or_else(|e| panic!("{env:?}: {e}"))
+}
+
+fn plan(env: &[&str]) -> Plan {
+    plan_on(&standard(), env, DEBIAN)
+}
+
+fn plan_err(inv: &Inventory, env: &[&str]) -> PlanError {
+    match build(&request(env), inv, DEV_ROOT, DEBIAN) {
+        Ok(p) => panic!("{env:?}: expected an error, got {p:#?}"),
+        Err(e) => e,
+    }
+}
+
+fn visible(value: &str) -> String {
+    format!("NVIDIA_VISIBLE_DEVICES={value}")
+}
+
+fn caps(value: &str) -> String {
+    format!("NVIDIA_DRIVER_CAPABILITIES={value}")
+}
+
+fn env_of(vars: &[String]) -> Vec<&str> {
+    vars.iter().map(String::as_str).collect()
+}
+
+fn ids(plan: &Plan) -> Vec<&str> {
+    plan.selected.iter().map(|s| s.id.as_str()).collect()
+}
+
+fn device_paths(plan: &Plan) -> Vec<&str> {
+    plan.devices.iter().map(|d| d.path.as_str()).collect()
+}
+
+fn destinations(plan: &Plan) -> Vec<&str> {
+    plan.mounts.iter().map(|m| m.destination.as_str()).collect()
+}
+
+fn has_mount(plan: &Plan, destination: &str) -> bool {
+    destinations(plan).contains(&destination)
+}
+
+fn cap_node(minor: u32) -> String {
+    format!("/dev/nvidia-caps/nvidia-cap{minor}")
+}
+
+fn gpu_nodes(plan: &Plan) -> Vec<&str> {
+    device_paths(plan)
+        .into_iter()
+        .filter(|p| {
+            p.strip_prefix("/dev/nvidia")
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------- selection
+
+#[test]
+fn selects_devices_by_every_id_form() {
+    let (gi0, ci0) = cap_minors(3, 0);
+    let (gi1, ci1) = cap_minors(3, 1);
+    let upper_nvml_bus = bus_id(1).replacen("0000:", "00000000:", 1).to_uppercase();
+    // (NVIDIA_VISIBLE_DEVICES, selected ids, GPU nodes, nvidia-caps nodes)
+    type Case<'a> = (String, Vec<&'a str>, Vec<&'a str>, Vec<u32>);
+    let cases: Vec<Case> = vec![
+        ("0".into(), vec!["0"], vec!["/dev/nvidia0"], vec![]),
+        (
+            "2,0".into(),
+            vec!["2", "0"],
+            vec!["/dev/nvidia2", "/dev/nvidia0"],
+            vec![],
+        ),
+        (gpu_uuid(2), vec!["2"], vec!["/dev/nvidia2"], vec![]),
+        // UUIDs compare case-insensitively, as NVML's do.
+        (
+            gpu_uuid(2).to_lowercase().replacen("gpu-", "GPU-", 1),
+            vec!["2"],
+            vec!["/dev/nvidia2"],
+            vec![],
+        ),
+        (bus_id(1), vec!["1"], vec!["/dev/nvidia1"], vec![]),
+        // NVML's form: 8-digit domain, upper case.
+        (upper_nvml_bus, vec!["1"], vec!["/dev/nvidia1"], vec![]),
+        // Domain 0 may be left out.
+        ("1b:00.0".into(), vec!["1"], vec!["/dev/nvidia1"], vec![]),
+        (
+            mig_uuid(3, 1),
+            vec!["3:1"],
+            vec!["/dev/nvidia3"],
+            vec![gi1, ci1],
+        ),
+        (
+            "3:0".into(),
+            vec!["3:0"],
+            vec!["/dev/nvidia3"],
+            vec![gi0, ci0],
+        ),
+        (
+            "3:0,3:1".into(),
+            vec!["3:0", "3:1"],
+            vec!["/dev/nvidia3"],
+            vec![gi0, ci0, gi1, ci1],
+        ),
+        (
+            "all".into(),
+            vec!["0", "1", "2", "3", "3:0", "3:1"],
+            vec![
+                "/dev/nvidia0",
+                "/dev/nvidia1",
+                "/dev/nvidia2",
+                "/dev/nvidia3",
+            ],
+            vec![gi0, ci0, gi1, ci1],
+        ),
+        // The same GPU named twice is selected once.
+        (
+            format!("0,{}", gpu_uuid(0)),
+            vec!["0"],
+            vec!["/dev/nvidia0"],
+            vec![],
+        ),
+        ("none".into(), vec![], vec![], vec![]),
+    ];
+    for (value, want_ids, want_gpu_nodes, want_caps) in cases {
+        let p = plan(&[&visible(&value)]);
+        assert_eq!(ids(&p), want_ids, "{value}");
+        assert_eq!(gpu_nodes(&p), want_gpu_nodes, "{value}");
+        let cap_nodes: Vec<&str> = device_paths(&p)
+            .into_iter()
+            .filter(|d| d.starts_with("/dev/nvidia-caps/"))
+            .collect();
+        let want_caps: Vec<String> = want_caps.into_iter().map(cap_node).collect();
+        assert_eq!(cap_nodes, want_caps, "{value}");
+        // The control node comes with every GPU request.
+        assert_eq!(p.devices[0].path, "/dev/nvidiactl", "{value}");
+        for s in &p.selected {
+            let gpu_index: u32 = s.id.split(':').next().unwrap().parse().unwrap();
+            assert_eq!(s.pci_bus_id, bus_id(gpu_index), "{value}");
+        }
+    }
+}
+
+#[test]
+fn selected_records_uuid_and_bus_id() {
+    let p = plan(&[&visible("1,3:1")]);
+    let got: Vec<(&str, &str, &str)> = p
+        .selected
+        .iter()
+        .map(|s| (s.id.as_str(), s.uuid.as_str(), s.pci_bus_id.as_str()))
+        .collect();
+    let (u1, m31, b1, b3) = (gpu_uuid(1), mig_uuid(3, 1), bus_id(1), bus_id(3));
+    assert_eq!(got, vec![("1", &*u1, &*b1), ("3:1", &*m31, &*b3)]);
+}
+
+#[test]
+fn void_empty_and_unset_are_not_gpu_requests() {
+    for env in [
+        vec![],
+        vec!["NVIDIA_VISIBLE_DEVICES=void"],
+        vec!["NVIDIA_VISIBLE_DEVICES="],
+    ] {
+        assert_eq!(request_of(&env, &["CAP_CHOWN"]), None, "{env:?}");
+    }
+}
+
+#[test]
+fn none_gives_control_nodes_and_libraries_but_no_gpu() {
+    let p = plan(&["NVIDIA_VISIBLE_DEVICES=none"]);
+    assert!(p.selected.is_empty());
+    assert_eq!(
+        device_paths(&p),
+        vec!["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    );
+    for lib in ["libcuda", "libnvidia-ml"] {
+        assert!(
+            has_mount(&p, &format!("{DEBIAN_LIB64}/{lib}.so.{VERSION}")),
+            "{lib}: {:?}",
+            destinations(&p)
+        );
+    }
+    assert!(has_mount(&p, "/usr/bin/nvidia-smi"));
+    assert_eq!(p.proc_overlay, None);
+}
+
+#[test]
+fn mig_management_nodes_for_privileged_containers() {
+    let env = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_MIG_CONFIG_DEVICES=all"];
+    let r = request_of(&env, &["CAP_SYS_ADMIN"]).unwrap();
+    let p = build(&r, &standard(), DEV_ROOT, DEBIAN).unwrap();
+    let paths = device_paths(&p);
+    assert!(
+        paths.contains(&cap_node(MIG_CONFIG_MINOR).as_str()),
+        "{paths:?}"
+    );
+    assert!(
+        !paths.contains(&cap_node(MIG_MONITOR_MINOR).as_str()),
+        "{paths:?}"
+    );
+
+    let env = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_MIG_MONITOR_DEVICES=all"];
+    let r = request_of(&env, &["CAP_SYS_ADMIN"]).unwrap();
+    let p = build(&r, &standard(), DEV_ROOT, DEBIAN).unwrap();
+    assert!(device_paths(&p).contains(&cap_node(MIG_MONITOR_MINOR).as_str()));
+}
+
+#[test]
+fn proc_overlay_lists_each_selected_gpu_once() {
+    let cases: [(&str, Vec<String>); 4] = [
+        ("0", vec![bus_id(0)]),
+        ("3:0,3:1", vec![bus_id(3)]),
+        // MIG devices of one GPU around another GPU: still one directory per GPU, else
+        // the overlay would try to create gpus/<bus> twice.
+        ("3:0,0,3:1", vec![bus_id(3), bus_id(0)]),
+        ("all", (0..4).map(bus_id).collect()),
+    ];
+    for (value, want) in cases {
+        let p = plan(&[&visible(value)]);
+        let overlay = p
+            .proc_overlay
+            .unwrap_or_else(|| panic!("{value}: no overlay"));
+        assert_eq!(overlay.host_dir, Path::new("/node/proc/driver/nvidia"));
+        assert_eq!(overlay.gpus, want, "{value}");
+    }
+    let mut inv = standard();
+    inv.proc_driver = None;
+    assert_eq!(plan_on(&inv, &[&visible("0")], DEBIAN).proc_overlay, None);
+}
+
+// ---------------------------------------------------------------- capabilities
+
+#[test]
+fn capabilities_choose_files_and_nodes() {
+    let lib = |stem: &str| format!("{DEBIAN_LIB64}/{stem}.so.{VERSION}");
+    let lib32 = |stem: &str| format!("{DEBIAN_LIB32}/{stem}.so.{VERSION}");
+    let smi = "/usr/bin/nvidia-smi".to_string();
+    let mps = "/usr/bin/nvidia-cuda-mps-control".to_string();
+    let socket = "/run/nvidia-persistenced/socket".to_string();
+    let icd = "/etc/vulkan/icd.d/nvidia_icd.json".to_string();
+    let (uvm, modeset) = ("/dev/nvidia-uvm", "/dev/nvidia-modeset");
+    // (capabilities, mounts wanted, mounts not wanted, nodes wanted, nodes not wanted)
+    type Case<'a> = (
+        &'a str,
+        Vec<String>,
+        Vec<String>,
+        Vec<&'a str>,
+        Vec<&'a str>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "utility",
+            vec![smi.clone(), lib("libnvidia-ml"), socket.clone()],
+            vec![lib("libcuda"), mps.clone(), lib32("libnvidia-ml")],
+            vec![],
+            vec![uvm, "/dev/nvidia-uvm-tools", modeset],
+        ),
+        (
+            "compute",
+            vec![lib("libcuda"), lib("libnvidia-ptxjitcompiler"), mps.clone()],
+            vec![smi.clone(), lib("libnvidia-ml"), lib32("libcuda")],
+            vec![uvm, "/dev/nvidia-uvm-tools"],
+            vec![modeset],
+        ),
+        (
+            // The default: utility and compute.
+            "",
+            vec![lib("libcuda"), lib("libnvidia-ml"), smi.clone()],
+            vec![lib32("libcuda"), lib("libnvcuvid"), icd.clone()],
+            vec![uvm],
+            vec![modeset],
+        ),
+        (
+            "compute,compat32",
+            vec![
+                lib("libcuda"),
+                lib32("libcuda"),
+                lib32("libnvidia-ptxjitcompiler"),
+            ],
+            // compat32 adds 32-bit copies of the requested capabilities only.
+            vec![lib32("libnvidia-ml")],
+            vec![uvm],
+            vec![],
+        ),
+        (
+            "utility,compat32",
+            vec![lib("libnvidia-ml"), lib32("libnvidia-ml")],
+            vec![lib32("libcuda")],
+            vec![],
+            vec![uvm],
+        ),
+        (
+            "video",
+            vec![lib("libnvcuvid")],
+            vec![lib("libcuda"), smi.clone()],
+            vec![],
+            vec![uvm, modeset],
+        ),
+        (
+            "graphics",
+            vec![lib("libGLX_nvidia"), lib("libnvidia-glcore"), icd.clone()],
+            vec![lib("libcuda")],
+            vec![],
+            vec![modeset],
+        ),
+        (
+            "display",
+            vec![lib("libGLX_nvidia")],
+            vec![lib("libcuda")],
+            vec![modeset],
+            vec![uvm],
+        ),
+        (
+            "ngx",
+            vec![lib("libnvidia-ngx")],
+            vec![lib("libcuda")],
+            vec![],
+            vec![],
+        ),
+        (
+            "all",
+            vec![
+                lib("libcuda"),
+                lib32("libcuda"),
+                lib("libnvidia-ngx"),
+                icd,
+                smi,
+            ],
+            vec![],
+            vec![uvm, modeset],
+            vec![],
+        ),
+    ];
+    for (value, want, not_want, nodes, not_nodes) in cases {
+        let p = plan(&[&visible("0"), &caps(value)]);
+        let dests = destinations(&p);
+        for w in &want {
+            assert!(dests.contains(&w.as_str()), "{value}: no {w} in {dests:#?}");
+        }
+        for w in &not_want {
+            assert!(!dests.contains(&w.as_str()), "{value}: unexpected {w}");
+        }
+        let paths = device_paths(&p);
+        for n in nodes {
+            assert!(paths.contains(&n), "{value}: no {n} in {paths:?}");
+        }
+        for n in not_nodes {
+            assert!(!paths.contains(&n), "{value}: unexpected {n}");
+        }
+        if !value.contains("compat32") && value != "all" {
+            assert!(
+                !dests.iter().any(|d| d.starts_with(DEBIAN_LIB32)),
+                "{value}: 32-bit library without compat32: {dests:#?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn libcuda_gets_soname_and_development_symlinks() {
+    let p = plan(&[&visible("0"), &caps("compute")]);
+    let links: Vec<(&str, &str)> = p
+        .symlinks
+        .iter()
+        .map(|l| (l.path.as_str(), l.target.as_str()))
+        .collect();
+    let real = format!("libcuda.so.{VERSION}");
+    let soname_link = format!("{DEBIAN_LIB64}/libcuda.so.1");
+    let dev_link = format!("{DEBIAN_LIB64}/libcuda.so");
+    assert!(links.contains(&(&soname_link, &real)), "{links:?}");
+    assert!(links.contains(&(&dev_link, "libcuda.so.1")), "{links:?}");
+    // Every symlink is relative, in its own directory.
+    assert!(
+        p.symlinks.iter().all(|l| !l.target.contains('/')),
+        "{links:?}"
+    );
+}
+
+#[test]
+fn library_whose_soname_is_its_file_name_has_no_symlink() {
+    let p = plan(&[&visible("0"), &caps("graphics")]);
+    let glcore = format!("libnvidia-glcore.so.{VERSION}");
+    assert!(has_mount(&p, &format!("{DEBIAN_LIB64}/{glcore}")));
+    assert!(
+        !p.symlinks.iter().any(|l| l.path.ends_with(&glcore)),
+        "{:?}",
+        p.symlinks
+    );
+    assert!(
+        p.ldcache.iter().any(|e| e.soname == glcore),
+        "{:?}",
+        p.ldcache
+    );
+}
+
+#[test]
+fn mounts_come_from_the_driver_root() {
+    let p = plan(&[&visible("all"), &caps("all")]);
+    for m in &p.mounts {
+        assert!(m.source.starts_with("/drv"), "{m:?}");
+        assert!(m.destination.starts_with('/'), "{m:?}");
+    }
+    let sources: BTreeSet<&Path> = p.mounts.iter().map(|m| m.source.as_path()).collect();
+    assert_eq!(sources.len(), p.mounts.len(), "a source mounted twice");
+}
+
+#[test]
+fn firmware_only_when_a_gpu_is_selected() {
+    for (value, want) in [("0", true), ("3:1", true), ("all", true), ("none", false)] {
+        let p = plan(&[&visible(value)]);
+        assert_eq!(has_mount(&p, FIRMWARE), want, "{value}");
+    }
+}
+
+#[test]
+fn capability_with_no_files_in_the_driver_root_is_an_error() {
+    for capability in [Capability::Utility, Capability::Compute] {
+        let mut inv = standard();
+        let files = &mut inv.files;
+        files.libraries.retain(|l| l.capability != capability);
+        files.binaries.retain(|f| f.capability != Some(capability));
+        files.sockets.retain(|f| f.capability != Some(capability));
+        let e = plan_err(&inv, &[&visible("0"), &caps(capability.name())]);
+        assert_eq!(e, PlanError::MissingFiles { capability });
+        assert!(e.to_string().contains(capability.name()), "{e}");
+    }
+}
+
+// ---------------------------------------------------------------- layout
+
+#[test]
+fn layout_follows_the_image() {
+    let image = |debian, has_usr_lib64, has_ldcache| ImageInfo {
+        debian,
+        has_usr_lib64,
+        has_ldcache,
+    };
+    // (image, 64-bit dir, 32-bit dir, ld.so.conf.d dirs with compat32)
+    let cases = [
+        (
+            image(true, false, true),
+            DEBIAN_LIB64,
+            DEBIAN_LIB32,
+            Some(vec![DEBIAN_LIB64, DEBIAN_LIB32]),
+        ),
+        // Debian wins over a /usr/lib64 that some Debian images also have.
+        (
+            image(true, true, true),
+            DEBIAN_LIB64,
+            DEBIAN_LIB32,
+            Some(vec![DEBIAN_LIB64, DEBIAN_LIB32]),
+        ),
+        (image(false, true, true), "/usr/lib64", "/usr/lib", None),
+        (
+            image(false, false, true),
+            "/usr/lib",
+            "/usr/lib32",
+            Some(vec!["/usr/lib32"]),
+        ),
+        // No loader cache (musl, static): nothing to configure.
+        (image(true, false, false), DEBIAN_LIB64, DEBIAN_LIB32, None),
+        (image(false, false, false), "/usr/lib", "/usr/lib32", None),
+    ];
+    for (info, lib64, lib32, conf_dirs) in cases {
+        let p = plan_on(
+            &standard(),
+            &[&visible("0"), &caps("compute,utility,compat32")],
+            info,
+        );
+        assert_eq!(p.layout.lib64_dir, lib64, "{info:?}");
+        assert_eq!(p.layout.lib32_dir, lib32, "{info:?}");
+        assert_eq!(p.layout.ldcache, info.has_ldcache, "{info:?}");
+        for (dir, stem) in [
+            (lib64, "libcuda"),
+            (lib32, "libcuda"),
+            (lib64, "libnvidia-ml"),
+        ] {
+            let want = format!("{dir}/{stem}.so.{VERSION}");
+            assert!(has_mount(&p, &want), "{info:?}: no {want}");
+        }
+        let conf = p.ld_so_conf.as_ref();
+        assert_eq!(
+            conf.map(|c| c.dirs.iter().map(String::as_str).collect::<Vec<_>>()),
+            conf_dirs,
+            "{info:?}"
+        );
+        if let Some(c) = conf {
+            assert!(c.path.starts_with("/etc/ld.so.conf.d/"), "{c:?}");
+            assert!(c.path.ends_with(".conf"), "{c:?}");
+        }
+    }
+}
+
+#[test]
+fn ldcache_entries_point_at_the_sonames_in_the_layout() {
+    let p = plan(&[&visible("0"), &caps("compute,utility,compat32")]);
+    let entry = |soname: &str, class: ElfClassName| {
+        p.ldcache
+            .iter()
+            .find(|e| e.soname == soname && e.class == class)
+            .map(|e| e.path.clone())
+    };
+    assert_eq!(
+        entry("libcuda.so.1", ElfClassName::Lib64),
+        Some(format!("{DEBIAN_LIB64}/libcuda.so.1"))
+    );
+    assert_eq!(
+        entry("libcuda.so.1", ElfClassName::Lib32),
+        Some(format!("{DEBIAN_LIB32}/libcuda.so.1"))
+    );
+    assert_eq!(
+        entry("libnvidia-ml.so.1", ElfClassName::Lib64),
+        Some(format!("{DEBIAN_LIB64}/libnvidia-ml.so.1"))
+    );
+    // Every cache entry names a mounted file or one of the plan's symlinks.
+    for e in &p.ldcache {
+        let provided = has_mount(&p, &e.path) || p.symlinks.iter().any(|l| l.path == e.path);
+        assert!(provided, "{e:?} points at nothing");
+    }
+}
+
+// ---------------------------------------------------------------- errors
+
+#[test]
+fn absent_gpu_names_the_value_and_what_the_node_has() {
+    let e = plan_err(&inventory(4, &[]), &[&visible("7")]);
+    assert_eq!(
+        e.to_string(),
+        "NVIDIA_VISIBLE_DEVICES=7: no such GPU (this node has 0-3)"
+    );
+    let cases = [
+        ("7", "7"),
+        ("0,7", "7"),
+        ("3:2", "3:2"),
+        ("0:0", "0:0"),
+        ("GPU-99999999-1111-2222-3333-444455556666", "GPU-99999999"),
+        ("MIG-99999999-aaaa-bbbb-cccc-ddddeeeeffff", "MIG-99999999"),
+        ("0000:99:00.0", "0000:99:00.0"),
+    ];
+    for (value, named) in cases {
+        let e = plan_err(&standard(), &[&visible(value)]).to_string();
+        assert!(e.starts_with("NVIDIA_VISIBLE_DEVICES="), "{value}: {e}");
+        assert!(e.contains(named), "{value}: {e}");
+        assert!(e.contains("no such GPU (this node has 0-3"), "{value}: {e}");
+        assert!(e.contains("3:0") && e.contains("3:1"), "{value}: {e}");
+    }
+    let e = plan_err(&inventory(0, &[]), &[&visible("0")]).to_string();
+    assert!(e.contains("no such GPU"), "{e}");
+}
+
+#[test]
+fn unsatisfied_requirement_names_condition_and_host() {
+    // (visible devices, requirement, text the message must contain)
+    let cases = [
+        (
+            "0",
+            "cuda>=12.6",
+            vec!["cuda>=12.6", VERSION, "supports CUDA 12.4"],
+        ),
+        (
+            "none",
+            "cuda>=12.6",
+            vec!["cuda>=12.6", VERSION, "supports CUDA 12.4"],
+        ),
+        ("0", "driver>=560", vec!["driver>=560", VERSION]),
+        (
+            "3:1",
+            "arch>=9.0",
+            vec!["arch>=9.0", "compute capability 8.0"],
+        ),
+        ("0", "brand=geforce", vec!["brand=geforce", "brand tesla"]),
+    ];
+    for (value, requirement, named) in cases {
+        let e = plan_err(
+            &standard(),
+            &[
+                &visible(value),
+                &format!("NVIDIA_REQUIRE_CUDA={requirement}"),
+            ],
+        )
+        .to_string();
+        assert!(
+            e.starts_with(&format!("unsatisfied condition: {requirement} (")),
+            "{e}"
+        );
+        for n in named {
+            assert!(e.contains(n), "{requirement}: {n:?} not in {e}");
+        }
+        assert!(!e.contains('\n'), "{e}");
+    }
+}
+
+#[test]
+fn satisfied_requirements_pass() {
+    for (value, requirement) in [
+        ("0", "cuda>=12.4"),
+        // A comma joins conditions (AND), whitespace separates alternatives (OR).
+        ("0", "cuda>=12.0,brand=tesla"),
+        ("0", "brand=geforce brand=tesla"),
+        ("0", "cuda>=12.6 brand=tesla,driver>=550"),
+        ("all", "arch>=8.0"),
+        // A GPU fact cannot fail a request for no GPU.
+        ("none", "arch>=9.0"),
+    ] {
+        let env = [visible(value), format!("NVIDIA_REQUIRE_CUDA={requirement}")];
+        plan(&env_of(&env));
+    }
+    // NVIDIA_DISABLE_REQUIRE turns the check off.
+    plan(&[
+        &visible("0"),
+        "NVIDIA_REQUIRE_CUDA=cuda>=99.0",
+        "NVIDIA_DISABLE_REQUIRE=true",
+    ]);
+}
+
+#[test]
+fn missing_or_wrong_device_node_is_an_error() {
+    let remove = |path: &str| {
+        let mut inv = standard();
+        inv.nodes.retain(|n| n.path != path);
+        inv
+    };
+    let wrong_major = {
+        let mut inv = standard();
+        for n in inv.nodes.iter_mut().filter(|n| n.path == "/dev/nvidia1") {
+            n.major = 196;
+        }
+        inv
+    };
+    let (gi, _) = cap_minors(3, 0);
+    let cases = [
+        (remove("/dev/nvidia1"), "1", "/dev/nvidia1", NVIDIA, 1),
+        (wrong_major, "1", "/dev/nvidia1", NVIDIA, 1),
+        (
+            remove("/dev/nvidiactl"),
+            "none",
+            "/dev/nvidiactl",
+            NVIDIA,
+            NVIDIACTL_MINOR,
+        ),
+        (remove("/dev/nvidia-uvm"), "0", "/dev/nvidia-uvm", UVM, 0),
+        (remove(&cap_node(gi)), "3:0", &cap_node(gi), CAPS, gi),
+    ];
+    for (inv, value, path, major, minor) in cases {
+        let e = plan_err(&inv, &[&visible(value)]);
+        assert_eq!(
+            e,
+            PlanError::MissingNode {
+                path: path.to_string(),
+                dev_root: DEV_ROOT.into(),
+                major,
+                minor,
+            },
+            "{value}"
+        );
+        let text = e.to_string();
+        assert!(text.contains(path) && text.contains(DEV_ROOT), "{text}");
+        assert!(text.contains(&format!("{major}:{minor}")), "{text}");
+    }
+    // A node the request does not need may be missing.
+    plan_on(&remove("/dev/nvidia1"), &[&visible("0")], DEBIAN);
+    plan_on(
+        &remove("/dev/nvidia-uvm"),
+        &[&visible("0"), &caps("utility")],
+        DEBIAN,
+    );
+}
+
+#[test]
+fn driver_without_uvm_or_caps_fails_requests_that_need_them() {
+    let mut no_uvm = standard();
+    no_uvm.majors.uvm = None;
+    let e = plan_err(&no_uvm, &[&visible("0"), &caps("compute")]).to_string();
+    assert!(e.contains("/dev/nvidia-uvm"), "{e}");
+    plan_on(&no_uvm, &[&visible("0"), &caps("utility")], DEBIAN);
+
+    let mut no_caps = standard();
+    no_caps.majors.caps = None;
+    let e = plan_err(&no_caps, &[&visible("3:0")]);
+    assert!(matches!(e, PlanError::NoCapsMajor { .. }), "{e:?}");
+    assert!(e.to_string().contains(&mig_uuid(3, 0)), "{e}");
+    plan_on(&no_caps, &[&visible("3")], DEBIAN);
+}
+
+// ---------------------------------------------------------------- whole plans
+
+/// Requests covering every branch the plan has, for the properties below.
+fn sample_plans() -> Vec<Plan> {
+    let values = ["0", "1,2", "3:0", "3:0,3:1", "all", "none"];
+    let capabilities = ["", "utility", "compute,compat32", "display", "all"];
+    let mut out = Vec::new();
+    for value in values {
+        for c in capabilities {
+            out.push(plan(&[&visible(value), &caps(c)]));
+        }
+    }
+    out
+}
+
+#[test]
+fn cgroup_rules_match_device_nodes_one_to_one() {
+    for p in sample_plans() {
+        let want: Vec<DeviceRule> = p
+            .devices
+            .iter()
+            .map(|d| DeviceRule {
+                kind: DeviceKind::Char,
+                major: d.major,
+                minor: d.minor,
+                access: Access::RW,
+            })
+            .collect();
+        assert_eq!(p.cgroup_rules, want, "{:?}", ids(&p));
+        let unique: BTreeSet<&str> = device_paths(&p).into_iter().collect();
+        assert_eq!(unique.len(), p.devices.len(), "{:?}", device_paths(&p));
+        // Every node is the host's, under the dev root.
+        for d in &p.devices {
+            assert!(d.host_path.starts_with(DEV_ROOT), "{d:?}");
+        }
+    }
+}
+
+#[test]
+fn every_plan_round_trips_through_json() {
+    for p in sample_plans() {
+        let text = serde_json::to_string(&p).expect("serialise");
+        let back: Plan = serde_json::from_str(&text).expect("deserialise");
+        assert_eq!(back, p);
+    }
+}
+
+#[test]
+fn plan_reports_the_driver_version() {
+    assert_eq!(plan(&[&visible("0")]).driver_version, VERSION);
+}

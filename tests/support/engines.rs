@@ -1,0 +1,744 @@
+//! Container engines started by the tests themselves: a private containerd or
+//! dockerd per test (own root, state and sockets under a temporary directory),
+//! images made from the harness's rootfs templates, and guards that stop the
+//! daemons and remove every container and mount they left, even on failure.
+
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tempfile::TempDir;
+
+use super::bundle::nvhook_bin;
+use super::cmd::{require_program, run_checked, stdout_of};
+use super::runc::{Output, RuntimeEnv};
+
+/// Seconds any one engine command may take before it is killed.
+const COMMAND_TIMEOUT_S: &str = "120";
+/// How long a daemon may take to open its socket.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a daemon may take to exit after SIGTERM before it gets SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The shim cargo built for this test run.
+pub fn nvhook_runtime_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_nvhook-runtime"))
+}
+
+/// A name unique to this process and call, for ids, namespaces and images.
+pub fn unique_name(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A short temporary directory under /tmp (unix socket paths are limited to
+/// 108 bytes, so not under the target directory). On drop it lazily unmounts
+/// whatever is still mounted below it (deepest first), then removes it: a
+/// failed test must not leave mounts behind. Tests assert the mount table is
+/// clean BEFORE this runs.
+pub struct EngineDir {
+    dir: Option<TempDir>,
+}
+
+impl EngineDir {
+    pub fn new(prefix: &str) -> EngineDir {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("nvhook-{prefix}-"))
+            .tempdir_in("/tmp")
+            .expect("create engine dir");
+        EngineDir { dir: Some(dir) }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().expect("engine dir alive").path()
+    }
+}
+
+impl Drop for EngineDir {
+    fn drop(&mut self) {
+        unmount_below(self.path());
+        if let Some(dir) = self.dir.take()
+            && let Err(err) = dir.close()
+        {
+            eprintln!("engine dir cleanup: {err}");
+        }
+    }
+}
+
+/// Mount points at or below `root`, from the host's mount table.
+pub fn mount_points_below(root: &Path) -> Vec<PathBuf> {
+    let table = fs::read_to_string("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
+    table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(unescape_mount_path)
+        .filter(|point| point.starts_with(root))
+        .collect()
+}
+
+fn unescape_mount_path(field: &str) -> PathBuf {
+    PathBuf::from(
+        field
+            .replace("\\040", " ")
+            .replace("\\011", "\t")
+            .replace("\\012", "\n")
+            .replace("\\134", "\\"),
+    )
+}
+
+fn unmount_below(root: &Path) {
+    let mut points = mount_points_below(root);
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for point in points {
+        let Ok(c_path) = std::ffi::CString::new(point.as_os_str().as_encoded_bytes()) else {
+            continue;
+        };
+        // SAFETY: c_path is a valid NUL-terminated string for the whole call.
+        let rc = unsafe { libc::umount2(c_path.as_ptr(), libc::MNT_DETACH) };
+        if rc != 0 {
+            eprintln!(
+                "cleanup: umount {}: {}",
+                point.display(),
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Removes the (empty) cgroup `name` and its children from every hierarchy:
+/// engines create one per namespace / parent and leave it behind.
+pub fn remove_cgroup(name: &str) {
+    let base = Path::new("/sys/fs/cgroup");
+    let mut candidates = vec![base.join(name)];
+    if let Ok(entries) = fs::read_dir(base) {
+        candidates.extend(entries.flatten().map(|e| e.path().join(name)));
+    }
+    for dir in candidates.into_iter().filter(|d| d.is_dir()) {
+        let mut dirs = vec![];
+        collect_dirs(&dir, &mut dirs);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.components().count()));
+        for d in dirs {
+            if let Err(err) = fs::remove_dir(&d) {
+                eprintln!("cleanup: rmdir {}: {err}", d.display());
+            }
+        }
+    }
+}
+
+fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+    out.push(dir.to_owned());
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            collect_dirs(&entry.path(), out);
+        }
+    }
+}
+
+/// A daemon started by a test: SIGTERM on drop, SIGKILL if it lingers.
+pub struct Daemon {
+    name: &'static str,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &'static str, mut cmd: Command, log: PathBuf) -> Daemon {
+        let out = File::create(&log).expect("create daemon log");
+        let err = out.try_clone().expect("dup daemon log");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({cmd:?}): {e}"));
+        Daemon {
+            name,
+            child: Some(child),
+            log,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `socket` exists and `probe` succeeds, panicking with the
+    /// daemon's log if it exits or takes too long.
+    pub fn wait_ready(&mut self, socket: &Path, mut probe: impl FnMut() -> bool) {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .expect("daemon running")
+                .try_wait()
+                .expect("poll daemon")
+            {
+                panic!("{} exited with {status}:\n{}", self.name, self.log());
+            }
+            if socket.exists() && probe() {
+                return;
+            }
+            assert!(
+                start.elapsed() < START_TIMEOUT,
+                "{} did not open {} within {START_TIMEOUT:?}:\n{}",
+                self.name,
+                socket.display(),
+                self.log()
+            );
+            sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after STOP_TIMEOUT; returns whether it exited
+    /// on SIGTERM. Idempotent.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let pid = child.id() as libc::pid_t;
+        // SAFETY: kill(2) on the pid of a child we have not reaped yet.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let start = Instant::now();
+        while start.elapsed() < STOP_TIMEOUT {
+            if let Ok(Some(_)) = child.try_wait() {
+                return true;
+            }
+            sleep(Duration::from_millis(100));
+        }
+        eprintln!("{} ignored SIGTERM; killing it", self.name);
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A command wrapped in `timeout`, so that a hung engine fails the test.
+fn timed(program: &Path) -> Command {
+    let mut cmd = Command::new(require_program("timeout"));
+    cmd.args(["--kill-after=5", COMMAND_TIMEOUT_S]).arg(program);
+    cmd
+}
+
+fn output_of(cmd: &mut Command) -> Output {
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot spawn {cmd:?}: {e}"));
+    Output {
+        status: output.status,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        hook_log: None,
+    }
+}
+
+// ---------------------------------------------------------------- nvhook configure
+
+/// `nvhook configure ENGINE --engine-config FILE --runtime-path nvhook-runtime`.
+pub fn nvhook_configure(engine: &str, file: &Path) -> Output {
+    let output = output_of(
+        Command::new(nvhook_bin())
+            .args(["configure", engine, "--engine-config"])
+            .arg(file)
+            .arg("--runtime-path")
+            .arg(nvhook_runtime_bin()),
+    );
+    assert!(
+        output.status.success(),
+        "`nvhook configure {engine} --engine-config {} --runtime-path {}` failed\n{output}",
+        file.display(),
+        nvhook_runtime_bin().display()
+    );
+    output
+}
+
+// ---------------------------------------------------------------- images
+
+/// Writes an OCI image-layout tar of `rootfs` (one uncompressed layer, the
+/// image named `name` through containerd's `io.containerd.image.name`
+/// annotation) to `tar`, the format `ctr image import` takes.
+pub fn write_oci_archive(rootfs: &Path, name: &str, work: &Path, tar: &Path) {
+    let layout = work.join("oci-layout-dir");
+    let blobs = layout.join("blobs/sha256");
+    fs::create_dir_all(&blobs).expect("create OCI blobs dir");
+    let layer = work.join("layer.tar");
+    write_rootfs_tar(rootfs, &layer);
+    let (layer_digest, layer_size) = add_blob(&blobs, &layer);
+    let config = json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": { "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["/gpucheck"] },
+        "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer_digest}")] },
+    });
+    let (config_digest, config_size) = add_json_blob(&blobs, work, "config.json", &config);
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": format!("sha256:{config_digest}"),
+            "size": config_size,
+        },
+        "layers": [{
+            "mediaType": "application/vnd.oci.image.layer.v1.tar",
+            "digest": format!("sha256:{layer_digest}"),
+            "size": layer_size,
+        }],
+    });
+    let (manifest_digest, manifest_size) = add_json_blob(&blobs, work, "manifest.json", &manifest);
+    let tag = name.rsplit_once(':').map_or("latest", |(_, tag)| tag);
+    let index = json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": format!("sha256:{manifest_digest}"),
+            "size": manifest_size,
+            "platform": { "architecture": "amd64", "os": "linux" },
+            "annotations": {
+                "io.containerd.image.name": name,
+                "org.opencontainers.image.ref.name": tag,
+            },
+        }],
+    });
+    fs::write(layout.join("index.json"), index.to_string()).expect("write index.json");
+    fs::write(
+        layout.join("oci-layout"),
+        r#"{"imageLayoutVersion":"1.0.0"}"#,
+    )
+    .expect("write oci-layout");
+    run_checked(
+        Command::new(require_program("tar"))
+            .arg("-C")
+            .arg(&layout)
+            .arg("-cf")
+            .arg(tar)
+            .arg("."),
+    );
+    fs::remove_dir_all(&layout).expect("remove OCI layout dir");
+}
+
+/// A plain tar of `rootfs` (numeric owners), what `docker import` takes.
+pub fn write_rootfs_tar(rootfs: &Path, tar: &Path) {
+    run_checked(
+        Command::new(require_program("tar"))
+            .arg("--numeric-owner")
+            .arg("-C")
+            .arg(rootfs)
+            .arg("-cf")
+            .arg(tar)
+            .arg("."),
+    );
+}
+
+fn add_json_blob(
+    blobs: &Path,
+    work: &Path,
+    name: &str,
+    value: &serde_json::Value,
+) -> (String, u64) {
+    let path = work.join(name);
+    fs::write(&path, value.to_string()).expect("write blob");
+    add_blob(blobs, &path)
+}
+
+/// Moves `file` into `blobs` under its sha256; returns (hex digest, size).
+fn add_blob(blobs: &Path, file: &Path) -> (String, u64) {
+    let sum = stdout_of(Command::new(require_program("sha256sum")).arg(file));
+    let digest = sum
+        .split_whitespace()
+        .next()
+        .expect("sha256sum output")
+        .to_owned();
+    let size = fs::metadata(file).expect("stat blob").len();
+    fs::rename(file, blobs.join(&digest)).expect("move blob into layout");
+    (digest, size)
+}
+
+// ---------------------------------------------------------------- containerd
+
+/// `containerd config default` with every host path moved under `dir`.
+pub fn containerd_config(dir: &Path) -> String {
+    let text = stdout_of(Command::new(require_program("containerd")).args(["config", "default"]));
+    let mut doc: toml_edit::DocumentMut = text.parse().expect("containerd default config is TOML");
+    let at = |name: &str| dir.join(name).display().to_string();
+    doc["root"] = toml_edit::value(at("root"));
+    doc["state"] = toml_edit::value(at("state"));
+    doc["grpc"]["address"] = toml_edit::value(at("containerd.sock"));
+    doc["ttrpc"]["address"] = toml_edit::value(at("containerd.sock.ttrpc"));
+    doc["debug"]["address"] = toml_edit::value("");
+    doc["plugins"]["io.containerd.internal.v1.opt"]["path"] = toml_edit::value(at("opt"));
+    doc.to_string()
+}
+
+/// A private containerd: own root, state and sockets under an EngineDir.
+pub struct Containerd {
+    daemon: Daemon,
+    socket: PathBuf,
+    runc_root: PathBuf,
+    fifo_dir: PathBuf,
+    namespace: String,
+}
+
+impl Containerd {
+    /// Starts `containerd --config CONFIG` with `env` added to its (and so its
+    /// shims' and runtimes') environment, and waits until it answers.
+    pub fn start(dir: &Path, config: &Path, env: &[(&str, &Path)]) -> Containerd {
+        let mut cmd = Command::new(require_program("containerd"));
+        cmd.arg("--config").arg(config);
+        for (key, value) in env {
+            cmd.env(key, value);
+        }
+        let mut daemon = Daemon::spawn("containerd", cmd, dir.join("containerd.log"));
+        let socket = dir.join("containerd.sock");
+        let ctr = require_program("ctr");
+        daemon.wait_ready(&socket, || {
+            Command::new(&ctr)
+                .arg("--address")
+                .arg(&socket)
+                .arg("version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        Containerd {
+            daemon,
+            socket,
+            runc_root: dir.join("runc"),
+            fifo_dir: dir.join("fifo"),
+            namespace: unique_name("nvhook-test"),
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.daemon.log()
+    }
+
+    /// runc's `--root` for this daemon's containers (instead of the shared
+    /// /run/containerd/runc). ctr's stdio fifos go beside it (`--fifo-dir`,
+    /// instead of /run/containerd/fifo). Only the shims' sockets land in the
+    /// shared /run/containerd/s: containerd 1.6 hard-codes that directory.
+    pub fn runc_root(&self) -> &Path {
+        &self.runc_root
+    }
+
+    /// `ctr --address SOCK --namespace NS ARGS...`, with a timeout.
+    pub fn ctr(&self) -> Command {
+        let mut cmd = timed(&require_program("ctr"));
+        cmd.arg("--address")
+            .arg(&self.socket)
+            .arg("--namespace")
+            .arg(&self.namespace);
+        cmd
+    }
+
+    pub fn ctr_checked(&self, args: &[&str]) -> String {
+        stdout_of(self.ctr().args(args))
+    }
+
+    pub fn import(&self, tar: &Path) {
+        run_checked(self.ctr().args(["image", "import"]).arg(tar));
+    }
+
+    /// Kills and removes every task and container of the namespace, then
+    /// stops the daemon. Returns whether it stopped on SIGTERM.
+    pub fn shutdown(&mut self) -> bool {
+        if self.daemon.child.is_some() {
+            for id in self.list(&["tasks", "ls", "-q"]) {
+                let _ = self
+                    .ctr()
+                    .args(["tasks", "kill", "-s", "SIGKILL", &id])
+                    .output();
+                let _ = self.ctr().args(["tasks", "delete", "-f", &id]).output();
+            }
+            for id in self.list(&["containers", "ls", "-q"]) {
+                let _ = self.ctr().args(["containers", "delete", &id]).output();
+            }
+        }
+        let stopped = self.daemon.stop();
+        // ctr's containers live in the cgroup /NAMESPACE/ID.
+        remove_cgroup(&self.namespace);
+        stopped
+    }
+
+    fn list(&self, args: &[&str]) -> Vec<String> {
+        self.ctr()
+            .args(args)
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .map(|l| l.trim().to_owned())
+                    .filter(|l| !l.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// `ctr run --rm` of `image` as container `id`, stdio captured.
+    pub fn run(&self, extra: &[&str], image: &str, id: &str, args: &[&str]) -> Output {
+        let mut cmd = self.ctr();
+        cmd.args(["run", "--rm", "--runc-root"])
+            .arg(&self.runc_root)
+            .arg("--fifo-dir")
+            .arg(&self.fifo_dir)
+            .args(extra)
+            .arg(image)
+            .arg(id)
+            .args(args);
+        let mut output = output_of(&mut cmd);
+        output.hook_log = Some(format!("(containerd log)\n{}", self.log()));
+        output
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+// ---------------------------------------------------------------- dockerd
+
+/// A private dockerd with its own managed containerd, all under an EngineDir.
+pub struct Dockerd {
+    daemon: Daemon,
+    host: String,
+    cgroup_parent: String,
+}
+
+impl Dockerd {
+    pub fn start(dir: &Path, daemon_json: &Path, env: &[(&str, &Path)]) -> Dockerd {
+        let socket = dir.join("docker.sock");
+        let host = format!("unix://{}", socket.display());
+        // Not the shared default `docker`, so that it can be removed after.
+        let cgroup_parent = unique_name("nvhook-docker");
+        let mut cmd = Command::new(require_program("dockerd"));
+        cmd.arg("--config-file")
+            .arg(daemon_json)
+            .arg("--data-root")
+            .arg(dir.join("data"))
+            .arg("--exec-root")
+            .arg(dir.join("exec"))
+            .arg("--pidfile")
+            .arg(dir.join("docker.pid"))
+            .args(["-H", &host])
+            .args(["--iptables=false", "--ip6tables=false", "--bridge=none"])
+            .args(["--cgroup-parent", &cgroup_parent]);
+        for (key, value) in env {
+            cmd.env(key, value);
+        }
+        let mut daemon = Daemon::spawn("dockerd", cmd, dir.join("dockerd.log"));
+        let docker = require_program("docker");
+        daemon.wait_ready(&socket, || {
+            Command::new(&docker)
+                .args(["-H", &host, "version"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        Dockerd {
+            daemon,
+            host,
+            cgroup_parent,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.daemon.log()
+    }
+
+    /// `docker -H unix://SOCK ARGS...`, with a timeout.
+    pub fn docker(&self) -> Command {
+        let mut cmd = timed(&require_program("docker"));
+        cmd.args(["-H", &self.host]);
+        cmd
+    }
+
+    pub fn docker_checked(&self, args: &[&str]) -> String {
+        stdout_of(self.docker().args(args))
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        let mut output = output_of(self.docker().arg("run").args(args));
+        output.hook_log = Some(format!("(dockerd log)\n{}", self.log()));
+        output
+    }
+
+    /// Removes every container, then stops dockerd (which stops its
+    /// containerd). Returns whether it stopped on SIGTERM.
+    pub fn shutdown(&mut self) -> bool {
+        if self.daemon.child.is_some()
+            && let Ok(out) = self.docker().args(["ps", "-aq"]).output()
+        {
+            for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = self.docker().args(["rm", "-f", id]).output();
+            }
+        }
+        let stopped = self.daemon.stop();
+        remove_cgroup(&self.cgroup_parent);
+        stopped
+    }
+}
+
+impl Drop for Dockerd {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+// ---------------------------------------------------------------- detached runc
+
+/// Mounting cgroup2 in a private namespace gives runc a v2 host without
+/// touching the machine's own v1 layout; `$@` is the runtime command line.
+/// (The same wrapper as support/runc.rs: the cgroup2 hierarchy is global, so
+/// every later runc command sees the container's cgroup through it.)
+const CGROUP2_WRAPPER: &str =
+    "mount --make-rprivate / && mount -t cgroup2 none /sys/fs/cgroup && exec \"$@\"";
+
+/// A detached container started by `runtime` (runc or nvhook-runtime) with
+/// its own `--root`; `delete -f` with plain runc on drop.
+pub struct DetachedContainer {
+    env: RuntimeEnv,
+    root: PathBuf,
+    id: String,
+    deleted: bool,
+}
+
+/// `timeout [unshare -m sh -c WRAPPER sh] program`.
+fn in_env(env: RuntimeEnv, program: &Path) -> Command {
+    match env {
+        RuntimeEnv::CgroupV1 => timed(program),
+        RuntimeEnv::CgroupV2 => {
+            let mut cmd = timed(&require_program("unshare"));
+            cmd.args(["-m", "sh", "-c", CGROUP2_WRAPPER, "sh"])
+                .arg(program);
+            cmd
+        }
+    }
+}
+
+impl DetachedContainer {
+    /// `RUNTIME --root ROOT run -d --bundle BUNDLE ID`; the container's stdio
+    /// and the runtime's messages go to `BUNDLE/run-d.log` (a pipe would stay
+    /// open as long as the container runs).
+    pub fn run(
+        env: RuntimeEnv,
+        runtime: &Path,
+        root: &Path,
+        bundle: &Path,
+        id: &str,
+        vars: &[(&str, &Path)],
+    ) -> DetachedContainer {
+        let log = bundle.join("run-d.log");
+        let out = File::create(&log).expect("create run -d log");
+        let mut cmd = in_env(env, runtime);
+        cmd.arg("--root")
+            .arg(root)
+            .args(["run", "-d", "--bundle"])
+            .arg(bundle)
+            .arg(id)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("dup log"))
+            .stderr(out);
+        for (key, value) in vars {
+            cmd.env(key, value);
+        }
+        let container = DetachedContainer {
+            env,
+            root: root.to_owned(),
+            id: id.to_owned(),
+            deleted: false,
+        };
+        let status = cmd
+            .status()
+            .unwrap_or_else(|e| panic!("cannot spawn {cmd:?}: {e}"));
+        assert!(
+            status.success(),
+            "{cmd:?} failed with {status}:\n{}",
+            fs::read_to_string(&log).unwrap_or_default()
+        );
+        container
+    }
+
+    /// `runc --root ROOT ARGS...` (plain runc: the shim only matters at create).
+    pub fn runc(&self) -> Command {
+        let mut cmd = in_env(self.env, &require_program("runc"));
+        cmd.arg("--root").arg(&self.root);
+        cmd
+    }
+
+    /// `runc exec ID ARGS...`, output captured.
+    pub fn exec(&self, args: &[&str]) -> Output {
+        output_of(self.runc().args(["exec", &self.id]).args(args))
+    }
+
+    /// The container's init pid, from `runc state`.
+    pub fn pid(&self) -> u32 {
+        let state = stdout_of(self.runc().args(["state", &self.id]));
+        let state: serde_json::Value = serde_json::from_str(&state).expect("runc state is JSON");
+        state["pid"].as_u64().expect("runc state has a pid") as u32
+    }
+
+    /// cgroup v1 only: the lines of the container's devices.list that name
+    /// char major `major` (what the device controller really allows).
+    pub fn v1_device_rules(&self, major: u32) -> Vec<String> {
+        let cgroups = fs::read_to_string(format!("/proc/{}/cgroup", self.pid()))
+            .expect("read the container's /proc/PID/cgroup");
+        let path = cgroups
+            .lines()
+            .find_map(|l| {
+                let mut parts = l.splitn(3, ':');
+                let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+                controllers
+                    .split(',')
+                    .any(|c| c == "devices")
+                    .then_some(path)
+            })
+            .expect("the container is in a v1 devices cgroup");
+        let list = Path::new("/sys/fs/cgroup/devices")
+            .join(path.trim_start_matches('/'))
+            .join("devices.list");
+        let needle = format!("c {major}:");
+        fs::read_to_string(&list)
+            .unwrap_or_else(|e| panic!("read {}: {e}", list.display()))
+            .lines()
+            .filter(|l| l.starts_with(&needle) || l.starts_with("a "))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    pub fn update(&self, flags: &[&str]) {
+        run_checked(self.runc().arg("update").args(flags).arg(&self.id));
+    }
+
+    pub fn delete(&mut self) {
+        if !self.deleted {
+            self.deleted = true;
+            let _ = self.runc().args(["delete", "-f", &self.id]).output();
+        }
+    }
+}
+
+impl Drop for DetachedContainer {
+    fn drop(&mut self) {
+        self.delete();
+    }
+}
