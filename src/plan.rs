@@ -4,7 +4,7 @@
 //! config.json, and `nvhook plan` prints one.
 
 use crate::capability::Capability;
-use crate::cgroup::{Access, DeviceKind, DeviceRule};
+use crate::cgroup::DeviceRule;
 use crate::inventory::devices::{MODESET_MINOR, NVIDIACTL_MINOR};
 use crate::inventory::{ElfClassName, Gpu, HostFile, HostNode, Inventory, MigDevice};
 use crate::request::{DeviceId, DeviceSelection, GpuFacts, Request, Version};
@@ -223,12 +223,7 @@ pub fn build(
         selected: choices.iter().map(Choice::selected).collect(),
         cgroup_rules: devices
             .iter()
-            .map(|d| DeviceRule {
-                kind: DeviceKind::Char,
-                major: d.major,
-                minor: d.minor,
-                access: Access::RW,
-            })
+            .map(|d| DeviceRule::char_rw(d.major, d.minor))
             .collect(),
         devices,
         mounts: builder.mounts,

@@ -1,7 +1,7 @@
 //! Unit tests of `plan::build` on a hand-built inventory: no I/O, no root.
 
 use super::*;
-use crate::cgroup::{Access, DeviceKind};
+use crate::cgroup::DeviceRule;
 use crate::config::Config;
 use crate::inventory::{DeviceMajors, DriverFiles, Library};
 use crate::oci::Spec;
@@ -924,12 +924,7 @@ fn cgroup_rules_match_device_nodes_one_to_one() {
         let want: Vec<DeviceRule> = p
             .devices
             .iter()
-            .map(|d| DeviceRule {
-                kind: DeviceKind::Char,
-                major: d.major,
-                minor: d.minor,
-                access: Access::RW,
-            })
+            .map(|d| DeviceRule::char_rw(d.major, d.minor))
             .collect();
         assert_eq!(p.cgroup_rules, want, "{:?}", ids(&p));
         let unique: BTreeSet<&str> = device_paths(&p).into_iter().collect();

@@ -132,6 +132,18 @@ pub struct DeviceRule {
     pub access: Access,
 }
 
+impl DeviceRule {
+    /// Read and write access to one character device: what a GPU node needs.
+    pub fn char_rw(major: u32, minor: u32) -> DeviceRule {
+        DeviceRule {
+            kind: DeviceKind::Char,
+            major,
+            minor,
+            access: Access::RW,
+        }
+    }
+}
+
 impl fmt::Display for DeviceRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

@@ -92,7 +92,7 @@ fn add(
     edit::set_str(options, "BinaryName", path);
     if set_as_default {
         let section = edit::table_mut(doc.as_table_mut(), containerd)?;
-        edit::set_str(section, "default_runtime_name", name);
+        edit::set_default(section, "default_runtime_name", name);
     }
     Ok(())
 }
@@ -120,7 +120,7 @@ fn remove(doc: &mut DocumentMut, containerd: &[&str; 3], name: &str) {
             }
         }
         if let Some(section) = edit::existing_table_mut(root, containerd) {
-            edit::remove_str_if(section, "default_runtime_name", name);
+            edit::unset_default(section, "default_runtime_name", name);
         }
     });
 }

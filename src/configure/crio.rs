@@ -20,7 +20,7 @@ pub(super) fn apply(current: Option<&str>, change: &Change) -> Result<Option<Str
             edit::set_str(runtime, "runtime_path", path);
             edit::set_str(runtime, "runtime_type", "oci");
             if set_as_default {
-                edit::set_str(edit::table_mut(root, &RUNTIME)?, "default_runtime", name);
+                edit::set_default(edit::table_mut(root, &RUNTIME)?, "default_runtime", name);
             }
         }
         Change::Remove { name } => {
@@ -30,7 +30,7 @@ pub(super) fn apply(current: Option<&str>, change: &Change) -> Result<Option<Str
                     runtimes.remove(name);
                 }
                 if let Some(section) = edit::existing_table_mut(root, &RUNTIME) {
-                    edit::remove_str_if(section, "default_runtime", name);
+                    edit::unset_default(section, "default_runtime", name);
                 }
             });
         }

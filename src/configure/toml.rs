@@ -1,7 +1,7 @@
 //! Format-preserving TOML edits shared by the containerd and CRI-O engines.
 
 use super::Invalid;
-use toml_edit::{DocumentMut, Item, Table, TableLike, Value};
+use toml_edit::{DocumentMut, Item, Key, Table, TableLike, Value};
 
 /// Parses an engine's TOML config; a missing file is an empty document.
 pub(super) fn parse(current: Option<&str>) -> Result<DocumentMut, Invalid> {
@@ -69,25 +69,98 @@ pub(super) fn dotted(path: &[&str]) -> String {
 }
 
 /// Sets `key` to the string `value`. An equal value is left alone, and a replaced one keeps
-/// its spacing and trailing comment, so that re-running configure changes no byte.
+/// its key's indentation and its trailing comment, so that re-running configure changes no
+/// byte. A new key is indented like its siblings.
 pub(super) fn set_str(table: &mut dyn TableLike, key: &str, value: &str) {
-    let old_decor = match table.get(key).and_then(Item::as_value) {
-        Some(old) if old.as_str() == Some(value) => return,
-        Some(old) => Some(old.decor().clone()),
-        None => None,
-    };
-    let mut new = Value::from(value);
-    if let Some(decor) = old_decor {
-        *new.decor_mut() = decor;
+    match table.get_mut(key) {
+        Some(Item::Value(old)) if old.as_str() == Some(value) => {}
+        Some(Item::Value(old)) => {
+            let decor = old.decor().clone();
+            let literal = old.clone().decorated("", "").to_string().starts_with('\'');
+            *old = string_like(value, literal);
+            *old.decor_mut() = decor;
+        }
+        _ => {
+            let mut new_key = Key::new(key);
+            let sibling = table
+                .iter()
+                .find(|(_, item)| item.is_value())
+                .map(|(k, _)| k);
+            if let Some(prefix) = sibling
+                .and_then(|k| table.key(k))
+                .and_then(|k| k.leaf_decor().prefix()?.as_str())
+            {
+                new_key
+                    .leaf_decor_mut()
+                    .set_prefix(last_line(prefix).to_owned());
+            }
+            table.remove(key);
+            table
+                .entry_format(&new_key)
+                .or_insert(toml_edit::value(value));
+        }
     }
-    table.insert(key, Item::Value(new));
 }
 
-/// Removes `key` from `table` when it is the string `value`; a different value is the
-/// user's and stays.
-pub(super) fn remove_str_if(table: &mut Table, key: &str, value: &str) {
-    if table.get(key).and_then(Item::as_str) == Some(value) {
-        table.remove(key);
+/// `value` as a TOML string, in 'literal' quotes when the file used them there (containerd
+/// 2 writes all its strings that way) and the value allows it.
+fn string_like(value: &str, literal: bool) -> Value {
+    let basic = || Value::from(value);
+    if !literal || value.contains(['\'', '\n', '\r']) {
+        return basic();
+    }
+    format!("'{value}'").parse().unwrap_or_else(|_| basic())
+}
+
+/// The part of a decor prefix on the item's own line: its indentation (comment lines and
+/// blank lines above belong to the original item, not to a copy or a sibling).
+fn last_line(prefix: &str) -> &str {
+    &prefix[prefix.rfind('\n').map_or(0, |i| i + 1)..]
+}
+
+/// The comment that records the value `set_default` replaced.
+const WAS: &str = " # nvhook: was ";
+
+/// Makes `key` name our runtime. A value it replaces is kept in a trailing comment, so
+/// that `unset_default` can put it back byte for byte.
+pub(super) fn set_default(table: &mut Table, key: &str, name: &str) {
+    let note = match table.get(key).and_then(Item::as_value) {
+        Some(old) if old.as_str() == Some(name) => return,
+        Some(old) => {
+            let bare = old.clone().decorated("", "").to_string();
+            let suffix = old.decor().suffix().and_then(|s| s.as_str()).unwrap_or("");
+            Some(format!("{suffix}{WAS}{bare}"))
+        }
+        None => None,
+    };
+    set_str(table, key, name);
+    if let (Some(note), Some(value)) = (note, table.get_mut(key).and_then(Item::as_value_mut)) {
+        value.decor_mut().set_suffix(note);
+    }
+}
+
+/// Undoes `set_default` when `key` still names our runtime; another value is the user's.
+pub(super) fn unset_default(table: &mut Table, key: &str, name: &str) {
+    let Some(value) = table.get_mut(key).and_then(Item::as_value_mut) else {
+        return;
+    };
+    if value.as_str() != Some(name) {
+        return;
+    }
+    let suffix = value
+        .decor()
+        .suffix()
+        .and_then(|s| s.as_str())
+        .unwrap_or("");
+    let previous = suffix.split_once(WAS).and_then(|(kept, was)| {
+        let old = was.trim().parse::<Value>().ok()?;
+        Some(old.decorated(value.decor().prefix().cloned().unwrap_or_default(), kept))
+    });
+    match previous {
+        Some(old) => *value = old,
+        None => {
+            table.remove(key);
+        }
     }
 }
 
@@ -193,11 +266,44 @@ mod tests {
     }
 
     #[test]
-    fn remove_str_if_leaves_other_values() {
-        let mut doc: DocumentMut = "k = \"theirs\"\n".parse().unwrap();
-        remove_str_if(doc.as_table_mut(), "k", "ours");
-        assert_eq!(doc.to_string(), "k = \"theirs\"\n");
-        remove_str_if(doc.as_table_mut(), "k", "theirs");
-        assert_eq!(doc.to_string(), "");
+    fn set_str_keeps_literal_quotes() {
+        let mut doc: DocumentMut = "a = ''\nb = 'x'\n".parse().unwrap();
+        set_str(doc.as_table_mut(), "a", "/usr/bin/nvhook-runtime");
+        set_str(doc.as_table_mut(), "b", "it's");
+        assert_eq!(
+            doc.to_string(),
+            "a = '/usr/bin/nvhook-runtime'\nb = \"it's\"\n"
+        );
+    }
+
+    #[test]
+    fn set_str_indents_a_new_key_like_its_siblings() {
+        let mut doc: DocumentMut = "[t]\n  # about a\n  a = 1\n".parse().unwrap();
+        set_str(doc["t"].as_table_mut().unwrap(), "b", "x");
+        assert_eq!(doc.to_string(), "[t]\n  # about a\n  a = 1\n  b = \"x\"\n");
+    }
+
+    #[test]
+    fn unset_default_puts_back_what_set_default_replaced() {
+        let text = "[c]\n  default = 'crun'  # ours\n";
+        let mut doc: DocumentMut = text.parse().unwrap();
+        let table = doc["c"].as_table_mut().unwrap();
+        set_default(table, "default", "nvidia");
+        assert_eq!(
+            doc.to_string(),
+            "[c]\n  default = 'nvidia'  # ours # nvhook: was 'crun'\n"
+        );
+        unset_default(doc["c"].as_table_mut().unwrap(), "default", "nvidia");
+        assert_eq!(doc.to_string(), text);
+    }
+
+    #[test]
+    fn unset_default_removes_a_default_it_added_and_keeps_others() {
+        let mut doc: DocumentMut = "[c]\n".parse().unwrap();
+        set_default(doc["c"].as_table_mut().unwrap(), "default", "nvidia");
+        unset_default(doc["c"].as_table_mut().unwrap(), "default", "other");
+        assert_eq!(doc.to_string(), "[c]\ndefault = \"nvidia\"\n");
+        unset_default(doc["c"].as_table_mut().unwrap(), "default", "nvidia");
+        assert_eq!(doc.to_string(), "[c]\n");
     }
 }

@@ -1,0 +1,367 @@
+//! `nvhook configure`, end to end: the real binary on copies of realistic engine configs in
+//! temporary directories. Expected outputs live in tests/golden/configure; after an
+//! intended change, regenerate them with `NVHOOK_BLESS=1 cargo test --test configure`
+//! and review the diff.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const RUNTIME: &str = "/usr/bin/nvhook-runtime";
+
+fn golden_path(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden/configure")
+        .join(name)
+}
+
+fn golden(name: &str) -> String {
+    fs::read_to_string(golden_path(name)).unwrap_or_else(|e| panic!("golden {name}: {e}"))
+}
+
+fn assert_golden(actual: &str, name: &str) {
+    if std::env::var_os("NVHOOK_BLESS").is_some() {
+        fs::write(golden_path(name), actual).unwrap();
+    }
+    assert_eq!(actual, golden(name), "output differs from golden {name}");
+}
+
+fn nvhook(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_nvhook"))
+        .args(args)
+        .env_remove("NVHOOK_CONFIG")
+        .output()
+        .expect("run nvhook")
+}
+
+/// Runs `nvhook configure ENGINE --engine-config FILE EXTRA...`, which must succeed, and
+/// returns its stdout.
+fn configure(engine: &str, file: &Path, extra: &[&str]) -> String {
+    let file = file.to_str().unwrap();
+    let out = nvhook(&[&["configure", engine, "--engine-config", file], extra].concat());
+    assert!(
+        out.status.success(),
+        "nvhook configure {engine} {extra:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A temporary directory holding a copy of a golden input under `name`.
+fn copy_of(input: &str, name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(name);
+    fs::write(&file, golden(input)).unwrap();
+    (dir, file)
+}
+
+fn backup_of(file: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.nvhook.bak", file.display()))
+}
+
+fn read(file: &Path) -> String {
+    fs::read_to_string(file).unwrap()
+}
+
+/// Every input the engines are tested on: (engine, golden input, file name).
+const INPUTS: [(&str, &str, &str); 5] = [
+    ("containerd", "containerd-v2-default.toml", "config.toml"),
+    ("containerd", "containerd-debian.toml", "config.toml"),
+    ("containerd", "containerd-v3.toml", "config.toml"),
+    ("docker", "docker-canonical.json", "daemon.json"),
+    ("crio", "crio-main.conf", "crio.conf"),
+];
+
+#[test]
+fn containerd_v2_default_config() {
+    let (_dir, file) = copy_of("containerd-v2-default.toml", "config.toml");
+    let stdout = configure("containerd", &file, &[]);
+    assert!(stdout.contains("systemctl restart containerd"), "{stdout}");
+    assert_golden(&read(&file), "containerd-v2-default.configured.toml");
+    assert_eq!(
+        read(&backup_of(&file)),
+        golden("containerd-v2-default.toml")
+    );
+}
+
+#[test]
+fn containerd_debian_config_without_runtimes_keeps_runc() {
+    let (_dir, file) = copy_of("containerd-debian.toml", "config.toml");
+    configure("containerd", &file, &["--set-as-default"]);
+    assert_golden(&read(&file), "containerd-debian.default.toml");
+}
+
+#[test]
+fn containerd_v3_config() {
+    let (_dir, file) = copy_of("containerd-v3.toml", "config.toml");
+    configure("containerd", &file, &["--set-as-default"]);
+    assert_golden(&read(&file), "containerd-v3.default.toml");
+}
+
+#[test]
+fn containerd_missing_file_is_created_as_version_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("etc/containerd/config.toml");
+    configure("containerd", &file, &[]);
+    assert_golden(&read(&file), "containerd-new.toml");
+    assert!(
+        !backup_of(&file).exists(),
+        "no backup of a file that did not exist"
+    );
+}
+
+#[test]
+fn docker_daemon_json_keeps_other_keys_and_their_order() {
+    let (_dir, file) = copy_of("docker-daemon.json", "daemon.json");
+    let stdout = configure("docker", &file, &["--set-as-default"]);
+    assert!(stdout.contains("systemctl restart docker"), "{stdout}");
+    assert_golden(&read(&file), "docker-daemon.default.json");
+}
+
+#[test]
+fn crio_drop_in_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("crio.conf.d/99-nvidia.conf");
+    let stdout = configure("crio", &file, &["--set-as-default"]);
+    assert!(stdout.contains("systemctl restart crio"), "{stdout}");
+    assert_golden(&read(&file), "crio-99-nvidia.default.conf");
+}
+
+#[test]
+fn custom_runtime_name_and_path() {
+    let (_dir, file) = copy_of("docker-canonical.json", "daemon.json");
+    configure(
+        "docker",
+        &file,
+        &[
+            "--runtime-name",
+            "gpu",
+            "--runtime-path",
+            "/opt/nvhook/bin/nvhook-runtime",
+        ],
+    );
+    let config: serde_json::Value = serde_json::from_str(&read(&file)).unwrap();
+    assert_eq!(
+        config["runtimes"]["gpu"]["path"],
+        "/opt/nvhook/bin/nvhook-runtime"
+    );
+}
+
+#[test]
+fn a_second_run_changes_nothing() {
+    for (engine, input, name) in INPUTS {
+        for extra in [&[][..], &["--set-as-default"]] {
+            let (_dir, file) = copy_of(input, name);
+            configure(engine, &file, extra);
+            let once = read(&file);
+            let stdout = configure(engine, &file, extra);
+            assert_eq!(
+                stdout.trim(),
+                format!("already configured: {} unchanged", file.display()),
+                "{engine} {input} {extra:?}"
+            );
+            assert_eq!(read(&file), once, "{engine} {input} {extra:?}");
+            assert_eq!(
+                read(&backup_of(&file)),
+                golden(input),
+                "backup still the original"
+            );
+        }
+    }
+}
+
+#[test]
+fn remove_restores_the_original_byte_for_byte() {
+    for (engine, input, name) in INPUTS {
+        for extra in [&[][..], &["--set-as-default"]] {
+            let (_dir, file) = copy_of(input, name);
+            configure(engine, &file, extra);
+            assert_ne!(read(&file), golden(input));
+            let stdout = configure(engine, &file, &["--remove"]);
+            assert!(stdout.starts_with("removed runtime \"nvidia\""), "{stdout}");
+            assert_eq!(read(&file), golden(input), "{engine} {input} {extra:?}");
+            let again = configure(engine, &file, &["--remove"]);
+            assert!(again.starts_with("not configured:"), "{again}");
+        }
+    }
+}
+
+#[test]
+fn remove_takes_away_a_file_that_configure_created() {
+    for (engine, name) in [("crio", "99-nvidia.conf"), ("docker", "daemon.json")] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(name);
+        configure(engine, &file, &["--set-as-default"]);
+        configure(engine, &file, &["--remove"]);
+        assert!(!file.exists(), "{engine}: {}", file.display());
+    }
+}
+
+#[test]
+fn remove_keeps_a_default_runtime_that_is_not_ours() {
+    let (_dir, file) = copy_of("containerd-v2-default.toml", "config.toml");
+    configure("containerd", &file, &["--set-as-default"]);
+    let edited = read(&file).replace(
+        "default_runtime_name = \"nvidia\"",
+        "default_runtime_name = \"kata\"",
+    );
+    fs::write(&file, &edited).unwrap();
+    configure("containerd", &file, &["--remove"]);
+    let after = read(&file);
+    assert!(after.contains("default_runtime_name = \"kata\""), "{after}");
+    assert!(!after.contains("runtimes.nvidia"), "{after}");
+}
+
+#[test]
+fn dry_run_prints_a_diff_and_writes_nothing() {
+    let (dir, file) = copy_of("containerd-v2-default.toml", "config.toml");
+    let stdout = configure("containerd", &file, &["--dry-run", "--set-as-default"]);
+    let path = file.display();
+    assert!(
+        stdout.starts_with(&format!("--- {path}\n+++ {path}\n@@ ")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\n-      default_runtime_name = \"runc\"\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("\n+            BinaryName = \"{RUNTIME}\"\n")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.ends_with(&format!("dry run: {path} not written\n")),
+        "{stdout}"
+    );
+    assert_eq!(read(&file), golden("containerd-v2-default.toml"));
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no backup, no temp file"
+    );
+
+    let missing = dir.path().join("crio.conf.d/99-nvidia.conf");
+    let stdout = configure("crio", &missing, &["--dry-run"]);
+    assert!(stdout.starts_with("--- /dev/null\n"), "{stdout}");
+    assert!(!missing.exists() && !missing.parent().unwrap().exists());
+}
+
+#[test]
+fn unparseable_file_is_an_error_naming_it_and_is_left_untouched() {
+    for (engine, name, garbage, expected) in [
+        (
+            "containerd",
+            "config.toml",
+            "version = 2\n[plugins\n",
+            "not valid TOML at line 2",
+        ),
+        (
+            "crio",
+            "99-nvidia.conf",
+            "[crio.runtime\n",
+            "not valid TOML at line 1",
+        ),
+        (
+            "docker",
+            "daemon.json",
+            "{\"runtimes\": {,}}\n",
+            "not valid JSON",
+        ),
+        ("docker", "daemon.json", "[]\n", "not a JSON object"),
+        (
+            "containerd",
+            "config.toml",
+            "version = 7\n",
+            "unsupported `version = 7`",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(name);
+        fs::write(&file, garbage).unwrap();
+        let file_arg = file.to_str().unwrap();
+        let out = nvhook(&["configure", engine, "--engine-config", file_arg]);
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success(), "{engine} accepted {garbage:?}");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(file_arg), "{stderr}");
+        assert!(stderr.contains(expected), "{stderr}");
+        assert_eq!(read(&file), garbage);
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "{stderr}");
+    }
+}
+
+#[test]
+fn nvhooks_own_config_flag_is_not_taken_for_the_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("daemon.json");
+    let out = nvhook(&[
+        "--config",
+        file.to_str().unwrap(),
+        "configure",
+        "docker",
+        "--dry-run",
+    ]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success());
+    assert!(stderr.contains("--engine-config"), "{stderr}");
+}
+
+#[test]
+fn a_relative_runtime_path_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("daemon.json");
+    let file_arg = file.to_str().unwrap();
+    let out = nvhook(&[
+        "configure",
+        "docker",
+        "--engine-config",
+        file_arg,
+        "--runtime-path",
+        "nvhook-runtime",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not absolute"));
+    assert!(!file.exists());
+}
+
+/// containerd itself must read what configure wrote, with our runtime in it and runc kept.
+#[test]
+fn real_containerd_accepts_the_result() {
+    // containerd 1.x reads a file without `version` as version 1 (CRI plugin id `cri`).
+    let version_1 = "[plugins.cri]\n  sandbox_image = \"registry.k8s.io/pause:3.6\"\n";
+    let inputs = [
+        ("v2 default", golden("containerd-v2-default.toml")),
+        ("debian", golden("containerd-debian.toml")),
+        ("v1", version_1.to_owned()),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    for (input, text) in inputs {
+        fs::write(&file, text).unwrap();
+        configure("containerd", &file, &["--set-as-default"]);
+        let out = Command::new("containerd")
+            .arg("--config")
+            .arg(&file)
+            .args(["config", "dump"])
+            .output()
+            .expect("containerd must be installed for this test (apt-get install containerd)");
+        let dump = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            out.status.success(),
+            "{input}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cri = "[plugins.\"io.containerd.grpc.v1.cri\".containerd";
+        let nvidia_options =
+            format!("{cri}.runtimes.nvidia.options]\n            BinaryName = \"{RUNTIME}\"\n");
+        assert!(dump.contains(&nvidia_options), "{input}:\n{dump}");
+        assert!(
+            dump.contains(&format!("{cri}.runtimes.runc]")),
+            "{input}: runc lost:\n{dump}"
+        );
+        assert!(
+            dump.contains("default_runtime_name = \"nvidia\""),
+            "{input}:\n{dump}"
+        );
+    }
+}
