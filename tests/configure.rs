@@ -365,3 +365,30 @@ fn real_containerd_accepts_the_result() {
         );
     }
 }
+
+/// The hooks.d file for Podman / CRI-O: containers/common's schema 1.0.0, and the rules
+/// nvhook keeps for every hook entry (absolute path, explicit env, a timeout).
+#[test]
+fn oci_hook_file_follows_the_hooks_d_schema() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks/oci-nvhook-hook.json");
+    let hook: serde_json::Value = serde_json::from_str(&read(&path)).unwrap();
+    assert_eq!(hook["version"], "1.0.0");
+    assert_eq!(hook["hook"]["path"], "/usr/bin/nvhook");
+    assert_eq!(
+        hook["hook"]["args"],
+        serde_json::json!(["nvhook", "hook", "prestart"])
+    );
+    assert_eq!(
+        hook["hook"]["env"],
+        serde_json::json!(["PATH=/usr/sbin:/usr/bin:/sbin:/bin"])
+    );
+    assert!(hook["hook"]["timeout"].as_u64().is_some_and(|t| t > 0));
+    assert_eq!(hook["when"], serde_json::json!({"always": true}));
+    assert_eq!(hook["stages"], serde_json::json!(["prestart"]));
+    let keys: Vec<_> = hook.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        ["version", "hook", "when", "stages"],
+        "no unknown fields"
+    );
+}

@@ -53,8 +53,10 @@ struct ConfigureArgs {
     /// /etc/containerd/config.toml, /etc/crio/crio.conf.d/99-nvidia.conf].
     #[arg(long, value_name = "FILE")]
     engine_config: Option<PathBuf>,
+    /// The runtime's name: `docker run --runtime=NAME`, a RuntimeClass's handler.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_RUNTIME_NAME)]
     runtime_name: String,
+    /// The nvhook-runtime binary the engine runs.
     #[arg(long, value_name = "PATH", default_value = DEFAULT_RUNTIME_PATH)]
     runtime_path: String,
     /// Also make it the engine's default runtime.

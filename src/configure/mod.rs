@@ -3,7 +3,9 @@
 //!
 //! Each engine module only turns the old text into the new text; reading, the atomic
 //! write, the backup and the dry-run diff are shared in `file`. Edits are
-//! format-preserving: a second run is a no-op and `--remove` gives back the original bytes.
+//! format-preserving: a second run is a no-op, and `--remove` gives back the original bytes
+//! (for daemon.json, when it was pretty-printed the way serde_json does; other layouts are
+//! re-indented by the first change, and the backup keeps the original).
 
 mod containerd;
 mod crio;
@@ -61,6 +63,9 @@ impl FromStr for Engine {
             "docker" => Ok(Engine::Docker),
             "containerd" => Ok(Engine::Containerd),
             "crio" | "cri-o" => Ok(Engine::Crio),
+            "podman" => Err("Podman takes nvhook as an OCI hook, not as a runtime: \
+                             install oci-nvhook-hook.json into its hooks.d directory"
+                .into()),
             _ => Err(format!(
                 "unknown engine {s:?}: use docker, containerd or crio"
             )),

@@ -14,7 +14,8 @@ pub(super) fn parse(current: Option<&str>) -> Result<DocumentMut, Invalid> {
             let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
             format!(" at line {line}, column {column}")
         });
-        Invalid(format!("not valid TOML{at}: {}", e.message().trim()))
+        let message = e.message().trim().replace('\n', ", ");
+        Invalid(format!("not valid TOML{at}: {message}"))
     })
 }
 
