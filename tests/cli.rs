@@ -7,19 +7,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use tempfile::TempDir;
 
+mod support;
+use support::simnode_bin;
+
 const DRIVER_VERSION: &str = "550.54.15";
 const TOPOLOGY: &str = "driver/usr/lib/x86_64-linux-gnu/nvml-topology.json";
 const DEBIAN_LIB64: &str = "/usr/lib/x86_64-linux-gnu";
-
-fn simnode_bin() -> PathBuf {
-    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/simnode");
-    assert!(
-        bin.is_file(),
-        "{} is missing: run cargo build --workspace first",
-        bin.display()
-    );
-    bin
-}
 
 fn run_simnode(args: &[&str]) -> Output {
     let out = Command::new(simnode_bin())

@@ -68,7 +68,7 @@ impl SimNode {
 
 /// simnode sits beside this test binary's directory (`target/<profile>/deps`),
 /// which also holds when CARGO_TARGET_DIR moves the target directory.
-fn simnode_bin() -> PathBuf {
+pub fn simnode_bin() -> PathBuf {
     let test_exe = std::env::current_exe().expect("locate the test binary");
     let profile_dir = test_exe
         .parent()
