@@ -14,8 +14,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use support::engines::{
-    Containerd, DetachedContainer, Dockerd, EngineDir, containerd_config, mount_points_below,
-    nvhook_configure, nvhook_runtime_bin, unique_name, write_oci_archive, write_rootfs_tar,
+    Containerd, DetachedContainer, Dockerd, EngineDir, GPUCHECK_IMAGE, assert_containerd_handler,
+    containerd_config, mount_points_below, nvhook_configure, nvhook_runtime_bin, unique_name,
+    write_oci_archive, write_rootfs_tar,
 };
 use support::{
     Bundle, Output, RuntimeEnv, SimNode, glibc_image, host_mounts_referencing, require_program,
@@ -105,48 +106,6 @@ fn assert_no_mounts_left(dir: &Path, node: &SimNode) {
 
 // ---- containerd + ctr ----
 
-/// The runtime handler `nvhook configure containerd` must add for the CRI
-/// plugin, as containerd itself reads it back (`containerd config dump`).
-#[track_caller]
-fn assert_containerd_handler(config: &Path) {
-    let dump = String::from_utf8(
-        std::process::Command::new(require_program("containerd"))
-            .arg("--config")
-            .arg(config)
-            .args(["config", "dump"])
-            .output()
-            .expect("run containerd config dump")
-            .stdout,
-    )
-    .expect("config dump is UTF-8");
-    let doc: toml::Table = toml::from_str(&dump)
-        .unwrap_or_else(|e| panic!("containerd cannot read the configured file: {e}\n{dump}"));
-    let mut handler = doc.get("plugins");
-    for key in [
-        "io.containerd.grpc.v1.cri",
-        "containerd",
-        "runtimes",
-        "nvidia",
-    ] {
-        handler = handler.and_then(|table| table.get(key));
-    }
-    let handler = handler
-        .unwrap_or_else(|| panic!("no runtime handler nvidia for the CRI plugin in:\n{dump}"));
-    assert_eq!(
-        handler.get("runtime_type").and_then(|v| v.as_str()),
-        Some("io.containerd.runc.v2"),
-        "runtime handler nvidia in:\n{dump}"
-    );
-    assert_eq!(
-        handler
-            .get("options")
-            .and_then(|o| o.get("BinaryName"))
-            .and_then(|v| v.as_str()),
-        Some(runtime_path()),
-        "BinaryName of runtime handler nvidia in:\n{dump}"
-    );
-}
-
 #[test]
 fn containerd_ctr_run_gives_the_requested_gpu_through_nvhook_runtime() {
     let _timer = Timer::start("containerd_ctr_run");
@@ -156,11 +115,17 @@ fn containerd_ctr_run_gives_the_requested_gpu_through_nvhook_runtime() {
     let config = dir.path().join("containerd.toml");
     fs::write(&config, containerd_config(dir.path())).expect("write containerd config");
     nvhook_configure("containerd", &config);
-    assert_containerd_handler(&config);
+    assert_containerd_handler(&config, "nvidia", runtime_path());
 
     let image = format!("docker.io/nvhook-test/{}:latest", unique_name("glibc"));
     let tar = dir.path().join("glibc-oci.tar");
-    write_oci_archive(glibc_image().rootfs(), &image, dir.path(), &tar);
+    write_oci_archive(
+        glibc_image().rootfs(),
+        &image,
+        &GPUCHECK_IMAGE,
+        dir.path(),
+        &tar,
+    );
 
     // The runc-v2 shim inherits containerd's environment and passes it to
     // the runtime binary: that is how nvhook-runtime finds the node's config.

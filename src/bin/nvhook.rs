@@ -68,6 +68,14 @@ struct ConfigureArgs {
     /// Take out what configure added.
     #[arg(long, conflicts_with = "set_as_default")]
     remove: bool,
+    /// Kubernetes node: also set the hardened device-selection policy in nvhook's config
+    /// (accept-env-when-unprivileged = false, accept-volume-mount-devices = true), so that a
+    /// pod gets only the GPUs the device plugin allocated to it.
+    #[arg(long)]
+    kubernetes: bool,
+    /// nvhook's config that --kubernetes edits [default: /etc/nvhook/config.toml].
+    #[arg(long, value_name = "FILE", requires = "kubernetes")]
+    nvhook_config: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -159,7 +167,7 @@ fn configure(nvhook_config: Option<&Path>, args: ConfigureArgs) -> Result<()> {
     if let Some(file) = nvhook_config {
         anyhow::bail!(
             "--config {} names nvhook's own config, which configure does not read: \
-             name the engine's file with --engine-config",
+             name the engine's file with --engine-config (and nvhook's with --nvhook-config)",
             file.display()
         );
     }
@@ -171,6 +179,10 @@ fn configure(nvhook_config: Option<&Path>, args: ConfigureArgs) -> Result<()> {
         set_as_default: args.set_as_default,
         remove: args.remove,
         dry_run: args.dry_run,
+        kubernetes_policy: args.kubernetes.then(|| {
+            args.nvhook_config
+                .unwrap_or_else(|| PathBuf::from(nvhook::config::DEFAULT_PATH))
+        }),
     })?;
     println!("{outcome}");
     Ok(())

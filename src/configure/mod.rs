@@ -6,12 +6,18 @@
 //! format-preserving: a second run is a no-op, and `--remove` gives back the original bytes
 //! (for daemon.json, when it was pretty-printed the way serde_json does; other layouts are
 //! re-indented by the first change, and the backup keeps the original).
+//!
+//! `--kubernetes` also edits nvhook's own config (see `policy`), with the same care. Both
+//! files are checked before either is written, so a bad one leaves both untouched.
 
 mod containerd;
 mod crio;
 mod docker;
 mod file;
+mod policy;
 mod toml;
+
+pub use policy::HARDENED as KUBERNETES_POLICY;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -84,6 +90,10 @@ pub struct Options {
     pub set_as_default: bool,
     pub remove: bool,
     pub dry_run: bool,
+    /// `--kubernetes`: the nvhook config in which to set the hardened device-selection
+    /// policy ([`KUBERNETES_POLICY`]). `--remove` leaves that policy alone: loosening a
+    /// node's security is for the admin to decide, and without the runtime it has no effect.
+    pub kubernetes_policy: Option<PathBuf>,
 }
 
 pub const DEFAULT_RUNTIME_NAME: &str = "nvidia";
@@ -109,6 +119,12 @@ pub enum ConfigureError {
     RelativeRuntimePath(String),
     #[error("--runtime-name {0:?}: use only letters, digits, '.', '_' and '-'")]
     BadRuntimeName(String),
+    #[error("{}: {message}; left untouched, and so is the engine's config: fix it, or name another file with --nvhook-config", file.display())]
+    InvalidPolicy { file: PathBuf, message: String },
+    #[error(
+        "--remove with --kubernetes: --remove takes out the runtime and leaves the hardened policy in nvhook's config; to loosen it, set accept-env-when-unprivileged = true there"
+    )]
+    RemoveKubernetes,
 }
 
 /// Why an engine refused the current text; `run` adds the file name.
@@ -152,6 +168,14 @@ pub struct Outcome {
     pub runtime_name: String,
     pub remove: bool,
     pub applied: Applied,
+    /// `--kubernetes`: what happened to nvhook's config.
+    pub policy: Option<PolicyOutcome>,
+}
+
+#[derive(Debug)]
+pub struct PolicyOutcome {
+    pub file: PathBuf,
+    pub applied: Applied,
 }
 
 /// Reads the engine's config, applies the change, and writes it back unless nothing changed
@@ -181,29 +205,72 @@ pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
             file: file.clone(),
             message,
         })?;
-    let applied = if new == current {
-        Applied::Unchanged
-    } else if options.dry_run {
-        Applied::WouldChange {
-            diff: file::unified_diff(&file, current.as_deref(), new.as_deref()),
+    let engine_edit = Edit { current, new };
+    let policy_edit = match &options.kubernetes_policy {
+        Some(policy_file) => {
+            let current = file::read(policy_file)?;
+            let new =
+                policy::harden(current.as_deref(), policy_file).map_err(|Invalid(message)| {
+                    ConfigureError::InvalidPolicy {
+                        file: policy_file.clone(),
+                        message,
+                    }
+                })?;
+            Some((
+                policy_file,
+                Edit {
+                    current,
+                    new: Some(new),
+                },
+            ))
         }
-    } else {
-        match new {
-            Some(text) => Applied::Written {
-                backup: file::replace(&file, &text, current.is_some())?,
-            },
-            None => Applied::Retired {
-                backup: file::retire(&file)?,
-            },
-        }
+        None => None,
+    };
+    // The policy first: a GPU runtime must never be live without the policy it was asked for.
+    let policy = match policy_edit {
+        Some((file, edit)) => Some(PolicyOutcome {
+            file: file.clone(),
+            applied: edit.commit(file, options.dry_run)?,
+        }),
+        None => None,
     };
     Ok(Outcome {
         engine: options.engine,
+        applied: engine_edit.commit(&file, options.dry_run)?,
         file,
         runtime_name: options.runtime_name.clone(),
         remove: options.remove,
-        applied,
+        policy,
     })
+}
+
+/// A file's text before and after, both known before anything is written.
+struct Edit {
+    current: Option<String>,
+    /// `None`: the file is no longer needed.
+    new: Option<String>,
+}
+
+impl Edit {
+    fn commit(self, file: &Path, dry_run: bool) -> Result<Applied, ConfigureError> {
+        let Edit { current, new } = self;
+        Ok(if new == current {
+            Applied::Unchanged
+        } else if dry_run {
+            Applied::WouldChange {
+                diff: file::unified_diff(file, current.as_deref(), new.as_deref()),
+            }
+        } else {
+            match new {
+                Some(text) => Applied::Written {
+                    backup: file::replace(file, &text, current.is_some())?,
+                },
+                None => Applied::Retired {
+                    backup: file::retire(file)?,
+                },
+            }
+        })
+    }
 }
 
 fn validate(options: &Options) -> Result<(), ConfigureError> {
@@ -215,6 +282,9 @@ fn validate(options: &Options) -> Result<(), ConfigureError> {
     if !name_ok {
         return Err(ConfigureError::BadRuntimeName(name.clone()));
     }
+    if options.remove && options.kubernetes_policy.is_some() {
+        return Err(ConfigureError::RemoveKubernetes);
+    }
     if !options.remove && !options.runtime_path.starts_with('/') {
         return Err(ConfigureError::RelativeRuntimePath(
             options.runtime_path.clone(),
@@ -225,6 +295,9 @@ fn validate(options: &Options) -> Result<(), ConfigureError> {
 
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(policy) = &self.policy {
+            writeln!(f, "{policy}")?;
+        }
         let file = self.file.display();
         let name = &self.runtime_name;
         let done = if self.remove {
@@ -249,6 +322,33 @@ impl fmt::Display for Outcome {
                 backup.display(),
                 self.engine.restart_command()
             ),
+        }
+    }
+}
+
+impl fmt::Display for PolicyOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let file = self.file.display();
+        match &self.applied {
+            Applied::Unchanged => write!(f, "Kubernetes policy already set: {file} unchanged"),
+            Applied::WouldChange { diff } => write!(f, "{diff}dry run: {file} not written"),
+            Applied::Written { backup } => {
+                let keys: Vec<String> = KUBERNETES_POLICY
+                    .iter()
+                    .map(|(key, value)| format!("{key} = {value}"))
+                    .collect();
+                write!(
+                    f,
+                    "set the Kubernetes policy in {file}: {}",
+                    keys.join(", ")
+                )?;
+                if let Some(backup) = backup {
+                    write!(f, " (previous version: {})", backup.display())?;
+                }
+                write!(f, "; containers created from now on follow it")
+            }
+            // `policy::harden` always leaves text; shown for completeness.
+            Applied::Retired { backup } => write!(f, "moved {file} to {}", backup.display()),
         }
     }
 }

@@ -76,31 +76,45 @@ pub(super) fn set_str(table: &mut dyn TableLike, key: &str, value: &str) {
     match table.get_mut(key) {
         Some(Item::Value(old)) if old.as_str() == Some(value) => {}
         Some(Item::Value(old)) => {
-            let decor = old.decor().clone();
             let literal = old.clone().decorated("", "").to_string().starts_with('\'');
-            *old = string_like(value, literal);
-            *old.decor_mut() = decor;
+            replace_keeping_decor(old, string_like(value, literal));
         }
-        _ => {
-            let mut new_key = Key::new(key);
-            let sibling = table
-                .iter()
-                .find(|(_, item)| item.is_value())
-                .map(|(k, _)| k);
-            if let Some(prefix) = sibling
-                .and_then(|k| table.key(k))
-                .and_then(|k| k.leaf_decor().prefix()?.as_str())
-            {
-                new_key
-                    .leaf_decor_mut()
-                    .set_prefix(last_line(prefix).to_owned());
-            }
-            table.remove(key);
-            table
-                .entry_format(&new_key)
-                .or_insert(toml_edit::value(value));
-        }
+        _ => insert_like_siblings(table, key, Value::from(value)),
     }
+}
+
+/// Sets `key` to the boolean `value`, with the same care for the file's bytes as `set_str`.
+pub(super) fn set_bool(table: &mut dyn TableLike, key: &str, value: bool) {
+    match table.get_mut(key) {
+        Some(Item::Value(old)) if old.as_bool() == Some(value) => {}
+        Some(Item::Value(old)) => replace_keeping_decor(old, Value::from(value)),
+        _ => insert_like_siblings(table, key, Value::from(value)),
+    }
+}
+
+fn replace_keeping_decor(old: &mut Value, new: Value) {
+    let decor = old.decor().clone();
+    *old = new;
+    *old.decor_mut() = decor;
+}
+
+/// Adds `key` (replacing a non-value of that name), indented like the table's first value.
+fn insert_like_siblings(table: &mut dyn TableLike, key: &str, value: Value) {
+    let mut new_key = Key::new(key);
+    let sibling = table
+        .iter()
+        .find(|(_, item)| item.is_value())
+        .map(|(k, _)| k);
+    if let Some(prefix) = sibling
+        .and_then(|k| table.key(k))
+        .and_then(|k| k.leaf_decor().prefix()?.as_str())
+    {
+        new_key
+            .leaf_decor_mut()
+            .set_prefix(last_line(prefix).to_owned());
+    }
+    table.remove(key);
+    table.entry_format(&new_key).or_insert(Item::Value(value));
 }
 
 /// `value` as a TOML string, in 'literal' quotes when the file used them there (containerd
@@ -282,6 +296,19 @@ mod tests {
         let mut doc: DocumentMut = "[t]\n  # about a\n  a = 1\n".parse().unwrap();
         set_str(doc["t"].as_table_mut().unwrap(), "b", "x");
         assert_eq!(doc.to_string(), "[t]\n  # about a\n  a = 1\n  b = \"x\"\n");
+    }
+
+    #[test]
+    fn set_bool_keeps_the_comment_and_leaves_an_equal_value_alone() {
+        let text = "a = true  # why\nb = false # same\n";
+        let mut doc: DocumentMut = text.parse().unwrap();
+        set_bool(doc.as_table_mut(), "a", false);
+        set_bool(doc.as_table_mut(), "b", false);
+        set_bool(doc.as_table_mut(), "c", true);
+        assert_eq!(
+            doc.to_string(),
+            "a = false  # why\nb = false # same\nc = true\n"
+        );
     }
 
     #[test]

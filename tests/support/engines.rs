@@ -270,20 +270,35 @@ pub fn nvhook_configure(engine: &str, file: &Path) -> Output {
 
 // ---------------------------------------------------------------- images
 
+/// What an image's config says a container runs, and with which environment
+/// (PATH is always set).
+pub struct ImageConfig<'a> {
+    pub cmd: &'a [&'a str],
+    pub env: &'a [&'a str],
+}
+
+/// glibc_image()'s program.
+pub const GPUCHECK_IMAGE: ImageConfig = ImageConfig {
+    cmd: &["/gpucheck"],
+    env: &[],
+};
+
 /// Writes an OCI image-layout tar of `rootfs` (one uncompressed layer, the
 /// image named `name` through containerd's `io.containerd.image.name`
 /// annotation) to `tar`, the format `ctr image import` takes.
-pub fn write_oci_archive(rootfs: &Path, name: &str, work: &Path, tar: &Path) {
+pub fn write_oci_archive(rootfs: &Path, name: &str, image: &ImageConfig, work: &Path, tar: &Path) {
     let layout = work.join("oci-layout-dir");
     let blobs = layout.join("blobs/sha256");
     fs::create_dir_all(&blobs).expect("create OCI blobs dir");
     let layer = work.join("layer.tar");
     write_rootfs_tar(rootfs, &layer);
     let (layer_digest, layer_size) = add_blob(&blobs, &layer);
+    let mut env = vec!["PATH=/usr/sbin:/usr/bin:/sbin:/bin"];
+    env.extend(image.env);
     let config = json!({
         "architecture": "amd64",
         "os": "linux",
-        "config": { "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["/gpucheck"] },
+        "config": { "Env": env, "Cmd": image.cmd },
         "rootfs": { "type": "layers", "diff_ids": [format!("sha256:{layer_digest}")] },
     });
     let (config_digest, config_size) = add_json_blob(&blobs, work, "config.json", &config);
@@ -386,6 +401,55 @@ pub fn containerd_config(dir: &Path) -> String {
     doc.to_string()
 }
 
+/// `containerd_config(dir)` with the CRI plugin set up for a pod sandbox on the
+/// host network, as the kubelet would drive it on this machine: no CNI (a
+/// private, empty config dir), the test's own pause image, and no negative
+/// oom_score_adj (refused here; runc then fails with "can't get final
+/// child's PID from pipe").
+pub fn cri_containerd_config(dir: &Path, sandbox_image: &str) -> String {
+    let mut doc: toml_edit::DocumentMut = containerd_config(dir)
+        .parse()
+        .expect("containerd config is TOML");
+    let cri = &mut doc["plugins"]["io.containerd.grpc.v1.cri"];
+    cri["sandbox_image"] = toml_edit::value(sandbox_image);
+    cri["restrict_oom_score_adj"] = toml_edit::value(true);
+    cri["cni"]["conf_dir"] = toml_edit::value(dir.join("cni").display().to_string());
+    doc.to_string()
+}
+
+/// The runtime_type and options.BinaryName of the CRI plugin's runtime handler
+/// `name`, as containerd itself reads the file back (`containerd config dump`).
+#[track_caller]
+pub fn assert_containerd_handler(config: &Path, name: &str, binary: &str) {
+    let dump = stdout_of(
+        Command::new(require_program("containerd"))
+            .arg("--config")
+            .arg(config)
+            .args(["config", "dump"]),
+    );
+    let doc: toml::Table = toml::from_str(&dump)
+        .unwrap_or_else(|e| panic!("containerd cannot read the configured file: {e}\n{dump}"));
+    let mut handler = doc.get("plugins");
+    for key in ["io.containerd.grpc.v1.cri", "containerd", "runtimes", name] {
+        handler = handler.and_then(|table| table.get(key));
+    }
+    let handler = handler
+        .unwrap_or_else(|| panic!("no runtime handler {name} for the CRI plugin in:\n{dump}"));
+    assert_eq!(
+        handler.get("runtime_type").and_then(|v| v.as_str()),
+        Some("io.containerd.runc.v2"),
+        "runtime handler {name} in:\n{dump}"
+    );
+    assert_eq!(
+        handler
+            .get("options")
+            .and_then(|o| o.get("BinaryName"))
+            .and_then(|v| v.as_str()),
+        Some(binary),
+        "BinaryName of runtime handler {name} in:\n{dump}"
+    );
+}
+
 /// A private containerd: own root, state and sockets under an EngineDir.
 pub struct Containerd {
     daemon: Daemon,
@@ -428,6 +492,16 @@ impl Containerd {
 
     pub fn log(&self) -> String {
         self.daemon.log()
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Makes ctr (imports, and the clean-up at shutdown) work in `namespace`:
+    /// `k8s.io` is where the CRI plugin keeps the kubelet's images and pods.
+    pub fn set_namespace(&mut self, namespace: &str) {
+        namespace.clone_into(&mut self.namespace);
     }
 
     /// runc's `--root` for this daemon's containers (instead of the shared
