@@ -392,3 +392,162 @@ fn oci_hook_file_follows_the_hooks_d_schema() {
         "no unknown fields"
     );
 }
+
+// ---- --kubernetes: nvhook's own config gets the hardened device-selection policy ----
+
+/// A containerd config and an nvhook config, copies of golden inputs, in one directory.
+fn kubernetes_node() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let (dir, containerd) = copy_of("containerd-v2-default.toml", "config.toml");
+    let nvhook_config = dir.path().join("nvhook.toml");
+    fs::write(&nvhook_config, golden("nvhook-config.toml")).unwrap();
+    (dir, containerd, nvhook_config)
+}
+
+fn kubernetes_args(nvhook_config: &Path) -> Vec<&str> {
+    vec![
+        "--kubernetes",
+        "--nvhook-config",
+        nvhook_config.to_str().unwrap(),
+    ]
+}
+
+#[test]
+fn kubernetes_sets_the_policy_and_registers_the_runtime() {
+    let (_dir, containerd, nvhook_config) = kubernetes_node();
+    let stdout = configure("containerd", &containerd, &kubernetes_args(&nvhook_config));
+    let policy = format!("set the Kubernetes policy in {}", nvhook_config.display());
+    assert!(stdout.starts_with(&policy), "{stdout}");
+    assert!(
+        stdout.contains("accept-env-when-unprivileged = false"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("systemctl restart containerd"), "{stdout}");
+    assert_golden(&read(&nvhook_config), "nvhook-config.kubernetes.toml");
+    assert_eq!(
+        read(&backup_of(&nvhook_config)),
+        golden("nvhook-config.toml")
+    );
+    // The engine's part is exactly what configure writes without --kubernetes.
+    assert_eq!(
+        read(&containerd),
+        golden("containerd-v2-default.configured.toml")
+    );
+
+    let again = configure("containerd", &containerd, &kubernetes_args(&nvhook_config));
+    assert_eq!(
+        again,
+        format!(
+            "Kubernetes policy already set: {} unchanged\nalready configured: {} unchanged\n",
+            nvhook_config.display(),
+            containerd.display()
+        )
+    );
+}
+
+#[test]
+fn kubernetes_creates_a_missing_nvhook_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let containerd = dir.path().join("containerd/config.toml");
+    let nvhook_config = dir.path().join("nvhook/config.toml");
+    configure("containerd", &containerd, &kubernetes_args(&nvhook_config));
+    assert_golden(&read(&nvhook_config), "nvhook-config.new-kubernetes.toml");
+    assert!(!backup_of(&nvhook_config).exists());
+}
+
+#[test]
+fn kubernetes_dry_run_shows_both_changes_and_writes_nothing() {
+    let (dir, containerd, nvhook_config) = kubernetes_node();
+    let mut args = kubernetes_args(&nvhook_config);
+    args.push("--dry-run");
+    let stdout = configure("containerd", &containerd, &args);
+    let nvhook_path = nvhook_config.display();
+    assert!(
+        stdout.starts_with(&format!("--- {nvhook_path}\n+++ {nvhook_path}\n@@ ")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "\n-accept-env-when-unprivileged = true\n+accept-env-when-unprivileged = false\n"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("dry run: {nvhook_path} not written\n--- ")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.ends_with(&format!("dry run: {} not written\n", containerd.display())),
+        "{stdout}"
+    );
+    assert_eq!(read(&nvhook_config), golden("nvhook-config.toml"));
+    assert_eq!(read(&containerd), golden("containerd-v2-default.toml"));
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2, "nothing new");
+}
+
+#[test]
+fn kubernetes_with_a_bad_nvhook_config_writes_neither_file() {
+    for (garbage, expected) in [
+        ("accept-env-when-unprivileged = \"no\"\n", "line 1"),
+        ("accept-env = false\n", "accept-env"),
+        ("[x\n", "line 1: unclosed table"),
+    ] {
+        let (dir, containerd, nvhook_config) = kubernetes_node();
+        fs::write(&nvhook_config, garbage).unwrap();
+        let out = nvhook(
+            &[
+                &["configure", "containerd", "--engine-config"],
+                &[containerd.to_str().unwrap()][..],
+                &kubernetes_args(&nvhook_config),
+            ]
+            .concat(),
+        );
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(!out.status.success(), "{garbage:?} accepted");
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(nvhook_config.to_str().unwrap()), "{stderr}");
+        assert!(stderr.contains(expected), "{garbage:?}: {stderr}");
+        assert!(stderr.contains("--nvhook-config"), "{stderr}");
+        assert_eq!(read(&nvhook_config), garbage);
+        assert_eq!(read(&containerd), golden("containerd-v2-default.toml"));
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2, "{stderr}");
+    }
+}
+
+#[test]
+fn remove_keeps_the_kubernetes_policy() {
+    let (_dir, containerd, nvhook_config) = kubernetes_node();
+    configure("containerd", &containerd, &kubernetes_args(&nvhook_config));
+    let hardened = read(&nvhook_config);
+
+    let mut args = vec!["--remove"];
+    args.extend(kubernetes_args(&nvhook_config));
+    let out = nvhook(
+        &[
+            &["configure", "containerd", "--engine-config"],
+            &[containerd.to_str().unwrap()][..],
+            &args,
+        ]
+        .concat(),
+    );
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!out.status.success());
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("leaves the hardened policy"), "{stderr}");
+
+    configure("containerd", &containerd, &["--remove"]);
+    assert_eq!(read(&containerd), golden("containerd-v2-default.toml"));
+    assert_eq!(read(&nvhook_config), hardened);
+}
+
+#[test]
+fn nvhook_config_without_kubernetes_is_a_usage_error() {
+    let out = nvhook(&[
+        "configure",
+        "containerd",
+        "--nvhook-config",
+        "/etc/nvhook/config.toml",
+        "--dry-run",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--kubernetes"));
+}
