@@ -27,8 +27,8 @@ use support::{
 };
 
 const GPUS: u32 = 4;
-/// The RuntimeClass handler, as in deploy/kubernetes/runtimeclass.yaml.
-const HANDLER: &str = "nvidia";
+/// The RuntimeClass handler (deploy/kubernetes/runtimeclass.yaml says the same).
+const HANDLER: &str = nvhook::configure::DEFAULT_RUNTIME_NAME;
 /// The device plugin's volume-mounts strategy: one mount of /dev/null per device.
 const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
 /// gpucheck: every GPU node, then the nvidia entries of /dev (as a pod's

@@ -1,0 +1,67 @@
+#!/bin/sh
+# nvhook node installer, run by the DaemonSet in nvhook-installer.yaml (image: Containerfile).
+# Copies nvhook and nvhook-runtime onto the host, sets nvhook's Kubernetes policy, registers
+# runtime handler "nvidia" with containerd (nvhook configure containerd --kubernetes), and
+# restarts containerd when its config changed. Safe to run again: an unchanged node is left
+# alone, containerd included.
+#
+# Host paths are seen under $HOST_ROOT (the DaemonSet mounts exactly these there):
+#   $NVHOOK_DIR/bin             the binaries           (default /usr/local/nvhook)
+#   $CONTAINERD_CONFIG          containerd's config    (default /etc/containerd/config.toml)
+#   /etc/nvhook/config.toml     nvhook's config: where nvhook-runtime looks, containerd
+#                               passing it no NVHOOK_CONFIG
+# $RESTART_CONTAINERD is run with sh -c on a change (default: systemctl on the host, entered
+# through PID 1, which needs hostPID).
+set -eu
+
+host=${HOST_ROOT:-/host}
+source_dir=${NVHOOK_SOURCE:-/opt/nvhook/bin}
+nvhook_dir=${NVHOOK_DIR:-/usr/local/nvhook}
+containerd_config=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+restart=${RESTART_CONTAINERD:-nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl restart containerd}
+nvhook_config=/etc/nvhook/config.toml
+
+say() { echo "nvhook-install: $*"; }
+
+# 1. The binaries, each replaced by a rename: a container starting meanwhile runs the old
+#    file or the new one, never half of one.
+mkdir -p "$host$nvhook_dir/bin"
+for name in nvhook nvhook-runtime; do
+    new="$host$nvhook_dir/bin/.$name.new"
+    cp "$source_dir/$name" "$new"
+    chmod 0755 "$new"
+    mv -f "$new" "$host$nvhook_dir/bin/$name"
+done
+say "installed nvhook and nvhook-runtime in $nvhook_dir/bin"
+
+# 2. nvhook-runtime writes hook-path into every GPU container's hooks: it must name the
+#    nvhook installed above. An admin's own hook-path is kept.
+hook_path="$nvhook_dir/bin/nvhook"
+if [ ! -e "$host$nvhook_config" ]; then
+    mkdir -p "$(dirname "$host$nvhook_config")"
+    printf '# Written by the nvhook node installer; every key: nvhook config/config.toml.\nhook-path = "%s"\n' \
+        "$hook_path" >"$host$nvhook_config"
+elif ! grep -q '^[[:space:]]*hook-path[[:space:]]*=' "$host$nvhook_config"; then
+    # The file's keys are all top-level, so an appended key is one of them.
+    [ -z "$(tail -c 1 "$host$nvhook_config")" ] || echo >>"$host$nvhook_config"
+    printf 'hook-path = "%s"\n' "$hook_path" >>"$host$nvhook_config"
+elif ! grep -q "^[[:space:]]*hook-path[[:space:]]*=[[:space:]]*\"$hook_path\"" "$host$nvhook_config"; then
+    say "warning: $nvhook_config sets its own hook-path; GPU containers run that nvhook, not $hook_path"
+fi
+
+# 3. Policy and runtime handler. The paths written into the files are the host's.
+before=$(cksum <"$host$containerd_config" 2>/dev/null || echo none)
+"$host$nvhook_dir/bin/nvhook" configure containerd --kubernetes \
+    --nvhook-config "$host$nvhook_config" \
+    --engine-config "$host$containerd_config" \
+    --runtime-path "$nvhook_dir/bin/nvhook-runtime"
+after=$(cksum <"$host$containerd_config")
+
+# 4. containerd reads its config only at start. Running containers keep running: their
+#    runc shims do not depend on the daemon.
+if [ "$before" != "$after" ]; then
+    say "restarting containerd: $restart"
+    sh -c "$restart"
+else
+    say "containerd's config unchanged: no restart"
+fi

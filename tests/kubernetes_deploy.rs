@@ -1,0 +1,391 @@
+//! deploy/kubernetes: every manifest read into the Kubernetes API's own types
+//! (k8s-openapi), with no field those types do not know; the things a cluster
+//! admin relies on (RuntimeClass handler, a GPU pod with no hostPath, a
+//! privileged installer that mounts what it writes); and install.sh run for
+//! real, with the real nvhook, against a temporary host root.
+
+mod support;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Container, Namespace, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use nvhook::config::Config;
+use serde::Deserialize;
+use serde_json::Value;
+use support::engines::{assert_containerd_handler, nvhook_runtime_bin};
+use support::nvhook_bin;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes")
+}
+
+enum Object {
+    /// Checked, and needed by nothing else.
+    Namespace,
+    DaemonSet(Box<DaemonSet>),
+    Pod(Box<Pod>),
+    RuntimeClass(Box<RuntimeClass>),
+}
+
+/// Each YAML document of `file` as its typed Kubernetes object. A field the
+/// type does not know (a typo, a wrong level) is an error: what the type
+/// serializes back must hold every field of the document.
+fn objects(file: &Path) -> Vec<Object> {
+    let text = fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let name = file.file_name().unwrap().to_string_lossy().into_owned();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|document| {
+            let yaml = serde_yaml::Value::deserialize(document)
+                .unwrap_or_else(|e| panic!("{name}: not YAML: {e}"));
+            let json = serde_json::to_value(&yaml).expect("YAML maps to JSON");
+            let kind = json["kind"].as_str().unwrap_or_default().to_owned();
+            let object = match kind.as_str() {
+                "Namespace" => {
+                    typed::<Namespace>(&name, &json);
+                    Object::Namespace
+                }
+                "DaemonSet" => Object::DaemonSet(typed(&name, &json)),
+                "Pod" => Object::Pod(typed(&name, &json)),
+                "RuntimeClass" => Object::RuntimeClass(typed(&name, &json)),
+                other => panic!("{name}: kind {other:?} is not one this test knows"),
+            };
+            object
+        })
+        .collect()
+}
+
+fn typed<T>(file: &str, json: &Value) -> Box<T>
+where
+    T: serde::de::DeserializeOwned + serde::Serialize,
+{
+    let object: T = serde_json::from_value(json.clone())
+        .unwrap_or_else(|e| panic!("{file}: not a valid {}: {e}", json["kind"]));
+    let back = serde_json::to_value(&object).expect("serialize");
+    assert_known_fields(file, "", json, &back);
+    Box::new(object)
+}
+
+#[track_caller]
+fn assert_known_fields(file: &str, path: &str, written: &Value, typed: &Value) {
+    match (written, typed) {
+        (Value::Object(fields), Value::Object(known)) => {
+            for (key, value) in fields {
+                let at = format!("{path}.{key}");
+                let known = known
+                    .get(key)
+                    .unwrap_or_else(|| panic!("{file}: {at} is not a Kubernetes API field"));
+                assert_known_fields(file, &at, value, known);
+            }
+        }
+        (Value::Array(items), Value::Array(known)) => {
+            assert_eq!(items.len(), known.len(), "{file}: {path}");
+            for (i, (item, known)) in items.iter().zip(known).enumerate() {
+                assert_known_fields(file, &format!("{path}[{i}]"), item, known);
+            }
+        }
+        // Quantities and int-or-strings come back as strings (`1` -> `"1"`).
+        (Value::Number(n), Value::String(s)) => assert_eq!(&n.to_string(), s, "{file}: {path}"),
+        _ => assert_eq!(written, typed, "{file}: {path}"),
+    }
+}
+
+/// Every manifest of deploy/kubernetes, by kind.
+struct Manifests {
+    runtime_class: RuntimeClass,
+    daemon_set: DaemonSet,
+    pods: Vec<Pod>,
+}
+
+fn manifests() -> Manifests {
+    let (mut runtime_classes, mut daemon_sets, mut pods) = (vec![], vec![], vec![]);
+    let mut files: Vec<PathBuf> = fs::read_dir(deploy_dir())
+        .expect("read deploy/kubernetes")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    for file in &files {
+        for object in objects(file) {
+            match object {
+                Object::Namespace => {}
+                Object::DaemonSet(d) => daemon_sets.push(*d),
+                Object::Pod(p) => pods.push(*p),
+                Object::RuntimeClass(r) => runtime_classes.push(*r),
+            }
+        }
+    }
+    assert_eq!((runtime_classes.len(), daemon_sets.len()), (1, 1));
+    assert!(!pods.is_empty());
+    Manifests {
+        runtime_class: runtime_classes.remove(0),
+        daemon_set: daemon_sets.remove(0),
+        pods,
+    }
+}
+
+#[test]
+fn runtime_class_names_the_handler_configure_writes() {
+    let m = manifests();
+    assert_eq!(m.runtime_class.metadata.name.as_deref(), Some("nvidia"));
+    assert_eq!(
+        m.runtime_class.handler,
+        nvhook::configure::DEFAULT_RUNTIME_NAME
+    );
+    // Pods of the class land only where the installer runs.
+    let class_nodes = m
+        .runtime_class
+        .scheduling
+        .as_ref()
+        .and_then(|s| s.node_selector.clone());
+    let installer_nodes = pod_spec(&m.daemon_set).node_selector.clone();
+    assert!(class_nodes.is_some());
+    assert_eq!(class_nodes, installer_nodes);
+}
+
+#[test]
+fn gpu_pod_asks_the_device_plugin_and_mounts_nothing_from_the_host() {
+    let m = manifests();
+    for pod in &m.pods {
+        let text = serde_json::to_string(pod).unwrap();
+        assert!(!text.contains("hostPath"), "{text}");
+        assert!(!text.contains("alpha.kubernetes.io"), "{text}");
+        let spec = pod.spec.as_ref().unwrap();
+        assert!(spec.volumes.is_none(), "{text}");
+        assert_eq!(
+            spec.runtime_class_name.as_ref(),
+            m.runtime_class.metadata.name.as_ref()
+        );
+        for container in &spec.containers {
+            let gpus = container
+                .resources
+                .as_ref()
+                .and_then(|r| r.limits.as_ref())
+                .and_then(|l| l.get("nvidia.com/gpu"))
+                .unwrap_or_else(|| panic!("no nvidia.com/gpu limit: {text}"));
+            assert_eq!(gpus.0, "1");
+            assert!(container.volume_mounts.is_none(), "{text}");
+        }
+    }
+}
+
+fn pod_spec(daemon_set: &DaemonSet) -> &k8s_openapi::api::core::v1::PodSpec {
+    daemon_set
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .expect("the DaemonSet has a pod spec")
+}
+
+fn installer(daemon_set: &DaemonSet) -> &Container {
+    let init = pod_spec(daemon_set)
+        .init_containers
+        .as_ref()
+        .expect("init containers");
+    assert_eq!(init.len(), 1);
+    &init[0]
+}
+
+fn env_of(container: &Container) -> Vec<(String, String)> {
+    container
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect()
+}
+
+fn env_value(container: &Container, name: &str) -> String {
+    env_of(container)
+        .into_iter()
+        .find_map(|(n, v)| (n == name).then_some(v))
+        .unwrap_or_else(|| panic!("installer sets no {name}"))
+}
+
+#[test]
+fn installer_is_privileged_and_mounts_every_host_path_it_writes() {
+    let m = manifests();
+    let spec = pod_spec(&m.daemon_set);
+    let install = installer(&m.daemon_set);
+    assert_eq!(
+        install.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    // To reach systemd through PID 1 for the restart.
+    assert_eq!(spec.host_pid, Some(true));
+    assert_eq!(
+        install.command.as_deref(),
+        Some(&["/opt/nvhook/install.sh".to_string()][..])
+    );
+    let containerfile = fs::read_to_string(deploy_dir().join("Containerfile")).unwrap();
+    assert!(
+        containerfile.contains("COPY deploy/kubernetes/install.sh /opt/nvhook/install.sh"),
+        "{containerfile}"
+    );
+
+    let host_root = env_value(install, "HOST_ROOT");
+    let containerd_config = PathBuf::from(env_value(install, "CONTAINERD_CONFIG"));
+    let written = [
+        PathBuf::from(env_value(install, "NVHOOK_DIR")),
+        PathBuf::from(nvhook::config::DEFAULT_PATH)
+            .parent()
+            .unwrap()
+            .to_owned(),
+        containerd_config.parent().unwrap().to_owned(),
+    ];
+    let volumes = spec.volumes.as_ref().expect("volumes");
+    let mounts = install.volume_mounts.as_ref().expect("volume mounts");
+    for host_dir in written {
+        let volume = volumes
+            .iter()
+            .find(|v| v.host_path.as_ref().map(|h| Path::new(&h.path)) == Some(&host_dir))
+            .unwrap_or_else(|| panic!("no hostPath volume for {}", host_dir.display()));
+        let mount = mounts
+            .iter()
+            .find(|m| m.name == volume.name)
+            .unwrap_or_else(|| panic!("volume {} not mounted", volume.name));
+        assert_eq!(
+            Path::new(&mount.mount_path),
+            Path::new(&host_root).join(host_dir.strip_prefix("/").unwrap()),
+            "volume {}",
+            volume.name
+        );
+        assert_ne!(mount.read_only, Some(true), "volume {}", volume.name);
+    }
+}
+
+/// A temporary host root with containerd's packaged config (version 2) and
+/// the image's binaries where install.sh takes them from.
+struct Host {
+    dir: tempfile::TempDir,
+}
+
+impl Host {
+    fn new() -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let containerd = dir.path().join("root/etc/containerd");
+        fs::create_dir_all(&containerd).unwrap();
+        fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/golden/configure/containerd-v2-default.toml"),
+            containerd.join("config.toml"),
+        )
+        .unwrap();
+        let image_bin = dir.path().join("image-bin");
+        fs::create_dir(&image_bin).unwrap();
+        fs::copy(nvhook_bin(), image_bin.join("nvhook")).unwrap();
+        fs::copy(nvhook_runtime_bin(), image_bin.join("nvhook-runtime")).unwrap();
+        Host { dir }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    fn at(&self, host_path: &str) -> PathBuf {
+        self.root().join(host_path.trim_start_matches('/'))
+    }
+
+    fn restarts(&self) -> usize {
+        fs::read_to_string(self.dir.path().join("restarts"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
+    /// install.sh with the DaemonSet's environment, but this host root, and
+    /// a restart that only counts.
+    fn install(&self, daemon_set: &DaemonSet) -> String {
+        let mut cmd = Command::new(deploy_dir().join("install.sh"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+        for (name, value) in env_of(installer(daemon_set)) {
+            cmd.env(name, value);
+        }
+        let restarts = self.dir.path().join("restarts");
+        let output = cmd
+            .env("HOST_ROOT", self.root())
+            .env("NVHOOK_SOURCE", self.dir.path().join("image-bin"))
+            .env(
+                "RESTART_CONTAINERD",
+                format!("echo restart >> {}", restarts.display()),
+            )
+            .output()
+            .expect("run install.sh");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "install.sh failed:\n{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    }
+}
+
+#[test]
+fn install_sh_installs_nvhook_on_a_host_root() {
+    let m = manifests();
+    let host = Host::new();
+    let said = host.install(&m.daemon_set);
+
+    let bin = "/usr/local/nvhook/bin";
+    for (name, built) in [
+        ("nvhook", nvhook_bin()),
+        ("nvhook-runtime", nvhook_runtime_bin()),
+    ] {
+        let installed = host.at(&format!("{bin}/{name}"));
+        assert_eq!(fs::read(&installed).unwrap(), fs::read(built).unwrap());
+        let mode = fs::metadata(&installed).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o755, "{name}");
+    }
+    let config = Config::from_file(&host.at(nvhook::config::DEFAULT_PATH)).unwrap();
+    assert_eq!(config.hook_path, Path::new(&format!("{bin}/nvhook")));
+    assert!(!config.accept_env_when_unprivileged);
+    assert!(config.accept_volume_mount_devices);
+    // The host's own paths, read back by containerd itself.
+    assert_containerd_handler(
+        &host.at("/etc/containerd/config.toml"),
+        "nvidia",
+        &format!("{bin}/nvhook-runtime"),
+    );
+    assert_eq!(host.restarts(), 1, "{said}");
+
+    // A second run (a pod restart, a node reboot) changes nothing, containerd included.
+    let files = |host: &Host| {
+        ["/etc/containerd/config.toml", nvhook::config::DEFAULT_PATH]
+            .map(|p| fs::read(host.at(p)).unwrap())
+    };
+    let before = files(&host);
+    let said = host.install(&m.daemon_set);
+    assert_eq!(files(&host), before);
+    assert_eq!(host.restarts(), 1, "{said}");
+    assert!(said.contains("no restart"), "{said}");
+}
+
+#[test]
+fn install_sh_keeps_an_admins_nvhook_config() {
+    let m = manifests();
+    let host = Host::new();
+    let config = host.at(nvhook::config::DEFAULT_PATH);
+    fs::create_dir_all(config.parent().unwrap()).unwrap();
+    fs::write(&config, "driver-root = \"/run/nvidia/driver\"").unwrap();
+    host.install(&m.daemon_set);
+    let read = Config::from_file(&config).unwrap();
+    assert_eq!(read.driver_root, Path::new("/run/nvidia/driver"));
+    assert_eq!(read.hook_path, Path::new("/usr/local/nvhook/bin/nvhook"));
+    assert!(!read.accept_env_when_unprivileged);
+
+    fs::write(&config, "hook-path = \"/opt/nvhook\"\n").unwrap();
+    let said = host.install(&m.daemon_set);
+    assert!(said.contains("warning:"), "{said}");
+    assert_eq!(
+        Config::from_file(&config).unwrap().hook_path,
+        Path::new("/opt/nvhook")
+    );
+}
