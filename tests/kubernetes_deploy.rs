@@ -44,7 +44,7 @@ fn objects(file: &Path) -> Vec<Object> {
                 .unwrap_or_else(|e| panic!("{name}: not YAML: {e}"));
             let json = serde_json::to_value(&yaml).expect("YAML maps to JSON");
             let kind = json["kind"].as_str().unwrap_or_default().to_owned();
-            let object = match kind.as_str() {
+            match kind.as_str() {
                 "Namespace" => {
                     typed::<Namespace>(&name, &json);
                     Object::Namespace
@@ -53,8 +53,7 @@ fn objects(file: &Path) -> Vec<Object> {
                 "Pod" => Object::Pod(typed(&name, &json)),
                 "RuntimeClass" => Object::RuntimeClass(typed(&name, &json)),
                 other => panic!("{name}: kind {other:?} is not one this test knows"),
-            };
-            object
+            }
         })
         .collect()
 }
