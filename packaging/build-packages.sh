@@ -16,7 +16,7 @@ CARGO_GENERATE_RPM_VERSION=0.21.1
 # require_tool SUBCOMMAND CRATE VERSION
 require_tool() {
     local subcommand=$1 crate=$2 version=$3
-    if cargo "$subcommand" --version 2>/dev/null | grep -qw -- "$version"; then
+    if cargo "$subcommand" --version 2>/dev/null | grep -qwF -- "$version"; then
         return
     fi
     echo "build-packages: installing $crate $version" >&2

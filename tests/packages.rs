@@ -256,6 +256,14 @@ fn deb_installs_upgrades_keeping_the_config_removes_and_purges_only_its_own_file
     );
     let version = stdout_of(Command::new(root.path("/usr/bin/nvhook")).arg("--version"));
     assert_eq!(version.trim(), format!("nvhook {VERSION}"));
+    // The shim loads the shipped config and execs the runtime it finds on PATH.
+    require_program("runc");
+    let runtime = stdout_of(
+        Command::new(root.path("/usr/bin/nvhook-runtime"))
+            .env(nvhook::config::ENV_VAR, root.path(CONFIG))
+            .arg("--version"),
+    );
+    assert!(runtime.starts_with("runc version"), "{runtime}");
 
     // The administrator's own setting survives a reinstall of the package.
     let config = root.path(CONFIG);
@@ -358,7 +366,7 @@ fn rpm_holds_the_same_files_with_a_noreplace_config_and_license() {
 }
 
 #[test]
-fn rpm_runs_the_shared_postinst_and_prerm_scripts() {
+fn rpm_carries_the_shared_postinst_and_prerm_as_scriptlets() {
     let scriptlet = |tag: &str| rpm_query(&["--queryformat", &format!("%{{{tag}}}")]);
     assert_eq!(scriptlet("POSTIN"), maintainer_script("postinst"));
     assert_eq!(scriptlet("PREUN"), maintainer_script("prerm"));
