@@ -378,6 +378,14 @@ fn rpm_carries_the_shared_postinst_and_prerm_as_scriptlets() {
         );
     }
     assert!(!scripts.contains("postuninstall"), "{scripts}");
+
+    // rpm's %post argument: 1 on a first install (the hint), 2 on an upgrade.
+    let postin = scriptlet("POSTIN");
+    let run_postin = |arg: &str| {
+        stdout_of(Command::new(require_program("sh")).args(["-c", &postin, "postinst", arg]))
+    };
+    assert!(run_postin("1").contains("nvhook configure docker"));
+    assert_eq!(run_postin("2"), "");
 }
 
 // ---- the installed binaries at work ----
