@@ -70,11 +70,12 @@ impl Bundle {
         self
     }
 
-    /// Installs nvhook as the prestart hook, configured for `node`, the way
-    /// nvhook itself writes hook entries: absolute path, explicit env, timeout.
+    /// Installs the node's nvhook as the prestart hook, configured for `node`,
+    /// the way nvhook itself writes hook entries: absolute path, explicit env,
+    /// timeout.
     pub fn prestart_hook(&mut self, node: &SimNode) -> &mut Self {
         let hook = json!({
-            "path": nvhook_bin(),
+            "path": node.hook(),
             "args": ["nvhook", "--config", node.config(), "hook", "prestart"],
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
             "timeout": 30,

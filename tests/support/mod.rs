@@ -18,11 +18,11 @@ mod node;
 mod runc;
 
 pub use bundle::{Bundle, nvhook_bin};
-pub use cmd::{require_program, require_root};
+pub use cmd::{require_program, require_root, stdout_of};
 pub use image::{
     GlibcImageOptions, Image, build_busybox_image, build_glibc_image, busybox_image, glibc_image,
     glibc_image_with_fake_libcuda,
 };
 pub use mounts::{host_mounts_referencing, tree_listing};
-pub use node::{SimNode, simnode_bin};
+pub use node::{SimNode, profile_dir, simnode_bin};
 pub use runc::{Output, RuntimeEnv, run_container};

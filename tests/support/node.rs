@@ -13,10 +13,18 @@ use super::cmd::run_checked;
 /// root), `dev/` (device nodes), `nvhook.log`. Removed when dropped.
 pub struct SimNode {
     dir: TempDir,
+    hook: PathBuf,
 }
 
 impl SimNode {
+    /// A node served by the nvhook cargo built for this test run.
     pub fn create(gpus: u32) -> SimNode {
+        SimNode::create_for(gpus, nvhook_bin())
+    }
+
+    /// A node whose config and hook entries name the nvhook binary at `hook`
+    /// (an installed one, say).
+    pub fn create_for(gpus: u32, hook: &Path) -> SimNode {
         let dir = tempfile::Builder::new()
             .prefix("nvhook-node-")
             .tempdir()
@@ -28,9 +36,17 @@ impl SimNode {
                 .args(["--gpus", &gpus.to_string()])
                 // The same binary the bundles' prestart hooks run.
                 .arg("--hook-path")
-                .arg(nvhook_bin()),
+                .arg(hook),
         );
-        SimNode { dir }
+        SimNode {
+            dir,
+            hook: hook.to_owned(),
+        }
+    }
+
+    /// The nvhook binary this node's hook entries run.
+    pub fn hook(&self) -> &Path {
+        &self.hook
     }
 
     pub fn root(&self) -> &Path {
@@ -66,15 +82,21 @@ impl SimNode {
     }
 }
 
-/// simnode sits beside this test binary's directory (`target/<profile>/deps`),
-/// which also holds when CARGO_TARGET_DIR moves the target directory.
-pub fn simnode_bin() -> PathBuf {
+/// `target/<profile>`, the parent of this test binary's directory
+/// (`target/<profile>/deps`), which also holds when CARGO_TARGET_DIR moves the
+/// target directory.
+pub fn profile_dir() -> PathBuf {
     let test_exe = std::env::current_exe().expect("locate the test binary");
-    let profile_dir = test_exe
+    test_exe
         .parent()
         .and_then(Path::parent)
-        .expect("test binary lives in target/<profile>/deps");
-    let bin = profile_dir.join("simnode");
+        .expect("test binary lives in target/<profile>/deps")
+        .to_owned()
+}
+
+/// simnode sits beside the test binary's directory.
+pub fn simnode_bin() -> PathBuf {
+    let bin = profile_dir().join("simnode");
     assert!(
         bin.is_file(),
         "{} is missing: run `cargo build --workspace` (same profile) before the end-to-end tests",

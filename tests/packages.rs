@@ -1,0 +1,418 @@
+//! The .deb and .rpm that `packaging/build-packages.sh` writes to
+//! `<target>/packages/`: their contents and metadata, the .deb's life cycle in a
+//! scratch root (install, upgrade over itself, remove, purge), and the
+//! installed hook running a real runc container on a simulated node.
+//!
+//! Run as root after `cargo build --workspace` and `packaging/build-packages.sh`
+//! (scripts/test.sh does both): `cargo test --test packages`.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use support::{
+    Bundle, RuntimeEnv, SimNode, glibc_image, profile_dir, require_program, require_root,
+    run_container, stdout_of,
+};
+use tempfile::TempDir;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+const CONFIG: &str = "/etc/nvhook/config.toml";
+const DOCKER_CONFIG: &str = "/etc/docker/daemon.json";
+
+/// What both packages install, documentation aside.
+const PROGRAM_FILES: [&str; 4] = [
+    "/usr/bin/nvhook",
+    "/usr/bin/nvhook-runtime",
+    CONFIG,
+    "/usr/share/containers/oci/hooks.d/oci-nvhook-hook.json",
+];
+
+/// `<target>/packages/NAME`, where build-packages.sh writes for the same
+/// target directory (CARGO_TARGET_DIR or ./target) this test binary lives in.
+fn package(name: &str) -> PathBuf {
+    let target = profile_dir()
+        .parent()
+        .expect("target/<profile> has a parent")
+        .to_owned();
+    let path = target.join("packages").join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run packaging/build-packages.sh (scripts/test.sh does) before the package tests",
+        path.display()
+    );
+    path
+}
+
+fn deb() -> PathBuf {
+    package(&format!("nvhook_{VERSION}_amd64.deb"))
+}
+
+fn rpm() -> PathBuf {
+    package(&format!("nvhook-{VERSION}-1.x86_64.rpm"))
+}
+
+/// The maintainer script both packages carry.
+fn maintainer_script(name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("packaging/scripts")
+        .join(name);
+    fs::read_to_string(&path).unwrap_or_else(|err| panic!("read {}: {err}", path.display()))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn lines(text: &str) -> BTreeSet<&str> {
+    text.lines().filter(|line| !line.is_empty()).collect()
+}
+
+fn with_docs(docs: &[&'static str]) -> BTreeSet<&'static str> {
+    PROGRAM_FILES.iter().chain(docs).copied().collect()
+}
+
+/// An empty root with the dpkg database skeleton dpkg --root needs; removed
+/// when dropped.
+struct ScratchRoot {
+    dir: TempDir,
+}
+
+impl ScratchRoot {
+    fn new() -> ScratchRoot {
+        require_root();
+        let dir = tempfile::Builder::new()
+            .prefix("nvhook-dpkg-root-")
+            .tempdir()
+            .expect("create scratch root");
+        let admin = dir.path().join("var/lib/dpkg");
+        for sub in ["info", "updates", "triggers"] {
+            fs::create_dir_all(admin.join(sub)).expect("create dpkg database dirs");
+        }
+        for file in ["status", "available"] {
+            fs::write(admin.join(file), "").expect("create dpkg database files");
+        }
+        fs::create_dir_all(dir.path().join("var/log")).expect("create var/log");
+        ScratchRoot { dir }
+    }
+
+    /// `path` (absolute, as on an installed system) inside the scratch root.
+    fn path(&self, path: &str) -> PathBuf {
+        self.dir.path().join(path.trim_start_matches('/'))
+    }
+
+    fn dpkg(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new(require_program("dpkg"));
+        cmd.arg("--root")
+            .arg(self.dir.path())
+            // dpkg.log inside the scratch root: the host's log stays untouched.
+            .arg(format!(
+                "--log={}",
+                self.path("/var/log/dpkg.log").display()
+            ))
+            // The scratch root holds no shell to chroot into: the maintainer
+            // scripts run on the host with DPKG_ROOT set, which they honour.
+            .arg("--force-script-chrootless")
+            // The Depends (libc6) is not in the scratch root's database.
+            .arg("--force-depends")
+            .args(args);
+        cmd.output()
+            .unwrap_or_else(|err| panic!("cannot spawn {cmd:?}: {err}"))
+    }
+
+    #[track_caller]
+    fn dpkg_ok(&self, args: &[&str]) -> Output {
+        let output = self.dpkg(args);
+        assert!(
+            output.status.success(),
+            "dpkg {args:?} failed with {}\nstdout:\n{}\nstderr:\n{}",
+            output.status,
+            text(&output.stdout),
+            text(&output.stderr)
+        );
+        output
+    }
+
+    fn install_deb(&self) -> Output {
+        self.dpkg_ok(&["--install", deb().to_str().expect("utf-8 path")])
+    }
+
+    /// dpkg's state of the package (`installed`, `config-files`), None once
+    /// dpkg has forgotten it.
+    fn package_state(&self) -> Option<String> {
+        let output = Command::new(require_program("dpkg-query"))
+            .arg(format!(
+                "--admindir={}",
+                self.path("/var/lib/dpkg").display()
+            ))
+            .args(["--show", "--showformat=${db:Status-Status}", "nvhook"])
+            .output()
+            .expect("spawn dpkg-query");
+        output.status.success().then(|| text(&output.stdout))
+    }
+
+    /// Every file (not directory) under the root outside dpkg's own var/.
+    fn files(&self) -> BTreeSet<String> {
+        let listing = stdout_of(
+            Command::new(require_program("find"))
+                .arg(".")
+                .args([
+                    "-path", "./var", "-prune", "-o", "!", "-type", "d", "-print",
+                ])
+                .current_dir(self.dir.path()),
+        );
+        listing
+            .lines()
+            .map(|line| line.trim_start_matches('.').to_owned())
+            .collect()
+    }
+}
+
+// ---- the .deb ----
+
+#[test]
+fn deb_holds_the_programs_config_hook_and_docs_with_their_dependencies() {
+    let deb = deb();
+    let listing = stdout_of(
+        Command::new(require_program("dpkg-deb"))
+            .arg("--contents")
+            .arg(&deb),
+    );
+    let files: BTreeSet<&str> = listing
+        .lines()
+        .filter(|line| !line.ends_with('/'))
+        .filter_map(|line| line.split_whitespace().last())
+        .map(|path| path.trim_start_matches('.'))
+        .collect();
+    let docs = [
+        "/usr/share/doc/nvhook/README.md",
+        "/usr/share/doc/nvhook/copyright",
+        "/usr/share/doc/nvhook/usage.txt",
+    ];
+    assert_eq!(files, with_docs(&docs), "{listing}");
+    for program in ["./usr/bin/nvhook", "./usr/bin/nvhook-runtime"] {
+        let entry = listing
+            .lines()
+            .find(|line| line.ends_with(program))
+            .unwrap_or_else(|| panic!("{program} not in the .deb\n{listing}"));
+        let fields: Vec<&str> = entry.split_whitespace().collect();
+        assert!(
+            fields[0] == "-rwxr-xr-x" && ["0/0", "root/root"].contains(&fields[1]),
+            "{program} is not root-owned mode 755: {entry}"
+        );
+    }
+
+    let field = |name: &str| {
+        stdout_of(
+            Command::new(require_program("dpkg-deb"))
+                .arg("--field")
+                .arg(&deb)
+                .arg(name),
+        )
+        .trim()
+        .to_owned()
+    };
+    assert_eq!(field("Version"), VERSION);
+    assert!(
+        field("Depends").starts_with("libc6 (>="),
+        "Depends: {}",
+        field("Depends")
+    );
+    assert_eq!(field("Recommends"), "runc | crun");
+
+    let conffiles = stdout_of(
+        Command::new(require_program("dpkg-deb"))
+            .arg("--info")
+            .arg(&deb)
+            .arg("conffiles"),
+    );
+    assert_eq!(lines(&conffiles), BTreeSet::from([CONFIG]));
+}
+
+#[test]
+fn deb_installs_upgrades_keeping_the_config_removes_and_purges_only_its_own_files() {
+    let root = ScratchRoot::new();
+
+    let install = root.install_deb();
+    assert_eq!(root.package_state().as_deref(), Some("installed"));
+    assert!(
+        text(&install.stdout).contains("nvhook configure docker"),
+        "the first install names the configure command\n{}",
+        text(&install.stdout)
+    );
+    let installed = root.files();
+    for file in PROGRAM_FILES {
+        assert!(
+            installed.contains(file),
+            "{file} not installed: {installed:#?}"
+        );
+    }
+    assert!(
+        !root.path("/etc/docker").exists() && !root.path("/etc/containerd").exists(),
+        "installing wrote an engine config"
+    );
+    let version = stdout_of(Command::new(root.path("/usr/bin/nvhook")).arg("--version"));
+    assert_eq!(version.trim(), format!("nvhook {VERSION}"));
+    // The shim loads the shipped config and execs the runtime it finds on PATH.
+    require_program("runc");
+    let runtime = stdout_of(
+        Command::new(root.path("/usr/bin/nvhook-runtime"))
+            .env(nvhook::config::ENV_VAR, root.path(CONFIG))
+            .arg("--version"),
+    );
+    assert!(runtime.starts_with("runc version"), "{runtime}");
+
+    // The administrator's own setting survives a reinstall of the package.
+    let config = root.path(CONFIG);
+    let shipped = fs::read_to_string(&config).expect("read the installed config");
+    let edited = shipped.replace("log-level = \"info\"", "log-level = \"debug\"");
+    assert_ne!(
+        edited, shipped,
+        "the shipped config sets log-level = \"info\""
+    );
+    fs::write(&config, &edited).expect("edit the installed config");
+    let upgrade = root.install_deb();
+    assert_eq!(fs::read_to_string(&config).expect("read config"), edited);
+    assert!(
+        !text(&upgrade.stdout).contains("nvhook configure"),
+        "an upgrade repeats the first-install hint\n{}",
+        text(&upgrade.stdout)
+    );
+    assert_eq!(root.files(), installed, "the upgrade left extra files");
+
+    // What the administrator made: an engine config naming the runtime, a
+    // file of their own beside the package's config.
+    let daemon_json = r#"{"runtimes": {"nvidia": {"path": "/usr/bin/nvhook-runtime"}}}"#;
+    fs::create_dir_all(root.path("/etc/docker")).expect("mkdir etc/docker");
+    fs::write(root.path(DOCKER_CONFIG), daemon_json).expect("write daemon.json");
+    let notes = "/etc/nvhook/site-notes.txt";
+    fs::write(root.path(notes), "ours\n").expect("write site notes");
+
+    let remove = root.dpkg_ok(&["--remove", "nvhook"]);
+    let stderr = text(&remove.stderr);
+    assert!(
+        stderr.contains(DOCKER_CONFIG) && stderr.contains("nvhook configure docker --remove"),
+        "removal does not name the engine config still using nvhook-runtime\n{stderr}"
+    );
+    assert_eq!(root.package_state().as_deref(), Some("config-files"));
+    assert_eq!(
+        root.files(),
+        BTreeSet::from([
+            CONFIG.to_owned(),
+            DOCKER_CONFIG.to_owned(),
+            notes.to_owned()
+        ])
+    );
+    assert_eq!(fs::read_to_string(&config).expect("read config"), edited);
+
+    root.dpkg_ok(&["--purge", "nvhook"]);
+    assert_eq!(root.package_state(), None);
+    assert_eq!(
+        root.files(),
+        BTreeSet::from([DOCKER_CONFIG.to_owned(), notes.to_owned()])
+    );
+    assert_eq!(
+        fs::read_to_string(root.path(DOCKER_CONFIG)).expect("read daemon.json"),
+        daemon_json,
+        "purge touched the engine config"
+    );
+}
+
+// ---- the .rpm (read with Debian's rpm; its scripts are the .deb's) ----
+
+fn rpm_query(args: &[&str]) -> String {
+    stdout_of(
+        Command::new(require_program("rpm"))
+            .arg("--query")
+            .arg("--package")
+            .args(args)
+            .arg(rpm()),
+    )
+}
+
+#[test]
+fn rpm_holds_the_same_files_with_a_noreplace_config_and_license() {
+    let docs = [
+        "/usr/share/doc/nvhook/README.md",
+        "/usr/share/doc/nvhook/usage.txt",
+        "/usr/share/licenses/nvhook/LICENSE",
+    ];
+    assert_eq!(lines(&rpm_query(&["--list"])), with_docs(&docs));
+    assert_eq!(
+        lines(&rpm_query(&["--configfiles"])),
+        BTreeSet::from([CONFIG])
+    );
+    let flags = rpm_query(&["--queryformat", "[%{FILENAMES} %{FILEFLAGS:fflags}\n]"]);
+    assert!(
+        flags.lines().any(|line| line == format!("{CONFIG} cn")),
+        "{CONFIG} is not %config(noreplace)\n{flags}"
+    );
+    assert_eq!(
+        rpm_query(&["--queryformat", "%{VERSION}-%{RELEASE}"]),
+        format!("{VERSION}-1")
+    );
+    let requires = rpm_query(&["--requires"]);
+    assert!(
+        requires.lines().any(|line| line.starts_with("libc.so.6")),
+        "no libc requirement\n{requires}"
+    );
+    assert_eq!(
+        lines(&rpm_query(&["--recommends"])),
+        BTreeSet::from(["(runc or crun)"])
+    );
+}
+
+#[test]
+fn rpm_carries_the_shared_postinst_and_prerm_as_scriptlets() {
+    let scriptlet = |tag: &str| rpm_query(&["--queryformat", &format!("%{{{tag}}}")]);
+    assert_eq!(scriptlet("POSTIN"), maintainer_script("postinst"));
+    assert_eq!(scriptlet("PREUN"), maintainer_script("prerm"));
+    let scripts = rpm_query(&["--scripts"]);
+    for kind in ["postinstall", "preuninstall"] {
+        assert!(
+            scripts.contains(&format!("{kind} scriptlet (using /bin/sh)")),
+            "no {kind} scriptlet\n{scripts}"
+        );
+    }
+    assert!(!scripts.contains("postuninstall"), "{scripts}");
+
+    // rpm's %post argument: 1 on a first install (the hint), 2 on an upgrade.
+    let postin = scriptlet("POSTIN");
+    let run_postin = |arg: &str| {
+        stdout_of(Command::new(require_program("sh")).args(["-c", &postin, "postinst", arg]))
+    };
+    assert!(run_postin("1").contains("nvhook configure docker"));
+    assert_eq!(run_postin("2"), "");
+}
+
+// ---- the installed binaries at work ----
+
+#[test]
+fn installed_nvhook_hook_gives_a_runc_container_its_gpu_and_libcuda() {
+    let root = ScratchRoot::new();
+    root.install_deb();
+    let node = SimNode::create_for(4, &root.path("/usr/bin/nvhook"));
+    let mut bundle = Bundle::new(
+        glibc_image(),
+        &[
+            "/gpucheck",
+            "--dev",
+            "/dev/nvidia0",
+            "--dev",
+            "/dev/nvidia1",
+        ],
+    );
+    bundle.env("NVIDIA_VISIBLE_DEVICES=1").prestart_hook(&node);
+    let mut output = run_container(&bundle, RuntimeEnv::CgroupV1);
+    output.hook_log = Some(node.log());
+    output.assert_success();
+    output.assert_lines(&[
+        "dev /dev/nvidia1 ENXIO",
+        "dev /dev/nvidia0 absent",
+        "dlopen libcuda.so.1 ok",
+        "cuInit 0",
+    ]);
+}
