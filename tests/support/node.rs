@@ -17,6 +17,11 @@ pub struct SimNode {
 
 impl SimNode {
     pub fn create(gpus: u32) -> SimNode {
+        Self::create_with(gpus, &[])
+    }
+
+    /// A node with `extra` simnode options, e.g. `["--mig", "1:2"]`.
+    pub fn create_with(gpus: u32, extra: &[&str]) -> SimNode {
         let dir = tempfile::Builder::new()
             .prefix("nvhook-node-")
             .tempdir()
@@ -26,6 +31,7 @@ impl SimNode {
                 .arg("create")
                 .arg(dir.path())
                 .args(["--gpus", &gpus.to_string()])
+                .args(extra)
                 // The same binary the bundles' prestart hooks run.
                 .arg("--hook-path")
                 .arg(nvhook_bin()),
