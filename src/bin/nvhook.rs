@@ -139,7 +139,14 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Info { format } => info(&config, format),
         Command::Plan { bundle, format } => plan(&config, &bundle, format),
-        Command::Cdi(command) => cdi(&config, cli.config.as_deref(), command),
+        Command::Cdi(command) => {
+            // The spec's hook must read the config this run read, however it was named.
+            let named = cli
+                .config
+                .clone()
+                .or_else(|| env_config.filter(|v| !v.is_empty()).map(PathBuf::from));
+            cdi(&config, named.as_deref(), command)
+        }
         Command::Hook { .. } | Command::Configure(_) => unreachable!("handled above"),
     }
 }
@@ -241,13 +248,18 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
                 None => print!("{text}"),
             }
         }
+        CdiCommand::List { files } if files.is_empty() => {
+            // Other vendors' specs live there too: one nvhook cannot read is no reason to
+            // hide the others.
+            let dirs: Vec<&Path> = nvhook::cdi::SPEC_DIRS.iter().map(Path::new).collect();
+            for file in nvhook::cdi::spec_files(&dirs) {
+                match nvhook::cdi::read_spec(&file) {
+                    Ok(spec) => spec.qualified_names().iter().for_each(|n| println!("{n}")),
+                    Err(e) => eprintln!("nvhook: warning: {e}"),
+                }
+            }
+        }
         CdiCommand::List { files } => {
-            let files = if files.is_empty() {
-                let dirs: Vec<&Path> = nvhook::cdi::SPEC_DIRS.iter().map(Path::new).collect();
-                nvhook::cdi::spec_files(&dirs)
-            } else {
-                files
-            };
             for file in files {
                 for name in nvhook::cdi::read_spec(&file)?.qualified_names() {
                     println!("{name}");

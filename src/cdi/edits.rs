@@ -29,7 +29,8 @@ impl HookBinary {
     pub fn new(config: &Config, config_path: Option<&Path>) -> HookBinary {
         HookBinary {
             path: config.hook_path.clone(),
-            config: config_path.map(Path::to_path_buf),
+            // The hook runs with `/` as its working directory.
+            config: config_path.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.into())),
         }
     }
 
