@@ -6,8 +6,8 @@
 //! and each device keeps only its own nodes.
 
 use super::CdiError;
-use super::edits::{HookBinary, container_edits};
-use super::spec::{Device, Spec, minimum_version, validate};
+use super::edits::{HookBinary, container_edits, device_nodes};
+use super::spec::{ContainerEdits, Device, Spec, minimum_version, validate};
 use crate::capability::Capability;
 use crate::config::Config;
 use crate::inventory::Inventory;
@@ -86,10 +86,12 @@ pub fn generate(
         .map(|d| d.path)
         .collect();
     let own_edits = |plan: &Plan| {
-        let mut edits = super::spec::ContainerEdits::default();
-        edits.device_nodes = super::edits::device_nodes(plan);
-        edits.device_nodes.retain(|n| !shared.contains(&n.path));
-        edits
+        let mut nodes = device_nodes(plan);
+        nodes.retain(|n| !shared.contains(&n.path));
+        ContainerEdits {
+            device_nodes: nodes,
+            ..ContainerEdits::default()
+        }
     };
     let all = plan_for(DeviceSelection::All)?;
     let mut common = container_edits(&all, &hook);

@@ -76,8 +76,40 @@ pub fn spec_files(dirs: &[&Path]) -> Vec<PathBuf> {
     out
 }
 
-/// Writes `text` to `path` atomically (engines watch these directories and may read at any time).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_are_written_only_where_engines_read_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let yml = dir.path().join("nvidia.yml");
+        let e = write_spec(&yml, "x").unwrap_err().to_string();
+        assert!(e.contains("*.yaml") && e.contains("nvidia.yml"), "{e}");
+        for name in ["b.yaml", "a.json"] {
+            write_spec(&dir.path().join(name), "x").unwrap();
+        }
+        std::fs::write(dir.path().join("c.txt"), "x").unwrap();
+        assert_eq!(
+            spec_files(&[dir.path(), Path::new("/nonexistent")]),
+            [dir.path().join("a.json"), dir.path().join("b.yaml")]
+        );
+    }
+}
+
+/// Writes `text` to `path` atomically (engines watch these directories and may read at any
+/// time). Engines read only `*.json` and `*.yaml`: another name would be silently ignored.
 pub fn write_spec(path: &Path, text: &str) -> Result<(), CdiError> {
+    if !matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("json" | "yaml")
+    ) {
+        return Err(CdiError::File {
+            op: "write",
+            path: path.to_path_buf(),
+            message: "engines only read spec files named *.json or *.yaml".into(),
+        });
+    }
     crate::runtime::write_atomic(path, text.as_bytes(), 0o644).map_err(|e| CdiError::File {
         op: "write",
         path: path.to_path_buf(),
