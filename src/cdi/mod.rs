@@ -76,6 +76,26 @@ pub fn spec_files(dirs: &[&Path]) -> Vec<PathBuf> {
     out
 }
 
+/// Writes `text` to `path` atomically (engines watch these directories and may read at any
+/// time). Engines read only `*.json` and `*.yaml`: another name would be silently ignored.
+pub fn write_spec(path: &Path, text: &str) -> Result<(), CdiError> {
+    if !matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("json" | "yaml")
+    ) {
+        return Err(CdiError::File {
+            op: "write",
+            path: path.to_path_buf(),
+            message: "engines only read spec files named *.json or *.yaml".into(),
+        });
+    }
+    crate::runtime::write_atomic(path, text.as_bytes(), 0o644).map_err(|e| CdiError::File {
+        op: "write",
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,24 +115,4 @@ mod tests {
             [dir.path().join("a.json"), dir.path().join("b.yaml")]
         );
     }
-}
-
-/// Writes `text` to `path` atomically (engines watch these directories and may read at any
-/// time). Engines read only `*.json` and `*.yaml`: another name would be silently ignored.
-pub fn write_spec(path: &Path, text: &str) -> Result<(), CdiError> {
-    if !matches!(
-        path.extension().and_then(|e| e.to_str()),
-        Some("json" | "yaml")
-    ) {
-        return Err(CdiError::File {
-            op: "write",
-            path: path.to_path_buf(),
-            message: "engines only read spec files named *.json or *.yaml".into(),
-        });
-    }
-    crate::runtime::write_atomic(path, text.as_bytes(), 0o644).map_err(|e| CdiError::File {
-        op: "write",
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
 }
