@@ -34,6 +34,19 @@ pub struct Config {
     pub runtimes: Vec<String>,
     /// Absolute path of the nvhook binary written into hook entries.
     pub hook_path: PathBuf,
+    /// How nvhook-runtime gives a container its GPUs.
+    pub runtime_mode: RuntimeMode,
+}
+
+/// `hook`: the shim puts the device nodes into config.json and adds the prestart hook, which
+/// does the rest. `cdi`: the shim writes all of the plan as CDI-style edits (nodes, cgroup
+/// rules, bind mounts) for the runtime to apply, plus a createContainer hook for the links
+/// and the loader cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeMode {
+    Hook,
+    Cdi,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,6 +74,7 @@ impl Default for Config {
             log_level: LogLevel::Info,
             runtimes: vec!["runc".into(), "crun".into()],
             hook_path: PathBuf::from("/usr/bin/nvhook"),
+            runtime_mode: RuntimeMode::Hook,
         }
     }
 }
@@ -191,6 +205,7 @@ log-file = "/var/log/nvhook.log"
 log-level = "debug"
 runtimes = ["crun"]
 hook-path = "/opt/nvhook"
+runtime-mode = "cdi"
 "#,
         )
         .unwrap();
@@ -202,6 +217,7 @@ hook-path = "/opt/nvhook"
         assert!(!c.accept_env_when_unprivileged);
         assert_eq!(c.log_level, LogLevel::Debug);
         assert_eq!(c.runtimes, vec!["crun".to_string()]);
+        assert_eq!(c.runtime_mode, RuntimeMode::Cdi);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! the system (NVML loading, mounts, cgroups), so the former is tested without root.
 
 pub mod capability;
+pub mod cdi;
 pub mod cgroup;
 pub mod config;
 pub mod configure;

@@ -47,6 +47,11 @@ pub struct Layout {
     pub lib32_dir: String,
     /// The image has a glibc loader cache to update.
     pub ldcache: bool,
+    /// Set for CDI specs, which serve any image: libraries then keep their directory on the
+    /// host, relative to this canonical driver root (as NVIDIA's CDI specs do), and the
+    /// hook's cache and ld.so.conf.d entries make the loader find them there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_driver_root: Option<PathBuf>,
 }
 
 /// What the plan needs to know about the image, probed safely by the caller.
@@ -71,7 +76,29 @@ impl Layout {
             lib64_dir: lib64.into(),
             lib32_dir: lib32.into(),
             ldcache: image.has_ldcache,
+            host_driver_root: None,
         }
+    }
+
+    /// Libraries at their host paths under `driver_root` (canonical), for an image not known
+    /// yet; the cache entries are written when the image turns out to have a cache.
+    pub fn host_paths(driver_root: PathBuf) -> Layout {
+        Layout {
+            host_driver_root: Some(driver_root),
+            ..Layout::for_image(ImageInfo {
+                has_ldcache: true,
+                ..ImageInfo::default()
+            })
+        }
+    }
+
+    /// Where `lib` goes in the container.
+    fn lib_dir(&self, lib: &crate::inventory::Library) -> String {
+        let host_dir = self.host_driver_root.as_ref().and_then(|root| {
+            let relative = lib.host_path.parent()?.strip_prefix(root).ok()?;
+            Some(format!("/{}", relative.display()))
+        });
+        host_dir.unwrap_or_else(|| self.dir(lib.class).to_string())
     }
 
     fn dir(&self, class: ElfClassName) -> &str {
@@ -195,16 +222,25 @@ impl Choice<'_> {
     }
 }
 
-/// Computes the plan for `request` on this host.
+/// Computes the plan for `request` on this host, for an image probed as `image`.
 pub fn build(
     request: &Request,
     inventory: &Inventory,
     dev_root: &str,
     image: ImageInfo,
 ) -> Result<Plan, PlanError> {
+    build_with_layout(request, inventory, dev_root, Layout::for_image(image))
+}
+
+/// Computes the plan for `request` with libraries placed as `layout` says.
+pub fn build_with_layout(
+    request: &Request,
+    inventory: &Inventory,
+    dev_root: &str,
+    layout: Layout,
+) -> Result<Plan, PlanError> {
     let choices = select(&request.devices, inventory)?;
     check_requirements(request, inventory, &choices)?;
-    let layout = Layout::for_image(image);
     let nodes = NodeFinder {
         inventory,
         dev_root,
@@ -503,7 +539,7 @@ impl FileBuilder<'_> {
     }
 
     fn add_library(&mut self, lib: &crate::inventory::Library) {
-        let dir = self.layout.dir(lib.class);
+        let dir = self.layout.lib_dir(lib);
         let destination = format!("{dir}/{}", lib.file_name);
         if self.mounts.iter().any(|m| m.destination == destination) {
             return;
@@ -555,7 +591,7 @@ fn ld_so_conf(layout: &Layout, entries: &[CacheEntry]) -> Option<LdSoConf> {
     }
     let mut dirs: Vec<String> = Vec::new();
     for e in entries {
-        let dir = layout.dir(e.class).to_string();
+        let dir = e.path.rsplit_once('/').map_or("/", |(d, _)| d).to_string();
         if !DEFAULT_LIB_DIRS.contains(&dir.as_str()) && !dirs.contains(&dir) {
             dirs.push(dir);
         }
@@ -598,4 +634,4 @@ pub fn container_params(host_params: &str) -> String {
 
 #[cfg(test)]
 #[path = "plan_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -127,7 +127,7 @@ fn driver_files() -> DriverFiles {
 
 /// A node with `gpus` A100s; `mig` lists (GPU, number of MIG devices) for MIG-enabled GPUs.
 /// Every device node the driver would create is present.
-fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
+pub(crate) fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
     let mut nodes = vec![
         node("/dev/nvidiactl", NVIDIA, NVIDIACTL_MINOR),
         node("/dev/nvidia-modeset", NVIDIA, MODESET_MINOR),
@@ -197,7 +197,7 @@ fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
 }
 
 /// The standard test node: GPUs 0-3, GPU 3 split into MIG devices 3:0 and 3:1.
-fn standard() -> Inventory {
+pub(crate) fn standard() -> Inventory {
     inventory(4, &[(3, 2)])
 }
 

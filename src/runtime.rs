@@ -3,13 +3,14 @@
 //! they survive `runc update` and `systemctl daemon-reload`), adds the prestart hook, and
 //! hands the plan to the hook through the bundle so NVML is initialised once per start.
 
-use crate::config::Config;
+use crate::cdi::{self, ContainerEdits, HookBinary};
+use crate::config::{Config, RuntimeMode};
 use crate::inject;
 use crate::inventory;
 use crate::oci::Spec;
 use crate::plan::Plan;
 use crate::request::Request;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -141,10 +142,20 @@ pub fn prepare_bundle(
     let plan = inject::plan_for(&request, &inventory, config, &rootfs)?;
     let mut value: Value =
         serde_json::from_str(&text).map_err(|e| bundle_err("parse", e.to_string()))?;
-    edit_spec(&mut value, &plan, &hook_entry(config, config_path));
-    let plan_json = serde_json::to_vec(&plan).map_err(|e| bundle_err("encode", e.to_string()))?;
-    write_atomic(&bundle.join(PLAN_FILE), &plan_json, 0o600)
-        .map_err(|e| bundle_err("write the plan beside", e.to_string()))?;
+    match config.runtime_mode {
+        RuntimeMode::Hook => {
+            edit_spec(&mut value, &plan, &hook_entry(config, config_path));
+            let plan_json =
+                serde_json::to_vec(&plan).map_err(|e| bundle_err("encode", e.to_string()))?;
+            write_atomic(&bundle.join(PLAN_FILE), &plan_json, 0o600)
+                .map_err(|e| bundle_err("write the plan beside", e.to_string()))?;
+        }
+        // The same edits a CDI spec would make, for this container's image and request.
+        RuntimeMode::Cdi => cdi::oci::apply(
+            &mut value,
+            &cdi::container_edits(&plan, &HookBinary::new(config, config_path)),
+        ),
+    }
     let out = serde_json::to_vec_pretty(&value).map_err(|e| bundle_err("encode", e.to_string()))?;
     let mode = std::fs::metadata(&path)
         .map(|m| m.permissions().mode() & 0o7777)
@@ -154,73 +165,23 @@ pub fn prepare_bundle(
 }
 
 /// The prestart hook entry: absolute path, explicit non-empty env, a timeout.
-pub fn hook_entry(config: &Config, config_path: Option<&Path>) -> Value {
-    let mut args = vec![json!("nvhook")];
-    if let Some(p) = config_path {
-        args.push(json!("--config"));
-        args.push(json!(p.display().to_string()));
-    }
-    args.extend([json!("hook"), json!("prestart")]);
-    json!({
-        "path": config.hook_path.display().to_string(),
-        "args": args,
-        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
-        "timeout": 30,
-    })
+pub fn hook_entry(config: &Config, config_path: Option<&Path>) -> cdi::spec::Hook {
+    HookBinary::new(config, config_path).hook("prestart", Vec::new())
 }
 
 /// Adds the hook (unless one with the same path is there), the device nodes to
 /// `linux.devices` and their allow rules to `linux.resources.devices`. Unknown fields stay.
-pub fn edit_spec(spec: &mut Value, plan: &Plan, hook: &Value) {
-    let root = object(spec);
-    let prestart = array(
-        object(root.entry("hooks").or_insert_with(|| json!({}))),
-        "prestart",
-    );
-    if !prestart.iter().any(|h| h.get("path") == hook.get("path")) {
-        prestart.push(hook.clone());
-    }
-    let linux = object(root.entry("linux").or_insert_with(|| json!({})));
-    let devices = array(linux, "devices");
-    for d in &plan.devices {
-        if !devices
-            .iter()
-            .any(|x| x.get("path").and_then(Value::as_str) == Some(&d.path))
-        {
-            devices.push(json!({
-                "path": d.path, "type": "c", "major": d.major, "minor": d.minor,
-                "fileMode": d.mode, "uid": 0, "gid": 0,
-            }));
-        }
-    }
-    let resources = object(linux.entry("resources").or_insert_with(|| json!({})));
-    let rules = array(resources, "devices");
-    for r in &plan.cgroup_rules {
-        rules.push(json!({
-            "allow": true, "type": "c", "major": r.major, "minor": r.minor,
-            "access": r.access.to_string(),
-        }));
-    }
-}
-
-/// `v` as an object, replacing a non-object (a malformed spec field) with an empty one.
-fn object(v: &mut Value) -> &mut serde_json::Map<String, Value> {
-    if !v.is_object() {
-        *v = json!({});
-    }
-    v.as_object_mut().expect("just made an object")
-}
-
-fn array<'a>(obj: &'a mut serde_json::Map<String, Value>, key: &str) -> &'a mut Vec<Value> {
-    let v = obj.entry(key).or_insert_with(|| json!([]));
-    if !v.is_array() {
-        *v = json!([]);
-    }
-    v.as_array_mut().expect("just made an array")
+pub fn edit_spec(spec: &mut Value, plan: &Plan, hook: &cdi::spec::Hook) {
+    let edits = ContainerEdits {
+        device_nodes: cdi::edits::device_nodes(plan),
+        hooks: vec![hook.clone()],
+        ..ContainerEdits::default()
+    };
+    cdi::oci::apply(spec, &edits);
 }
 
 /// Writes a temporary file beside `path` and renames it into place.
-fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let name = path.file_name().unwrap_or_default().to_string_lossy();
@@ -250,6 +211,7 @@ pub fn read_plan(bundle: &Path) -> Option<Plan> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn args(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()

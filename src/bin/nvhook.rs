@@ -40,7 +40,13 @@ enum Command {
     Hook {
         #[arg(value_enum)]
         stage: Stage,
+        /// createContainer only: what to link and cache, as a CDI spec's hook entry says.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
+    /// Container Device Interface specs for engines that inject devices themselves.
+    #[command(subcommand)]
+    Cdi(CdiCommand),
     /// Register nvhook-runtime with a container engine's config (or take it out with --remove).
     Configure(ConfigureArgs),
 }
@@ -78,6 +84,27 @@ struct ConfigureArgs {
     nvhook_config: Option<PathBuf>,
 }
 
+#[derive(Subcommand)]
+enum CdiCommand {
+    /// Write a CDI spec (kind nvidia.com/gpu) for this node's GPUs and MIG devices, plus `all`.
+    Generate {
+        /// The spec file, e.g. /etc/cdi/nvidia.yaml [default: stdout].
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// yaml or json [default: json for a .json output, else yaml].
+        #[arg(long)]
+        format: Option<nvhook::cdi::Format>,
+        /// How devices are named: index (`0`, `1:0`), uuid, or both.
+        #[arg(long, value_delimiter = ',', default_value = "index,uuid")]
+        device_name_strategy: Vec<nvhook::cdi::NameStrategy>,
+    },
+    /// Print the device names spec files offer [default: the specs in /etc/cdi and /var/run/cdi].
+    List {
+        #[arg(value_name = "FILE")]
+        files: Vec<PathBuf>,
+    },
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum Format {
     Text,
@@ -89,6 +116,9 @@ enum Stage {
     Prestart,
     #[value(name = "createRuntime")]
     CreateRuntime,
+    /// In the container's mount namespace: the links and loader cache of a CDI spec.
+    #[value(name = "createContainer")]
+    CreateContainer,
 }
 
 fn main() {
@@ -105,8 +135,8 @@ fn main() {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    if let Command::Hook { stage } = cli.command {
-        return hook(cli.config.as_deref(), stage);
+    if let Command::Hook { stage, args } = cli.command {
+        return hook(cli.config.as_deref(), stage, &args);
     }
     if let Command::Configure(args) = cli.command {
         return configure(cli.config.as_deref(), args);
@@ -117,6 +147,14 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Info { format } => info(&config, format),
         Command::Plan { bundle, format } => plan(&config, &bundle, format),
+        Command::Cdi(command) => {
+            // The spec's hook must read the config this run read, however it was named.
+            let named = cli
+                .config
+                .clone()
+                .or_else(|| env_config.filter(|v| !v.is_empty()).map(PathBuf::from));
+            cdi(&config, named.as_deref(), command)
+        }
         Command::Hook { .. } | Command::Configure(_) => unreachable!("handled above"),
     }
 }
@@ -134,8 +172,16 @@ fn scrub_process() {
     unsafe { libc::umask(0) };
 }
 
-fn hook(config_path: Option<&Path>, stage: Stage) -> Result<()> {
+fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()> {
     scrub_process();
+    // Parsed first: a bad spec entry fails before anything is read or touched.
+    let links = match stage {
+        Stage::CreateContainer => Some(nvhook::cdi::hook::LinkArgs::parse(args)?),
+        _ if !args.is_empty() => {
+            anyhow::bail!("{stage:?} takes no arguments (only createContainer does): {args:?}")
+        }
+        _ => None,
+    };
     let started = Instant::now();
     // No $NVHOOK_CONFIG here: the hook's environment is not to be trusted.
     let config = Config::load(config_path, None)?;
@@ -146,12 +192,18 @@ fn hook(config_path: Option<&Path>, stage: Stage) -> Result<()> {
         .read_to_string(&mut input)
         .map_err(|e| anyhow::anyhow!("cannot read the OCI state on stdin: {e}"))?;
     let state = State::parse(&input)?;
-    let outcome = nvhook::inject::prestart(&config, &state).inspect_err(|e| {
+    let log_error = |e: &nvhook::inject::HookError| {
         // Without a log file, main's stderr line is the only report; with one, keep it there too.
         if config.log_file.is_some() {
             tracing::error!(id = %state.id, "{e}");
         }
-    })?;
+    };
+    if let Some(links) = links {
+        nvhook::cdi::hook::create_container(&state, &links).inspect_err(log_error)?;
+        tracing::info!(?stage, id = %state.id, total_us = started.elapsed().as_micros(), "hook finished");
+        return Ok(());
+    }
+    let outcome = nvhook::inject::prestart(&config, &state).inspect_err(log_error)?;
     tracing::info!(
         ?stage,
         id = %state.id,
@@ -185,6 +237,48 @@ fn configure(nvhook_config: Option<&Path>, args: ConfigureArgs) -> Result<()> {
         }),
     })?;
     println!("{outcome}");
+    Ok(())
+}
+
+fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Result<()> {
+    match command {
+        CdiCommand::Generate {
+            output,
+            format,
+            device_name_strategy,
+        } => {
+            let inventory = Inventory::load(config)?;
+            let spec =
+                nvhook::cdi::generate(config, config_path, &inventory, &device_name_strategy)?;
+            let format = format.unwrap_or(nvhook::cdi::Format::for_path(output.as_deref()));
+            let text = spec.to_text(format);
+            match output {
+                Some(path) => {
+                    nvhook::cdi::write_spec(&path, &text)?;
+                    tracing::info!(path = %path.display(), devices = spec.devices.len(), "CDI spec written");
+                }
+                None => print!("{text}"),
+            }
+        }
+        CdiCommand::List { files } if files.is_empty() => {
+            // Other vendors' specs live there too: one nvhook cannot read is no reason to
+            // hide the others.
+            let dirs: Vec<&Path> = nvhook::cdi::SPEC_DIRS.iter().map(Path::new).collect();
+            for file in nvhook::cdi::spec_files(&dirs) {
+                match nvhook::cdi::read_spec(&file) {
+                    Ok(spec) => spec.qualified_names().iter().for_each(|n| println!("{n}")),
+                    Err(e) => eprintln!("nvhook: warning: {e}"),
+                }
+            }
+        }
+        CdiCommand::List { files } => {
+            for file in files {
+                for name in nvhook::cdi::read_spec(&file)?.qualified_names() {
+                    println!("{name}");
+                }
+            }
+        }
+    }
     Ok(())
 }
 

@@ -1,12 +1,36 @@
 //! The container's loader cache, updated by nvhook itself: the image's ldconfig is never run
 //! (it is image code, and it followed symlinks out of crafted images: CVE-2025-23267).
 
-use super::rootfs::{Rootfs, RootfsError};
+use super::rootfs::{Existing, Rootfs, RootfsError};
 use crate::inventory::ElfClassName;
 use crate::ldcache::{ElfClass, Entry, LdCache, MAX_CACHE_LEN};
-use crate::plan::{CacheEntry, LdSoConf};
+use crate::plan::{CacheEntry, LdSoConf, Symlink};
 
 const CACHE_PATH: &str = "/etc/ld.so.cache";
+
+/// Creates `symlinks`, then, when the image has a loader cache, adds `entries` to it and
+/// writes `conf`. Shared by the prestart hook and the CDI createContainer hook.
+pub fn link_and_cache(
+    rootfs: &Rootfs,
+    symlinks: &[Symlink],
+    entries: &[CacheEntry],
+    conf: Option<&LdSoConf>,
+    image_has_cache: bool,
+) -> Result<(), RootfsError> {
+    for link in symlinks {
+        if rootfs.make_symlink(&link.path, &link.target)? == Existing::Replaced {
+            tracing::info!(path = %link.path, "replaced the image's own entry with a link");
+        }
+    }
+    if image_has_cache {
+        let n = update_cache(rootfs, entries)?;
+        if let Some(conf) = conf {
+            write_conf(rootfs, conf)?;
+        }
+        tracing::debug!(entries = n, "loader cache written");
+    }
+    Ok(())
+}
 
 /// Adds `entries` to the image's /etc/ld.so.cache, replacing same-name entries, and writes
 /// it back atomically. A cache that does not parse is rebuilt from the entries alone: glibc

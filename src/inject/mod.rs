@@ -187,18 +187,13 @@ fn apply(
         }
     }
     step.done("mounts");
-    for link in &plan.symlinks {
-        if rootfs.make_symlink(&link.path, &link.target)? == Existing::Replaced {
-            tracing::info!(path = %link.path, "replaced the image's own entry with a link");
-        }
-    }
-    if plan.layout.ldcache {
-        let n = loader::update_cache(&rootfs, &plan.ldcache)?;
-        if let Some(conf) = &plan.ld_so_conf {
-            loader::write_conf(&rootfs, conf)?;
-        }
-        tracing::debug!(entries = n, "loader cache written");
-    }
+    loader::link_and_cache(
+        &rootfs,
+        &plan.symlinks,
+        &plan.ldcache,
+        plan.ld_so_conf.as_ref(),
+        plan.layout.ldcache,
+    )?;
     step.done("links+ldcache");
     if let Some(prepared) = proc_prepared {
         if procfs::apply(&rootfs, prepared)? {

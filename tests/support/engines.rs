@@ -230,13 +230,13 @@ impl Drop for Daemon {
 }
 
 /// A command wrapped in `timeout`, so that a hung engine fails the test.
-fn timed(program: &Path) -> Command {
+pub fn timed(program: &Path) -> Command {
     let mut cmd = Command::new(require_program("timeout"));
     cmd.args(["--kill-after=5", COMMAND_TIMEOUT_S]).arg(program);
     cmd
 }
 
-fn output_of(cmd: &mut Command) -> Output {
+pub fn output_of(cmd: &mut Command) -> Output {
     let output = cmd
         .output()
         .unwrap_or_else(|e| panic!("cannot spawn {cmd:?}: {e}"));

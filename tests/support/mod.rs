@@ -12,17 +12,20 @@
 mod bundle;
 mod cmd;
 pub mod engines;
+mod gpucheck;
 mod image;
 mod mounts;
 mod node;
+pub mod podman;
 mod runc;
 
 pub use bundle::{Bundle, nvhook_bin};
 pub use cmd::{require_program, require_root, stdout_of};
+pub use gpucheck::{CONTROL_NODES, gpu_node, gpucheck_args};
 pub use image::{
     GlibcImageOptions, Image, build_busybox_image, build_glibc_image, busybox_image, glibc_image,
     glibc_image_with_fake_libcuda,
 };
 pub use mounts::{host_mounts_referencing, tree_listing};
 pub use node::{SimNode, profile_dir, simnode_bin};
-pub use runc::{Output, RuntimeEnv, run_container};
+pub use runc::{Output, RuntimeEnv, run_container, run_container_with};

@@ -19,12 +19,21 @@ pub struct SimNode {
 impl SimNode {
     /// A node served by the nvhook cargo built for this test run.
     pub fn create(gpus: u32) -> SimNode {
-        SimNode::create_for(gpus, nvhook_bin())
+        Self::create_with(gpus, &[])
+    }
+
+    /// A node with `extra` simnode options, e.g. `["--mig", "1:2"]`.
+    pub fn create_with(gpus: u32, extra: &[&str]) -> SimNode {
+        Self::build(gpus, extra, nvhook_bin())
     }
 
     /// A node whose config and hook entries name the nvhook binary at `hook`
     /// (an installed one, say).
     pub fn create_for(gpus: u32, hook: &Path) -> SimNode {
+        Self::build(gpus, &[], hook)
+    }
+
+    fn build(gpus: u32, extra: &[&str], hook: &Path) -> SimNode {
         let dir = tempfile::Builder::new()
             .prefix("nvhook-node-")
             .tempdir()
@@ -34,6 +43,7 @@ impl SimNode {
                 .arg("create")
                 .arg(dir.path())
                 .args(["--gpus", &gpus.to_string()])
+                .args(extra)
                 // The same binary the bundles' prestart hooks run.
                 .arg("--hook-path")
                 .arg(hook),

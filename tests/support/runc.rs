@@ -1,6 +1,7 @@
 //! Running a bundle with runc under the host's cgroup v1 or under cgroup v2.
 
 use std::fmt;
+use std::path::Path;
 use std::process::{Command, ExitStatus};
 
 use super::bundle::Bundle;
@@ -66,8 +67,23 @@ impl fmt::Display for Output {
 
 /// `runc run` in the foreground, then `runc delete -f` whatever happened.
 pub fn run_container(bundle: &Bundle, env: RuntimeEnv) -> Output {
+    run_container_with(bundle, env, &require_program("runc"), &[])
+}
+
+/// Like [`run_container`], with `runtime` (nvhook-runtime) in runc's place and `vars` added
+/// to its environment.
+pub fn run_container_with(
+    bundle: &Bundle,
+    env: RuntimeEnv,
+    runtime: &Path,
+    vars: &[(&str, &Path)],
+) -> Output {
     bundle.write_config();
-    let output = runc(bundle, env)
+    let mut cmd = runtime_command(bundle, env, runtime);
+    for (key, value) in vars {
+        cmd.env(key, value);
+    }
+    let output = cmd
         .arg("run")
         .arg("--bundle")
         .arg(bundle.dir())
@@ -93,14 +109,16 @@ fn delete(bundle: &Bundle, env: RuntimeEnv) {
 
 /// `runc --root <state>` wrapped in a timeout and, for v2, in the namespace.
 fn runc(bundle: &Bundle, env: RuntimeEnv) -> Command {
+    runtime_command(bundle, env, &require_program("runc"))
+}
+
+fn runtime_command(bundle: &Bundle, env: RuntimeEnv, runtime: &Path) -> Command {
     let mut cmd = Command::new(require_program("timeout"));
     cmd.args(["--kill-after=5", RUN_TIMEOUT_S]);
     if let RuntimeEnv::CgroupV2 = env {
         cmd.arg(require_program("unshare"))
             .args(["-m", "sh", "-c", CGROUP2_WRAPPER, "sh"]);
     }
-    cmd.arg(require_program("runc"))
-        .arg("--root")
-        .arg(bundle.state_dir());
+    cmd.arg(runtime).arg("--root").arg(bundle.state_dir());
     cmd
 }

@@ -1,0 +1,204 @@
+//! Plan → CDI container edits: the one conversion behind `nvhook cdi generate`, the runtime
+//! shim's cdi mode, and the device nodes of its hook mode.
+//!
+//! With CDI the engine or runtime makes the device nodes, their cgroup rules and the bind
+//! mounts itself; what is left for nvhook is a `createContainer` hook that creates the
+//! SONAME links and writes the image's loader cache.
+
+use super::hook::LinkArgs;
+use super::spec::{ContainerEdits, DeviceNode, Hook, Mount};
+use crate::config::Config;
+use crate::plan::{MOUNT_OPTIONS, Plan};
+use crate::request::VISIBLE_DEVICES;
+use std::path::{Path, PathBuf};
+
+/// Every hook entry nvhook writes runs with this environment: explicit and never empty, so
+/// nothing of the image's or the engine's environment reaches it.
+pub const HOOK_ENV: &[&str] = &["PATH=/usr/sbin:/usr/bin:/sbin:/bin"];
+/// Seconds the runtime gives a hook entry nvhook writes.
+pub const HOOK_TIMEOUT_S: u32 = 30;
+
+/// The nvhook binary that hook entries run, and the config file it is told to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookBinary {
+    pub path: PathBuf,
+    pub config: Option<PathBuf>,
+}
+
+impl HookBinary {
+    pub fn new(config: &Config, config_path: Option<&Path>) -> HookBinary {
+        HookBinary {
+            path: config.hook_path.clone(),
+            // The hook runs with `/` as its working directory.
+            config: config_path.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.into())),
+        }
+    }
+
+    /// `nvhook [--config FILE] hook STAGE ARGS...` at OCI stage `stage`.
+    pub fn hook(&self, stage: &str, args: Vec<String>) -> Hook {
+        let mut argv = vec!["nvhook".to_string()];
+        if let Some(config) = &self.config {
+            argv.push("--config".into());
+            argv.push(config.display().to_string());
+        }
+        argv.extend(["hook".to_string(), stage.to_string()]);
+        argv.extend(args);
+        Hook {
+            hook_name: stage.into(),
+            path: self.path.display().to_string(),
+            args: argv,
+            env: HOOK_ENV.iter().map(|s| s.to_string()).collect(),
+            timeout: Some(HOOK_TIMEOUT_S),
+        }
+    }
+}
+
+/// Everything `plan` asks of a container, as CDI container edits.
+pub fn container_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
+    let links = LinkArgs::from_plan(plan);
+    ContainerEdits {
+        // The devices are in: no hook that reads this variable (nvhook's own from hooks.d,
+        // NVIDIA's legacy one) may act on the container again.
+        env: vec![format!("{VISIBLE_DEVICES}=void")],
+        device_nodes: device_nodes(plan),
+        mounts: plan
+            .mounts
+            .iter()
+            .map(|m| Mount {
+                host_path: m.source.display().to_string(),
+                container_path: m.destination.clone(),
+                // Untyped, as in NVIDIA's specs: `rbind` makes it a bind mount, and the spec
+                // stays readable by engines whose CDI library predates 0.4.0.
+                kind: None,
+                options: MOUNT_OPTIONS.iter().map(|o| o.to_string()).collect(),
+            })
+            .collect(),
+        hooks: (!links.is_empty())
+            .then(|| hook.hook("createContainer", links.to_args()))
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// The plan's device nodes, each with the cgroup access the plan grants it.
+pub fn device_nodes(plan: &Plan) -> Vec<DeviceNode> {
+    plan.devices
+        .iter()
+        .map(|d| {
+            let access = plan
+                .cgroup_rules
+                .iter()
+                .find(|r| r.major == d.major && r.minor == d.minor)
+                .map(|r| r.access.to_string());
+            let host_path = d.host_path.display().to_string();
+            DeviceNode {
+                host_path: (host_path != d.path).then_some(host_path),
+                path: d.path.clone(),
+                kind: Some("c".into()),
+                major: Some(d.major.into()),
+                minor: Some(d.minor.into()),
+                file_mode: Some(d.mode),
+                permissions: access,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::tests::standard;
+    use crate::plan::{ImageInfo, build};
+    use crate::request::{DeviceId, DeviceSelection};
+
+    pub(crate) fn request(devices: DeviceSelection) -> crate::request::Request {
+        super::super::generate::request(devices, Config::default().supported_capabilities)
+    }
+
+    #[test]
+    fn edits_carry_nodes_mounts_and_one_create_container_hook() {
+        let image = ImageInfo {
+            debian: true,
+            has_usr_lib64: false,
+            has_ldcache: true,
+        };
+        let req = request(DeviceSelection::List(vec![DeviceId::Index(1)]));
+        let plan = build(&req, &standard(), "/node", image).unwrap();
+        let hook = HookBinary {
+            path: "/usr/bin/nvhook".into(),
+            config: Some("/etc/nvhook/config.toml".into()),
+        };
+        let edits = container_edits(&plan, &hook);
+        assert_eq!(edits.env, vec!["NVIDIA_VISIBLE_DEVICES=void"]);
+        let gpu1 = edits
+            .device_nodes
+            .iter()
+            .find(|n| n.path == "/dev/nvidia1")
+            .unwrap();
+        assert_eq!(gpu1.host_path.as_deref(), Some("/node/dev/nvidia1"));
+        assert_eq!((gpu1.major, gpu1.minor), (Some(195), Some(1)));
+        assert_eq!(gpu1.permissions.as_deref(), Some("rw"));
+        assert_eq!(gpu1.file_mode, Some(0o666));
+        assert!(!edits.device_nodes.iter().any(|n| n.path == "/dev/nvidia0"));
+        assert_eq!(edits.device_nodes.len(), plan.devices.len());
+        assert_eq!(edits.mounts.len(), plan.mounts.len());
+        let libcuda = edits
+            .mounts
+            .iter()
+            .find(|m| m.container_path == "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+            .unwrap();
+        assert_eq!(
+            libcuda.host_path,
+            "/drv/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+        );
+        assert!(libcuda.options.contains(&"ro".to_string()));
+        assert!(libcuda.options.contains(&"nosuid".to_string()));
+        let [h] = edits.hooks.as_slice() else {
+            panic!("one hook expected: {:?}", edits.hooks)
+        };
+        assert_eq!(h.hook_name, "createContainer");
+        assert_eq!(h.path, "/usr/bin/nvhook");
+        assert_eq!(
+            h.args[..5],
+            [
+                "nvhook",
+                "--config",
+                "/etc/nvhook/config.toml",
+                "hook",
+                "createContainer"
+            ]
+        );
+        assert!(!h.env.is_empty() && h.timeout.is_some());
+        // What the hook is told to do is the plan's links and cache entries, exactly.
+        assert_eq!(
+            LinkArgs::parse(&h.args[5..]).unwrap(),
+            LinkArgs::from_plan(&plan)
+        );
+    }
+
+    #[test]
+    fn no_hook_when_there_is_nothing_to_link() {
+        let mut inventory = standard();
+        for node in &mut inventory.nodes {
+            node.host_path = node.path.clone().into();
+        }
+        let mut plan = build(
+            &request(DeviceSelection::All),
+            &inventory,
+            "/",
+            ImageInfo::default(),
+        )
+        .unwrap();
+        plan.symlinks.clear();
+        plan.ldcache.clear();
+        plan.ld_so_conf = None;
+        let hook = HookBinary {
+            path: "/usr/bin/nvhook".into(),
+            config: None,
+        };
+        let edits = container_edits(&plan, &hook);
+        assert!(edits.hooks.is_empty());
+        // The host's node is at the container's path: no hostPath, so no CDI 0.5.0 needed.
+        assert!(edits.device_nodes.iter().all(|n| n.host_path.is_none()));
+    }
+}

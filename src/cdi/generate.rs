@@ -1,0 +1,351 @@
+//! Inventory → CDI spec, through the same plans the hook and the shim use.
+//!
+//! One plan per device (and one for `all`) is built with libraries at their host paths; the
+//! nodes every GPU container needs (`nvidiactl`, `nvidia-uvm`, ...) and all driver files go
+//! into the spec-wide edits, which engines apply once however many devices are asked for,
+//! and each device keeps only its own nodes.
+
+use super::CdiError;
+use super::edits::{HookBinary, container_edits, device_nodes};
+use super::spec::{ContainerEdits, Device, Spec, minimum_version, validate};
+use crate::capability::Capability;
+use crate::config::Config;
+use crate::inventory::Inventory;
+use crate::plan::{self, Layout, Plan};
+use crate::request::{DeviceId, DeviceSelection, Request, Requirements, SelectionSource};
+use std::collections::{BTreeSet, HashSet};
+use std::path::Path;
+use std::str::FromStr;
+
+/// The kind nvhook's specs declare, as NVIDIA's do, so device names carry over.
+pub const KIND: &str = "nvidia.com/gpu";
+
+/// How devices are named: `0`, `1:0` (index) and `GPU-…`, `MIG-…` (uuid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameStrategy {
+    Index,
+    Uuid,
+}
+
+impl FromStr for NameStrategy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<NameStrategy, String> {
+        match s {
+            "index" => Ok(NameStrategy::Index),
+            "uuid" => Ok(NameStrategy::Uuid),
+            _ => Err(format!(
+                "unknown device name strategy {s:?} (use index, uuid)"
+            )),
+        }
+    }
+}
+
+/// A request for `devices` with every capability in `capabilities` and no requirement.
+pub fn request(devices: DeviceSelection, capabilities: Vec<Capability>) -> Request {
+    Request {
+        devices,
+        capabilities: capabilities.into_iter().collect(),
+        requirements: Requirements::default(),
+        mig_config: None,
+        mig_monitor: None,
+        privileged: false,
+        source: SelectionSource::Env,
+    }
+}
+
+/// The spec for every GPU and MIG device of `inventory`, named by each of `names`, plus `all`.
+pub fn generate(
+    config: &Config,
+    config_path: Option<&Path>,
+    inventory: &Inventory,
+    names: &[NameStrategy],
+) -> Result<Spec, CdiError> {
+    if inventory.gpus.is_empty() {
+        return Err(CdiError::NoGpu);
+    }
+    // Library paths are canonical, and so must be the root they are made relative to.
+    let driver_root =
+        std::fs::canonicalize(&config.driver_root).unwrap_or_else(|_| config.driver_root.clone());
+    let layout = Layout::host_paths(driver_root);
+    let dev_root = config.dev_root.display().to_string();
+    let capabilities = capabilities(config, inventory);
+    let plan_for = |devices: DeviceSelection| -> Result<Plan, CdiError> {
+        let request = request(devices, capabilities.clone());
+        Ok(plan::build_with_layout(
+            &request,
+            inventory,
+            &dev_root,
+            layout.clone(),
+        )?)
+    };
+    let hook = HookBinary::new(config, config_path);
+    let shared: HashSet<String> = plan_for(DeviceSelection::NoDevices)?
+        .devices
+        .into_iter()
+        .map(|d| d.path)
+        .collect();
+    let own_edits = |plan: &Plan| {
+        let mut nodes = device_nodes(plan);
+        nodes.retain(|n| !shared.contains(&n.path));
+        ContainerEdits {
+            device_nodes: nodes,
+            ..ContainerEdits::default()
+        }
+    };
+    let all = plan_for(DeviceSelection::All)?;
+    let mut common = container_edits(&all, &hook);
+    common.device_nodes.retain(|n| shared.contains(&n.path));
+
+    let mut devices = Vec::new();
+    for (id, uuid) in device_ids(inventory) {
+        let edits = own_edits(&plan_for(DeviceSelection::List(vec![id.clone()]))?);
+        for strategy in names {
+            let name = match strategy {
+                NameStrategy::Index => id.to_string(),
+                NameStrategy::Uuid => uuid.clone(),
+            };
+            devices.push(Device {
+                name,
+                container_edits: edits.clone(),
+            });
+        }
+    }
+    devices.push(Device {
+        name: "all".into(),
+        container_edits: own_edits(&all),
+    });
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind: KIND.into(),
+        devices,
+        container_edits: common,
+    };
+    spec.cdi_version = minimum_version(&spec).to_string();
+    validate(&spec)?;
+    Ok(spec)
+}
+
+/// Each GPU, then its MIG devices: (index id, UUID).
+fn device_ids(inventory: &Inventory) -> Vec<(DeviceId, String)> {
+    let mut out = Vec::new();
+    for gpu in &inventory.gpus {
+        out.push((DeviceId::Index(gpu.index), gpu.uuid.clone()));
+        for mig in &gpu.mig_devices {
+            out.push((
+                DeviceId::MigIndex {
+                    gpu: gpu.index,
+                    mig: mig.index,
+                },
+                mig.uuid.clone(),
+            ));
+        }
+    }
+    out
+}
+
+/// Everything the node serves: a spec is written once for all containers. `display` needs
+/// `/dev/nvidia-modeset`, which headless hosts do not have; there it is left out rather
+/// than failing the whole spec.
+fn capabilities(config: &Config, inventory: &Inventory) -> Vec<Capability> {
+    let has_modeset = inventory
+        .nodes
+        .iter()
+        .any(|n| n.path == "/dev/nvidia-modeset");
+    let caps: BTreeSet<Capability> = config
+        .supported_capabilities
+        .iter()
+        .copied()
+        .filter(|c| *c != Capability::Display || has_modeset)
+        .collect();
+    if !has_modeset && config.supported_capabilities.contains(&Capability::Display) {
+        tracing::info!("no /dev/nvidia-modeset on this host: capability display left out");
+    }
+    caps.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cdi::spec::CdiVersion;
+    use crate::plan::tests::{inventory, standard};
+
+    fn config() -> Config {
+        Config {
+            driver_root: "/drv".into(),
+            dev_root: "/node".into(),
+            ..Config::default()
+        }
+    }
+
+    fn names(spec: &Spec) -> Vec<&str> {
+        spec.devices.iter().map(|d| d.name.as_str()).collect()
+    }
+
+    fn device<'a>(spec: &'a Spec, name: &str) -> &'a Device {
+        spec.devices
+            .iter()
+            .find(|d| d.name == name)
+            .unwrap_or_else(|| panic!("no device {name} in {:?}", names(spec)))
+    }
+
+    fn node_paths(device: &Device) -> Vec<&str> {
+        device
+            .container_edits
+            .device_nodes
+            .iter()
+            .map(|n| n.path.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn one_device_per_gpu_and_mig_device_by_index_and_uuid_plus_all() {
+        let inv = standard();
+        let spec = generate(
+            &config(),
+            Some(Path::new("/etc/nvhook/config.toml")),
+            &inv,
+            &[NameStrategy::Index, NameStrategy::Uuid],
+        )
+        .unwrap();
+        assert_eq!(spec.kind, "nvidia.com/gpu");
+        let mut expected: Vec<String> = Vec::new();
+        for gpu in &inv.gpus {
+            expected.extend([gpu.index.to_string(), gpu.uuid.clone()]);
+            for mig in &gpu.mig_devices {
+                expected.extend([format!("{}:{}", gpu.index, mig.index), mig.uuid.clone()]);
+            }
+        }
+        expected.push("all".into());
+        assert_eq!(names(&spec), expected);
+        // Index names start with a digit and nodes carry host paths: 0.5.0.
+        assert_eq!(spec.cdi_version, "0.5.0");
+
+        assert_eq!(node_paths(device(&spec, "1")), ["/dev/nvidia1"]);
+        assert_eq!(
+            device(&spec, "1").container_edits,
+            device(&spec, &inv.gpus[1].uuid).container_edits
+        );
+        let (gi, ci) = (
+            inv.gpus[3].mig_devices[1].gi_cap_minor.unwrap(),
+            inv.gpus[3].mig_devices[1].ci_cap_minor.unwrap(),
+        );
+        assert_eq!(
+            node_paths(device(&spec, "3:1")),
+            [
+                "/dev/nvidia3".to_string(),
+                format!("/dev/nvidia-caps/nvidia-cap{gi}"),
+                format!("/dev/nvidia-caps/nvidia-cap{ci}")
+            ]
+        );
+        let all = node_paths(device(&spec, "all"));
+        for i in 0..4 {
+            assert!(all.contains(&format!("/dev/nvidia{i}").as_str()), "{all:?}");
+        }
+        // Devices carry nodes only; everything else is spec-wide, once.
+        for d in &spec.devices {
+            let e = &d.container_edits;
+            assert!(e.mounts.is_empty() && e.hooks.is_empty() && e.env.is_empty());
+        }
+        let common = &spec.container_edits;
+        let common_nodes: Vec<&str> = common
+            .device_nodes
+            .iter()
+            .map(|n| n.path.as_str())
+            .collect();
+        for control in ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"] {
+            assert!(common_nodes.contains(&control), "{common_nodes:?}");
+        }
+        assert!(!common_nodes.iter().any(|p| p.starts_with("/dev/nvidia0")));
+        // Libraries stay at their host paths relative to the driver root; firmware comes along.
+        let destinations: Vec<&str> = common
+            .mounts
+            .iter()
+            .map(|m| m.container_path.as_str())
+            .collect();
+        assert!(destinations.contains(&"/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"));
+        assert!(destinations.contains(&"/usr/lib/i386-linux-gnu/libcuda.so.550.54.15"));
+        assert!(destinations.contains(&"/usr/bin/nvidia-smi"));
+        assert!(destinations.contains(&"/lib/firmware/nvidia/550.54.15/gsp_ga10x.bin"));
+        let [hook] = common.hooks.as_slice() else {
+            panic!("{:?}", common.hooks)
+        };
+        assert_eq!(hook.hook_name, "createContainer");
+        let links = super::super::hook::LinkArgs::parse(&hook.args[5..]).unwrap();
+        assert!(links.symlinks.iter().any(|l| {
+            l.path == "/usr/lib/x86_64-linux-gnu/libcuda.so.1" && l.target == "libcuda.so.550.54.15"
+        }));
+        assert!(
+            links
+                .symlinks
+                .iter()
+                .any(|l| l.path == "/usr/lib/x86_64-linux-gnu/libcuda.so")
+        );
+        assert!(
+            links
+                .ldcache
+                .iter()
+                .any(|e| e.path == "/usr/lib/x86_64-linux-gnu/libcuda.so.1")
+        );
+        let conf = links.ld_so_conf.unwrap();
+        assert!(conf.dirs.contains(&"/usr/lib/x86_64-linux-gnu".to_string()));
+        validate(&spec).unwrap();
+    }
+
+    #[test]
+    fn uuid_names_on_a_host_dev_root_need_only_0_3_0() {
+        let mut inv = inventory(2, &[]);
+        for node in &mut inv.nodes {
+            node.host_path = node.path.clone().into();
+        }
+        let spec = generate(&config(), None, &inv, &[NameStrategy::Uuid]).unwrap();
+        assert_eq!(spec.cdi_version, CdiVersion::V0_3_0.to_string());
+        assert_eq!(
+            names(&spec),
+            [inv.gpus[0].uuid.as_str(), &inv.gpus[1].uuid, "all"]
+        );
+        // No --config given: the hook reads the default config.
+        assert_eq!(
+            spec.container_edits.hooks[0].args[..3],
+            ["nvhook", "hook", "createContainer"]
+        );
+    }
+
+    #[test]
+    fn display_is_left_out_without_a_modeset_node() {
+        let mut inv = standard();
+        inv.nodes.retain(|n| n.path != "/dev/nvidia-modeset");
+        let spec = generate(&config(), None, &inv, &[NameStrategy::Index]).unwrap();
+        assert!(
+            !spec
+                .container_edits
+                .device_nodes
+                .iter()
+                .any(|n| n.path == "/dev/nvidia-modeset")
+        );
+        let with = generate(&config(), None, &standard(), &[NameStrategy::Index]).unwrap();
+        assert!(
+            with.container_edits
+                .device_nodes
+                .iter()
+                .any(|n| n.path == "/dev/nvidia-modeset")
+        );
+    }
+
+    #[test]
+    fn a_node_without_gpus_is_an_error() {
+        let e = generate(&config(), None, &inventory(0, &[]), &[NameStrategy::Index]).unwrap_err();
+        assert!(e.to_string().contains("no GPU"), "{e}");
+    }
+
+    #[test]
+    fn strategies_parse() {
+        assert_eq!("uuid".parse(), Ok(NameStrategy::Uuid));
+        assert!(
+            "name"
+                .parse::<NameStrategy>()
+                .unwrap_err()
+                .contains("index")
+        );
+    }
+}

@@ -1,0 +1,194 @@
+//! The `createContainer` hook of CDI specs and of the shim's cdi mode.
+//!
+//! The runtime has made the device nodes and bind-mounted the driver files; this hook makes
+//! the SONAME and `libcuda.so` links and writes the image's loader cache. It runs in the
+//! container's mount namespace before pivot_root, so it enters no namespace: it opens
+//! `root.path` with pathrs and works relative to that, like the prestart hook does once it
+//! has entered the namespace. What to do comes in its arguments, because a static spec
+//! cannot point at a per-container plan file, and arguments show in the spec for review.
+
+use crate::inject::HookError;
+use crate::inject::loader;
+use crate::inject::rootfs::Rootfs;
+use crate::inventory::ElfClassName;
+use crate::oci::{Spec, State};
+use crate::plan::{CacheEntry, LdSoConf, Plan, Symlink};
+
+/// The part of a plan the hook applies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkArgs {
+    pub symlinks: Vec<Symlink>,
+    pub ldcache: Vec<CacheEntry>,
+    pub ld_so_conf: Option<LdSoConf>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "bad createContainer hook argument {0:?} (expected --link PATH=TARGET, --lib64 PATH, --lib32 PATH, --ld-so-conf FILE, --ld-so-dir DIR; regenerate the CDI spec with this nvhook)"
+)]
+pub struct BadHookArg(pub String);
+
+impl LinkArgs {
+    pub fn from_plan(plan: &Plan) -> LinkArgs {
+        LinkArgs {
+            symlinks: plan.symlinks.clone(),
+            // Cache entries only mean something for an image with a cache to add them to.
+            ldcache: if plan.layout.ldcache {
+                plan.ldcache.clone()
+            } else {
+                Vec::new()
+            },
+            ld_so_conf: plan.ld_so_conf.clone(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.symlinks.is_empty() && self.ldcache.is_empty() && self.ld_so_conf.is_none()
+    }
+
+    pub fn to_args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for link in &self.symlinks {
+            out.push("--link".into());
+            out.push(format!("{}={}", link.path, link.target));
+        }
+        for entry in &self.ldcache {
+            out.push(
+                match entry.class {
+                    ElfClassName::Lib64 => "--lib64",
+                    ElfClassName::Lib32 => "--lib32",
+                }
+                .into(),
+            );
+            out.push(entry.path.clone());
+        }
+        if let Some(conf) = &self.ld_so_conf {
+            out.push("--ld-so-conf".into());
+            out.push(conf.path.clone());
+            for dir in &conf.dirs {
+                out.push("--ld-so-dir".into());
+                out.push(dir.clone());
+            }
+        }
+        out
+    }
+
+    pub fn parse(args: &[String]) -> Result<LinkArgs, BadHookArg> {
+        let mut out = LinkArgs::default();
+        let mut dirs = Vec::new();
+        let mut it = args.iter();
+        while let Some(flag) = it.next() {
+            let bad = || BadHookArg(flag.clone());
+            let value = it.next().filter(|v| v.starts_with('/')).ok_or_else(bad)?;
+            match flag.as_str() {
+                "--link" => {
+                    let (path, target) = value.split_once('=').ok_or_else(bad)?;
+                    out.symlinks.push(Symlink {
+                        path: path.into(),
+                        target: target.into(),
+                    });
+                }
+                "--lib64" | "--lib32" => {
+                    let soname = value.rsplit_once('/').map(|(_, n)| n).ok_or_else(bad)?;
+                    out.ldcache.push(CacheEntry {
+                        soname: soname.into(),
+                        path: value.clone(),
+                        class: if flag == "--lib64" {
+                            ElfClassName::Lib64
+                        } else {
+                            ElfClassName::Lib32
+                        },
+                    });
+                }
+                "--ld-so-conf" if out.ld_so_conf.is_none() => {
+                    out.ld_so_conf = Some(LdSoConf {
+                        path: value.clone(),
+                        dirs: Vec::new(),
+                    })
+                }
+                "--ld-so-dir" => dirs.push(value.clone()),
+                _ => return Err(bad()),
+            }
+        }
+        match &mut out.ld_so_conf {
+            Some(conf) => conf.dirs = dirs,
+            None if !dirs.is_empty() => return Err(BadHookArg("--ld-so-dir".into())),
+            None => {}
+        }
+        Ok(out)
+    }
+}
+
+/// Applies `args` to the rootfs of the container `state` describes.
+pub fn create_container(state: &State, args: &LinkArgs) -> Result<(), HookError> {
+    let spec = Spec::load(&state.bundle)?;
+    let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
+    let rootfs = Rootfs::open(&rootfs_path)?;
+    // Which images have a glibc cache is only known now: a static spec serves them all.
+    let has_cache = rootfs.probe().has_ldcache;
+    loader::link_and_cache(
+        &rootfs,
+        &args.symlinks,
+        &args.ldcache,
+        args.ld_so_conf.as_ref(),
+        has_cache,
+    )?;
+    tracing::info!(
+        links = args.symlinks.len(),
+        cache_entries = if has_cache { args.ldcache.len() } else { 0 },
+        "links and loader cache done"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn arguments_round_trip() {
+        let args = LinkArgs {
+            symlinks: vec![Symlink {
+                path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+                target: "libcuda.so.550.54.15".into(),
+            }],
+            ldcache: vec![
+                CacheEntry {
+                    soname: "libcuda.so.1".into(),
+                    path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
+                    class: ElfClassName::Lib64,
+                },
+                CacheEntry {
+                    soname: "libcuda.so.1".into(),
+                    path: "/usr/lib/i386-linux-gnu/libcuda.so.1".into(),
+                    class: ElfClassName::Lib32,
+                },
+            ],
+            ld_so_conf: Some(LdSoConf {
+                path: "/etc/ld.so.conf.d/000-nvhook.conf".into(),
+                dirs: strings(&["/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu"]),
+            }),
+        };
+        assert_eq!(LinkArgs::parse(&args.to_args()).unwrap(), args);
+        assert_eq!(LinkArgs::parse(&[]).unwrap(), LinkArgs::default());
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        for bad in [
+            &["--link"][..],
+            &["--link", "/a"],
+            &["--lib64", "relative/libcuda.so.1"],
+            &["--frobnicate", "/x"],
+            &["--ld-so-dir", "/usr/lib"],
+            &["--ld-so-conf", "/a", "--ld-so-conf", "/b"],
+        ] {
+            let e = LinkArgs::parse(&strings(bad)).unwrap_err();
+            assert!(e.to_string().contains("regenerate"), "{bad:?}: {e}");
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Container Device Interface: nvhook's plans as CDI container edits.
+//!
+//! containerd ≥ 1.7, CRI-O, Podman and Docker ≥ 25 inject devices from CDI specs
+//! (`/etc/cdi`, `/var/run/cdi`) themselves. `nvhook cdi generate` writes such a spec from
+//! the same inventory and plans the hook uses, the runtime shim's cdi mode writes the same
+//! edits into config.json, and both leave to nvhook only a `createContainer` hook for the
+//! links and the loader cache.
+
+pub mod edits;
+pub mod generate;
+pub mod hook;
+pub mod oci;
+pub mod spec;
+
+pub use edits::{HookBinary, container_edits};
+pub use generate::{KIND, NameStrategy, generate};
+pub use spec::{CdiVersion, ContainerEdits, Format, Spec};
+
+use std::path::{Path, PathBuf};
+
+/// Where engines look for spec files, lowest priority first.
+pub const SPEC_DIRS: &[&str] = &["/etc/cdi", "/var/run/cdi"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    #[error(transparent)]
+    Plan(#[from] crate::plan::PlanError),
+    #[error(transparent)]
+    Invalid(#[from] spec::InvalidSpec),
+    #[error(
+        "this node has no GPU, and a CDI spec needs at least one device (does `nvhook info` list the GPUs?)"
+    )]
+    NoGpu,
+    #[error("cannot {op} CDI spec {path}: {message}")]
+    File {
+        op: &'static str,
+        path: PathBuf,
+        message: String,
+    },
+}
+
+/// Reads and validates the spec at `path`.
+pub fn read_spec(path: &Path) -> Result<Spec, CdiError> {
+    let fail = |op, message: String| CdiError::File {
+        op,
+        path: path.to_path_buf(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| fail("read", e.to_string()))?;
+    let spec = Spec::parse(&text).map_err(|e| fail("parse", e.0))?;
+    spec::validate(&spec).map_err(|e| fail("use", e.0))?;
+    Ok(spec)
+}
+
+/// The spec files engines would read from `dirs`: `*.json` and `*.yaml`, sorted by name.
+pub fn spec_files(dirs: &[&Path]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.is_file()
+                    && matches!(
+                        p.extension().and_then(|e| e.to_str()),
+                        Some("json" | "yaml")
+                    )
+            })
+            .collect();
+        files.sort();
+        out.extend(files);
+    }
+    out
+}
+
+/// Writes `text` to `path` atomically (engines watch these directories and may read at any
+/// time). Engines read only `*.json` and `*.yaml`: another name would be silently ignored.
+pub fn write_spec(path: &Path, text: &str) -> Result<(), CdiError> {
+    if !matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("json" | "yaml")
+    ) {
+        return Err(CdiError::File {
+            op: "write",
+            path: path.to_path_buf(),
+            message: "engines only read spec files named *.json or *.yaml".into(),
+        });
+    }
+    crate::runtime::write_atomic(path, text.as_bytes(), 0o644).map_err(|e| CdiError::File {
+        op: "write",
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_are_written_only_where_engines_read_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let yml = dir.path().join("nvidia.yml");
+        let e = write_spec(&yml, "x").unwrap_err().to_string();
+        assert!(e.contains("*.yaml") && e.contains("nvidia.yml"), "{e}");
+        for name in ["b.yaml", "a.json"] {
+            write_spec(&dir.path().join(name), "x").unwrap();
+        }
+        std::fs::write(dir.path().join("c.txt"), "x").unwrap();
+        assert_eq!(
+            spec_files(&[dir.path(), Path::new("/nonexistent")]),
+            [dir.path().join("a.json"), dir.path().join("b.yaml")]
+        );
+    }
+}

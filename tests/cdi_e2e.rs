@@ -1,0 +1,240 @@
+//! End-to-end tests of nvhook's CDI support on a simulated GPU node: `nvhook cdi generate`
+//! and `cdi list`, Podman injecting a device from a generated spec, and nvhook-runtime's cdi
+//! mode under runc (cgroup v1 and v2). Run as root after `cargo build --workspace` (for
+//! simnode): `cargo test --test cdi_e2e`.
+//!
+//! On the simulated node no driver sits behind the device nodes, so opening a node the
+//! cgroup allows gives ENXIO and one it refuses gives EPERM.
+
+mod support;
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+use support::engines::{mount_points_below, nvhook_runtime_bin, unique_name};
+use support::podman::{CdiSpecFile, Podman};
+use support::{
+    Bundle, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args, host_mounts_referencing,
+    nvhook_bin, require_root, run_container_with,
+};
+
+const GPUS: u32 = 4;
+/// Where the simulated driver root keeps libcuda, and so where a CDI spec mounts it.
+const LIBCUDA: &str = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
+const NVIDIA_SMI: &str = "/usr/bin/nvidia-smi";
+
+/// `nvhook --config NODE ARGS...`, which must succeed; its stdout.
+fn nvhook(node: &SimNode, args: &[&str]) -> String {
+    let output = Command::new(nvhook_bin())
+        .arg("--config")
+        .arg(node.config())
+        .args(args)
+        .output()
+        .expect("spawn nvhook");
+    assert!(
+        output.status.success(),
+        "nvhook {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        node.log()
+    );
+    String::from_utf8(output.stdout).expect("nvhook prints UTF-8")
+}
+
+fn generate(node: &SimNode, output: &Path) {
+    let output = output.to_str().expect("UTF-8 path");
+    nvhook(node, &["cdi", "generate", "--output", output]);
+}
+
+/// The names a spec should offer, from `nvhook info`'s inventory (not from the CDI code).
+fn expected_names(node: &SimNode, index: bool, uuid: bool) -> Vec<String> {
+    let info: Value =
+        serde_json::from_str(&nvhook(node, &["info", "--format", "json"])).expect("info is JSON");
+    let mut names = Vec::new();
+    for gpu in info["gpus"].as_array().expect("gpus") {
+        let i = gpu["index"].as_u64().expect("index");
+        let mut add = |index_name: String, uuid_name: &Value| {
+            if index {
+                names.push(format!("nvidia.com/gpu={index_name}"));
+            }
+            if uuid {
+                names.push(format!(
+                    "nvidia.com/gpu={}",
+                    uuid_name.as_str().expect("uuid")
+                ));
+            }
+        };
+        add(i.to_string(), &gpu["uuid"]);
+        for mig in gpu["mig_devices"].as_array().expect("mig_devices") {
+            add(format!("{i}:{}", mig["index"]), &mig["uuid"]);
+        }
+    }
+    names.push("nvidia.com/gpu=all".into());
+    names
+}
+
+fn lines(text: &str) -> Vec<String> {
+    text.lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn cdi_generate_and_list_name_every_gpu_and_mig_device() {
+    require_root();
+    let node = SimNode::create_with(2, &["--mig", "1:2"]);
+    let yaml = node.root().join("nvidia.yaml");
+    generate(&node, &yaml);
+    let text = fs::read_to_string(&yaml).expect("read the spec");
+    let spec: serde_yaml::Value = serde_yaml::from_str(&text).expect("the spec is YAML");
+    // Index names start with a digit and the node's device nodes live under its dev root.
+    assert_eq!(spec["cdiVersion"].as_str(), Some("0.5.0"), "{text}");
+    let listed = nvhook(&node, &["cdi", "list", yaml.to_str().expect("UTF-8")]);
+    assert_eq!(lines(&listed), expected_names(&node, true, true));
+
+    let json = nvhook(
+        &node,
+        &[
+            "cdi",
+            "generate",
+            "--format",
+            "json",
+            "--device-name-strategy",
+            "uuid",
+        ],
+    );
+    let spec: Value = serde_json::from_str(&json).expect("--format json prints JSON");
+    let json_file = node.root().join("nvidia.json");
+    fs::write(&json_file, &json).expect("write the JSON spec");
+    let listed = nvhook(&node, &["cdi", "list", json_file.to_str().expect("UTF-8")]);
+    assert_eq!(lines(&listed), expected_names(&node, false, true));
+    let hook = &spec["containerEdits"]["hooks"][0];
+    assert_eq!(hook["hookName"], "createContainer", "{json}");
+    assert!(
+        hook["env"].as_array().is_some_and(|e| !e.is_empty()),
+        "{json}"
+    );
+}
+
+#[test]
+fn cdi_list_refuses_an_invalid_spec_with_one_line() {
+    require_root();
+    let node = SimNode::create(1);
+    let file = node.root().join("bad.yaml");
+    fs::write(
+        &file,
+        "cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices: []\n",
+    )
+    .expect("write");
+    let output = Command::new(nvhook_bin())
+        .args(["cdi", "list"])
+        .arg(&file)
+        .output()
+        .expect("spawn nvhook");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("bad.yaml") && stderr.contains("no devices"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn podman_runs_a_generated_cdi_device_with_only_that_gpu() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let spec = CdiSpecFile::new("yaml");
+    generate(&node, spec.path());
+    let podman = Podman::new();
+    let image = format!("localhost/{}:latest", unique_name("nvhook-glibc"));
+    podman.import(glibc_image().rootfs(), &image);
+
+    let checks = gpucheck_args(GPUS, &["--write", LIBCUDA, "--write", NVIDIA_SMI]);
+    let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
+    let run = |device: &str| -> Output {
+        let mut output = podman.run(&["--device", device], &image, &checks);
+        output.hook_log = Some(node.log());
+        output.assert_success();
+        output
+    };
+    let output = run("nvidia.com/gpu=1");
+    output.assert_only_gpus(GPUS, &[1]);
+    output.assert_control_nodes_allowed();
+    output.assert_lines(&[
+        "dlopen libcuda.so.1 ok",
+        "cuInit 0",
+        &format!("write {LIBCUDA} EROFS"),
+        &format!("write {NVIDIA_SMI} EROFS"),
+    ]);
+    let output = run(&format!("nvidia.com/gpu={}", node.gpu_uuid(2)));
+    output.assert_only_gpus(GPUS, &[2]);
+    output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
+
+    let left: Vec<_> = mount_points_below(podman.dir());
+    assert!(left.is_empty(), "podman left mounts: {left:?}");
+    let leaked = host_mounts_referencing(&[node.root()]);
+    assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+}
+
+#[test]
+fn shim_cdi_mode_gives_gpu_1_only_cgroup_v1() {
+    shim_cdi_mode_gives_gpu_1_only(RuntimeEnv::CgroupV1);
+}
+
+#[test]
+fn shim_cdi_mode_gives_gpu_1_only_cgroup_v2() {
+    shim_cdi_mode_gives_gpu_1_only(RuntimeEnv::CgroupV2);
+}
+
+/// nvhook-runtime with `runtime-mode = "cdi"`: runc makes the nodes, the cgroup rules and
+/// the mounts from config.json; nvhook's createContainer hook makes links and the cache.
+fn shim_cdi_mode_gives_gpu_1_only(env: RuntimeEnv) {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let config = node.root().join("config-cdi.toml");
+    let base = fs::read_to_string(node.config()).expect("read the node's config");
+    fs::write(&config, format!("{base}runtime-mode = \"cdi\"\n")).expect("write config");
+    let checks = gpucheck_args(GPUS, &["--write", LIBCUDA, "--write", NVIDIA_SMI]);
+    let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
+    let mut bundle = Bundle::new(glibc_image(), &checks);
+    bundle.env("NVIDIA_VISIBLE_DEVICES=1");
+    let mut output = run_container_with(
+        &bundle,
+        env,
+        nvhook_runtime_bin(),
+        &[("NVHOOK_CONFIG", &config)],
+    );
+    output.hook_log = Some(node.log());
+    output.assert_success();
+    output.assert_only_gpus(GPUS, &[1]);
+    output.assert_control_nodes_allowed();
+    output.assert_lines(&[
+        "dlopen libcuda.so.1 ok",
+        "cuInit 0",
+        &format!("write {LIBCUDA} EROFS"),
+        &format!("write {NVIDIA_SMI} EROFS"),
+    ]);
+
+    let text = fs::read_to_string(bundle.dir().join("config.json")).expect("read config.json");
+    let spec: Value = serde_json::from_str(&text).expect("config.json is JSON");
+    assert!(spec["hooks"]["prestart"].is_null(), "{text}");
+    assert_eq!(
+        spec["hooks"]["createContainer"][0]["args"][4], "createContainer",
+        "{text}"
+    );
+    let env_vars = spec["process"]["env"].as_array().expect("env");
+    assert!(
+        env_vars.contains(&Value::from("NVIDIA_VISIBLE_DEVICES=void")),
+        "{text}"
+    );
+    assert!(
+        spec["mounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .any(|m| m["destination"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"),
+        "{text}"
+    );
+    let leaked = host_mounts_referencing(&[bundle.dir(), node.root()]);
+    assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
+}

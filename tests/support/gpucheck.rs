@@ -1,0 +1,46 @@
+//! Building gpucheck command lines and reading its verdicts.
+//!
+//! On a simulated node no driver sits behind the device nodes, so opening a node the cgroup
+//! allows gives ENXIO, one it refuses gives EPERM, and one never created is absent.
+
+use super::runc::Output;
+
+/// The nodes every GPU container with compute gets, whichever GPUs it asked for.
+pub const CONTROL_NODES: [&str; 3] = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+
+pub fn gpu_node(index: u32) -> String {
+    format!("/dev/nvidia{index}")
+}
+
+/// `/gpucheck` probing every GPU node of a `gpus`-GPU node and the control nodes, then `extra`.
+pub fn gpucheck_args(gpus: u32, extra: &[&str]) -> Vec<String> {
+    let nodes = (0..gpus)
+        .map(gpu_node)
+        .chain(CONTROL_NODES.map(String::from));
+    std::iter::once("/gpucheck".to_owned())
+        .chain(nodes.flat_map(|node| ["--dev".to_owned(), node]))
+        .chain(extra.iter().map(|a| a.to_string()))
+        .collect()
+}
+
+impl Output {
+    /// GPUs in `visible` are usable (ENXIO); the other GPUs of the node are not there at all.
+    #[track_caller]
+    pub fn assert_only_gpus(&self, gpus: u32, visible: &[u32]) {
+        for index in 0..gpus {
+            let verdict = if visible.contains(&index) {
+                "ENXIO"
+            } else {
+                "absent"
+            };
+            self.assert_lines(&[&format!("dev {} {verdict}", gpu_node(index))]);
+        }
+    }
+
+    #[track_caller]
+    pub fn assert_control_nodes_allowed(&self) {
+        for node in CONTROL_NODES {
+            self.assert_lines(&[&format!("dev {node} ENXIO")]);
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Podman kept off the host's own storage and config: its root, run root, tmpdir, hooks
+//! and network config dirs live under a private EngineDir, its containers under a cgroup of
+//! their own. Podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi, so a spec is
+//! installed there under a unique name by [`CdiSpecFile`] and removed when it drops.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::cmd::{require_program, run_checked};
+use super::engines::{EngineDir, output_of, remove_cgroup, timed, unique_name, write_rootfs_tar};
+use super::runc::Output;
+
+/// Flags every `podman run` of these tests needs on this machine: runc (Debian's default
+/// crun is not what the tests exercise), limits the sandbox allows, no network.
+const RUN_FLAGS: &[&str] = &[
+    "--rm",
+    "--ulimit",
+    "nofile=1024:1024",
+    "--ulimit",
+    "nproc=1024:1024",
+    "--network",
+    "none",
+];
+
+pub struct Podman {
+    dir: EngineDir,
+    cgroup_parent: String,
+}
+
+impl Podman {
+    pub fn new() -> Podman {
+        let dir = EngineDir::new("podman");
+        for sub in ["hooks.d", "networks"] {
+            fs::create_dir_all(dir.path().join(sub)).expect("create podman config dir");
+        }
+        Podman {
+            dir,
+            cgroup_parent: unique_name("nvhook-podman"),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `podman` with every global path private, wrapped in a timeout.
+    pub fn command(&self) -> Command {
+        let at = |name: &str| self.dir().join(name);
+        let mut cmd = timed(&require_program("podman"));
+        cmd.arg("--root")
+            .arg(at("root"))
+            .arg("--runroot")
+            .arg(at("runroot"))
+            .arg("--tmpdir")
+            .arg(at("tmp"))
+            .arg("--volumepath")
+            .arg(at("volumes"))
+            .arg("--hooks-dir")
+            .arg(at("hooks.d"))
+            .arg("--network-config-dir")
+            .arg(at("networks"))
+            .args(["--cgroup-manager", "cgroupfs", "--events-backend", "file"])
+            .args(["--runtime", "runc"]);
+        cmd
+    }
+
+    /// Imports `rootfs` as image `name` (`podman import` of a plain tar).
+    pub fn import(&self, rootfs: &Path, name: &str) {
+        let tar = self.dir().join("rootfs.tar");
+        write_rootfs_tar(rootfs, &tar);
+        run_checked(self.command().arg("import").arg(&tar).arg(name));
+        fs::remove_file(&tar).expect("remove rootfs tar");
+    }
+
+    /// `podman run --rm ... EXTRA IMAGE ARGS...` in this instance's own cgroup parent.
+    pub fn run(&self, extra: &[&str], image: &str, args: &[&str]) -> Output {
+        output_of(
+            self.command()
+                .arg("run")
+                .args(RUN_FLAGS)
+                .args(["--cgroup-parent", &format!("/{}", self.cgroup_parent)])
+                .args(extra)
+                .arg(image)
+                .args(args),
+        )
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        let _ = self.command().args(["rm", "-af"]).output();
+        remove_cgroup(&self.cgroup_parent);
+    }
+}
+
+/// A CDI spec file in /var/run/cdi, where Podman 4.3 looks, under a name unique to this test
+/// process; removed on drop, with the directory when this made it.
+pub struct CdiSpecFile {
+    path: PathBuf,
+    made_dir: bool,
+}
+
+impl CdiSpecFile {
+    pub const DIR: &'static str = "/var/run/cdi";
+
+    /// A path for a spec not written yet.
+    pub fn new(extension: &str) -> CdiSpecFile {
+        let dir = Path::new(Self::DIR);
+        let made_dir = !dir.exists();
+        fs::create_dir_all(dir).expect("create /var/run/cdi");
+        CdiSpecFile {
+            path: dir.join(format!("{}.{extension}", unique_name("nvhook-test"))),
+            made_dir,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for CdiSpecFile {
+    fn drop(&mut self) {
+        if let Err(err) = fs::remove_file(&self.path) {
+            eprintln!("cleanup: rm {}: {err}", self.path.display());
+        }
+        if self.made_dir {
+            let _ = fs::remove_dir(Self::DIR);
+        }
+    }
+}
