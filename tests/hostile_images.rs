@@ -227,44 +227,15 @@ fn fill_canary(canary: &Path, version: &str) {
 
 // ------------------------------------------------------------------ the cases
 
+#[rustfmt::skip]
 fn library_directory() -> Vec<Case> {
     vec![
-        case(
-            "libdir -> canary (absolute)",
-            Busybox,
-            |p| p.link(LIBDIR, &p.canary_abs(LIBDIR)),
-            Refused(LIBDIR_CREATE),
-        ),
-        case(
-            "libdir -> canary (relative)",
-            Busybox,
-            |p| p.link(LIBDIR, &p.canary_rel(LIBDIR, LIBDIR)),
-            Refused(LIBDIR_CREATE),
-        ),
-        case(
-            "libdir -> host libdir (relative)",
-            Busybox,
-            |p| p.link(LIBDIR, &p.host_rel(LIBDIR)),
-            Refused(LIBDIR),
-        ),
-        case(
-            "libdir -> /proc/self/root/…",
-            Busybox,
-            |p| p.link(LIBDIR, "/proc/self/root/usr/lib/x86_64-linux-gnu"),
-            Refused(LIBDIR),
-        ),
-        case(
-            "/usr/lib -> canary (relative)",
-            Busybox,
-            |p| p.link("/usr/lib", &p.canary_rel("/usr/lib", "/usr/lib")),
-            Refused(LIBDIR_CREATE),
-        ),
-        case(
-            "/usr -> canary (absolute)",
-            Busybox,
-            |p| p.link("/usr", &p.canary_abs("/usr")),
-            Refused(LIBDIR_CREATE),
-        ),
+        case("libdir -> canary (absolute)", Busybox, |p| p.link(LIBDIR, &p.canary_abs(LIBDIR)), Refused(LIBDIR_CREATE)),
+        case("libdir -> canary (relative)", Busybox, |p| p.link(LIBDIR, &p.canary_rel(LIBDIR, LIBDIR)), Refused(LIBDIR_CREATE)),
+        case("libdir -> host libdir (relative)", Busybox, |p| p.link(LIBDIR, &p.host_rel(LIBDIR)), Refused(LIBDIR)),
+        case("libdir -> /proc/self/root/…", Busybox, |p| p.link(LIBDIR, "/proc/self/root/usr/lib/x86_64-linux-gnu"), Refused(LIBDIR)),
+        case("/usr/lib -> canary (relative)", Busybox, |p| p.link("/usr/lib", &p.canary_rel("/usr/lib", "/usr/lib")), Refused(LIBDIR_CREATE)),
+        case("/usr -> canary (absolute)", Busybox, |p| p.link("/usr", &p.canary_abs("/usr")), Refused(LIBDIR_CREATE)),
         case(
             "libcuda.so.1 -> canary (absolute)",
             Glibc,
@@ -285,93 +256,36 @@ fn library_directory() -> Vec<Case> {
             },
             Starts,
         ),
-        case(
-            "libcuda.so -> host /usr/bin/true",
-            Glibc,
-            |p| p.link(&p.lib("libcuda.so"), &p.host_rel("/usr/bin/true")),
-            Starts,
-        ),
+        case("libcuda.so -> host /usr/bin/true", Glibc, |p| p.link(&p.lib("libcuda.so"), &p.host_rel("/usr/bin/true")), Starts),
     ]
 }
 
+#[rustfmt::skip]
 fn usr_bin() -> Vec<Case> {
     vec![
-        case(
-            "/usr/bin -> canary (absolute)",
-            Glibc,
-            |p| p.link("/usr/bin", &p.canary_abs("/usr/bin")),
-            Refused("create directory /usr/bin"),
-        ),
-        case(
-            "/usr/bin -> canary (relative)",
-            Glibc,
-            |p| p.link("/usr/bin", &p.canary_rel("/usr/bin", "/usr/bin")),
-            Refused("create directory /usr/bin"),
-        ),
-        case(
-            "/usr/bin -> host /usr/bin (relative)",
-            Glibc,
-            |p| p.link("/usr/bin", &p.host_rel("/usr/bin")),
-            Refused("/usr/bin"),
-        ),
-        case(
-            "/usr/bin -> /proc/1/root/usr/bin",
-            Glibc,
-            |p| p.link("/usr/bin", "/proc/1/root/usr/bin"),
-            Refused("/usr/bin"),
-        ),
-        case(
-            "nvidia-smi -> canary (absolute)",
-            Glibc,
-            |p| p.link("/usr/bin/nvidia-smi", &p.canary_abs("/usr/bin/nvidia-smi")),
-            Starts,
-        ),
-        case(
-            "nvidia-smi -> host /usr/bin/true",
-            Glibc,
-            |p| p.link("/usr/bin/nvidia-smi", &p.host_rel("/usr/bin/true")),
-            Starts,
-        ),
+        case("/usr/bin -> canary (absolute)", Glibc, |p| p.link("/usr/bin", &p.canary_abs("/usr/bin")), Refused("create directory /usr/bin")),
+        case("/usr/bin -> canary (relative)", Glibc, |p| p.link("/usr/bin", &p.canary_rel("/usr/bin", "/usr/bin")), Refused("create directory /usr/bin")),
+        case("/usr/bin -> host /usr/bin (relative)", Glibc, |p| p.link("/usr/bin", &p.host_rel("/usr/bin")), Refused("/usr/bin")),
+        case("/usr/bin -> /proc/1/root/usr/bin", Glibc, |p| p.link("/usr/bin", "/proc/1/root/usr/bin"), Refused("/usr/bin")),
+        case("nvidia-smi -> canary (absolute)", Glibc, |p| p.link("/usr/bin/nvidia-smi", &p.canary_abs("/usr/bin/nvidia-smi")), Starts),
+        case("nvidia-smi -> host /usr/bin/true", Glibc, |p| p.link("/usr/bin/nvidia-smi", &p.host_rel("/usr/bin/true")), Starts),
     ]
 }
 
+#[rustfmt::skip]
 fn etc() -> Vec<Case> {
     vec![
-        case(
-            "/etc -> canary (absolute)",
-            Glibc,
-            |p| p.link("/etc", &p.canary_abs("/etc")),
-            Refused("create directory /etc/vulkan/icd.d"),
-        ),
-        case(
-            "/etc -> canary (relative)",
-            Glibc,
-            |p| p.link("/etc", &p.canary_rel("/etc", "/etc")),
-            Refused("create directory /etc/vulkan/icd.d"),
-        ),
-        case(
-            "/etc -> host /etc (relative)",
-            Glibc,
-            |p| p.link("/etc", &p.host_rel("/etc")),
-            Refused("/etc"),
-        ),
-        case(
-            "/etc/debian_version -> host file",
-            Glibc,
-            |p| p.link("/etc/debian_version", &p.host_rel("/etc/debian_version")),
-            Starts,
-        ),
+        case("/etc -> canary (absolute)", Glibc, |p| p.link("/etc", &p.canary_abs("/etc")), Refused("create directory /etc/vulkan/icd.d")),
+        case("/etc -> canary (relative)", Glibc, |p| p.link("/etc", &p.canary_rel("/etc", "/etc")), Refused("create directory /etc/vulkan/icd.d")),
+        case("/etc -> host /etc (relative)", Glibc, |p| p.link("/etc", &p.host_rel("/etc")), Refused("/etc")),
+        case("/etc/debian_version -> host file", Glibc, |p| p.link("/etc/debian_version", &p.host_rel("/etc/debian_version")), Starts),
     ]
 }
 
+#[rustfmt::skip]
 fn ld_so_cache() -> Vec<Case> {
     vec![
-        case(
-            "ld.so.cache -> canary (absolute)",
-            Glibc,
-            |p| p.link("/etc/ld.so.cache", &p.canary_abs("/etc/ld.so.cache")),
-            Starts,
-        ),
+        case("ld.so.cache -> canary (absolute)", Glibc, |p| p.link("/etc/ld.so.cache", &p.canary_abs("/etc/ld.so.cache")), Starts),
         case(
             "ld.so.cache -> canary (relative)",
             Glibc,
@@ -383,30 +297,16 @@ fn ld_so_cache() -> Vec<Case> {
             },
             Starts,
         ),
-        case(
-            "ld.so.cache -> host cache (relative)",
-            Glibc,
-            |p| p.link("/etc/ld.so.cache", &p.host_rel("/etc/ld.so.cache")),
-            Starts,
-        ),
-        case(
-            "ld.so.cache -> /proc/self/root/etc/ld.so.cache",
-            Glibc,
-            |p| p.link("/etc/ld.so.cache", "/proc/self/root/etc/ld.so.cache"),
-            Starts,
-        ),
+        case("ld.so.cache -> host cache (relative)", Glibc, |p| p.link("/etc/ld.so.cache", &p.host_rel("/etc/ld.so.cache")), Starts),
+        case("ld.so.cache -> /proc/self/root/etc/ld.so.cache", Glibc, |p| p.link("/etc/ld.so.cache", "/proc/self/root/etc/ld.so.cache"), Starts),
     ]
 }
 
+#[rustfmt::skip]
 fn ld_so_conf_d() -> Vec<Case> {
     const CONF: &str = "/etc/ld.so.conf.d/000-nvhook.conf";
     vec![
-        case(
-            "ld.so.conf.d -> canary (absolute)",
-            Glibc,
-            |p| p.link("/etc/ld.so.conf.d", &p.canary_abs("/etc/ld.so.conf.d")),
-            Refused("create directory /etc/ld.so.conf.d"),
-        ),
+        case("ld.so.conf.d -> canary (absolute)", Glibc, |p| p.link("/etc/ld.so.conf.d", &p.canary_abs("/etc/ld.so.conf.d")), Refused("create directory /etc/ld.so.conf.d")),
         case(
             "ld.so.conf.d -> canary (relative)",
             Glibc,
@@ -418,36 +318,17 @@ fn ld_so_conf_d() -> Vec<Case> {
             },
             Refused("create directory /etc/ld.so.conf.d"),
         ),
-        case(
-            "ld.so.conf.d -> host dir (relative)",
-            Glibc,
-            |p| p.link("/etc/ld.so.conf.d", &p.host_rel("/etc/ld.so.conf.d")),
-            Refused("/etc/ld.so.conf.d"),
-        ),
-        case(
-            "000-nvhook.conf -> canary file",
-            Glibc,
-            |p| p.link(CONF, &p.canary_abs("/file")),
-            Starts,
-        ),
-        case(
-            "000-nvhook.conf -> host ld.so.conf",
-            Glibc,
-            |p| p.link(CONF, &p.host_rel("/etc/ld.so.conf")),
-            Starts,
-        ),
+        case("ld.so.conf.d -> host dir (relative)", Glibc, |p| p.link("/etc/ld.so.conf.d", &p.host_rel("/etc/ld.so.conf.d")), Refused("/etc/ld.so.conf.d")),
+        case("000-nvhook.conf -> canary file", Glibc, |p| p.link(CONF, &p.canary_abs("/file")), Starts),
+        case("000-nvhook.conf -> host ld.so.conf", Glibc, |p| p.link(CONF, &p.host_rel("/etc/ld.so.conf")), Starts),
     ]
 }
 
+#[rustfmt::skip]
 fn firmware() -> Vec<Case> {
     // The glibc image is usr-merged: /lib is a link to usr/lib.
     vec![
-        case(
-            "/lib/firmware -> canary (absolute)",
-            Glibc,
-            |p| p.link("/usr/lib/firmware", &p.canary_abs("/lib/firmware")),
-            Refused("create directory /lib/firmware/nvidia/"),
-        ),
+        case("/lib/firmware -> canary (absolute)", Glibc, |p| p.link("/usr/lib/firmware", &p.canary_abs("/lib/firmware")), Refused("create directory /lib/firmware/nvidia/")),
         case(
             "/lib/firmware -> canary (relative)",
             Glibc,
@@ -479,23 +360,14 @@ fn firmware() -> Vec<Case> {
             },
             Starts,
         ),
-        case(
-            "/lib -> canary (absolute)",
-            Busybox,
-            |p| p.link("/lib", &p.canary_abs("/lib")),
-            Refused("create directory /lib/firmware/nvidia/"),
-        ),
+        case("/lib -> canary (absolute)", Busybox, |p| p.link("/lib", &p.canary_abs("/lib")), Refused("create directory /lib/firmware/nvidia/")),
     ]
 }
 
+#[rustfmt::skip]
 fn proc_driver() -> Vec<Case> {
     vec![
-        case(
-            "/proc/driver -> canary (absolute)",
-            Glibc,
-            |p| p.link("/proc/driver", &p.canary_abs("/proc/driver")),
-            Starts,
-        ),
+        case("/proc/driver -> canary (absolute)", Glibc, |p| p.link("/proc/driver", &p.canary_abs("/proc/driver")), Starts),
         case(
             "/proc/driver/nvidia -> canary (relative)",
             Glibc,
@@ -507,36 +379,17 @@ fn proc_driver() -> Vec<Case> {
             },
             Starts,
         ),
-        case(
-            "/proc -> canary (absolute)",
-            Glibc,
-            |p| p.link("/proc", &p.canary_abs("/proc")),
-            RuncRefuses("proc"),
-        ),
-        case(
-            "/proc is a file",
-            Glibc,
-            |p| p.file("/proc", b"not a directory"),
-            RuncRefuses("proc"),
-        ),
+        case("/proc -> canary (absolute)", Glibc, |p| p.link("/proc", &p.canary_abs("/proc")), RuncRefuses("proc")),
+        case("/proc is a file", Glibc, |p| p.file("/proc", b"not a directory"), RuncRefuses("proc")),
     ]
 }
 
+#[rustfmt::skip]
 fn run_sockets() -> Vec<Case> {
     const SOCKET: &str = "/run/nvidia-persistenced/socket";
     vec![
-        case(
-            "/run -> canary (absolute)",
-            Glibc,
-            |p| p.link("/run", &p.canary_abs("/run")),
-            Refused("create directory /run/nvidia-persistenced"),
-        ),
-        case(
-            "/run -> canary (relative)",
-            Glibc,
-            |p| p.link("/run", &p.canary_rel("/run", "/run")),
-            Refused("create directory /run/nvidia-persistenced"),
-        ),
+        case("/run -> canary (absolute)", Glibc, |p| p.link("/run", &p.canary_abs("/run")), Refused("create directory /run/nvidia-persistenced")),
+        case("/run -> canary (relative)", Glibc, |p| p.link("/run", &p.canary_rel("/run", "/run")), Refused("create directory /run/nvidia-persistenced")),
         case(
             "/var/run -> ../run -> canary",
             Glibc,
@@ -557,23 +410,14 @@ fn run_sockets() -> Vec<Case> {
             },
             Refused("/run/nvidia-persistenced"),
         ),
-        case(
-            "socket -> canary (absolute)",
-            Glibc,
-            |p| p.link(SOCKET, &p.canary_abs(SOCKET)),
-            Starts,
-        ),
+        case("socket -> canary (absolute)", Glibc, |p| p.link(SOCKET, &p.canary_abs(SOCKET)), Starts),
     ]
 }
 
+#[rustfmt::skip]
 fn loops_and_chains() -> Vec<Case> {
     vec![
-        case(
-            "libdir -> itself",
-            Busybox,
-            |p| p.link(LIBDIR, "x86_64-linux-gnu"),
-            Refused(LIBDIR),
-        ),
+        case("libdir -> itself", Busybox, |p| p.link(LIBDIR, "x86_64-linux-gnu"), Refused(LIBDIR)),
         case(
             "/usr/bin <-> /usr/bin2 loop",
             Glibc,
@@ -583,18 +427,8 @@ fn loops_and_chains() -> Vec<Case> {
             },
             Refused("/usr/bin"),
         ),
-        case(
-            "ld.so.cache -> itself",
-            Glibc,
-            |p| p.link("/etc/ld.so.cache", "/etc/ld.so.cache"),
-            Starts,
-        ),
-        case(
-            "libdir: chain of 41 links",
-            Busybox,
-            |p| chain(p, 41, "/usr/lib/real"),
-            Refused(LIBDIR),
-        ),
+        case("ld.so.cache -> itself", Glibc, |p| p.link("/etc/ld.so.cache", "/etc/ld.so.cache"), Starts),
+        case("libdir: chain of 41 links", Busybox, |p| chain(p, 41, "/usr/lib/real"), Refused(LIBDIR)),
         case(
             "libdir: chain of 30 links -> canary",
             Busybox,
@@ -626,108 +460,36 @@ fn chain(p: &Plant, n: usize, end: &str) {
     p.link(&format!("/chain/{n}"), end);
 }
 
+#[rustfmt::skip]
 fn file_or_directory() -> Vec<Case> {
     vec![
-        case(
-            "/usr/bin is a file",
-            Glibc,
-            |p| p.file("/usr/bin", b"x"),
-            Refused("/usr/bin"),
-        ),
-        case(
-            "libdir is a file",
-            Busybox,
-            |p| p.file(LIBDIR, b"x"),
-            Refused(LIBDIR),
-        ),
-        case(
-            "nvidia-smi is a directory",
-            Glibc,
-            |p| p.dir("/usr/bin/nvidia-smi"),
-            Refused("directory where a file is expected"),
-        ),
-        case(
-            "libcuda.so.1 is a directory",
-            Glibc,
-            |p| p.dir(&p.lib("libcuda.so.1")),
-            Refused("the image has a directory there"),
-        ),
-        case(
-            "ld.so.cache is a directory",
-            Glibc,
-            |p| p.dir("/etc/ld.so.cache"),
-            Refused("/etc/ld.so.cache"),
-        ),
-        case(
-            "ld.so.conf.d is a file",
-            Glibc,
-            |p| p.file("/etc/ld.so.conf.d", b"x"),
-            Refused("/etc/ld.so.conf.d"),
-        ),
-        case(
-            "socket is a directory",
-            Glibc,
-            |p| p.dir("/run/nvidia-persistenced/socket"),
-            Refused("directory where a file is expected"),
-        ),
-        case(
-            "/lib/firmware is a file",
-            Glibc,
-            |p| p.file("/usr/lib/firmware", b"x"),
-            Refused("/lib/firmware"),
-        ),
+        case("/usr/bin is a file", Glibc, |p| p.file("/usr/bin", b"x"), Refused("/usr/bin")),
+        case("libdir is a file", Busybox, |p| p.file(LIBDIR, b"x"), Refused(LIBDIR)),
+        case("nvidia-smi is a directory", Glibc, |p| p.dir("/usr/bin/nvidia-smi"), Refused("directory where a file is expected")),
+        case("libcuda.so.1 is a directory", Glibc, |p| p.dir(&p.lib("libcuda.so.1")), Refused("the image has a directory there")),
+        case("ld.so.cache is a directory", Glibc, |p| p.dir("/etc/ld.so.cache"), Refused("/etc/ld.so.cache")),
+        case("ld.so.conf.d is a file", Glibc, |p| p.file("/etc/ld.so.conf.d", b"x"), Refused("/etc/ld.so.conf.d")),
+        case("socket is a directory", Glibc, |p| p.dir("/run/nvidia-persistenced/socket"), Refused("directory where a file is expected")),
+        case("/lib/firmware is a file", Glibc, |p| p.file("/usr/lib/firmware", b"x"), Refused("/lib/firmware")),
     ]
 }
 
+#[rustfmt::skip]
 fn special_files() -> Vec<Case> {
     vec![
-        case(
-            "nvidia-smi is a FIFO",
-            Glibc,
-            |p| p.fifo("/usr/bin/nvidia-smi"),
-            Refused("changed type"),
-        ),
-        case(
-            "libcuda.so.<ver> is a device node",
-            Glibc,
-            |p| p.node(&p.lib(&p.versioned("libcuda.so"))),
-            Refused("changed type"),
-        ),
-        case(
-            "ld.so.cache is a FIFO",
-            Busybox,
-            |p| p.fifo("/etc/ld.so.cache"),
-            Starts,
-        ),
-        case(
-            "ld.so.cache is a device node",
-            Busybox,
-            |p| p.node("/etc/ld.so.cache"),
-            Starts,
-        ),
-        case(
-            "libcuda.so is a FIFO",
-            Glibc,
-            |p| p.fifo(&p.lib("libcuda.so")),
-            Starts,
-        ),
-        case(
-            "socket is a device node",
-            Glibc,
-            |p| p.node("/run/nvidia-persistenced/socket"),
-            Refused("changed type"),
-        ),
+        case("nvidia-smi is a FIFO", Glibc, |p| p.fifo("/usr/bin/nvidia-smi"), Refused("changed type")),
+        case("libcuda.so.<ver> is a device node", Glibc, |p| p.node(&p.lib(&p.versioned("libcuda.so"))), Refused("changed type")),
+        case("ld.so.cache is a FIFO", Busybox, |p| p.fifo("/etc/ld.so.cache"), Starts),
+        case("ld.so.cache is a device node", Busybox, |p| p.node("/etc/ld.so.cache"), Starts),
+        case("libcuda.so is a FIFO", Glibc, |p| p.fifo(&p.lib("libcuda.so")), Starts),
+        case("socket is a device node", Glibc, |p| p.node("/run/nvidia-persistenced/socket"), Refused("changed type")),
     ]
 }
 
+#[rustfmt::skip]
 fn hard_links() -> Vec<Case> {
     vec![
-        case(
-            "ld.so.cache = host /etc/ld.so.cache",
-            Glibc,
-            |p| p.hardlink("/etc/ld.so.cache", Path::new("/etc/ld.so.cache")),
-            Starts,
-        ),
+        case("ld.so.cache = host /etc/ld.so.cache", Glibc, |p| p.hardlink("/etc/ld.so.cache", Path::new("/etc/ld.so.cache")), Starts),
         case(
             "ld.so.cache = canary cache",
             Glibc,
@@ -748,12 +510,7 @@ fn hard_links() -> Vec<Case> {
             },
             Starts,
         ),
-        case(
-            "nvidia-smi = host /usr/bin/true",
-            Glibc,
-            |p| p.hardlink("/usr/bin/nvidia-smi", Path::new("/usr/bin/true")),
-            Starts,
-        ),
+        case("nvidia-smi = host /usr/bin/true", Glibc, |p| p.hardlink("/usr/bin/nvidia-smi", Path::new("/usr/bin/true")), Starts),
         case(
             "000-nvhook.conf = canary file",
             Glibc,
@@ -768,14 +525,10 @@ fn hard_links() -> Vec<Case> {
     ]
 }
 
+#[rustfmt::skip]
 fn garbage_ld_so_cache() -> Vec<Case> {
     vec![
-        case(
-            "random bytes",
-            Glibc,
-            |p| p.file("/etc/ld.so.cache", &pseudo_random(4096)),
-            Starts,
-        ),
+        case("random bytes", Glibc, |p| p.file("/etc/ld.so.cache", &pseudo_random(4096)), Starts),
         case("empty", Glibc, |p| p.file("/etc/ld.so.cache", b""), Starts),
         case(
             "genuine, truncated to half",
@@ -810,12 +563,7 @@ fn garbage_ld_so_cache() -> Vec<Case> {
             },
             Starts,
         ),
-        case(
-            "magic only",
-            Glibc,
-            |p| p.file("/etc/ld.so.cache", b"glibc-ld.so.cache1.1"),
-            Starts,
-        ),
+        case("magic only", Glibc, |p| p.file("/etc/ld.so.cache", b"glibc-ld.so.cache1.1"), Starts),
         case(
             "17 MiB (sparse)",
             Glibc,
@@ -828,6 +576,7 @@ fn garbage_ld_so_cache() -> Vec<Case> {
     ]
 }
 
+#[rustfmt::skip]
 fn loader_environment() -> Vec<Case> {
     vec![
         case(
@@ -985,8 +734,9 @@ enum Outcome {
     RuncRefused,
 }
 
-/// Runs one case; Err lists every broken promise with the run's output.
-fn run_case(node: &SimNode, c: &Case) -> Result<Outcome, String> {
+/// Runs one case. Ok: what happened and the hook's refusal line, if any; Err: every broken
+/// promise, with the run's output.
+fn run_case(node: &SimNode, c: &Case) -> Result<(Outcome, String), String> {
     let mut bundle = Bundle::new(image(c.base), &command(c.base));
     let canary = bundle.dir().join("canary");
     let version = node.driver_version();
@@ -1080,7 +830,7 @@ fn run_case(node: &SimNode, c: &Case) -> Result<Outcome, String> {
     check_marker(bundle.dir(), shim_preloaded, &mut broken);
     let outcome = check_expectation(c, &out, &mut broken);
     if broken.is_empty() {
-        Ok(outcome)
+        Ok((outcome, refusal_line(&out).unwrap_or_default()))
     } else {
         Err(format!("{}\n{out}", broken.join("\n")))
     }
@@ -1137,16 +887,22 @@ fn hook_log_of(node: &SimNode, id: &str) -> String {
         .collect()
 }
 
+/// The hook's one-line message as runc relays it (runc escapes the newline after it).
+fn refusal_line(out: &Output) -> Option<String> {
+    let rest = out.stderr.split("nvhook: ").nth(1)?;
+    let end = rest
+        .find("\\n")
+        .or_else(|| rest.find('\n'))
+        .unwrap_or(rest.len());
+    Some(rest[..end].to_owned())
+}
+
 fn check_expectation(c: &Case, out: &Output, broken: &mut Vec<String>) -> Outcome {
     let all = format!("{}{}", out.stderr, out.hook_log.as_deref().unwrap_or(""));
     if all.contains("panicked") || all.contains("signal: ") {
         broken.push("the hook crashed".into());
     }
-    let hook_line = out
-        .stderr
-        .split("nvhook: ")
-        .nth(1)
-        .map(|rest| rest.lines().next().unwrap_or("").to_owned());
+    let hook_line = refusal_line(out);
     let started = out.status.success();
     let outcome = match (started, &hook_line) {
         (true, _) => Outcome::Started,
@@ -1275,6 +1031,9 @@ fn run_suite(classes: &[(&str, Vec<Case>)], workers: usize) {
             s.spawn(|| {
                 while let Some(&(class, c)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
                     let r = run_case(&node, c);
+                    if let Ok((outcome, line)) = &r {
+                        eprintln!("{class} / {}: {outcome:?} {line}", c.name);
+                    }
                     results.lock().unwrap().push((class, c.name, r));
                 }
             });
@@ -1285,7 +1044,7 @@ fn run_suite(classes: &[(&str, Vec<Case>)], workers: usize) {
         let of = |o: Outcome| {
             results
                 .iter()
-                .filter(|(cl, _, r)| cl == class && r.as_ref().ok() == Some(&o))
+                .filter(|(cl, _, r)| cl == class && r.as_ref().is_ok_and(|(got, _)| *got == o))
                 .count()
         };
         eprintln!(

@@ -84,12 +84,42 @@ impl Rootfs {
         let handle = Rc::new(
             self.root
                 .mkdir_all(dir, &Permissions::from_mode(0o755))
-                .map_err(|e| op_err("create directory", dir, e))?,
+                .map_err(|e| match self.blocker(dir) {
+                    Some(why) => op_err("create directory", dir, format!("{why}; fix the image")),
+                    None => op_err("create directory", dir, e),
+                })?,
         );
         self.dirs
             .borrow_mut()
             .insert(dir.to_string(), Rc::clone(&handle));
         Ok(handle)
+    }
+
+    /// Why `dir` cannot be made in the image, in the image's terms: the first component that
+    /// is a link leading nowhere inside it (dangling, a loop, or out of the rootfs), or that
+    /// is not a directory. None when every existing component is a directory.
+    fn blocker(&self, dir: &str) -> Option<String> {
+        let mut prefix = String::new();
+        for part in dir.split('/').filter(|p| !p.is_empty()) {
+            prefix.push('/');
+            prefix.push_str(part);
+            match self.root.resolve(&prefix) {
+                Ok(h) => {
+                    let st = sys::fstat(h.as_fd()).ok()?;
+                    if sys::file_type(&st) != libc::S_IFDIR {
+                        return Some(format!("the image's {prefix} is not a directory"));
+                    }
+                }
+                Err(_) => {
+                    let target = self.root.readlink(&prefix).ok()?;
+                    return Some(format!(
+                        "the image's {prefix} is a link to {} that leads nowhere inside the image",
+                        target.display()
+                    ));
+                }
+            }
+        }
+        None
     }
 
     fn exists(&self, path: &str) -> bool {
@@ -368,7 +398,25 @@ mod tests {
         // A dangling escape is refused rather than created anywhere.
         std::fs::remove_dir_all(&inside).unwrap();
         let r = Rootfs::open(&root).unwrap();
-        assert!(r.make_symlink("/lib/x/libcuda.so", "libcuda.so.1").is_err());
+        let e = r
+            .make_symlink("/lib/x/libcuda.so", "libcuda.so.1")
+            .unwrap_err();
+        assert!(
+            e.to_string().contains(&format!(
+                "the image's /lib is a link to {} that leads nowhere",
+                outside.display()
+            )),
+            "{e}"
+        );
+        std::fs::write(root.join("etc/vulkan"), b"a file").unwrap();
+        let e = r
+            .replace_file("/etc/vulkan/icd.d/x.json", b"", 0o644)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("the image's /etc/vulkan is not a directory"),
+            "{e}"
+        );
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
     }
 

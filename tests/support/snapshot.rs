@@ -67,7 +67,7 @@ const HOST_DIRS: &[(&str, &[&str])] = &[
     ("/lib/firmware", &["nvidia"]),
     ("/run", &["nvidia", "nvhook"]),
     ("/dev", &["nvidia"]),
-    ("/tmp", &["nvidia"]),
+    ("/tmp", &["nvidia-mps"]),
 ];
 
 /// The host's side of every target a hostile image aims at.
