@@ -84,12 +84,42 @@ impl Rootfs {
         let handle = Rc::new(
             self.root
                 .mkdir_all(dir, &Permissions::from_mode(0o755))
-                .map_err(|e| op_err("create directory", dir, e))?,
+                .map_err(|e| match self.blocker(dir) {
+                    Some(why) => op_err("create directory", dir, format!("{why}; fix the image")),
+                    None => op_err("create directory", dir, e),
+                })?,
         );
         self.dirs
             .borrow_mut()
             .insert(dir.to_string(), Rc::clone(&handle));
         Ok(handle)
+    }
+
+    /// Why `dir` cannot be made in the image, in the image's terms: the first component that
+    /// is a link leading nowhere inside it (dangling, a loop, or out of the rootfs), or that
+    /// is not a directory. None when every existing component is a directory.
+    fn blocker(&self, dir: &str) -> Option<String> {
+        let mut prefix = String::new();
+        for part in dir.split('/').filter(|p| !p.is_empty()) {
+            prefix.push('/');
+            prefix.push_str(part);
+            match self.root.resolve(&prefix) {
+                Ok(h) => {
+                    let st = sys::fstat(h.as_fd()).ok()?;
+                    if sys::file_type(&st) != libc::S_IFDIR {
+                        return Some(format!("the image's {prefix} is not a directory"));
+                    }
+                }
+                Err(_) => {
+                    let target = self.root.readlink(&prefix).ok()?;
+                    return Some(format!(
+                        "the image's {prefix} is a link to {} that leads nowhere inside the image",
+                        target.display()
+                    ));
+                }
+            }
+        }
+        None
     }
 
     fn exists(&self, path: &str) -> bool {
@@ -243,21 +273,25 @@ impl Rootfs {
         let Ok(dir) = self.dir_if_exists(dir) else {
             return Ok(None);
         };
-        // O_NOFOLLOW: a link in the image's place is treated as no file at all.
-        let fd = match sys::open_at(dir.as_fd(), &name, libc::O_RDONLY | libc::O_NONBLOCK, 0) {
-            Ok(fd) => fd,
-            Err(_) => return Ok(None),
+        // O_PATH first: opening an image's device node or FIFO for real could have side
+        // effects on the host (a watchdog arms on open). O_NOFOLLOW: a link in the image's
+        // place is treated as no file at all.
+        let Some(handle) = sys::open_at(dir.as_fd(), &name, libc::O_PATH, 0).ok() else {
+            return Ok(None);
         };
-        let st = sys::fstat(fd.as_fd()).map_err(|e| op_err("inspect", path, e))?;
+        let st = sys::fstat(handle.as_fd()).map_err(|e| op_err("inspect", path, e))?;
         if sys::file_type(&st) != libc::S_IFREG {
             return Ok(None);
         }
         if st.st_size as u64 > limit {
             return Err(op_err("read", path, format!("larger than {limit} bytes")));
         }
+        // The same inode, now known to be a regular file, opened for reading.
+        let file = pathrs::Handle::from_fd(handle)
+            .reopen(pathrs::flags::OpenFlags::O_RDONLY)
+            .map_err(|e| op_err("open", path, e))?;
         let mut out = Vec::with_capacity(st.st_size as usize);
-        std::fs::File::from(fd)
-            .take(limit)
+        file.take(limit)
             .read_to_end(&mut out)
             .map_err(|e| op_err("read", path, e))?;
         Ok(Some(out))
@@ -364,8 +398,67 @@ mod tests {
         // A dangling escape is refused rather than created anywhere.
         std::fs::remove_dir_all(&inside).unwrap();
         let r = Rootfs::open(&root).unwrap();
-        assert!(r.make_symlink("/lib/x/libcuda.so", "libcuda.so.1").is_err());
+        let e = r
+            .make_symlink("/lib/x/libcuda.so", "libcuda.so.1")
+            .unwrap_err();
+        assert!(
+            e.to_string().contains(&format!(
+                "the image's /lib is a link to {} that leads nowhere",
+                outside.display()
+            )),
+            "{e}"
+        );
+        std::fs::write(root.join("etc/vulkan"), b"a file").unwrap();
+        let e = r
+            .replace_file("/etc/vulkan/icd.d/x.json", b"", 0o644)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("the image's /etc/vulkan is not a directory"),
+            "{e}"
+        );
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    }
+
+    /// Whether anything opened `path` for I/O (O_PATH does not count) while `f` ran.
+    fn opened_during(path: &Path, f: impl FnOnce()) -> bool {
+        // SAFETY: plain syscalls on a descriptor owned here; the buffer outlives the read.
+        unsafe {
+            let fd = libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC);
+            assert!(fd >= 0);
+            let p = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+            assert!(libc::inotify_add_watch(fd, p.as_ptr(), libc::IN_OPEN) >= 0);
+            f();
+            let mut buf = [0u8; 4096];
+            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            libc::close(fd);
+            n > 0
+        }
+    }
+
+    #[test]
+    fn read_file_never_opens_a_special_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("etc")).unwrap();
+        let fifo = tmp.path().join("etc/ld.so.cache");
+        let c = CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: c is NUL-terminated.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let r = Rootfs::open(tmp.path()).unwrap();
+        let opened = opened_during(&fifo, || {
+            assert_eq!(r.read_file("/etc/ld.so.cache", 100).unwrap(), None);
+        });
+        assert!(!opened, "read_file opened the image's FIFO");
+        // The control: a regular file is opened, and the watch sees it.
+        std::fs::remove_file(&fifo).unwrap();
+        std::fs::write(&fifo, b"cache").unwrap();
+        let opened = opened_during(&fifo, || {
+            assert_eq!(
+                r.read_file("/etc/ld.so.cache", 100).unwrap().unwrap(),
+                b"cache"
+            );
+        });
+        assert!(opened);
     }
 
     #[test]

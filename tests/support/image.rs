@@ -157,7 +157,8 @@ fn remove_stale_build_dirs(base: &Path) {
     }
 }
 
-fn source(relative: &str) -> PathBuf {
+/// A file under tests/.
+pub fn source(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests")
         .join(relative)
@@ -169,7 +170,8 @@ fn make_dirs(root: &Path, dirs: &[&str]) {
     }
 }
 
-fn compile(sources: &[PathBuf], output: &Path, flags: &[&str]) {
+/// The host's cc, warnings as errors.
+pub fn compile(sources: &[PathBuf], output: &Path, flags: &[&str]) {
     run_checked(
         Command::new(require_program("cc"))
             .args(["-O1", "-Wall", "-Wextra", "-Werror"])

@@ -14,18 +14,24 @@ mod cmd;
 pub mod engines;
 mod gpucheck;
 mod image;
+mod mountns;
 mod mounts;
 mod node;
 pub mod podman;
 mod runc;
+mod snapshot;
+mod watch;
 
 pub use bundle::{Bundle, nvhook_bin};
 pub use cmd::{require_program, require_root, stdout_of};
 pub use gpucheck::{CONTROL_NODES, gpu_node, gpucheck_args};
 pub use image::{
-    GlibcImageOptions, Image, build_busybox_image, build_glibc_image, busybox_image, glibc_image,
-    glibc_image_with_fake_libcuda,
+    GlibcImageOptions, Image, build_busybox_image, build_glibc_image, busybox_image, compile,
+    glibc_image, glibc_image_with_fake_libcuda, source,
 };
+pub use mountns::{MountNs, table_diff};
 pub use mounts::{host_mounts_referencing, tree_listing};
 pub use node::{SimNode, profile_dir, simnode_bin};
-pub use runc::{Output, RuntimeEnv, run_container, run_container_with};
+pub use runc::{Output, RuntimeEnv, run_container, run_container_with, run_in_ns};
+pub use snapshot::{Snapshot, host_snapshot};
+pub use watch::OpenWatch;

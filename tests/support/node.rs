@@ -79,16 +79,27 @@ impl SimNode {
 
     /// The UUID of GPU `index`, as the node's mock NVML reports it.
     pub fn gpu_uuid(&self, index: usize) -> String {
+        self.topology()["gpus"][index]["uuid"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no .gpus[{index}].uuid in the node's topology"))
+            .to_owned()
+    }
+
+    /// The driver version the node's files carry (`libcuda.so.<version>`).
+    pub fn driver_version(&self) -> String {
+        self.topology()["driver_version"]
+            .as_str()
+            .expect("no .driver_version in the node's topology")
+            .to_owned()
+    }
+
+    fn topology(&self) -> serde_json::Value {
         let path = self
             .driver_root()
             .join("usr/lib/x86_64-linux-gnu/nvml-topology.json");
         let text = fs::read_to_string(&path)
             .unwrap_or_else(|err| panic!("read {}: {err}", path.display()));
-        let topology: serde_json::Value = serde_json::from_str(&text).expect("topology is JSON");
-        topology["gpus"][index]["uuid"]
-            .as_str()
-            .unwrap_or_else(|| panic!("no .gpus[{index}].uuid in {}", path.display()))
-            .to_owned()
+        serde_json::from_str(&text).expect("topology is JSON")
     }
 }
 

@@ -6,6 +6,7 @@ use std::process::{Command, ExitStatus};
 
 use super::bundle::Bundle;
 use super::cmd::require_program;
+use super::mountns::MountNs;
 
 #[derive(Clone, Copy, Debug)]
 pub enum RuntimeEnv {
@@ -91,6 +92,37 @@ pub fn run_container_with(
         .output()
         .expect("spawn runc run");
     delete(bundle, env);
+    Output {
+        status: output.status,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        hook_log: None,
+    }
+}
+
+/// `RUNTIME --root <state> run` inside `ns`, where RUNTIME is runc or a drop-in for it
+/// (nvhook-runtime) and `vars` its only additions to the environment; then `runc delete -f`.
+pub fn run_in_ns(bundle: &Bundle, ns: &MountNs, runtime: &Path, vars: &[(&str, &str)]) -> Output {
+    bundle.write_config();
+    let mut cmd = Command::new(require_program("timeout"));
+    cmd.args(["--kill-after=5", RUN_TIMEOUT_S])
+        .args(ns.nsenter())
+        // Only the runtime gets `vars`, not the wrappers in front of it.
+        .arg(require_program("env"))
+        .args(vars.iter().map(|(k, v)| format!("{k}={v}")))
+        .arg(runtime)
+        .arg("--root")
+        .arg(bundle.state_dir())
+        .arg("run")
+        .arg("--bundle")
+        .arg(bundle.dir())
+        .arg(bundle.id());
+    let output = cmd.output().expect("spawn the runtime");
+    let _ = Command::new(require_program("runc"))
+        .arg("--root")
+        .arg(bundle.state_dir())
+        .args(["delete", "-f", bundle.id()])
+        .output();
     Output {
         status: output.status,
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
