@@ -3,10 +3,14 @@
 use crate::capability::Capability;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub const DEFAULT_PATH: &str = "/etc/nvhook/config.toml";
 /// Environment variable that names the config file when `--config` is not given.
 pub const ENV_VAR: &str = "NVHOOK_CONFIG";
+/// The longest `nvml-timeout-ms`: the hook entry's timeout less what the rest of the hook needs.
+pub const NVML_TIMEOUT_MAX: Duration =
+    Duration::from_secs(crate::runtime::HOOK_TIMEOUT_S - 5);
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -27,6 +31,9 @@ pub struct Config {
     pub accept_volume_mount_devices: bool,
     /// Skip every NVIDIA_REQUIRE_* check.
     pub disable_require: bool,
+    /// How long NVML may take to answer before the hook gives up, in milliseconds; kept below
+    /// the hook entry's own timeout so the user reads nvhook's message, not the runtime's kill.
+    pub nvml_timeout_ms: u64,
     /// File the hook appends its log to; none means log to stderr only on failure.
     pub log_file: Option<PathBuf>,
     pub log_level: LogLevel,
@@ -57,6 +64,7 @@ impl Default for Config {
             accept_env_when_unprivileged: true,
             accept_volume_mount_devices: true,
             disable_require: false,
+            nvml_timeout_ms: 10_000,
             log_file: None,
             log_level: LogLevel::Info,
             runtimes: vec!["runc".into(), "crun".into()],
@@ -122,6 +130,14 @@ impl Config {
                 self.hook_path
             ));
         }
+        let max_ms = NVML_TIMEOUT_MAX.as_millis();
+        if self.nvml_timeout_ms == 0 || u128::from(self.nvml_timeout_ms) > max_ms {
+            return Err(format!(
+                "nvml-timeout-ms = {} must be between 1 and {max_ms}: the hook entry's timeout is {} s and the hook needs time after NVML",
+                self.nvml_timeout_ms,
+                crate::runtime::HOOK_TIMEOUT_S
+            ));
+        }
         if self.runtimes.is_empty() {
             return Err("runtimes must name at least one runtime (e.g. [\"runc\"])".into());
         }
@@ -135,6 +151,10 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    pub fn nvml_timeout(&self) -> Duration {
+        Duration::from_millis(self.nvml_timeout_ms)
     }
 
     /// `<driver-root>/<path>` for an absolute host path.
@@ -187,6 +207,7 @@ supported-capabilities = ["compute", "utility"]
 accept-env-when-unprivileged = false
 accept-volume-mount-devices = false
 disable-require = true
+nvml-timeout-ms = 250
 log-file = "/var/log/nvhook.log"
 log-level = "debug"
 runtimes = ["crun"]
@@ -200,6 +221,7 @@ hook-path = "/opt/nvhook"
             vec![Capability::Compute, Capability::Utility]
         );
         assert!(!c.accept_env_when_unprivileged);
+        assert_eq!(c.nvml_timeout(), Duration::from_millis(250));
         assert_eq!(c.log_level, LogLevel::Debug);
         assert_eq!(c.runtimes, vec!["crun".to_string()]);
     }
@@ -229,6 +251,17 @@ hook-path = "/opt/nvhook"
     fn relative_hook_path_rejected() {
         let e = parse("hook-path = \"nvhook\"").unwrap_err().to_string();
         assert!(e.contains("hook-path"), "{e}");
+    }
+
+    #[test]
+    fn nvml_timeout_stays_below_the_hook_timeout() {
+        for bad in ["nvml-timeout-ms = 0", "nvml-timeout-ms = 25001", "nvml-timeout-ms = 60000"] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains("nvml-timeout-ms"), "{e}");
+            assert!(e.contains("between 1 and 25000"), "{e}");
+        }
+        assert!(parse("nvml-timeout-ms = 25000").is_ok());
+        assert!(NVML_TIMEOUT_MAX < Duration::from_secs(crate::runtime::HOOK_TIMEOUT_S));
     }
 
     #[test]

@@ -17,6 +17,9 @@ use std::path::{Path, PathBuf};
 /// The plan the shim computed, read by the hook instead of querying NVML again.
 pub const PLAN_FILE: &str = "nvhook-plan.json";
 
+/// The `timeout` of the hook entries nvhook writes, in seconds; `nvml-timeout-ms` stays below it.
+pub const HOOK_TIMEOUT_S: u64 = 30;
+
 /// runc's global flags that take a value (`--root DIR`); the others are booleans.
 const GLOBAL_FLAGS_WITH_VALUE: &[&str] =
     &["--root", "--log", "--log-format", "--criu", "--rootless"];
@@ -137,7 +140,7 @@ pub fn prepare_bundle(
     };
     let rootfs = spec.rootfs(bundle).ok_or(inject::HookError::NoRoot)?;
     let inventory =
-        inventory::isolated::load(config, inject::NVML_TIMEOUT).map_err(inject::HookError::from)?;
+        inventory::isolated::load(config).map_err(inject::HookError::from)?;
     let plan = inject::plan_for(&request, &inventory, config, &rootfs)?;
     let mut value: Value =
         serde_json::from_str(&text).map_err(|e| bundle_err("parse", e.to_string()))?;
@@ -165,7 +168,7 @@ pub fn hook_entry(config: &Config, config_path: Option<&Path>) -> Value {
         "path": config.hook_path.display().to_string(),
         "args": args,
         "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
-        "timeout": 30,
+        "timeout": HOOK_TIMEOUT_S,
     })
 }
 
@@ -291,6 +294,14 @@ mod tests {
         }
         assert!(Invocation::parse(&args(&["run", "x"])).creates());
         assert!(!Invocation::parse(&args(&["delete", "x"])).creates());
+    }
+
+    #[test]
+    fn packaged_hook_json_has_the_same_timeout() {
+        let hook: Value =
+            serde_json::from_str(include_str!("../hooks/oci-nvhook-hook.json")).unwrap();
+        assert_eq!(hook["hook"]["timeout"], HOOK_TIMEOUT_S);
+        assert_eq!(hook_entry(&Config::default(), None)["timeout"], HOOK_TIMEOUT_S);
     }
 
     #[test]
