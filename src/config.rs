@@ -9,8 +9,7 @@ pub const DEFAULT_PATH: &str = "/etc/nvhook/config.toml";
 /// Environment variable that names the config file when `--config` is not given.
 pub const ENV_VAR: &str = "NVHOOK_CONFIG";
 /// The longest `nvml-timeout-ms`: the hook entry's timeout less what the rest of the hook needs.
-pub const NVML_TIMEOUT_MAX: Duration =
-    Duration::from_secs(crate::runtime::HOOK_TIMEOUT_S - 5);
+pub const NVML_TIMEOUT_MAX: Duration = Duration::from_secs(crate::runtime::HOOK_TIMEOUT_S - 5);
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -255,7 +254,11 @@ hook-path = "/opt/nvhook"
 
     #[test]
     fn nvml_timeout_stays_below_the_hook_timeout() {
-        for bad in ["nvml-timeout-ms = 0", "nvml-timeout-ms = 25001", "nvml-timeout-ms = 60000"] {
+        for bad in [
+            "nvml-timeout-ms = 0",
+            "nvml-timeout-ms = 25001",
+            "nvml-timeout-ms = 60000",
+        ] {
             let e = parse(bad).unwrap_err().to_string();
             assert!(e.contains("nvml-timeout-ms"), "{e}");
             assert!(e.contains("between 1 and 25000"), "{e}");

@@ -139,8 +139,7 @@ pub fn prepare_bundle(
         return Ok(false);
     };
     let rootfs = spec.rootfs(bundle).ok_or(inject::HookError::NoRoot)?;
-    let inventory =
-        inventory::isolated::load(config).map_err(inject::HookError::from)?;
+    let inventory = inventory::isolated::load(config).map_err(inject::HookError::from)?;
     let plan = inject::plan_for(&request, &inventory, config, &rootfs)?;
     let mut value: Value =
         serde_json::from_str(&text).map_err(|e| bundle_err("parse", e.to_string()))?;
@@ -301,7 +300,10 @@ mod tests {
         let hook: Value =
             serde_json::from_str(include_str!("../hooks/oci-nvhook-hook.json")).unwrap();
         assert_eq!(hook["hook"]["timeout"], HOOK_TIMEOUT_S);
-        assert_eq!(hook_entry(&Config::default(), None)["timeout"], HOOK_TIMEOUT_S);
+        assert_eq!(
+            hook_entry(&Config::default(), None)["timeout"],
+            HOOK_TIMEOUT_S
+        );
     }
 
     #[test]

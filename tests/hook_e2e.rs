@@ -9,8 +9,7 @@ mod support;
 
 use support::{
     Bundle, Image, Output, RuntimeEnv, SimNode, busybox_image, glibc_image,
-    glibc_image_with_fake_libcuda, host_mounts_referencing, require_root, run_container,
-    tree_listing,
+    glibc_image_with_fake_libcuda, host_mounts_referencing, require_root, run_clean, tree_listing,
 };
 
 const GPUS: u32 = 4;
@@ -37,22 +36,6 @@ fn gpucheck_bundle(image: &Image, extra: &[&str]) -> Bundle {
     args.extend(extra.iter().map(|a| a.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Bundle::new(image, &args)
-}
-
-/// Runs the bundle and checks that nothing stays mounted on the host.
-#[track_caller]
-fn run_clean(bundle: &Bundle, node: Option<&SimNode>, env: RuntimeEnv) -> Output {
-    require_root();
-    let mut output = run_container(bundle, env);
-    output.hook_log = node.map(SimNode::log);
-    let mut watched = vec![bundle.dir()];
-    watched.extend(node.map(SimNode::root));
-    let leaked = host_mounts_referencing(&watched);
-    assert!(
-        leaked.is_empty(),
-        "mounts left on the host: {leaked:#?}\n{output}"
-    );
-    output
 }
 
 /// Runs a GPU container with nvhook and prints the hook's log on failure.

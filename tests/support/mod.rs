@@ -15,6 +15,7 @@ pub mod engines;
 mod image;
 mod mounts;
 mod node;
+mod run;
 mod runc;
 
 pub use bundle::{Bundle, nvhook_bin};
@@ -25,4 +26,5 @@ pub use image::{
 };
 pub use mounts::{host_mounts_referencing, tree_listing};
 pub use node::{SimNode, simnode_bin};
+pub use run::run_clean;
 pub use runc::{Output, RuntimeEnv, run_container};

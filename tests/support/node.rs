@@ -17,6 +17,11 @@ pub struct SimNode {
 
 impl SimNode {
     pub fn create(gpus: u32) -> SimNode {
+        SimNode::create_with(gpus, &[])
+    }
+
+    /// A node built with extra `simnode create` flags (`--nvml-init-error 9`, ...).
+    pub fn create_with(gpus: u32, flags: &[&str]) -> SimNode {
         let dir = tempfile::Builder::new()
             .prefix("nvhook-node-")
             .tempdir()
@@ -28,9 +33,25 @@ impl SimNode {
                 .args(["--gpus", &gpus.to_string()])
                 // The same binary the bundles' prestart hooks run.
                 .arg("--hook-path")
-                .arg(nvhook_bin()),
+                .arg(nvhook_bin())
+                .args(flags),
         );
         SimNode { dir }
+    }
+
+    /// Appends `key = value` lines to the node's nvhook config.
+    pub fn configure(&self, lines: &str) -> &Self {
+        let path = self.config();
+        let mut text = fs::read_to_string(&path).expect("read node config");
+        text.push_str(lines);
+        text.push('\n');
+        fs::write(&path, text).expect("write node config");
+        self
+    }
+
+    /// The dev root: the node's `dev/nvidia*` nodes live under it.
+    pub fn dev_root(&self) -> &Path {
+        self.root()
     }
 
     pub fn root(&self) -> &Path {
