@@ -49,14 +49,7 @@ fn run_with_hook(bundle: &mut Bundle, node: &SimNode, env: RuntimeEnv) -> Output
 
 #[track_caller]
 fn assert_gpus(output: &Output, visible: &[u32]) {
-    for index in 0..GPUS {
-        let verdict = if visible.contains(&index) {
-            "ENXIO"
-        } else {
-            "absent"
-        };
-        output.assert_lines(&[&format!("dev {} {verdict}", gpu_node(index))]);
-    }
+    output.assert_gpus(GPUS, visible);
 }
 
 #[track_caller]
