@@ -171,7 +171,19 @@ impl Config {
 }
 
 /// toml's messages span several lines with a caret drawing; keep one line with the line number.
+/// A quoted key may hold control characters, which toml repeats raw: escape them.
 fn one_line(message: &str, span: Option<std::ops::Range<usize>>, text: &str) -> String {
+    let message: String = message
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect();
+    let message = message.as_str();
     match span {
         Some(span) => {
             let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
@@ -234,6 +246,13 @@ hook-path = "/opt/nvhook"
         assert!(e.contains("/etc/nvhook/config.toml"), "{e}");
         assert!(e.contains("line 2"), "{e}");
         assert!(!e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn control_characters_in_a_key_stay_on_one_line() {
+        let e = parse("\"a\\nb\\u001b\" = 1").unwrap_err().to_string();
+        assert!(e.contains("unknown field `a\\nb\\u{1b}`"), "{e}");
+        assert!(!e.chars().any(char::is_control), "{e:?}");
     }
 
     #[test]
