@@ -481,6 +481,12 @@ fn mutated_ldcache() -> impl Strategy<Value = Vec<u8>> {
 // ---------------------------------------------------------------- properties
 
 proptest! {
+    // A failure prints its minimal input: it goes into tests/corpus/, the one record kept.
+    #![proptest_config(ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
     #[test]
     fn fuzz_state_text(text in any::<String>()) {
         check_state(&text);
