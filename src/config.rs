@@ -3,10 +3,13 @@
 use crate::capability::Capability;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub const DEFAULT_PATH: &str = "/etc/nvhook/config.toml";
 /// Environment variable that names the config file when `--config` is not given.
 pub const ENV_VAR: &str = "NVHOOK_CONFIG";
+/// The longest `nvml-timeout-ms`: the hook entry's timeout less what the rest of the hook needs.
+pub const NVML_TIMEOUT_MAX: Duration = Duration::from_secs(crate::runtime::HOOK_TIMEOUT_S as u64 - 5);
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -27,6 +30,9 @@ pub struct Config {
     pub accept_volume_mount_devices: bool,
     /// Skip every NVIDIA_REQUIRE_* check.
     pub disable_require: bool,
+    /// How long NVML may take to answer before the hook gives up, in milliseconds; kept below
+    /// the hook entry's own timeout so the user reads nvhook's message, not the runtime's kill.
+    pub nvml_timeout_ms: u64,
     /// File the hook appends its log to; none means log to stderr only on failure.
     pub log_file: Option<PathBuf>,
     pub log_level: LogLevel,
@@ -70,6 +76,7 @@ impl Default for Config {
             accept_env_when_unprivileged: true,
             accept_volume_mount_devices: true,
             disable_require: false,
+            nvml_timeout_ms: 10_000,
             log_file: None,
             log_level: LogLevel::Info,
             runtimes: vec!["runc".into(), "crun".into()],
@@ -136,6 +143,14 @@ impl Config {
                 self.hook_path
             ));
         }
+        let max_ms = NVML_TIMEOUT_MAX.as_millis();
+        if self.nvml_timeout_ms == 0 || u128::from(self.nvml_timeout_ms) > max_ms {
+            return Err(format!(
+                "nvml-timeout-ms = {} must be between 1 and {max_ms}: the hook entry's timeout is {} s and the hook needs time after NVML",
+                self.nvml_timeout_ms,
+                crate::runtime::HOOK_TIMEOUT_S
+            ));
+        }
         if self.runtimes.is_empty() {
             return Err("runtimes must name at least one runtime (e.g. [\"runc\"])".into());
         }
@@ -149,6 +164,10 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    pub fn nvml_timeout(&self) -> Duration {
+        Duration::from_millis(self.nvml_timeout_ms)
     }
 
     /// `<driver-root>/<path>` for an absolute host path.
@@ -166,7 +185,19 @@ impl Config {
 }
 
 /// toml's messages span several lines with a caret drawing; keep one line with the line number.
+/// A quoted key may hold control characters, which toml repeats raw: escape them.
 fn one_line(message: &str, span: Option<std::ops::Range<usize>>, text: &str) -> String {
+    let message: String = message
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect();
+    let message = message.as_str();
     match span {
         Some(span) => {
             let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
@@ -201,6 +232,7 @@ supported-capabilities = ["compute", "utility"]
 accept-env-when-unprivileged = false
 accept-volume-mount-devices = false
 disable-require = true
+nvml-timeout-ms = 250
 log-file = "/var/log/nvhook.log"
 log-level = "debug"
 runtimes = ["crun"]
@@ -215,6 +247,7 @@ runtime-mode = "cdi"
             vec![Capability::Compute, Capability::Utility]
         );
         assert!(!c.accept_env_when_unprivileged);
+        assert_eq!(c.nvml_timeout(), Duration::from_millis(250));
         assert_eq!(c.log_level, LogLevel::Debug);
         assert_eq!(c.runtimes, vec!["crun".to_string()]);
         assert_eq!(c.runtime_mode, RuntimeMode::Cdi);
@@ -232,6 +265,13 @@ runtime-mode = "cdi"
     }
 
     #[test]
+    fn control_characters_in_a_key_stay_on_one_line() {
+        let e = parse("\"a\\nb\\u001b\" = 1").unwrap_err().to_string();
+        assert!(e.contains("unknown field `a\\nb\\u{1b}`"), "{e}");
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+    }
+
+    #[test]
     fn wrong_type_names_key() {
         let e = parse("disable-require = \"yes\"").unwrap_err().to_string();
         assert!(e.contains("line 1"), "{e}");
@@ -245,6 +285,21 @@ runtime-mode = "cdi"
     fn relative_hook_path_rejected() {
         let e = parse("hook-path = \"nvhook\"").unwrap_err().to_string();
         assert!(e.contains("hook-path"), "{e}");
+    }
+
+    #[test]
+    fn nvml_timeout_stays_below_the_hook_timeout() {
+        for bad in [
+            "nvml-timeout-ms = 0",
+            "nvml-timeout-ms = 25001",
+            "nvml-timeout-ms = 60000",
+        ] {
+            let e = parse(bad).unwrap_err().to_string();
+            assert!(e.contains("nvml-timeout-ms"), "{e}");
+            assert!(e.contains("between 1 and 25000"), "{e}");
+        }
+        assert!(parse("nvml-timeout-ms = 25000").is_ok());
+        assert!(NVML_TIMEOUT_MAX < Duration::from_secs(crate::runtime::HOOK_TIMEOUT_S.into()));
     }
 
     #[test]

@@ -32,8 +32,7 @@ pub struct State {
 
 impl State {
     pub fn parse(text: &str) -> Result<State, OciError> {
-        let state: State =
-            serde_json::from_str(text).map_err(|e| OciError::State(e.to_string()))?;
+        let state: State = from_json_object(text).map_err(OciError::State)?;
         if !state.bundle.is_absolute() {
             return Err(OciError::State(format!(
                 "bundle {:?} is not an absolute path",
@@ -118,9 +117,9 @@ impl Spec {
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Spec, OciError> {
-        serde_json::from_str(text).map_err(|e| OciError::ParseSpec {
+        from_json_object(text).map_err(|message| OciError::ParseSpec {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            message,
         })
     }
 
@@ -169,6 +168,15 @@ impl Spec {
     }
 }
 
+/// serde reads a struct from a JSON array too (`[]` would be an empty spec): the state and
+/// config.json are objects, and anything else is malformed input.
+fn from_json_object<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, String> {
+    if !text.trim_start().starts_with('{') {
+        return Err("not a JSON object".into());
+    }
+    serde_json::from_str(text).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,6 +190,8 @@ mod tests {
         assert_eq!(s.pid, Some(42));
         assert!(State::parse(r#"{"bundle":"rel"}"#).is_err());
         assert!(State::parse("not json").is_err());
+        assert!(State::parse(r#"["c", 42, "/b"]"#).is_err());
+        assert!(Spec::parse("[]", Path::new("c.json")).is_err());
     }
 
     #[test]

@@ -188,9 +188,12 @@ pub enum PlanError {
     )]
     NoCapsMajor { what: String },
     #[error(
-        "capability {capability} was requested but the driver root has none of its libraries or binaries (is the driver installed completely?)"
+        "capability {capability} needs {soname}, which the driver root does not have (is the driver installed completely? run ldconfig in the driver root)"
     )]
-    MissingFiles { capability: Capability },
+    MissingLibrary {
+        capability: Capability,
+        soname: &'static str,
+    },
 }
 
 /// A GPU or MIG device chosen by the request.
@@ -495,7 +498,6 @@ impl FileBuilder<'_> {
         let caps = &request.capabilities;
         let compat32 = caps.contains(&Capability::Compat32);
         for &cap in caps {
-            let before = self.mounts.len();
             // Display brings the graphics stack; compat32 only adds 32-bit copies of the others.
             let lib_cap = if cap == Capability::Display {
                 Capability::Graphics
@@ -525,9 +527,16 @@ impl FileBuilder<'_> {
                 };
                 self.add_file(f, kind);
             }
-            let brings_files = self.mounts.len() > before;
-            if !brings_files && matches!(cap, Capability::Compute | Capability::Utility) {
-                return Err(PlanError::MissingFiles { capability: cap });
+            if let Some(soname) = required_library(cap)
+                && !self
+                    .ldcache
+                    .iter()
+                    .any(|e| e.soname == soname && e.class == ElfClassName::Lib64)
+            {
+                return Err(PlanError::MissingLibrary {
+                    capability: cap,
+                    soname,
+                });
             }
         }
         if any_gpu {
@@ -579,6 +588,17 @@ impl FileBuilder<'_> {
             destination: file.container_path.clone(),
             kind,
         });
+    }
+}
+
+/// The library without which a capability is useless: a container that asked for compute
+/// and started without libcuda would fail later, far from the cause. Other capabilities'
+/// sets vary between driver packages (headless ones lack graphics), so they are not checked.
+fn required_library(cap: Capability) -> Option<&'static str> {
+    match cap {
+        Capability::Compute => Some("libcuda.so.1"),
+        Capability::Utility => Some("libnvidia-ml.so.1"),
+        _ => None,
     }
 }
 

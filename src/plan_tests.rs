@@ -634,16 +634,25 @@ fn firmware_only_when_a_gpu_is_selected() {
 }
 
 #[test]
-fn capability_with_no_files_in_the_driver_root_is_an_error() {
-    for capability in [Capability::Utility, Capability::Compute] {
+fn capability_without_its_key_library_is_an_error() {
+    let cases = [
+        (Capability::Utility, "libnvidia-ml.so.1"),
+        (Capability::Compute, "libcuda.so.1"),
+    ];
+    for (capability, soname) in cases {
+        // Only the key library missing: the capability's other files do not make up for it.
         let mut inv = standard();
+        inv.files.libraries.retain(|l| l.soname != soname);
+        let e = plan_err(&inv, &[&visible("0"), &caps(capability.name())]);
+        assert_eq!(e, PlanError::MissingLibrary { capability, soname });
+        assert!(e.to_string().contains(capability.name()), "{e}");
+        // Nothing of the capability at all.
         let files = &mut inv.files;
         files.libraries.retain(|l| l.capability != capability);
         files.binaries.retain(|f| f.capability != Some(capability));
         files.sockets.retain(|f| f.capability != Some(capability));
         let e = plan_err(&inv, &[&visible("0"), &caps(capability.name())]);
-        assert_eq!(e, PlanError::MissingFiles { capability });
-        assert!(e.to_string().contains(capability.name()), "{e}");
+        assert_eq!(e, PlanError::MissingLibrary { capability, soname });
     }
 }
 

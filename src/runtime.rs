@@ -18,6 +18,9 @@ use std::path::{Path, PathBuf};
 /// The plan the shim computed, read by the hook instead of querying NVML again.
 pub const PLAN_FILE: &str = "nvhook-plan.json";
 
+/// The `timeout` of the hook entries nvhook writes, in seconds; `nvml-timeout-ms` stays below it.
+pub const HOOK_TIMEOUT_S: u32 = 30;
+
 /// runc's global flags that take a value (`--root DIR`); the others are booleans.
 const GLOBAL_FLAGS_WITH_VALUE: &[&str] =
     &["--root", "--log", "--log-format", "--criu", "--rootless"];
@@ -137,8 +140,7 @@ pub fn prepare_bundle(
         return Ok(false);
     };
     let rootfs = spec.rootfs(bundle).ok_or(inject::HookError::NoRoot)?;
-    let inventory =
-        inventory::isolated::load(config, inject::NVML_TIMEOUT).map_err(inject::HookError::from)?;
+    let inventory = inventory::isolated::load(config).map_err(inject::HookError::from)?;
     let plan = inject::plan_for(&request, &inventory, config, &rootfs)?;
     let mut value: Value =
         serde_json::from_str(&text).map_err(|e| bundle_err("parse", e.to_string()))?;
@@ -253,6 +255,17 @@ mod tests {
         }
         assert!(Invocation::parse(&args(&["run", "x"])).creates());
         assert!(!Invocation::parse(&args(&["delete", "x"])).creates());
+    }
+
+    #[test]
+    fn packaged_hook_json_has_the_same_timeout() {
+        let hook: Value =
+            serde_json::from_str(include_str!("../hooks/oci-nvhook-hook.json")).unwrap();
+        assert_eq!(hook["hook"]["timeout"], HOOK_TIMEOUT_S);
+        assert_eq!(
+            hook_entry(&Config::default(), None).timeout,
+            Some(HOOK_TIMEOUT_S)
+        );
     }
 
     #[test]

@@ -9,8 +9,7 @@ mod support;
 
 use support::{
     Bundle, Image, Output, RuntimeEnv, SimNode, busybox_image, glibc_image,
-    glibc_image_with_fake_libcuda, host_mounts_referencing, require_root, run_container,
-    tree_listing,
+    glibc_image_with_fake_libcuda, host_mounts_referencing, require_root, run_clean, tree_listing,
 };
 
 const GPUS: u32 = 4;
@@ -39,22 +38,6 @@ fn gpucheck_bundle(image: &Image, extra: &[&str]) -> Bundle {
     Bundle::new(image, &args)
 }
 
-/// Runs the bundle and checks that nothing stays mounted on the host.
-#[track_caller]
-fn run_clean(bundle: &Bundle, node: Option<&SimNode>, env: RuntimeEnv) -> Output {
-    require_root();
-    let mut output = run_container(bundle, env);
-    output.hook_log = node.map(SimNode::log);
-    let mut watched = vec![bundle.dir()];
-    watched.extend(node.map(SimNode::root));
-    let leaked = host_mounts_referencing(&watched);
-    assert!(
-        leaked.is_empty(),
-        "mounts left on the host: {leaked:#?}\n{output}"
-    );
-    output
-}
-
 /// Runs a GPU container with nvhook and prints the hook's log on failure.
 #[track_caller]
 fn run_with_hook(bundle: &mut Bundle, node: &SimNode, env: RuntimeEnv) -> Output {
@@ -66,14 +49,7 @@ fn run_with_hook(bundle: &mut Bundle, node: &SimNode, env: RuntimeEnv) -> Output
 
 #[track_caller]
 fn assert_gpus(output: &Output, visible: &[u32]) {
-    for index in 0..GPUS {
-        let verdict = if visible.contains(&index) {
-            "ENXIO"
-        } else {
-            "absent"
-        };
-        output.assert_lines(&[&format!("dev {} {verdict}", gpu_node(index))]);
-    }
+    output.assert_gpus(GPUS, visible);
 }
 
 #[track_caller]

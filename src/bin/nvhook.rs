@@ -186,11 +186,16 @@ fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()>
     // No $NVHOOK_CONFIG here: the hook's environment is not to be trusted.
     let config = Config::load(config_path, None)?;
     nvhook::logging::init(&config);
+    // A state is a few hundred bytes; a runtime never sends more than this.
+    const STATE_LIMIT: u64 = 1 << 20;
     let mut input = String::new();
     std::io::stdin()
-        .take(1 << 20)
+        .take(STATE_LIMIT + 1)
         .read_to_string(&mut input)
         .map_err(|e| anyhow::anyhow!("cannot read the OCI state on stdin: {e}"))?;
+    if input.len() as u64 > STATE_LIMIT {
+        anyhow::bail!("the OCI state on stdin is larger than {STATE_LIMIT} bytes");
+    }
     let state = State::parse(&input)?;
     let log_error = |e: &nvhook::inject::HookError| {
         // Without a log file, main's stderr line is the only report; with one, keep it there too.

@@ -15,8 +15,6 @@ use std::path::{Path, PathBuf};
 /// Every hook entry nvhook writes runs with this environment: explicit and never empty, so
 /// nothing of the image's or the engine's environment reaches it.
 pub const HOOK_ENV: &[&str] = &["PATH=/usr/sbin:/usr/bin:/sbin:/bin"];
-/// Seconds the runtime gives a hook entry nvhook writes.
-pub const HOOK_TIMEOUT_S: u32 = 30;
 
 /// The nvhook binary that hook entries run, and the config file it is told to read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +46,7 @@ impl HookBinary {
             path: self.path.display().to_string(),
             args: argv,
             env: HOOK_ENV.iter().map(|s| s.to_string()).collect(),
-            timeout: Some(HOOK_TIMEOUT_S),
+            timeout: Some(crate::runtime::HOOK_TIMEOUT_S),
         }
     }
 }

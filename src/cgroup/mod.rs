@@ -172,7 +172,7 @@ pub enum CgroupError {
         source: io::Error,
     },
     #[error(
-        "no devices cgroup found for pid {pid} from /proc/{pid}/cgroup and {mountinfo}: {reason}"
+        "cannot find the devices cgroup of pid {pid} (/proc/{pid}/cgroup, {mountinfo}): {reason}"
     )]
     NotFound {
         pid: i32,

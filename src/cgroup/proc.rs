@@ -19,7 +19,7 @@ pub enum LocateError {
     #[error("it lists neither a v1 `devices` hierarchy nor a cgroup2 `0::` entry")]
     NoEntry,
     #[error(
-        "its {fstype} cgroup {path} is under no {fstype} mount visible here (mount the cgroup filesystem, or run in the host mount namespace)"
+        "its cgroup {path} is under no {fstype} mount visible here (mount the cgroup filesystem, or run in the host mount namespace)"
     )]
     NotMounted { fstype: &'static str, path: String },
     #[error(
@@ -156,17 +156,22 @@ pub(crate) fn locate(membership: &str, mountinfo: &str) -> Result<Location, Loca
             return Ok(Location::V1(dir));
         }
     }
+    let v1_not_mounted = |entry: &Membership| LocateError::NotMounted {
+        fstype: "cgroup v1 devices",
+        path: entry.path.to_owned(),
+    };
     match (v1, v2) {
         (_, Some(entry)) => resolve(&mounts, entry.path, |m| m.fstype == "cgroup2")?
             .map(Location::V2)
-            .ok_or_else(|| LocateError::NotMounted {
-                fstype: "cgroup2",
-                path: entry.path.to_owned(),
+            // With neither mounted, the v1 controller the process belongs to is the one named.
+            .ok_or_else(|| match v1 {
+                Some(v1) => v1_not_mounted(v1),
+                None => LocateError::NotMounted {
+                    fstype: "cgroup2",
+                    path: entry.path.to_owned(),
+                },
             }),
-        (Some(entry), None) => Err(LocateError::NotMounted {
-            fstype: "cgroup",
-            path: entry.path.to_owned(),
-        }),
+        (Some(entry), None) => Err(v1_not_mounted(entry)),
         (None, None) => Err(LocateError::NoEntry),
     }
 }
@@ -296,8 +301,16 @@ mod tests {
         assert_eq!(
             locate("5:devices:/a\n", "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n"),
             Err(LocateError::NotMounted {
-                fstype: "cgroup",
+                fstype: "cgroup v1 devices",
                 path: "/a".into()
+            })
+        );
+        // A hybrid host where nothing is mounted: the v1 devices membership is named.
+        assert_eq!(
+            locate(HYBRID_CGROUP, "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n"),
+            Err(LocateError::NotMounted {
+                fstype: "cgroup v1 devices",
+                path: "/docker/0123abcd".into()
             })
         );
     }

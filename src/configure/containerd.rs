@@ -36,9 +36,10 @@ fn version(doc: &DocumentMut) -> Result<i64, Invalid> {
     };
     match item.as_integer() {
         Some(v @ 1..=3) => Ok(v),
+        // A table or a multi-line value would break the one-line error: show it escaped.
         _ => Err(Invalid(format!(
             "unsupported `version = {}` (nvhook knows containerd config versions 1, 2 and 3)",
-            item.to_string().trim()
+            item.to_string().trim().escape_default()
         ))),
     }
 }
@@ -181,6 +182,9 @@ mod tests {
         let change = Change::Remove { name: "nvidia" };
         let Invalid(message) = apply(Some("version = 4\n"), &change).unwrap_err();
         assert!(message.contains("`version = 4`"), "{message}");
+        // Found by fuzzing: a `[version]` table used to print across several lines.
+        let Invalid(message) = apply(Some("[version]\na = 1\nb = 2\n"), &change).unwrap_err();
+        assert!(!message.contains('\n'), "{message}");
     }
 
     #[test]

@@ -20,11 +20,7 @@ use crate::request::{Request, RequestError};
 use rootfs::{Existing, Rootfs, RootfsError};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-/// NVML gets this long; runc's default hook timeout is far longer, and our own message
-/// is clearer than the runtime's kill.
-pub const NVML_TIMEOUT: Duration = Duration::from_secs(10);
+use std::time::Instant;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HookError {
@@ -98,7 +94,7 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     let plan = match crate::runtime::read_plan(&state.bundle) {
         Some(plan) => plan,
         None => {
-            let inventory = inventory::isolated::load(config, NVML_TIMEOUT)?;
+            let inventory = inventory::isolated::load(config)?;
             step.done("inventory");
             plan_for(&request, &inventory, config, &rootfs_path)?
         }

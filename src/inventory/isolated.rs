@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 type Reply = Result<Inventory, String>;
 
-pub fn load(config: &Config, timeout: Duration) -> Result<Inventory, InventoryError> {
+/// The inventory, or an error once `nvml-timeout-ms` has passed without an answer.
+pub fn load(config: &Config) -> Result<Inventory, InventoryError> {
     let (read_end, write_end) = nix::unistd::pipe().map_err(|e| child_err(format!("pipe: {e}")))?;
     // SAFETY: the hook is single-threaded here, so the child is a faithful copy; it only
     // queries, writes its answer and leaves with _exit.
@@ -31,7 +32,7 @@ pub fn load(config: &Config, timeout: Duration) -> Result<Inventory, InventoryEr
         }
         ForkResult::Parent { child } => {
             drop(write_end);
-            let result = read_reply(std::fs::File::from(read_end), timeout);
+            let result = read_reply(std::fs::File::from(read_end), config.nvml_timeout());
             if result.is_err() {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
             }
@@ -59,7 +60,7 @@ fn read_reply(mut pipe: std::fs::File, timeout: Duration) -> Result<Inventory, I
         let ready = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms))
             .map_err(|e| child_err(format!("poll: {e}")))?;
         if ready == 0 && left.is_zero() {
-            return Err(InventoryError::Timeout(timeout));
+            return Err(InventoryError::Timeout(timeout.as_millis()));
         }
         if ready == 0 {
             continue;

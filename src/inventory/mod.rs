@@ -73,9 +73,9 @@ pub enum InventoryError {
     #[error("{0}")]
     Child(String),
     #[error(
-        "NVML did not answer within {0:?} (enable persistence mode: nvidia-smi -pm 1, or start nvidia-persistenced)"
+        "NVML did not answer within {0} ms (nvml-timeout-ms): enable persistence mode (nvidia-smi -pm 1, or start nvidia-persistenced) or raise nvml-timeout-ms in the nvhook config"
     )]
-    Timeout(std::time::Duration),
+    Timeout(u128),
 }
 
 impl Inventory {

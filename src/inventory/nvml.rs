@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum NvmlError {
     #[error(
+        "the NVML library {0} is missing (is the NVIDIA driver installed completely? run ldconfig in the driver root, or set nvml-library in the nvhook config)"
+    )]
+    Missing(PathBuf),
+    #[error(
         "cannot initialise NVML from {path}: {source} (is the NVIDIA driver installed and loaded?)"
     )]
     Init {
@@ -35,6 +39,10 @@ fn q<T>(call: &'static str, r: Result<T, nvml_wrapper::error::NvmlError>) -> Res
 
 /// Initialises NVML from `library`, reads every GPU and MIG device, and shuts NVML down.
 pub fn query(library: &Path) -> Result<System, NvmlError> {
+    // dlopen's own message for this names the path twice and blames nothing.
+    if !library.exists() {
+        return Err(NvmlError::Missing(library.to_path_buf()));
+    }
     let nvml = Nvml::builder()
         .lib_path(library.as_os_str())
         .init()

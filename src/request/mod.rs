@@ -113,7 +113,15 @@ impl Request {
     pub fn from_spec(spec: &Spec, config: &Config) -> Result<Option<Request>, RequestError> {
         Ok(match Self::decide(spec, config)? {
             Decision::Gpu(request) => Some(request),
-            Decision::NotRequested | Decision::EnvIgnored => None,
+            Decision::NotRequested => None,
+            Decision::EnvIgnored => {
+                // The container asked and gets nothing: say why, where the operator looks.
+                tracing::warn!(
+                    value = spec.env(VISIBLE_DEVICES).map(one_line),
+                    "NVIDIA_VISIBLE_DEVICES ignored: the container is unprivileged and accept-env-when-unprivileged = false (GPUs come from the device plugin's volume mounts)"
+                );
+                None
+            }
         })
     }
 

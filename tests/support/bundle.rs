@@ -80,7 +80,36 @@ impl Bundle {
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
             "timeout": 30,
         });
+        self.raw_prestart_hook(hook)
+    }
+
+    /// Runs the container on `rootfs` (prepared by the test) instead of the bundle's copy.
+    pub fn use_rootfs(&mut self, rootfs: &Path) -> &mut Self {
+        self.rootfs = rootfs.to_path_buf();
+        self.spec["root"]["path"] = json!(rootfs);
+        self
+    }
+
+    /// Makes runc remount the rootfs read-only after the hooks ran (`root.readonly`).
+    pub fn readonly_root(&mut self) -> &mut Self {
+        self.spec["root"]["readonly"] = json!(true);
+        self
+    }
+
+    /// Adds a prestart hook entry as given (for hooks wrapped in another program).
+    pub fn raw_prestart_hook(&mut self, hook: Value) -> &mut Self {
         push(&mut self.spec["hooks"]["prestart"], hook);
+        self
+    }
+
+    /// The device plugin's volume-mount device list: `/dev/null` bound at
+    /// `/var/run/nvidia-container-devices/<id>`.
+    pub fn device_list_mount(&mut self, id: &str) -> &mut Self {
+        let mount = json!({
+            "destination": format!("/var/run/nvidia-container-devices/{id}"),
+            "type": "bind", "source": "/dev/null", "options": ["bind", "ro"],
+        });
+        push(&mut self.spec["mounts"], mount);
         self
     }
 

@@ -59,6 +59,21 @@ impl SimNode {
         &self.hook
     }
 
+    /// Appends `key = value` lines to the node's nvhook config.
+    pub fn configure(&self, lines: &str) -> &Self {
+        let path = self.config();
+        let mut text = fs::read_to_string(&path).expect("read node config");
+        text.push_str(lines);
+        text.push('\n');
+        fs::write(&path, text).expect("write node config");
+        self
+    }
+
+    /// The dev root: the node's `dev/nvidia*` nodes live under it.
+    pub fn dev_root(&self) -> &Path {
+        self.root()
+    }
+
     pub fn root(&self) -> &Path {
         self.dir.path()
     }

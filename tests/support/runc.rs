@@ -35,6 +35,56 @@ pub struct Output {
 }
 
 impl Output {
+    /// What the prestart hook wrote on stderr, as runc reports it in its error line
+    /// (`... error running hook #0: ..., stderr: nvhook: ...\n"`), unescaped.
+    pub fn hook_stderr(&self) -> Option<String> {
+        let line = self.stderr.lines().find(|l| l.contains("error running"))?;
+        let (_, quoted) = line.split_once(", stderr: ")?;
+        let quoted = quoted.strip_suffix('"').unwrap_or(quoted);
+        let mut out = String::new();
+        let mut chars = quoted.chars();
+        while let Some(c) = chars.next() {
+            if c != '\\' {
+                out.push(c);
+                continue;
+            }
+            match chars.next() {
+                Some('n') => out.push('\n'),
+                Some('t') => out.push('\t'),
+                Some(other) => out.push(other),
+                None => out.push('\\'),
+            }
+        }
+        Some(out)
+    }
+
+    /// Asserts that the container never ran and that the hook's whole stderr is `line`.
+    #[track_caller]
+    pub fn assert_refused_by_hook(&self, line: &str) {
+        assert!(!self.status.success(), "the runtime succeeded\n{self}");
+        assert!(self.stdout.is_empty(), "the container ran\n{self}");
+        assert_eq!(
+            self.hook_stderr().as_deref(),
+            Some(format!("{line}\n").as_str()),
+            "\n{self}"
+        );
+    }
+
+    /// Asserts, from gpucheck's `--dev /dev/nvidiaN` lines for GPUs `0..total`, that the
+    /// container can reach exactly the GPUs in `visible` (ENXIO: allowed, no driver behind
+    /// the simulated node) and that the others' nodes are absent.
+    #[track_caller]
+    pub fn assert_gpus(&self, total: u32, visible: &[u32]) {
+        for index in 0..total {
+            let verdict = if visible.contains(&index) {
+                "ENXIO"
+            } else {
+                "absent"
+            };
+            self.assert_lines(&[&format!("dev /dev/nvidia{index} {verdict}")]);
+        }
+    }
+
     pub fn has_line(&self, line: &str) -> bool {
         self.stdout.lines().any(|l| l == line)
     }

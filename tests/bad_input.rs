@@ -1,0 +1,541 @@
+//! Malformed input to the real binaries: `nvhook hook prestart` (state on stdin, the
+//! bundle's config.json, nvhook's config file), `nvhook plan`, `nvhook-runtime create` and
+//! `nvhook configure`. Each must exit 1 with exactly one short line on stderr that starts
+//! with the binary's prefix and names the cause: never a panic, never a backtrace, and for
+//! `configure`, never a half-written engine config.
+//!
+//! Tests are built without `panic = "abort"` (that is the release profile only), so a
+//! panic here would print "panicked at" and exit 101: both are checked for.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use tempfile::TempDir;
+
+const NVHOOK: &str = env!("CARGO_BIN_EXE_nvhook");
+const NVHOOK_RUNTIME: &str = env!("CARGO_BIN_EXE_nvhook-runtime");
+/// Longer than any message nvhook writes for these inputs, short enough to read.
+const MAX_LINE: usize = 400;
+
+/// Scratch space: nvhook configs and bundles, each made on demand.
+struct Scratch {
+    dir: TempDir,
+}
+
+impl Scratch {
+    fn new() -> Scratch {
+        Scratch {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn file(&self, name: &str, bytes: &[u8]) -> PathBuf {
+        let path = self.path(name);
+        fs::write(&path, bytes).expect("write scratch file");
+        path
+    }
+
+    /// A valid nvhook config whose roots do not exist: every case here fails before they
+    /// would be read.
+    fn config(&self) -> PathBuf {
+        self.file(
+            "nvhook.toml",
+            b"driver-root = \"/nonexistent/driver\"\nruntimes = [\"/bin/false\"]\n",
+        )
+    }
+
+    /// A bundle directory whose config.json holds `config_json`, with an empty rootfs.
+    fn bundle(&self, name: &str, config_json: &[u8]) -> PathBuf {
+        let dir = self.path(name);
+        fs::create_dir_all(dir.join("rootfs")).expect("mkdir bundle");
+        fs::write(dir.join("config.json"), config_json).expect("write config.json");
+        dir
+    }
+
+    /// A bundle whose container has `env`.
+    fn env_bundle(&self, name: &str, env: &[&str]) -> PathBuf {
+        let spec = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "cwd": "/", "env": env},
+            "root": {"path": "rootfs"},
+        });
+        self.bundle(name, spec.to_string().as_bytes())
+    }
+}
+
+fn state(bundle: &Path, pid: Option<u32>) -> Vec<u8> {
+    let mut state = serde_json::json!({
+        "ociVersion": "1.0.2", "id": "bad-input", "status": "creating", "bundle": bundle,
+    });
+    if let Some(pid) = pid {
+        state["pid"] = pid.into();
+    }
+    state.to_string().into_bytes()
+}
+
+fn run(program: &str, args: &[&str], env: &[(&str, &Path)], stdin: &[u8]) -> Output {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_remove("NVHOOK_CONFIG")
+        // A panic would show its backtrace: there must be none to show.
+        .env("RUST_BACKTRACE", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    let mut child = cmd.spawn().expect("spawn the binary under test");
+    // The binary may exit before reading all of it (e.g. on a bad config): that is fine.
+    let _ = child.stdin.take().expect("stdin").write_all(stdin);
+    child.wait_with_output().expect("wait for the binary")
+}
+
+/// Exit status 1, and stderr is one short line `<prefix>: ...` containing `needle`.
+#[track_caller]
+fn assert_one_line(case: &str, out: &Output, prefix: &str, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let context = format!("{case}: exit {:?}, stderr {stderr:?}", out.status.code());
+    assert!(!stderr.contains("panicked"), "{context}");
+    assert!(!stderr.contains("backtrace"), "{context}");
+    assert_eq!(out.status.code(), Some(1), "{context}");
+    assert!(out.stdout.is_empty(), "{context}: stdout {:?}", out.stdout);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{context}");
+    let line = lines[0];
+    assert!(line.starts_with(&format!("{prefix}: ")), "{context}");
+    assert!(line.len() <= MAX_LINE, "{context}: {} chars", line.len());
+    assert!(line.contains(needle), "{context}: no {needle:?}");
+}
+
+/// `nvhook --config CONFIG hook prestart` with `stdin`.
+fn hook(config: &Path, stdin: &[u8]) -> Output {
+    let config = config.to_str().expect("utf-8 path");
+    run(
+        NVHOOK,
+        &["--config", config, "hook", "prestart"],
+        &[],
+        stdin,
+    )
+}
+
+#[test]
+fn malformed_state_on_stdin() {
+    let s = Scratch::new();
+    let config = s.config();
+    let mut huge = vec![b' '; 2 << 20];
+    huge.extend_from_slice(b"{\"bundle\": \"/b\"}");
+    let cases: [(&str, &[u8], &str); 11] = [
+        (
+            "empty",
+            b"",
+            "cannot parse the OCI state on stdin: not a JSON object",
+        ),
+        (
+            "not JSON",
+            b"not json",
+            "cannot parse the OCI state on stdin",
+        ),
+        (
+            "an array",
+            br#"["c", 1, "/b"]"#,
+            "cannot parse the OCI state on stdin: not a JSON object",
+        ),
+        ("no bundle", b"{}", "missing field `bundle`"),
+        (
+            "relative bundle",
+            br#"{"bundle":"b"}"#,
+            "is not an absolute path",
+        ),
+        ("bundle a number", br#"{"bundle":7}"#, "invalid type"),
+        (
+            "pid a string",
+            br#"{"bundle":"/b","pid":"1"}"#,
+            "invalid type",
+        ),
+        (
+            "pid too large",
+            br#"{"bundle":"/b","pid":99999999999}"#,
+            "invalid value",
+        ),
+        ("truncated", br#"{"bundle":"/tm"#, "EOF while parsing"),
+        (
+            "invalid UTF-8",
+            b"{\"bundle\":\"/\xff\"}",
+            "cannot read the OCI state on stdin",
+        ),
+        (
+            "over 1 MiB",
+            &huge,
+            "the OCI state on stdin is larger than 1048576 bytes",
+        ),
+    ];
+    for (case, stdin, needle) in cases {
+        assert_one_line(case, &hook(&config, stdin), "nvhook", needle);
+    }
+}
+
+#[test]
+fn missing_or_malformed_bundle() {
+    let s = Scratch::new();
+    let config = s.config();
+    let no_config_json = s.path("empty-bundle");
+    fs::create_dir(&no_config_json).unwrap();
+    let dir_config_json = s.path("dir-bundle");
+    fs::create_dir_all(dir_config_json.join("config.json")).unwrap();
+    let gpu = r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"root":{"path":"rootfs"}}"#;
+    let cases: Vec<(&str, PathBuf, Option<u32>, &str)> = vec![
+        (
+            "missing bundle",
+            s.path("absent"),
+            Some(1),
+            "absent/config.json: No such file",
+        ),
+        (
+            "no config.json",
+            no_config_json,
+            Some(1),
+            "config.json: No such file",
+        ),
+        (
+            "config.json a directory",
+            dir_config_json,
+            Some(1),
+            "Is a directory",
+        ),
+        (
+            "empty config.json",
+            s.bundle("b1", b""),
+            Some(1),
+            "bad OCI spec",
+        ),
+        (
+            "config.json not JSON",
+            s.bundle("b2", b"{oops"),
+            Some(1),
+            "bad OCI spec",
+        ),
+        (
+            "config.json an array",
+            s.bundle("b3", b"[]"),
+            Some(1),
+            "not a JSON object",
+        ),
+        (
+            "env a string",
+            s.bundle("b4", br#"{"process":{"env":"NVIDIA_VISIBLE_DEVICES=0"}}"#),
+            Some(1),
+            "invalid type",
+        ),
+        (
+            "env of numbers",
+            s.bundle("b5", br#"{"process":{"env":[1]}}"#),
+            Some(1),
+            "invalid type",
+        ),
+        (
+            "mounts an object",
+            s.bundle("b6", br#"{"mounts":{}}"#),
+            Some(1),
+            "invalid type",
+        ),
+        (
+            "mount without destination",
+            s.bundle("b7", br#"{"mounts":[{"source":"/dev/null"}]}"#),
+            Some(1),
+            "missing field `destination`",
+        ),
+        (
+            "invalid UTF-8",
+            s.bundle("b8", b"{\"process\":{\"env\":[\"\xff\"]}}"),
+            Some(1),
+            "stream did not contain valid UTF-8",
+        ),
+        (
+            "GPU request without pid",
+            s.bundle("b9", gpu.as_bytes()),
+            None,
+            "the OCI state has no pid",
+        ),
+        (
+            "GPU request without root",
+            s.bundle(
+                "b10",
+                br#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}"#,
+            ),
+            Some(1),
+            "no root.path",
+        ),
+    ];
+    for (case, bundle, pid, needle) in &cases {
+        let out = hook(&config, &state(bundle, *pid));
+        assert_one_line(case, &out, "nvhook", needle);
+        let bundle = bundle.to_str().unwrap();
+        let out = run(
+            NVHOOK,
+            &[
+                "--config",
+                config.to_str().unwrap(),
+                "plan",
+                "--bundle",
+                bundle,
+            ],
+            &[],
+            b"",
+        );
+        if *pid == Some(1) {
+            assert_one_line(&format!("plan: {case}"), &out, "nvhook", needle);
+        }
+    }
+}
+
+/// NVIDIA_* values with control characters and junk: refused on one line, the value
+/// escaped, before any host state is looked at.
+#[test]
+fn malformed_nvidia_variables() {
+    let s = Scratch::new();
+    let config = s.config();
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["NVIDIA_VISIBLE_DEVICES=GPU-\n\u{1b}[31mred"],
+            "NVIDIA_VISIBLE_DEVICES=GPU-\\n\\u{1b}[31mred",
+        ),
+        (
+            &["NVIDIA_VISIBLE_DEVICES=0,,x\r"],
+            "NVIDIA_VISIBLE_DEVICES=0,,x\\r",
+        ),
+        (
+            &[
+                "NVIDIA_VISIBLE_DEVICES=0",
+                "NVIDIA_DRIVER_CAPABILITIES=compute\nutility",
+            ],
+            "NVIDIA_DRIVER_CAPABILITIES=compute\\nutility",
+        ),
+        (
+            &[
+                "NVIDIA_VISIBLE_DEVICES=0",
+                "NVIDIA_REQUIRE_CUDA=cuda>>=12\n",
+            ],
+            "NVIDIA_REQUIRE_CUDA=cuda>>=12\\n",
+        ),
+        (
+            &["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_X=\u{0}>=1"],
+            "NVIDIA_REQUIRE_X=\\0>=1",
+        ),
+        (&["CUDA_VERSION=twelve\n"], "CUDA_VERSION=twelve\\n"),
+    ];
+    for (i, (env, needle)) in cases.iter().enumerate() {
+        let bundle = s.env_bundle(&format!("v{i}"), env);
+        let out = hook(&config, &state(&bundle, Some(1)));
+        assert_one_line(&format!("{env:?}"), &out, "nvhook", needle);
+    }
+}
+
+#[test]
+fn bad_nvhook_config_file() {
+    let s = Scratch::new();
+    let bundle = s.env_bundle("b", &["NVIDIA_VISIBLE_DEVICES=0"]);
+    let cases: [(&str, PathBuf, &str); 8] = [
+        ("missing", s.path("absent.toml"), "cannot read config"),
+        (
+            "a directory",
+            s.dir.path().to_path_buf(),
+            "cannot read config",
+        ),
+        ("not TOML", s.file("c1.toml", b"driver-root = \n"), "line 1"),
+        (
+            "unknown key",
+            s.file("c2.toml", b"log-level = \"info\"\nteleport = 1\n"),
+            "line 2: unknown field `teleport`",
+        ),
+        (
+            "wrong type",
+            s.file("c3.toml", b"accept-volume-mount-devices = \"yes\""),
+            "line 1",
+        ),
+        (
+            "nvml-timeout-ms 0",
+            s.file("c4.toml", b"nvml-timeout-ms = 0"),
+            "nvml-timeout-ms = 0 must be between 1 and 25000",
+        ),
+        (
+            "invalid UTF-8",
+            s.file("c5.toml", b"driver-root = \"\xff\""),
+            "stream did not contain valid UTF-8",
+        ),
+        (
+            "relative root",
+            s.file("c6.toml", b"dev-root = \"dev\""),
+            "dev-root \"dev\" must be an absolute path",
+        ),
+    ];
+    for (case, config, needle) in &cases {
+        let out = hook(config, &state(&bundle, Some(1)));
+        assert_one_line(case, &out, "nvhook", needle);
+        let args = [
+            "--config",
+            config.to_str().unwrap(),
+            "plan",
+            "--bundle",
+            bundle.to_str().unwrap(),
+        ];
+        assert_one_line(
+            &format!("plan: {case}"),
+            &run(NVHOOK, &args, &[], b""),
+            "nvhook",
+            needle,
+        );
+        let args = ["create", "--bundle", bundle.to_str().unwrap(), "id"];
+        let out = run(NVHOOK_RUNTIME, &args, &[("NVHOOK_CONFIG", config)], b"");
+        assert_one_line(&format!("runtime: {case}"), &out, "nvhook-runtime", needle);
+    }
+}
+
+#[test]
+fn runtime_shim_with_bad_bundles() {
+    let s = Scratch::new();
+    let runc_config = s.file("runc.toml", b"");
+    let no_runtime = s.file("none.toml", b"runtimes = [\"/nonexistent/runc\"]\n");
+    let cases: [(&str, &Path, PathBuf, &str); 4] = [
+        (
+            "missing bundle",
+            &runc_config,
+            s.path("absent"),
+            "cannot read",
+        ),
+        (
+            "config.json not JSON",
+            &runc_config,
+            s.bundle("b1", b"{oops"),
+            "bad OCI spec",
+        ),
+        (
+            "config.json env a string",
+            &runc_config,
+            s.bundle("b2", br#"{"process":{"env":"x"}}"#),
+            "invalid type",
+        ),
+        (
+            "no runtime installed",
+            &no_runtime,
+            s.env_bundle("b3", &[]),
+            "none of the runtimes [\"/nonexistent/runc\"] is installed",
+        ),
+    ];
+    for (case, config_file, bundle, needle) in &cases {
+        let args = ["create", "--bundle", bundle.to_str().unwrap(), "id"];
+        let out = run(
+            NVHOOK_RUNTIME,
+            &args,
+            &[("NVHOOK_CONFIG", config_file)],
+            b"",
+        );
+        assert_one_line(case, &out, "nvhook-runtime", needle);
+    }
+}
+
+/// A malformed engine config is refused and left byte for byte as it was, with no backup
+/// or temporary file beside it.
+#[test]
+fn configure_refuses_malformed_engine_configs() {
+    let s = Scratch::new();
+    let cases: [(&str, &str, &[u8], &str); 10] = [
+        ("docker", "daemon.json", b"{", "not valid JSON"),
+        (
+            "docker",
+            "daemon.json",
+            b"[]",
+            "not a JSON object at the top level",
+        ),
+        (
+            "docker",
+            "daemon.json",
+            br#"{"runtimes": 1}"#,
+            "`runtimes` is not an object",
+        ),
+        (
+            "docker",
+            "daemon.json",
+            b"{\"a\": \"\xff\"}",
+            "stream did not contain valid UTF-8",
+        ),
+        ("containerd", "config.toml", b"a = = 1\n", "not valid TOML"),
+        ("containerd", "config.toml", b"version = 4\n", "version"),
+        (
+            "containerd",
+            "config.toml",
+            b"version = 2\nplugins = 1\n",
+            "is not a table",
+        ),
+        ("containerd", "config.toml", b"version = \"2\"\n", "version"),
+        (
+            "crio",
+            "99-nvidia.conf",
+            b"[crio.runtime\n",
+            "not valid TOML",
+        ),
+        (
+            "crio",
+            "99-nvidia.conf",
+            b"[crio]\nruntime = 3\n",
+            "is not a table",
+        ),
+    ];
+    for (i, (engine, name, text, needle)) in cases.iter().enumerate() {
+        let dir = s.path(&format!("engine{i}"));
+        fs::create_dir(&dir).unwrap();
+        let file = dir.join(name);
+        fs::write(&file, text).unwrap();
+        let args = [
+            "configure",
+            engine,
+            "--engine-config",
+            file.to_str().unwrap(),
+        ];
+        let case = format!("{engine} {:?}", String::from_utf8_lossy(text));
+        assert_one_line(&case, &run(NVHOOK, &args, &[], b""), "nvhook", needle);
+        assert_eq!(fs::read(&file).unwrap(), *text, "{case}: file changed");
+        let entries: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(entries.len(), 1, "{case}: {entries:?}");
+    }
+    let dir = s.path("engine-dir");
+    fs::create_dir(&dir).unwrap();
+    let args = [
+        "configure",
+        "docker",
+        "--engine-config",
+        dir.to_str().unwrap(),
+    ];
+    assert_one_line(
+        "a directory",
+        &run(NVHOOK, &args, &[], b""),
+        "nvhook",
+        "Is a directory",
+    );
+    let file = s.path("daemon.json");
+    let args = [
+        "configure",
+        "docker",
+        "--engine-config",
+        file.to_str().unwrap(),
+        "--runtime-path",
+        "nvhook-runtime",
+    ];
+    assert_one_line(
+        "relative runtime path",
+        &run(NVHOOK, &args, &[], b""),
+        "nvhook",
+        "is not absolute",
+    );
+    assert!(!file.exists());
+}
