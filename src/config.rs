@@ -9,7 +9,8 @@ pub const DEFAULT_PATH: &str = "/etc/nvhook/config.toml";
 /// Environment variable that names the config file when `--config` is not given.
 pub const ENV_VAR: &str = "NVHOOK_CONFIG";
 /// The longest `nvml-timeout-ms`: the hook entry's timeout less what the rest of the hook needs.
-pub const NVML_TIMEOUT_MAX: Duration = Duration::from_secs(crate::runtime::HOOK_TIMEOUT_S as u64 - 5);
+pub const NVML_TIMEOUT_MAX: Duration =
+    Duration::from_secs(crate::runtime::HOOK_TIMEOUT_S as u64 - 5);
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
