@@ -10,6 +10,7 @@ use crate::oci::Spec;
 use crate::plan::Plan;
 use crate::request::Request;
 use serde_json::{Value, json};
+use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -182,11 +183,12 @@ pub fn edit_spec(spec: &mut Value, plan: &Plan, hook: &Value) {
     }
     let linux = object(root.entry("linux").or_insert_with(|| json!({})));
     let devices = array(linux, "devices");
+    let mut present: HashSet<String> = devices
+        .iter()
+        .filter_map(|x| x.get("path").and_then(Value::as_str).map(String::from))
+        .collect();
     for d in &plan.devices {
-        if !devices
-            .iter()
-            .any(|x| x.get("path").and_then(Value::as_str) == Some(&d.path))
-        {
+        if present.insert(d.path.clone()) {
             devices.push(json!({
                 "path": d.path, "type": "c", "major": d.major, "minor": d.minor,
                 "fileMode": d.mode, "uid": 0, "gid": 0,

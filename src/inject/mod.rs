@@ -18,6 +18,7 @@ use crate::oci::{OciError, Spec, State};
 use crate::plan::{self, DeviceNode, MountKind, Plan};
 use crate::request::{Request, RequestError};
 use rootfs::{Existing, Rootfs, RootfsError};
+use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -131,22 +132,29 @@ fn apply(
     step: &mut Step,
 ) -> Result<Outcome, HookError> {
     // Nodes listed in the spec are the runtime's: it makes them and owns their cgroup rules.
-    let in_spec = |d: &DeviceNode| {
-        spec.devices().iter().any(|s| {
-            s.path == Path::new(&d.path)
-                && s.major == Some(i64::from(d.major))
-                && s.minor == Some(i64::from(d.minor))
+    // Sets, so that a node with hundreds of MIG devices costs no quadratic term.
+    let in_spec: HashSet<(&Path, Option<i64>, Option<i64>)> = spec
+        .devices()
+        .iter()
+        .map(|s| (s.path.as_path(), s.major, s.minor))
+        .collect();
+    let nodes: Vec<&DeviceNode> = plan
+        .devices
+        .iter()
+        .filter(|d| {
+            let key = (
+                Path::new(&d.path),
+                Some(d.major.into()),
+                Some(d.minor.into()),
+            );
+            !in_spec.contains(&key)
         })
-    };
-    let nodes: Vec<&DeviceNode> = plan.devices.iter().filter(|d| !in_spec(d)).collect();
+        .collect();
+    let ours: HashSet<(u32, u32)> = nodes.iter().map(|d| (d.major, d.minor)).collect();
     let rules: Vec<DeviceRule> = plan
         .cgroup_rules
         .iter()
-        .filter(|r| {
-            nodes
-                .iter()
-                .any(|d| d.major == r.major && d.minor == r.minor)
-        })
+        .filter(|r| ours.contains(&(r.major, r.minor)))
         .cloned()
         .collect();
     if !rules.is_empty() {

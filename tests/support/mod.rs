@@ -24,5 +24,5 @@ pub use image::{
     glibc_image_with_fake_libcuda,
 };
 pub use mounts::{host_mounts_referencing, tree_listing};
-pub use node::{SimNode, simnode_bin};
+pub use node::{NodeOptions, SimNode, simnode_bin};
 pub use runc::{Output, RuntimeEnv, run_container};

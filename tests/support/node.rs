@@ -15,21 +15,54 @@ pub struct SimNode {
     dir: TempDir,
 }
 
+/// What `SimNode::build` makes; `NodeOptions::gpus(n)` is a plain node in the temp dir.
+#[derive(Clone, Debug, Default)]
+pub struct NodeOptions {
+    pub gpus: u32,
+    /// (GPU, COUNT): MIG on for GPU with COUNT MIG devices.
+    pub mig: Vec<(u32, u32)>,
+    pub nvml_init_delay_ms: u64,
+    /// Directory to create the node in (default: the temp dir).
+    pub parent: Option<PathBuf>,
+}
+
+impl NodeOptions {
+    pub fn gpus(gpus: u32) -> NodeOptions {
+        NodeOptions {
+            gpus,
+            ..NodeOptions::default()
+        }
+    }
+}
+
 impl SimNode {
     pub fn create(gpus: u32) -> SimNode {
-        let dir = tempfile::Builder::new()
-            .prefix("nvhook-node-")
-            .tempdir()
-            .expect("create node dir");
-        run_checked(
-            Command::new(simnode_bin())
-                .arg("create")
-                .arg(dir.path())
-                .args(["--gpus", &gpus.to_string()])
-                // The same binary the bundles' prestart hooks run.
-                .arg("--hook-path")
-                .arg(nvhook_bin()),
-        );
+        SimNode::build(&NodeOptions::gpus(gpus))
+    }
+
+    pub fn build(options: &NodeOptions) -> SimNode {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("nvhook-node-");
+        let dir = match &options.parent {
+            Some(parent) => builder.tempdir_in(parent),
+            None => builder.tempdir(),
+        }
+        .expect("create node dir");
+        let mut cmd = Command::new(simnode_bin());
+        cmd.arg("create")
+            .arg(dir.path())
+            .args(["--gpus", &options.gpus.to_string()])
+            .args([
+                "--nvml-init-delay-ms",
+                &options.nvml_init_delay_ms.to_string(),
+            ])
+            // The same binary the bundles' prestart hooks run.
+            .arg("--hook-path")
+            .arg(nvhook_bin());
+        for (gpu, count) in &options.mig {
+            cmd.arg("--mig").arg(format!("{gpu}:{count}"));
+        }
+        run_checked(&mut cmd);
         SimNode { dir }
     }
 
