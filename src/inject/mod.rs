@@ -163,9 +163,14 @@ fn apply(
     }
     step.done("cgroup");
     let sources = open_sources(plan)?;
+    // /proc/driver/nvidia is the kernel module's, the same in every procfs instance: without
+    // it here the container's procfs lacks it too, and trees cloned for the overlay would
+    // only be dissolved again (an RCU grace period each).
+    let module_loaded = Path::new(procfs::TARGET).is_dir();
     let proc_prepared = plan
         .proc_overlay
         .as_ref()
+        .filter(|_| module_loaded)
         .map(procfs::prepare)
         .transpose()?;
     let ns =
@@ -208,14 +213,16 @@ fn apply(
         tracing::debug!(entries = n, "loader cache written");
     }
     step.done("links+ldcache");
-    if let Some(prepared) = proc_prepared {
-        if procfs::apply(&rootfs, prepared)? {
-            step.done("proc");
-        } else {
-            tracing::info!(
-                "the container's procfs has no /proc/driver/nvidia (no kernel module): overlay skipped"
-            );
-        }
+    let applied = match proc_prepared {
+        Some(prepared) => procfs::apply(&rootfs, prepared)?,
+        None => false,
+    };
+    if applied {
+        step.done("proc");
+    } else if plan.proc_overlay.is_some() {
+        tracing::info!(
+            "the container's procfs has no /proc/driver/nvidia (no kernel module): overlay skipped"
+        );
     }
     Ok(Outcome::Applied {
         devices: nodes.len(),
