@@ -3,6 +3,7 @@
 
 use super::spec::{ContainerEdits, Hook};
 use serde_json::{Map, Value, json};
+use std::collections::HashSet;
 
 /// Adds `edits` to `spec`: env entries replace same-name ones; device nodes replace nodes at
 /// the same path and get an allow rule each; mounts replace mounts at the same destination;
@@ -13,15 +14,10 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) {
     if !edits.env.is_empty() {
         let process = object(root.entry("process").or_insert_with(|| json!({})));
         let env = array(process, "env");
-        for kv in &edits.env {
-            let name = kv.split_once('=').map_or(kv.as_str(), |(n, _)| n);
-            env.retain(|e| {
-                e.as_str()
-                    .and_then(|s| s.split_once('='))
-                    .is_none_or(|(n, _)| n != name)
-            });
-            env.push(json!(kv));
-        }
+        let name = |kv: &str| kv.split_once('=').map_or(kv, |(n, _)| n).to_owned();
+        let replaced: HashSet<String> = edits.env.iter().map(|kv| name(kv)).collect();
+        env.retain(|e| e.as_str().is_none_or(|kv| !replaced.contains(&name(kv))));
+        env.extend(edits.env.iter().map(|kv| json!(kv)));
     }
     if !edits.hooks.is_empty() {
         let hooks = object(root.entry("hooks").or_insert_with(|| json!({})));
@@ -37,10 +33,13 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) {
     }
     if !edits.mounts.is_empty() {
         let mounts = array(root, "mounts");
+        let replaced: HashSet<&str> = edits
+            .mounts
+            .iter()
+            .map(|m| m.container_path.as_str())
+            .collect();
+        mounts.retain(|x| !field_in(x, "destination", &replaced));
         for m in &edits.mounts {
-            mounts.retain(|x| {
-                x.get("destination").and_then(Value::as_str) != Some(&m.container_path)
-            });
             let mut entry = json!({"destination": m.container_path});
             if let Some(kind) = &m.kind {
                 entry["type"] = json!(kind);
@@ -55,8 +54,9 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) {
     }
     let linux = object(root.entry("linux").or_insert_with(|| json!({})));
     let devices = array(linux, "devices");
+    let replaced: HashSet<&str> = edits.device_nodes.iter().map(|n| n.path.as_str()).collect();
+    devices.retain(|d| !field_in(d, "path", &replaced));
     for n in &edits.device_nodes {
-        devices.retain(|d| d.get("path").and_then(Value::as_str) != Some(&n.path));
         let mut entry = json!({"path": n.path, "type": n.kind.as_deref().unwrap_or("c")});
         for (key, value) in [("major", n.major), ("minor", n.minor)] {
             if let Some(v) = value {
@@ -81,6 +81,15 @@ pub fn apply(spec: &mut Value, edits: &ContainerEdits) {
             }));
         }
     }
+}
+
+/// Whether `entry[key]` is a string in `set`; edits replace entries by set lookups, so the
+/// cost stays linear in the spec's size plus the edits'.
+fn field_in(entry: &Value, key: &str, set: &HashSet<&str>) -> bool {
+    entry
+        .get(key)
+        .and_then(Value::as_str)
+        .is_some_and(|v| set.contains(v))
 }
 
 fn oci_hook(hook: &Hook) -> Value {

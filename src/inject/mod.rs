@@ -18,6 +18,7 @@ use crate::oci::{OciError, Spec, State};
 use crate::plan::{self, DeviceNode, MountKind, Plan};
 use crate::request::{Request, RequestError};
 use rootfs::{Existing, Rootfs, RootfsError};
+use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -127,22 +128,29 @@ fn apply(
     step: &mut Step,
 ) -> Result<Outcome, HookError> {
     // Nodes listed in the spec are the runtime's: it makes them and owns their cgroup rules.
-    let in_spec = |d: &DeviceNode| {
-        spec.devices().iter().any(|s| {
-            s.path == Path::new(&d.path)
-                && s.major == Some(i64::from(d.major))
-                && s.minor == Some(i64::from(d.minor))
+    // Sets, so that a node with hundreds of MIG devices costs no quadratic term.
+    let in_spec: HashSet<(&Path, Option<i64>, Option<i64>)> = spec
+        .devices()
+        .iter()
+        .map(|s| (s.path.as_path(), s.major, s.minor))
+        .collect();
+    let nodes: Vec<&DeviceNode> = plan
+        .devices
+        .iter()
+        .filter(|d| {
+            let key = (
+                Path::new(&d.path),
+                Some(d.major.into()),
+                Some(d.minor.into()),
+            );
+            !in_spec.contains(&key)
         })
-    };
-    let nodes: Vec<&DeviceNode> = plan.devices.iter().filter(|d| !in_spec(d)).collect();
+        .collect();
+    let ours: HashSet<(u32, u32)> = nodes.iter().map(|d| (d.major, d.minor)).collect();
     let rules: Vec<DeviceRule> = plan
         .cgroup_rules
         .iter()
-        .filter(|r| {
-            nodes
-                .iter()
-                .any(|d| d.major == r.major && d.minor == r.minor)
-        })
+        .filter(|r| ours.contains(&(r.major, r.minor)))
         .cloned()
         .collect();
     if !rules.is_empty() {
@@ -151,9 +159,14 @@ fn apply(
     }
     step.done("cgroup");
     let sources = open_sources(plan)?;
+    // /proc/driver/nvidia is the kernel module's, the same in every procfs instance: without
+    // it here the container's procfs lacks it too, and trees cloned for the overlay would
+    // only be dissolved again (an RCU grace period each).
+    let module_loaded = Path::new(procfs::TARGET).is_dir();
     let proc_prepared = plan
         .proc_overlay
         .as_ref()
+        .filter(|_| module_loaded)
         .map(procfs::prepare)
         .transpose()?;
     let ns =
@@ -191,14 +204,16 @@ fn apply(
         plan.layout.ldcache,
     )?;
     step.done("links+ldcache");
-    if let Some(prepared) = proc_prepared {
-        if procfs::apply(&rootfs, prepared)? {
-            step.done("proc");
-        } else {
-            tracing::info!(
-                "the container's procfs has no /proc/driver/nvidia (no kernel module): overlay skipped"
-            );
-        }
+    let applied = match proc_prepared {
+        Some(prepared) => procfs::apply(&rootfs, prepared)?,
+        None => false,
+    };
+    if applied {
+        step.done("proc");
+    } else if plan.proc_overlay.is_some() {
+        tracing::info!(
+            "the container's procfs has no /proc/driver/nvidia (no kernel module): overlay skipped"
+        );
     }
     Ok(Outcome::Applied {
         devices: nodes.len(),

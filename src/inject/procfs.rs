@@ -8,7 +8,7 @@ use std::ffi::CString;
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 
-const TARGET: &str = "/proc/driver/nvidia";
+pub const TARGET: &str = "/proc/driver/nvidia";
 
 fn err(op: &'static str, path: &str, e: impl std::fmt::Display) -> RootfsError {
     RootfsError::Op {

@@ -10,10 +10,8 @@ use pathrs::Root;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::fs::Permissions;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::rc::Rc;
 
@@ -36,6 +34,10 @@ fn op_err(op: &'static str, path: &str, e: impl std::fmt::Display) -> RootfsErro
         message: e.to_string(),
     }
 }
+
+/// Flags that create a file that was not there, never following a link (open_at adds
+/// O_NOFOLLOW).
+const NEW_FILE: i32 = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY;
 
 /// What is at a target path before nvhook writes there, for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,14 +83,12 @@ impl Rootfs {
         if let Some(h) = self.dirs.borrow().get(dir) {
             return Ok(Rc::clone(h));
         }
-        let handle = Rc::new(
-            self.root
-                .mkdir_all(dir, &Permissions::from_mode(0o755))
-                .map_err(|e| match self.blocker(dir) {
-                    Some(why) => op_err("create directory", dir, format!("{why}; fix the image")),
-                    None => op_err("create directory", dir, e),
-                })?,
-        );
+        let handle = Rc::new(self.open_or_create_dir(dir).map_err(
+            |e| match self.blocker(dir) {
+                Some(why) => op_err("create directory", dir, format!("{why}; fix the image")),
+                None => e,
+            },
+        )?);
         self.dirs
             .borrow_mut()
             .insert(dir.to_string(), Rc::clone(&handle));
@@ -120,6 +120,42 @@ impl Rootfs {
             }
         }
         None
+    }
+
+    /// `dir` resolved inside the root, its missing tail created (0755) one component at a
+    /// time with mkdirat and openat(O_NOFOLLOW | O_DIRECTORY), as pathrs's mkdir_all does,
+    /// but without mkdir_all's re-open through a new procfs instance (~80 syscalls for
+    /// each directory, most of the hook's syscalls).
+    fn open_or_create_dir(&self, dir: &str) -> Result<pathrs::Handle, RootfsError> {
+        let fail = |e: &dyn std::fmt::Display| op_err("create directory", dir, e);
+        let parts: Vec<&str> = dir.split('/').filter(|p| !p.is_empty()).collect();
+        if parts.iter().any(|p| *p == "." || *p == "..") {
+            return Err(fail(&"the path has . or .. components"));
+        }
+        // The deepest ancestor that exists: one openat2 (RESOLVE_IN_ROOT) per attempt.
+        let mut depth = parts.len();
+        let mut current: OwnedFd = loop {
+            match self.root.resolve(format!("/{}", parts[..depth].join("/"))) {
+                Ok(handle) => break handle.into(),
+                Err(e) if depth == 0 => return Err(fail(&e)),
+                Err(_) => depth -= 1,
+            }
+        };
+        let st = sys::fstat(current.as_fd()).map_err(|e| fail(&e))?;
+        if sys::file_type(&st) != libc::S_IFDIR {
+            return Err(fail(&"not a directory"));
+        }
+        for part in &parts[depth..] {
+            let name = CString::new(*part).map_err(|e| fail(&e))?;
+            match sys::mkdir_at(current.as_fd(), &name, 0o755) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(fail(&e)),
+                _ => {}
+            }
+            // Only a directory, never a link that raced in: open_at adds O_NOFOLLOW.
+            current =
+                sys::open_at(current.as_fd(), &name, libc::O_DIRECTORY, 0).map_err(|e| fail(&e))?;
+        }
+        Ok(pathrs::Handle::from_fd(current))
     }
 
     fn exists(&self, path: &str) -> bool {
@@ -155,6 +191,15 @@ impl Rootfs {
         let dir = self.dir(dir)?;
         let dirfd = dir.as_fd();
         let want_dir = kind == MountKind::Dir;
+        if !want_dir {
+            // The usual case, nothing there: a file made with O_CREAT|O_EXCL|O_NOFOLLOW is a
+            // new inode of our own, so its descriptor is the mount point as it stands.
+            match sys::open_at(dirfd, &name, NEW_FILE, 0o644) {
+                Ok(fd) => return Ok((fd, Existing::Created)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(op_err("create mount point", path, e)),
+            }
+        }
         let existing = match sys::lstat_at(dirfd, &name).map_err(|e| op_err("inspect", path, e))? {
             None => Existing::Created,
             Some(st) if sys::file_type(&st) == libc::S_IFLNK => {
@@ -181,13 +226,7 @@ impl Rootfs {
             let created = if want_dir {
                 sys::mkdir_at(dirfd, &name, 0o755)
             } else {
-                sys::open_at(
-                    dirfd,
-                    &name,
-                    libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
-                    0o644,
-                )
-                .map(drop)
+                sys::open_at(dirfd, &name, NEW_FILE, 0o644).map(drop)
             };
             created.map_err(|e| op_err("create mount point", path, e))?;
         }
@@ -245,6 +284,12 @@ impl Rootfs {
         let dir = self.dir(dir)?;
         let dirfd = dir.as_fd();
         let target_c = CString::new(target).map_err(|e| op_err("link", path, e))?;
+        // symlinkat never follows what is already there: try the usual case first.
+        match sys::symlink_at(&target_c, dirfd, &name) {
+            Ok(()) => return Ok(Existing::Created),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(op_err("create symlink", path, e)),
+        }
         let mut existing = Existing::Created;
         if let Some(st) = sys::lstat_at(dirfd, &name).map_err(|e| op_err("inspect", path, e))? {
             match sys::file_type(&st) {

@@ -34,6 +34,19 @@ impl Bundle {
             .prefix("nvhook-bundle-")
             .tempdir()
             .expect("create bundle dir");
+        Bundle::in_dir(dir, image, args)
+    }
+
+    /// Like `new`, in a directory under `parent` (a tmpfs, say).
+    pub fn new_in(parent: &Path, image: &Image, args: &[&str]) -> Bundle {
+        let dir = tempfile::Builder::new()
+            .prefix("nvhook-bundle-")
+            .tempdir_in(parent)
+            .expect("create bundle dir");
+        Bundle::in_dir(dir, image, args)
+    }
+
+    fn in_dir(dir: TempDir, image: &Image, args: &[&str]) -> Bundle {
         let rootfs = image.instantiate(dir.path());
         let mut spec = default_spec(dir.path());
         spec["process"]["args"] = json!(args);
@@ -74,9 +87,23 @@ impl Bundle {
     /// the way nvhook itself writes hook entries: absolute path, explicit env,
     /// timeout.
     pub fn prestart_hook(&mut self, node: &SimNode) -> &mut Self {
+        let args = [
+            "nvhook",
+            "--config",
+            &node.config().display().to_string(),
+            "hook",
+            "prestart",
+        ]
+        .map(String::from);
+        self.prestart_command(node.hook(), &args)
+    }
+
+    /// A prestart hook running `path` with `args` (argv[0] included), entered the way
+    /// nvhook writes hook entries.
+    pub fn prestart_command(&mut self, path: &Path, args: &[String]) -> &mut Self {
         let hook = json!({
-            "path": node.hook(),
-            "args": ["nvhook", "--config", node.config(), "hook", "prestart"],
+            "path": path,
+            "args": args,
             "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
             "timeout": 30,
         });
@@ -111,6 +138,12 @@ impl Bundle {
         });
         push(&mut self.spec["mounts"], mount);
         self
+    }
+
+    /// Replaces the rootfs with a fresh copy of `image`, as a new container would get.
+    pub fn renew_rootfs(&self, image: &Image) {
+        fs::remove_dir_all(&self.rootfs).expect("remove the old rootfs");
+        image.instantiate(self.dir());
     }
 
     /// Has runc create a char device node at `path` WITHOUT a cgroup rule for

@@ -16,6 +16,30 @@ pub struct SimNode {
     hook: PathBuf,
 }
 
+/// What `SimNode::build` makes; `NodeOptions::gpus(n)` is a plain node in the temp dir.
+#[derive(Clone, Debug, Default)]
+pub struct NodeOptions {
+    pub gpus: u32,
+    /// (GPU, COUNT): MIG on for GPU with COUNT MIG devices.
+    pub mig: Vec<(u32, u32)>,
+    pub nvml_init_delay_ms: u64,
+    /// Directory to create the node in (default: the temp dir).
+    pub parent: Option<PathBuf>,
+    /// The nvhook binary the node's config names (default: the one cargo built).
+    pub hook: Option<PathBuf>,
+    /// More `simnode create` flags (`--nvml-init-error 9`, ...).
+    pub flags: Vec<String>,
+}
+
+impl NodeOptions {
+    pub fn gpus(gpus: u32) -> NodeOptions {
+        NodeOptions {
+            gpus,
+            ..NodeOptions::default()
+        }
+    }
+}
+
 impl SimNode {
     /// A node served by the nvhook cargo built for this test run.
     pub fn create(gpus: u32) -> SimNode {
@@ -24,34 +48,47 @@ impl SimNode {
 
     /// A node with `extra` simnode options, e.g. `["--mig", "1:2"]`.
     pub fn create_with(gpus: u32, extra: &[&str]) -> SimNode {
-        Self::build(gpus, extra, nvhook_bin())
+        Self::build(&NodeOptions {
+            flags: extra.iter().map(|f| f.to_string()).collect(),
+            ..NodeOptions::gpus(gpus)
+        })
     }
 
     /// A node whose config and hook entries name the nvhook binary at `hook`
     /// (an installed one, say).
     pub fn create_for(gpus: u32, hook: &Path) -> SimNode {
-        Self::build(gpus, &[], hook)
+        Self::build(&NodeOptions {
+            hook: Some(hook.to_owned()),
+            ..NodeOptions::gpus(gpus)
+        })
     }
 
-    fn build(gpus: u32, extra: &[&str], hook: &Path) -> SimNode {
-        let dir = tempfile::Builder::new()
-            .prefix("nvhook-node-")
-            .tempdir()
-            .expect("create node dir");
-        run_checked(
-            Command::new(simnode_bin())
-                .arg("create")
-                .arg(dir.path())
-                .args(["--gpus", &gpus.to_string()])
-                .args(extra)
-                // The same binary the bundles' prestart hooks run.
-                .arg("--hook-path")
-                .arg(hook),
-        );
-        SimNode {
-            dir,
-            hook: hook.to_owned(),
+    pub fn build(options: &NodeOptions) -> SimNode {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("nvhook-node-");
+        let dir = match &options.parent {
+            Some(parent) => builder.tempdir_in(parent),
+            None => builder.tempdir(),
         }
+        .expect("create node dir");
+        let hook = options.hook.as_deref().unwrap_or(nvhook_bin()).to_owned();
+        let mut cmd = Command::new(simnode_bin());
+        cmd.arg("create")
+            .arg(dir.path())
+            .args(["--gpus", &options.gpus.to_string()])
+            .args([
+                "--nvml-init-delay-ms",
+                &options.nvml_init_delay_ms.to_string(),
+            ])
+            // The binary the bundles' prestart hooks run.
+            .arg("--hook-path")
+            .arg(&hook)
+            .args(&options.flags);
+        for (gpu, count) in &options.mig {
+            cmd.arg("--mig").arg(format!("{gpu}:{count}"));
+        }
+        run_checked(&mut cmd);
+        SimNode { dir, hook }
     }
 
     /// The nvhook binary this node's hook entries run.

@@ -1,0 +1,472 @@
+//! The cost of a GPU container start on a simulated node, side by side with plain runc.
+//!
+//! `sudo cargo bench --bench start` (after `cargo build --release --workspace`: simnode and
+//! the mock NVML come from the same profile directory) prints markdown tables: the hook's
+//! wall time as runc runs it, whole starts (create, start, wait for exit, delete) through
+//! nvhook-runtime against runc, the shim's cost for a non-GPU container, peak memory,
+//! growth per GPU and per mounted file, and the slow-NVML case. Targets are printed beside
+//! the numbers. `NVHOOK_BENCH_ROUNDS` sets the starts per variant (default 60).
+//! Run by `cargo test` (no `--bench` flag) it makes 2 rounds, as a smoke test of itself.
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+mod cycle;
+mod hook_timer;
+mod setup;
+mod stats;
+
+use cycle::Runtime;
+use setup::{Ask, Node, Variant, VariantSpec, Via, run_rounds};
+use stats::{Samples, fit_line};
+use std::path::Path;
+use support::NodeOptions;
+
+const ALL: &str = "all";
+const NVML_DELAY_MS: u64 = 500;
+
+struct Plan {
+    rounds: usize,
+    slow_rounds: usize,
+    exec_rounds: usize,
+}
+
+fn main() {
+    hook_timer::run_if_wrapper();
+    let full = std::env::args().any(|a| a == "--bench");
+    let plan = if full {
+        let rounds = std::env::var("NVHOOK_BENCH_ROUNDS")
+            .ok()
+            .map(|r| r.parse().expect("NVHOOK_BENCH_ROUNDS is a number"))
+            .unwrap_or(60);
+        Plan {
+            rounds,
+            slow_rounds: (rounds / 6).max(3),
+            exec_rounds: rounds * 4,
+        }
+    } else {
+        Plan {
+            rounds: 2,
+            slow_rounds: 1,
+            exec_rounds: 2,
+        }
+    };
+    support::require_root();
+    cycle::become_subreaper();
+    let work = setup::tmpfs_work_dir();
+    let w = work.path();
+    let node = |label: &str, options: NodeOptions| {
+        Node::build(
+            label,
+            NodeOptions {
+                parent: Some(w.to_path_buf()),
+                ..options
+            },
+        )
+    };
+    let n1 = node("1 GPU", NodeOptions::gpus(1));
+    let n8 = node("8 GPUs", NodeOptions::gpus(8));
+    let n64 = node("64 GPUs", NodeOptions::gpus(64));
+    let mig = node(
+        "8 GPUs x 7 MIG",
+        NodeOptions {
+            mig: (0..8).map(|g| (g, 7)).collect(),
+            ..NodeOptions::gpus(8)
+        },
+    );
+    let slow = node(
+        "8 GPUs, slow NVML",
+        NodeOptions {
+            nvml_init_delay_ms: NVML_DELAY_MS,
+            ..NodeOptions::gpus(8)
+        },
+    );
+    let spec = |label: String, node: &Node, ask: Ask, via: Via, timed_hook: bool| {
+        Variant::new(
+            VariantSpec {
+                label,
+                node,
+                ask,
+                via,
+                timed_hook,
+                parent: w,
+            },
+            w,
+        )
+    };
+
+    println!("# nvhook start-cost bench ({} rounds)\n", plan.rounds);
+    println!("{}\n", machine());
+
+    // 1, 4, 5: the hook's own wall time and memory, by node size and capabilities.
+    let gpu_nodes = [&n1, &n8, &n64, &mig];
+    let mut hooks: Vec<Variant> = Vec::new();
+    for node in gpu_nodes {
+        for (via, how) in [(Via::Hook, "alone"), (Via::Shim, "after nvhook-runtime")] {
+            let label = format!("{}, all caps, hook {how}", node.label);
+            hooks.push(spec(label, node, Ask::Gpus(ALL), via, true));
+        }
+    }
+    let caps = [
+        "utility",
+        "compute,utility",
+        "compute,utility,video,graphics",
+    ];
+    for c in caps {
+        let label = format!("8 GPUs, {c}, hook alone");
+        hooks.push(spec(label, &n8, Ask::Gpus(c), Via::Hook, true));
+    }
+    run_rounds(&mut hooks, plan.rounds);
+    report_hooks(&hooks);
+
+    // 2, 3: whole starts against runc, measured in the same interleaved rounds.
+    let mut starts = vec![
+        spec("runc, no GPU".into(), &n8, Ask::NoGpu, Via::Runc, false),
+        spec(
+            "nvhook-runtime, no GPU".into(),
+            &n8,
+            Ask::NoGpu,
+            Via::Shim,
+            false,
+        ),
+        spec(
+            "nvhook-runtime, 8 GPUs".into(),
+            &n8,
+            Ask::Gpus(ALL),
+            Via::Shim,
+            false,
+        ),
+        spec(
+            "nvhook-runtime, 1 GPU".into(),
+            &n1,
+            Ask::Gpus(ALL),
+            Via::Shim,
+            false,
+        ),
+        spec(
+            "runc + nvhook hook, 8 GPUs".into(),
+            &n8,
+            Ask::Gpus(ALL),
+            Via::Hook,
+            false,
+        ),
+    ];
+    run_rounds(&mut starts, plan.rounds);
+    let exec = exec_overhead(&starts[1], plan.exec_rounds);
+    report_starts(&starts, &exec);
+
+    // 6: a 500 ms NVML init, paid by whichever process queries NVML.
+    let mut slow_starts = vec![
+        spec(
+            "nvhook-runtime, 8 GPUs, slow NVML".into(),
+            &slow,
+            Ask::Gpus(ALL),
+            Via::Shim,
+            false,
+        ),
+        spec(
+            "runc + nvhook hook, 8 GPUs, slow NVML".into(),
+            &slow,
+            Ask::Gpus(ALL),
+            Via::Hook,
+            false,
+        ),
+    ];
+    run_rounds(&mut slow_starts, plan.slow_rounds);
+    report_slow_nvml(&slow_starts, &starts);
+
+    // Context: the same hook with the bundle on this VM's disk.
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a dir on disk");
+    let mut ext4 = vec![Variant::new(
+        VariantSpec {
+            label: "8 GPUs, all caps, hook alone, rootfs on disk".into(),
+            node: &n8,
+            ask: Ask::Gpus(ALL),
+            via: Via::Hook,
+            timed_hook: true,
+            parent: disk.path(),
+        },
+        w,
+    )];
+    run_rounds(&mut ext4, plan.slow_rounds);
+    let cost = ext4[0].hook();
+    println!(
+        "Context: {} ({}): hook wall p50 {:.2} ms, CPU p50 {:.2} ms over {} starts.\n",
+        ext4[0].label,
+        fs_type(disk.path()),
+        cost.wall.p50(),
+        cost.cpu.p50(),
+        cost.wall.len()
+    );
+}
+
+fn report_hooks(hooks: &[Variant]) {
+    println!("## Hook wall time as runc runs it (exec to exit), CPU time, peak RSS\n");
+    println!(
+        "| variant | devices | mounts | wall p50 ms | wall p95 ms | CPU p50 ms | n | max RSS KiB |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut max_rss = 0;
+    for v in hooks {
+        let cost = v.hook();
+        let (devices, mounts) = outcome(&v.log_text());
+        max_rss = max_rss.max(cost.max_rss);
+        println!(
+            "| {} | {devices} | {mounts} | {:.2} | {:.2} | {:.2} | {} | {} |",
+            v.label,
+            cost.wall.p50(),
+            cost.wall.p95(),
+            cost.cpu.p50(),
+            cost.wall.len(),
+            cost.max_rss
+        );
+    }
+    println!();
+    let eight = || {
+        hooks
+            .iter()
+            .filter(|v| v.label.starts_with("8 GPUs, all caps"))
+    };
+    for v in eight() {
+        let p50 = v.hook().wall.p50();
+        println!(
+            "{}",
+            target(&format!("hook p50, {}", v.label), p50, "ms", 3.0)
+        );
+    }
+    println!(
+        "{}\n",
+        target("hook peak RSS", max_rss as f64 / 1024.0, "MiB", 10.0)
+    );
+
+    for v in eight() {
+        println!("Steps of {} (p50 of the hook's own log, µs):", v.label);
+        let log = v.log_text();
+        let steps: Vec<String> = step_medians(&log)
+            .iter()
+            .map(|(s, us)| format!("{s} {us:.0}"))
+            .collect();
+        let total = Samples::from_iter(log_values(&log, "total_us"));
+        println!(
+            "{}; in-process total {:.0}\n",
+            steps.join(", "),
+            total.p50()
+        );
+    }
+
+    println!("## Growth (from hook CPU time p50, which load from elsewhere disturbs least)\n");
+    let by = |label: &str| hooks.iter().find(|v| v.label == label).expect("variant");
+    for how in ["alone", "after nvhook-runtime"] {
+        let pts: Vec<(f64, f64)> = [("1 GPU", 1.0), ("8 GPUs", 8.0), ("64 GPUs", 64.0)]
+            .iter()
+            .map(|(n, g)| {
+                (
+                    *g,
+                    by(&format!("{n}, all caps, hook {how}")).hook().cpu.p50(),
+                )
+            })
+            .collect();
+        let (slope, base) = fit_line(&pts);
+        let low = (pts[1].1 - pts[0].1) / 7.0 * 1000.0;
+        let high = (pts[2].1 - pts[1].1) / 56.0 * 1000.0;
+        println!(
+            "- hook {how}: {base:.2} ms + {:.1} µs per GPU (fit over 1/8/64); per added GPU 1→8: {low:.1} µs, 8→64: {high:.1} µs",
+            slope * 1000.0
+        );
+    }
+    let mut pts: Vec<(f64, f64)> = Vec::new();
+    for c in [
+        "utility",
+        "compute,utility",
+        "compute,utility,video,graphics",
+        "all caps",
+    ] {
+        let label = if c == "all caps" {
+            "8 GPUs, all caps, hook alone".to_string()
+        } else {
+            format!("8 GPUs, {c}, hook alone")
+        };
+        let v = by(&label);
+        pts.push((outcome(&v.log_text()).1 as f64, v.hook().cpu.p50()));
+    }
+    let (slope, base) = fit_line(&pts);
+    println!(
+        "- by capabilities at 8 GPUs (mounts {:?}): {base:.2} ms + {:.1} µs per mounted file\n",
+        pts.iter().map(|p| p.0 as u32).collect::<Vec<_>>(),
+        slope * 1000.0
+    );
+}
+
+fn report_starts(starts: &[Variant], exec: &(Samples, Samples)) {
+    println!("## Container start: create, start, wait for exit, delete of /bin/true\n");
+    println!(
+        "| variant | wall p50 ms | wall p95 ms | ratio of wall p50 to runc | CPU p50 ms | ratio of CPU p50 | n |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let (base, base_cpu) = (starts[0].starts.p50(), starts[0].cpu.p50());
+    for v in starts {
+        println!(
+            "| {} | {:.2} | {:.2} | {:.3} | {:.2} | {:.3} | {} |",
+            v.label,
+            v.starts.p50(),
+            v.starts.p95(),
+            v.starts.p50() / base,
+            v.cpu.p50(),
+            v.cpu.p50() / base_cpu,
+            v.starts.len(),
+        );
+    }
+    println!();
+    let gpu8 = starts[2].starts.p50();
+    println!(
+        "{}",
+        target(
+            "start ratio, nvhook-runtime 8 GPUs / runc",
+            gpu8 / base,
+            "",
+            1.05
+        )
+    );
+    let shim = starts[1].starts.p50();
+    println!(
+        "{}",
+        target("shim overhead, no-GPU start", shim - base, "ms", 1.0)
+    );
+    let (runc, via_shim) = exec;
+    println!(
+        "Per invocation (`--version`, {} each): runc p50 {:.2} ms, through nvhook-runtime {:.2} ms: +{:.2} ms; a start makes 3 (create, start, delete)\n",
+        runc.len(),
+        runc.p50(),
+        via_shim.p50(),
+        via_shim.p50() - runc.p50(),
+    );
+}
+
+fn report_slow_nvml(slow: &[Variant], fast: &[Variant]) {
+    println!("## NVML init of {NVML_DELAY_MS} ms (mock delay)\n");
+    println!("| variant | p50 ms | n | slower than with instant NVML, ms | NVML inits paid |");
+    println!("|---|---|---|---|---|");
+    for (v, fast) in slow.iter().zip([&fast[2], &fast[4]]) {
+        let extra = v.starts.p50() - fast.starts.p50();
+        println!(
+            "| {} | {:.1} | {} | {extra:.1} | {:.2} |",
+            v.label,
+            v.starts.p50(),
+            v.starts.len(),
+            extra / NVML_DELAY_MS as f64
+        );
+    }
+    let hook_inventories = slow[0].log_text().matches("step=\"inventory\"").count();
+    println!(
+        "\nThe hook after nvhook-runtime ran its own NVML inventory {hook_inventories} times in {} starts (it reads the shim's plan from the bundle).\n",
+        slow[0].starts.len()
+    );
+}
+
+/// `runc --version` against the same through nvhook-runtime: the shim's own exec cost.
+fn exec_overhead(shim_variant: &Variant, rounds: usize) -> (Samples, Samples) {
+    let Runtime::Shim(config) = &shim_variant.runtime else {
+        panic!("not a shim variant")
+    };
+    let shim = support::engines::nvhook_runtime_bin();
+    let (mut runc, mut via) = (Samples::default(), Samples::default());
+    for _ in 0..rounds {
+        let t = cycle::time_command(cycle::runc(), &["--version"], &[]);
+        runc.push(t.as_secs_f64() * 1000.0);
+        let t = cycle::time_command(shim, &["--version"], &[("NVHOOK_CONFIG", config)]);
+        via.push(t.as_secs_f64() * 1000.0);
+    }
+    (runc, via)
+}
+
+fn target(what: &str, value: f64, unit: &str, limit: f64) -> String {
+    let verdict = if value <= limit { "met" } else { "MISSED" };
+    format!("- {what}: {value:.3} {unit} (target ≤ {limit} {unit}): {verdict}")
+}
+
+/// Every `key=N` value in the log (N an integer).
+fn log_values(log: &str, key: &str) -> Vec<f64> {
+    let pat = format!(" {key}=");
+    log.lines()
+        .filter_map(|l| {
+            let rest = &l[l.find(&pat)? + pat.len()..];
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect()
+}
+
+/// p50 of each `step="X" us=N` in the log, in the order the steps first appear.
+fn step_medians(log: &str) -> Vec<(String, f64)> {
+    let mut steps: Vec<(String, Samples)> = Vec::new();
+    for line in log.lines() {
+        let Some(at) = line.find("step=\"") else {
+            continue;
+        };
+        let rest = &line[at + 6..];
+        let Some(end) = rest.find('"') else { continue };
+        let name = &rest[..end];
+        let Some(us) = log_values(line, "us").first().copied() else {
+            continue;
+        };
+        match steps.iter_mut().find(|(n, _)| n == name) {
+            Some((_, s)) => s.push(us),
+            None => steps.push((name.to_string(), Samples::from_iter([us]))),
+        }
+    }
+    steps.into_iter().map(|(n, s)| (n, s.p50())).collect()
+}
+
+/// Devices and mounts of the last applied outcome in the log.
+fn outcome(log: &str) -> (u64, u64) {
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("Applied {"))
+        .unwrap_or_else(|| panic!("no applied outcome in the hook log:\n{log}"));
+    let num = |key: &str| -> u64 {
+        let rest = &line[line.find(key).expect("outcome field") + key.len()..];
+        rest.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .expect("a number")
+    };
+    (num("devices: "), num("mounts: "))
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "Machine: {cpu}, {cores} cores, kernel {}, load average at start {}",
+        kernel.trim(),
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    )
+}
+
+fn fs_type(path: &Path) -> &'static str {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: a zeroed statfs is a valid out-value; c is NUL-terminated.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return "unknown";
+    }
+    match st.f_type {
+        libc::TMPFS_MAGIC => "tmpfs",
+        libc::EXT4_SUPER_MAGIC => "ext4",
+        _ => "other",
+    }
+}

@@ -1,0 +1,48 @@
+//! Percentiles and a least-squares line, on milliseconds.
+
+#[derive(Clone, Debug, Default)]
+pub struct Samples(Vec<f64>);
+
+impl Samples {
+    pub fn push(&mut self, ms: f64) {
+        self.0.push(ms);
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Nearest-rank percentile, `p` in 0..=100.
+    pub fn percentile(&self, p: f64) -> f64 {
+        assert!(!self.0.is_empty(), "no samples");
+        let mut sorted = self.0.clone();
+        sorted.sort_by(f64::total_cmp);
+        let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+        sorted[rank.clamp(1, sorted.len()) - 1]
+    }
+
+    pub fn p50(&self) -> f64 {
+        self.percentile(50.0)
+    }
+
+    pub fn p95(&self) -> f64 {
+        self.percentile(95.0)
+    }
+}
+
+impl FromIterator<f64> for Samples {
+    fn from_iter<I: IntoIterator<Item = f64>>(iter: I) -> Self {
+        Samples(iter.into_iter().collect())
+    }
+}
+
+/// Slope and intercept of the least-squares line through `points` (x, y).
+pub fn fit_line(points: &[(f64, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let sxx: f64 = points.iter().map(|(x, _)| (x - mx).powi(2)).sum();
+    let slope = if sxx == 0.0 { 0.0 } else { sxy / sxx };
+    (slope, my - slope * mx)
+}
