@@ -76,14 +76,14 @@ impl SimNode {
         cmd.arg("create")
             .arg(dir.path())
             .args(["--gpus", &options.gpus.to_string()])
-            .args([
-                "--nvml-init-delay-ms",
-                &options.nvml_init_delay_ms.to_string(),
-            ])
             // The binary the bundles' prestart hooks run.
             .arg("--hook-path")
             .arg(&hook)
             .args(&options.flags);
+        if options.nvml_init_delay_ms > 0 {
+            cmd.arg("--nvml-init-delay-ms")
+                .arg(options.nvml_init_delay_ms.to_string());
+        }
         for (gpu, count) in &options.mig {
             cmd.arg("--mig").arg(format!("{gpu}:{count}"));
         }
