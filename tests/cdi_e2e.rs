@@ -158,7 +158,7 @@ fn podman_runs_a_generated_cdi_device_with_only_that_gpu() {
         output
     };
     let output = run("nvidia.com/gpu=1");
-    output.assert_only_gpus(GPUS, &[1]);
+    output.assert_gpus(GPUS, &[1]);
     output.assert_control_nodes_allowed();
     output.assert_lines(&[
         "dlopen libcuda.so.1 ok",
@@ -167,7 +167,7 @@ fn podman_runs_a_generated_cdi_device_with_only_that_gpu() {
         &format!("write {NVIDIA_SMI} EROFS"),
     ]);
     let output = run(&format!("nvidia.com/gpu={}", node.gpu_uuid(2)));
-    output.assert_only_gpus(GPUS, &[2]);
+    output.assert_gpus(GPUS, &[2]);
     output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
 
     let left: Vec<_> = mount_points_below(podman.dir());
@@ -206,7 +206,7 @@ fn shim_cdi_mode_gives_gpu_1_only(env: RuntimeEnv) {
     );
     output.hook_log = Some(node.log());
     output.assert_success();
-    output.assert_only_gpus(GPUS, &[1]);
+    output.assert_gpus(GPUS, &[1]);
     output.assert_control_nodes_allowed();
     output.assert_lines(&[
         "dlopen libcuda.so.1 ok",

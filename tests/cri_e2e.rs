@@ -50,23 +50,6 @@ const GPUCHECK: &[&str] = &[
 /// The GPU the device plugin allocates to every GPU pod here.
 const ALLOCATED: u32 = 1;
 
-/// `ls /dev` lines for GPU nodes (`nvidiaN`), e.g. `["nvidia1"]`.
-fn gpu_nodes(output: &Output) -> Vec<String> {
-    output
-        .stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("ls /dev "))
-        .filter(|name| {
-            name.strip_prefix("nvidia")
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The pod sees exactly the allocated GPU: its node (openable as far as the
-/// cgroup goes: ENXIO, no driver behind it), no other GPU, and libcuda.
-#[track_caller]
 fn assert_allocated_gpu_only(what: &str, output: &Output) {
     output.assert_success();
     for gpu in 0..GPUS {
@@ -75,7 +58,7 @@ fn assert_allocated_gpu_only(what: &str, output: &Output) {
         assert!(output.has_line(&line), "{what}: missing {line:?}\n{output}");
     }
     assert_eq!(
-        gpu_nodes(output),
+        output.gpu_nodes_in_dev(),
         [format!("nvidia{ALLOCATED}")],
         "{what}\n{output}"
     );
@@ -88,7 +71,7 @@ fn assert_allocated_gpu_only(what: &str, output: &Output) {
 #[track_caller]
 fn assert_no_gpu(what: &str, output: &Output) {
     output.assert_success();
-    assert!(gpu_nodes(output).is_empty(), "{what}\n{output}");
+    assert!(output.gpu_nodes_in_dev().is_empty(), "{what}\n{output}");
     assert!(
         !output.has_line("dlopen libcuda.so.1 ok"),
         "{what}: driver library injected into a pod that was allocated no GPU\n{output}"

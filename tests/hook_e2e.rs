@@ -9,31 +9,16 @@ mod support;
 
 use support::{
     Bundle, Image, Output, RuntimeEnv, SimNode, busybox_image, glibc_image,
-    glibc_image_with_fake_libcuda, host_mounts_referencing, require_root, run_clean, tree_listing,
+    glibc_image_with_fake_libcuda, gpucheck_args, host_mounts_referencing, require_root, run_clean,
+    tree_listing,
 };
 
 const GPUS: u32 = 4;
 const NVIDIA_MAJOR: u32 = 195;
 const LIBCUDA: &str = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
 const NVIDIA_SMI: &str = "/usr/bin/nvidia-smi";
-const CONTROL_NODES: [&str; 3] = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
-
-fn gpu_node(index: u32) -> String {
-    format!("/dev/nvidia{index}")
-}
-
-/// gpucheck arguments probing every GPU and control node of the node.
-fn dev_args() -> Vec<String> {
-    let nodes = (0..GPUS)
-        .map(gpu_node)
-        .chain(CONTROL_NODES.map(String::from));
-    nodes.flat_map(|node| ["--dev".to_owned(), node]).collect()
-}
-
 fn gpucheck_bundle(image: &Image, extra: &[&str]) -> Bundle {
-    let mut args = vec!["/gpucheck".to_owned()];
-    args.extend(dev_args());
-    args.extend(extra.iter().map(|a| a.to_string()));
+    let args = gpucheck_args(GPUS, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Bundle::new(image, &args)
 }
@@ -45,18 +30,6 @@ fn run_with_hook(bundle: &mut Bundle, node: &SimNode, env: RuntimeEnv) -> Output
     let output = run_clean(bundle, Some(node), env);
     output.assert_success();
     output
-}
-
-#[track_caller]
-fn assert_gpus(output: &Output, visible: &[u32]) {
-    output.assert_gpus(GPUS, visible);
-}
-
-#[track_caller]
-fn assert_control_nodes_allowed(output: &Output) {
-    for node in CONTROL_NODES {
-        output.assert_lines(&[&format!("dev {node} ENXIO")]);
-    }
 }
 
 fn nvidia_entries_in_dev(output: &Output) -> Vec<&str> {
@@ -211,8 +184,8 @@ fn visible_devices_1_3(env: RuntimeEnv) {
     let mut bundle = gpucheck_bundle(glibc_image(), &checks);
     bundle.env("NVIDIA_VISIBLE_DEVICES=1,3");
     let output = run_with_hook(&mut bundle, &node, env);
-    assert_gpus(&output, &[1, 3]);
-    assert_control_nodes_allowed(&output);
+    output.assert_gpus(GPUS, &[1, 3]);
+    output.assert_control_nodes_allowed();
     output.assert_lines(&[
         "stat /dev/nvidia1 char 195:1",
         "stat /dev/nvidia3 char 195:3",
@@ -251,7 +224,7 @@ fn capability_utility_brings_nvidia_smi_but_not_libcuda() {
         output.stdout.starts_with("dlopen libcuda.so.1 fail"),
         "{output}"
     );
-    assert_gpus(&output, &[0]);
+    output.assert_gpus(GPUS, &[0]);
 }
 
 #[test]
@@ -260,7 +233,7 @@ fn visible_devices_none_gives_driver_but_no_gpu() {
     let mut bundle = gpucheck_bundle(glibc_image(), &[]);
     bundle.env("NVIDIA_VISIBLE_DEVICES=none");
     let output = run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV1);
-    assert_gpus(&output, &[]);
+    output.assert_gpus(GPUS, &[]);
     output.assert_lines(&[
         "dev /dev/nvidiactl ENXIO",
         "dlopen libcuda.so.1 ok",
@@ -274,8 +247,8 @@ fn visible_devices_all_gives_every_gpu() {
     let mut bundle = gpucheck_bundle(glibc_image(), &[]);
     bundle.env("NVIDIA_VISIBLE_DEVICES=all");
     let output = run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV1);
-    assert_gpus(&output, &[0, 1, 2, 3]);
-    assert_control_nodes_allowed(&output);
+    output.assert_gpus(GPUS, &[0, 1, 2, 3]);
+    output.assert_control_nodes_allowed();
 }
 
 #[test]
@@ -285,7 +258,7 @@ fn visible_devices_by_uuid_gives_that_gpu() {
     // simnode gives GPU i the minor number i.
     bundle.env(&format!("NVIDIA_VISIBLE_DEVICES={}", node.gpu_uuid(2)));
     let output = run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV1);
-    assert_gpus(&output, &[2]);
+    output.assert_gpus(GPUS, &[2]);
 }
 
 #[test]

@@ -100,15 +100,7 @@ fn own_gpu_only(gpu: u32, out: &Output) -> Vec<String> {
             wrong.push(format!("missing {line:?}"));
         }
     }
-    let gpu_nodes: Vec<&str> = out
-        .stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("ls /dev "))
-        .filter(|name| {
-            name.strip_prefix("nvidia")
-                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        })
-        .collect();
+    let gpu_nodes = out.gpu_nodes_in_dev();
     if gpu_nodes != [format!("nvidia{gpu}")] {
         wrong.push(format!("GPU nodes in /dev: {gpu_nodes:?}"));
     }

@@ -26,7 +26,7 @@ pub fn gpucheck_args(gpus: u32, extra: &[&str]) -> Vec<String> {
 impl Output {
     /// GPUs in `visible` are usable (ENXIO); the other GPUs of the node are not there at all.
     #[track_caller]
-    pub fn assert_only_gpus(&self, gpus: u32, visible: &[u32]) {
+    pub fn assert_gpus(&self, gpus: u32, visible: &[u32]) {
         for index in 0..gpus {
             let verdict = if visible.contains(&index) {
                 "ENXIO"
@@ -42,5 +42,17 @@ impl Output {
         for node in CONTROL_NODES {
             self.assert_lines(&[&format!("dev {node} ENXIO")]);
         }
+    }
+
+    /// The GPU nodes (`nvidiaN`) gpucheck's `--ls /dev` listed, e.g. `["nvidia1"]`.
+    pub fn gpu_nodes_in_dev(&self) -> Vec<&str> {
+        self.stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("ls /dev "))
+            .filter(|name| {
+                name.strip_prefix("nvidia")
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .collect()
     }
 }

@@ -70,21 +70,6 @@ impl Output {
         );
     }
 
-    /// Asserts, from gpucheck's `--dev /dev/nvidiaN` lines for GPUs `0..total`, that the
-    /// container can reach exactly the GPUs in `visible` (ENXIO: allowed, no driver behind
-    /// the simulated node) and that the others' nodes are absent.
-    #[track_caller]
-    pub fn assert_gpus(&self, total: u32, visible: &[u32]) {
-        for index in 0..total {
-            let verdict = if visible.contains(&index) {
-                "ENXIO"
-            } else {
-                "absent"
-            };
-            self.assert_lines(&[&format!("dev /dev/nvidia{index} {verdict}")]);
-        }
-    }
-
     pub fn has_line(&self, line: &str) -> bool {
         self.stdout.lines().any(|l| l == line)
     }
