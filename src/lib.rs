@@ -8,6 +8,7 @@ pub mod cdi;
 pub mod cgroup;
 pub mod config;
 pub mod configure;
+pub mod entry;
 pub mod inject;
 pub mod inventory;
 pub mod ldcache;

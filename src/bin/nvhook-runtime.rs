@@ -1,5 +1,7 @@
 //! `nvhook-runtime`: configured in engines in place of runc. On `create`/`run` of a GPU
 //! container it prepares the bundle, then execs the real runtime with the same arguments.
+// std's start-up is skipped: see nvhook::entry.
+#![no_main]
 
 use anyhow::Result;
 use nvhook::config::{self, Config};
@@ -8,7 +10,15 @@ use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
-fn main() {
+#[unsafe(no_mangle)]
+extern "C" fn main(
+    _argc: std::ffi::c_int,
+    _argv: *const *const std::ffi::c_char,
+) -> std::ffi::c_int {
+    nvhook::entry::run(shim_main)
+}
+
+fn shim_main() -> i32 {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let err = match run(&args) {
         Ok(runtime) => std::process::Command::new(&runtime)
@@ -19,7 +29,7 @@ fn main() {
         Err(e) => e,
     };
     eprintln!("nvhook-runtime: {err}");
-    std::process::exit(1);
+    1
 }
 
 /// Prepares the bundle when needed and returns the runtime to exec.

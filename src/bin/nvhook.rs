@@ -1,4 +1,6 @@
 //! `nvhook`: inventory, plan and the OCI hook, as thin front ends over the library.
+// std's start-up is skipped: see nvhook::entry.
+#![no_main]
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -121,17 +123,24 @@ enum Stage {
     CreateContainer,
 }
 
-fn main() {
+#[unsafe(no_mangle)]
+extern "C" fn main(
+    _argc: std::ffi::c_int,
+    _argv: *const *const std::ffi::c_char,
+) -> std::ffi::c_int {
+    nvhook::entry::run(nvhook_main)
+}
+
+fn nvhook_main() -> i32 {
     let cli = Cli::parse();
-    let code = match run(cli) {
+    match run(cli) {
         Ok(()) => 0,
         Err(e) => {
             // Our errors carry their cause in their own one-line message.
             eprintln!("nvhook: {e}");
             1
         }
-    };
-    std::process::exit(code);
+    }
 }
 
 fn run(cli: Cli) -> Result<()> {
