@@ -139,6 +139,19 @@ fn cdi_list_refuses_an_invalid_spec_with_one_line() {
     );
 }
 
+/// GPU 1 only, the control nodes, a loadable libcuda, and read-only injected files.
+#[track_caller]
+fn assert_gpu_1_usable(output: &Output) {
+    output.assert_gpus(GPUS, &[1]);
+    output.assert_control_nodes_allowed();
+    output.assert_lines(&[
+        "dlopen libcuda.so.1 ok",
+        "cuInit 0",
+        &format!("write {LIBCUDA} EROFS"),
+        &format!("write {NVIDIA_SMI} EROFS"),
+    ]);
+}
+
 #[test]
 fn podman_runs_a_generated_cdi_device_with_only_that_gpu() {
     require_root();
@@ -158,14 +171,7 @@ fn podman_runs_a_generated_cdi_device_with_only_that_gpu() {
         output
     };
     let output = run("nvidia.com/gpu=1");
-    output.assert_gpus(GPUS, &[1]);
-    output.assert_control_nodes_allowed();
-    output.assert_lines(&[
-        "dlopen libcuda.so.1 ok",
-        "cuInit 0",
-        &format!("write {LIBCUDA} EROFS"),
-        &format!("write {NVIDIA_SMI} EROFS"),
-    ]);
+    assert_gpu_1_usable(&output);
     let output = run(&format!("nvidia.com/gpu={}", node.gpu_uuid(2)));
     output.assert_gpus(GPUS, &[2]);
     output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
@@ -206,14 +212,7 @@ fn shim_cdi_mode_gives_gpu_1_only(env: RuntimeEnv) {
     );
     output.hook_log = Some(node.log());
     output.assert_success();
-    output.assert_gpus(GPUS, &[1]);
-    output.assert_control_nodes_allowed();
-    output.assert_lines(&[
-        "dlopen libcuda.so.1 ok",
-        "cuInit 0",
-        &format!("write {LIBCUDA} EROFS"),
-        &format!("write {NVIDIA_SMI} EROFS"),
-    ]);
+    assert_gpu_1_usable(&output);
 
     let text = fs::read_to_string(bundle.dir().join("config.json")).expect("read config.json");
     let spec: Value = serde_json::from_str(&text).expect("config.json is JSON");

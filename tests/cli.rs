@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use tempfile::TempDir;
 
 mod support;
-use support::simnode_bin;
+use support::{run_nvhook, simnode_bin};
 
 const DRIVER_VERSION: &str = "550.54.15";
 const TOPOLOGY: &str = "driver/usr/lib/x86_64-linux-gnu/nvml-topology.json";
@@ -113,7 +113,7 @@ impl Node {
     }
 
     fn run_with(&self, config: &Path, args: &[&str]) -> Output {
-        nvhook(&[&["--config", config.to_str().unwrap()], args].concat())
+        run_nvhook(&[&["--config", config.to_str().unwrap()], args].concat())
     }
 
     fn run(&self, args: &[&str]) -> Output {
@@ -142,14 +142,6 @@ impl Drop for Node {
             .arg(self.root())
             .output();
     }
-}
-
-fn nvhook(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nvhook"))
-        .args(args)
-        .env_remove("NVHOOK_CONFIG")
-        .output()
-        .expect("run nvhook")
 }
 
 fn str_at(value: &Value, key: &str) -> String {
@@ -467,7 +459,7 @@ fn usage_errors_exit_2() {
         &["--config"],
     ];
     for args in cases {
-        let out = nvhook(args);
+        let out = run_nvhook(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         assert!(!out.stderr.is_empty(), "{args:?}");
     }
@@ -479,7 +471,7 @@ fn bad_config_file_names_the_key_and_the_file() {
     let path = dir.path().join("config.toml");
     fs::write(&path, "log-level = \"info\"\nteleport-gpus = true\n").unwrap();
     for args in [&["info"][..], &["plan", "--bundle", "/nonexistent"]] {
-        let out = nvhook(&[&["--config", path.to_str().unwrap()], args].concat());
+        let out = run_nvhook(&[&["--config", path.to_str().unwrap()], args].concat());
         let line = one_line_failure(&out, &args);
         assert!(line.contains("teleport-gpus"), "{line}");
         assert!(line.contains(path.to_str().unwrap()), "{line}");
@@ -490,7 +482,7 @@ fn bad_config_file_names_the_key_and_the_file() {
 fn missing_config_file_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("absent.toml");
-    let out = nvhook(&["--config", path.to_str().unwrap(), "info"]);
+    let out = run_nvhook(&["--config", path.to_str().unwrap(), "info"]);
     let line = one_line_failure(&out, &path);
     assert!(line.contains(path.to_str().unwrap()), "{line}");
 }

@@ -5,7 +5,10 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
+
+mod support;
+use support::run_nvhook;
 
 const RUNTIME: &str = "/usr/bin/nvhook-runtime";
 
@@ -26,19 +29,11 @@ fn assert_golden(actual: &str, name: &str) {
     assert_eq!(actual, golden(name), "output differs from golden {name}");
 }
 
-fn nvhook(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_nvhook"))
-        .args(args)
-        .env_remove("NVHOOK_CONFIG")
-        .output()
-        .expect("run nvhook")
-}
-
 /// Runs `nvhook configure ENGINE --engine-config FILE EXTRA...`, which must succeed, and
 /// returns its stdout.
 fn configure(engine: &str, file: &Path, extra: &[&str]) -> String {
     let file = file.to_str().unwrap();
-    let out = nvhook(&[&["configure", engine, "--engine-config", file], extra].concat());
+    let out = run_nvhook(&[&["configure", engine, "--engine-config", file], extra].concat());
     assert!(
         out.status.success(),
         "nvhook configure {engine} {extra:?} failed: {}",
@@ -279,7 +274,7 @@ fn unparseable_file_is_an_error_naming_it_and_is_left_untouched() {
         let file = dir.path().join(name);
         fs::write(&file, garbage).unwrap();
         let file_arg = file.to_str().unwrap();
-        let out = nvhook(&["configure", engine, "--engine-config", file_arg]);
+        let out = run_nvhook(&["configure", engine, "--engine-config", file_arg]);
         let stderr = String::from_utf8(out.stderr).unwrap();
         assert!(!out.status.success(), "{engine} accepted {garbage:?}");
         assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
@@ -294,7 +289,7 @@ fn unparseable_file_is_an_error_naming_it_and_is_left_untouched() {
 fn nvhooks_own_config_flag_is_not_taken_for_the_engines() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("daemon.json");
-    let out = nvhook(&[
+    let out = run_nvhook(&[
         "--config",
         file.to_str().unwrap(),
         "configure",
@@ -311,7 +306,7 @@ fn a_relative_runtime_path_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("daemon.json");
     let file_arg = file.to_str().unwrap();
-    let out = nvhook(&[
+    let out = run_nvhook(&[
         "configure",
         "docker",
         "--engine-config",
@@ -493,7 +488,7 @@ fn kubernetes_with_a_bad_nvhook_config_writes_neither_file() {
     ] {
         let (dir, containerd, nvhook_config) = kubernetes_node();
         fs::write(&nvhook_config, garbage).unwrap();
-        let out = nvhook(
+        let out = run_nvhook(
             &[
                 &["configure", "containerd", "--engine-config"],
                 &[containerd.to_str().unwrap()][..],
@@ -521,7 +516,7 @@ fn remove_keeps_the_kubernetes_policy() {
 
     let mut args = vec!["--remove"];
     args.extend(kubernetes_args(&nvhook_config));
-    let out = nvhook(
+    let out = run_nvhook(
         &[
             &["configure", "containerd", "--engine-config"],
             &[containerd.to_str().unwrap()][..],
@@ -541,7 +536,7 @@ fn remove_keeps_the_kubernetes_policy() {
 
 #[test]
 fn nvhook_config_without_kubernetes_is_a_usage_error() {
-    let out = nvhook(&[
+    let out = run_nvhook(&[
         "configure",
         "containerd",
         "--nvhook-config",

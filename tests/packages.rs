@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use support::{
-    Bundle, RuntimeEnv, SimNode, glibc_image, profile_dir, require_program, require_root,
-    run_container, stdout_of,
+    Bundle, RuntimeEnv, SimNode, glibc_image, gpucheck_args, profile_dir, require_program,
+    require_root, run_container, stdout_of,
 };
 use tempfile::TempDir;
 
@@ -395,24 +395,13 @@ fn installed_nvhook_hook_gives_a_runc_container_its_gpu_and_libcuda() {
     let root = ScratchRoot::new();
     root.install_deb();
     let node = SimNode::create_for(4, &root.path("/usr/bin/nvhook"));
-    let mut bundle = Bundle::new(
-        glibc_image(),
-        &[
-            "/gpucheck",
-            "--dev",
-            "/dev/nvidia0",
-            "--dev",
-            "/dev/nvidia1",
-        ],
-    );
+    let checks = gpucheck_args(4, &[]);
+    let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
+    let mut bundle = Bundle::new(glibc_image(), &checks);
     bundle.env("NVIDIA_VISIBLE_DEVICES=1").prestart_hook(&node);
     let mut output = run_container(&bundle, RuntimeEnv::CgroupV1);
     output.hook_log = Some(node.log());
     output.assert_success();
-    output.assert_lines(&[
-        "dev /dev/nvidia1 ENXIO",
-        "dev /dev/nvidia0 absent",
-        "dlopen libcuda.so.1 ok",
-        "cuInit 0",
-    ]);
+    output.assert_gpus(4, &[1]);
+    output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
 }

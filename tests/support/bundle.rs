@@ -17,6 +17,15 @@ pub fn nvhook_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_nvhook"))
 }
 
+/// Runs the nvhook binary with `args`, never reading the caller's `NVHOOK_CONFIG`.
+pub fn run_nvhook(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(nvhook_bin())
+        .args(args)
+        .env_remove("NVHOOK_CONFIG")
+        .output()
+        .expect("run nvhook")
+}
+
 /// A bundle directory (removed when dropped) holding `rootfs/`, `config.json`
 /// and the private runc state directory, with a container id unique to it.
 pub struct Bundle {

@@ -23,7 +23,7 @@ mod runc;
 mod snapshot;
 mod watch;
 
-pub use bundle::{Bundle, nvhook_bin};
+pub use bundle::{Bundle, nvhook_bin, run_nvhook};
 pub use cmd::{require_program, require_root, stdout_of};
 pub use gpucheck::{CONTROL_NODES, gpu_node, gpucheck_args};
 pub use image::{
