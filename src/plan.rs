@@ -445,8 +445,13 @@ fn device_nodes(
         out.push(nodes.get("/dev/nvidia-uvm", uvm, 0)?);
         out.push(nodes.get("/dev/nvidia-uvm-tools", uvm, 1)?);
     }
+    // Headless hosts (most data-centre GPUs) have no modeset node, and images ask for
+    // `all`: like nvidia-container-cli, display then goes without it instead of failing.
     if caps.contains(&Capability::Display) {
-        out.push(nodes.get("/dev/nvidia-modeset", nvidia, MODESET_MINOR)?);
+        match nodes.get("/dev/nvidia-modeset", nvidia, MODESET_MINOR) {
+            Ok(node) => out.push(node),
+            Err(e) => tracing::info!("capability display without its device node: {e}"),
+        }
     }
     for choice in choices {
         let gpu = choice.parent();
@@ -550,14 +555,22 @@ impl FileBuilder<'_> {
     fn add_library(&mut self, lib: &crate::inventory::Library) {
         let dir = self.layout.lib_dir(lib);
         let destination = format!("{dir}/{}", lib.file_name);
-        if self.mounts.iter().any(|m| m.destination == destination) {
+        // One file may carry several names (`libcuda.so.1` and a second cache entry): it is
+        // mounted once, and each name still gets its link and cache entry.
+        if !self.mounts.iter().any(|m| m.destination == destination) {
+            self.mounts.push(Mount {
+                source: lib.host_path.clone(),
+                destination,
+                kind: MountKind::File,
+            });
+        }
+        if self
+            .ldcache
+            .iter()
+            .any(|e| e.soname == lib.soname && e.class == lib.class)
+        {
             return;
         }
-        self.mounts.push(Mount {
-            source: lib.host_path.clone(),
-            destination,
-            kind: MountKind::File,
-        });
         if lib.soname != lib.file_name {
             self.symlinks.push(Symlink {
                 path: format!("{dir}/{}", lib.soname),

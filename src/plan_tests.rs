@@ -897,6 +897,37 @@ fn missing_or_wrong_device_node_is_an_error() {
 }
 
 #[test]
+fn headless_host_serves_all_capabilities_without_a_modeset_node() {
+    // An H100 host with driver 580 has no /dev/nvidia-modeset; CUDA images ask for `all`.
+    let mut headless = standard();
+    headless.nodes.retain(|n| n.path != "/dev/nvidia-modeset");
+    let p = plan_on(&headless, &[&visible("0"), &caps("all")], DEBIAN);
+    assert!(device_paths(&p).contains(&"/dev/nvidia0"), "{p:?}");
+    assert!(!device_paths(&p).contains(&"/dev/nvidia-modeset"), "{p:?}");
+    let with_display = plan(&[&visible("0"), &caps("all")]);
+    assert!(device_paths(&with_display).contains(&"/dev/nvidia-modeset"));
+}
+
+#[test]
+fn a_file_with_two_sonames_gets_a_link_and_cache_entry_for_each() {
+    let mut inv = standard();
+    let real = format!("libcuda.so.{VERSION}");
+    // Sorted before `libcuda.so.1`, as the inventory sorts by name.
+    let mut extra = library(Capability::Compute, "libcuda.so.0", &real, false);
+    extra.append(&mut inv.files.libraries);
+    inv.files.libraries = extra;
+    let p = plan_on(&inv, &[&visible("0"), &caps("compute")], DEBIAN);
+    for soname in ["libcuda.so.0", "libcuda.so.1"] {
+        let link = format!("{DEBIAN_LIB64}/{soname}");
+        assert!(p.symlinks.iter().any(|l| l.path == link), "{soname}");
+        assert!(p.ldcache.iter().any(|e| e.soname == soname), "{soname}");
+    }
+    let destination = format!("{DEBIAN_LIB64}/{real}");
+    let mounted = p.mounts.iter().filter(|m| m.destination == destination);
+    assert_eq!(mounted.count(), 1);
+}
+
+#[test]
 fn driver_without_uvm_or_caps_fails_requests_that_need_them() {
     let mut no_uvm = standard();
     no_uvm.majors.uvm = None;

@@ -88,6 +88,11 @@ const BINARIES: &[(Capability, &str)] = &[
     (Capability::Compute, "nvidia-cuda-mps-server"),
 ];
 
+/// Where driver binaries are looked for, in order. GKE-style installs keep the driver under
+/// /usr/local/nvidia and put wrapper scripts in /usr/bin that exec the real binary there by
+/// its host path, which a container does not have: only ELF files are taken.
+const BINARY_DIRS: &[&str] = &["/usr/bin", "/bin", "/usr/sbin", "/usr/local/nvidia/bin"];
+
 const SOCKETS: &[(Capability, &str)] = &[
     (Capability::Utility, "/run/nvidia-persistenced/socket"),
     (Capability::Utility, "/var/run/nvidia-persistenced/socket"),
@@ -184,11 +189,13 @@ impl DriverFiles {
             binaries: BINARIES
                 .iter()
                 .filter_map(|&(cap, name)| {
-                    ["/usr/bin", "/bin", "/usr/sbin"].iter().find_map(|dir| {
-                        existing(&root, &format!("{dir}/{name}"), Some(cap)).map(|f| HostFile {
-                            container_path: format!("/usr/bin/{name}"),
-                            ..f
-                        })
+                    BINARY_DIRS.iter().find_map(|dir| {
+                        existing(&root, &format!("{dir}/{name}"), Some(cap))
+                            .filter(|f| is_elf(&f.host_path))
+                            .map(|f| HostFile {
+                                container_path: format!("/usr/bin/{name}"),
+                                ..f
+                            })
                     })
                 })
                 .collect(),
@@ -220,6 +227,14 @@ fn existing(root: &Path, path: &str, capability: Option<Capability>) -> Option<H
     })
 }
 
+fn is_elf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| magic == *b"\x7fELF")
+}
+
 fn find_libraries(root: &Path, cache: &HostCache, version: &str) -> Vec<Library> {
     let suffix = format!(".so.{version}");
     let mut out: Vec<Library> = Vec::new();
@@ -227,6 +242,12 @@ fn find_libraries(root: &Path, cache: &HostCache, version: &str) -> Vec<Library>
         let Some((stem, cap)) = stem_of(&entry.soname) else {
             continue;
         };
+        // Installers that ship the development link (`libcuda.so`, seen in the cache of a
+        // real driver in /usr/local/nvidia/lib64) put it in the cache too: it names no
+        // SONAME, and the plan makes `libcuda.so` itself.
+        if entry.soname.len() == stem.len() + ".so".len() {
+            continue;
+        }
         let class = match ElfClass::from_flags(entry.flags) {
             Some(ElfClass::X86_64) => ElfClassName::Lib64,
             Some(ElfClass::I386) => ElfClassName::Lib32,
@@ -291,6 +312,72 @@ fn find_firmware(root: &Path, version: &str) -> Vec<HostFile> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn development_links_in_the_cache_are_not_sonames() {
+        // The cache of a real 580 driver in /usr/local/nvidia/lib64 lists `libcuda.so` too.
+        let root = tempfile::tempdir().unwrap();
+        let lib_dir = root.path().join("usr/local/nvidia/lib64");
+        std::fs::create_dir_all(&lib_dir).unwrap();
+        let real = "libcuda.so.580.159.04";
+        std::fs::write(lib_dir.join(real), b"").unwrap();
+        let mut cache = LdCache::default();
+        for name in ["libcuda.so", "libcuda.so.1"] {
+            std::os::unix::fs::symlink(real, lib_dir.join(name)).unwrap();
+            let path = format!("/usr/local/nvidia/lib64/{name}");
+            cache.insert(ldcache::Entry::new(name, path, ElfClass::X86_64));
+        }
+        let cache = HostCache {
+            path: root.path().join("etc/ld.so.cache"),
+            cache,
+        };
+        let root = canonical_root(root.path());
+        let found = find_libraries(&root, &cache, "580.159.04");
+        let names: Vec<&str> = found.iter().map(|l| l.soname.as_str()).collect();
+        assert_eq!(names, ["libcuda.so.1"]);
+        assert_eq!(found[0].file_name, real);
+    }
+
+    #[test]
+    fn binaries_are_elf_files_and_wrapper_scripts_are_passed_over() {
+        let root = tempfile::tempdir().unwrap();
+        for dir in ["usr/bin", "usr/local/nvidia/bin", "etc"] {
+            std::fs::create_dir_all(root.path().join(dir)).unwrap();
+        }
+        let wrapper = b"#!/bin/sh\nexec /usr/local/nvidia/bin/nvidia-smi \"$@\"\n";
+        std::fs::write(root.path().join("usr/bin/nvidia-smi"), wrapper).unwrap();
+        let real = root.path().join("usr/local/nvidia/bin/nvidia-smi");
+        std::fs::write(&real, b"\x7fELF\x02\x01\x01").unwrap();
+        std::fs::write(root.path().join("usr/bin/nvidia-debugdump"), b"\x7fELF").unwrap();
+        let config = Config {
+            driver_root: root.path().to_path_buf(),
+            ..Config::default()
+        };
+        let cache = HostCache {
+            path: root.path().join("etc/ld.so.cache"),
+            cache: LdCache::default(),
+        };
+        let files = DriverFiles::find(&config, &cache, "580.159.04");
+        let found: Vec<(&str, &Path)> = files
+            .binaries
+            .iter()
+            .map(|f| (f.container_path.as_str(), f.host_path.as_path()))
+            .collect();
+        let root = canonical_root(root.path());
+        assert_eq!(
+            found,
+            [
+                (
+                    "/usr/bin/nvidia-smi",
+                    real.canonicalize().unwrap().as_path()
+                ),
+                (
+                    "/usr/bin/nvidia-debugdump",
+                    root.join("usr/bin/nvidia-debugdump").as_path()
+                ),
+            ]
+        );
+    }
 
     #[test]
     fn stems_map_to_capabilities() {
