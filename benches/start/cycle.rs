@@ -26,7 +26,11 @@ pub fn become_subreaper() {
 pub struct Cost {
     pub wall: Duration,
     pub cpu: Duration,
+    /// Wall time of each phase, in the order of [`PHASES`].
+    pub phases: [Duration; 4],
 }
+
+pub const PHASES: [&str; 4] = ["create", "start", "wait", "delete"];
 
 /// Runs one create/start/wait/delete cycle of `bundle` (config.json as written).
 pub fn run(runtime: &Runtime, bundle: &Bundle) -> Cost {
@@ -41,18 +45,27 @@ pub fn run(runtime: &Runtime, bundle: &Bundle) -> Cost {
         &["create", "--pid-file"],
         &[&pid_file, Path::new(id)],
     );
+    let created = Instant::now();
     let pid: i32 = std::fs::read_to_string(&pid_file)
         .expect("read the container's pid file")
         .trim()
         .parse()
         .expect("pid file holds a number");
     invoke(runtime, bundle, &["start"], &[Path::new(id)]);
+    let running = Instant::now();
     wait_for(pid);
+    let exited = Instant::now();
     invoke(runtime, bundle, &["delete"], &[Path::new(id)]);
-    let wall = started.elapsed();
+    let deleted = Instant::now();
     Cost {
-        wall,
+        wall: deleted - started,
         cpu: children_cpu() - cpu_before,
+        phases: [
+            created - started,
+            running - created,
+            exited - running,
+            deleted - exited,
+        ],
     }
 }
 

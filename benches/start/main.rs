@@ -5,7 +5,8 @@
 //! wall time as runc runs it, whole starts (create, start, wait for exit, delete) through
 //! nvhook-runtime against runc, the shim's cost for a non-GPU container, peak memory,
 //! growth per GPU and per mounted file, and the slow-NVML case. Targets are printed beside
-//! the numbers. `NVHOOK_BENCH_ROUNDS` sets the starts per variant (default 60).
+//! the numbers. `NVHOOK_BENCH_ROUNDS` sets the starts per variant (default 60);
+//! `NVHOOK_BENCH_ONLY=hooks` or `=starts` runs one part.
 //! Run by `cargo test` (no `--bench` flag) it makes 2 rounds, as a smoke test of itself.
 
 #[path = "../../tests/support/mod.rs"]
@@ -34,6 +35,9 @@ struct Plan {
 fn main() {
     hook_timer::run_if_wrapper();
     let full = std::env::args().any(|a| a == "--bench");
+    // `NVHOOK_BENCH_ONLY=hooks|starts`: one part, for iterating on a profile.
+    let only = std::env::var("NVHOOK_BENCH_ONLY").ok();
+    let only = only.as_deref();
     let plan = if full {
         let rounds = std::env::var("NVHOOK_BENCH_ROUNDS")
             .ok()
@@ -98,106 +102,117 @@ fn main() {
     println!("# nvhook start-cost bench ({} rounds)\n", plan.rounds);
     println!("{}\n", machine());
 
-    // 1, 4, 5: the hook's own wall time and memory, by node size and capabilities.
-    let gpu_nodes = [&n1, &n8, &n64, &mig];
-    let mut hooks: Vec<Variant> = Vec::new();
-    for node in gpu_nodes {
-        for (via, how) in [(Via::Hook, "alone"), (Via::Shim, "after nvhook-runtime")] {
-            let label = format!("{}, all caps, hook {how}", node.label);
-            hooks.push(spec(label, node, Ask::Gpus(ALL), via, true));
+    if only != Some("starts") {
+        // 1, 4, 5: the hook's own wall time and memory, by node size and capabilities.
+        let gpu_nodes = [&n1, &n8, &n64, &mig];
+        let mut hooks: Vec<Variant> = Vec::new();
+        for node in gpu_nodes {
+            for (via, how) in [(Via::Hook, "alone"), (Via::Shim, "after nvhook-runtime")] {
+                let label = format!("{}, all caps, hook {how}", node.label);
+                hooks.push(spec(label, node, Ask::Gpus(ALL), via, true));
+            }
         }
+        let caps = [
+            "utility",
+            "compute,utility",
+            "compute,utility,video,graphics",
+        ];
+        for c in caps {
+            let label = format!("8 GPUs, {c}, hook alone");
+            hooks.push(spec(label, &n8, Ask::Gpus(c), Via::Hook, true));
+        }
+        run_rounds(&mut hooks, plan.rounds);
+        report_hooks(&hooks);
     }
-    let caps = [
-        "utility",
-        "compute,utility",
-        "compute,utility,video,graphics",
-    ];
-    for c in caps {
-        let label = format!("8 GPUs, {c}, hook alone");
-        hooks.push(spec(label, &n8, Ask::Gpus(c), Via::Hook, true));
+
+    if only != Some("hooks") {
+        // 2, 3: whole starts against runc, measured in the same interleaved rounds.
+        let mut starts = vec![
+            spec("runc, no GPU".into(), &n8, Ask::NoGpu, Via::Runc, false),
+            spec(
+                "nvhook-runtime, no GPU".into(),
+                &n8,
+                Ask::NoGpu,
+                Via::Shim,
+                false,
+            ),
+            spec(
+                "nvhook-runtime, 8 GPUs".into(),
+                &n8,
+                Ask::Gpus(ALL),
+                Via::Shim,
+                false,
+            ),
+            spec(
+                "nvhook-runtime, 1 GPU".into(),
+                &n1,
+                Ask::Gpus(ALL),
+                Via::Shim,
+                false,
+            ),
+            spec(
+                "runc + nvhook hook, 8 GPUs".into(),
+                &n8,
+                Ask::Gpus(ALL),
+                Via::Hook,
+                false,
+            ),
+            spec(
+                "runc + /bin/true as the hook, no GPU".into(),
+                &n8,
+                Ask::NoGpu,
+                Via::NoopHook,
+                false,
+            ),
+        ];
+        run_rounds(&mut starts, plan.rounds);
+        let exec = exec_overhead(&starts[1], plan.exec_rounds);
+        report_starts(&starts, &exec);
+
+        // 6: a 500 ms NVML init, paid by whichever process queries NVML.
+        let mut slow_starts = vec![
+            spec(
+                "nvhook-runtime, 8 GPUs, slow NVML".into(),
+                &slow,
+                Ask::Gpus(ALL),
+                Via::Shim,
+                false,
+            ),
+            spec(
+                "runc + nvhook hook, 8 GPUs, slow NVML".into(),
+                &slow,
+                Ask::Gpus(ALL),
+                Via::Hook,
+                false,
+            ),
+        ];
+        run_rounds(&mut slow_starts, plan.slow_rounds);
+        report_slow_nvml(&slow_starts, &starts);
+
+        // Context: the same hook with the bundle on this VM's disk.
+        let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a dir on disk");
+        let mut ext4 = vec![Variant::new(
+            VariantSpec {
+                label: "8 GPUs, all caps, hook alone, rootfs on disk".into(),
+                node: &n8,
+                ask: Ask::Gpus(ALL),
+                via: Via::Hook,
+                timed_hook: true,
+                parent: disk.path(),
+            },
+            w,
+        )];
+        run_rounds(&mut ext4, plan.slow_rounds);
+        let cost = ext4[0].hook();
+        println!(
+            "Context: {} ({}): hook wall p50 {:.2} ms, CPU p50 {:.2} ms over {} starts.\n",
+            ext4[0].label,
+            fs_type(disk.path()),
+            cost.wall.p50(),
+            cost.cpu.p50(),
+            cost.wall.len()
+        );
     }
-    run_rounds(&mut hooks, plan.rounds);
-    report_hooks(&hooks);
-
-    // 2, 3: whole starts against runc, measured in the same interleaved rounds.
-    let mut starts = vec![
-        spec("runc, no GPU".into(), &n8, Ask::NoGpu, Via::Runc, false),
-        spec(
-            "nvhook-runtime, no GPU".into(),
-            &n8,
-            Ask::NoGpu,
-            Via::Shim,
-            false,
-        ),
-        spec(
-            "nvhook-runtime, 8 GPUs".into(),
-            &n8,
-            Ask::Gpus(ALL),
-            Via::Shim,
-            false,
-        ),
-        spec(
-            "nvhook-runtime, 1 GPU".into(),
-            &n1,
-            Ask::Gpus(ALL),
-            Via::Shim,
-            false,
-        ),
-        spec(
-            "runc + nvhook hook, 8 GPUs".into(),
-            &n8,
-            Ask::Gpus(ALL),
-            Via::Hook,
-            false,
-        ),
-    ];
-    run_rounds(&mut starts, plan.rounds);
-    let exec = exec_overhead(&starts[1], plan.exec_rounds);
-    report_starts(&starts, &exec);
-
-    // 6: a 500 ms NVML init, paid by whichever process queries NVML.
-    let mut slow_starts = vec![
-        spec(
-            "nvhook-runtime, 8 GPUs, slow NVML".into(),
-            &slow,
-            Ask::Gpus(ALL),
-            Via::Shim,
-            false,
-        ),
-        spec(
-            "runc + nvhook hook, 8 GPUs, slow NVML".into(),
-            &slow,
-            Ask::Gpus(ALL),
-            Via::Hook,
-            false,
-        ),
-    ];
-    run_rounds(&mut slow_starts, plan.slow_rounds);
-    report_slow_nvml(&slow_starts, &starts);
-
-    // Context: the same hook with the bundle on this VM's disk.
-    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a dir on disk");
-    let mut ext4 = vec![Variant::new(
-        VariantSpec {
-            label: "8 GPUs, all caps, hook alone, rootfs on disk".into(),
-            node: &n8,
-            ask: Ask::Gpus(ALL),
-            via: Via::Hook,
-            timed_hook: true,
-            parent: disk.path(),
-        },
-        w,
-    )];
-    run_rounds(&mut ext4, plan.slow_rounds);
-    let cost = ext4[0].hook();
-    println!(
-        "Context: {} ({}): hook wall p50 {:.2} ms, CPU p50 {:.2} ms over {} starts.\n",
-        ext4[0].label,
-        fs_type(disk.path()),
-        cost.wall.p50(),
-        cost.cpu.p50(),
-        cost.wall.len()
-    );
 }
 
 fn report_hooks(hooks: &[Variant]) {
@@ -315,6 +330,19 @@ fn report_starts(starts: &[Variant], exec: &(Samples, Samples)) {
             v.cpu.p50() / base_cpu,
             v.starts.len(),
         );
+    }
+    println!();
+    println!("Phases of a start (wall p50 ms, and the difference from runc's):\n");
+    println!("| variant | {} |", cycle::PHASES.join(" | "));
+    println!("|---|---|---|---|---|");
+    for v in starts {
+        let cells: Vec<String> = v
+            .phases
+            .iter()
+            .zip(&starts[0].phases)
+            .map(|(p, b)| format!("{:.2} ({:+.2})", p.p50(), p.p50() - b.p50()))
+            .collect();
+        println!("| {} | {} |", v.label, cells.join(" | "));
     }
     println!();
     let gpu8 = starts[2].starts.p50();

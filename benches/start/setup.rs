@@ -87,6 +87,8 @@ pub enum Via {
     Runc,
     /// runc with nvhook as the bundle's prestart hook (hooks.d style): it queries NVML.
     Hook,
+    /// runc with /bin/true as the prestart hook: what running any hook at all costs.
+    NoopHook,
     /// nvhook-runtime: it plans, edits config.json and adds the hook, which reads the plan.
     Shim,
 }
@@ -102,6 +104,8 @@ pub struct Variant {
     /// Wall and CPU time of whole starts, ms.
     pub starts: Samples,
     pub cpu: Samples,
+    /// Wall time of each phase of a start, ms (see [`crate::cycle::PHASES`]).
+    pub phases: [Samples; 4],
 }
 
 pub struct VariantSpec<'a> {
@@ -144,8 +148,11 @@ impl Variant {
         }
         let runtime = match spec.via {
             Via::Shim => Runtime::Shim(config.clone()),
-            Via::Runc | Via::Hook => Runtime::Runc,
+            Via::Runc | Via::Hook | Via::NoopHook => Runtime::Runc,
         };
+        if spec.via == Via::NoopHook {
+            bundle.prestart_command(Path::new("/bin/true"), &["true".to_string()]);
+        }
         if spec.via == Via::Hook {
             let (path, args) = match &record {
                 Some(record) => hook_timer::hook_args(record, nvhook, &config),
@@ -172,6 +179,7 @@ impl Variant {
             log,
             starts: Samples::default(),
             cpu: Samples::default(),
+            phases: Default::default(),
         }
     }
 
@@ -198,6 +206,9 @@ pub fn run_rounds(variants: &mut [Variant], rounds: usize) {
             let cost = crate::cycle::run(&v.runtime, &v.bundle);
             v.starts.push(cost.wall.as_secs_f64() * 1000.0);
             v.cpu.push(cost.cpu.as_secs_f64() * 1000.0);
+            for (samples, phase) in v.phases.iter_mut().zip(cost.phases) {
+                samples.push(phase.as_secs_f64() * 1000.0);
+            }
         }
     }
 }
