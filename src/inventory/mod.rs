@@ -10,6 +10,7 @@ pub mod nvml;
 
 use crate::capability::Capability;
 use crate::config::Config;
+use nvml_wrapper::Nvml;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -81,18 +82,23 @@ pub enum InventoryError {
 impl Inventory {
     /// Reads everything: NVML, driver files, `/proc/devices`, device nodes, MIG capabilities.
     pub fn load(config: &Config) -> Result<Inventory, InventoryError> {
+        Self::load_with_nvml(config).map(|(inventory, _shut_down_here)| inventory)
+    }
+
+    /// [`Inventory::load`], with NVML still initialised: dropping the handle shuts it down.
+    pub fn load_with_nvml(config: &Config) -> Result<(Inventory, Nvml), InventoryError> {
         let cache = driver::HostCache::read(config)?;
         let nvml_path = match &config.nvml_library {
             Some(p) => p.clone(),
             None => cache.nvml_library(config)?,
         };
-        let system = nvml::query(&nvml_path)?;
+        let (system, nvml) = nvml::query(&nvml_path)?;
         let caps = devices::MigCapabilities::read(config);
         let mut gpus = system.gpus;
         for gpu in &mut gpus {
             caps.annotate(gpu);
         }
-        Ok(Inventory {
+        let inventory = Inventory {
             files: DriverFiles::find(config, &cache, &system.driver_version),
             cuda_version: system.cuda_version,
             driver_version: system.driver_version,
@@ -102,7 +108,8 @@ impl Inventory {
             mig_config_minor: caps.config_minor,
             mig_monitor_minor: caps.monitor_minor,
             proc_driver: Some(config.proc_path("driver/nvidia")).filter(|p| p.is_dir()),
-        })
+        };
+        Ok((inventory, nvml))
     }
 
     /// The libraries of one capability.

@@ -37,8 +37,10 @@ fn q<T>(call: &'static str, r: Result<T, nvml_wrapper::error::NvmlError>) -> Res
     r.map_err(|source| NvmlError::Query { call, source })
 }
 
-/// Initialises NVML from `library`, reads every GPU and MIG device, and shuts NVML down.
-pub fn query(library: &Path) -> Result<System, NvmlError> {
+/// Initialises NVML from `library` and reads every GPU and MIG device. NVML stays
+/// initialised until the returned handle is dropped: a real driver takes ~3 ms to shut it
+/// down, which a process about to exit need not wait for.
+pub fn query(library: &Path) -> Result<(System, Nvml), NvmlError> {
     // dlopen's own message for this names the path twice and blames nothing.
     if !library.exists() {
         return Err(NvmlError::Missing(library.to_path_buf()));
@@ -62,11 +64,12 @@ pub fn query(library: &Path) -> Result<System, NvmlError> {
             read_gpu(&nvml, index, &device)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(System {
+    let system = System {
         driver_version,
         cuda_version: format!("{}.{}", cuda / 1000, (cuda % 1000) / 10),
         gpus,
-    })
+    };
+    Ok((system, nvml))
 }
 
 fn read_gpu(nvml: &Nvml, index: u32, device: &Device) -> Result<Gpu, NvmlError> {
