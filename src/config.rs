@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const DEFAULT_PATH: &str = "/etc/nvhook/config.toml";
+/// On tmpfs, so that a reboot forgets it.
+pub const DEFAULT_NVML_CACHE_FILE: &str = "/run/nvhook/nvml-inventory.json";
 /// Environment variable that names the config file when `--config` is not given.
 pub const ENV_VAR: &str = "NVHOOK_CONFIG";
 /// The longest `nvml-timeout-ms`: the hook entry's timeout less what the rest of the hook needs.
@@ -34,6 +36,9 @@ pub struct Config {
     /// How long NVML may take to answer before the hook gives up, in milliseconds; kept below
     /// the hook entry's own timeout so the user reads nvhook's message, not the runtime's kill.
     pub nvml_timeout_ms: u64,
+    /// Where NVML's answer is kept between starts, with the host state it was read in;
+    /// empty: every start queries NVML.
+    pub nvml_cache_file: PathBuf,
     /// File the hook appends its log to; none means log to stderr only on failure.
     pub log_file: Option<PathBuf>,
     pub log_level: LogLevel,
@@ -78,6 +83,7 @@ impl Default for Config {
             accept_volume_mount_devices: true,
             disable_require: false,
             nvml_timeout_ms: 10_000,
+            nvml_cache_file: PathBuf::from(DEFAULT_NVML_CACHE_FILE),
             log_file: None,
             log_level: LogLevel::Info,
             runtimes: vec!["runc".into(), "crun".into()],
@@ -155,6 +161,12 @@ impl Config {
         if self.runtimes.is_empty() {
             return Err("runtimes must name at least one runtime (e.g. [\"runc\"])".into());
         }
+        if self.nvml_cache().is_some_and(|p| !p.is_absolute()) {
+            return Err(format!(
+                "nvml-cache-file {:?} must be an absolute path, or \"\" for no cache",
+                self.nvml_cache_file
+            ));
+        }
         for (key, p) in [
             ("driver-root", &self.driver_root),
             ("dev-root", &self.dev_root),
@@ -165,6 +177,11 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The NVML cache file, unless `nvml-cache-file = ""` turned the cache off.
+    pub fn nvml_cache(&self) -> Option<&Path> {
+        Some(self.nvml_cache_file.as_path()).filter(|p| !p.as_os_str().is_empty())
     }
 
     pub fn nvml_timeout(&self) -> Duration {

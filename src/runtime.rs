@@ -140,8 +140,8 @@ pub fn prepare_bundle(
         return Ok(false);
     };
     let rootfs = spec.rootfs(bundle).ok_or(inject::HookError::NoRoot)?;
-    let inventory = inventory::isolated::load(config).map_err(inject::HookError::from)?;
-    let plan = inject::plan_for(&request, &inventory, config, &rootfs)?;
+    let (inventory, source) = inventory::isolated::load(config).map_err(inject::HookError::from)?;
+    let plan = inject::plan_for_host(&request, inventory, source, config, &rootfs)?;
     let mut value: Value =
         serde_json::from_str(&text).map_err(|e| bundle_err("parse", e.to_string()))?;
     match config.runtime_mode {

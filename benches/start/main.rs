@@ -85,19 +85,26 @@ fn main() {
             ..NodeOptions::gpus(8)
         },
     );
-    let spec = |label: String, node: &Node, ask: Ask, via: Via, timed_hook: bool| {
-        Variant::new(
-            VariantSpec {
-                label,
-                node,
-                ask,
-                via,
-                timed_hook,
-                parent: w,
-            },
-            w,
-        )
-    };
+    let variant =
+        |label: String, node: &Node, ask: Ask, via: Via, timed_hook: bool, nvml_cache: bool| {
+            Variant::new(
+                VariantSpec {
+                    label,
+                    node,
+                    ask,
+                    via,
+                    timed_hook,
+                    parent: w,
+                    nvml_cache,
+                },
+                w,
+            )
+        };
+    // The default config: NVML's answer is kept between starts.
+    let spec = |label, node, ask, via, timed_hook| variant(label, node, ask, via, timed_hook, true);
+    // `nvml-cache-file = ""`: NVML is queried on every start.
+    let uncached =
+        |label, node, ask, via, timed_hook| variant(label, node, ask, via, timed_hook, false);
 
     println!("# nvhook start-cost bench ({} rounds)\n", plan.rounds);
     println!("{}\n", machine());
@@ -121,6 +128,8 @@ fn main() {
             let label = format!("8 GPUs, {c}, hook alone");
             hooks.push(spec(label, &n8, Ask::Gpus(c), Via::Hook, true));
         }
+        let label = "8 GPUs, all caps, hook alone, NVML every start".to_string();
+        hooks.push(uncached(label, &n8, Ask::Gpus(ALL), Via::Hook, true));
         run_rounds(&mut hooks, plan.rounds);
         report_hooks(&hooks);
     }
@@ -164,6 +173,13 @@ fn main() {
                 Via::NoopHook,
                 false,
             ),
+            uncached(
+                "nvhook-runtime, 8 GPUs, NVML every start".into(),
+                &n8,
+                Ask::Gpus(ALL),
+                Via::Shim,
+                false,
+            ),
         ];
         run_rounds(&mut starts, plan.rounds);
         let exec = exec_overhead(&starts[1], plan.exec_rounds);
@@ -185,6 +201,20 @@ fn main() {
                 Via::Hook,
                 false,
             ),
+            uncached(
+                "nvhook-runtime, 8 GPUs, slow NVML, NVML every start".into(),
+                &slow,
+                Ask::Gpus(ALL),
+                Via::Shim,
+                false,
+            ),
+            uncached(
+                "runc + nvhook hook, 8 GPUs, slow NVML, NVML every start".into(),
+                &slow,
+                Ask::Gpus(ALL),
+                Via::Hook,
+                false,
+            ),
         ];
         run_rounds(&mut slow_starts, plan.slow_rounds);
         report_slow_nvml(&slow_starts, &starts);
@@ -199,6 +229,7 @@ fn main() {
                 via: Via::Hook,
                 timed_hook: true,
                 parent: disk.path(),
+                nvml_cache: true,
             },
             w,
         )];
@@ -374,7 +405,8 @@ fn report_slow_nvml(slow: &[Variant], fast: &[Variant]) {
     println!("## NVML init of {NVML_DELAY_MS} ms (mock delay)\n");
     println!("| variant | p50 ms | n | slower than with instant NVML, ms | NVML inits paid |");
     println!("|---|---|---|---|---|");
-    for (v, fast) in slow.iter().zip([&fast[2], &fast[4]]) {
+    // Each against the same path with instant NVML (and the cache).
+    for (v, fast) in slow.iter().zip([&fast[2], &fast[4], &fast[2], &fast[4]]) {
         let extra = v.starts.p50() - fast.starts.p50();
         println!(
             "| {} | {:.1} | {} | {extra:.1} | {:.2} |",

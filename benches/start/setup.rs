@@ -50,15 +50,16 @@ impl Node {
         }
     }
 
-    /// The node's config with the production log level, this log file and hook path.
-    pub fn config(&self, dest: &Path, log: &Path, hook_path: &Path) -> PathBuf {
+    /// The node's config with the production log level, this log file and hook path; without
+    /// `nvml_cache`, NVML is queried on every start (`nvml-cache-file = ""`).
+    pub fn config(&self, dest: &Path, log: &Path, hook_path: &Path, nvml_cache: bool) -> PathBuf {
         let text = std::fs::read_to_string(self.sim.config()).expect("read the node's config");
+        let replaced = ["log-level", "log-file", "hook-path", "nvml-cache-file"];
         let mut out: String = text
             .lines()
             .filter(|l| {
-                !["log-level", "log-file", "hook-path"]
-                    .iter()
-                    .any(|k| l.starts_with(k))
+                nvml_cache && l.starts_with("nvml-cache-file")
+                    || !replaced.iter().any(|k| l.starts_with(k))
             })
             .map(|l| format!("{l}\n"))
             .collect();
@@ -67,6 +68,9 @@ impl Node {
             log.display(),
             hook_path.display()
         );
+        if !nvml_cache {
+            out += "nvml-cache-file = \"\"\n";
+        }
         std::fs::write(dest, out).expect("write a derived config");
         dest.to_path_buf()
     }
@@ -85,7 +89,7 @@ pub enum Ask {
 pub enum Via {
     /// runc with no hook at all.
     Runc,
-    /// runc with nvhook as the bundle's prestart hook (hooks.d style): it queries NVML.
+    /// runc with nvhook as the bundle's prestart hook (hooks.d style): it gets the inventory.
     Hook,
     /// runc with /bin/true as the prestart hook: what running any hook at all costs.
     NoopHook,
@@ -117,6 +121,8 @@ pub struct VariantSpec<'a> {
     pub timed_hook: bool,
     /// Where the bundle lives (the work dir on tmpfs, or a disk dir for context).
     pub parent: &'a Path,
+    /// Keep NVML's answer between starts (the default config), or query it every start.
+    pub nvml_cache: bool,
 }
 
 impl Variant {
@@ -137,9 +143,12 @@ impl Variant {
             }
             _ => nvhook.to_path_buf(),
         };
-        let config = spec
-            .node
-            .config(&work.join(format!("{slug}.toml")), &log, &hook_path);
+        let config = spec.node.config(
+            &work.join(format!("{slug}.toml")),
+            &log,
+            &hook_path,
+            spec.nvml_cache,
+        );
         let mut bundle = Bundle::new_in(spec.parent, image(), &["/bin/true"]);
         if let Ask::Gpus(caps) = spec.ask {
             bundle

@@ -95,13 +95,33 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     let plan = match crate::runtime::read_plan(&state.bundle) {
         Some(plan) => plan,
         None => {
-            let inventory = inventory::isolated::load(config)?;
+            let (inventory, source) = inventory::isolated::load(config)?;
+            tracing::debug!(?source, "inventory");
             step.done("inventory");
-            plan_for(&request, &inventory, config, &rootfs_path)?
+            plan_for_host(&request, inventory, source, config, &rootfs_path)?
         }
     };
     step.done("plan");
     apply(&spec, pid, &rootfs_path, &plan, &mut step)
+}
+
+/// [`plan_for`] the host's inventory. A plan that fails on NVML's kept answer is made again
+/// from a fresh query: a stale cache may cost a query, never a refused start.
+pub fn plan_for_host(
+    request: &Request,
+    inventory: Inventory,
+    source: inventory::isolated::Source,
+    config: &Config,
+    rootfs_path: &Path,
+) -> Result<Plan, HookError> {
+    match plan_for(request, &inventory, config, rootfs_path) {
+        Err(e) if source == inventory::isolated::Source::Cache => {
+            tracing::info!("plan failed on NVML's kept answer ({e}); asking NVML again");
+            let inventory = inventory::isolated::load_fresh(config)?;
+            plan_for(request, &inventory, config, rootfs_path)
+        }
+        planned => planned,
+    }
 }
 
 /// The plan for a container whose rootfs is at `rootfs_path` (probed read-only).

@@ -8,7 +8,9 @@
 //! on an H100 with driver 580, nvmlShutdown, or the driver's clean-up when the process
 //! exits without it, takes ~2.5 ms that the container start need not pay.
 
-use super::{Inventory, InventoryError};
+use super::cache::NvmlCache;
+use super::driver::HostCache;
+use super::{Inventory, InventoryError, nvml_library};
 use crate::config::Config;
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{ForkResult, fork};
@@ -18,8 +20,44 @@ use std::time::{Duration, Instant};
 
 type Reply = Result<Inventory, String>;
 
-/// The inventory, or an error once `nvml-timeout-ms` has passed without an answer.
-pub fn load(config: &Config) -> Result<Inventory, InventoryError> {
+/// Where the NVML part of an inventory came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// NVML's answer kept from an earlier start, for the same host state.
+    Cache,
+    Nvml,
+}
+
+/// The inventory, with NVML's answer from the cache when the host is as it was stored for;
+/// or an error once `nvml-timeout-ms` has passed without an answer.
+pub fn load(config: &Config) -> Result<(Inventory, Source), InventoryError> {
+    load_from(config, true)
+}
+
+/// The inventory from NVML itself (a kept answer failed a plan); the cache gets the new one.
+pub fn load_fresh(config: &Config) -> Result<Inventory, InventoryError> {
+    load_from(config, false).map(|(inventory, _)| inventory)
+}
+
+fn load_from(config: &Config, use_kept: bool) -> Result<(Inventory, Source), InventoryError> {
+    let host_cache = HostCache::read(config)?;
+    let stored = NvmlCache::open(config, &nvml_library(config, &host_cache)?);
+    let kept = stored
+        .as_ref()
+        .filter(|_| use_kept)
+        .and_then(NvmlCache::read);
+    if let Some(system) = kept {
+        let inventory = Inventory::around(config, &host_cache, system)?;
+        return Ok((inventory, Source::Cache));
+    }
+    let inventory = query_in_child(config)?;
+    if let Some(stored) = stored {
+        stored.write(&inventory.system());
+    }
+    Ok((inventory, Source::Nvml))
+}
+
+fn query_in_child(config: &Config) -> Result<Inventory, InventoryError> {
     let (read_end, write_end) = nix::unistd::pipe().map_err(|e| child_err(format!("pipe: {e}")))?;
     // SAFETY: the hook is single-threaded here, so the child is a faithful copy; it only
     // queries, writes its answer and leaves with _exit.

@@ -3,6 +3,7 @@
 //! The data types here are plain and serialisable; the plan is computed from them without
 //! touching the system, and tests build them by hand.
 
+pub mod cache;
 pub mod devices;
 pub mod driver;
 pub mod isolated;
@@ -79,6 +80,14 @@ pub enum InventoryError {
     Timeout(u128),
 }
 
+/// The NVML library to load: `nvml-library`, else `libnvidia-ml.so.1` in the driver root's cache.
+pub fn nvml_library(config: &Config, cache: &driver::HostCache) -> Result<PathBuf, InventoryError> {
+    Ok(match &config.nvml_library {
+        Some(p) => p.clone(),
+        None => cache.nvml_library(config)?,
+    })
+}
+
 impl Inventory {
     /// Reads everything: NVML, driver files, `/proc/devices`, device nodes, MIG capabilities.
     pub fn load(config: &Config) -> Result<Inventory, InventoryError> {
@@ -88,18 +97,23 @@ impl Inventory {
     /// [`Inventory::load`], with NVML still initialised: dropping the handle shuts it down.
     pub fn load_with_nvml(config: &Config) -> Result<(Inventory, Nvml), InventoryError> {
         let cache = driver::HostCache::read(config)?;
-        let nvml_path = match &config.nvml_library {
-            Some(p) => p.clone(),
-            None => cache.nvml_library(config)?,
-        };
-        let (system, nvml) = nvml::query(&nvml_path)?;
+        let (system, nvml) = nvml::query(&nvml_library(config, &cache)?)?;
+        Ok((Self::around(config, &cache, system)?, nvml))
+    }
+
+    /// The inventory around what NVML reported: everything else is read from the host now.
+    pub fn around(
+        config: &Config,
+        cache: &driver::HostCache,
+        system: nvml::System,
+    ) -> Result<Inventory, InventoryError> {
         let caps = devices::MigCapabilities::read(config);
         let mut gpus = system.gpus;
         for gpu in &mut gpus {
             caps.annotate(gpu);
         }
-        let inventory = Inventory {
-            files: DriverFiles::find(config, &cache, &system.driver_version),
+        Ok(Inventory {
+            files: DriverFiles::find(config, cache, &system.driver_version),
             cuda_version: system.cuda_version,
             driver_version: system.driver_version,
             gpus,
@@ -108,8 +122,16 @@ impl Inventory {
             mig_config_minor: caps.config_minor,
             mig_monitor_minor: caps.monitor_minor,
             proc_driver: Some(config.proc_path("driver/nvidia")).filter(|p| p.is_dir()),
-        };
-        Ok((inventory, nvml))
+        })
+    }
+
+    /// What NVML reported, as [`Inventory::around`] takes it.
+    pub fn system(&self) -> nvml::System {
+        nvml::System {
+            driver_version: self.driver_version.clone(),
+            cuda_version: self.cuda_version.clone(),
+            gpus: self.gpus.clone(),
+        }
     }
 
     /// The libraries of one capability.

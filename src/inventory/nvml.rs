@@ -26,7 +26,7 @@ pub enum NvmlError {
 }
 
 /// What NVML reports about the system.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct System {
     pub driver_version: String,
     pub cuda_version: String,

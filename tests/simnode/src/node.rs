@@ -39,6 +39,9 @@ struct HookConfig {
     proc_root: PathBuf,
     log_file: PathBuf,
     log_level: &'static str,
+    /// The node's own: with one file for all, nodes used in turn (the bench, parallel tests)
+    /// would keep replacing each other's answer.
+    nvml_cache_file: PathBuf,
     hook_path: PathBuf,
 }
 
@@ -92,6 +95,7 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
         proc_root,
         log_file: dir.join("nvhook.log"),
         log_level: "debug",
+        nvml_cache_file: dir.join("run/nvml-inventory.json"),
         hook_path: inputs.hook_path.to_path_buf(),
     };
     let toml = toml::to_string(&hook_config).context("cannot render config.toml")?;

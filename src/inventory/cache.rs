@@ -1,0 +1,320 @@
+//! NVML's answer, kept between container starts.
+//!
+//! On a real GPU node NVML is the largest cost of a start: on an H100 with driver 580 and
+//! persistence mode, init, attach and shutdown take ~20 ms, as long as runc's whole start.
+//! What NVML reports (GPUs, MIG devices, versions) changes only with the host: a reboot, a
+//! driver reload or upgrade, a GPU bound or unbound, MIG reconfigured. Each of those shows
+//! in files that cost microseconds to read, so the answer is stored with a fingerprint of
+//! them and used again only while the fingerprint is the same.
+//!
+//! The file is root's: it is read only when owned by our effective user and writable by no
+//! one else, from a directory that is the same, and never through a symlink.
+
+use super::nvml::System;
+use crate::config::Config;
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// The host state an NVML answer is valid for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    /// A new boot id: every kernel object NVML described is gone.
+    boot_id: String,
+    library: PathBuf,
+    /// The NVML library file, and the directory it is in: a driver upgrade replaces the
+    /// first and renames files in the second.
+    library_file: FileId,
+    library_dir: FileId,
+    /// `<proc-root>/driver/nvidia/version`: a reloaded or different kernel module.
+    module_version: Option<String>,
+    /// Bus ids under `<proc-root>/driver/nvidia/gpus`: GPUs bound to or unbound from it.
+    gpus: Vec<String>,
+    /// Every path under `<proc-root>/driver/nvidia/capabilities`: MIG mode and the GPU and
+    /// compute instances of each GPU.
+    capabilities: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl FileId {
+    fn of(path: &Path) -> Option<FileId> {
+        let m = std::fs::metadata(path).ok()?;
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        Some(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
+        })
+    }
+}
+
+impl Fingerprint {
+    /// The host's state now, or None when part of it cannot be read (then nothing is kept).
+    pub fn read(config: &Config, library: &Path, boot_id_file: &Path) -> Option<Fingerprint> {
+        let library = std::fs::canonicalize(library).ok()?;
+        let nvidia = config.proc_path("driver/nvidia");
+        Some(Fingerprint {
+            boot_id: std::fs::read_to_string(boot_id_file)
+                .ok()?
+                .trim()
+                .to_owned(),
+            library_file: FileId::of(&library)?,
+            library_dir: FileId::of(library.parent()?)?,
+            library,
+            module_version: std::fs::read_to_string(nvidia.join("version")).ok(),
+            gpus: names_under(&nvidia.join("gpus"), false),
+            capabilities: names_under(&nvidia.join("capabilities"), true),
+        })
+    }
+}
+
+/// The sorted entry names under `dir` (paths relative to it, the whole tree with `deep`);
+/// none when it does not exist.
+fn names_under(dir: &Path, deep: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pending = vec![PathBuf::new()];
+    while let Some(rel) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(dir.join(&rel)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = rel.join(entry.file_name());
+            if deep && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                pending.push(path.clone());
+            }
+            out.push(path.to_string_lossy().into_owned());
+        }
+    }
+    out.sort();
+    out
+}
+
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    fingerprint: Fingerprint,
+    system: System,
+}
+
+/// The cache file, with the fingerprint of the host as it was before NVML was asked: state
+/// that changes during the query makes the stored answer stale at once, never wrongly fresh.
+pub struct NvmlCache {
+    path: PathBuf,
+    fingerprint: Fingerprint,
+}
+
+/// Where the kernel publishes this boot's random id.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+impl NvmlCache {
+    /// None when the config turns the cache off or the host cannot be fingerprinted.
+    pub fn open(config: &Config, library: &Path) -> Option<NvmlCache> {
+        Self::open_with_boot_id(config, library, Path::new(BOOT_ID))
+    }
+
+    fn open_with_boot_id(config: &Config, library: &Path, boot_id: &Path) -> Option<NvmlCache> {
+        let path = config.nvml_cache()?.to_path_buf();
+        let fingerprint = Fingerprint::read(config, library, boot_id)?;
+        Some(NvmlCache { path, fingerprint })
+    }
+
+    /// The stored answer, when it was stored for this very host state.
+    pub fn read(&self) -> Option<System> {
+        let dir = self.path.parent()?;
+        if !private(&std::fs::symlink_metadata(dir).ok()?) {
+            return None;
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&self.path)
+            .ok()?;
+        if !private(&file.metadata().ok()?) {
+            tracing::warn!(path = %self.path.display(), "NVML cache not private to this user: not used");
+            return None;
+        }
+        let mut text = Vec::new();
+        file.read_to_end(&mut text).ok()?;
+        let stored: Stored = serde_json::from_slice(&text).ok()?;
+        (stored.fingerprint == self.fingerprint).then_some(stored.system)
+    }
+
+    /// Stores `system` as the answer for the fingerprinted state. Best effort: a host where
+    /// the file cannot be written (a read-only /run, a rootless hook) just queries NVML again.
+    pub fn write(&self, system: &System) {
+        let stored = Stored {
+            fingerprint: self.fingerprint.clone(),
+            system: system.clone(),
+        };
+        if let Err(e) = self.try_write(&stored) {
+            tracing::debug!(path = %self.path.display(), error = %e, "NVML answer not kept");
+        }
+    }
+
+    fn try_write(&self, stored: &Stored) -> std::io::Result<()> {
+        let dir = self.path.parent().unwrap_or(Path::new("/"));
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        if !private(&std::fs::symlink_metadata(dir)?) {
+            return Err(std::io::Error::other("directory not private to this user"));
+        }
+        let bytes = serde_json::to_vec(stored).map_err(std::io::Error::other)?;
+        let name = self.path.file_name().unwrap_or_default().to_string_lossy();
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+            .and_then(|mut f: File| f.write_all(&bytes))
+            .and_then(|()| std::fs::rename(&tmp, &self.path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
+    }
+}
+
+/// Owned by our effective user, not a symlink, and writable by no one else.
+fn private(meta: &std::fs::Metadata) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    !meta.file_type().is_symlink() && meta.uid() == euid && meta.mode() & 0o022 == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A driver root with an NVML library, a proc root with one GPU, and a boot id.
+    struct Host {
+        dir: tempfile::TempDir,
+        config: Config,
+    }
+
+    impl Host {
+        fn new() -> Host {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path();
+            std::fs::create_dir_all(root.join("lib")).unwrap();
+            std::fs::write(root.join("lib/libnvidia-ml.so.1"), b"nvml").unwrap();
+            std::fs::write(root.join("boot_id"), "b1\n").unwrap();
+            let nvidia = root.join("proc/driver/nvidia");
+            std::fs::create_dir_all(nvidia.join("gpus/0000:01:00.0")).unwrap();
+            std::fs::write(nvidia.join("version"), "NVRM version: 580.159.04\n").unwrap();
+            let config = Config {
+                proc_root: root.join("proc"),
+                nvml_cache_file: root.join("run/nvhook/nvml.json"),
+                ..Config::default()
+            };
+            Host { dir, config }
+        }
+
+        fn path(&self, rel: &str) -> PathBuf {
+            self.dir.path().join(rel)
+        }
+
+        fn cache(&self) -> NvmlCache {
+            let library = self.path("lib/libnvidia-ml.so.1");
+            NvmlCache::open_with_boot_id(&self.config, &library, &self.path("boot_id")).unwrap()
+        }
+    }
+
+    /// A change to the host, named.
+    type Change = fn(&Host);
+
+    fn system() -> System {
+        System {
+            driver_version: "580.159.04".into(),
+            cuda_version: "13.0".into(),
+            gpus: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_answer_is_used_again_while_the_host_is_the_same() {
+        let host = Host::new();
+        assert!(host.cache().read().is_none(), "nothing stored yet");
+        host.cache().write(&system());
+        let read = host.cache().read().expect("stored answer");
+        assert_eq!(read.driver_version, "580.159.04");
+        let dir = std::fs::metadata(host.path("run/nvhook")).unwrap();
+        assert_eq!(dir.mode() & 0o777, 0o700);
+        let file = std::fs::metadata(host.path("run/nvhook/nvml.json")).unwrap();
+        assert_eq!(file.mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn any_change_of_the_host_makes_it_stale() {
+        let changes: [(&str, Change); 6] = [
+            ("reboot", |h| {
+                std::fs::write(h.path("boot_id"), "b2\n").unwrap()
+            }),
+            ("driver library replaced", |h| {
+                let lib = h.path("lib/libnvidia-ml.so.1");
+                std::fs::remove_file(&lib).unwrap();
+                std::fs::write(&lib, b"nvml 2").unwrap();
+            }),
+            ("module reloaded", |h| {
+                let version = h.path("proc/driver/nvidia/version");
+                std::fs::write(version, "NVRM version: 580.160.01\n").unwrap();
+            }),
+            ("GPU bound", |h| {
+                std::fs::create_dir(h.path("proc/driver/nvidia/gpus/0000:02:00.0")).unwrap();
+            }),
+            ("GPU unbound", |h| {
+                std::fs::remove_dir(h.path("proc/driver/nvidia/gpus/0000:01:00.0")).unwrap();
+            }),
+            ("MIG reconfigured", |h| {
+                let ci = h.path("proc/driver/nvidia/capabilities/gpu0/mig/gi1/ci0");
+                std::fs::create_dir_all(ci).unwrap();
+            }),
+        ];
+        for (what, change) in changes {
+            let host = Host::new();
+            host.cache().write(&system());
+            change(&host);
+            assert!(host.cache().read().is_none(), "{what}: stale answer used");
+        }
+    }
+
+    #[test]
+    fn a_file_others_could_have_written_is_not_read() {
+        use std::os::unix::fs::PermissionsExt;
+        let host = Host::new();
+        host.cache().write(&system());
+        let file = host.path("run/nvhook/nvml.json");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(host.cache().read().is_none());
+        // A symlink in its place is not followed.
+        std::fs::remove_file(&file).unwrap();
+        std::fs::write(host.path("elsewhere.json"), b"{}").unwrap();
+        std::os::unix::fs::symlink(host.path("elsewhere.json"), &file).unwrap();
+        assert!(host.cache().read().is_none());
+    }
+
+    #[test]
+    fn an_empty_path_turns_the_cache_off() {
+        let host = Host::new();
+        let config = Config {
+            nvml_cache_file: PathBuf::new(),
+            ..host.config.clone()
+        };
+        let library = host.path("lib/libnvidia-ml.so.1");
+        assert!(NvmlCache::open(&config, &library).is_none());
+    }
+}

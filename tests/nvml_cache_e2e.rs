@@ -1,0 +1,79 @@
+//! NVML's answer kept between starts (`nvml-cache-file`), with real runc containers on a
+//! simulated node: a second start does not pay NVML, and a kept answer that no longer
+//! matches the GPUs never refuses a start. Run as root after `cargo build --workspace`.
+
+mod support;
+
+use support::{Bundle, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args, run_clean};
+
+const GPUS: u32 = 4;
+/// Long enough that a start which paid it cannot be mistaken for one that did not.
+const NVML_INIT_MS: u64 = 400;
+
+#[track_caller]
+fn start_with_gpu(node: &SimNode, visible: &str) -> Output {
+    let args = gpucheck_args(GPUS, &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut bundle = Bundle::new(glibc_image(), &args);
+    bundle.env(&format!("NVIDIA_VISIBLE_DEVICES={visible}"));
+    bundle.prestart_hook(node);
+    let output = run_clean(&bundle, Some(node), RuntimeEnv::CgroupV1);
+    output.assert_success();
+    output
+}
+
+/// The `us=` of each `step="inventory"` line in the hook's log, in order.
+fn inventory_steps_us(node: &SimNode) -> Vec<u64> {
+    node.log()
+        .lines()
+        .filter(|l| l.contains("step=\"inventory\""))
+        .map(|l| {
+            let us = l.rsplit("us=").next().expect("us= field");
+            us.trim().parse().expect("us is a number")
+        })
+        .collect()
+}
+
+fn cache_file(node: &SimNode) -> std::path::PathBuf {
+    node.root().join("run/nvml-inventory.json")
+}
+
+#[test]
+fn a_second_start_does_not_pay_nvml_init() {
+    let node = SimNode::create_with(GPUS, &["--nvml-init-delay-ms", &NVML_INIT_MS.to_string()]);
+    start_with_gpu(&node, "1").assert_gpus(GPUS, &[1]);
+    assert!(cache_file(&node).is_file(), "no cache written");
+    start_with_gpu(&node, "2").assert_gpus(GPUS, &[2]);
+
+    let steps = inventory_steps_us(&node);
+    assert_eq!(steps.len(), 2, "{}", node.log());
+    assert!(steps[0] >= NVML_INIT_MS * 1000, "first start: {steps:?}");
+    assert!(
+        steps[1] < NVML_INIT_MS * 1000 / 2,
+        "second start: {steps:?}"
+    );
+    let log = node.log();
+    assert!(log.contains("source=Nvml"), "{log}");
+    assert!(log.contains("source=Cache"), "{log}");
+}
+
+#[test]
+fn a_kept_answer_that_misses_a_gpu_is_replaced_not_obeyed() {
+    let node = SimNode::create(GPUS);
+    start_with_gpu(&node, "0");
+    // Stale in a way the fingerprint cannot see: NVML's kept answer lost GPU 3.
+    let path = cache_file(&node);
+    let mut stored: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read cache")).expect("JSON");
+    let gpus = stored["system"]["gpus"].as_array_mut().expect("gpus");
+    gpus.retain(|g| g["index"] != 3);
+    std::fs::write(&path, serde_json::to_vec(&stored).expect("encode")).expect("write cache");
+
+    start_with_gpu(&node, "3").assert_gpus(GPUS, &[3]);
+    let log = node.log();
+    assert!(log.contains("asking NVML again"), "{log}");
+    // The fresh answer replaced the stale one.
+    let stored: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("read cache")).expect("JSON");
+    assert_eq!(stored["system"]["gpus"].as_array().map(Vec::len), Some(4));
+}
