@@ -1,6 +1,7 @@
 //! The host driver's user-space files: libraries found through the driver root's
 //! ld.so.cache, and binaries, firmware, IPC sockets and graphics configs found by path.
 
+use super::resolve::Resolver;
 use crate::capability::Capability;
 use crate::config::Config;
 use crate::ldcache::{self, ElfClass, LdCache};
@@ -183,14 +184,14 @@ impl HostCache {
 impl DriverFiles {
     /// Finds every driver file of version `version` under the driver root.
     pub fn find(config: &Config, cache: &HostCache, version: &str) -> DriverFiles {
-        let root = canonical_root(&config.driver_root);
+        let root = DriverRoot::new(&config.driver_root);
         DriverFiles {
             libraries: find_libraries(&root, cache, version),
             binaries: BINARIES
                 .iter()
                 .filter_map(|&(cap, name)| {
                     BINARY_DIRS.iter().find_map(|dir| {
-                        existing(&root, &format!("{dir}/{name}"), Some(cap))
+                        root.existing(&format!("{dir}/{name}"), Some(cap))
                             .filter(|f| is_elf(&f.host_path))
                             .map(|f| HostFile {
                                 container_path: format!("/usr/bin/{name}"),
@@ -202,29 +203,48 @@ impl DriverFiles {
             firmware: find_firmware(&root, version),
             sockets: SOCKETS
                 .iter()
-                .filter_map(|&(cap, p)| existing(&root, p, Some(cap)))
+                .filter_map(|&(cap, p)| root.existing(p, Some(cap)))
                 .collect(),
             configs: GRAPHICS_CONFIGS
                 .iter()
-                .filter_map(|p| existing(&root, p, Some(Capability::Graphics)))
+                .filter_map(|p| root.existing(p, Some(Capability::Graphics)))
                 .collect(),
         }
     }
 }
 
-fn canonical_root(root: &Path) -> PathBuf {
-    std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf())
+/// The driver root, canonical, and the resolver its files are looked up with.
+struct DriverRoot {
+    path: PathBuf,
+    resolver: Resolver,
 }
 
-/// `path` (absolute, in the driver root's terms) when it exists and stays inside the root.
-fn existing(root: &Path, path: &str, capability: Option<Capability>) -> Option<HostFile> {
-    let host = std::fs::canonicalize(root.join(path.trim_start_matches('/'))).ok()?;
-    host.starts_with(root).then(|| HostFile {
-        capability,
-        is_dir: host.is_dir(),
-        host_path: host,
-        container_path: path.to_string(),
-    })
+impl DriverRoot {
+    fn new(root: &Path) -> DriverRoot {
+        DriverRoot {
+            path: std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf()),
+            resolver: Resolver::default(),
+        }
+    }
+
+    /// The host file `path` (absolute, in the driver root's terms) ends at, when it exists
+    /// and stays inside the root.
+    fn canonical(&self, path: &str) -> Option<PathBuf> {
+        let host = self
+            .resolver
+            .canonical(&self.path.join(path.trim_start_matches('/')))?;
+        host.starts_with(&self.path).then_some(host)
+    }
+
+    fn existing(&self, path: &str, capability: Option<Capability>) -> Option<HostFile> {
+        let host = self.canonical(path)?;
+        Some(HostFile {
+            capability,
+            is_dir: host.is_dir(),
+            host_path: host,
+            container_path: path.to_string(),
+        })
+    }
 }
 
 fn is_elf(path: &Path) -> bool {
@@ -235,7 +255,7 @@ fn is_elf(path: &Path) -> bool {
         .is_ok_and(|()| magic == *b"\x7fELF")
 }
 
-fn find_libraries(root: &Path, cache: &HostCache, version: &str) -> Vec<Library> {
+fn find_libraries(root: &DriverRoot, cache: &HostCache, version: &str) -> Vec<Library> {
     let suffix = format!(".so.{version}");
     let mut out: Vec<Library> = Vec::new();
     for entry in cache.cache.entries() {
@@ -254,15 +274,14 @@ fn find_libraries(root: &Path, cache: &HostCache, version: &str) -> Vec<Library>
             None => continue,
         };
         // A cache entry names the SONAME link; the versioned file behind it is what we mount.
-        let Ok(host_path) = std::fs::canonicalize(root.join(entry.path.trim_start_matches('/')))
-        else {
+        let Some(host_path) = root.canonical(&entry.path) else {
             continue;
         };
         let Some(file_name) = host_path.file_name().and_then(|n| n.to_str()) else {
             continue;
         };
         // Only this driver's files: a stale library of another version would not match the module.
-        if !host_path.starts_with(root) || file_name != format!("{stem}{suffix}") {
+        if file_name != format!("{stem}{suffix}") {
             tracing::debug!(path = %host_path.display(), "skipping library of another driver version");
             continue;
         }
@@ -292,9 +311,9 @@ fn stem_of(soname: &str) -> Option<(&'static str, Capability)> {
         .find_map(|(cap, stems)| stems.iter().find(|s| **s == stem).map(|s| (*s, *cap)))
 }
 
-fn find_firmware(root: &Path, version: &str) -> Vec<HostFile> {
+fn find_firmware(root: &DriverRoot, version: &str) -> Vec<HostFile> {
     let dir = format!("/lib/firmware/nvidia/{version}");
-    let Ok(entries) = std::fs::read_dir(root.join(dir.trim_start_matches('/'))) else {
+    let Ok(entries) = std::fs::read_dir(root.path.join(dir.trim_start_matches('/'))) else {
         return Vec::new();
     };
     let mut out: Vec<HostFile> = entries
@@ -302,7 +321,7 @@ fn find_firmware(root: &Path, version: &str) -> Vec<HostFile> {
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             (name.starts_with("gsp") && name.ends_with(".bin"))
-                .then(|| existing(root, &format!("{dir}/{name}"), None))?
+                .then(|| root.existing(&format!("{dir}/{name}"), None))?
         })
         .collect();
     out.sort_by(|a, b| a.container_path.cmp(&b.container_path));
@@ -331,8 +350,7 @@ mod tests {
             path: root.path().join("etc/ld.so.cache"),
             cache,
         };
-        let root = canonical_root(root.path());
-        let found = find_libraries(&root, &cache, "580.159.04");
+        let found = find_libraries(&DriverRoot::new(root.path()), &cache, "580.159.04");
         let names: Vec<&str> = found.iter().map(|l| l.soname.as_str()).collect();
         assert_eq!(names, ["libcuda.so.1"]);
         assert_eq!(found[0].file_name, real);
@@ -363,7 +381,7 @@ mod tests {
             .iter()
             .map(|f| (f.container_path.as_str(), f.host_path.as_path()))
             .collect();
-        let root = canonical_root(root.path());
+        let root = std::fs::canonicalize(root.path()).unwrap();
         assert_eq!(
             found,
             [

@@ -8,6 +8,7 @@ pub mod devices;
 pub mod driver;
 pub mod isolated;
 pub mod nvml;
+mod resolve;
 
 use crate::capability::Capability;
 use crate::config::Config;
