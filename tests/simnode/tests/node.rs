@@ -544,8 +544,12 @@ fn check_config(node: &Path) {
         hook,
         Path::new(env!("CARGO_BIN_EXE_simnode")).with_file_name("nvhook")
     );
+    assert_eq!(
+        config["nvml-cache-file"],
+        path(&node.join("run/nvml-inventory.json"))
+    );
     assert!(!config.contains_key("nvml-library"));
-    assert_eq!(config.len(), 6);
+    assert_eq!(config.len(), 7);
 }
 
 #[test]
