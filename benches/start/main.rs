@@ -180,6 +180,13 @@ fn main() {
                 Via::Shim,
                 false,
             ),
+            spec(
+                "nvhook-runtime, runtime-mode = cdi, 8 GPUs".into(),
+                &n8,
+                Ask::Gpus(ALL),
+                Via::ShimCdi,
+                false,
+            ),
         ];
         run_rounds(&mut starts, plan.rounds);
         let exec = exec_overhead(&starts[1], plan.exec_rounds);

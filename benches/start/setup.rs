@@ -95,6 +95,9 @@ pub enum Via {
     NoopHook,
     /// nvhook-runtime: it plans, edits config.json and adds the hook, which reads the plan.
     Shim,
+    /// nvhook-runtime with `runtime-mode = "cdi"`: runc makes the mounts; a createContainer
+    /// hook makes the links and the loader cache.
+    ShimCdi,
 }
 
 /// One thing measured over many starts.
@@ -157,6 +160,12 @@ impl Variant {
         }
         let runtime = match spec.via {
             Via::Shim => Runtime::Shim(config.clone()),
+            Via::ShimCdi => {
+                let mut text = std::fs::read_to_string(&config).expect("read the config");
+                text += "runtime-mode = \"cdi\"\n";
+                std::fs::write(&config, text).expect("write the config");
+                Runtime::Shim(config.clone())
+            }
             Via::Runc | Via::Hook | Via::NoopHook => Runtime::Runc,
         };
         if spec.via == Via::NoopHook {
