@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# nvhook against a real NVIDIA driver, on a machine that has a GPU but maybe no runc, no
+# compiler and no network.
+#
+#   scripts/gpu-node-check.sh pack DIR   # here: release binaries, runc + libseccomp, a glibc
+#                                        # rootfs with gpucheck (the e2e tests' probe)
+#   DIR/gpu-node-check.sh run OUT        # there, as root: results and logs go to OUT
+#
+# `run` asks for GPU 0 with every capability through each path nvhook offers (runc + the
+# prestart hook, nvhook-runtime, nvhook-runtime in runtime-mode = "cdi"); the container dlopens
+# libcuda.so.1, calls cuInit, probes the device nodes and runs the mounted nvidia-smi. Then it
+# times whole starts (`runc run` of /bin/true) for plain runc and both hook paths, alternating,
+# with NVML's answer kept (the default) and queried on every start.
+set -euo pipefail
+
+pack() {
+  local kit=$1 repo
+  repo=$(cd "$(dirname "$0")/.." && pwd)
+  (cd "$repo" && cargo build --release --bins --quiet)
+  rm -rf "$kit"
+  mkdir -p "$kit/bin" "$kit/rootfs"/{bin,lib/x86_64-linux-gnu,lib64,etc,usr/bin,proc,dev,sys,tmp}
+  cp "$repo/target/release/nvhook" "$repo/target/release/nvhook-runtime" "$kit/bin/"
+  cp "$(command -v runc)" "$kit/bin/"
+  cp /lib/x86_64-linux-gnu/libseccomp.so.2 "$kit/bin/"
+  cc -O2 -o "$kit/rootfs/gpucheck" "$repo/tests/gpucheck.c" -ldl
+  cp /bin/busybox "$kit/rootfs/bin/"
+  for applet in sh true; do ln -s busybox "$kit/rootfs/bin/$applet"; done
+  for lib in libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 libgcc_s.so.1; do
+    cp "/lib/x86_64-linux-gnu/$lib" "$kit/rootfs/lib/x86_64-linux-gnu/"
+  done
+  cp /lib64/ld-linux-x86-64.so.2 "$kit/rootfs/lib64/"
+  cp "$0" "$kit/gpu-node-check.sh"
+  (cd "$kit" && "$kit/bin/runc" spec && mv config.json spec.json)
+  echo "packed $kit ($(du -sh "$kit" | cut -f1))"
+}
+
+# bundle NAME ARGS_JSON ENV_JSON [HOOK]: a bundle on the kit's rootfs.
+bundle() {
+  local dir="$KIT/b-$1"
+  mkdir -p "$dir"
+  python3 - "$KIT" "$dir/config.json" "$2" "$3" "${4:-}" <<'PY'
+import json, sys
+kit, out, args, env, hook = sys.argv[1:]
+spec = json.load(open(f"{kit}/spec.json"))
+spec["process"].update(terminal=False, args=json.loads(args))
+spec["process"]["env"] += json.loads(env)
+spec["root"] = {"path": f"{kit}/rootfs", "readonly": False}
+if hook:
+    spec["hooks"] = {"prestart": [{"path": f"{kit}/bin/nvhook",
+        "args": ["nvhook", "--config", hook, "hook", "prestart"],
+        "env": ["PATH=/usr/bin:/bin"], "timeout": 30}]}
+json.dump(spec, open(out, "w"))
+PY
+  rm -f "$dir/nvhook-plan.json"
+}
+
+config() { # config NAME EXTRA-LINES
+  cat > "$KIT/$1.toml" <<EOT
+log-file = "$OUT/$1.log"
+hook-path = "$KIT/bin/nvhook"
+runtimes = ["$KIT/bin/runc"]
+$2
+EOT
+}
+
+# us COMMAND...: wall microseconds of one run, "FAIL" when it fails.
+us() {
+  local start end
+  start=$(date +%s%N)
+  "$@" >/dev/null 2>&1 || { echo FAIL; return; }
+  end=$(date +%s%N)
+  echo $(((end - start) / 1000))
+}
+
+p50() { sort -n | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'; }
+
+run() {
+  OUT=$1
+  mkdir -p "$OUT"
+  export LD_LIBRARY_PATH=$KIT/bin
+  local runc="$KIT/bin/runc --root /run/nvhook-check" probe env all
+  nvidia-smi -L || true
+  config kept ""
+  config every 'nvml-cache-file = ""'
+  config cdi 'runtime-mode = "cdi"'
+  "$KIT/bin/nvhook" --config "$KIT/kept.toml" info > "$OUT/info.txt"
+  probe='["/gpucheck","--dev","/dev/nvidia0","--dev","/dev/nvidia1","--dev","/dev/nvidiactl","--exec","/usr/bin/nvidia-smi"]'
+  all='["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_DRIVER_CAPABILITIES=all"]'
+  echo "== runc + prestart hook"
+  bundle probe-hook "$probe" "$all" "$KIT/kept.toml"
+  $runc run --bundle "$KIT/b-probe-hook" probe-hook
+  for mode in kept cdi; do
+    echo "== nvhook-runtime ($mode)"
+    bundle "probe-$mode" "$probe" "$all"
+    NVHOOK_CONFIG="$KIT/$mode.toml" "$KIT/bin/nvhook-runtime" --root /run/nvhook-check \
+      run --bundle "$KIT/b-probe-$mode" "probe-$mode"
+  done
+
+  env='["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_DRIVER_CAPABILITIES=compute,utility"]'
+  local i mode rounds=${ROUNDS:-20}
+  : > "$OUT/starts.txt"
+  for i in $(seq "$rounds"); do
+    bundle plain '["/bin/true"]' '[]'
+    echo "runc $(us $runc run --bundle "$KIT/b-plain" "plain-$i")" >> "$OUT/starts.txt"
+    for mode in kept every; do
+      bundle "hook-$mode" '["/bin/true"]' "$env" "$KIT/$mode.toml"
+      echo "hook-$mode $(us $runc run --bundle "$KIT/b-hook-$mode" "hook-$mode-$i")" >> "$OUT/starts.txt"
+      bundle "shim-$mode" '["/bin/true"]' "$env"
+      echo "shim-$mode $(NVHOOK_CONFIG="$KIT/$mode.toml" us "$KIT/bin/nvhook-runtime" \
+        --root /run/nvhook-check run --bundle "$KIT/b-shim-$mode" "shim-$mode-$i")" >> "$OUT/starts.txt"
+    done
+  done
+  echo "== whole starts, p50 ms over $rounds (runc run of /bin/true, GPU 0, compute,utility)"
+  for v in runc hook-kept hook-every shim-kept shim-every; do
+    echo "$v $(awk -v v="$v" '$1 == v {print $2}' "$OUT/starts.txt" | p50)"
+  done
+  echo "== the hook's inventory step, p50 ms"
+  for mode in kept every; do
+    echo "$mode $(grep -h 'step="inventory"' "$OUT/$mode.log" | sed 's/.*us=//' | p50)"
+  done
+}
+
+case "${1:-}" in
+  pack) pack "$(realpath -m "${2:?pack DIR}")" ;;
+  run) KIT=$(cd "$(dirname "$0")" && pwd); run "$(realpath -m "${2:?run OUT}")" ;;
+  *) echo "usage: $0 pack DIR | run OUT" >&2; exit 2 ;;
+esac
