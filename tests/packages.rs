@@ -290,6 +290,9 @@ fn deb_installs_upgrades_keeping_the_config_removes_and_purges_only_its_own_file
     fs::write(root.path(DOCKER_CONFIG), daemon_json).expect("write daemon.json");
     let notes = "/etc/nvhook/site-notes.txt";
     fs::write(root.path(notes), "ours\n").expect("write site notes");
+    // And what the hook kept: NVML's answer, at the default nvml-cache-file.
+    fs::create_dir_all(root.path("/run/nvhook")).expect("mkdir run/nvhook");
+    fs::write(root.path("/run/nvhook/nvml-inventory.json"), "{}").expect("write NVML cache");
 
     let remove = root.dpkg_ok(&["--remove", "nvhook"]);
     let stderr = text(&remove.stderr);
@@ -298,6 +301,10 @@ fn deb_installs_upgrades_keeping_the_config_removes_and_purges_only_its_own_file
         "removal does not name the engine config still using nvhook-runtime\n{stderr}"
     );
     assert_eq!(root.package_state().as_deref(), Some("config-files"));
+    assert!(
+        !root.path("/run/nvhook").exists(),
+        "removal kept NVML's answer"
+    );
     assert_eq!(
         root.files(),
         BTreeSet::from([
