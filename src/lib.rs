@@ -9,6 +9,7 @@ pub mod cgroup;
 pub mod config;
 pub mod configure;
 pub mod entry;
+mod file_id;
 pub mod inject;
 pub mod inventory;
 pub mod ldcache;

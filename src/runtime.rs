@@ -5,6 +5,7 @@
 
 use crate::cdi::{self, ContainerEdits, HookBinary};
 use crate::config::{Config, RuntimeMode};
+use crate::file_id::FileId;
 use crate::inject;
 use crate::inventory;
 use crate::oci::Spec;
@@ -145,13 +146,7 @@ pub fn prepare_bundle(
     let mut value: Value =
         serde_json::from_str(&text).map_err(|e| bundle_err("parse", e.to_string()))?;
     match config.runtime_mode {
-        RuntimeMode::Hook => {
-            edit_spec(&mut value, &plan, &hook_entry(config, config_path));
-            let plan_json =
-                serde_json::to_vec(&plan).map_err(|e| bundle_err("encode", e.to_string()))?;
-            write_atomic(&bundle.join(PLAN_FILE), &plan_json, 0o600)
-                .map_err(|e| bundle_err("write the plan beside", e.to_string()))?;
-        }
+        RuntimeMode::Hook => edit_spec(&mut value, &plan, &hook_entry(config, config_path)),
         // The same edits a CDI spec would make, for this container's image and request.
         RuntimeMode::Cdi => cdi::oci::apply(
             &mut value,
@@ -163,7 +158,26 @@ pub fn prepare_bundle(
         .map(|m| m.permissions().mode() & 0o7777)
         .unwrap_or(0o644);
     write_atomic(&path, &out, mode).map_err(|e| bundle_err("write", e.to_string()))?;
+    if config.runtime_mode == RuntimeMode::Hook {
+        let written = FileId::of(&path)
+            .ok_or_else(|| bundle_err("stat", "gone after it was written".into()))?;
+        let plan_json = serde_json::to_vec(&PlanFile {
+            config_json: written,
+            plan,
+        })
+        .map_err(|e| bundle_err("encode", e.to_string()))?;
+        write_atomic(&bundle.join(PLAN_FILE), &plan_json, 0o600)
+            .map_err(|e| bundle_err("write the plan beside", e.to_string()))?;
+    }
     Ok(true)
+}
+
+/// The shim's plan, with the config.json it was made for: a bundle whose config.json was
+/// rewritten since (a reused bundle, a later start without the shim) gets a fresh plan.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PlanFile {
+    config_json: FileId,
+    plan: Plan,
 }
 
 /// The prestart hook entry: absolute path, explicit non-empty env, a timeout.
@@ -207,7 +221,13 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Res
 /// The plan the shim left in the bundle, if any.
 pub fn read_plan(bundle: &Path) -> Option<Plan> {
     let bytes = std::fs::read(bundle.join(PLAN_FILE)).ok()?;
-    serde_json::from_slice(&bytes).ok()
+    let file: PlanFile = serde_json::from_slice(&bytes).ok()?;
+    let current = FileId::of(&bundle.join("config.json"));
+    if current.as_ref() != Some(&file.config_json) {
+        tracing::info!("the shim's plan was made for another config.json: not used");
+        return None;
+    }
+    Some(file.plan)
 }
 
 #[cfg(test)]
@@ -268,6 +288,37 @@ mod tests {
         );
     }
 
+    fn one_gpu_plan() -> Plan {
+        serde_json::from_value(json!({
+            "driver_version": "550", "selected": [],
+            "layout": {"lib64_dir": "/usr/lib", "lib32_dir": "/usr/lib32", "ldcache": false},
+            "devices": [{"path": "/dev/nvidia0", "host_path": "/dev/nvidia0", "major": 195, "minor": 0, "mode": 438}],
+            "cgroup_rules": [{"kind": "c", "major": 195, "minor": 0, "access": "rw"}],
+            "mounts": [], "symlinks": [], "ldcache": [], "ld_so_conf": null, "proc_overlay": null
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_hook_uses_the_shims_plan_only_for_the_config_json_it_was_made_for() {
+        let bundle = tempfile::tempdir().unwrap();
+        let config_json = bundle.path().join("config.json");
+        std::fs::write(&config_json, b"{}").unwrap();
+        let file = PlanFile {
+            config_json: FileId::of(&config_json).unwrap(),
+            plan: one_gpu_plan(),
+        };
+        let plan_path = bundle.path().join(PLAN_FILE);
+        std::fs::write(&plan_path, serde_json::to_vec(&file).unwrap()).unwrap();
+        assert_eq!(read_plan(bundle.path()), Some(one_gpu_plan()));
+        // The bundle is used again with a config.json written anew: that plan is stale.
+        write_atomic(&config_json, b"{}", 0o644).unwrap();
+        assert_eq!(read_plan(bundle.path()), None);
+        // A plan file from before the config.json identity was recorded is not trusted.
+        std::fs::write(&plan_path, serde_json::to_vec(&one_gpu_plan()).unwrap()).unwrap();
+        assert_eq!(read_plan(bundle.path()), None);
+    }
+
     #[test]
     fn edit_keeps_unknown_fields_and_is_idempotent_for_hooks() {
         let mut spec = json!({
@@ -276,14 +327,7 @@ mod tests {
             "hooks": {"poststop": [{"path": "/bin/true"}]},
             "linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}}
         });
-        let plan: Plan = serde_json::from_value(json!({
-            "driver_version": "550", "selected": [],
-            "layout": {"lib64_dir": "/usr/lib", "lib32_dir": "/usr/lib32", "ldcache": false},
-            "devices": [{"path": "/dev/nvidia0", "host_path": "/dev/nvidia0", "major": 195, "minor": 0, "mode": 438}],
-            "cgroup_rules": [{"kind": "c", "major": 195, "minor": 0, "access": "rw"}],
-            "mounts": [], "symlinks": [], "ldcache": [], "ld_so_conf": null, "proc_overlay": null
-        }))
-        .unwrap();
+        let plan = one_gpu_plan();
         let hook = hook_entry(&Config::default(), Some(Path::new("/etc/n.toml")));
         edit_spec(&mut spec, &plan, &hook);
         edit_spec(&mut spec, &plan, &hook);

@@ -12,6 +12,7 @@
 
 use super::nvml::System;
 use crate::config::Config;
+use crate::file_id::FileId;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{Read, Write};
@@ -35,29 +36,6 @@ pub struct Fingerprint {
     /// Every path under `<proc-root>/driver/nvidia/capabilities`: MIG mode and the GPU and
     /// compute instances of each GPU.
     capabilities: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct FileId {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
-}
-
-impl FileId {
-    fn of(path: &Path) -> Option<FileId> {
-        let m = std::fs::metadata(path).ok()?;
-        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
-        Some(FileId {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
-            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
-        })
-    }
 }
 
 impl Fingerprint {
