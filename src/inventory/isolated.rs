@@ -50,14 +50,15 @@ fn load_from(config: &Config, use_kept: bool) -> Result<(Inventory, Source), Inv
         let inventory = Inventory::around(config, &host_cache, system)?;
         return Ok((inventory, Source::Cache));
     }
-    let inventory = query_in_child(config)?;
+    let inventory = query_in_child(config, &host_cache)?;
     if let Some(stored) = stored {
         stored.write(&inventory.system());
     }
     Ok((inventory, Source::Nvml))
 }
 
-fn query_in_child(config: &Config) -> Result<Inventory, InventoryError> {
+/// The child uses the parent's reading of the driver root's loader cache: a fork's copy.
+fn query_in_child(config: &Config, host_cache: &HostCache) -> Result<Inventory, InventoryError> {
     let (read_end, write_end) = nix::unistd::pipe().map_err(|e| child_err(format!("pipe: {e}")))?;
     // SAFETY: the hook is single-threaded here, so the child is a faithful copy; it only
     // queries, writes its answer and leaves with _exit.
@@ -65,7 +66,7 @@ fn query_in_child(config: &Config) -> Result<Inventory, InventoryError> {
         ForkResult::Child => {
             drop(read_end);
             // Kept alive to the end: _exit runs no destructor, so NVML is never shut down.
-            let loaded = Inventory::load_with_nvml(config);
+            let loaded = Inventory::load_with_nvml(config, host_cache);
             let reply = loaded.as_ref().map(|(inventory, _)| inventory);
             let reply: Result<&Inventory, String> = reply.map_err(|e| e.to_string());
             let code = match serde_json::to_vec(&reply) {

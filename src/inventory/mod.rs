@@ -92,14 +92,18 @@ pub fn nvml_library(config: &Config, cache: &driver::HostCache) -> Result<PathBu
 impl Inventory {
     /// Reads everything: NVML, driver files, `/proc/devices`, device nodes, MIG capabilities.
     pub fn load(config: &Config) -> Result<Inventory, InventoryError> {
-        Self::load_with_nvml(config).map(|(inventory, _shut_down_here)| inventory)
+        let cache = driver::HostCache::read(config)?;
+        Self::load_with_nvml(config, &cache).map(|(inventory, _shut_down_here)| inventory)
     }
 
-    /// [`Inventory::load`], with NVML still initialised: dropping the handle shuts it down.
-    pub fn load_with_nvml(config: &Config) -> Result<(Inventory, Nvml), InventoryError> {
-        let cache = driver::HostCache::read(config)?;
-        let (system, nvml) = nvml::query(&nvml_library(config, &cache)?)?;
-        Ok((Self::around(config, &cache, system)?, nvml))
+    /// [`Inventory::load`] from the driver root's loader cache already read, with NVML still
+    /// initialised: dropping the handle shuts it down.
+    pub fn load_with_nvml(
+        config: &Config,
+        cache: &driver::HostCache,
+    ) -> Result<(Inventory, Nvml), InventoryError> {
+        let (system, nvml) = nvml::query(&nvml_library(config, cache)?)?;
+        Ok((Self::around(config, cache, system)?, nvml))
     }
 
     /// The inventory around what NVML reported: everything else is read from the host now.
