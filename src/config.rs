@@ -5,11 +5,11 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const DEFAULT_PATH: &str = "/etc/nvhook/config.toml";
+pub const DEFAULT_PATH: &str = crate::runtime_front::DEFAULT_CONFIG;
 /// On tmpfs, so that a reboot forgets it.
 pub const DEFAULT_NVML_CACHE_FILE: &str = "/run/nvhook/nvml-inventory.json";
 /// Environment variable that names the config file when `--config` is not given.
-pub const ENV_VAR: &str = "NVHOOK_CONFIG";
+pub const ENV_VAR: &str = crate::runtime_front::CONFIG_ENV;
 /// The longest `nvml-timeout-ms`: the hook entry's timeout less what the rest of the hook needs.
 pub const NVML_TIMEOUT_MAX: Duration =
     Duration::from_secs(crate::runtime::HOOK_TIMEOUT_S as u64 - 5);
@@ -86,7 +86,9 @@ impl Default for Config {
             nvml_cache_file: PathBuf::from(DEFAULT_NVML_CACHE_FILE),
             log_file: None,
             log_level: LogLevel::Info,
-            runtimes: vec!["runc".into(), "crun".into()],
+            runtimes: crate::runtime_front::DEFAULT_RUNTIMES
+                .map(String::from)
+                .to_vec(),
             hook_path: PathBuf::from("/usr/bin/nvhook"),
             runtime_mode: RuntimeMode::Hook,
         }

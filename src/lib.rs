@@ -19,3 +19,4 @@ pub mod plan;
 pub mod report;
 pub mod request;
 pub mod runtime;
+pub mod runtime_front;

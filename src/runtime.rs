@@ -11,8 +11,10 @@ use crate::inventory;
 use crate::oci::Spec;
 use crate::plan::Plan;
 use crate::request::Request;
+use crate::runtime_front;
 use serde_json::Value;
 use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -21,10 +23,6 @@ pub const PLAN_FILE: &str = "nvhook-plan.json";
 
 /// The `timeout` of the hook entries nvhook writes, in seconds; `nvml-timeout-ms` stays below it.
 pub const HOOK_TIMEOUT_S: u32 = 30;
-
-/// runc's global flags that take a value (`--root DIR`); the others are booleans.
-const GLOBAL_FLAGS_WITH_VALUE: &[&str] =
-    &["--root", "--log", "--log-format", "--criu", "--rootless"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -48,24 +46,14 @@ pub struct Invocation {
 }
 
 impl Invocation {
-    /// Reads runc's command line (without argv[0]): global flags, the command, its flags.
+    /// Reads runc's command line (without argv[0]), as nvhook-runtime does.
     pub fn parse(args: &[OsString]) -> Invocation {
-        let mut i = 0;
-        while i < args.len() {
-            let a = args[i].to_string_lossy();
-            if !a.starts_with('-') {
-                break;
-            }
-            if GLOBAL_FLAGS_WITH_VALUE.contains(&a.as_ref()) {
-                i += 1;
-            }
-            i += 1;
-        }
-        let command = args.get(i).map(|c| c.to_string_lossy().into_owned());
-        let rest = args.get(i + 1..).unwrap_or_default();
+        let front = runtime_front::Invocation::parse(args.iter().map(|a| a.as_bytes()));
         Invocation {
-            command,
-            bundle: bundle_arg(rest),
+            command: front
+                .command
+                .map(|c| String::from_utf8_lossy(c).into_owned()),
+            bundle: front.bundle.map(|b| PathBuf::from(OsStr::from_bytes(b))),
         }
     }
 
@@ -75,36 +63,10 @@ impl Invocation {
     }
 }
 
-fn bundle_arg(args: &[OsString]) -> Option<PathBuf> {
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let s = a.to_string_lossy();
-        if s == "--bundle" || s == "-b" {
-            return it.next().map(PathBuf::from);
-        }
-        for prefix in ["--bundle=", "-b="] {
-            if let Some(v) = s.strip_prefix(prefix) {
-                return Some(PathBuf::from(v));
-            }
-        }
-    }
-    None
-}
-
 /// The low-level runtime to exec: the first of `runtimes` that exists (absolute, or on PATH).
 pub fn find_runtime(config: &Config, path_var: Option<&OsStr>) -> Result<PathBuf, RuntimeError> {
-    let dirs: Vec<PathBuf> = path_var
-        .map(|p| std::env::split_paths(p).collect())
-        .unwrap_or_else(|| {
-            vec![
-                "/usr/local/sbin".into(),
-                "/usr/local/bin".into(),
-                "/usr/sbin".into(),
-                "/usr/bin".into(),
-                "/sbin".into(),
-                "/bin".into(),
-            ]
-        });
+    let path_var = path_var.unwrap_or(OsStr::from_bytes(runtime_front::DEFAULT_SEARCH_PATH));
+    let dirs: Vec<PathBuf> = std::env::split_paths(path_var).collect();
     config
         .runtimes
         .iter()
@@ -234,48 +196,6 @@ pub fn read_plan(bundle: &Path) -> Option<Plan> {
 mod tests {
     use super::*;
     use serde_json::json;
-
-    fn args(v: &[&str]) -> Vec<OsString> {
-        v.iter().map(OsString::from).collect()
-    }
-
-    #[test]
-    fn parses_runc_command_lines() {
-        let cases: &[(&[&str], Option<&str>, Option<&str>)] = &[
-            (
-                &[
-                    "--root",
-                    "/r",
-                    "--log",
-                    "/l",
-                    "--log-format",
-                    "json",
-                    "create",
-                    "--bundle",
-                    "/b",
-                    "id",
-                ],
-                Some("create"),
-                Some("/b"),
-            ),
-            (
-                &["--systemd-cgroup", "run", "-b", "/x", "id"],
-                Some("run"),
-                Some("/x"),
-            ),
-            (&["create", "--bundle=/y", "id"], Some("create"), Some("/y")),
-            (&["start", "id"], Some("start"), None),
-            (&["run", "id"], Some("run"), None),
-            (&["--version"], None, None),
-        ];
-        for (argv, command, bundle) in cases {
-            let inv = Invocation::parse(&args(argv));
-            assert_eq!(inv.command.as_deref(), *command, "{argv:?}");
-            assert_eq!(inv.bundle.as_deref(), bundle.map(Path::new), "{argv:?}");
-        }
-        assert!(Invocation::parse(&args(&["run", "x"])).creates());
-        assert!(!Invocation::parse(&args(&["delete", "x"])).creates());
-    }
 
     #[test]
     fn packaged_hook_json_has_the_same_timeout() {

@@ -412,13 +412,13 @@ fn runtime_shim_with_bad_bundles() {
         (
             "config.json not JSON",
             &runc_config,
-            s.bundle("b1", b"{oops"),
+            s.bundle("b1", b"{oops NVIDIA_VISIBLE_DEVICES"),
             "bad OCI spec",
         ),
         (
             "config.json env a string",
             &runc_config,
-            s.bundle("b2", br#"{"process":{"env":"x"}}"#),
+            s.bundle("b2", br#"{"process":{"env":"NVIDIA_VISIBLE_DEVICES=0"}}"#),
             "invalid type",
         ),
         (
@@ -438,6 +438,23 @@ fn runtime_shim_with_bad_bundles() {
         );
         assert_one_line(case, &out, "nvhook-runtime", needle);
     }
+    // A config.json that cannot ask for a GPU is the runtime's alone, broken or not: runc
+    // reports it, and nvhook never parses it.
+    let bundle = s.bundle("b4", b"{oops");
+    let args = ["create", "--bundle", bundle.to_str().unwrap(), "id"];
+    let out = run(
+        NVHOOK_RUNTIME,
+        &args,
+        &[("NVHOOK_CONFIG", &runc_config)],
+        b"",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("runc create failed")
+            && !stderr.contains("nvhook"),
+        "{stderr}"
+    );
 }
 
 /// A malformed engine config is refused and left byte for byte as it was, with no backup

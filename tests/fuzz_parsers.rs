@@ -23,6 +23,7 @@ use nvhook::ldcache::LdCache;
 use nvhook::oci::{Spec, State};
 use nvhook::plan::{self, ImageInfo};
 use nvhook::request::{Decision, Request};
+use nvhook::runtime_front::{self, Runtimes};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -49,8 +50,15 @@ fn check_spec(text: &str) {
         Ok(spec) => spec,
         Err(e) => return assert_one_line("spec", &text, &e.to_string()),
     };
+    // nvhook-runtime hands a create to nvhook only when these bytes may ask for a GPU.
+    let may_ask = runtime_front::may_ask_for_gpu(text.as_bytes());
     for config in policies() {
-        let request = match Request::decide(&spec, config) {
+        let decision = Request::decide(&spec, config);
+        assert!(
+            may_ask || matches!(decision, Ok(Decision::NotRequested)),
+            "nvhook-runtime would pass by a config.json nvhook decides on: {text:?}"
+        );
+        let request = match decision {
             Ok(Decision::Gpu(request)) => request,
             Ok(_) => continue,
             Err(e) => {
@@ -80,9 +88,22 @@ fn check_ldcache(bytes: &[u8]) {
 }
 
 fn check_config(text: &str) {
-    if let Err(e) = Config::parse(text, Path::new("/etc/nvhook/config.toml")) {
-        assert_one_line("config", &text, &e.to_string());
-    }
+    let config = match Config::parse(text, Path::new("/etc/nvhook/config.toml")) {
+        Ok(config) => config,
+        Err(e) => return assert_one_line("config", &text, &e.to_string()),
+    };
+    // What nvhook-runtime reads of a valid config is what nvhook reads, or it asks nvhook.
+    let runtimes: Vec<String> = match runtime_front::runtimes_in_toml(text.as_bytes()) {
+        Runtimes::Default => runtime_front::DEFAULT_RUNTIMES.map(String::from).to_vec(),
+        Runtimes::Listed(inner) => runtime_front::array_strings(inner)
+            .map(|s| String::from_utf8(s.to_vec()).expect("UTF-8 in a valid config"))
+            .collect(),
+        Runtimes::Unsure => return,
+    };
+    assert_eq!(
+        runtimes, config.runtimes,
+        "nvhook-runtime misreads {text:?}"
+    );
 }
 
 /// `nvhook configure ENGINE` on a file holding `text`: one line on error; otherwise a
@@ -396,6 +417,58 @@ fn toml_text(keys: &'static [&'static str]) -> impl Strategy<Value = String> {
     prop::collection::vec(line, 0..8).prop_map(|lines| lines.join("\n"))
 }
 
+/// Valid nvhook configs written every way TOML allows, with or without a `runtimes` key:
+/// what nvhook-runtime's line scanner must read as nvhook does, or leave to nvhook.
+fn valid_nvhook_config() -> impl Strategy<Value = String> {
+    let other = prop::sample::select(vec![
+        "log-level = \"debug\"",
+        "hook-path = '/usr/bin/nvhook' # runtimes = [\"x\"]",
+        "driver-root = \"/a]b[\"",
+        "supported-capabilities = [\n  \"compute\", # ] [\n  'utility',\n]",
+        "supported-capabilities = [\"compute\"]",
+        "nvml-timeout-ms = 5000",
+        "# runtimes = [\"commented\"]",
+        "",
+        "   ",
+        "log-file = \"\"\"\nruntimes = [\"in-a-string\"]\n\"\"\"",
+        "log-file = \"/var/log/\\\"q\\\".log\"",
+    ]);
+    let name = prop::sample::select(vec![
+        "runc",
+        "/usr/local/bin/crun",
+        "my runtime",
+        "a#b",
+        "x,y",
+    ]);
+    let item = (name, prop::bool::ANY).prop_map(|(n, literal)| {
+        if literal {
+            format!("'{n}'")
+        } else {
+            format!("\"{n}\"")
+        }
+    });
+    let runtimes = (
+        prop::collection::vec(item, 1..4),
+        prop::sample::select(vec!["runtimes", "\"runtimes\"", "  runtimes"]),
+        prop::sample::select(vec![", ", ",", ",\n  "]),
+        prop::sample::select(vec!["", ",", " # comment", "\r"]),
+    )
+        .prop_map(|(items, key, sep, tail)| format!("{key} = [{}]{tail}", items.join(sep)));
+    (
+        prop::collection::vec(other, 0..6),
+        prop::option::of(runtimes),
+        any::<prop::sample::Index>(),
+    )
+        .prop_map(|(lines, runtimes, at)| {
+            let mut lines: Vec<String> = lines.into_iter().map(String::from).collect();
+            if let Some(r) = runtimes {
+                let at = at.index(lines.len() + 1);
+                lines.insert(at, r);
+            }
+            lines.join("\n")
+        })
+}
+
 const NVHOOK_KEYS: &[&str] = &[
     "driver-root",
     "dev-root",
@@ -523,6 +596,11 @@ proptest! {
 
     #[test]
     fn fuzz_nvhook_config(text in toml_text(NVHOOK_KEYS)) {
+        check_config(&text);
+    }
+
+    #[test]
+    fn fuzz_valid_nvhook_config(text in valid_nvhook_config()) {
         check_config(&text);
     }
 

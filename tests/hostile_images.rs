@@ -666,13 +666,23 @@ fn evil_dir(bundle: &Path) -> PathBuf {
 
 /// Which host processes loaded the evil libraries: never the hook, never anything through
 /// LD_LIBRARY_PATH's libnvidia-ml; nothing at all unless nvhook-runtime itself was given
-/// LD_PRELOAD (the engine's own environment: then it must show, proving the probe works).
+/// LD_PRELOAD (the engine's own environment: then the shim, `nvhook runtime`, must show it,
+/// proving the probe works).
 fn check_marker(bundle: &Path, shim_preloaded: bool, broken: &mut Vec<String>) {
     let marker = fs::read_to_string(evil_dir(bundle).join("marker")).unwrap_or_default();
-    let hook = support::nvhook_bin().display().to_string();
+    let nvhook = support::nvhook_bin().display().to_string();
+    let shim_line = format!(
+        "preload {nvhook} {}",
+        nvhook::runtime_front::SHIM_SUBCOMMAND
+    );
     for line in marker.lines() {
-        let (tag, exe) = line.split_once(' ').unwrap_or((line, ""));
-        if exe == hook {
+        let mut fields = line.splitn(3, ' ');
+        let (tag, exe, arg1) = (
+            fields.next().unwrap_or_default(),
+            fields.next().unwrap_or_default(),
+            fields.next().unwrap_or_default(),
+        );
+        if exe == nvhook && arg1 != nvhook::runtime_front::SHIM_SUBCOMMAND {
             broken.push(format!("the hook loaded an evil library: {line}"));
         } else if tag == "nvml" {
             broken.push(format!(
@@ -684,10 +694,9 @@ fn check_marker(bundle: &Path, shim_preloaded: bool, broken: &mut Vec<String>) {
             ));
         }
     }
-    let shim = support::engines::nvhook_runtime_bin().display().to_string();
-    if shim_preloaded && !marker.lines().any(|l| l == format!("preload {shim}")) {
+    if shim_preloaded && !marker.lines().any(|l| l == shim_line) {
         broken.push(format!(
-            "control failed: nvhook-runtime did not load LD_PRELOAD\n{marker}"
+            "control failed: the shim (nvhook runtime) did not load LD_PRELOAD\n{marker}"
         ));
     }
 }

@@ -1,7 +1,6 @@
-//! `nvhook-runtime`: configured in engines in place of runc. On `create`/`run` of a GPU
-//! container it prepares the bundle, then execs the real runtime with the same arguments.
-// std's start-up is skipped: see nvhook::entry.
-#![no_main]
+//! `nvhook runtime RUNC-ARGS`: the shim's full work, run by nvhook-runtime for `create` and
+//! `run` of a container that may ask for a GPU. It prepares the bundle when the container
+//! does ask for one, then execs the real runtime with the same arguments.
 
 use anyhow::Result;
 use nvhook::config::{self, Config};
@@ -10,24 +9,17 @@ use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
-#[unsafe(no_mangle)]
-extern "C" fn main(
-    _argc: std::ffi::c_int,
-    _argv: *const *const std::ffi::c_char,
-) -> std::ffi::c_int {
-    nvhook::entry::run(shim_main)
-}
-
-fn shim_main() -> i32 {
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    let err = match run(&args) {
+/// Runs the shim on runc's arguments; returns only on failure.
+pub fn main(args: &[OsString]) -> i32 {
+    let err = match run(args) {
         Ok(runtime) => std::process::Command::new(&runtime)
             .arg0(&runtime)
-            .args(&args)
+            .args(args)
             .exec()
             .into(),
         Err(e) => e,
     };
+    // Engines show this to the user as the runtime's error: name the program they configured.
     eprintln!("nvhook-runtime: {err}");
     1
 }

@@ -2,6 +2,8 @@
 // std's start-up is skipped: see nvhook::entry.
 #![no_main]
 
+mod shim;
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use nvhook::config::Config;
@@ -132,6 +134,14 @@ extern "C" fn main(
 }
 
 fn nvhook_main() -> i32 {
+    // nvhook-runtime's hand-over, before clap: the rest is runc's command line, not ours.
+    let mut args = std::env::args_os();
+    if args
+        .nth(1)
+        .is_some_and(|a| a == nvhook::runtime_front::SHIM_SUBCOMMAND)
+    {
+        return shim::main(&args.collect::<Vec<_>>());
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => 0,

@@ -1,0 +1,21 @@
+//! `nvhook-runtime`: what engines run in runc's place, for every command of every container.
+//!
+//! A static program with no libc (see src/runtime_front.rs for why): it execs the runtime
+//! straight away unless the command is `create`/`run` of a bundle whose config.json may ask
+//! for a GPU, or its config is one it cannot read with certainty; those it hands to
+//! `nvhook runtime` (the full shim, beside this binary), which prepares the bundle, reports
+//! errors in its own words, and execs the runtime itself.
+// `cargo clippy --all-targets` also builds this binary as a test, with std and a harness of
+// its own: the program is then left out.
+#![cfg_attr(not(test), no_std)]
+#![cfg_attr(not(test), no_main)]
+
+#[cfg(not(test))]
+#[path = "../../runtime_front.rs"]
+mod front;
+#[cfg(not(test))]
+mod run;
+#[cfg(not(test))]
+mod start;
+#[cfg(not(test))]
+mod sys;

@@ -1,0 +1,191 @@
+//! What a libc would give nvhook-runtime: the ELF entry point, the static-pie self-relocation,
+//! the memory functions the compiler calls, and a panic handler.
+
+use core::arch::naked_asm;
+
+const DT_NULL: usize = 0;
+const DT_RELA: usize = 7;
+const DT_RELASZ: usize = 8;
+const R_X86_64_RELATIVE: usize = 8;
+
+#[repr(C)]
+struct Dyn {
+    tag: usize,
+    val: usize,
+}
+
+#[repr(C)]
+struct Rela {
+    offset: usize,
+    info: usize,
+    addend: usize,
+}
+
+/// The kernel enters here with argc, argv and envp on the stack.
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+unsafe extern "C" fn _start() -> ! {
+    naked_asm!(
+        "xor ebp, ebp",
+        "mov rdi, rsp",
+        "and rsp, -16",
+        "call {start}",
+        "ud2",
+        start = sym start,
+    )
+}
+
+unsafe extern "C" fn start(sp: *const usize) -> ! {
+    // SAFETY: runs first, before anything reads a pointer stored in the image.
+    unsafe { relocate() };
+    // SAFETY: the kernel's initial stack: argc, then argc argv pointers and a NULL, then
+    // envp pointers and a NULL.
+    let (argc, argv) = unsafe { (*sp, sp.add(1) as *mut *const u8) };
+    // SAFETY: as above.
+    let envp = unsafe { argv.add(argc + 1) as *const *const u8 };
+    crate::run::main(argc, argv, envp)
+}
+
+/// Applies the image's relative relocations: the binary is a static PIE (loaded at a random
+/// address, as a dynamic one would be) with no loader to do it. Anything else is refused at
+/// build time by tests/runtime_front.rs.
+///
+/// # Safety
+/// Once, before any relocated data is read.
+#[inline(never)]
+unsafe fn relocate() {
+    let base: usize;
+    let dynamic: *const Dyn;
+    // PC-relative, so right before any relocation is applied.
+    // SAFETY: the linker defines both symbols for every ELF image.
+    unsafe {
+        core::arch::asm!(
+            "lea {b}, [rip + __ehdr_start]",
+            "lea {d}, [rip + _DYNAMIC]",
+            b = out(reg) base,
+            d = out(reg) dynamic,
+            options(nostack, pure, nomem)
+        );
+    }
+    let (mut rela, mut size) = (0, 0);
+    let mut d = dynamic;
+    // SAFETY: _DYNAMIC is an array ending with DT_NULL.
+    unsafe {
+        while (*d).tag != DT_NULL {
+            match (*d).tag {
+                DT_RELA => rela = (*d).val,
+                DT_RELASZ => size = (*d).val,
+                _ => {}
+            }
+            d = d.add(1);
+        }
+    }
+    let first = base.wrapping_add(rela) as *const Rela;
+    for i in 0..size / core::mem::size_of::<Rela>() {
+        // SAFETY: DT_RELA/DT_RELASZ describe the image's own relocation table, whose entries
+        // name writable places inside the image.
+        unsafe {
+            let r = &*first.add(i);
+            if r.info & 0xffff_ffff != R_X86_64_RELATIVE {
+                crate::sys::exit(127);
+            }
+            *(base.wrapping_add(r.offset) as *mut usize) = base.wrapping_add(r.addend);
+        }
+    }
+}
+
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    crate::sys::write_all(2, b"nvhook-runtime: internal error\n");
+    crate::sys::exit(127)
+}
+
+// The compiler lowers copies and comparisons to these; string instructions, so that the
+// compiler cannot turn them back into calls to themselves.
+
+/// # Safety
+/// As C's memcpy.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memcpy(dst: *mut u8, src: *const u8, n: usize) -> *mut u8 {
+    // SAFETY: as C's memcpy.
+    unsafe {
+        core::arch::asm!("rep movsb", inout("rcx") n => _, inout("rdi") dst => _,
+            inout("rsi") src => _, options(nostack, preserves_flags));
+    }
+    dst
+}
+
+/// # Safety
+/// As C's memmove.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memmove(dst: *mut u8, src: *const u8, n: usize) -> *mut u8 {
+    if (dst as usize).wrapping_sub(src as usize) >= n {
+        // SAFETY: forward copying is safe when dst does not start inside src.
+        return unsafe { memcpy(dst, src, n) };
+    }
+    // SAFETY: backward copy from the last byte, direction flag restored.
+    unsafe {
+        core::arch::asm!("std", "rep movsb", "cld", inout("rcx") n => _,
+            inout("rdi") dst.add(n).wrapping_sub(1) => _, inout("rsi") src.add(n).wrapping_sub(1) => _,
+            options(nostack));
+    }
+    dst
+}
+
+/// # Safety
+/// As C's memset.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memset(dst: *mut u8, c: i32, n: usize) -> *mut u8 {
+    // SAFETY: as C's memset.
+    unsafe {
+        core::arch::asm!("rep stosb", inout("rcx") n => _, inout("rdi") dst => _,
+            in("al") c as u8, options(nostack, preserves_flags));
+    }
+    dst
+}
+
+/// # Safety
+/// As C's memcmp.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+    let mut i = 0;
+    while i < n {
+        // SAFETY: both point to `n` readable bytes.
+        let (x, y) = unsafe {
+            (
+                core::ptr::read_volatile(a.add(i)),
+                core::ptr::read_volatile(b.add(i)),
+            )
+        };
+        if x != y {
+            return i32::from(x) - i32::from(y);
+        }
+        i += 1;
+    }
+    0
+}
+
+/// # Safety
+/// As C's bcmp.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+    // SAFETY: as the caller promises.
+    unsafe { memcmp(a, b, n) }
+}
+
+/// # Safety
+/// As C's strlen.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn strlen(s: *const u8) -> usize {
+    let mut n = 0;
+    // SAFETY: `s` is NUL-terminated.
+    while unsafe { core::ptr::read_volatile(s.add(n)) } != 0 {
+        n += 1;
+    }
+    n
+}
+
+/// core's precompiled code names the unwinder's personality routine; nothing here unwinds
+/// (the panic handler exits), so it is never called.
+#[unsafe(no_mangle)]
+extern "C" fn rust_eh_personality() {}

@@ -1,0 +1,237 @@
+//! The few Linux system calls nvhook-runtime makes, on x86_64, with no libc.
+
+use core::arch::asm;
+
+const AT_FDCWD: isize = -100;
+const O_RDONLY_CLOEXEC: usize = 0o2_000_000;
+const O_RDWR: usize = 2;
+const PROT_READ: usize = 1;
+const PROT_WRITE: usize = 2;
+const MAP_ANONYMOUS: usize = 0x20;
+const EINVAL: isize = 22;
+const MAP_PRIVATE: usize = 2;
+const F_GETFD: usize = 1;
+const SIGPIPE: usize = 13;
+pub const EBADF: isize = 9;
+
+/// `struct stat` on x86_64; only the mode and size are read.
+#[repr(C)]
+pub struct Stat {
+    _dev: u64,
+    _ino: u64,
+    _nlink: u64,
+    pub mode: u32,
+    _uid: u32,
+    _gid: u32,
+    _pad: u32,
+    _rdev: u64,
+    pub size: i64,
+    _rest: [u64; 12],
+}
+
+pub const S_IFMT: u32 = 0o170000;
+pub const S_IFREG: u32 = 0o100000;
+
+unsafe fn syscall6(n: usize, a: [usize; 6]) -> isize {
+    let ret: isize;
+    // SAFETY: the caller passes arguments valid for system call `n`; the kernel clobbers
+    // only rcx and r11.
+    unsafe {
+        asm!("syscall", inlateout("rax") n as isize => ret,
+            in("rdi") a[0], in("rsi") a[1], in("rdx") a[2], in("r10") a[3], in("r8") a[4], in("r9") a[5],
+            lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    ret
+}
+
+pub fn exit(code: i32) -> ! {
+    // SAFETY: exit_group takes a plain integer and does not return.
+    unsafe {
+        asm!("syscall", in("rax") 231, in("rdi") code as isize, options(noreturn, nostack));
+    }
+}
+
+pub fn write_all(fd: usize, mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        // SAFETY: the pointer and length describe a live slice.
+        let n = unsafe { syscall6(1, [fd, bytes.as_ptr() as usize, bytes.len(), 0, 0, 0]) };
+        if n <= 0 {
+            return;
+        }
+        bytes = &bytes[n as usize..];
+    }
+}
+
+/// `execve`; returns the negated errno when it fails.
+///
+/// # Safety
+/// `path` is NUL-terminated; `argv` and `envp` are NULL-terminated arrays of C strings.
+pub unsafe fn execve(path: &[u8], argv: *const *const u8, envp: *const *const u8) -> isize {
+    // SAFETY: as the caller promises.
+    unsafe {
+        syscall6(
+            59,
+            [
+                path.as_ptr() as usize,
+                argv as usize,
+                envp as usize,
+                0,
+                0,
+                0,
+            ],
+        )
+    }
+}
+
+/// `stat` (following links) of a NUL-terminated path.
+pub fn stat(path: &[u8]) -> Option<Stat> {
+    let mut st = core::mem::MaybeUninit::<Stat>::uninit();
+    // SAFETY: `path` is NUL-terminated (checked by the callers' join) and `st` is large
+    // enough for the kernel's struct stat.
+    let r = unsafe {
+        syscall6(
+            262,
+            [
+                AT_FDCWD as usize,
+                path.as_ptr() as usize,
+                st.as_mut_ptr() as usize,
+                0,
+                0,
+                0,
+            ],
+        )
+    };
+    // SAFETY: a successful newfstatat filled it.
+    (r == 0).then(|| unsafe { st.assume_init() })
+}
+
+/// The whole regular file, mapped read-only (an empty file is an empty slice), or the
+/// negated errno. Never unmapped: the process execs.
+pub fn map_file(path: &[u8]) -> Result<&'static [u8], isize> {
+    // SAFETY: `path` is NUL-terminated.
+    let fd = unsafe {
+        syscall6(
+            257,
+            [
+                AT_FDCWD as usize,
+                path.as_ptr() as usize,
+                O_RDONLY_CLOEXEC,
+                0,
+                0,
+                0,
+            ],
+        )
+    };
+    if fd < 0 {
+        return Err(-fd);
+    }
+    let fd = fd as usize;
+    let mut st = core::mem::MaybeUninit::<Stat>::uninit();
+    // SAFETY: `st` is large enough for the kernel's struct stat.
+    let r = unsafe { syscall6(5, [fd, st.as_mut_ptr() as usize, 0, 0, 0, 0]) };
+    let out = if r < 0 {
+        Err(-r)
+    } else {
+        // SAFETY: fstat succeeded.
+        let st = unsafe { st.assume_init() };
+        if st.mode & S_IFMT != S_IFREG {
+            Err(EINVAL)
+        } else if st.size == 0 {
+            Ok(&[][..])
+        } else {
+            // SAFETY: a fresh private read-only mapping of an open regular file.
+            let addr = unsafe { syscall6(9, [0, st.size as usize, PROT_READ, MAP_PRIVATE, fd, 0]) };
+            mapped(addr).map(|p| {
+                // SAFETY: the kernel mapped `size` readable bytes there, never unmapped.
+                unsafe { core::slice::from_raw_parts(p as *const u8, st.size as usize) }
+            })
+        }
+    };
+    // SAFETY: closing our own descriptor.
+    unsafe { syscall6(3, [fd, 0, 0, 0, 0, 0]) };
+    out
+}
+
+/// A zeroed array of `n` pointers, for an argv of any length.
+pub fn map_pointers(n: usize) -> Option<&'static mut [*const u8]> {
+    let len = n * core::mem::size_of::<usize>();
+    // SAFETY: a fresh private anonymous mapping.
+    let addr = unsafe {
+        syscall6(
+            9,
+            [
+                0,
+                len,
+                PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS,
+                usize::MAX,
+                0,
+            ],
+        )
+    };
+    // SAFETY: the kernel mapped `len` zeroed, writable bytes there, never unmapped.
+    mapped(addr)
+        .ok()
+        .map(|p| unsafe { core::slice::from_raw_parts_mut(p as *mut *const u8, n) })
+}
+
+/// mmap's result: an address, or a negated errno in -4095..0.
+fn mapped(addr: isize) -> Result<usize, isize> {
+    if (-4095..0).contains(&addr) {
+        Err(-addr)
+    } else {
+        Ok(addr as usize)
+    }
+}
+
+/// The target of `/proc/self/exe` into `buf`.
+pub fn own_exe(buf: &mut [u8]) -> Option<&[u8]> {
+    // SAFETY: the path is NUL-terminated and `buf` is writable for its length.
+    let n = unsafe {
+        syscall6(
+            267,
+            [
+                AT_FDCWD as usize,
+                c"/proc/self/exe".as_ptr() as usize,
+                buf.as_mut_ptr() as usize,
+                buf.len(),
+                0,
+                0,
+            ],
+        )
+    };
+    (n > 0 && (n as usize) < buf.len()).then(|| &buf[..n as usize])
+}
+
+/// Whether descriptor `fd` is closed.
+pub fn is_closed(fd: usize) -> bool {
+    // SAFETY: F_GETFD only reads the descriptor's flags.
+    unsafe { syscall6(72, [fd, F_GETFD, 0, 0, 0, 0]) == -EBADF }
+}
+
+/// Opens /dev/null read-write; the lowest free descriptor is returned.
+pub fn open_dev_null() -> isize {
+    // SAFETY: the path is NUL-terminated.
+    unsafe {
+        syscall6(
+            257,
+            [
+                AT_FDCWD as usize,
+                c"/dev/null".as_ptr() as usize,
+                O_RDWR,
+                0,
+                0,
+                0,
+            ],
+        )
+    }
+}
+
+/// SIGPIPE back to its default for the runtime we exec (an ignored signal stays ignored
+/// across exec).
+pub fn default_sigpipe() {
+    // struct kernel_sigaction: handler SIG_DFL, flags, restorer, mask.
+    let action = [0usize; 4];
+    // SAFETY: a valid kernel_sigaction with an 8-byte mask.
+    unsafe { syscall6(13, [SIGPIPE, action.as_ptr() as usize, 0, 8, 0, 0]) };
+}
