@@ -1,6 +1,7 @@
 //! The hook's wall time and peak memory as runc runs it: the bench binary, called as
 //! `BENCH time-hook RECORD HOOK ARGS...`, is the hook runc runs; it spawns the real hook with
-//! runc's stdin, waits for it with wait4, and appends `wall_us cpu_us max_rss_kib` to RECORD.
+//! runc's stdin, waits for it with wait4, and appends `wall_us cpu_us max_rss_kib minor_faults`
+//! to RECORD.
 //! Its own start-up is outside the measured span; the hook's exec, dynamic linking, work and
 //! exit are inside, as they are when runc spawns it.
 
@@ -44,7 +45,12 @@ pub fn run_if_wrapper() {
         .open(record)
         .expect("open the hook record");
     let cpu_us = (crate::cycle::tv(usage.ru_utime) + crate::cycle::tv(usage.ru_stime)).as_micros();
-    writeln!(f, "{wall_us} {cpu_us} {}", usage.ru_maxrss).expect("write the hook record");
+    writeln!(
+        f,
+        "{wall_us} {cpu_us} {} {}",
+        usage.ru_maxrss, usage.ru_minflt
+    )
+    .expect("write the hook record");
     let code = if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
     } else {
@@ -93,6 +99,9 @@ pub struct HookCost {
     pub cpu: Samples,
     /// KiB, the largest of any run.
     pub max_rss: u64,
+    /// Minor page faults per run: on a VM each costs ~15 µs, a large part of a process's
+    /// start-up.
+    pub faults: Samples,
 }
 
 pub fn read_record(record: &Path) -> HookCost {
@@ -102,18 +111,23 @@ pub fn read_record(record: &Path) -> HookCost {
         wall: Samples::default(),
         cpu: Samples::default(),
         max_rss: 0,
+        faults: Samples::default(),
     };
     for line in text.lines() {
         let fields: Vec<f64> = line
             .split(' ')
-            .map(|f| f.parse().expect("record line: wall_us cpu_us max_rss"))
+            .map(|f| {
+                f.parse()
+                    .expect("record line: wall_us cpu_us max_rss faults")
+            })
             .collect();
-        let [wall_us, cpu_us, rss] = fields[..] else {
+        let [wall_us, cpu_us, rss, faults] = fields[..] else {
             panic!("bad record line {line:?}");
         };
         cost.wall.push(wall_us / 1000.0);
         cost.cpu.push(cpu_us / 1000.0);
         cost.max_rss = cost.max_rss.max(rss as u64);
+        cost.faults.push(faults);
     }
     cost
 }

@@ -98,6 +98,10 @@ impl Rootfs {
     /// Why `dir` cannot be made in the image, in the image's terms: the first component that
     /// is a link leading nowhere inside it (dangling, a loop, or out of the rootfs), or that
     /// is not a directory. None when every existing component is a directory.
+    // Out of line: pathrs's readlink keeps a 128 KiB buffer on the stack, and inlined into
+    // `dir` that frame (32 pages to fault in) was paid on every start, not just on errors.
+    #[cold]
+    #[inline(never)]
     fn blocker(&self, dir: &str) -> Option<String> {
         let mut prefix = String::new();
         for part in dir.split('/').filter(|p| !p.is_empty()) {
