@@ -1,8 +1,10 @@
 //! Safe operations inside a container rootfs that somebody else built.
 //!
-//! Directories are resolved with pathrs (RESOLVE_IN_ROOT semantics: absolute symlinks stay
-//! inside the rootfs); the last component is then handled with *at calls on that directory
-//! descriptor with O_NOFOLLOW / O_EXCL, so no path string is ever resolved twice.
+//! Directories are opened one component at a time, O_NOFOLLOW, relative to their parent's
+//! descriptor, and any link on the way is resolved by pathrs (RESOLVE_IN_ROOT semantics:
+//! absolute symlinks stay inside the rootfs); the last component is then handled with *at
+//! calls on that directory descriptor with O_NOFOLLOW / O_EXCL, so no path string is ever
+//! resolved twice.
 
 use super::sys;
 use crate::plan::{ImageInfo, MountKind};
@@ -66,6 +68,20 @@ fn split(path: &str) -> Result<(&str, CString), RootfsError> {
     Ok((if dir.is_empty() { "/" } else { dir }, name))
 }
 
+/// The components of an absolute directory path; `.` and `..` are refused.
+fn components(dir: &str) -> Result<Vec<&str>, &'static str> {
+    let parts: Vec<&str> = dir.split('/').filter(|p| !p.is_empty()).collect();
+    if parts.iter().any(|p| *p == "." || *p == "..") {
+        return Err("the path has . or .. components");
+    }
+    Ok(parts)
+}
+
+/// The cache key of a directory: its components joined under `/`.
+fn key(parts: &[&str]) -> String {
+    format!("/{}", parts.join("/"))
+}
+
 impl Rootfs {
     pub fn open(path: &Path) -> Result<Rootfs, RootfsError> {
         let root = Root::open(path).map_err(|e| RootfsError::Open {
@@ -83,12 +99,12 @@ impl Rootfs {
         if let Some(h) = self.dirs.borrow().get(dir) {
             return Ok(Rc::clone(h));
         }
-        let handle = Rc::new(self.open_or_create_dir(dir).map_err(
-            |e| match self.blocker(dir) {
+        let handle = self
+            .open_or_create_dir(dir)
+            .map_err(|e| match self.blocker(dir) {
                 Some(why) => op_err("create directory", dir, format!("{why}; fix the image")),
                 None => e,
-            },
-        )?);
+            })?;
         self.dirs
             .borrow_mut()
             .insert(dir.to_string(), Rc::clone(&handle));
@@ -126,52 +142,96 @@ impl Rootfs {
         None
     }
 
-    /// `dir` resolved inside the root, its missing tail created (0755) one component at a
-    /// time with mkdirat and openat(O_NOFOLLOW | O_DIRECTORY), as pathrs's mkdir_all does,
-    /// but without mkdir_all's re-open through a new procfs instance (~80 syscalls for
-    /// each directory, most of the hook's syscalls).
-    fn open_or_create_dir(&self, dir: &str) -> Result<pathrs::Handle, RootfsError> {
+    /// Mirrors pathrs's mkdir_all (component by component, no `..`) without its procfs
+    /// re-open of every directory it makes.
+    fn open_or_create_dir(&self, dir: &str) -> Result<Rc<pathrs::Handle>, RootfsError> {
         let fail = |e: &dyn std::fmt::Display| op_err("create directory", dir, e);
-        let parts: Vec<&str> = dir.split('/').filter(|p| !p.is_empty()).collect();
-        if parts.iter().any(|p| *p == "." || *p == "..") {
-            return Err(fail(&"the path has . or .. components"));
-        }
-        // The deepest ancestor that exists: one openat2 (RESOLVE_IN_ROOT) per attempt.
-        let mut depth = parts.len();
-        let mut current: OwnedFd = loop {
-            match self.root.resolve(format!("/{}", parts[..depth].join("/"))) {
-                Ok(handle) => break handle.into(),
-                Err(e) if depth == 0 => return Err(fail(&e)),
-                Err(_) => depth -= 1,
-            }
-        };
-        let st = sys::fstat(current.as_fd()).map_err(|e| fail(&e))?;
-        if sys::file_type(&st) != libc::S_IFDIR {
-            return Err(fail(&"not a directory"));
-        }
-        for part in &parts[depth..] {
+        let parts = components(dir).map_err(|e| fail(&e))?;
+        let (mut current, depth) = self.walk(&parts).map_err(|e| fail(&e))?;
+        for (i, part) in parts.iter().enumerate().skip(depth) {
             let name = CString::new(*part).map_err(|e| fail(&e))?;
             match sys::mkdir_at(current.as_fd(), &name, 0o755) {
                 Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(fail(&e)),
                 _ => {}
             }
             // Only a directory, never a link that raced in: open_at adds O_NOFOLLOW.
-            current =
-                sys::open_at(current.as_fd(), &name, libc::O_DIRECTORY, 0).map_err(|e| fail(&e))?;
+            let fd = sys::open_at(current.as_fd(), &name, libc::O_PATH | libc::O_DIRECTORY, 0)
+                .map_err(|e| fail(&e))?;
+            current = self.remember(&parts[..=i], pathrs::Handle::from_fd(fd));
         }
-        Ok(pathrs::Handle::from_fd(current))
+        Ok(current)
     }
 
+    /// The deepest directory of `parts` that exists, and how many components it covers.
+    /// From the deepest one already known, each plain directory is opened with
+    /// openat(O_PATH | O_NOFOLLOW | O_DIRECTORY) relative to its parent; a link (or anything
+    /// else but a directory) is left to pathrs, which resolves that prefix inside the rootfs.
+    /// A missing component ends the walk: an image lacking a directory costs one openat, not
+    /// the report pathrs builds for every failed resolution (9 system calls reading /proc).
+    fn walk(&self, parts: &[&str]) -> Result<(Rc<pathrs::Handle>, usize), String> {
+        let known = (0..=parts.len()).rev().find_map(|d| {
+            self.dirs
+                .borrow()
+                .get(&key(&parts[..d]))
+                .map(|h| (Rc::clone(h), d))
+        });
+        let (mut current, mut depth) = match known {
+            Some(found) => found,
+            None => (
+                self.remember(&[], self.root.resolve("/").map_err(|e| e.to_string())?),
+                0,
+            ),
+        };
+        while let Some(part) = parts.get(depth) {
+            let name = CString::new(*part).map_err(|e| e.to_string())?;
+            let next =
+                match sys::open_at(current.as_fd(), &name, libc::O_PATH | libc::O_DIRECTORY, 0) {
+                    Ok(fd) => pathrs::Handle::from_fd(fd),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(_) => {
+                        let handle = self
+                            .root
+                            .resolve(key(&parts[..=depth]))
+                            .map_err(|e| e.to_string())?;
+                        let st = sys::fstat(handle.as_fd()).map_err(|e| e.to_string())?;
+                        if sys::file_type(&st) != libc::S_IFDIR {
+                            return Err("not a directory".into());
+                        }
+                        handle
+                    }
+                };
+            depth += 1;
+            current = self.remember(&parts[..depth], next);
+        }
+        Ok((current, depth))
+    }
+
+    /// Keeps a directory's handle for later lookups under it.
+    fn remember(&self, parts: &[&str], handle: pathrs::Handle) -> Rc<pathrs::Handle> {
+        let handle = Rc::new(handle);
+        self.dirs
+            .borrow_mut()
+            .insert(key(parts), Rc::clone(&handle));
+        handle
+    }
+
+    /// Whether `path` exists (a link at its end is followed, inside the rootfs).
     fn exists(&self, path: &str) -> bool {
-        self.root.resolve(path).is_ok()
+        let Ok((dir, name)) = split(path) else {
+            return false;
+        };
+        let Ok(dir) = self.dir_if_exists(dir) else {
+            return false;
+        };
+        match sys::lstat_at(dir.as_fd(), &name) {
+            Ok(Some(st)) if sys::file_type(&st) == libc::S_IFLNK => self.root.resolve(path).is_ok(),
+            Ok(found) => found.is_some(),
+            Err(_) => false,
+        }
     }
 
     fn is_dir(&self, path: &str) -> bool {
-        self.root
-            .resolve(path)
-            .ok()
-            .and_then(|h| sys::fstat(h.as_fd()).ok())
-            .is_some_and(|st| sys::file_type(&st) == libc::S_IFDIR)
+        self.dir_if_exists(path).is_ok()
     }
 
     /// Reads only; safe to call on a rootfs from the host's mount namespace.
@@ -348,13 +408,12 @@ impl Rootfs {
 
     /// An existing directory, without creating it.
     fn dir_if_exists(&self, dir: &str) -> Result<Rc<pathrs::Handle>, RootfsError> {
-        if let Some(h) = self.dirs.borrow().get(dir) {
-            return Ok(Rc::clone(h));
+        let fail = |e: &dyn std::fmt::Display| op_err("open directory", dir, e);
+        let parts = components(dir).map_err(|e| fail(&e))?;
+        match self.walk(&parts).map_err(|e| fail(&e))? {
+            (handle, depth) if depth == parts.len() => Ok(handle),
+            _ => Err(fail(&"no such directory")),
         }
-        self.root
-            .resolve(dir)
-            .map(Rc::new)
-            .map_err(|e| op_err("open directory", dir, e))
     }
 
     /// Writes `contents` to a new temporary file beside `path`, then renames it over `path`,
@@ -467,6 +526,32 @@ mod tests {
             "{e}"
         );
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn probe_follows_links_inside_the_root_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("usr/lib")).unwrap();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::os::unix::fs::symlink("lib", root.join("usr/lib64")).unwrap();
+        std::fs::write(root.join("etc/cache.real"), b"").unwrap();
+        std::os::unix::fs::symlink("/etc/cache.real", root.join("etc/ld.so.cache")).unwrap();
+        // A link that names a host file: inside the root it names root/bin/sh, absent.
+        assert!(Path::new("/bin/sh").exists());
+        std::os::unix::fs::symlink("/../../bin/sh", root.join("etc/debian_version")).unwrap();
+        let image = Rootfs::open(&root).unwrap().probe();
+        assert_eq!(
+            image,
+            ImageInfo {
+                debian: false,
+                has_usr_lib64: true,
+                has_ldcache: true
+            }
+        );
+        std::fs::remove_file(root.join("usr/lib64")).unwrap();
+        std::fs::write(root.join("usr/lib64"), b"a file").unwrap();
+        assert!(!Rootfs::open(&root).unwrap().probe().has_usr_lib64);
     }
 
     /// Whether anything opened `path` for I/O (O_PATH does not count) while `f` ran.
