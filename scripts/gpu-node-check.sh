@@ -19,7 +19,7 @@ pack() {
   (cd "$repo" && cargo build --release --bins --quiet)
   rm -rf "$kit"
   mkdir -p "$kit/bin" "$kit/rootfs"/{bin,lib/x86_64-linux-gnu,lib64,etc,usr/bin,proc,dev,sys,tmp}
-  cp "$repo/target/release/nvhook" "$repo/target/release/nvhook-runtime" "$kit/bin/"
+  cp "$repo/target/release/"{nvhook,nvhook-runtime,nvhook-nvml} "$kit/bin/"
   cp "$(command -v runc)" "$kit/bin/"
   cp /lib/x86_64-linux-gnu/libseccomp.so.2 "$kit/bin/"
   cc -O2 -o "$kit/rootfs/gpucheck" "$repo/tests/gpucheck.c" -ldl

@@ -664,40 +664,37 @@ fn evil_dir(bundle: &Path) -> PathBuf {
     bundle.join("evil")
 }
 
-/// Which host processes loaded the evil libraries: never the hook, never anything through
-/// LD_LIBRARY_PATH's libnvidia-ml; nothing at all unless nvhook-runtime itself was given
-/// LD_PRELOAD (the engine's own environment: then the shim, `nvhook runtime`, must show it,
-/// proving the probe works).
-fn check_marker(bundle: &Path, shim_preloaded: bool, broken: &mut Vec<String>) {
+/// Which host processes loaded the evil libraries: never nvhook (static: it loads none) nor
+/// its NVML helper, never anything through LD_LIBRARY_PATH's libnvidia-ml; nothing at all
+/// unless nvhook-runtime itself was given LD_PRELOAD (the engine's own environment: then
+/// `runtime`, which the shim execs with that environment, must show it, proving the probe
+/// works).
+fn check_marker(bundle: &Path, preloaded_runtime: Option<&Path>, broken: &mut Vec<String>) {
     let marker = fs::read_to_string(evil_dir(bundle).join("marker")).unwrap_or_default();
-    let nvhook = support::nvhook_bin().display().to_string();
-    let shim_line = format!(
-        "preload {nvhook} {}",
-        nvhook::runtime_front::SHIM_SUBCOMMAND
-    );
+    let ours = [support::nvhook_bin(), support::engines::nvhook_nvml_bin()]
+        .map(|p| p.display().to_string());
     for line in marker.lines() {
-        let mut fields = line.splitn(3, ' ');
-        let (tag, exe, arg1) = (
-            fields.next().unwrap_or_default(),
-            fields.next().unwrap_or_default(),
-            fields.next().unwrap_or_default(),
-        );
-        if exe == nvhook && arg1 != nvhook::runtime_front::SHIM_SUBCOMMAND {
-            broken.push(format!("the hook loaded an evil library: {line}"));
+        let (tag, exe) = line.split_once(' ').unwrap_or((line, ""));
+        if ours.iter().any(|o| o == exe) {
+            broken.push(format!("nvhook loaded an evil library: {line}"));
         } else if tag == "nvml" {
             broken.push(format!(
                 "libnvidia-ml was found through LD_LIBRARY_PATH: {line}"
             ));
-        } else if !shim_preloaded {
+        } else if preloaded_runtime.is_none() {
             broken.push(format!(
                 "a host process loaded the image's LD_PRELOAD: {line}"
             ));
         }
     }
-    if shim_preloaded && !marker.lines().any(|l| l == shim_line) {
-        broken.push(format!(
-            "control failed: the shim (nvhook runtime) did not load LD_PRELOAD\n{marker}"
-        ));
+    if let Some(runtime) = preloaded_runtime {
+        let control = format!("preload {}", runtime.display());
+        if !marker.lines().any(|l| l == control) {
+            broken.push(format!(
+                "control failed: {} (run by the shim) did not load LD_PRELOAD\n{marker}",
+                runtime.display()
+            ));
+        }
     }
 }
 
@@ -836,7 +833,12 @@ fn run_case(node: &SimNode, c: &Case) -> Result<(Outcome, String), String> {
             broken.push(format!("something opened {}", path.display()));
         }
     }
-    check_marker(bundle.dir(), shim_preloaded, &mut broken);
+    let runc_real = fs::canonicalize(&runc).expect("resolve runc's path");
+    check_marker(
+        bundle.dir(),
+        shim_preloaded.then_some(runc_real.as_path()),
+        &mut broken,
+    );
     let outcome = check_expectation(c, &out, &mut broken);
     if broken.is_empty() {
         Ok((outcome, refusal_line(&out).unwrap_or_default()))

@@ -17,7 +17,7 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use nvhook::config::Config;
 use serde::Deserialize;
 use serde_json::Value;
-use support::engines::{assert_containerd_handler, nvhook_runtime_bin};
+use support::engines::{assert_containerd_handler, nvhook_nvml_bin, nvhook_runtime_bin};
 use support::nvhook_bin;
 
 fn deploy_dir() -> PathBuf {
@@ -280,6 +280,7 @@ impl Host {
         fs::create_dir(&image_bin).unwrap();
         fs::copy(nvhook_bin(), image_bin.join("nvhook")).unwrap();
         fs::copy(nvhook_runtime_bin(), image_bin.join("nvhook-runtime")).unwrap();
+        fs::copy(nvhook_nvml_bin(), image_bin.join("nvhook-nvml")).unwrap();
         Host { dir }
     }
 
@@ -337,6 +338,7 @@ fn install_sh_installs_nvhook_on_a_host_root() {
     for (name, built) in [
         ("nvhook", nvhook_bin()),
         ("nvhook-runtime", nvhook_runtime_bin()),
+        ("nvhook-nvml", nvhook_nvml_bin()),
     ] {
         let installed = host.at(&format!("{bin}/{name}"));
         assert_eq!(fs::read(&installed).unwrap(), fs::read(built).unwrap());

@@ -24,9 +24,10 @@ const CONFIG: &str = "/etc/nvhook/config.toml";
 const DOCKER_CONFIG: &str = "/etc/docker/daemon.json";
 
 /// What both packages install, documentation aside.
-const PROGRAM_FILES: [&str; 4] = [
+const PROGRAM_FILES: [&str; 5] = [
     "/usr/bin/nvhook",
     "/usr/bin/nvhook-runtime",
+    "/usr/bin/nvhook-nvml",
     CONFIG,
     "/usr/share/containers/oci/hooks.d/oci-nvhook-hook.json",
 ];
@@ -193,7 +194,11 @@ fn deb_holds_the_programs_config_hook_and_docs_with_their_dependencies() {
         "/usr/share/doc/nvhook/usage.txt",
     ];
     assert_eq!(files, with_docs(&docs), "{listing}");
-    for program in ["./usr/bin/nvhook", "./usr/bin/nvhook-runtime"] {
+    for program in [
+        "./usr/bin/nvhook",
+        "./usr/bin/nvhook-runtime",
+        "./usr/bin/nvhook-nvml",
+    ] {
         let entry = listing
             .lines()
             .find(|line| line.ends_with(program))

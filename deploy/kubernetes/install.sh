@@ -1,6 +1,6 @@
 #!/bin/sh
 # nvhook node installer, run by the DaemonSet in nvhook-installer.yaml (image: Containerfile).
-# Copies nvhook and nvhook-runtime onto the host, sets nvhook's Kubernetes policy, registers
+# Copies nvhook, nvhook-runtime and nvhook-nvml onto the host, sets nvhook's Kubernetes policy, registers
 # runtime handler "nvidia" with containerd (nvhook configure containerd --kubernetes), and
 # restarts containerd when its config changed. Safe to run again: an unchanged node is left
 # alone, containerd included.
@@ -26,13 +26,13 @@ say() { echo "nvhook-install: $*"; }
 # 1. The binaries, each replaced by a rename: a container starting meanwhile runs the old
 #    file or the new one, never half of one.
 mkdir -p "$host$nvhook_dir/bin"
-for name in nvhook nvhook-runtime; do
+for name in nvhook nvhook-runtime nvhook-nvml; do
     new="$host$nvhook_dir/bin/.$name.new"
     cp "$source_dir/$name" "$new"
     chmod 0755 "$new"
     mv -f "$new" "$host$nvhook_dir/bin/$name"
 done
-say "installed nvhook and nvhook-runtime in $nvhook_dir/bin"
+say "installed nvhook, nvhook-runtime and nvhook-nvml in $nvhook_dir/bin"
 
 # 2. nvhook-runtime writes hook-path into every GPU container's hooks: it must name the
 #    nvhook installed above. An admin's own hook-path is kept.

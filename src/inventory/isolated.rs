@@ -1,8 +1,9 @@
-//! Loading the inventory in a child process.
+//! Loading the inventory with NVML queried in another process.
 //!
 //! A real libnvidia-ml may start threads, and setns(CLONE_NEWNS) refuses a process whose
 //! fs struct is shared with other threads; NVML can also hang for seconds without
-//! persistence mode. A forked child keeps the hook single-threaded and bounds NVML's time.
+//! persistence mode. A child process keeps the hook single-threaded and bounds NVML's time;
+//! it is a program of its own ([`HELPER`]) because nvhook is static.
 //!
 //! The child answers before NVML is shut down, and the parent does not wait for it to exit:
 //! on an H100 with driver 580, nvmlShutdown, or the driver's clean-up when the process
@@ -10,15 +11,15 @@
 
 use super::cache::NvmlCache;
 use super::driver::HostCache;
-use super::{Inventory, InventoryError, nvml_library};
+use super::{Inventory, InventoryError, nvml, nvml_library};
 use crate::config::Config;
-use nix::sys::wait::{WaitPidFlag, waitpid};
-use nix::unistd::{ForkResult, fork};
 use std::io::{Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-type Reply = Result<Inventory, String>;
+type Reply = Result<nvml::System, String>;
 
 /// Where the NVML part of an inventory came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,52 +58,70 @@ fn load_from(config: &Config, use_kept: bool) -> Result<(Inventory, Source), Inv
     Ok((inventory, Source::Nvml))
 }
 
-/// The child uses the parent's reading of the driver root's loader cache: a fork's copy.
+/// The program beside nvhook that loads NVML: nvhook itself is static, and a static program
+/// cannot load libnvidia-ml (glibc's dlopen there needs the exact glibc it was linked with).
+pub const HELPER: &str = "nvhook-nvml";
+
+/// Asks NVML through [`HELPER`], with no environment, and builds the inventory around its
+/// answer with the parent's reading of the driver root's loader cache.
 fn query_in_child(config: &Config, host_cache: &HostCache) -> Result<Inventory, InventoryError> {
-    let (read_end, write_end) = nix::unistd::pipe().map_err(|e| child_err(format!("pipe: {e}")))?;
-    // SAFETY: the hook is single-threaded here, so the child is a faithful copy; it only
-    // queries, writes its answer and leaves with _exit.
-    match unsafe { fork() }.map_err(|e| child_err(format!("fork: {e}")))? {
-        ForkResult::Child => {
-            drop(read_end);
-            // Kept alive to the end: _exit runs no destructor, so NVML is never shut down.
-            let loaded = Inventory::load_with_nvml(config, host_cache);
-            let reply = loaded.as_ref().map(|(inventory, _)| inventory);
-            let reply: Result<&Inventory, String> = reply.map_err(|e| e.to_string());
-            let code = match serde_json::to_vec(&reply) {
-                Ok(bytes) => i32::from(std::fs::File::from(write_end).write_all(&bytes).is_err()),
-                Err(_) => 1,
-            };
-            // The answer's pipe is closed above; closing stdio now too means that a runtime
-            // collecting the hook's output does not wait for the driver's clean-up either.
-            for fd in 0..=2 {
-                // SAFETY: the child owns no std handle that uses these descriptors again.
-                unsafe { libc::close(fd) };
-            }
-            // SAFETY: _exit skips atexit handlers and destructors that belong to the parent.
-            unsafe { libc::_exit(code) }
-        }
-        ForkResult::Parent { child } => {
-            drop(write_end);
-            let result = read_reply(std::fs::File::from(read_end), config.nvml_timeout());
-            if result.is_err() {
-                let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
-                let _ = waitpid(child, None);
-            } else {
-                // Reaped now if it is gone; otherwise by whoever inherits it (the runtime the
-                // shim execs, or the engine's subreaper once the hook has exited).
-                let _ = waitpid(child, Some(WaitPidFlag::WNOHANG));
-            }
-            result
-        }
+    let library = nvml_library(config, host_cache)?;
+    let helper = std::env::current_exe()
+        .map_err(|e| child_err(format!("cannot find nvhook's own path: {e}")))?
+        .with_file_name(HELPER);
+    let mut child = Command::new(&helper)
+        .arg(&library)
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            child_err(format!(
+                "cannot run {}: {e} (it is installed beside nvhook; reinstall nvhook)",
+                helper.display()
+            ))
+        })?;
+    let pipe = child.stdout.take().expect("the helper's stdout is a pipe");
+    let result = read_reply(OwnedFd::from(pipe).into(), config.nvml_timeout());
+    if result.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+    } else {
+        // Reaped now if it is gone; otherwise by whoever inherits it (the runtime the shim
+        // execs, or the engine's subreaper once the hook has exited).
+        let _ = child.try_wait();
     }
+    Inventory::around(config, host_cache, result?)
+}
+
+/// The helper's side: queries NVML from `library`, writes the answer on stdout, closes its
+/// standard descriptors and leaves without shutting NVML down. Returns only on a failed write.
+pub fn answer(library: &Path) -> i32 {
+    // Kept alive to the end: _exit runs no destructor, so NVML is never shut down.
+    let queried = nvml::query(library);
+    let reply: Reply = queried
+        .as_ref()
+        .map(|(system, _)| system.clone())
+        .map_err(|e| e.to_string());
+    let mut out = std::io::stdout().lock();
+    let written = serde_json::to_vec(&reply)
+        .is_ok_and(|bytes| out.write_all(&bytes).and_then(|()| out.flush()).is_ok());
+    // Closing stdio now too means that a runtime collecting the hook's output does not wait
+    // for the driver's clean-up either.
+    for fd in 0..=2 {
+        // SAFETY: nothing in this process writes to these descriptors again.
+        unsafe { libc::close(fd) };
+    }
+    // SAFETY: _exit skips destructors; NVML's handle is deliberately leaked with the process.
+    unsafe { libc::_exit(i32::from(!written)) }
 }
 
 fn child_err(message: String) -> InventoryError {
     InventoryError::Child(message)
 }
 
-fn read_reply(mut pipe: std::fs::File, timeout: Duration) -> Result<Inventory, InventoryError> {
+fn read_reply(mut pipe: std::fs::File, timeout: Duration) -> Result<nvml::System, InventoryError> {
     let deadline = Instant::now() + timeout;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];

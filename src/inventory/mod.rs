@@ -12,7 +12,6 @@ mod resolve;
 
 use crate::capability::Capability;
 use crate::config::Config;
-use nvml_wrapper::Nvml;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -67,8 +66,6 @@ pub struct MigDevice {
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
     #[error(transparent)]
-    Nvml(#[from] nvml::NvmlError),
-    #[error(transparent)]
     Driver(#[from] driver::DriverError),
     #[error(transparent)]
     Devices(#[from] devices::DevicesError),
@@ -90,20 +87,10 @@ pub fn nvml_library(config: &Config, cache: &driver::HostCache) -> Result<PathBu
 }
 
 impl Inventory {
-    /// Reads everything: NVML, driver files, `/proc/devices`, device nodes, MIG capabilities.
+    /// Reads everything: NVML (asked now, in [`isolated::HELPER`]), driver files,
+    /// `/proc/devices`, device nodes, MIG capabilities.
     pub fn load(config: &Config) -> Result<Inventory, InventoryError> {
-        let cache = driver::HostCache::read(config)?;
-        Self::load_with_nvml(config, &cache).map(|(inventory, _shut_down_here)| inventory)
-    }
-
-    /// [`Inventory::load`] from the driver root's loader cache already read, with NVML still
-    /// initialised: dropping the handle shuts it down.
-    pub fn load_with_nvml(
-        config: &Config,
-        cache: &driver::HostCache,
-    ) -> Result<(Inventory, Nvml), InventoryError> {
-        let (system, nvml) = nvml::query(&nvml_library(config, cache)?)?;
-        Ok((Self::around(config, cache, system)?, nvml))
+        isolated::load_fresh(config)
     }
 
     /// The inventory around what NVML reported: everything else is read from the host now.

@@ -30,6 +30,11 @@ pub fn nvhook_runtime_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_nvhook-runtime"))
 }
 
+/// The NVML helper cargo built for this test run (nvhook runs it from beside itself).
+pub fn nvhook_nvml_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_nvhook-nvml"))
+}
+
 /// A name unique to this process and call, for ids, namespaces and images.
 pub fn unique_name(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
