@@ -257,6 +257,40 @@ fn nvml_init_failure_is_one_line_naming_nvml() {
     assert!(line.contains("NVML"), "{line}");
 }
 
+/// nvhook without its NVML helper beside it (a partial install) names the helper and the fix.
+#[test]
+fn a_missing_nvml_helper_is_one_line_naming_it() {
+    let node = Node::create(&[]);
+    let alone = TempDir::new().unwrap();
+    let nvhook = alone.path().join("nvhook");
+    fs::copy(support::nvhook_bin(), &nvhook).unwrap();
+    let config = node.config();
+    let out = Command::new(&nvhook)
+        .arg("--config")
+        .arg(&config)
+        .arg("info")
+        .output()
+        .expect("run the copied nvhook");
+    let line = one_line_failure(&out, &"info without nvhook-nvml");
+    let helper = alone.path().join("nvhook-nvml");
+    assert!(line.contains(&helper.display().to_string()), "{line}");
+    assert!(line.contains("reinstall nvhook"), "{line}");
+}
+
+/// Every container start execs nvhook, so it is a static PIE (no loader work, still loaded
+/// at a random address); NVML is loaded by the dynamic helper beside it.
+#[test]
+fn nvhook_is_a_static_pie_and_its_nvml_helper_is_dynamic() {
+    let nvhook = support::nvhook_bin();
+    assert!(support::readelf("-h", nvhook).contains("DYN (Position-Independent Executable file)"));
+    let segments = support::readelf("-l", nvhook);
+    assert!(!segments.contains("INTERP"), "{segments}");
+    let dynamic = support::readelf("-d", nvhook);
+    assert!(!dynamic.contains("NEEDED"), "{dynamic}");
+    let helper = Path::new(env!("CARGO_BIN_EXE_nvhook-nvml"));
+    assert!(support::readelf("-l", helper).contains("INTERP"));
+}
+
 // ---------------------------------------------------------------- plan
 
 #[test]

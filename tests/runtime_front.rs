@@ -12,6 +12,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+mod support;
+
 const NVHOOK_RUNTIME: &str = env!("CARGO_BIN_EXE_nvhook-runtime");
 
 struct Scratch {
@@ -177,14 +179,7 @@ fn a_closed_stdin_reaches_the_runtime_as_dev_null() {
 /// relative relocations it applies itself (anything else would be left undone).
 #[test]
 fn the_binary_is_a_self_relocating_static_pie() {
-    let readelf = |flag: &str| {
-        let out = Command::new("readelf")
-            .args([flag, "-W", NVHOOK_RUNTIME])
-            .output()
-            .expect("readelf (binutils) is installed");
-        assert!(out.status.success(), "readelf {flag}: {out:?}");
-        String::from_utf8(out.stdout).unwrap()
-    };
+    let readelf = |flag: &str| support::readelf(flag, Path::new(NVHOOK_RUNTIME));
     assert!(readelf("-h").contains("DYN (Position-Independent Executable file)"));
     let segments = readelf("-l");
     assert!(!segments.contains("INTERP"), "{segments}");

@@ -1,7 +1,7 @@
 //! Running host commands with failures that explain themselves.
 
 use std::env;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// Panics unless the test runs as root: runc, mknod and mounts all need it.
@@ -43,4 +43,15 @@ pub fn run_checked(cmd: &mut Command) -> Output {
 /// Runs `cmd` and returns its stdout as text, panicking if it fails.
 pub fn stdout_of(cmd: &mut Command) -> String {
     String::from_utf8(run_checked(cmd).stdout).expect("command output is not UTF-8")
+}
+
+/// `readelf FLAG -W PATH`'s output (binutils).
+pub fn readelf(flag: &str, path: &Path) -> String {
+    let out = Command::new(require_program("readelf"))
+        .args([flag, "-W"])
+        .arg(path)
+        .output()
+        .expect("run readelf");
+    assert!(out.status.success(), "readelf {flag} {path:?}: {out:?}");
+    String::from_utf8(out.stdout).expect("readelf prints text")
 }
