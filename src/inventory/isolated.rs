@@ -40,6 +40,12 @@ pub fn load_fresh(config: &Config) -> Result<Inventory, InventoryError> {
     load_from(config, false).map(|(inventory, _)| inventory)
 }
 
+/// The inventory from NVML asked now, with nothing read from or written to the kept answer:
+/// for the commands that change nothing (`info`, `plan`, `cdi generate`).
+pub fn load_unkept(config: &Config) -> Result<Inventory, InventoryError> {
+    query_in_child(config, &HostCache::read(config)?)
+}
+
 fn load_from(config: &Config, use_kept: bool) -> Result<(Inventory, Source), InventoryError> {
     let host_cache = HostCache::read(config)?;
     let stored = NvmlCache::open(config, &nvml_library(config, &host_cache)?);
