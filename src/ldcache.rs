@@ -10,7 +10,6 @@
 //! allocation is sized by a count that the file's length does not already cover.
 
 use std::cmp::Ordering;
-use std::collections::HashMap;
 use std::ffi::c_char;
 use std::io::Read;
 
@@ -221,7 +220,12 @@ impl LdCache {
     /// lays it out: header, entries, string table, extension directory.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let strings_start = NEW_HEADER_LEN + self.entries.len() * NEW_ENTRY_LEN;
-        let mut strings = StringTable::new(strings_start);
+        let text: usize = self
+            .entries
+            .iter()
+            .map(|e| e.soname.len() + e.path.len() + 2)
+            .sum();
+        let mut strings = StringTable::new(strings_start, text);
         let mut keys = Vec::with_capacity(self.entries.len());
         for e in &self.entries {
             keys.push((strings.add(&e.soname)?, strings.add(&e.path)?));
@@ -503,34 +507,31 @@ fn u32_len(v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| LdCacheError::Oversized)
 }
 
-/// The string table: each distinct string stored once, NUL-terminated; offsets are file
-/// offsets because the new-format header sits at the start of the file.
-struct StringTable<'a> {
+/// The string table: each string NUL-terminated, in the order added; offsets are file
+/// offsets because the new-format header sits at the start of the file. Strings are not
+/// shared between entries (ldconfig merges equal ones): the loader does not care, the table
+/// grows by a few per cent on real caches, and hashing every string of a 500-entry image
+/// cache cost more than the rest of writing it.
+struct StringTable {
     start: usize,
     bytes: Vec<u8>,
-    seen: HashMap<&'a str, u32>,
 }
 
-impl<'a> StringTable<'a> {
-    fn new(start: usize) -> StringTable<'a> {
+impl StringTable {
+    fn new(start: usize, capacity: usize) -> StringTable {
         StringTable {
             start,
-            bytes: Vec::new(),
-            seen: HashMap::new(),
+            bytes: Vec::with_capacity(capacity),
         }
     }
 
-    fn add(&mut self, s: &'a str) -> Result<u32> {
-        if let Some(&offset) = self.seen.get(s) {
-            return Ok(offset);
-        }
+    fn add(&mut self, s: &str) -> Result<u32> {
         if s.contains('\0') {
             return Err(LdCacheError::InteriorNul(s.to_owned()));
         }
         let offset = u32_len(self.end())?;
         self.bytes.extend_from_slice(s.as_bytes());
         self.bytes.push(0);
-        self.seen.insert(s, offset);
         Ok(offset)
     }
 

@@ -247,6 +247,66 @@ pub fn mkdir_at(dir: BorrowedFd, name: &CStr, mode: u32) -> io::Result<()> {
     unit_result(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) } as libc::c_long)
 }
 
+/// The inode `fd` (an O_PATH descriptor) refers to, opened again with `flags` through
+/// /proc/thread-self/fd/N: the kernel follows the descriptor itself, so no path is resolved
+/// again. The /proc found must be procfs and the root of its mount; the file opened must be
+/// `st`'s inode. Callers run where /proc is the host's (the shim, or a hook before
+/// pivot_root, whose mount namespace only the runtime has changed).
+pub fn reopen_through_proc(fd: BorrowedFd, st: &libc::stat, flags: i32) -> io::Result<OwnedFd> {
+    let proc = fd_result(
+        // SAFETY: a NUL-terminated literal; the result is owned.
+        unsafe {
+            libc::open(
+                c"/proc".as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        } as libc::c_long,
+    )?;
+    let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: fs is a valid out-pointer for the call.
+    unit_result(unsafe { libc::fstatfs(proc.as_raw_fd(), fs.as_mut_ptr()) } as libc::c_long)?;
+    // SAFETY: fstatfs succeeded and filled fs.
+    if unsafe { fs.assume_init() }.f_type != libc::PROC_SUPER_MAGIC {
+        return Err(io::Error::other("/proc is not procfs"));
+    }
+    if !is_mount_root(proc.as_fd())? {
+        return Err(io::Error::other("/proc is not the root of a procfs mount"));
+    }
+    let link = CString::new(format!("thread-self/fd/{}", fd.as_raw_fd()))
+        .map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: link is NUL-terminated; the result is owned below.
+    let file = fd_result(unsafe {
+        libc::openat(
+            proc.as_raw_fd(),
+            link.as_ptr(),
+            flags | libc::O_CLOEXEC | libc::O_NOCTTY,
+        )
+    } as libc::c_long)?;
+    let again = fstat(file.as_fd())?;
+    if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
+        return Err(io::Error::other("reopened a different file"));
+    }
+    Ok(file)
+}
+
+fn is_mount_root(fd: BorrowedFd) -> io::Result<bool> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::uninit();
+    // SAFETY: the empty path with AT_EMPTY_PATH names fd; stx is a valid out-pointer.
+    unit_result(unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            0,
+            stx.as_mut_ptr(),
+        )
+    } as libc::c_long)?;
+    // SAFETY: statx succeeded and filled stx.
+    let stx = unsafe { stx.assume_init() };
+    let known = stx.stx_attributes_mask & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0;
+    Ok(known && stx.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0)
+}
+
 /// Enters the mount namespace of `pid`. Needs a single-threaded process.
 pub fn enter_mount_ns(ns: &impl AsFd) -> io::Result<()> {
     nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNS).map_err(io::Error::from)
