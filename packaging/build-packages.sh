@@ -42,6 +42,7 @@ render_usage() {
     local nvhook=$release/nvhook subcommand
     echo "nvhook $version: command-line reference (the binaries' own --help)."
     echo "nvhook-runtime takes runc's arguments and execs runc or crun; see README.md."
+    echo "nvhook-nvml is run by nvhook, with no environment, to ask NVML about the GPUs."
     echo
     "$nvhook" --help
     for subcommand in $("$nvhook" --help | awk '/^Commands:/ { listing = 1; next } listing && NF == 0 { exit } listing && $1 != "help" { print $1 }'); do

@@ -265,12 +265,12 @@ fn a_missing_nvml_helper_is_one_line_naming_it() {
     let nvhook = alone.path().join("nvhook");
     fs::copy(support::nvhook_bin(), &nvhook).unwrap();
     let config = node.config();
-    let out = Command::new(&nvhook)
-        .arg("--config")
-        .arg(&config)
-        .arg("info")
-        .output()
-        .expect("run the copied nvhook");
+    let out = support::output_of_copied_binary(
+        Command::new(&nvhook)
+            .arg("--config")
+            .arg(&config)
+            .arg("info"),
+    );
     let line = one_line_failure(&out, &"info without nvhook-nvml");
     let helper = alone.path().join("nvhook-nvml");
     assert!(line.contains(&helper.display().to_string()), "{line}");

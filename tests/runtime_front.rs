@@ -53,12 +53,12 @@ impl Scratch {
     }
 
     fn run(&self, args: &[&str], stdin: Stdio) -> Output {
-        Command::new(self.path("nvhook-runtime"))
-            .args(args)
-            .env("NVHOOK_CONFIG", self.path("config.toml"))
-            .stdin(stdin)
-            .output()
-            .expect("run nvhook-runtime")
+        support::output_of_copied_binary(
+            Command::new(self.path("nvhook-runtime"))
+                .args(args)
+                .env("NVHOOK_CONFIG", self.path("config.toml"))
+                .stdin(stdin),
+        )
     }
 
     /// The runtime's argv, when it ran.

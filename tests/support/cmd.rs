@@ -55,3 +55,18 @@ pub fn readelf(flag: &str, path: &Path) -> String {
     assert!(out.status.success(), "readelf {flag} {path:?}: {out:?}");
     String::from_utf8(out.stdout).expect("readelf prints text")
 }
+
+/// `cmd.output()` for a program the test has just copied. Another test's child, forked while
+/// the copy was still open for writing, holds that descriptor until it execs; an exec
+/// meanwhile fails with ETXTBSY, so it is tried again for up to a second.
+pub fn output_of_copied_binary(cmd: &mut Command) -> Output {
+    for _ in 0..100 {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            run => return run.unwrap_or_else(|e| panic!("run {cmd:?}: {e}")),
+        }
+    }
+    panic!("{cmd:?} stayed busy (ETXTBSY) for a second");
+}

@@ -24,7 +24,7 @@ mod snapshot;
 mod watch;
 
 pub use bundle::{Bundle, nvhook_bin, run_nvhook};
-pub use cmd::{readelf, require_program, require_root, stdout_of};
+pub use cmd::{output_of_copied_binary, readelf, require_program, require_root, stdout_of};
 pub use gpucheck::{CONTROL_NODES, gpu_node, gpucheck_args};
 pub use image::{
     GlibcImageOptions, Image, build_busybox_image, build_glibc_image, busybox_image, compile,
