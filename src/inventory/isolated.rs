@@ -106,9 +106,9 @@ fn query_in_child(config: &Config, host_cache: &HostCache) -> Result<Inventory, 
 pub fn answer(library: &Path) -> i32 {
     // Kept alive to the end: _exit runs no destructor, so NVML is never shut down.
     let queried = nvml::query(library);
-    let reply: Reply = queried
+    let reply: Result<&nvml::System, String> = queried
         .as_ref()
-        .map(|(system, _)| system.clone())
+        .map(|(system, _)| system)
         .map_err(|e| e.to_string());
     let mut out = std::io::stdout().lock();
     let written = serde_json::to_vec(&reply)
