@@ -10,9 +10,10 @@ pub const DEFAULT_PATH: &str = crate::runtime_front::DEFAULT_CONFIG;
 pub const DEFAULT_NVML_CACHE_FILE: &str = "/run/nvhook/nvml-inventory.json";
 /// Environment variable that names the config file when `--config` is not given.
 pub const ENV_VAR: &str = crate::runtime_front::CONFIG_ENV;
+/// The `timeout` of the hook entries nvhook writes, in seconds; `nvml-timeout-ms` stays below it.
+pub const HOOK_TIMEOUT_S: u32 = 30;
 /// The longest `nvml-timeout-ms`: the hook entry's timeout less what the rest of the hook needs.
-pub const NVML_TIMEOUT_MAX: Duration =
-    Duration::from_secs(crate::runtime::HOOK_TIMEOUT_S as u64 - 5);
+pub const NVML_TIMEOUT_MAX: Duration = Duration::from_secs(HOOK_TIMEOUT_S as u64 - 5);
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
@@ -156,8 +157,7 @@ impl Config {
         if self.nvml_timeout_ms == 0 || u128::from(self.nvml_timeout_ms) > max_ms {
             return Err(format!(
                 "nvml-timeout-ms = {} must be between 1 and {max_ms}: the hook entry's timeout is {} s and the hook needs time after NVML",
-                self.nvml_timeout_ms,
-                crate::runtime::HOOK_TIMEOUT_S
+                self.nvml_timeout_ms, HOOK_TIMEOUT_S
             ));
         }
         if self.runtimes.is_empty() {
@@ -319,7 +319,7 @@ runtime-mode = "cdi"
             assert!(e.contains("between 1 and 25000"), "{e}");
         }
         assert!(parse("nvml-timeout-ms = 25000").is_ok());
-        assert!(NVML_TIMEOUT_MAX < Duration::from_secs(crate::runtime::HOOK_TIMEOUT_S.into()));
+        assert!(NVML_TIMEOUT_MAX < Duration::from_secs(HOOK_TIMEOUT_S.into()));
     }
 
     #[test]

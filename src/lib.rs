@@ -3,6 +3,7 @@
 //! The pure model (request, inventory data, plan) is separate from everything that touches
 //! the system (NVML loading, mounts, cgroups), so the former is tested without root.
 
+pub mod atomic_file;
 pub mod capability;
 pub mod cdi;
 pub mod cgroup;
@@ -10,13 +11,16 @@ pub mod config;
 pub mod configure;
 pub mod entry;
 mod file_id;
+pub mod host_plan;
 pub mod inject;
 pub mod inventory;
 pub mod ldcache;
 pub mod logging;
 pub mod oci;
 pub mod plan;
+pub mod plan_file;
 pub mod report;
 pub mod request;
-pub mod runtime;
+pub mod rootfs;
 pub mod runtime_front;
+pub mod shim;

@@ -9,8 +9,8 @@ use crate::inventory::devices::{MODESET_MINOR, NVIDIACTL_MINOR};
 use crate::inventory::{ElfClassName, Gpu, HostFile, HostNode, Inventory, MigDevice};
 use crate::request::{DeviceId, DeviceSelection, GpuFacts, Request, Version};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
 
 /// Every mount nvhook makes is a read-only, private bind that cannot carry setuid or devices.
 pub const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate"];
@@ -30,6 +30,42 @@ pub struct Plan {
     /// `/etc/ld.so.conf.d` file keeping non-default library dirs across an ldconfig run in the image.
     pub ld_so_conf: Option<LdSoConf>,
     pub proc_overlay: Option<ProcOverlay>,
+}
+
+/// A device node as the container's spec lists it in `linux.devices` (numbers optional there).
+pub type ListedNode<'a> = (&'a Path, Option<i64>, Option<i64>);
+
+impl Plan {
+    /// The device nodes the hook must make itself, and the cgroup rules for them: those not
+    /// listed in the spec already. nvhook-runtime lists its nodes there so the runtime makes
+    /// them and owns their rules (they then survive `runc update`).
+    pub fn left_to_hook<'a, 'b>(
+        &'a self,
+        listed: impl IntoIterator<Item = ListedNode<'b>>,
+    ) -> (Vec<&'a DeviceNode>, Vec<DeviceRule>) {
+        // Sets, so that a node with hundreds of MIG devices costs no quadratic term.
+        let listed: HashSet<ListedNode> = listed.into_iter().collect();
+        let nodes: Vec<&DeviceNode> = self
+            .devices
+            .iter()
+            .filter(|d| {
+                let key = (
+                    Path::new(&d.path),
+                    Some(d.major.into()),
+                    Some(d.minor.into()),
+                );
+                !listed.contains(&key)
+            })
+            .collect();
+        let ours: HashSet<(u32, u32)> = nodes.iter().map(|d| (d.major, d.minor)).collect();
+        let rules = self
+            .cgroup_rules
+            .iter()
+            .filter(|r| ours.contains(&(r.major, r.minor)))
+            .copied()
+            .collect();
+        (nodes, rules)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

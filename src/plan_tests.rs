@@ -201,6 +201,18 @@ pub(crate) fn standard() -> Inventory {
     inventory(4, &[(3, 2)])
 }
 
+/// A plan with one GPU node and its cgroup rule, nothing else.
+pub(crate) fn one_gpu_plan() -> Plan {
+    serde_json::from_value(json!({
+        "driver_version": "550", "selected": [],
+        "layout": {"lib64_dir": "/usr/lib", "lib32_dir": "/usr/lib32", "ldcache": false},
+        "devices": [{"path": "/dev/nvidia0", "host_path": "/dev/nvidia0", "major": 195, "minor": 0, "mode": 438}],
+        "cgroup_rules": [{"kind": "c", "major": 195, "minor": 0, "access": "rw"}],
+        "mounts": [], "symlinks": [], "ldcache": [], "ld_so_conf": null, "proc_overlay": null
+    }))
+    .unwrap()
+}
+
 fn spec(env: &[&str], bounding: &[&str]) -> Spec {
     let doc = json!({
         "ociVersion": "1.0.2",
@@ -988,4 +1000,28 @@ fn every_plan_round_trips_through_json() {
 #[test]
 fn plan_reports_the_driver_version() {
     assert_eq!(plan(&[&visible("0")]).driver_version, VERSION);
+}
+
+#[test]
+fn the_hook_makes_only_the_nodes_the_spec_does_not_list() {
+    let mut plan = one_gpu_plan();
+    plan.devices.push(DeviceNode {
+        path: "/dev/nvidiactl".into(),
+        host_path: "/dev/nvidiactl".into(),
+        major: 195,
+        minor: 255,
+        mode: 0o666,
+    });
+    plan.cgroup_rules.push(DeviceRule::char_rw(195, 255));
+    let (nodes, rules) = plan.left_to_hook([]);
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(rules.len(), 2);
+    // nvhook-runtime listed /dev/nvidia0: the runtime makes it and owns its rule.
+    let listed = [(Path::new("/dev/nvidia0"), Some(195), Some(0))];
+    let (nodes, rules) = plan.left_to_hook(listed);
+    assert_eq!(nodes, [&plan.devices[1]]);
+    assert_eq!(rules, [DeviceRule::char_rw(195, 255)]);
+    // A listed path with other numbers is not the same node: the hook still makes ours.
+    let other = [(Path::new("/dev/nvidia0"), Some(195), Some(7))];
+    assert_eq!(plan.left_to_hook(other).0.len(), 2);
 }

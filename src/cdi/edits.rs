@@ -46,7 +46,7 @@ impl HookBinary {
             path: self.path.display().to_string(),
             args: argv,
             env: HOOK_ENV.iter().map(|s| s.to_string()).collect(),
-            timeout: Some(crate::runtime::HOOK_TIMEOUT_S),
+            timeout: Some(crate::config::HOOK_TIMEOUT_S),
         }
     }
 }

@@ -8,11 +8,10 @@
 //! cannot point at a per-container plan file, and arguments show in the spec for review.
 
 use crate::inject::HookError;
-use crate::inject::loader;
-use crate::inject::rootfs::Rootfs;
 use crate::inventory::ElfClassName;
 use crate::oci::{Spec, State};
 use crate::plan::{CacheEntry, LdSoConf, Plan, Symlink};
+use crate::rootfs::{Rootfs, loader};
 
 /// The part of a plan the hook applies.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -16,6 +16,7 @@ pub use edits::{HookBinary, container_edits};
 pub use generate::{KIND, NameStrategy, generate};
 pub use spec::{CdiVersion, ContainerEdits, Format, Spec};
 
+use crate::atomic_file::{NewFile, write_atomic};
 use std::path::{Path, PathBuf};
 
 /// Where engines look for spec files, lowest priority first.
@@ -31,22 +32,34 @@ pub enum CdiError {
         "this node has no GPU, and a CDI spec needs at least one device (does `nvhook info` list the GPUs?)"
     )]
     NoGpu,
+    #[error("cannot {op} CDI spec {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot {op} CDI spec {path}: {message}")]
-    File {
+    Spec {
         op: &'static str,
         path: PathBuf,
         message: String,
     },
+    #[error("cannot write CDI spec {0}: engines only read spec files named *.json or *.yaml")]
+    Name(PathBuf),
 }
 
 /// Reads and validates the spec at `path`.
 pub fn read_spec(path: &Path) -> Result<Spec, CdiError> {
-    let fail = |op, message: String| CdiError::File {
+    let fail = |op, message: String| CdiError::Spec {
         op,
         path: path.to_path_buf(),
         message,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| fail("read", e.to_string()))?;
+    let text = std::fs::read_to_string(path).map_err(|source| CdiError::Io {
+        op: "read",
+        path: path.to_path_buf(),
+        source,
+    })?;
     let spec = Spec::parse(&text).map_err(|e| fail("parse", e.0))?;
     spec::validate(&spec).map_err(|e| fail("use", e.0))?;
     Ok(spec)
@@ -83,16 +96,12 @@ pub fn write_spec(path: &Path, text: &str) -> Result<(), CdiError> {
         path.extension().and_then(|e| e.to_str()),
         Some("json" | "yaml")
     ) {
-        return Err(CdiError::File {
-            op: "write",
-            path: path.to_path_buf(),
-            message: "engines only read spec files named *.json or *.yaml".into(),
-        });
+        return Err(CdiError::Name(path.to_path_buf()));
     }
-    crate::runtime::write_atomic(path, text.as_bytes(), 0o644).map_err(|e| CdiError::File {
+    write_atomic(path, text.as_bytes(), NewFile::mode(0o644)).map_err(|source| CdiError::Io {
         op: "write",
         path: path.to_path_buf(),
-        message: e.to_string(),
+        source,
     })
 }
 

@@ -2,10 +2,11 @@
 //! kept; and the diff shown by `--dry-run`.
 
 use super::ConfigureError;
+use crate::atomic_file::{self, NewFile};
 use std::ffi::OsString;
-use std::fs::{self, File, OpenOptions};
-use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::io::ErrorKind;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// A file created from nothing gets the mode engines' packages use for their configs.
@@ -47,35 +48,31 @@ pub(super) fn replace(
     } else {
         file.to_path_buf()
     };
-    let dir = match target.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&dir).map_err(write_error)?;
-    let old = if existed {
-        Some(fs::metadata(&target).map_err(write_error)?)
-    } else {
-        None
-    };
-    let temp = temp_path(&target);
-    let written = write_new(&temp, text, old.as_ref());
-    let result = written.and_then(|()| {
-        let backup = match old {
-            Some(_) => {
-                let backup = backup_path(&target);
-                fs::copy(&target, &backup)?;
-                Some(backup)
+    fs::create_dir_all(atomic_file::parent(&target)).map_err(write_error)?;
+    let new = match existed {
+        true => {
+            let old = fs::metadata(&target).map_err(write_error)?;
+            NewFile {
+                mode: old.mode() & 0o7777,
+                owner: Some((old.uid(), old.gid())),
+                durable: true,
             }
-            None => None,
-        };
-        fs::rename(&temp, &target)?;
-        File::open(&dir)?.sync_all()?;
-        Ok(backup)
-    });
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    result.map_err(write_error)
+        }
+        false => NewFile {
+            durable: true,
+            ..NewFile::mode(NEW_FILE_MODE)
+        },
+    };
+    let backup = match existed {
+        true => {
+            let backup = backup_path(&target);
+            fs::copy(&target, &backup).map_err(write_error)?;
+            Some(backup)
+        }
+        false => None,
+    };
+    atomic_file::write_atomic(&target, text.as_bytes(), new).map_err(write_error)?;
+    Ok(backup)
 }
 
 /// Moves `file` to its backup path: the engine then runs as if it had never existed.
@@ -86,27 +83,6 @@ pub(super) fn retire(file: &Path) -> Result<PathBuf, ConfigureError> {
         source,
     })?;
     Ok(backup)
-}
-
-fn temp_path(target: &Path) -> PathBuf {
-    let name = target.file_name().unwrap_or_default().to_string_lossy();
-    target.with_file_name(format!(".{name}.nvhook-{}.tmp", std::process::id()))
-}
-
-fn write_new(temp: &Path, text: &str, old: Option<&fs::Metadata>) -> std::io::Result<()> {
-    let mode = old.map_or(NEW_FILE_MODE, |m| m.mode() & 0o7777);
-    let mut out = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(temp)?;
-    // The umask applied to `mode` above; the old file's mode must survive exactly.
-    out.set_permissions(fs::Permissions::from_mode(mode))?;
-    if let Some(old) = old {
-        std::os::unix::fs::fchown(&out, Some(old.uid()), Some(old.gid()))?;
-    }
-    out.write_all(text.as_bytes())?;
-    out.sync_all()
 }
 
 /// A unified diff from `old` to `new` (`None`: the file does not exist).
@@ -127,6 +103,7 @@ pub(super) fn unified_diff(file: &Path, old: Option<&str>, new: Option<&str>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn replace_keeps_mode_and_makes_a_backup() {

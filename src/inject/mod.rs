@@ -6,19 +6,17 @@
 //! targets resolved inside the rootfs. Mounts only ever happen in the container's namespace,
 //! which dies with the container, so a failure leaves nothing on the host.
 
-pub mod loader;
 pub mod procfs;
-pub mod rootfs;
-pub mod sys;
 
-use crate::cgroup::{self, DeviceRule};
+use crate::cgroup;
 use crate::config::Config;
-use crate::inventory::{self, Inventory};
+use crate::host_plan::{PlanningError, plan_for_host};
+use crate::inventory;
 use crate::oci::{OciError, Spec, State};
-use crate::plan::{self, DeviceNode, MountKind, Plan};
+use crate::plan::{MountKind, Plan};
+use crate::plan_file;
 use crate::request::{Request, RequestError};
-use rootfs::{Existing, Rootfs, RootfsError};
-use std::collections::HashSet;
+use crate::rootfs::{Existing, Rootfs, RootfsError, loader, sys};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -32,7 +30,7 @@ pub enum HookError {
     #[error(transparent)]
     Inventory(#[from] inventory::InventoryError),
     #[error(transparent)]
-    Plan(#[from] plan::PlanError),
+    Planning(#[from] PlanningError),
     #[error(transparent)]
     Cgroup(#[from] cgroup::CgroupError),
     #[error(transparent)]
@@ -45,10 +43,15 @@ pub enum HookError {
         "linux.rootfsPropagation is {0:?}: mounts would propagate to the host; use private or slave"
     )]
     SharedRootfs(String),
-    #[error("cannot open mount source {path}: {message}")]
-    Source { path: PathBuf, message: String },
-    #[error("cannot enter the mount namespace of pid {pid}: {message}")]
-    Namespace { pid: i32, message: String },
+    #[error("cannot open mount source {path}: {source}")]
+    Source {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("mount source {path} is not a {kind}")]
+    SourceKind { path: PathBuf, kind: &'static str },
+    #[error("cannot enter the mount namespace of pid {pid}: {source}")]
+    Namespace { pid: i32, source: std::io::Error },
 }
 
 /// What the hook did, for the caller's log line.
@@ -92,7 +95,7 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
     step.done("request");
     // nvhook-runtime already queried NVML for this start and left its plan in the bundle.
-    let plan = match crate::runtime::read_plan(&state.bundle) {
+    let plan = match plan_file::read(&state.bundle) {
         Some(plan) => plan,
         None => {
             let (inventory, source) = inventory::isolated::load(config)?;
@@ -105,41 +108,6 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     apply(&spec, pid, &rootfs_path, &plan, &mut step)
 }
 
-/// [`plan_for`] the host's inventory. A plan that fails on NVML's kept answer is made again
-/// from a fresh query: a stale cache may cost a query, never a refused start.
-pub fn plan_for_host(
-    request: &Request,
-    inventory: Inventory,
-    source: inventory::isolated::Source,
-    config: &Config,
-    rootfs_path: &Path,
-) -> Result<Plan, HookError> {
-    match plan_for(request, &inventory, config, rootfs_path) {
-        Err(e) if source == inventory::isolated::Source::Cache => {
-            tracing::info!("plan failed on NVML's kept answer ({e}); asking NVML again");
-            let inventory = inventory::isolated::load_fresh(config)?;
-            plan_for(request, &inventory, config, rootfs_path)
-        }
-        planned => planned,
-    }
-}
-
-/// The plan for a container whose rootfs is at `rootfs_path` (probed read-only).
-pub fn plan_for(
-    request: &Request,
-    inventory: &Inventory,
-    config: &Config,
-    rootfs_path: &Path,
-) -> Result<Plan, HookError> {
-    let image = Rootfs::open(rootfs_path)?.probe();
-    Ok(plan::build(
-        request,
-        inventory,
-        &config.dev_root.display().to_string(),
-        image,
-    )?)
-}
-
 fn apply(
     spec: &Spec,
     pid: i32,
@@ -147,32 +115,11 @@ fn apply(
     plan: &Plan,
     step: &mut Step,
 ) -> Result<Outcome, HookError> {
-    // Nodes listed in the spec are the runtime's: it makes them and owns their cgroup rules.
-    // Sets, so that a node with hundreds of MIG devices costs no quadratic term.
-    let in_spec: HashSet<(&Path, Option<i64>, Option<i64>)> = spec
+    let listed = spec
         .devices()
         .iter()
-        .map(|s| (s.path.as_path(), s.major, s.minor))
-        .collect();
-    let nodes: Vec<&DeviceNode> = plan
-        .devices
-        .iter()
-        .filter(|d| {
-            let key = (
-                Path::new(&d.path),
-                Some(d.major.into()),
-                Some(d.minor.into()),
-            );
-            !in_spec.contains(&key)
-        })
-        .collect();
-    let ours: HashSet<(u32, u32)> = nodes.iter().map(|d| (d.major, d.minor)).collect();
-    let rules: Vec<DeviceRule> = plan
-        .cgroup_rules
-        .iter()
-        .filter(|r| ours.contains(&(r.major, r.minor)))
-        .cloned()
-        .collect();
+        .map(|d| (d.path.as_path(), d.major, d.minor));
+    let (nodes, rules) = plan.left_to_hook(listed);
     if !rules.is_empty() {
         let version = cgroup::allow_devices(pid, &rules)?;
         tracing::info!(?version, rules = rules.len(), "cgroup device rules set");
@@ -189,16 +136,10 @@ fn apply(
         .filter(|_| module_loaded)
         .map(procfs::prepare)
         .transpose()?;
-    let ns =
-        std::fs::File::open(format!("/proc/{pid}/ns/mnt")).map_err(|e| HookError::Namespace {
-            pid,
-            message: e.to_string(),
-        })?;
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
+        .map_err(|source| HookError::Namespace { pid, source })?;
     step.done("sources");
-    sys::enter_mount_ns(&ns).map_err(|e| HookError::Namespace {
-        pid,
-        message: e.to_string(),
-    })?;
+    sys::enter_mount_ns(&ns).map_err(|source| HookError::Namespace { pid, source })?;
     let rootfs = Rootfs::open(rootfs_path)?;
     for node in &nodes {
         rootfs.make_node(&node.path, node.major, node.minor, node.mode)?;
@@ -247,26 +188,28 @@ fn open_sources(plan: &Plan) -> Result<Vec<OwnedFd>, HookError> {
     plan.mounts
         .iter()
         .map(|m| {
-            let fail = |message: String| HookError::Source {
+            let fail = |source| HookError::Source {
                 path: m.source.clone(),
-                message,
+                source,
             };
-            let tree = sys::clone_tree(&m.source, m.kind == MountKind::Dir)
-                .map_err(|e| fail(e.to_string()))?;
-            let st = sys::fstat(tree.as_fd()).map_err(|e| fail(e.to_string()))?;
-            let want = match m.kind {
-                MountKind::File => libc::S_IFREG,
-                MountKind::Socket => libc::S_IFSOCK,
-                MountKind::Dir => libc::S_IFDIR,
+            let tree = sys::clone_tree(&m.source, m.kind == MountKind::Dir).map_err(fail)?;
+            let st = sys::fstat(tree.as_fd()).map_err(fail)?;
+            let (want, kind) = match m.kind {
+                MountKind::File => (libc::S_IFREG, "regular file"),
+                MountKind::Socket => (libc::S_IFSOCK, "socket"),
+                MountKind::Dir => (libc::S_IFDIR, "directory"),
             };
             if sys::file_type(&st) != want {
-                return Err(fail(format!("not a {:?}", m.kind).to_lowercase()));
+                return Err(HookError::SourceKind {
+                    path: m.source.clone(),
+                    kind,
+                });
             }
             sys::set_attrs(
                 tree.as_fd(),
                 sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
             )
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(fail)?;
             Ok(tree)
         })
         .collect()

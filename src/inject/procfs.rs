@@ -1,9 +1,8 @@
 //! The /proc/driver/nvidia overlay: a read-only tmpfs holding `params` (with device-file
 //! modification off), `version`, `registry`, and the selected GPUs' `gpus/<busid>` only.
 
-use super::rootfs::{Rootfs, RootfsError};
-use super::sys;
 use crate::plan::{ProcOverlay, container_params};
+use crate::rootfs::{Rootfs, RootfsError, sys};
 use std::ffi::CString;
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};

@@ -11,11 +11,11 @@
 //! one else, from a directory that is the same, and never through a symlink.
 
 use super::nvml::System;
+use crate::atomic_file::{NewFile, write_atomic};
 use crate::config::Config;
 use crate::file_id::FileId;
 use serde::{Deserialize, Serialize};
-use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -150,20 +150,7 @@ impl NvmlCache {
             return Err(std::io::Error::other("directory not private to this user"));
         }
         let bytes = serde_json::to_vec(stored).map_err(std::io::Error::other)?;
-        let name = self.path.file_name().unwrap_or_default().to_string_lossy();
-        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
-        let written = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&tmp)
-            .and_then(|mut f: File| f.write_all(&bytes))
-            .and_then(|()| std::fs::rename(&tmp, &self.path));
-        if written.is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written
+        write_atomic(&self.path, &bytes, NewFile::mode(0o600))
     }
 }
 

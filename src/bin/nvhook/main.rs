@@ -324,7 +324,7 @@ fn plan(config: &Config, bundle: &Path, format: Format) -> Result<()> {
                 .rootfs(bundle)
                 .context("the bundle's config.json has no root.path")?;
             let inventory = Inventory::load(config)?;
-            Some(nvhook::inject::plan_for(
+            Some(nvhook::host_plan::plan_for(
                 request, &inventory, config, &rootfs,
             )?)
         }

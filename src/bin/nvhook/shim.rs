@@ -4,8 +4,10 @@
 
 use anyhow::Result;
 use nvhook::config::{self, Config};
-use nvhook::runtime::{Invocation, find_runtime, prepare_bundle};
-use std::ffi::OsString;
+use nvhook::runtime_front::Invocation;
+use nvhook::shim::{find_runtime, prepare_bundle};
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
@@ -29,11 +31,11 @@ fn run(args: &[OsString]) -> Result<PathBuf> {
     let config_path = std::env::var_os(config::ENV_VAR).map(PathBuf::from);
     let config = Config::load(config_path.as_deref(), None)?;
     let runtime = find_runtime(&config, std::env::var_os("PATH").as_deref())?;
-    let invocation = Invocation::parse(args);
+    let invocation = Invocation::parse(args.iter().map(|a| a.as_bytes()));
     if invocation.creates() {
         nvhook::logging::init(&config);
         let bundle = match invocation.bundle {
-            Some(b) => b,
+            Some(b) => PathBuf::from(OsStr::from_bytes(b)),
             None => std::env::current_dir().map_err(|e| {
                 anyhow::anyhow!("cannot find the bundle (no --bundle and no cwd): {e}")
             })?,

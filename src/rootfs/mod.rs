@@ -6,7 +6,9 @@
 //! calls on that directory descriptor with O_NOFOLLOW / O_EXCL, so no path string is ever
 //! resolved twice.
 
-use super::sys;
+pub mod loader;
+pub mod sys;
+
 use crate::plan::{ImageInfo, MountKind};
 use pathrs::Root;
 use std::cell::RefCell;

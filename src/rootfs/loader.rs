@@ -1,7 +1,7 @@
 //! The container's loader cache, updated by nvhook itself: the image's ldconfig is never run
 //! (it is image code, and it followed symlinks out of crafted images: CVE-2025-23267).
 
-use super::rootfs::{Existing, Rootfs, RootfsError};
+use super::{Existing, Rootfs, RootfsError};
 use crate::inventory::ElfClassName;
 use crate::ldcache::{ElfClass, Entry, LdCache, MAX_CACHE_LEN};
 use crate::plan::{CacheEntry, LdSoConf, Symlink};

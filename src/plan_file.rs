@@ -1,0 +1,91 @@
+//! The plan nvhook-runtime's shim leaves in the bundle for the prestart hook, so that one
+//! container start asks NVML and probes the image once, not twice.
+
+use crate::atomic_file::{NewFile, write_atomic};
+use crate::file_id::FileId;
+use crate::plan::Plan;
+use std::path::Path;
+
+/// The file's name inside the bundle.
+pub const PLAN_FILE: &str = "nvhook-plan.json";
+
+/// The shim's plan, with the config.json it was made for: a bundle whose config.json was
+/// rewritten since (a reused bundle, a later start without the shim) gets a fresh plan.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct PlanFile {
+    config_json: FileId,
+    plan: Plan,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanFileError {
+    #[error("{0} is gone after it was written")]
+    ConfigJsonGone(String),
+    #[error("cannot encode the plan: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error("cannot write the plan into the bundle {bundle}: {source}")]
+    Write {
+        bundle: String,
+        source: std::io::Error,
+    },
+}
+
+/// Leaves `plan` in `bundle` for the hook, tied to the config.json now there.
+pub fn write(bundle: &Path, plan: Plan) -> Result<(), PlanFileError> {
+    let config_json = bundle.join("config.json");
+    let written = FileId::of(&config_json)
+        .ok_or_else(|| PlanFileError::ConfigJsonGone(config_json.display().to_string()))?;
+    let file = PlanFile {
+        config_json: written,
+        plan,
+    };
+    let bytes = serde_json::to_vec(&file)?;
+    write_atomic(&bundle.join(PLAN_FILE), &bytes, NewFile::mode(0o600)).map_err(|source| {
+        PlanFileError::Write {
+            bundle: bundle.display().to_string(),
+            source,
+        }
+    })
+}
+
+/// The plan the shim left in the bundle, if it was made for the config.json there now.
+pub fn read(bundle: &Path) -> Option<Plan> {
+    let bytes = std::fs::read(bundle.join(PLAN_FILE)).ok()?;
+    let file: PlanFile = serde_json::from_slice(&bytes).ok()?;
+    let current = FileId::of(&bundle.join("config.json"));
+    if current.as_ref() != Some(&file.config_json) {
+        tracing::info!("the shim's plan was made for another config.json: not used");
+        return None;
+    }
+    Some(file.plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::tests::one_gpu_plan;
+
+    #[test]
+    fn the_hook_uses_the_shims_plan_only_for_the_config_json_it_was_made_for() {
+        let bundle = tempfile::tempdir().unwrap();
+        let config_json = bundle.path().join("config.json");
+        std::fs::write(&config_json, b"{}").unwrap();
+        write(bundle.path(), one_gpu_plan()).unwrap();
+        assert_eq!(read(bundle.path()), Some(one_gpu_plan()));
+        // The bundle is used again with a config.json written anew: that plan is stale.
+        write_atomic(&config_json, b"{}", NewFile::mode(0o644)).unwrap();
+        assert_eq!(read(bundle.path()), None);
+        // A plan file from before the config.json identity was recorded is not trusted.
+        let plan_path = bundle.path().join(PLAN_FILE);
+        std::fs::write(&plan_path, serde_json::to_vec(&one_gpu_plan()).unwrap()).unwrap();
+        assert_eq!(read(bundle.path()), None);
+    }
+
+    #[test]
+    fn a_bundle_without_config_json_gets_no_plan_file() {
+        let bundle = tempfile::tempdir().unwrap();
+        let e = write(bundle.path(), one_gpu_plan()).unwrap_err();
+        assert!(e.to_string().contains("config.json is gone"), "{e}");
+        assert!(!bundle.path().join(PLAN_FILE).exists());
+    }
+}

@@ -1,0 +1,178 @@
+//! nvhook-runtime: a drop-in for runc that, on `create` and `run` of a GPU container, puts
+//! the plan's device nodes and cgroup rules into config.json (so the runtime owns them and
+//! they survive `runc update` and `systemctl daemon-reload`), adds the prestart hook, and
+//! hands the plan to the hook through the bundle so NVML is initialised once per start.
+
+use crate::atomic_file::{NewFile, write_atomic};
+use crate::cdi::{self, ContainerEdits, HookBinary};
+use crate::config::{Config, RuntimeMode};
+use crate::host_plan::{PlanningError, plan_for_host};
+use crate::inventory::{self, InventoryError};
+use crate::oci::{OciError, Spec};
+use crate::plan::Plan;
+use crate::plan_file::{self, PlanFileError};
+use crate::request::{Request, RequestError};
+use crate::runtime_front;
+use serde_json::Value;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    #[error("none of the runtimes {0:?} is installed (set `runtimes` in the nvhook config)")]
+    NoRuntime(Vec<String>),
+    #[error("cannot {op} {path}: {source}")]
+    Bundle {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot edit {path}: {source}")]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("the OCI spec has no root.path")]
+    NoRoot,
+    #[error(transparent)]
+    Oci(#[from] OciError),
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    #[error(transparent)]
+    Planning(#[from] PlanningError),
+    #[error(transparent)]
+    PlanFile(#[from] PlanFileError),
+}
+
+/// The low-level runtime to exec: the first of `runtimes` that exists (absolute, or on PATH).
+pub fn find_runtime(config: &Config, path_var: Option<&OsStr>) -> Result<PathBuf, ShimError> {
+    let path_var = path_var.unwrap_or(OsStr::from_bytes(runtime_front::DEFAULT_SEARCH_PATH));
+    let dirs: Vec<PathBuf> = std::env::split_paths(path_var).collect();
+    config
+        .runtimes
+        .iter()
+        .find_map(|name| {
+            let p = Path::new(name);
+            if p.is_absolute() {
+                return is_executable(p).then(|| p.to_path_buf());
+            }
+            dirs.iter().map(|d| d.join(name)).find(|c| is_executable(c))
+        })
+        .ok_or_else(|| ShimError::NoRuntime(config.runtimes.clone()))
+}
+
+fn is_executable(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Prepares a bundle for a GPU container; a container that asks for no GPU is left
+/// byte for byte as it was. Returns whether config.json was changed.
+pub fn prepare_bundle(
+    config: &Config,
+    config_path: Option<&Path>,
+    bundle: &Path,
+) -> Result<bool, ShimError> {
+    let path = bundle.join("config.json");
+    let io_err = |op: &'static str| {
+        let path = path.clone();
+        move |source| ShimError::Bundle { op, path, source }
+    };
+    let json_err = |source| ShimError::Json {
+        path: path.clone(),
+        source,
+    };
+    let text = std::fs::read_to_string(&path).map_err(io_err("read"))?;
+    let spec = Spec::parse(&text, &path)?;
+    let Some(request) = Request::from_spec(&spec, config)? else {
+        return Ok(false);
+    };
+    let rootfs = spec.rootfs(bundle).ok_or(ShimError::NoRoot)?;
+    let (inventory, source) = inventory::isolated::load(config)?;
+    let plan = plan_for_host(&request, inventory, source, config, &rootfs)?;
+    let mut value: Value = serde_json::from_str(&text).map_err(json_err)?;
+    match config.runtime_mode {
+        RuntimeMode::Hook => edit_spec(&mut value, &plan, &hook_entry(config, config_path)),
+        // The same edits a CDI spec would make, for this container's image and request.
+        RuntimeMode::Cdi => cdi::oci::apply(
+            &mut value,
+            &cdi::container_edits(&plan, &HookBinary::new(config, config_path)),
+        ),
+    }
+    let out = serde_json::to_vec_pretty(&value).map_err(json_err)?;
+    let mode = std::fs::metadata(&path)
+        .map(|m| m.permissions().mode() & 0o7777)
+        .unwrap_or(0o644);
+    write_atomic(&path, &out, NewFile::mode(mode)).map_err(io_err("write"))?;
+    if config.runtime_mode == RuntimeMode::Hook {
+        plan_file::write(bundle, plan)?;
+    }
+    Ok(true)
+}
+
+/// The prestart hook entry: absolute path, explicit non-empty env, a timeout.
+pub fn hook_entry(config: &Config, config_path: Option<&Path>) -> cdi::spec::Hook {
+    HookBinary::new(config, config_path).hook("prestart", Vec::new())
+}
+
+/// Adds the hook (unless one with the same path is there), the device nodes to
+/// `linux.devices` and their allow rules to `linux.resources.devices`. Unknown fields stay.
+pub fn edit_spec(spec: &mut Value, plan: &Plan, hook: &cdi::spec::Hook) {
+    let edits = ContainerEdits {
+        device_nodes: cdi::edits::device_nodes(plan),
+        hooks: vec![hook.clone()],
+        ..ContainerEdits::default()
+    };
+    cdi::oci::apply(spec, &edits);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HOOK_TIMEOUT_S;
+    use crate::plan::tests::one_gpu_plan;
+    use serde_json::json;
+
+    #[test]
+    fn packaged_hook_json_has_the_same_timeout() {
+        let hook: Value =
+            serde_json::from_str(include_str!("../hooks/oci-nvhook-hook.json")).unwrap();
+        assert_eq!(hook["hook"]["timeout"], HOOK_TIMEOUT_S);
+        assert_eq!(
+            hook_entry(&Config::default(), None).timeout,
+            Some(HOOK_TIMEOUT_S)
+        );
+    }
+
+    #[test]
+    fn edit_keeps_unknown_fields_and_is_idempotent_for_hooks() {
+        let mut spec = json!({
+            "ociVersion": "1.0.2",
+            "x-unknown": {"keep": [1, 2]},
+            "hooks": {"poststop": [{"path": "/bin/true"}]},
+            "linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}}
+        });
+        let plan = one_gpu_plan();
+        let hook = hook_entry(&Config::default(), Some(Path::new("/etc/n.toml")));
+        edit_spec(&mut spec, &plan, &hook);
+        edit_spec(&mut spec, &plan, &hook);
+        assert_eq!(spec["x-unknown"], json!({"keep": [1, 2]}));
+        assert_eq!(spec["hooks"]["poststop"][0]["path"], "/bin/true");
+        assert_eq!(spec["hooks"]["prestart"].as_array().unwrap().len(), 1);
+        assert_eq!(spec["hooks"]["prestart"][0]["args"][2], "/etc/n.toml");
+        assert!(
+            !spec["hooks"]["prestart"][0]["env"]
+                .as_array()
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(spec["linux"]["devices"].as_array().unwrap().len(), 1);
+        assert_eq!(spec["linux"]["devices"][0]["fileMode"], 438);
+        // The default deny stays first; the allow rule comes after it.
+        assert_eq!(spec["linux"]["resources"]["devices"][0]["allow"], false);
+        assert_eq!(spec["linux"]["resources"]["devices"][1]["major"], 195);
+    }
+}
