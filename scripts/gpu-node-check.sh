@@ -10,7 +10,7 @@
 # prestart hook, nvhook-runtime, nvhook-runtime in runtime-mode = "cdi"); the container dlopens
 # libcuda.so.1, calls cuInit, probes the device nodes and runs the mounted nvidia-smi. Then it
 # times whole starts (`runc run` of /bin/true) for plain runc and both hook paths, alternating,
-# with NVML's answer kept (the default) and queried on every start.
+# with NVML's answer cached (the default) and queried on every start.
 set -euo pipefail
 
 pack() {

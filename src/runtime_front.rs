@@ -3,9 +3,9 @@
 //! Engines run nvhook-runtime for every command of every container (create, start, state,
 //! kill, delete, ...), GPU or not, and only `create`/`run` of a container that asks for a GPU
 //! needs nvhook's shim. So nvhook-runtime is a libc-free static program built on this module
-//! (`core` only) that hands everything else straight to runc: on the test VM a dynamic std
-//! binary adds ~0.8 ms to each command it passes on (loader, relocations, libc and std start-up,
-//! `perf stat`), this one ~0.03 ms.
+//! (`core` only) that hands everything else straight to runc: a dynamic std binary would add
+//! its loader, relocations and libc and std start-up to every command it passes on (the
+//! figures are in docs/performance.md).
 //!
 //! Every answer here is either certain or "ask nvhook": the full shim (`nvhook runtime`) is
 //! always right, this module only spares it where the bytes leave no doubt.

@@ -1,5 +1,5 @@
-//! NVML's answer kept between starts (`nvml-cache-file`), with real runc containers on a
-//! simulated node: a second start does not pay NVML, and a kept answer that no longer
+//! NVML's answer cached between starts (`nvml-cache-file`), with real runc containers on a
+//! simulated node: a second start does not pay NVML, and a cached answer that no longer
 //! matches the GPUs never refuses a start. Run as root after `cargo build --workspace`.
 
 mod support;
@@ -61,7 +61,7 @@ fn a_second_start_does_not_pay_nvml_init() {
 fn a_kept_answer_that_misses_a_gpu_is_replaced_not_obeyed() {
     let node = SimNode::create(GPUS);
     start_with_gpu(&node, "0");
-    // Stale in a way the fingerprint cannot see: NVML's kept answer lost GPU 3.
+    // Stale in a way the fingerprint cannot see: NVML's cached answer lost GPU 3.
     let path = cache_file(&node);
     let mut stored: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("read cache")).expect("JSON");

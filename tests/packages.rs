@@ -308,7 +308,7 @@ fn deb_installs_upgrades_keeping_the_config_removes_and_purges_only_its_own_file
     assert_eq!(root.package_state().as_deref(), Some("config-files"));
     assert!(
         !root.path("/run/nvhook").exists(),
-        "removal kept NVML's answer"
+        "removal kept NVML's cache"
     );
     assert_eq!(
         root.files(),

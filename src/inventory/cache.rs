@@ -1,7 +1,7 @@
-//! NVML's answer, kept between container starts.
+//! NVML's answer, cached between container starts.
 //!
-//! On a real GPU node NVML is the largest cost of a start: on an H100 with driver 580 and
-//! persistence mode, init, attach and shutdown take ~20 ms, as long as runc's whole start.
+//! On a real GPU node NVML is the largest cost of a start (docs/performance.md has the
+//! figures from an H100).
 //! What NVML reports (GPUs, MIG devices, versions) changes only with the host: a reboot, a
 //! driver reload or upgrade, a GPU bound or unbound, MIG reconfigured. Each of those shows
 //! in files that cost microseconds to read, so the answer is stored with a fingerprint of
@@ -136,7 +136,7 @@ impl NvmlCache {
             system: system.clone(),
         };
         if let Err(e) = self.try_write(&stored) {
-            tracing::debug!(path = %self.path.display(), error = %e, "NVML answer not kept");
+            tracing::debug!(path = %self.path.display(), error = %e, "NVML answer not cached");
         }
     }
 

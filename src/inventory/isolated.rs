@@ -6,8 +6,8 @@
 //! it is a program of its own ([`HELPER`]) because nvhook is static.
 //!
 //! The child answers before NVML is shut down, and the parent does not wait for it to exit:
-//! on an H100 with driver 580, nvmlShutdown, or the driver's clean-up when the process
-//! exits without it, takes ~2.5 ms that the container start need not pay.
+//! nvmlShutdown, or the driver's clean-up when the process exits without it, is time the
+//! container start need not pay (docs/performance.md).
 
 use super::cache::NvmlCache;
 use super::driver::HostCache;
@@ -24,7 +24,7 @@ type Reply = Result<nvml::System, String>;
 /// Where the NVML part of an inventory came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
-    /// NVML's answer kept from an earlier start, for the same host state.
+    /// NVML's answer cached by an earlier start, for the same host state.
     Cache,
     Nvml,
 }
@@ -35,25 +35,25 @@ pub fn load(config: &Config) -> Result<(Inventory, Source), InventoryError> {
     load_from(config, true)
 }
 
-/// The inventory from NVML itself (a kept answer failed a plan); the cache gets the new one.
+/// The inventory from NVML itself (a cached answer failed a plan); the cache gets the new one.
 pub fn load_fresh(config: &Config) -> Result<Inventory, InventoryError> {
     load_from(config, false).map(|(inventory, _)| inventory)
 }
 
-/// The inventory from NVML asked now, with nothing read from or written to the kept answer:
+/// The inventory from NVML asked now, with nothing read from or written to the cache:
 /// for the commands that change nothing (`info`, `plan`, `cdi generate`).
-pub fn load_unkept(config: &Config) -> Result<Inventory, InventoryError> {
+pub fn load_uncached(config: &Config) -> Result<Inventory, InventoryError> {
     query_in_child(config, &HostCache::read(config)?)
 }
 
-fn load_from(config: &Config, use_kept: bool) -> Result<(Inventory, Source), InventoryError> {
+fn load_from(config: &Config, use_cache: bool) -> Result<(Inventory, Source), InventoryError> {
     let host_cache = HostCache::read(config)?;
     let stored = NvmlCache::open(config, &nvml_library(config, &host_cache)?);
-    let kept = stored
+    let cached = stored
         .as_ref()
-        .filter(|_| use_kept)
+        .filter(|_| use_cache)
         .and_then(NvmlCache::read);
-    if let Some(system) = kept {
+    if let Some(system) = cached {
         let inventory = Inventory::around(config, &host_cache, system)?;
         return Ok((inventory, Source::Cache));
     }

@@ -90,7 +90,7 @@ impl Inventory {
     /// Reads everything: NVML (asked now, in [`isolated::HELPER`]), driver files,
     /// `/proc/devices`, device nodes, MIG capabilities.
     pub fn load(config: &Config) -> Result<Inventory, InventoryError> {
-        isolated::load_unkept(config)
+        isolated::load_uncached(config)
     }
 
     /// The inventory around what NVML reported: everything else is read from the host now.

@@ -38,7 +38,7 @@ fn q<T>(call: &'static str, r: Result<T, nvml_wrapper::error::NvmlError>) -> Res
 }
 
 /// Initialises NVML from `library` and reads every GPU and MIG device. NVML stays
-/// initialised until the returned handle is dropped: a real driver takes ~3 ms to shut it
+/// initialised until the returned handle is dropped: a real driver takes a while to shut it
 /// down, which a process about to exit need not wait for.
 pub fn query(library: &Path) -> Result<(System, Nvml), NvmlError> {
     // dlopen's own message for this names the path twice and blames nothing.
