@@ -99,12 +99,15 @@ pub enum LdCacheError {
 
 type Result<T> = std::result::Result<T, LdCacheError>;
 
-/// The library classes nvhook injects (the `flags` of a cache entry).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The library classes nvhook injects (the `flags` of a cache entry); named in plans and
+/// CDI hook arguments by the directory kind they go to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ElfClass {
     /// `libc6,x86-64`: 64-bit x86 libraries.
+    #[serde(rename = "lib64")]
     X86_64,
     /// `libc6`: 32-bit x86 libraries (the compat32 capability).
+    #[serde(rename = "lib32")]
     I386,
 }
 

@@ -5,8 +5,9 @@
 
 use crate::capability::Capability;
 use crate::cgroup::DeviceRule;
-use crate::inventory::devices::{MODESET_MINOR, NVIDIACTL_MINOR};
-use crate::inventory::{ElfClassName, Gpu, HostFile, HostNode, Inventory, MigDevice};
+use crate::inventory::device_numbers::{MODESET_MINOR, NVIDIACTL_MINOR};
+use crate::inventory::{Gpu, HostFile, HostNode, Inventory, MigDevice};
+use crate::ldcache::ElfClass;
 use crate::request::{DeviceId, DeviceSelection, GpuFacts, Request, Version};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
@@ -137,10 +138,10 @@ impl Layout {
         host_dir.unwrap_or_else(|| self.dir(lib.class).to_string())
     }
 
-    fn dir(&self, class: ElfClassName) -> &str {
+    fn dir(&self, class: ElfClass) -> &str {
         match class {
-            ElfClassName::Lib64 => &self.lib64_dir,
-            ElfClassName::Lib32 => &self.lib32_dir,
+            ElfClass::X86_64 => &self.lib64_dir,
+            ElfClass::I386 => &self.lib32_dir,
         }
     }
 }
@@ -182,7 +183,7 @@ pub struct Symlink {
 pub struct CacheEntry {
     pub soname: String,
     pub path: String,
-    pub class: ElfClassName,
+    pub class: ElfClass,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -546,7 +547,7 @@ impl FileBuilder<'_> {
                 cap
             };
             for lib in inventory.libraries(lib_cap) {
-                if lib.class == ElfClassName::Lib32 && !compat32 {
+                if lib.class == ElfClass::I386 && !compat32 {
                     continue;
                 }
                 self.add_library(lib);
@@ -572,7 +573,7 @@ impl FileBuilder<'_> {
                 && !self
                     .ldcache
                     .iter()
-                    .any(|e| e.soname == soname && e.class == ElfClassName::Lib64)
+                    .any(|e| e.soname == soname && e.class == ElfClass::X86_64)
             {
                 return Err(PlanError::MissingLibrary {
                     capability: cap,

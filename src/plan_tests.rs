@@ -60,9 +60,9 @@ fn node(path: &str, major: u32, minor: u32) -> HostNode {
 }
 
 fn library(capability: Capability, soname: &str, file_name: &str, lib32: bool) -> Vec<Library> {
-    let mut out = vec![(ElfClassName::Lib64, HOST_LIB64)];
+    let mut out = vec![(ElfClass::X86_64, HOST_LIB64)];
     if lib32 {
-        out.push((ElfClassName::Lib32, HOST_LIB32));
+        out.push((ElfClass::I386, HOST_LIB32));
     }
     out.into_iter()
         .map(|(class, dir)| Library {
@@ -736,22 +736,22 @@ fn layout_follows_the_image() {
 #[test]
 fn ldcache_entries_point_at_the_sonames_in_the_layout() {
     let p = plan(&[&visible("0"), &caps("compute,utility,compat32")]);
-    let entry = |soname: &str, class: ElfClassName| {
+    let entry = |soname: &str, class: ElfClass| {
         p.ldcache
             .iter()
             .find(|e| e.soname == soname && e.class == class)
             .map(|e| e.path.clone())
     };
     assert_eq!(
-        entry("libcuda.so.1", ElfClassName::Lib64),
+        entry("libcuda.so.1", ElfClass::X86_64),
         Some(format!("{DEBIAN_LIB64}/libcuda.so.1"))
     );
     assert_eq!(
-        entry("libcuda.so.1", ElfClassName::Lib32),
+        entry("libcuda.so.1", ElfClass::I386),
         Some(format!("{DEBIAN_LIB32}/libcuda.so.1"))
     );
     assert_eq!(
-        entry("libnvidia-ml.so.1", ElfClassName::Lib64),
+        entry("libnvidia-ml.so.1", ElfClass::X86_64),
         Some(format!("{DEBIAN_LIB64}/libnvidia-ml.so.1"))
     );
     // Every cache entry names a mounted file or one of the plan's symlinks.

@@ -8,7 +8,7 @@
 //! cannot point at a per-container plan file, and arguments show in the spec for review.
 
 use crate::inject::HookError;
-use crate::inventory::ElfClassName;
+use crate::ldcache::ElfClass;
 use crate::oci::{Spec, State};
 use crate::plan::{CacheEntry, LdSoConf, Plan, Symlink};
 use crate::rootfs::{Rootfs, loader};
@@ -54,8 +54,8 @@ impl LinkArgs {
         for entry in &self.ldcache {
             out.push(
                 match entry.class {
-                    ElfClassName::Lib64 => "--lib64",
-                    ElfClassName::Lib32 => "--lib32",
+                    ElfClass::X86_64 => "--lib64",
+                    ElfClass::I386 => "--lib32",
                 }
                 .into(),
             );
@@ -93,9 +93,9 @@ impl LinkArgs {
                         soname: soname.into(),
                         path: value.clone(),
                         class: if flag == "--lib64" {
-                            ElfClassName::Lib64
+                            ElfClass::X86_64
                         } else {
-                            ElfClassName::Lib32
+                            ElfClass::I386
                         },
                     });
                 }
@@ -159,12 +159,12 @@ mod tests {
                 CacheEntry {
                     soname: "libcuda.so.1".into(),
                     path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
-                    class: ElfClassName::Lib64,
+                    class: ElfClass::X86_64,
                 },
                 CacheEntry {
                     soname: "libcuda.so.1".into(),
                     path: "/usr/lib/i386-linux-gnu/libcuda.so.1".into(),
-                    class: ElfClassName::Lib32,
+                    class: ElfClass::I386,
                 },
             ],
             ld_so_conf: Some(LdSoConf {

@@ -110,18 +110,10 @@ const GRAPHICS_CONFIGS: &[&str] = &[
     "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
 ];
 
-/// 64-bit or 32-bit (compat32) copy of a library.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ElfClassName {
-    Lib64,
-    Lib32,
-}
-
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Library {
     pub capability: Capability,
-    pub class: ElfClassName,
+    pub class: ElfClass,
     /// `libcuda.so.1`
     pub soname: String,
     /// `libcuda.so.550.54.15`: the real file, which is what gets mounted.
@@ -268,10 +260,8 @@ fn find_libraries(root: &DriverRoot, cache: &HostCache, version: &str) -> Vec<Li
         if entry.soname.len() == stem.len() + ".so".len() {
             continue;
         }
-        let class = match ElfClass::from_flags(entry.flags) {
-            Some(ElfClass::X86_64) => ElfClassName::Lib64,
-            Some(ElfClass::I386) => ElfClassName::Lib32,
-            None => continue,
+        let Some(class) = ElfClass::from_flags(entry.flags) else {
+            continue;
         };
         // A cache entry names the SONAME link; the versioned file behind it is what we mount.
         let Some(host_path) = root.canonical(&entry.path) else {

@@ -4,6 +4,7 @@
 //! touching the system, and tests build them by hand.
 
 pub mod cache;
+pub mod device_numbers;
 pub mod devices;
 pub mod driver;
 pub mod isolated;
@@ -15,8 +16,9 @@ use crate::config::Config;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-pub use devices::{DeviceMajors, HostNode};
-pub use driver::{DriverFiles, ElfClassName, HostFile, Library};
+pub use device_numbers::DeviceMajors;
+pub use devices::HostNode;
+pub use driver::{DriverFiles, HostFile, Library};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Inventory {

@@ -2,8 +2,7 @@
 //! (it is image code, and it followed symlinks out of crafted images: CVE-2025-23267).
 
 use super::{Existing, Rootfs, RootfsError};
-use crate::inventory::ElfClassName;
-use crate::ldcache::{ElfClass, Entry, LdCache, MAX_CACHE_LEN};
+use crate::ldcache::{Entry, LdCache, MAX_CACHE_LEN};
 use crate::plan::{CacheEntry, LdSoConf, Symlink};
 
 const CACHE_PATH: &str = "/etc/ld.so.cache";
@@ -44,11 +43,7 @@ pub fn update_cache(rootfs: &Rootfs, entries: &[CacheEntry]) -> Result<usize, Ro
         None => LdCache::default(),
     };
     for e in entries {
-        let class = match e.class {
-            ElfClassName::Lib64 => ElfClass::X86_64,
-            ElfClassName::Lib32 => ElfClass::I386,
-        };
-        cache.insert(Entry::new(e.soname.clone(), e.path.clone(), class));
+        cache.insert(Entry::new(e.soname.clone(), e.path.clone(), e.class));
     }
     let bytes = cache.to_bytes().map_err(|e| RootfsError::Op {
         op: "encode",

@@ -1,0 +1,95 @@
+//! The numbers of NVIDIA's device nodes and how the kernel lists them, as plain data: the
+//! fixed ones, and the parsers of `/proc/devices` and the driver's capability files.
+
+use serde::{Deserialize, Serialize};
+
+/// Minors the driver gives its control nodes under the GPU major; majors themselves are
+/// read from /proc/devices (all but the GPU's are assigned at module load).
+pub const NVIDIACTL_MINOR: u32 = 255;
+pub const MODESET_MINOR: u32 = 254;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceMajors {
+    pub nvidia: u32,
+    pub uvm: Option<u32>,
+    pub caps: Option<u32>,
+}
+
+/// Parses the "Character devices:" section of /proc/devices.
+pub fn parse_proc_devices(text: &str) -> Option<DeviceMajors> {
+    let mut nvidia = None;
+    let mut uvm = None;
+    let mut caps = None;
+    let char_section = text
+        .split("Block devices:")
+        .next()
+        .unwrap_or_default()
+        .lines();
+    for line in char_section {
+        let Some((major, name)) = line.trim().split_once(char::is_whitespace) else {
+            continue;
+        };
+        let Ok(major) = major.parse::<u32>() else {
+            continue;
+        };
+        match name.trim() {
+            // The GPU major's name changed with driver 550.
+            "nvidia" | "nvidia-frontend" => nvidia = Some(major),
+            "nvidia-uvm" => uvm = Some(major),
+            "nvidia-caps" => caps = Some(major),
+            _ => {}
+        }
+    }
+    Some(DeviceMajors {
+        nvidia: nvidia?,
+        uvm,
+        caps,
+    })
+}
+
+/// The `DeviceFileMinor: N` line of a driver capability file.
+pub fn parse_cap_minor(text: &str) -> Option<u32> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("DeviceFileMinor:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_devices_new_and_old_names() {
+        let text = "Character devices:\n  1 mem\n195 nvidia\n234 nvidia-uvm\n235 nvidia-caps\n\nBlock devices:\n195 nvidia\n";
+        let m = parse_proc_devices(text).unwrap();
+        assert_eq!(
+            m,
+            DeviceMajors {
+                nvidia: 195,
+                uvm: Some(234),
+                caps: Some(235)
+            }
+        );
+        let old = "Character devices:\n195 nvidia-frontend\n\nBlock devices:\n";
+        assert_eq!(parse_proc_devices(old).unwrap().uvm, None);
+        assert_eq!(parse_proc_devices(old).unwrap().nvidia, 195);
+    }
+
+    #[test]
+    fn proc_devices_without_driver() {
+        assert!(
+            parse_proc_devices("Character devices:\n  1 mem\n\nBlock devices:\n 195 nvidia\n")
+                .is_none()
+        );
+        assert!(parse_proc_devices("").is_none());
+    }
+
+    #[test]
+    fn cap_minor() {
+        assert_eq!(
+            parse_cap_minor("DeviceFileMinor: 12\nDeviceFileMode: 292\nDeviceFileModify: 1\n"),
+            Some(12)
+        );
+        assert_eq!(parse_cap_minor("garbage"), None);
+    }
+}
