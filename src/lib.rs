@@ -6,7 +6,6 @@
 pub mod atomic_file;
 pub mod capability;
 pub mod cdi;
-pub mod cgroup;
 pub mod config;
 pub mod configure;
 pub mod entry;
@@ -14,7 +13,6 @@ mod file_id;
 pub mod host_plan;
 pub mod inject;
 pub mod inventory;
-pub mod ldcache;
 pub mod logging;
 pub mod oci;
 pub mod plan;

@@ -4,11 +4,11 @@
 //! config.json, and `nvhook plan` prints one.
 
 use crate::capability::Capability;
-use crate::cgroup::DeviceRule;
 use crate::inventory::device_numbers::{MODESET_MINOR, NVIDIACTL_MINOR};
 use crate::inventory::{Gpu, HostFile, HostNode, Inventory, MigDevice};
-use crate::ldcache::ElfClass;
 use crate::request::{DeviceId, DeviceSelection, GpuFacts, Request, Version};
+use nvhook_cgroup::DeviceRule;
+use nvhook_ldcache::ElfClass;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};

@@ -1,11 +1,11 @@
 //! Unit tests of `plan::build` on a hand-built inventory: no I/O, no root.
 
 use super::*;
-use crate::cgroup::DeviceRule;
 use crate::config::Config;
 use crate::inventory::{DeviceMajors, DriverFiles, Library};
 use crate::oci::Spec;
 use crate::request::Request;
+use nvhook_cgroup::DeviceRule;
 use serde_json::json;
 use std::path::Path;
 

@@ -19,11 +19,11 @@ use std::sync::OnceLock;
 use nvhook::config::Config;
 use nvhook::configure::{self, Engine, Options};
 use nvhook::inventory::Inventory;
-use nvhook::ldcache::LdCache;
 use nvhook::oci::{Spec, State};
 use nvhook::plan::{self, ImageInfo};
 use nvhook::request::{Decision, Request};
 use nvhook::runtime_front::{self, Runtimes};
+use nvhook_ldcache::LdCache;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 

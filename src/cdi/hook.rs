@@ -8,10 +8,10 @@
 //! cannot point at a per-container plan file, and arguments show in the spec for review.
 
 use crate::inject::HookError;
-use crate::ldcache::ElfClass;
 use crate::oci::{Spec, State};
 use crate::plan::{CacheEntry, LdSoConf, Plan, Symlink};
 use crate::rootfs::{Rootfs, loader};
+use nvhook_ldcache::ElfClass;
 
 /// The part of a plan the hook applies.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -8,7 +8,6 @@
 
 pub mod procfs;
 
-use crate::cgroup;
 use crate::config::Config;
 use crate::host_plan::{PlanningError, plan_for_host};
 use crate::inventory;
@@ -17,6 +16,7 @@ use crate::plan::{MountKind, Plan};
 use crate::plan_file;
 use crate::request::{Request, RequestError};
 use crate::rootfs::{Existing, Rootfs, RootfsError, loader, sys};
+use nvhook_cgroup as cgroup;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -4,7 +4,7 @@
 use super::resolve::Resolver;
 use crate::capability::Capability;
 use crate::config::Config;
-use crate::ldcache::{self, ElfClass, LdCache};
+use nvhook_ldcache::{self as ldcache, ElfClass, LdCache};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

@@ -2,8 +2,8 @@
 //! (it is image code, and it followed symlinks out of crafted images: CVE-2025-23267).
 
 use super::{Existing, Rootfs, RootfsError};
-use crate::ldcache::{Entry, LdCache, MAX_CACHE_LEN};
 use crate::plan::{CacheEntry, LdSoConf, Symlink};
+use nvhook_ldcache::{Entry, LdCache, MAX_CACHE_LEN};
 
 const CACHE_PATH: &str = "/etc/ld.so.cache";
 

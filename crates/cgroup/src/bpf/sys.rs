@@ -5,7 +5,7 @@
 //! writes its `revision` field whatever size we pass, so the buffer must be that big.
 
 use super::insn::{Insn, decode_program, encode_program};
-use crate::cgroup::CgroupError;
+use crate::CgroupError;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 

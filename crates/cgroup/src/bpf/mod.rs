@@ -2,15 +2,15 @@
 //!
 //! Public for diagnostics and for tests that play the runtime's part (attaching the
 //! program a container starts with); the hook itself only needs
-//! [`allow_devices`](crate::cgroup::allow_devices).
+//! [`allow_devices`](crate::allow_devices).
 
 pub mod insn;
-#[cfg(test)]
-mod interp;
+#[cfg(feature = "test-util")]
+pub mod interp;
 mod prefix;
 pub(crate) mod sys;
 
-use crate::cgroup::CgroupError;
+use crate::CgroupError;
 use insn::Insn;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;

@@ -8,7 +8,7 @@
 //! writes registers that the verifier proved the original never reads before writing.
 
 use super::insn::{Insn, R0, R1, R2, R3, R4, R5, op};
-use crate::cgroup::DeviceRule;
+use crate::DeviceRule;
 
 /// Why an attached program cannot be extended: it uses instructions whose xlated
 /// (kernel-rewritten) form cannot be loaded again.
@@ -98,7 +98,7 @@ pub(crate) fn extend(rules: &[DeviceRule], original: &[Insn]) -> Result<Vec<Insn
 mod tests {
     use super::super::interp::{Ctx, run, runc_program};
     use super::*;
-    use crate::cgroup::{Access, DeviceKind};
+    use crate::{Access, DeviceKind};
 
     const C: DeviceKind = DeviceKind::Char;
     const B: DeviceKind = DeviceKind::Block;

@@ -3,13 +3,13 @@
 //! runc emits, to stand in for "the program the runtime attached".
 
 use super::insn::{Insn, R0, R1, R2, R3, R4, R5, op};
-use crate::cgroup::{Access, DeviceKind};
+use crate::{Access, DeviceKind};
 
 /// `struct bpf_cgroup_dev_ctx`: `access_type` is `type | access << 16`.
-pub(crate) struct Ctx([u8; 12]);
+pub struct Ctx([u8; 12]);
 
 impl Ctx {
-    pub(crate) fn new(access_type: u32, major: u32, minor: u32) -> Ctx {
+    pub fn new(access_type: u32, major: u32, minor: u32) -> Ctx {
         let mut bytes = [0u8; 12];
         for (at, value) in [access_type, major, minor].into_iter().enumerate() {
             bytes[at * 4..at * 4 + 4].copy_from_slice(&value.to_le_bytes());
@@ -24,7 +24,7 @@ const CTX_ADDR: u64 = 0x1000_0000;
 const STEP_LIMIT: usize = 1 << 16;
 
 /// Runs `prog` and returns R0 at `exit`; an error names the instruction it choked on.
-pub(crate) fn run(prog: &[Insn], ctx: &Ctx) -> Result<u64, String> {
+pub fn run(prog: &[Insn], ctx: &Ctx) -> Result<u64, String> {
     let mut regs = [0u64; 11];
     regs[R1 as usize] = CTX_ADDR;
     let mut pc = 0usize;
@@ -125,7 +125,7 @@ pub(crate) fn run(prog: &[Insn], ctx: &Ctx) -> Result<u64, String> {
 /// A program as runc's devicefilter generates it: load type/access/major/minor into
 /// R2..R5, one block per rule that returns `!default_allow` on a match (a `None` major or
 /// minor is a wildcard), and a final `return default_allow`.
-pub(crate) fn runc_program(
+pub fn runc_program(
     rules: &[(DeviceKind, Option<u32>, Option<u32>, &str)],
     default_allow: bool,
 ) -> Vec<Insn> {

@@ -1,4 +1,4 @@
-//! Root integration tests for `nvhook::cgroup::allow_devices`, against the real kernel.
+//! Root integration tests for `nvhook_cgroup::allow_devices`, against the real kernel.
 //!
 //! A `mknod c 195 N` node has no driver behind it, so opening it from inside a cgroup
 //! fails with ENXIO when the cgroup allows the device and with EPERM when it does not:
@@ -6,11 +6,10 @@
 //! deny-by-default policy, puts a sleeping process in it for `allow_devices` to find, and
 //! opens nodes from short-lived processes that first move themselves into the cgroup.
 
-use nvhook::cgroup::bpf::{
-    attach_device_program, attached_device_programs,
-    insn::{Insn, R0, R1, R2, R3, R4, R5, op},
+use nvhook_cgroup::bpf::{
+    attach_device_program, attached_device_programs, insn::Insn, interp::runc_program,
 };
-use nvhook::cgroup::{Access, CgroupVersion, DeviceKind, DeviceRule, allow_devices};
+use nvhook_cgroup::{Access, CgroupVersion, DeviceKind, DeviceRule, allow_devices};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -165,21 +164,7 @@ fn v1_devices_allow_lets_exactly_the_rule_through() {
 
 /// runc's device program for an allow-list holding only /dev/null (c 1:3 rwm).
 fn runc_deny_all_but_null() -> Vec<Insn> {
-    vec![
-        Insn::load_word(R2, R1, 0),
-        Insn::alu32_imm(op::AND, R2, 0xffff),
-        Insn::load_word(R3, R1, 0),
-        Insn::alu32_imm(op::RSH, R3, 16),
-        Insn::load_word(R4, R1, 4),
-        Insn::load_word(R5, R1, 8),
-        Insn::jump_imm(op::JNE, R2, 2, 4),
-        Insn::jump_imm(op::JNE, R4, 1, 3),
-        Insn::jump_imm(op::JNE, R5, 3, 2),
-        Insn::alu32_imm(op::MOV, R0, 1),
-        Insn::exit(),
-        Insn::alu32_imm(op::MOV, R0, 0),
-        Insn::exit(),
-    ]
+    runc_program(&[(DeviceKind::Char, Some(1), Some(3), "rwm")], false)
 }
 
 /// Gives the calling thread (only) a private mount namespace with cgroup2 over
