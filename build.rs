@@ -1,5 +1,4 @@
-//! Link options for nvhook and nvhook-runtime only (not nvhook-nvml, the tests, the mock NVML
-//! or proc-macros).
+//! Link options for the nvhook binary only (not nvhook-nvml, the tests or proc-macros).
 
 use std::path::PathBuf;
 
@@ -27,10 +26,5 @@ fn main() {
     }
     println!("cargo:rustc-link-arg-bin=nvhook=-L{}", dir.display());
     println!("cargo:rustc-link-arg-bin=nvhook=-static-pie");
-    // nvhook-runtime brings its own entry point and relocates itself (src/bin/nvhook-runtime):
-    // a static PIE, loaded at a random address, with no libc and no dynamic loader.
-    for arg in ["-nostartfiles", "-nostdlib", "-static-pie"] {
-        println!("cargo:rustc-link-arg-bin=nvhook-runtime={arg}");
-    }
     println!("cargo:rerun-if-changed=build.rs");
 }

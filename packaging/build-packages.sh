@@ -34,7 +34,7 @@ out=$target/packages
 version=$(cargo pkgid --quiet -p nvhook | sed 's/.*[#@]//')
 
 # cargo-generate-rpm ships the binaries as they are: have the linker strip them.
-CARGO_PROFILE_RELEASE_STRIP=symbols cargo build --release --locked --bin nvhook --bin nvhook-runtime --bin nvhook-nvml
+CARGO_PROFILE_RELEASE_STRIP=symbols cargo build --release --locked --bins -p nvhook -p nvhook-runtime -p nvhook-nvml
 
 # The command-line reference, rendered from the binaries just built so it cannot drift from them:
 # `nvhook --help`, then the help of each subcommand that help lists.

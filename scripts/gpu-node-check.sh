@@ -16,7 +16,7 @@ set -euo pipefail
 pack() {
   local kit=$1 repo
   repo=$(cd "$(dirname "$0")/.." && pwd)
-  (cd "$repo" && cargo build --release --bins --quiet)
+  (cd "$repo" && cargo build --release --bins --quiet -p nvhook -p nvhook-runtime -p nvhook-nvml)
   rm -rf "$kit"
   mkdir -p "$kit/bin" "$kit/rootfs"/{bin,lib/x86_64-linux-gnu,lib64,etc,usr/bin,proc,dev,sys,tmp}
   cp "$repo/target/release/"{nvhook,nvhook-runtime,nvhook-nvml} "$kit/bin/"

@@ -5,11 +5,11 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub const DEFAULT_PATH: &str = crate::runtime_front::DEFAULT_CONFIG;
+pub const DEFAULT_PATH: &str = nvhook_runtime::DEFAULT_CONFIG;
 /// On tmpfs, so that a reboot forgets it.
 pub const DEFAULT_NVML_CACHE_FILE: &str = "/run/nvhook/nvml-inventory.json";
 /// Environment variable that names the config file when `--config` is not given.
-pub const ENV_VAR: &str = crate::runtime_front::CONFIG_ENV;
+pub const ENV_VAR: &str = nvhook_runtime::CONFIG_ENV;
 /// The `timeout` of the hook entries nvhook writes, in seconds; `nvml-timeout-ms` stays below it.
 pub const HOOK_TIMEOUT_S: u32 = 30;
 /// The longest `nvml-timeout-ms`: the hook entry's timeout less what the rest of the hook needs.
@@ -87,9 +87,7 @@ impl Default for Config {
             nvml_cache_file: PathBuf::from(DEFAULT_NVML_CACHE_FILE),
             log_file: None,
             log_level: LogLevel::Info,
-            runtimes: crate::runtime_front::DEFAULT_RUNTIMES
-                .map(String::from)
-                .to_vec(),
+            runtimes: nvhook_runtime::DEFAULT_RUNTIMES.map(String::from).to_vec(),
             hook_path: PathBuf::from("/usr/bin/nvhook"),
             runtime_mode: RuntimeMode::Hook,
         }

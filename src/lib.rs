@@ -20,5 +20,4 @@ pub mod plan_file;
 pub mod report;
 pub mod request;
 pub mod rootfs;
-pub mod runtime_front;
 pub mod shim;

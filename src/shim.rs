@@ -12,7 +12,7 @@ use crate::oci::{OciError, Spec};
 use crate::plan::Plan;
 use crate::plan_file::{self, PlanFileError};
 use crate::request::{Request, RequestError};
-use crate::runtime_front;
+
 use serde_json::Value;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -50,7 +50,7 @@ pub enum ShimError {
 
 /// The low-level runtime to exec: the first of `runtimes` that exists (absolute, or on PATH).
 pub fn find_runtime(config: &Config, path_var: Option<&OsStr>) -> Result<PathBuf, ShimError> {
-    let path_var = path_var.unwrap_or(OsStr::from_bytes(runtime_front::DEFAULT_SEARCH_PATH));
+    let path_var = path_var.unwrap_or(OsStr::from_bytes(nvhook_runtime::DEFAULT_SEARCH_PATH));
     let dirs: Vec<PathBuf> = std::env::split_paths(path_var).collect();
     config
         .runtimes

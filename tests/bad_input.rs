@@ -14,8 +14,16 @@ use std::process::{Command, Output, Stdio};
 
 use tempfile::TempDir;
 
+mod support;
+
 const NVHOOK: &str = env!("CARGO_BIN_EXE_nvhook");
-const NVHOOK_RUNTIME: &str = env!("CARGO_BIN_EXE_nvhook-runtime");
+fn nvhook_runtime() -> String {
+    support::workspace_bin("nvhook-runtime")
+        .to_str()
+        .expect("a UTF-8 target directory")
+        .to_owned()
+}
+
 /// Longer than any message nvhook writes for these inputs, short enough to read.
 const MAX_LINE: usize = 400;
 
@@ -392,7 +400,7 @@ fn bad_nvhook_config_file() {
             needle,
         );
         let args = ["create", "--bundle", bundle.to_str().unwrap(), "id"];
-        let out = run(NVHOOK_RUNTIME, &args, &[("NVHOOK_CONFIG", config)], b"");
+        let out = run(&nvhook_runtime(), &args, &[("NVHOOK_CONFIG", config)], b"");
         assert_one_line(&format!("runtime: {case}"), &out, "nvhook-runtime", needle);
     }
 }
@@ -431,7 +439,7 @@ fn runtime_shim_with_bad_bundles() {
     for (case, config_file, bundle, needle) in &cases {
         let args = ["create", "--bundle", bundle.to_str().unwrap(), "id"];
         let out = run(
-            NVHOOK_RUNTIME,
+            &nvhook_runtime(),
             &args,
             &[("NVHOOK_CONFIG", config_file)],
             b"",
@@ -443,7 +451,7 @@ fn runtime_shim_with_bad_bundles() {
     let bundle = s.bundle("b4", b"{oops");
     let args = ["create", "--bundle", bundle.to_str().unwrap(), "id"];
     let out = run(
-        NVHOOK_RUNTIME,
+        &nvhook_runtime(),
         &args,
         &[("NVHOOK_CONFIG", &runc_config)],
         b"",

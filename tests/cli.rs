@@ -287,8 +287,8 @@ fn nvhook_is_a_static_pie_and_its_nvml_helper_is_dynamic() {
     assert!(!segments.contains("INTERP"), "{segments}");
     let dynamic = support::readelf("-d", nvhook);
     assert!(!dynamic.contains("NEEDED"), "{dynamic}");
-    let helper = Path::new(env!("CARGO_BIN_EXE_nvhook-nvml"));
-    assert!(support::readelf("-l", helper).contains("INTERP"));
+    let helper = support::workspace_bin("nvhook-nvml");
+    assert!(support::readelf("-l", &helper).contains("INTERP"));
 }
 
 // ---------------------------------------------------------------- plan

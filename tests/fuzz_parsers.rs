@@ -22,8 +22,8 @@ use nvhook::inventory::Inventory;
 use nvhook::oci::{Spec, State};
 use nvhook::plan::{self, ImageInfo};
 use nvhook::request::{Decision, Request};
-use nvhook::runtime_front::{self, Runtimes};
 use nvhook_ldcache::LdCache;
+use nvhook_runtime::{self as runtime_front, Runtimes};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 

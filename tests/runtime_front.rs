@@ -3,18 +3,20 @@
 //! The binary is copied alone into a scratch directory, so that anything it would hand to
 //! nvhook fails loudly instead.
 
-use nvhook::runtime_front::{
+use nvhook_runtime::{
     DEFAULT_RUNTIMES, Invocation, Runtimes, array_strings, join_path, may_ask_for_gpu,
     runtimes_in_toml,
 };
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
 mod support;
 
-const NVHOOK_RUNTIME: &str = env!("CARGO_BIN_EXE_nvhook-runtime");
+fn nvhook_runtime() -> PathBuf {
+    support::workspace_bin("nvhook-runtime")
+}
 
 struct Scratch {
     dir: tempfile::TempDir,
@@ -25,7 +27,7 @@ impl Scratch {
     /// its stdin, and a config naming that script.
     fn new() -> Scratch {
         let dir = tempfile::tempdir().expect("tempdir");
-        fs::copy(NVHOOK_RUNTIME, dir.path().join("nvhook-runtime")).expect("copy the binary");
+        fs::copy(nvhook_runtime(), dir.path().join("nvhook-runtime")).expect("copy the binary");
         let script = format!(
             "#!/bin/sh\nprintf '%s\\n' \"$0\" \"$@\" > {out}/argv\nreadlink /proc/self/fd/0 > {out}/stdin\n",
             out = dir.path().display()
@@ -179,7 +181,7 @@ fn a_closed_stdin_reaches_the_runtime_as_dev_null() {
 /// relative relocations it applies itself (anything else would be left undone).
 #[test]
 fn the_binary_is_a_self_relocating_static_pie() {
-    let readelf = |flag: &str| support::readelf(flag, Path::new(NVHOOK_RUNTIME));
+    let readelf = |flag: &str| support::readelf(flag, &nvhook_runtime());
     assert!(readelf("-h").contains("DYN (Position-Independent Executable file)"));
     let segments = readelf("-l");
     assert!(!segments.contains("INTERP"), "{segments}");
@@ -194,7 +196,7 @@ fn the_binary_is_a_self_relocating_static_pie() {
         kinds.iter().all(|k| *k == "R_X86_64_RELATIVE"),
         "{relocations}"
     );
-    assert!(Path::new(NVHOOK_RUNTIME).metadata().unwrap().len() < 1 << 20);
+    assert!(nvhook_runtime().metadata().unwrap().len() < 1 << 20);
 }
 
 // ---------------------------------------------------------------- its decisions, on bytes

@@ -11,15 +11,13 @@
 
 use super::cache::NvmlCache;
 use super::driver::HostCache;
-use super::{Inventory, InventoryError, nvml, nvml_library};
+use super::nvml::{Reply, System};
+use super::{Inventory, InventoryError, nvml_library};
 use crate::config::Config;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-type Reply = Result<nvml::System, String>;
 
 /// Where the NVML part of an inventory came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,33 +99,11 @@ fn query_in_child(config: &Config, host_cache: &HostCache) -> Result<Inventory, 
     Inventory::around(config, host_cache, result?)
 }
 
-/// The helper's side: queries NVML from `library`, writes the answer on stdout, closes its
-/// standard descriptors and leaves without shutting NVML down. Returns only on a failed write.
-pub fn answer(library: &Path) -> i32 {
-    // Kept alive to the end: _exit runs no destructor, so NVML is never shut down.
-    let queried = nvml::query(library);
-    let reply: Result<&nvml::System, String> = queried
-        .as_ref()
-        .map(|(system, _)| system)
-        .map_err(|e| e.to_string());
-    let mut out = std::io::stdout().lock();
-    let written = serde_json::to_vec(&reply)
-        .is_ok_and(|bytes| out.write_all(&bytes).and_then(|()| out.flush()).is_ok());
-    // Closing stdio now too means that a runtime collecting the hook's output does not wait
-    // for the driver's clean-up either.
-    for fd in 0..=2 {
-        // SAFETY: nothing in this process writes to these descriptors again.
-        unsafe { libc::close(fd) };
-    }
-    // SAFETY: _exit skips destructors; NVML's handle is deliberately leaked with the process.
-    unsafe { libc::_exit(i32::from(!written)) }
-}
-
 fn child_err(message: String) -> InventoryError {
     InventoryError::Child(message)
 }
 
-fn read_reply(mut pipe: std::fs::File, timeout: Duration) -> Result<nvml::System, InventoryError> {
+fn read_reply(mut pipe: std::fs::File, timeout: Duration) -> Result<System, InventoryError> {
     let deadline = Instant::now() + timeout;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 pub use device_numbers::DeviceMajors;
 pub use devices::HostNode;
 pub use driver::{DriverFiles, HostFile, Library};
+pub use nvml::System;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Inventory {

@@ -7,6 +7,7 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -27,12 +28,14 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The shim cargo built for this test run.
 pub fn nvhook_runtime_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_nvhook-runtime"))
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| super::workspace_bin("nvhook-runtime"))
 }
 
 /// The NVML helper cargo built for this test run (nvhook runs it from beside itself).
 pub fn nvhook_nvml_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_nvhook-nvml"))
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| super::workspace_bin("nvhook-nvml"))
 }
 
 /// A name unique to this process and call, for ids, namespaces and images.

@@ -169,7 +169,13 @@ pub fn profile_dir() -> PathBuf {
 
 /// simnode sits beside the test binary's directory.
 pub fn simnode_bin() -> PathBuf {
-    let bin = profile_dir().join("simnode");
+    workspace_bin("simnode")
+}
+
+/// A binary of another workspace crate (cargo gives a test only its own package's), from
+/// the profile directory this test binary was built in.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let bin = profile_dir().join(name);
     assert!(
         bin.is_file(),
         "{} is missing: run `cargo build --workspace` (same profile) before the end-to-end tests",

@@ -138,7 +138,7 @@ fn nvhook_main() -> i32 {
     let mut args = std::env::args_os();
     if args
         .nth(1)
-        .is_some_and(|a| a == nvhook::runtime_front::SHIM_SUBCOMMAND)
+        .is_some_and(|a| a == nvhook_runtime::SHIM_SUBCOMMAND)
     {
         return shim::main(&args.collect::<Vec<_>>());
     }

@@ -4,8 +4,8 @@
 
 use anyhow::Result;
 use nvhook::config::{self, Config};
-use nvhook::runtime_front::Invocation;
 use nvhook::shim::{find_runtime, prepare_bundle};
+use nvhook_runtime::Invocation;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;

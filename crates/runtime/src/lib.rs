@@ -10,6 +10,8 @@
 //! Every answer here is either certain or "ask nvhook": the full shim (`nvhook runtime`) is
 //! always right, this module only spares it where the bytes leave no doubt.
 
+#![no_std]
+
 /// runc's global flags that take a value (`--root DIR`); the others are booleans.
 const GLOBAL_FLAGS_WITH_VALUE: &[&[u8]] = &[
     b"--root",

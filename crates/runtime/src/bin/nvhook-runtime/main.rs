@@ -1,6 +1,6 @@
 //! `nvhook-runtime`: what engines run in runc's place, for every command of every container.
 //!
-//! A static program with no libc (see src/runtime_front.rs for why): it execs the runtime
+//! A static program with no libc (see this crate's src/lib.rs for why): it execs the runtime
 //! straight away unless the command is `create`/`run` of a bundle whose config.json may ask
 //! for a GPU, or its config is one it cannot read with certainty; those it hands to
 //! `nvhook runtime` (the full shim, beside this binary), which prepares the bundle, reports
@@ -10,9 +10,6 @@
 #![cfg_attr(not(test), no_std)]
 #![cfg_attr(not(test), no_main)]
 
-#[cfg(not(test))]
-#[path = "../../runtime_front.rs"]
-mod front;
 #[cfg(not(test))]
 mod run;
 #[cfg(not(test))]

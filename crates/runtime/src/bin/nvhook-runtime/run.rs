@@ -1,7 +1,7 @@
 //! nvhook-runtime's decisions, on the process's own argv, environment and files.
 
-use crate::front::{self, Invocation, Runtimes};
 use crate::sys;
+use nvhook_runtime::{self as front, Invocation, Runtimes};
 
 const PATH_MAX: usize = 4096;
 const ENOENT: isize = 2;
