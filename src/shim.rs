@@ -97,7 +97,7 @@ pub fn prepare_bundle(
     match config.runtime_mode {
         RuntimeMode::Hook => edit_spec(&mut value, &plan, &hook_entry(config, config_path)),
         // The same edits a CDI spec would make, for this container's image and request.
-        RuntimeMode::Cdi => cdi::oci::apply(
+        RuntimeMode::Cdi => cdi::config_json::apply(
             &mut value,
             &cdi::container_edits(&plan, &HookBinary::new(config, config_path)),
         ),
@@ -126,7 +126,7 @@ pub fn edit_spec(spec: &mut Value, plan: &Plan, hook: &cdi::spec::Hook) {
         hooks: vec![hook.clone()],
         ..ContainerEdits::default()
     };
-    cdi::oci::apply(spec, &edits);
+    cdi::config_json::apply(spec, &edits);
 }
 
 #[cfg(test)]

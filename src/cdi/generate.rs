@@ -7,7 +7,7 @@
 
 use super::CdiError;
 use super::edits::{HookBinary, container_edits, device_nodes};
-use super::spec::{ContainerEdits, Device, Spec, minimum_version, validate};
+use super::spec::{CdiSpec, ContainerEdits, Device, minimum_version, validate};
 use crate::capability::Capability;
 use crate::config::Config;
 use crate::inventory::Inventory;
@@ -60,7 +60,7 @@ pub fn generate(
     config_path: Option<&Path>,
     inventory: &Inventory,
     names: &[NameStrategy],
-) -> Result<Spec, CdiError> {
+) -> Result<CdiSpec, CdiError> {
     if inventory.gpus.is_empty() {
         return Err(CdiError::NoGpu);
     }
@@ -115,7 +115,7 @@ pub fn generate(
         name: "all".into(),
         container_edits: own_edits(&all),
     });
-    let mut spec = Spec {
+    let mut spec = CdiSpec {
         cdi_version: String::new(),
         kind: KIND.into(),
         devices,
@@ -178,11 +178,11 @@ mod tests {
         }
     }
 
-    fn names(spec: &Spec) -> Vec<&str> {
+    fn names(spec: &CdiSpec) -> Vec<&str> {
         spec.devices.iter().map(|d| d.name.as_str()).collect()
     }
 
-    fn device<'a>(spec: &'a Spec, name: &str) -> &'a Device {
+    fn device<'a>(spec: &'a CdiSpec, name: &str) -> &'a Device {
         spec.devices
             .iter()
             .find(|d| d.name == name)

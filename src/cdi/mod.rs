@@ -6,15 +6,15 @@
 //! edits into config.json, and both leave to nvhook only a `createContainer` hook for the
 //! links and the loader cache.
 
+pub mod config_json;
 pub mod edits;
 pub mod generate;
 pub mod hook;
-pub mod oci;
 pub mod spec;
 
 pub use edits::{HookBinary, container_edits};
 pub use generate::{KIND, NameStrategy, generate};
-pub use spec::{CdiVersion, ContainerEdits, Format, Spec};
+pub use spec::{CdiSpec, CdiVersion, ContainerEdits, Format};
 
 use crate::atomic_file::{NewFile, write_atomic};
 use std::path::{Path, PathBuf};
@@ -39,7 +39,7 @@ pub enum CdiError {
         source: std::io::Error,
     },
     #[error("cannot {op} CDI spec {path}: {message}")]
-    Spec {
+    BadFile {
         op: &'static str,
         path: PathBuf,
         message: String,
@@ -49,8 +49,8 @@ pub enum CdiError {
 }
 
 /// Reads and validates the spec at `path`.
-pub fn read_spec(path: &Path) -> Result<Spec, CdiError> {
-    let fail = |op, message: String| CdiError::Spec {
+pub fn read_spec(path: &Path) -> Result<CdiSpec, CdiError> {
+    let fail = |op, message: String| CdiError::BadFile {
         op,
         path: path.to_path_buf(),
         message,
@@ -60,7 +60,7 @@ pub fn read_spec(path: &Path) -> Result<Spec, CdiError> {
         path: path.to_path_buf(),
         source,
     })?;
-    let spec = Spec::parse(&text).map_err(|e| fail("parse", e.0))?;
+    let spec = CdiSpec::parse(&text).map_err(|e| fail("parse", e.0))?;
     spec::validate(&spec).map_err(|e| fail("use", e.0))?;
     Ok(spec)
 }

@@ -12,7 +12,7 @@ use std::str::FromStr;
 
 /// A CDI spec file (`/etc/cdi/*.yaml`, `/var/run/cdi/*.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Spec {
+pub struct CdiSpec {
     #[serde(rename = "cdiVersion")]
     pub cdi_version: String,
     /// `vendor/class`.
@@ -173,7 +173,7 @@ impl FromStr for CdiVersion {
 }
 
 /// The oldest CDI version that has every field `spec` uses.
-pub fn minimum_version(spec: &Spec) -> CdiVersion {
+pub fn minimum_version(spec: &CdiSpec) -> CdiVersion {
     let edits = || {
         std::iter::once(&spec.container_edits)
             .chain(spec.devices.iter().map(|d| &d.container_edits))
@@ -208,7 +208,7 @@ pub fn minimum_version(spec: &Spec) -> CdiVersion {
 pub struct InvalidSpec(pub String);
 
 /// Checks `spec` as engines do before they inject any of its devices.
-pub fn validate(spec: &Spec) -> Result<(), InvalidSpec> {
+pub fn validate(spec: &CdiSpec) -> Result<(), InvalidSpec> {
     let fail = |m: String| Err(InvalidSpec(m));
     let version: CdiVersion = spec.cdi_version.parse().map_err(InvalidSpec)?;
     let min = minimum_version(spec);
@@ -343,7 +343,7 @@ impl Format {
     }
 }
 
-impl Spec {
+impl CdiSpec {
     pub fn to_text(&self, format: Format) -> String {
         match format {
             Format::Json => {
@@ -359,7 +359,7 @@ impl Spec {
     }
 
     /// Reads a spec as engines do: YAML, of which JSON is a subset.
-    pub fn parse(text: &str) -> Result<Spec, InvalidSpec> {
+    pub fn parse(text: &str) -> Result<CdiSpec, InvalidSpec> {
         serde_yaml::from_str(text).map_err(|e| InvalidSpec(e.to_string().replace('\n', " ")))
     }
 
@@ -388,8 +388,8 @@ mod tests {
         }
     }
 
-    fn spec(names: &[&str]) -> Spec {
-        Spec {
+    fn spec(names: &[&str]) -> CdiSpec {
+        CdiSpec {
             cdi_version: "0.3.0".into(),
             kind: "nvidia.com/gpu".into(),
             devices: names
@@ -453,7 +453,7 @@ mod tests {
             s
         };
         validate(&ok).unwrap();
-        let bad = |edit: &dyn Fn(&mut Spec), needle: &str| {
+        let bad = |edit: &dyn Fn(&mut CdiSpec), needle: &str| {
             let mut s = ok.clone();
             edit(&mut s);
             let e = validate(&s).unwrap_err().to_string();
@@ -535,7 +535,7 @@ mod tests {
         s.container_edits.mounts.push(mount(None));
         for format in [Format::Yaml, Format::Json] {
             let text = s.to_text(format);
-            assert_eq!(Spec::parse(&text).unwrap(), s, "{text}");
+            assert_eq!(CdiSpec::parse(&text).unwrap(), s, "{text}");
         }
         let json = s.to_text(Format::Json);
         assert!(json.contains("\"cdiVersion\": \"0.5.0\""), "{json}");

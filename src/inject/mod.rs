@@ -4,21 +4,23 @@
 //! probe the image, plan, set the cgroup rules, and open every mount source as a detached,
 //! read-only tree. Then enter the container's mount namespace and attach those trees onto
 //! targets resolved inside the rootfs. Mounts only ever happen in the container's namespace,
-//! which dies with the container, so a failure leaves nothing on the host.
+//! which dies with the container, so a failure leaves nothing on the host. The effects are
+//! behind `effects`, so this order is unit-tested (`tests.rs`) as well as run for real.
 
+pub mod effects;
 pub mod procfs;
 
 use crate::config::Config;
 use crate::host_plan::{PlanningError, plan_for_host};
 use crate::inventory;
 use crate::oci::{OciError, Spec, State};
-use crate::plan::{MountKind, Plan};
+use crate::plan::{ListedNode, Plan};
 use crate::plan_file;
 use crate::request::{Request, RequestError};
-use crate::rootfs::{Existing, Rootfs, RootfsError, loader, sys};
+use crate::rootfs::RootfsError;
+use effects::{ContainerEffects, HostEffects};
 use nvhook_cgroup as cgroup;
-use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Debug, thiserror::Error)]
@@ -105,71 +107,54 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
         }
     };
     step.done("plan");
-    apply(&spec, pid, &rootfs_path, &plan, &mut step)
+    let listed: Vec<ListedNode> = spec
+        .devices()
+        .iter()
+        .map(|d| (d.path.as_path(), d.major, d.minor))
+        .collect();
+    apply(
+        effects::System::new(pid, &rootfs_path),
+        &listed,
+        &plan,
+        &mut step,
+    )
 }
 
-fn apply(
-    spec: &Spec,
-    pid: i32,
-    rootfs_path: &Path,
+/// Applies `plan`: the nodes and cgroup rules the spec does not already give the runtime,
+/// then the mounts, links and loader cache. Every mount source is opened, and the cgroup
+/// set, before the hook enters the container; a failure there leaves the container as it was.
+fn apply<H: HostEffects>(
+    mut host: H,
+    listed: &[ListedNode],
     plan: &Plan,
     step: &mut Step,
 ) -> Result<Outcome, HookError> {
-    let listed = spec
-        .devices()
-        .iter()
-        .map(|d| (d.path.as_path(), d.major, d.minor));
-    let (nodes, rules) = plan.left_to_hook(listed);
+    let (nodes, rules) = plan.left_to_hook(listed.iter().copied());
     if !rules.is_empty() {
-        let version = cgroup::allow_devices(pid, &rules)?;
-        tracing::info!(?version, rules = rules.len(), "cgroup device rules set");
+        host.allow_devices(&rules)?;
     }
     step.done("cgroup");
-    let sources = open_sources(plan)?;
-    // /proc/driver/nvidia is the kernel module's, the same in every procfs instance: without
-    // it here the container's procfs lacks it too, and trees cloned for the overlay would
-    // only be dissolved again (an RCU grace period each).
-    let module_loaded = Path::new(procfs::TARGET).is_dir();
-    let proc_prepared = plan
-        .proc_overlay
-        .as_ref()
-        .filter(|_| module_loaded)
-        .map(procfs::prepare)
-        .transpose()?;
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
-        .map_err(|source| HookError::Namespace { pid, source })?;
+    let sources = plan
+        .mounts
+        .iter()
+        .map(|m| host.open_source(m))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(overlay) = &plan.proc_overlay {
+        host.prepare_proc(overlay)?;
+    }
     step.done("sources");
-    sys::enter_mount_ns(&ns).map_err(|source| HookError::Namespace { pid, source })?;
-    let rootfs = Rootfs::open(rootfs_path)?;
+    let mut inside = host.enter_container()?;
     for node in &nodes {
-        rootfs.make_node(&node.path, node.major, node.minor, node.mode)?;
+        inside.make_node(node)?;
     }
     step.done("devices");
-    for (mount, tree) in plan.mounts.iter().zip(&sources) {
-        let (target, existing) = rootfs.mount_target(&mount.destination, mount.kind)?;
-        sys::attach(tree.as_fd(), target.as_fd()).map_err(|e| RootfsError::Op {
-            op: "mount",
-            path: mount.destination.clone(),
-            message: e.to_string(),
-        })?;
-        if existing == Existing::Replaced {
-            tracing::info!(path = %mount.destination, "covered the image's own file with the host's");
-        }
+    for (mount, source) in plan.mounts.iter().zip(&sources) {
+        inside.attach(source, mount)?;
     }
     step.done("mounts");
-    loader::link_and_cache(
-        &rootfs,
-        &plan.symlinks,
-        &plan.ldcache,
-        plan.ld_so_conf.as_ref(),
-        plan.layout.ldcache,
-    )?;
+    inside.link_and_cache(plan)?;
     step.done("links+ldcache");
-    let applied = match proc_prepared {
-        Some(prepared) => procfs::apply(&rootfs, prepared)?,
-        None => false,
-    };
-    if applied {
+    if inside.overlay_proc()? {
         step.done("proc");
     } else if plan.proc_overlay.is_some() {
         tracing::info!(
@@ -182,35 +167,5 @@ fn apply(
     })
 }
 
-/// Each mount source as a detached, read-only, nosuid, nodev tree, checked to be the kind
-/// of file the plan expects.
-fn open_sources(plan: &Plan) -> Result<Vec<OwnedFd>, HookError> {
-    plan.mounts
-        .iter()
-        .map(|m| {
-            let fail = |source| HookError::Source {
-                path: m.source.clone(),
-                source,
-            };
-            let tree = sys::clone_tree(&m.source, m.kind == MountKind::Dir).map_err(fail)?;
-            let st = sys::fstat(tree.as_fd()).map_err(fail)?;
-            let (want, kind) = match m.kind {
-                MountKind::File => (libc::S_IFREG, "regular file"),
-                MountKind::Socket => (libc::S_IFSOCK, "socket"),
-                MountKind::Dir => (libc::S_IFDIR, "directory"),
-            };
-            if sys::file_type(&st) != want {
-                return Err(HookError::SourceKind {
-                    path: m.source.clone(),
-                    kind,
-                });
-            }
-            sys::set_attrs(
-                tree.as_fd(),
-                sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
-            )
-            .map_err(fail)?;
-            Ok(tree)
-        })
-        .collect()
-}
+#[cfg(test)]
+mod tests;

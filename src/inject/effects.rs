@@ -1,0 +1,163 @@
+//! Everything the prestart hook does to the system, as a handful of operations: the seam
+//! that lets the order the hook promises be unit-tested without root (`super::tests`).
+//!
+//! The two halves are two types: [`HostEffects`] runs in the host's namespaces, and only
+//! [`HostEffects::enter_container`] yields the [`ContainerEffects`] that make nodes and
+//! mounts. So nothing that touches a rootfs can happen before the hook is in the container's
+//! mount namespace, which dies with the container: the compiler checks that part.
+
+use super::HookError;
+use super::procfs;
+use crate::plan::{DeviceNode, Mount, MountKind, Plan, ProcOverlay};
+use crate::rootfs::{Existing, Rootfs, RootfsError, loader, sys};
+use nvhook_cgroup::{self as cgroup, DeviceRule};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::Path;
+
+/// The hook's effects in the host's namespaces.
+pub trait HostEffects {
+    /// A mount source, opened on the host and ready to attach.
+    type Source;
+    type Inside: ContainerEffects<Source = Self::Source>;
+    /// Lets the container's cgroup open the device nodes in `rules`.
+    fn allow_devices(&mut self, rules: &[DeviceRule]) -> Result<(), HookError>;
+    fn open_source(&mut self, mount: &Mount) -> Result<Self::Source, HookError>;
+    /// Readies the `/proc/driver/nvidia` overlay, when the host's driver has that directory.
+    fn prepare_proc(&mut self, overlay: &ProcOverlay) -> Result<(), HookError>;
+    fn enter_container(self) -> Result<Self::Inside, HookError>;
+}
+
+/// The hook's effects in the container's mount namespace, on its rootfs.
+pub trait ContainerEffects {
+    type Source;
+    fn make_node(&mut self, node: &DeviceNode) -> Result<(), HookError>;
+    fn attach(&mut self, source: &Self::Source, mount: &Mount) -> Result<(), HookError>;
+    /// The SONAME and development links, then the image's loader cache.
+    fn link_and_cache(&mut self, plan: &Plan) -> Result<(), HookError>;
+    /// Applies the overlay prepared on the host; whether there was one to apply.
+    fn overlay_proc(&mut self) -> Result<bool, HookError>;
+}
+
+/// The real effects: cgroup files and bpf(2), open_tree, setns, and pathrs in the rootfs.
+pub struct System<'a> {
+    pid: i32,
+    rootfs_path: &'a Path,
+    proc: Option<procfs::Prepared>,
+}
+
+impl<'a> System<'a> {
+    pub fn new(pid: i32, rootfs_path: &'a Path) -> System<'a> {
+        System {
+            pid,
+            rootfs_path,
+            proc: None,
+        }
+    }
+}
+
+/// [`System`] once inside the container's mount namespace.
+pub struct SystemInside {
+    rootfs: Rootfs,
+    proc: Option<procfs::Prepared>,
+}
+
+impl HostEffects for System<'_> {
+    type Source = OwnedFd;
+    type Inside = SystemInside;
+
+    fn allow_devices(&mut self, rules: &[DeviceRule]) -> Result<(), HookError> {
+        let version = cgroup::allow_devices(self.pid, rules)?;
+        tracing::info!(?version, rules = rules.len(), "cgroup device rules set");
+        Ok(())
+    }
+
+    /// A detached, read-only, nosuid, nodev tree, checked to be the kind of file the plan
+    /// expects.
+    fn open_source(&mut self, mount: &Mount) -> Result<OwnedFd, HookError> {
+        let fail = |source| HookError::Source {
+            path: mount.source.clone(),
+            source,
+        };
+        let tree = sys::clone_tree(&mount.source, mount.kind == MountKind::Dir).map_err(fail)?;
+        let st = sys::fstat(tree.as_fd()).map_err(fail)?;
+        let (want, kind) = match mount.kind {
+            MountKind::File => (libc::S_IFREG, "regular file"),
+            MountKind::Socket => (libc::S_IFSOCK, "socket"),
+            MountKind::Dir => (libc::S_IFDIR, "directory"),
+        };
+        if sys::file_type(&st) != want {
+            return Err(HookError::SourceKind {
+                path: mount.source.clone(),
+                kind,
+            });
+        }
+        sys::set_attrs(
+            tree.as_fd(),
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+        )
+        .map_err(fail)?;
+        Ok(tree)
+    }
+
+    fn prepare_proc(&mut self, overlay: &ProcOverlay) -> Result<(), HookError> {
+        // /proc/driver/nvidia is the kernel module's, the same in every procfs instance:
+        // without it here the container's procfs lacks it too, and trees cloned for the
+        // overlay would only be dissolved again (an RCU grace period each).
+        if Path::new(procfs::TARGET).is_dir() {
+            self.proc = Some(procfs::prepare(overlay)?);
+        }
+        Ok(())
+    }
+
+    fn enter_container(self) -> Result<SystemInside, HookError> {
+        let pid = self.pid;
+        let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
+            .map_err(|source| HookError::Namespace { pid, source })?;
+        sys::enter_mount_ns(&ns).map_err(|source| HookError::Namespace { pid, source })?;
+        Ok(SystemInside {
+            rootfs: Rootfs::open(self.rootfs_path)?,
+            proc: self.proc,
+        })
+    }
+}
+
+impl ContainerEffects for SystemInside {
+    type Source = OwnedFd;
+
+    fn make_node(&mut self, node: &DeviceNode) -> Result<(), HookError> {
+        self.rootfs
+            .make_node(&node.path, node.major, node.minor, node.mode)?;
+        Ok(())
+    }
+
+    fn attach(&mut self, source: &OwnedFd, mount: &Mount) -> Result<(), HookError> {
+        let (target, existing) = self.rootfs.mount_target(&mount.destination, mount.kind)?;
+        sys::attach(source.as_fd(), target.as_fd()).map_err(|e| RootfsError::Op {
+            op: "mount",
+            path: mount.destination.clone(),
+            message: e.to_string(),
+        })?;
+        if existing == Existing::Replaced {
+            tracing::info!(path = %mount.destination, "covered the image's own file with the host's");
+        }
+        Ok(())
+    }
+
+    fn link_and_cache(&mut self, plan: &Plan) -> Result<(), HookError> {
+        loader::link_and_cache(
+            &self.rootfs,
+            &plan.symlinks,
+            &plan.ldcache,
+            plan.ld_so_conf.as_ref(),
+            plan.layout.ldcache,
+        )?;
+        Ok(())
+    }
+
+    fn overlay_proc(&mut self) -> Result<bool, HookError> {
+        match self.proc.take() {
+            Some(prepared) => Ok(procfs::apply(&self.rootfs, prepared)?),
+            None => Ok(false),
+        }
+    }
+}
