@@ -14,7 +14,7 @@ use std::process::{Command, Output, Stdio};
 
 use tempfile::TempDir;
 
-mod support;
+use nvhook_test_support as support;
 
 const NVHOOK: &str = env!("CARGO_BIN_EXE_nvhook");
 fn nvhook_runtime() -> String {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use tempfile::TempDir;
 
-mod support;
+use nvhook_test_support as support;
 use support::{run_nvhook, simnode_bin};
 
 const DRIVER_VERSION: &str = "550.54.15";

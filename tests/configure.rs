@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-mod support;
+use nvhook_test_support as support;
 use support::run_nvhook;
 
 const RUNTIME: &str = "/usr/bin/nvhook-runtime";

@@ -8,9 +8,8 @@
 //! mount (volume-mounts, with `--kubernetes`'s hardened policy). Run as root
 //! after `cargo build --workspace`: `cargo test --test cri_e2e`.
 
-#[path = "support/cri.rs"]
-mod cri;
-mod support;
+use nvhook_test_support as support;
+use support::cri;
 
 use std::fs;
 use std::path::Path;

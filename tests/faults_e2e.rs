@@ -5,7 +5,7 @@
 //!
 //! Run as root after `cargo build --workspace`: `cargo test --test faults_e2e`.
 
-mod support;
+use nvhook_test_support as support;
 
 use std::fs;
 use std::io::Write;

@@ -5,7 +5,7 @@
 //! On the simulated node no driver sits behind the device nodes, so opening a
 //! node the cgroup allows gives ENXIO and one it refuses gives EPERM.
 
-mod support;
+use nvhook_test_support as support;
 
 use support::{
     Bundle, Image, Output, RuntimeEnv, SimNode, busybox_image, glibc_image,

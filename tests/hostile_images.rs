@@ -8,7 +8,7 @@
 //!
 //! Run as root after `cargo build --workspace`: `cargo test --test hostile_images`.
 
-mod support;
+use nvhook_test_support as support;
 
 use std::cell::RefCell;
 use std::ffi::CString;

@@ -4,7 +4,7 @@
 //! privileged installer that mounts what it writes); and install.sh run for
 //! real, with the real nvhook, against a temporary host root.
 
-mod support;
+use nvhook_test_support as support;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

@@ -4,7 +4,7 @@
 //! GPU node; the mount table of the namespace the runtimes ran in must be the same after as
 //! before. Run as root after `cargo build --workspace`: `cargo test --test load_e2e`.
 
-mod support;
+use nvhook_test_support as support;
 
 use std::sync::Barrier;
 use std::time::Instant;

@@ -2,7 +2,7 @@
 //! simulated node: a second start does not pay NVML, and a cached answer that no longer
 //! matches the GPUs never refuses a start. Run as root after `cargo build --workspace`.
 
-mod support;
+use nvhook_test_support as support;
 
 use support::{Bundle, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args, run_clean};
 

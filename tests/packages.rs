@@ -6,7 +6,7 @@
 //! Run as root after `cargo build --workspace` and `packaging/build-packages.sh`
 //! (scripts/test.sh does both): `cargo test --test packages`.
 
-mod support;
+use nvhook_test_support as support;
 
 use std::collections::BTreeSet;
 use std::fs;

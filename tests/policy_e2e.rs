@@ -6,7 +6,7 @@
 //!
 //! Run as root after `cargo build --workspace`: `cargo test --test policy_e2e`.
 
-mod support;
+use nvhook_test_support as support;
 
 use support::{Bundle, RuntimeEnv, SimNode, glibc_image, run_clean};
 

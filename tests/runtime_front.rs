@@ -12,7 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-mod support;
+use nvhook_test_support as support;
 
 fn nvhook_runtime() -> PathBuf {
     support::workspace_bin("nvhook-runtime")

@@ -9,8 +9,7 @@
 //! `NVHOOK_BENCH_ONLY=hooks` or `=starts` runs one part.
 //! Run by `cargo test` (no `--bench` flag) it makes 2 rounds, as a smoke test of itself.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use nvhook_test_support as support;
 
 mod cycle;
 mod hook_timer;

@@ -167,6 +167,14 @@ pub fn profile_dir() -> PathBuf {
         .to_owned()
 }
 
+/// `target/tmp`: scratch space that `cargo clean` removes.
+pub fn target_tmp_dir() -> PathBuf {
+    profile_dir()
+        .parent()
+        .expect("target/<profile> has a parent")
+        .join("tmp")
+}
+
 /// simnode sits beside the test binary's directory.
 pub fn simnode_bin() -> PathBuf {
     workspace_bin("simnode")

@@ -1,16 +1,14 @@
 //! Shared harness for end-to-end tests that start real containers with runc.
 //!
-//! Include it from a test file with `mod support;`. It builds container images
+//! A test file uses it as `use nvhook_test_support as support;`. It builds container images
 //! from the host's own files, prepares OCI bundles (optionally with nvhook as a
 //! prestart hook), creates simulated GPU nodes and runs containers under
 //! cgroup v1 or v2. Everything panics with a clear message when a prerequisite
 //! (root, runc, cc, busybox, simnode) is missing: these tests never skip.
 
-// Every test crate that includes this module uses (and imports) only a part of it.
-#![allow(dead_code, unused_imports)]
-
 mod bundle;
 mod cmd;
+pub mod cri;
 pub mod engines;
 mod gpucheck;
 mod image;
@@ -32,7 +30,7 @@ pub use image::{
 };
 pub use mountns::{MountNs, table_diff};
 pub use mounts::{host_mounts_referencing, tree_listing};
-pub use node::{NodeOptions, SimNode, profile_dir, simnode_bin, workspace_bin};
+pub use node::{NodeOptions, SimNode, profile_dir, simnode_bin, target_tmp_dir, workspace_bin};
 pub use run::run_clean;
 pub use runc::{Output, RuntimeEnv, run_container, run_container_with, run_in_ns};
 pub use snapshot::{Snapshot, host_snapshot};

@@ -28,7 +28,14 @@ pub struct Podman {
     cgroup_parent: String,
 }
 
+impl Default for Podman {
+    fn default() -> Podman {
+        Podman::new()
+    }
+}
+
 impl Podman {
+    /// Podman's config and storage in a directory of its own, and a cgroup parent.
     pub fn new() -> Podman {
         let dir = EngineDir::new("podman");
         for sub in ["hooks.d", "networks"] {

@@ -1,9 +1,6 @@
 //! A small CRI client: the calls the kubelet makes to start a pod and its
 //! containers, over containerd's gRPC socket (k8s-cri's generated tonic client,
 //! runtime API v1). Blocking, so that tests stay plain functions.
-//!
-//! Not part of `support/mod.rs`: it pulls in tonic, which only the CRI test
-//! needs, so that test includes it with `#[path]`.
 
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
@@ -26,7 +23,7 @@ use k8s_cri::v1::{
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::support::Output;
+use crate::Output;
 
 /// How long a container may run before the test gives up on it.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);

@@ -3,6 +3,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde_json::{Value, json};
@@ -14,7 +15,8 @@ use super::node::SimNode;
 
 /// The nvhook binary cargo built for this test run.
 pub fn nvhook_bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_nvhook"))
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| super::workspace_bin("nvhook"))
 }
 
 /// Runs the nvhook binary with `args`, never reading the caller's `NVHOOK_CONFIG`.

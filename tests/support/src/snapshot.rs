@@ -32,10 +32,6 @@ impl Snapshot {
             })
             .collect()
     }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
 }
 
 /// Host files an escaping write would change, described in full.

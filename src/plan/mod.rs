@@ -703,5 +703,4 @@ pub fn container_params(host_params: &str) -> String {
 }
 
 #[cfg(test)]
-#[path = "plan_tests.rs"]
 pub(crate) mod tests;

@@ -131,8 +131,8 @@ fn image_dir(name: &str) -> PathBuf {
 fn process_build_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        fs::create_dir_all(base).expect("create CARGO_TARGET_TMPDIR");
+        let base = &super::target_tmp_dir();
+        fs::create_dir_all(base).expect("create target/tmp");
         remove_stale_build_dirs(base);
         let dir = base.join(format!("e2e-images-{}", std::process::id()));
         // A leftover from an earlier process that had the same pid.
@@ -143,10 +143,7 @@ fn process_build_dir() -> &'static Path {
 }
 
 fn remove_stale_build_dirs(base: &Path) {
-    for entry in fs::read_dir(base)
-        .expect("read CARGO_TARGET_TMPDIR")
-        .flatten()
-    {
+    for entry in fs::read_dir(base).expect("read target/tmp").flatten() {
         let name = entry.file_name();
         let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("e2e-images-")) else {
             continue;
@@ -159,8 +156,10 @@ fn remove_stale_build_dirs(base: &Path) {
 
 /// A file under tests/.
 pub fn source(relative: &str) -> PathBuf {
+    // This crate is tests/support.
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
+        .parent()
+        .expect("tests/support has a parent")
         .join(relative)
 }
 
