@@ -45,8 +45,9 @@ pub struct Config {
     pub log_level: LogLevel,
     /// Low-level runtimes the shim execs, first found wins.
     pub runtimes: Vec<String>,
-    /// Absolute path of the nvhook binary written into hook entries.
-    pub hook_path: PathBuf,
+    /// Absolute path of the nvhook binary written into hook entries; by default the nvhook
+    /// that writes them, which is the one beside nvhook-runtime.
+    pub hook_path: Option<PathBuf>,
     /// How nvhook-runtime gives a container its GPUs.
     pub runtime_mode: RuntimeMode,
 }
@@ -88,7 +89,7 @@ impl Default for Config {
             log_file: None,
             log_level: LogLevel::Info,
             runtimes: nvhook_runtime::DEFAULT_RUNTIMES.map(String::from).to_vec(),
-            hook_path: PathBuf::from("/usr/bin/nvhook"),
+            hook_path: None,
             runtime_mode: RuntimeMode::Hook,
         }
     }
@@ -139,17 +140,14 @@ impl Config {
             message,
         };
         let config: Config =
-            toml::from_str(text).map_err(|e| parse_error(one_line(e.message(), e.span(), text)))?;
+            toml::from_str(text).map_err(|e| parse_error(describe(e.message(), e.span(), text)))?;
         config.validate().map_err(parse_error)?;
         Ok(config)
     }
 
     fn validate(&self) -> Result<(), String> {
-        if !self.hook_path.is_absolute() {
-            return Err(format!(
-                "hook-path {:?} must be an absolute path",
-                self.hook_path
-            ));
+        if let Some(hook) = self.hook_path.as_ref().filter(|p| !p.is_absolute()) {
+            return Err(format!("hook-path {hook:?} must be an absolute path"));
         }
         let max_ms = NVML_TIMEOUT_MAX.as_millis();
         if self.nvml_timeout_ms == 0 || u128::from(self.nvml_timeout_ms) > max_ms {
@@ -202,27 +200,61 @@ impl Config {
     }
 }
 
-/// toml's messages span several lines with a caret drawing; keep one line with the line number.
-/// A quoted key may hold control characters, which toml repeats raw: escape them.
-fn one_line(message: &str, span: Option<std::ops::Range<usize>>, text: &str) -> String {
-    let message: String = message
-        .chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
+/// One line for a toml error: the key whose value is wrong and what it should be
+/// (`driver-root: expected a path, found integer 42 (line 1)`), else toml's message with its
+/// line. A quoted key may hold control characters, which toml repeats raw: they are escaped.
+fn describe(message: &str, span: Option<std::ops::Range<usize>>, text: &str) -> String {
+    let Some(at) = span.map(|s| s.start.min(text.len())) else {
+        return escape_controls(message);
+    };
+    let line = text[..at].matches('\n').count() + 1;
+    // An unknown key's message names the key already.
+    let key = key_at(text, at).filter(|_| !message.starts_with("unknown field"));
+    escape_controls(&match key {
+        Some(key) => format!("{key}: {} (line {line})", plain_words(message)),
+        None => format!("line {line}: {message}"),
+    })
+}
+
+fn escape_controls(text: &str) -> String {
+    text.chars()
+        .map(|c| match c.is_control() {
+            true => c.escape_default().to_string(),
+            false => c.to_string(),
         })
-        .collect();
-    let message = message.as_str();
-    match span {
-        Some(span) => {
-            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
-            format!("line {line}: {message}")
-        }
-        None => message.to_string(),
-    }
+        .collect()
+}
+
+/// The top-level key whose line holds byte `at` (nvhook's config is flat).
+fn key_at(text: &str, at: usize) -> Option<String> {
+    let doc = toml_edit::Document::parse(text).ok()?;
+    let table = doc.as_table();
+    table.iter().find_map(|(name, item)| {
+        let (key, _) = table.get_key_value(name)?;
+        let start = key.span()?.start;
+        let end = item.span()?.end;
+        (start..end.max(start + 1))
+            .contains(&at)
+            .then(|| name.to_string())
+    })
+}
+
+/// serde's `invalid type: integer `42`, expected path string` said the other way round, in
+/// the config's words: `expected a path, found integer 42`.
+fn plain_words(message: &str) -> String {
+    let Some((found, expected)) = message
+        .strip_prefix("invalid type: ")
+        .and_then(|rest| rest.split_once(", expected "))
+    else {
+        return message.to_string();
+    };
+    let expected = match expected {
+        "path string" => "a path",
+        "u64" | "u32" => "a whole number",
+        "a sequence" => "an array",
+        other => other,
+    };
+    format!("expected {expected}, found {}", found.replace('`', ""))
 }
 
 #[cfg(test)]
@@ -291,8 +323,22 @@ runtime-mode = "cdi"
 
     #[test]
     fn wrong_type_names_key() {
-        let e = parse("disable-require = \"yes\"").unwrap_err().to_string();
-        assert!(e.contains("line 1"), "{e}");
+        let e = parse("driver-root = 42").unwrap_err().to_string();
+        assert!(
+            e.ends_with("driver-root: expected a path, found integer 42 (line 1)"),
+            "{e}"
+        );
+        let e = parse("log-level = \"info\"\ndisable-require = \"yes\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("disable-require: expected a boolean, found string \"yes\" (line 2)"),
+            "{e}"
+        );
+        let e = parse("runtimes = \"runc\"").unwrap_err().to_string();
+        assert!(e.contains("runtimes: expected an array"), "{e}");
+        let e = parse("nvml-timeout-ms = -1").unwrap_err().to_string();
+        assert!(e.contains("nvml-timeout-ms: "), "{e}");
         let e = parse("supported-capabilities = [\"teleport\"]")
             .unwrap_err()
             .to_string();

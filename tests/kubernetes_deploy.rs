@@ -346,7 +346,7 @@ fn install_sh_installs_nvhook_on_a_host_root() {
         assert_eq!(mode & 0o777, 0o755, "{name}");
     }
     let config = Config::from_file(&host.at(nvhook::config::DEFAULT_PATH)).unwrap();
-    assert_eq!(config.hook_path, Path::new(&format!("{bin}/nvhook")));
+    assert_eq!(config.hook_path, Some(format!("{bin}/nvhook").into()));
     assert!(!config.accept_env_when_unprivileged);
     assert!(config.accept_volume_mount_devices);
     // The host's own paths, read back by containerd itself.
@@ -379,7 +379,7 @@ fn install_sh_keeps_an_admins_nvhook_config() {
     host.install(&m.daemon_set);
     let read = Config::from_file(&config).unwrap();
     assert_eq!(read.driver_root, Path::new("/run/nvidia/driver"));
-    assert_eq!(read.hook_path, Path::new("/usr/local/nvhook/bin/nvhook"));
+    assert_eq!(read.hook_path, Some("/usr/local/nvhook/bin/nvhook".into()));
     assert!(!read.accept_env_when_unprivileged);
 
     fs::write(&config, "hook-path = \"/opt/nvhook\"\n").unwrap();
@@ -387,6 +387,6 @@ fn install_sh_keeps_an_admins_nvhook_config() {
     assert!(said.contains("warning:"), "{said}");
     assert_eq!(
         Config::from_file(&config).unwrap().hook_path,
-        Path::new("/opt/nvhook")
+        Some("/opt/nvhook".into())
     );
 }

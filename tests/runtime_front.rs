@@ -141,6 +141,50 @@ fn a_create_that_may_ask_for_a_gpu_is_handed_to_nvhook_beside_it() {
 }
 
 #[test]
+fn by_default_the_hook_entry_runs_the_nvhook_beside_nvhook_runtime() {
+    let s = Scratch::new();
+    for bin in ["nvhook", "nvhook-nvml"] {
+        fs::copy(support::workspace_bin(bin), s.path(bin)).expect("copy the binary");
+    }
+    // The simulated node's own config, less the hook-path it names.
+    let node = support::SimNode::create(1);
+    let node_config = fs::read_to_string(node.config()).expect("read the node's config");
+    let mut config: String = node_config
+        .lines()
+        .filter(|l| !l.starts_with("hook-path") && !l.starts_with("runtimes"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    config.push_str(&format!(
+        "runtimes = [{:?}]\n",
+        s.path("fake-runc").display().to_string()
+    ));
+    fs::write(s.path("config.toml"), config).expect("write the config");
+    let bundle = s.bundle(
+        "gpu",
+        r#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"root":{"path":"rootfs"}}"#,
+    );
+    fs::create_dir(bundle.join("rootfs")).expect("mkdir rootfs");
+
+    let out = s.run(
+        &["create", "--bundle", bundle.to_str().unwrap(), "id"],
+        Stdio::null(),
+    );
+    assert!(out.status.success(), "{out:?}\n{}", node.log());
+    assert_eq!(
+        s.runtime_argv()[1],
+        "create",
+        "the runtime ran after the shim"
+    );
+    let spec: serde_json::Value =
+        serde_json::from_slice(&fs::read(bundle.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        spec["hooks"]["prestart"][0]["path"],
+        s.path("nvhook").display().to_string(),
+        "{spec}"
+    );
+}
+
+#[test]
 fn a_config_it_cannot_read_with_certainty_is_handed_to_nvhook() {
     let s = Scratch::new();
     for config in [
