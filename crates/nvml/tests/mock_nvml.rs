@@ -1,5 +1,6 @@
-//! Loads the built mock through the real `nvml-wrapper`, the way nvhook does, from a
-//! driver directory laid out like simnode's: `libnvidia-ml.so.<version>`, the
+//! The mock NVML (tests/mock-nvml) answers nvml-wrapper, the library this crate asks NVML
+//! through, as the real libnvidia-ml does. Loads the built mock the way nvhook-nvml does, from
+//! a driver directory laid out like simnode's: `libnvidia-ml.so.<version>`, the
 //! `libnvidia-ml.so.1` symlink, and `nvml-topology.json` beside them.
 //!
 //! Cargo does not build a cdylib for `cargo test`, so the first test to need the
