@@ -3,7 +3,7 @@
 
 use super::effects::{ContainerEffects, HostEffects};
 use super::*;
-use crate::plan::tests::one_gpu_plan;
+use crate::plan::tests::two_node_plan;
 use crate::plan::{DeviceNode, Mount, MountKind, ProcOverlay};
 use nvhook_cgroup::DeviceRule;
 use std::cell::RefCell;
@@ -110,15 +110,7 @@ impl ContainerEffects for Recorder {
 
 /// Two GPU nodes (nvidia0 and nvidiactl) with their rules, two mounts and the /proc overlay.
 fn plan() -> Plan {
-    let mut plan = one_gpu_plan();
-    plan.devices.push(DeviceNode {
-        path: "/dev/nvidiactl".into(),
-        host_path: "/dev/nvidiactl".into(),
-        major: 195,
-        minor: 255,
-        mode: 0o666,
-    });
-    plan.cgroup_rules.push(DeviceRule::char_rw(195, 255));
+    let mut plan = two_node_plan();
     for (source, destination) in [
         ("/drv/libcuda.so.550", "/usr/lib/libcuda.so.550"),
         ("/drv/nvidia-smi", "/usr/bin/nvidia-smi"),

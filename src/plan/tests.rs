@@ -213,6 +213,20 @@ pub(crate) fn one_gpu_plan() -> Plan {
     .unwrap()
 }
 
+/// [`one_gpu_plan`] plus `/dev/nvidiactl` and its rule.
+pub(crate) fn two_node_plan() -> Plan {
+    let mut plan = one_gpu_plan();
+    plan.devices.push(DeviceNode {
+        path: "/dev/nvidiactl".into(),
+        host_path: "/dev/nvidiactl".into(),
+        major: 195,
+        minor: 255,
+        mode: 0o666,
+    });
+    plan.cgroup_rules.push(DeviceRule::char_rw(195, 255));
+    plan
+}
+
 fn spec(env: &[&str], bounding: &[&str]) -> Spec {
     let doc = json!({
         "ociVersion": "1.0.2",
@@ -1004,15 +1018,7 @@ fn plan_reports_the_driver_version() {
 
 #[test]
 fn the_hook_makes_only_the_nodes_the_spec_does_not_list() {
-    let mut plan = one_gpu_plan();
-    plan.devices.push(DeviceNode {
-        path: "/dev/nvidiactl".into(),
-        host_path: "/dev/nvidiactl".into(),
-        major: 195,
-        minor: 255,
-        mode: 0o666,
-    });
-    plan.cgroup_rules.push(DeviceRule::char_rw(195, 255));
+    let plan = two_node_plan();
     let (nodes, rules) = plan.left_to_hook([]);
     assert_eq!(nodes.len(), 2);
     assert_eq!(rules.len(), 2);
