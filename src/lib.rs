@@ -17,6 +17,7 @@ pub mod logging;
 pub mod oci;
 pub mod plan;
 pub mod plan_file;
+pub mod privileges;
 pub mod report;
 pub mod request;
 pub mod rootfs;

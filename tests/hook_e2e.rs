@@ -208,6 +208,39 @@ fn visible_devices_1_3(env: RuntimeEnv) {
         "dev /dev/nvidia3 ENXIO",
     ]);
     output.assert_lines(&["dev /dev/nvidia2 absent", "cuInit 0"]);
+    assert_hook_kept_only_its_capabilities(&node);
+}
+
+/// The capabilities the hook's work needs (capabilities(7) numbers): DAC_OVERRIDE,
+/// DAC_READ_SEARCH, FOWNER, IPC_LOCK, SYS_CHROOT, SYS_PTRACE, SYS_ADMIN, SYS_RESOURCE, MKNOD,
+/// BPF. Everything else runc handed it (SETUID, SYS_MODULE, NET_ADMIN, ...) is gone.
+const HOOK_CAPABILITIES: [u32; 10] = [1, 2, 3, 14, 18, 19, 21, 24, 27, 39];
+
+/// What the kernel said of the hook after it dropped the rest (its debug log line, read from
+/// /proc/self/status): those capabilities, effective and bounding, and no_new_privs. Of those,
+/// only what this test process may have itself: a sandbox may hold fewer than root's all.
+#[track_caller]
+fn assert_hook_kept_only_its_capabilities(node: &SimNode) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let own = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .expect("CapBnd in /proc/self/status");
+    let mask = HOOK_CAPABILITIES.iter().fold(0u64, |m, bit| m | 1 << bit) & own;
+    let want = format!("CapEff: {mask:016x}, CapBnd: {mask:016x}, NoNewPrivs: 1");
+    let log = node.log();
+    let kept: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("capabilities kept"))
+        .collect();
+    assert!(
+        !kept.is_empty(),
+        "no capability line in the hook's log:\n{log}"
+    );
+    for line in kept {
+        assert!(line.contains(&want), "want {want}, got {line}");
+    }
 }
 
 #[test]

@@ -205,6 +205,15 @@ fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()>
     // No $NVHOOK_CONFIG here: the hook's environment is not to be trusted.
     let config = Config::load(config_path, None)?;
     nvhook::logging::init(&config);
+    // Defence in depth, before anything of the container is read: a host that will not let
+    // the hook drop capabilities still gets its GPU container, with a warning in the log.
+    match nvhook::privileges::keep_only_what_the_hook_needs() {
+        Ok(()) if tracing::enabled!(tracing::Level::DEBUG) => {
+            tracing::debug!(kernel = %nvhook::privileges::status_lines(), "capabilities kept");
+        }
+        Ok(()) => {}
+        Err(e) => tracing::warn!("{e}"),
+    }
     // A state is a few hundred bytes; a runtime never sends more than this.
     const STATE_LIMIT: u64 = 1 << 20;
     let mut input = String::new();

@@ -1,0 +1,87 @@
+//! The hook runs as root with every capability the runtime had. Before it reads anything a
+//! container's author wrote, it keeps only the capabilities its own work needs, and makes
+//! sure neither it nor the NVML helper it runs can regain the others (bounding set,
+//! no_new_privs): a bug in the hook can then mount and make nodes, as it must, but cannot
+//! load a kernel module, change its user, reach the network stack or raw I/O, ...
+
+use caps::{CapSet, Capability, CapsHashSet};
+
+/// What the hook and the CDI createContainer hook need, and why.
+pub const KEPT: &[(Capability, &str)] = &[
+    (
+        Capability::CAP_SYS_ADMIN,
+        "the mount API, setns, cgroup v1 rules, bpf",
+    ),
+    (Capability::CAP_SYS_CHROOT, "setns into a mount namespace"),
+    (
+        Capability::CAP_SYS_PTRACE,
+        "the container's /proc/<pid>/ns/mnt (the runtime makes its init undumpable)",
+    ),
+    (Capability::CAP_MKNOD, "device nodes in the rootfs"),
+    (
+        Capability::CAP_DAC_OVERRIDE,
+        "images' files and directories owned by other users",
+    ),
+    (Capability::CAP_DAC_READ_SEARCH, "the same, for lookups"),
+    (
+        Capability::CAP_FOWNER,
+        "replacing image files in sticky directories",
+    ),
+    (Capability::CAP_BPF, "device programs on cgroup v2"),
+    (
+        Capability::CAP_IPC_LOCK,
+        "BPF memory charged to RLIMIT_MEMLOCK on older kernels",
+    ),
+    (
+        Capability::CAP_SYS_RESOURCE,
+        "BPF memory charged to RLIMIT_MEMLOCK on older kernels",
+    ),
+];
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot drop the capabilities the hook does not need: {0}")]
+pub struct PrivilegeError(#[source] caps::errors::CapsError);
+
+/// Keeps only [`KEPT`] (of what the process has), in every set, and sets no_new_privs.
+pub fn keep_only_what_the_hook_needs() -> Result<(), PrivilegeError> {
+    let kept: CapsHashSet = KEPT.iter().map(|(cap, _)| *cap).collect();
+    // The bounding set first: dropping from it takes CAP_SETPCAP, which goes below.
+    for cap in caps::read(None, CapSet::Bounding).map_err(PrivilegeError)? {
+        if !kept.contains(&cap) {
+            caps::drop(None, CapSet::Bounding, cap).map_err(PrivilegeError)?;
+        }
+    }
+    caps::clear(None, CapSet::Ambient).map_err(PrivilegeError)?;
+    caps::clear(None, CapSet::Inheritable).map_err(PrivilegeError)?;
+    let permitted: CapsHashSet = caps::read(None, CapSet::Permitted)
+        .map_err(PrivilegeError)?
+        .intersection(&kept)
+        .copied()
+        .collect();
+    // Effective must stay within permitted at each step.
+    caps::set(None, CapSet::Effective, &permitted).map_err(PrivilegeError)?;
+    caps::set(None, CapSet::Permitted, &permitted).map_err(PrivilegeError)?;
+    // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(PrivilegeError(
+            format!("PR_SET_NO_NEW_PRIVS: {}", std::io::Error::last_os_error()).into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The kernel's view of the process's capabilities, for the log: `CapEff`, `CapBnd` and
+/// `NoNewPrivs` from /proc/self/status.
+pub fn status_lines() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .filter(|l| {
+            ["CapEff:", "CapBnd:", "NoNewPrivs:"]
+                .iter()
+                .any(|k| l.starts_with(k))
+        })
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
