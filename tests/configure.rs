@@ -62,7 +62,7 @@ fn read(file: &Path) -> String {
 const INPUTS: [(&str, &str, &str); 5] = [
     ("containerd", "containerd-v2-default.toml", "config.toml"),
     ("containerd", "containerd-debian.toml", "config.toml"),
-    ("containerd", "containerd-v3.toml", "config.toml"),
+    ("containerd", "containerd-v3-no-imports.toml", "config.toml"),
     ("docker", "docker-canonical.json", "daemon.json"),
     ("crio", "crio-main.conf", "crio.conf"),
 ];
@@ -87,10 +87,233 @@ fn containerd_debian_config_without_runtimes_keeps_runc() {
 }
 
 #[test]
-fn containerd_v3_config() {
-    let (_dir, file) = copy_of("containerd-v3.toml", "config.toml");
+fn containerd_v3_config_without_imports_is_edited_itself() {
+    let (dir, file) = copy_of("containerd-v3-no-imports.toml", "config.toml");
     configure("containerd", &file, &["--set-as-default"]);
     assert_golden(&read(&file), "containerd-v3.default.toml");
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        2,
+        "config and backup only"
+    );
+}
+
+// ---- containerd 2: the runtime in a drop-in the main config imports ----
+
+/// containerd 2 configs that import a drop-in directory: (golden input, how the copy names
+/// the directory: `abs` for an absolute path into the test's directory, else relative).
+const DROP_IN_INPUTS: [(&str, &str); 2] = [
+    // containerd 2.3's own `containerd config default`: version 4.
+    ("containerd-2.3-default.toml", "conf.d/*.toml"),
+    ("containerd-v3.toml", "abs"),
+];
+
+/// A node's containerd directory: `config.toml`, a copy of `input` whose imports name the
+/// test's own `conf.d` (the host's `/etc/containerd/conf.d` must stay untouched), and where
+/// nvhook's drop-in goes.
+struct Containerd2 {
+    dir: tempfile::TempDir,
+    main: PathBuf,
+    original: String,
+}
+
+impl Containerd2 {
+    fn new(input: &str, import: &str) -> Containerd2 {
+        let dir = tempfile::tempdir().unwrap();
+        let import = match import {
+            "abs" => format!("{}/conf.d/*.toml", dir.path().display()),
+            relative => relative.to_owned(),
+        };
+        let original = golden(input).replace("/etc/containerd/conf.d/*.toml", &import);
+        assert_ne!(
+            original,
+            golden(input),
+            "{input} imports /etc/containerd/conf.d"
+        );
+        let main = dir.path().join("config.toml");
+        fs::write(&main, &original).unwrap();
+        Containerd2 {
+            dir,
+            main,
+            original,
+        }
+    }
+
+    fn drop_in(&self) -> PathBuf {
+        self.dir.path().join("conf.d/99-nvhook.toml")
+    }
+}
+
+#[test]
+fn containerd_2_gets_a_drop_in_and_its_main_config_stays_as_it_was() {
+    for (input, import) in DROP_IN_INPUTS {
+        for (extra, expected) in [
+            (&[][..], "drop-in"),
+            (&["--set-as-default"][..], "drop-in.default"),
+        ] {
+            let node = Containerd2::new(input, import);
+            let stdout = configure("containerd", &node.main, extra);
+            let drop_in = node.drop_in();
+            assert_eq!(
+                stdout,
+                format!(
+                    "configured runtime \"nvidia\" in {}\nto apply it: systemctl restart containerd\n",
+                    drop_in.display()
+                ),
+                "{input} {extra:?}"
+            );
+            let name = input.replace(".toml", &format!(".{expected}.toml"));
+            assert_golden(&read(&drop_in), &name);
+            assert_eq!(
+                read(&node.main),
+                node.original,
+                "{input}: main config untouched"
+            );
+            assert!(
+                !backup_of(&node.main).exists(),
+                "{input}: main config not rewritten"
+            );
+
+            let again = configure("containerd", &node.main, extra);
+            assert!(again.starts_with("already configured:"), "{again}");
+            assert_eq!(read(&drop_in), golden(&name), "{input}: second run");
+
+            let removed = configure("containerd", &node.main, &["--remove"]);
+            assert!(
+                removed.starts_with(&format!(
+                    "removed runtime \"nvidia\" from {}",
+                    drop_in.display()
+                )),
+                "{removed}"
+            );
+            assert!(!drop_in.exists(), "{input}: the drop-in is retired");
+            assert_eq!(read(&node.main), node.original, "{input}: after --remove");
+            let again = configure("containerd", &node.main, &["--remove"]);
+            assert!(again.starts_with("not configured:"), "{again}");
+        }
+    }
+}
+
+#[test]
+fn containerd_2_drop_in_dry_run_writes_nothing() {
+    let node = Containerd2::new("containerd-2.3-default.toml", "conf.d/*.toml");
+    let stdout = configure("containerd", &node.main, &["--dry-run"]);
+    let drop_in = node.drop_in();
+    assert!(
+        stdout.starts_with(&format!("--- /dev/null\n+++ {}\n", drop_in.display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("+BinaryName = '{RUNTIME}'\n")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.ends_with(&format!("dry run: {} not written\n", drop_in.display())),
+        "{stdout}"
+    );
+    assert!(!drop_in.parent().unwrap().exists());
+    assert_eq!(read(&node.main), node.original);
+}
+
+#[test]
+fn containerd_2_without_imports_and_containerd_1_with_them_edit_the_main_config() {
+    // containerd 2.3's default less its imports line: the runtime goes into the file itself.
+    let dir = tempfile::tempdir().unwrap();
+    let main = dir.path().join("config.toml");
+    let default = golden("containerd-2.3-default.toml");
+    let without: String = default
+        .lines()
+        .filter(|l| !l.starts_with("imports"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    fs::write(&main, &without).unwrap();
+    configure("containerd", &main, &[]);
+    assert_golden(
+        &read(&main),
+        "containerd-2.3-default.no-imports.configured.toml",
+    );
+    assert!(!dir.path().join("conf.d").exists());
+    configure("containerd", &main, &["--remove"]);
+    assert_eq!(read(&main), without);
+
+    // containerd 1 replaces a whole plugin section from an import: no drop-in for version 2.
+    let (dir, main) = copy_of("containerd-v2-default.toml", "config.toml");
+    let with_imports = golden("containerd-v2-default.toml")
+        .replace("imports = []", "imports = [\"conf.d/*.toml\"]");
+    fs::write(&main, &with_imports).unwrap();
+    configure("containerd", &main, &[]);
+    assert!(read(&main).contains("runtimes.nvidia]"), "{}", read(&main));
+    assert!(!dir.path().join("conf.d").exists());
+}
+
+#[test]
+fn containerd_2_remove_also_cleans_a_runtime_an_earlier_nvhook_put_in_the_main_config() {
+    let node = Containerd2::new("containerd-v3.toml", "abs");
+    // What nvhook wrote before it knew drop-ins: the runtime in the main file.
+    let imports_line = node
+        .original
+        .lines()
+        .find(|l| l.starts_with("imports"))
+        .unwrap()
+        .to_owned();
+    fs::write(&node.main, node.original.replace(&imports_line, "")).unwrap();
+    configure("containerd", &node.main, &["--set-as-default"]);
+    let old_style = read(&node.main).replacen("\n", &format!("\n{imports_line}\n"), 1);
+    fs::write(&node.main, &old_style).unwrap();
+    assert!(old_style.contains("runtimes.nvidia]"));
+
+    let stdout = configure("containerd", &node.main, &["--remove"]);
+    assert!(
+        stdout.starts_with(&format!(
+            "removed runtime \"nvidia\" from {}",
+            node.main.display()
+        )),
+        "{stdout}"
+    );
+    let after = read(&node.main);
+    assert!(!after.contains("nvidia"), "{after}");
+    assert!(after.contains("default_runtime_name = 'runc'"), "{after}");
+    assert!(!node.drop_in().exists());
+}
+
+#[test]
+fn containerd_2_bad_imports_or_drop_in_is_one_line_and_nothing_is_written() {
+    let node = Containerd2::new("containerd-2.3-default.toml", "conf.d/*.toml");
+    let drop_in = node.drop_in();
+    fs::create_dir_all(drop_in.parent().unwrap()).unwrap();
+    fs::write(&drop_in, "version = 3\n[plugins\n").unwrap();
+    let bad_imports = node
+        .original
+        .replace("imports = ['conf.d/*.toml']", "imports = 3");
+    for (file, text, expected) in [
+        (
+            &drop_in,
+            "version = 3\n[plugins\n",
+            "not valid TOML at line 2",
+        ),
+        (
+            &node.main,
+            bad_imports.as_str(),
+            "`imports = 3` is not an array of paths",
+        ),
+    ] {
+        fs::write(file, text).unwrap();
+        let out = run_nvhook(&[
+            "configure",
+            "containerd",
+            "--engine-config",
+            node.main.to_str().unwrap(),
+        ]);
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(expected) && stderr.contains(file.to_str().unwrap()),
+            "{stderr}"
+        );
+        assert_eq!(read(file), text);
+        assert!(!backup_of(file).exists());
+    }
 }
 
 #[test]

@@ -267,12 +267,18 @@ struct Host {
 
 impl Host {
     fn new() -> Host {
+        Host::with_containerd_config("containerd-v2-default.toml")
+    }
+
+    /// A host whose `/etc/containerd/config.toml` is the golden `name`.
+    fn with_containerd_config(name: &str) -> Host {
         let dir = tempfile::tempdir().unwrap();
         let containerd = dir.path().join("root/etc/containerd");
         fs::create_dir_all(&containerd).unwrap();
         fs::copy(
             Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/golden/configure/containerd-v2-default.toml"),
+                .join("tests/golden/configure")
+                .join(name),
             containerd.join("config.toml"),
         )
         .unwrap();
@@ -367,6 +373,31 @@ fn install_sh_installs_nvhook_on_a_host_root() {
     assert_eq!(files(&host), before);
     assert_eq!(host.restarts(), 1, "{said}");
     assert!(said.contains("no restart"), "{said}");
+}
+
+#[test]
+fn install_sh_on_containerd_2_writes_the_drop_in_its_config_imports() {
+    let m = manifests();
+    // containerd 2.3's own default: version 4, imports /etc/containerd/conf.d/*.toml.
+    let host = Host::with_containerd_config("containerd-2.3-default.toml");
+    let main = host.at("/etc/containerd/config.toml");
+    let original = fs::read(&main).unwrap();
+    let said = host.install(&m.daemon_set);
+    let drop_in = host.at("/etc/containerd/conf.d/99-nvhook.toml");
+    let written = fs::read_to_string(&drop_in).unwrap_or_else(|e| panic!("{e}: {said}"));
+    assert!(
+        written.contains("BinaryName = '/usr/local/nvhook/bin/nvhook-runtime'"),
+        "{written}"
+    );
+    assert_eq!(fs::read(&main).unwrap(), original, "main config untouched");
+    assert!(
+        said.contains("/etc/containerd/conf.d/99-nvhook.toml"),
+        "{said}"
+    );
+    assert_eq!(host.restarts(), 1, "{said}");
+    let said = host.install(&m.daemon_set);
+    assert!(said.contains("no restart"), "{said}");
+    assert_eq!(host.restarts(), 1, "{said}");
 }
 
 #[test]

@@ -49,17 +49,18 @@ elif ! grep -q "^[[:space:]]*hook-path[[:space:]]*=[[:space:]]*\"$hook_path\"" "
     say "warning: $nvhook_config sets its own hook-path; GPU containers run that nvhook, not $hook_path"
 fi
 
-# 3. Policy and runtime handler. The paths written into the files are the host's.
-before=$(cksum <"$host$containerd_config" 2>/dev/null || echo none)
-"$host$nvhook_dir/bin/nvhook" configure containerd --kubernetes \
-    --nvhook-config "$host$nvhook_config" \
-    --engine-config "$host$containerd_config" \
-    --runtime-path "$nvhook_dir/bin/nvhook-runtime"
-after=$(cksum <"$host$containerd_config")
+# 3. Policy and runtime handler, by the nvhook just installed, run in the host's root (it is
+#    static): every path it reads or writes, including the drop-in directory a containerd 2
+#    config imports (/etc/containerd/conf.d), is then the host's own.
+said=$(chroot "$host" "$nvhook_dir/bin/nvhook" configure containerd --kubernetes \
+    --nvhook-config "$nvhook_config" \
+    --engine-config "$containerd_config" \
+    --runtime-path "$nvhook_dir/bin/nvhook-runtime")
+echo "$said"
 
-# 4. containerd reads its config only at start. Running containers keep running: their
-#    runc shims do not depend on the daemon.
-if [ "$before" != "$after" ]; then
+# 4. containerd reads its config only at start, and nvhook says when it wrote any of it.
+#    Running containers keep running: their runc shims do not depend on the daemon.
+if echo "$said" | grep -q '^to apply it: '; then
     say "restarting containerd: $restart"
     sh -c "$restart"
 else

@@ -1,15 +1,29 @@
 //! containerd's config.toml: a runtime handler for the CRI plugin whose shim runs
 //! nvhook-runtime instead of runc (`options.BinaryName`).
+//!
+//! containerd 2 (config versions 3 and 4) merges the files its main config `imports` into
+//! it key by key, so where the main config imports a drop-in directory (containerd 2.3's own
+//! default imports `/etc/containerd/conf.d/*.toml`), nvhook's runtime goes into a drop-in
+//! there and the main file is left as it is. containerd 1 (versions 1 and 2) replaces a
+//! whole plugin section with an imported one: there the main file is edited.
 
 use super::toml::{self as edit, dotted};
 use super::{Change, Invalid};
+use std::path::{Component, Path, PathBuf};
 use toml_edit::{DocumentMut, Item, Table};
 
 const RUNC_SHIM: &str = "io.containerd.runc.v2";
 
+/// The name of nvhook's drop-in in an imported directory; NVIDIA's toolkit writes 99-nvidia.
+const DROP_IN_NAME: &str = "99-nvhook.toml";
+
 /// Marks a runc runtime that configure had to spell out, so that `--remove` takes it too.
 const RUNC_MARKER: &str = "# nvhook: containerd 1.x drops its built-in runc runtime once any runtime is listed, so it is listed too";
 
+/// The first lines of a drop-in nvhook writes.
+const DROP_IN_HEADER: &str = "# Written by `nvhook configure containerd`; `nvhook configure containerd --remove` takes it out.\n";
+
+/// The change for a main config that holds the runtime itself.
 pub(super) fn apply(current: Option<&str>, change: &Change) -> Result<Option<String>, Invalid> {
     let mut doc = edit::parse(current)?;
     if matches!(change, Change::Add { .. }) && doc.as_table().is_empty() {
@@ -23,10 +37,97 @@ pub(super) fn apply(current: Option<&str>, change: &Change) -> Result<Option<Str
             name,
             path,
             set_as_default,
-        } => add(&mut doc, version, &containerd, name, path, set_as_default)?,
+        } => {
+            let runtimes = edit::table_mut(doc.as_table_mut(), &runtimes_path(&containerd))?;
+            // containerd 1.x replaces (not merges) its default runtime map with the file's,
+            // so a lone `nvidia` entry would leave the CRI plugin without its default `runc`.
+            if version <= 2 && runtimes.is_empty() {
+                runtimes.insert("runc", Item::Table(builtin_runc()));
+            }
+            let runc = runtimes.get("runc").cloned();
+            add(
+                &mut doc,
+                &containerd,
+                runc.as_ref(),
+                name,
+                path,
+                set_as_default,
+            )?;
+        }
         Change::Remove { name } => remove(&mut doc, &containerd, name),
     }
     Ok(Some(doc.to_string()))
+}
+
+/// The drop-in that nvhook's runtime belongs in, for the main config `main` at `file`: in
+/// the directory of the first `imports` entry that covers a file named [`DROP_IN_NAME`],
+/// for containerd 2's config versions; `None` where the main file holds the runtime.
+pub(super) fn drop_in(main: Option<&str>, file: &Path) -> Result<Option<PathBuf>, Invalid> {
+    let doc = edit::parse(main)?;
+    if version(&doc)? < 3 {
+        return Ok(None);
+    }
+    let Some(imports) = doc.get("imports") else {
+        return Ok(None);
+    };
+    let entries = imports
+        .as_array()
+        .and_then(|a| a.iter().map(|v| v.as_str()).collect::<Option<Vec<_>>>())
+        .ok_or_else(|| {
+            Invalid(format!(
+                "`imports = {}` is not an array of paths",
+                imports.to_string().trim().escape_default()
+            ))
+        })?;
+    let base = file.parent().unwrap_or(Path::new("/"));
+    Ok(entries.into_iter().find_map(|entry| {
+        // containerd cleans each entry and joins a relative one to the main file's directory.
+        let entry = base.join(clean(Path::new(entry)));
+        let (dir, pattern) = (entry.parent()?, entry.file_name()?.to_str()?);
+        let dir_has_glob = dir.to_str()?.contains(['*', '?', '[']);
+        (!dir_has_glob && glob_matches(pattern, DROP_IN_NAME)).then(|| dir.join(DROP_IN_NAME))
+    }))
+}
+
+/// The change for nvhook's drop-in (`current`, `None` when it does not exist yet), for the
+/// main config `main`: the runtime starts from the main config's runc settings, in the main
+/// config's format version. `None`: nothing is left in the drop-in.
+pub(super) fn apply_drop_in(
+    main: Option<&str>,
+    current: Option<&str>,
+    change: &Change,
+) -> Result<Option<String>, Invalid> {
+    let main = edit::parse(main)?;
+    let new = format!("{DROP_IN_HEADER}version = {}\n", version(&main)?);
+    let mut doc = edit::parse(Some(current.unwrap_or(&new)))?;
+    let containerd = containerd_path(version(&doc)?);
+    match *change {
+        Change::Add {
+            name,
+            path,
+            set_as_default,
+        } => {
+            let main_containerd = containerd_path(version(&main)?);
+            // The main file's layout (indentation, comments) means nothing in a file of its own.
+            let runc = item_at(main.as_item(), &runtimes_path(&main_containerd))
+                .and_then(|runtimes| runtimes.get("runc"))
+                .and_then(Item::as_table)
+                .map(|runc| Item::Table(undecorated(runc)));
+            add(
+                &mut doc,
+                &containerd,
+                runc.as_ref(),
+                name,
+                path,
+                set_as_default,
+            )?;
+        }
+        Change::Remove { name } => remove(&mut doc, &containerd, name),
+    }
+    let only_version_left = doc
+        .iter()
+        .all(|(key, item)| key == "version" || item.as_table().is_some_and(edit::is_blank));
+    Ok((!only_version_left).then(|| doc.to_string()))
 }
 
 /// The config format version. containerd 1.x reads a file without `version` as version 1.
@@ -35,10 +136,10 @@ fn version(doc: &DocumentMut) -> Result<i64, Invalid> {
         return Ok(1);
     };
     match item.as_integer() {
-        Some(v @ 1..=3) => Ok(v),
+        Some(v @ 1..=4) => Ok(v),
         // A table or a multi-line value would break the one-line error: show it escaped.
         _ => Err(Invalid(format!(
-            "unsupported `version = {}` (nvhook knows containerd config versions 1, 2 and 3)",
+            "unsupported `version = {}` (nvhook knows containerd config versions 1 to 4)",
             item.to_string().trim().escape_default()
         ))),
     }
@@ -49,6 +150,7 @@ fn containerd_path(version: i64) -> [&'static str; 3] {
     let plugin = match version {
         1 => "cri",
         2 => "io.containerd.grpc.v1.cri",
+        // Version 4 moved server settings into plugins; the CRI runtime plugin kept its id.
         _ => "io.containerd.cri.v1.runtime",
     };
     ["plugins", plugin, "containerd"]
@@ -58,24 +160,74 @@ fn runtimes_path<'a>(containerd: &[&'a str; 3]) -> [&'a str; 4] {
     [containerd[0], containerd[1], containerd[2], "runtimes"]
 }
 
+/// `table` laid out afresh: no indentation, no comments, standard headers.
+fn undecorated(table: &Table) -> Table {
+    let mut out = table.clone();
+    fn reset(table: &mut Table) {
+        table.fmt();
+        table.decor_mut().clear();
+        table.set_position(None);
+        for (_, child) in table.iter_mut() {
+            if let Item::Table(child) = child {
+                reset(child);
+            }
+        }
+    }
+    reset(&mut out);
+    out
+}
+
+fn item_at<'a>(root: &'a Item, path: &[&str]) -> Option<&'a Item> {
+    path.iter().try_fold(root, |item, key| item.get(key))
+}
+
+/// `path` as Go's filepath.Clean leaves it, for the parts containerd's imports use.
+fn clean(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::ParentDir if out.file_name().is_some() => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Go's filepath.Match for the `*` and `?` a drop-in pattern uses (`*.toml`); a pattern with
+/// a character class matches nothing here, which leaves the main file to be edited.
+fn glob_matches(pattern: &str, name: &str) -> bool {
+    if pattern.contains(['[', '\\']) {
+        return false;
+    }
+    fn matches(p: &[u8], n: &[u8]) -> bool {
+        match (p.first(), n.first()) {
+            (None, None) => true,
+            (Some(b'*'), _) => matches(&p[1..], n) || (!n.is_empty() && matches(p, &n[1..])),
+            (Some(b'?'), Some(_)) => matches(&p[1..], &n[1..]),
+            (Some(a), Some(b)) if a == b => matches(&p[1..], &n[1..]),
+            _ => false,
+        }
+    }
+    matches(pattern.as_bytes(), name.as_bytes())
+}
+
+/// Adds runtime `name` (starting from `runc`'s settings when it is new) to `doc`.
 fn add(
     doc: &mut DocumentMut,
-    version: i64,
     containerd: &[&str; 3],
+    runc: Option<&Item>,
     name: &str,
     path: &str,
     set_as_default: bool,
 ) -> Result<(), Invalid> {
     let runtimes_path = runtimes_path(containerd);
     let runtimes = edit::table_mut(doc.as_table_mut(), &runtimes_path)?;
-    // containerd 1.x replaces (not merges) its default runtime map with the file's, so a
-    // lone `nvidia` entry would leave the CRI plugin without its default `runc` and failing.
-    if version <= 2 && runtimes.is_empty() {
-        runtimes.insert("runc", Item::Table(builtin_runc()));
-    }
     if !runtimes.contains_key(name) {
         // Start from runc's settings (SystemdCgroup, ...): the GPU runtime must behave the same.
-        let base = match runtimes.get("runc") {
+        let base = match runc {
             Some(runc) if runc.is_table_like() => edit::relocatable(runc),
             _ => Item::Table(Table::new()),
         };
@@ -177,11 +329,83 @@ mod tests {
         assert!(runtimes.get("runc").is_none());
     }
 
+    fn drop_in_of(main: &str) -> Option<PathBuf> {
+        drop_in(Some(main), Path::new("/etc/containerd/config.toml")).unwrap()
+    }
+
+    #[test]
+    fn the_drop_in_is_where_containerd_2_imports_toml_files_from() {
+        let conf_d = Some(PathBuf::from("/etc/containerd/conf.d/99-nvhook.toml"));
+        for imports in [
+            "['/etc/containerd/conf.d/*.toml']",
+            // Relative entries are joined to the main file's directory, and cleaned.
+            "['conf.d/*.toml']",
+            "['./conf.d/../conf.d/*.toml']",
+            // The first entry that covers the name wins.
+            "['/etc/containerd/extra.toml', '/etc/containerd/conf.d/9?-*.toml', '/x/*.toml']",
+            "['/etc/containerd/conf.d/99-nvhook.toml']",
+        ] {
+            for version in [3, 4] {
+                let main = format!("version = {version}\nimports = {imports}\n");
+                assert_eq!(drop_in_of(&main), conf_d, "{main}");
+            }
+        }
+        for (main, why) in [
+            ("version = 4\n", "no imports"),
+            ("version = 4\nimports = []\n", "empty imports"),
+            (
+                "version = 4\nimports = ['/etc/x/*.conf']\n",
+                "not a .toml glob",
+            ),
+            (
+                "version = 4\nimports = ['/etc/*/conf.d/*.toml']\n",
+                "a glob in the directory",
+            ),
+            (
+                "version = 4\nimports = ['/etc/x/[0-9]*.toml']\n",
+                "a character class",
+            ),
+            (
+                "version = 2\nimports = ['/etc/containerd/conf.d/*.toml']\n",
+                "containerd 1",
+            ),
+        ] {
+            assert_eq!(drop_in_of(main), None, "{why}");
+        }
+        let Invalid(message) =
+            drop_in(Some("version = 3\nimports = ['a', 1]\n"), Path::new("/c")).unwrap_err();
+        assert!(message.contains("not an array of paths"), "{message}");
+    }
+
+    #[test]
+    fn a_drop_in_left_with_nothing_of_ours_is_retired() {
+        let main = "version = 3\n";
+        let add = Change::Add {
+            name: "nvidia",
+            path: "/usr/bin/nvhook-runtime",
+            set_as_default: true,
+        };
+        let written = apply_drop_in(Some(main), None, &add).unwrap().unwrap();
+        assert!(written.starts_with(DROP_IN_HEADER), "{written}");
+        let remove = Change::Remove { name: "nvidia" };
+        assert_eq!(
+            apply_drop_in(Some(main), Some(&written), &remove).unwrap(),
+            None
+        );
+        // A key an admin added to our drop-in keeps it.
+        let edited = format!("{written}[debug]\nlevel = 'info'\n");
+        assert!(
+            apply_drop_in(Some(main), Some(&edited), &remove)
+                .unwrap()
+                .is_some()
+        );
+    }
+
     #[test]
     fn unknown_version_is_refused() {
         let change = Change::Remove { name: "nvidia" };
-        let Invalid(message) = apply(Some("version = 4\n"), &change).unwrap_err();
-        assert!(message.contains("`version = 4`"), "{message}");
+        let Invalid(message) = apply(Some("version = 5\n"), &change).unwrap_err();
+        assert!(message.contains("`version = 5`"), "{message}");
         // Found by fuzzing: a `[version]` table used to print across several lines.
         let Invalid(message) = apply(Some("[version]\na = 1\nb = 2\n"), &change).unwrap_err();
         assert!(!message.contains('\n'), "{message}");

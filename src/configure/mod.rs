@@ -49,6 +49,7 @@ impl Engine {
         }
     }
 
+    /// The change to the engine's one config file (for containerd, its main file).
     fn apply(self, current: Option<&str>, change: &Change) -> Result<Option<String>, Invalid> {
         if current.is_none() && matches!(change, Change::Remove { .. }) {
             return Ok(None);
@@ -164,12 +165,27 @@ pub enum Applied {
 #[derive(Debug)]
 pub struct Outcome {
     pub engine: Engine,
-    pub file: PathBuf,
+    /// The engine's files nvhook looked at, each with what happened to it.
+    pub files: Vec<FileOutcome>,
     pub runtime_name: String,
     pub remove: bool,
-    pub applied: Applied,
     /// `--kubernetes`: what happened to nvhook's config.
     pub policy: Option<PolicyOutcome>,
+}
+
+#[derive(Debug)]
+pub struct FileOutcome {
+    pub file: PathBuf,
+    pub applied: Applied,
+}
+
+impl Outcome {
+    /// Whether an engine file was written: the engine must be restarted to read it.
+    pub fn changed(&self) -> bool {
+        self.files
+            .iter()
+            .any(|f| matches!(f.applied, Applied::Written { .. } | Applied::Retired { .. }))
+    }
 }
 
 #[derive(Debug)]
@@ -178,8 +194,9 @@ pub struct PolicyOutcome {
     pub applied: Applied,
 }
 
-/// Reads the engine's config, applies the change, and writes it back unless nothing changed
-/// or this is a dry run.
+/// Reads the engine's config (and, for containerd 2, the drop-in it imports), applies the
+/// change, and writes what changed unless this is a dry run. Every file is checked before any
+/// is written.
 pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
     validate(options)?;
     let file = options
@@ -197,15 +214,7 @@ pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
             set_as_default: options.set_as_default,
         }
     };
-    let current = file::read(&file)?;
-    let new = options
-        .engine
-        .apply(current.as_deref(), &change)
-        .map_err(|Invalid(message)| ConfigureError::Invalid {
-            file: file.clone(),
-            message,
-        })?;
-    let engine_edit = Edit { current, new };
+    let engine_edits = engine_edits(options.engine, &file, &change)?;
     let policy_edit = match &options.kubernetes_policy {
         Some(policy_file) => {
             let current = file::read(policy_file)?;
@@ -234,14 +243,73 @@ pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
         }),
         None => None,
     };
+    let files = engine_edits
+        .into_iter()
+        .map(|(file, edit)| {
+            let applied = edit.commit(&file, options.dry_run)?;
+            Ok(FileOutcome { file, applied })
+        })
+        .collect::<Result<_, ConfigureError>>()?;
     Ok(Outcome {
         engine: options.engine,
-        applied: engine_edit.commit(&file, options.dry_run)?,
-        file,
+        files,
         runtime_name: options.runtime_name.clone(),
         remove: options.remove,
         policy,
     })
+}
+
+/// The engine's files and their edits: one file, or for a containerd 2 config that imports
+/// a drop-in directory, nvhook's drop-in first and then the main file (which `--remove`
+/// cleans of a runtime an earlier nvhook wrote there).
+fn engine_edits(
+    engine: Engine,
+    file: &Path,
+    change: &Change,
+) -> Result<Vec<(PathBuf, Edit)>, ConfigureError> {
+    let invalid = |file: &Path| {
+        let file = file.to_path_buf();
+        move |Invalid(message)| ConfigureError::Invalid { file, message }
+    };
+    let current = file::read(file)?;
+    let drop_in = match engine {
+        Engine::Containerd => {
+            containerd::drop_in(current.as_deref(), file).map_err(invalid(file))?
+        }
+        _ => None,
+    };
+    let Some(drop_in) = drop_in else {
+        let new = engine
+            .apply(current.as_deref(), change)
+            .map_err(invalid(file))?;
+        return Ok(vec![(file.to_path_buf(), Edit { current, new })]);
+    };
+    let drop_in_current = file::read(&drop_in)?;
+    let drop_in_new =
+        containerd::apply_drop_in(current.as_deref(), drop_in_current.as_deref(), change)
+            .map_err(invalid(&drop_in))?;
+    let main_new = match change {
+        Change::Remove { .. } => engine
+            .apply(current.as_deref(), change)
+            .map_err(invalid(file))?,
+        Change::Add { .. } => current.clone(),
+    };
+    Ok(vec![
+        (
+            drop_in,
+            Edit {
+                current: drop_in_current,
+                new: drop_in_new,
+            },
+        ),
+        (
+            file.to_path_buf(),
+            Edit {
+                current,
+                new: main_new,
+            },
+        ),
+    ])
 }
 
 /// A file's text before and after, both known before anything is written.
@@ -298,31 +366,49 @@ impl fmt::Display for Outcome {
         if let Some(policy) = &self.policy {
             writeln!(f, "{policy}")?;
         }
-        let file = self.file.display();
         let name = &self.runtime_name;
-        let done = if self.remove {
-            format!("removed runtime {name:?} from {file}")
-        } else {
-            format!("configured runtime {name:?} in {file}")
+        // A file that only had to stay as it was is not worth a line beside one that changed.
+        let changing: Vec<&FileOutcome> = self
+            .files
+            .iter()
+            .filter(|f| f.applied != Applied::Unchanged)
+            .collect();
+        let shown = match changing.is_empty() {
+            true => self.files.iter().collect(),
+            false => changing,
         };
-        match &self.applied {
-            Applied::Unchanged if self.remove => write!(f, "not configured: {file} unchanged"),
-            Applied::Unchanged => write!(f, "already configured: {file} unchanged"),
-            Applied::WouldChange { diff } => write!(f, "{diff}dry run: {file} not written"),
-            Applied::Written { backup } => {
-                write!(f, "{done}")?;
-                if let Some(backup) = backup {
-                    write!(f, " (previous version: {})", backup.display())?;
-                }
-                write!(f, "\nto apply it: {}", self.engine.restart_command())
+        for (at, outcome) in shown.iter().enumerate() {
+            if at > 0 {
+                writeln!(f)?;
             }
-            Applied::Retired { backup } => write!(
-                f,
-                "{done}; nothing else was left in it, so it was moved to {}\nto apply it: {}",
-                backup.display(),
-                self.engine.restart_command()
-            ),
+            let file = outcome.file.display();
+            let done = if self.remove {
+                format!("removed runtime {name:?} from {file}")
+            } else {
+                format!("configured runtime {name:?} in {file}")
+            };
+            match &outcome.applied {
+                Applied::Unchanged if self.remove => write!(f, "not configured: {file} unchanged"),
+                Applied::Unchanged => write!(f, "already configured: {file} unchanged"),
+                Applied::WouldChange { diff } => write!(f, "{diff}dry run: {file} not written"),
+                Applied::Written { backup } => {
+                    write!(f, "{done}")?;
+                    if let Some(backup) = backup {
+                        write!(f, " (previous version: {})", backup.display())?;
+                    }
+                    Ok(())
+                }
+                Applied::Retired { backup } => write!(
+                    f,
+                    "{done}; nothing else was left in it, so it was moved to {}",
+                    backup.display()
+                ),
+            }?;
         }
+        if self.changed() {
+            write!(f, "\nto apply it: {}", self.engine.restart_command())?;
+        }
+        Ok(())
     }
 }
 

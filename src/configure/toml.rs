@@ -202,7 +202,7 @@ pub(super) fn remove_tidily(root: &mut Table, path: &[&str], removal: impl FnOnc
 }
 
 /// Whether `table` prints nothing but empty headers.
-fn is_blank(table: &Table) -> bool {
+pub(super) fn is_blank(table: &Table) -> bool {
     table
         .iter()
         .all(|(_, item)| item.as_table().is_some_and(is_blank))

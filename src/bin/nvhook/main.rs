@@ -60,7 +60,8 @@ struct ConfigureArgs {
     /// docker, containerd or crio.
     engine: Engine,
     /// The engine's config file [default: /etc/docker/daemon.json,
-    /// /etc/containerd/config.toml, /etc/crio/crio.conf.d/99-nvidia.conf].
+    /// /etc/containerd/config.toml, /etc/crio/crio.conf.d/99-nvidia.conf]. For containerd 2,
+    /// the main config: the runtime goes into the drop-in directory it imports, if any.
     #[arg(long, value_name = "FILE")]
     engine_config: Option<PathBuf>,
     /// The runtime's name: `docker run --runtime=NAME`, a RuntimeClass's handler.
