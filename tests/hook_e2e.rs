@@ -313,6 +313,30 @@ fn busybox_image_gets_nvidia_smi_and_gpu_node() {
     assert!(output.stdout.contains("NVIDIA-SMI simulated"), "{output}");
 }
 
+/// The simulated nvidia-smi, like the real one, lists the GPUs the container can open,
+/// numbered from 0 in its own view.
+#[test]
+fn nvidia_smi_lists_only_the_gpus_the_container_was_given() {
+    let node = SimNode::create(GPUS);
+    let mut bundle = Bundle::new(busybox_image(), &["nvidia-smi"]);
+    bundle.env("NVIDIA_VISIBLE_DEVICES=1,3");
+    let output = run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV2);
+    let listed: Vec<&str> = output
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("GPU "))
+        .collect();
+    assert_eq!(listed.len(), 2, "{output}");
+    assert!(
+        listed[0].starts_with("GPU 0: ") && listed[0].contains(&node.gpu_uuid(1)),
+        "{output}"
+    );
+    assert!(
+        listed[1].starts_with("GPU 1: ") && listed[1].contains(&node.gpu_uuid(3)),
+        "{output}"
+    );
+}
+
 #[test]
 fn container_without_gpu_request_is_untouched() {
     let node = SimNode::create(GPUS);

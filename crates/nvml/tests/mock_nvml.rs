@@ -120,6 +120,37 @@ fn with_field(field: &str, value: Value) -> Value {
     topology
 }
 
+/// The mock needs no library the real libnvidia-ml.so.1 does not (libc, libm, libdl,
+/// libpthread; the loader, present in any glibc image): a minimal image loads both alike.
+#[test]
+fn the_mock_needs_only_what_the_real_library_needs() {
+    let out = Command::new("readelf")
+        .arg("-d")
+        .arg(mock_library())
+        .output()
+        .expect("run readelf (binutils)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let needed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| l.split_once('[')?.1.split_once(']').map(|(name, _)| name))
+        .collect();
+    assert!(needed.contains(&"libc.so.6"), "{text}");
+    let real = [
+        "libc.so.6",
+        "libm.so.6",
+        "libdl.so.2",
+        "libpthread.so.0",
+        "ld-linux-x86-64.so.2",
+    ];
+    for name in needed {
+        assert!(
+            real.contains(&name),
+            "the mock needs {name}, the real library does not"
+        );
+    }
+}
+
 #[test]
 fn reports_system_versions() {
     let nvml = DriverDir::new(Some(&topology())).init().unwrap();

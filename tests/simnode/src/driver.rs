@@ -21,7 +21,7 @@ pub fn build(root: &Path, params: &Params, gpus: &[Gpu], mock_nvml: &Path) -> Re
     for dir in [LIB_DIR_64, LIB_DIR_32, tools::BIN_DIR, "etc"] {
         mkdir(&root.join(dir))?;
     }
-    let smi = tools::smi_output(version, &params.cuda_version, gpus);
+    let smi = tools::smi_source(version, &params.cuda_version, gpus);
     let cuda = cuda_driver_version(&params.cuda_version)?;
     let scratch = root.join(".build");
     mkdir(&scratch)?;

@@ -19,40 +19,75 @@ pub fn names() -> impl Iterator<Item = &'static str> {
     std::iter::once("nvidia-smi").chain(PLAIN_TOOLS.iter().copied())
 }
 
-/// What the simulated nvidia-smi prints: its version, then `nvidia-smi -L`.
-pub fn smi_output(driver_version: &str, cuda_version: &str, gpus: &[Gpu]) -> String {
-    let mut out = format!(
+/// The simulated nvidia-smi: its version, then `nvidia-smi -L` for the GPUs this process
+/// can open, numbered from 0 as the real one numbers a container's GPUs. On the simulated
+/// node an open that the cgroup allows fails with ENXIO (no driver), one it denies with
+/// EPERM, and a GPU whose node the container was not given is absent.
+pub fn smi_source(driver_version: &str, cuda_version: &str, gpus: &[Gpu]) -> String {
+    let header = format!(
         "NVIDIA-SMI simulated {driver_version}\nDriver Version: {driver_version}   CUDA Version: {cuda_version}\n"
     );
-    for gpu in gpus {
-        out.push_str(&format!(
-            "GPU {}: {} (UUID: {})\n",
-            gpu.index, gpu.name, gpu.uuid
-        ));
-        for (i, mig) in gpu.mig.iter().enumerate() {
-            let profile = mig.name.rsplit(' ').next().unwrap_or_default();
-            out.push_str(&format!(
-                "  MIG {profile:<11} Device {i:>2}: (UUID: {})\n",
-                mig.uuid
-            ));
-        }
-    }
-    out
+    let entries: String = gpus
+        .iter()
+        .map(|gpu| {
+            let mig: String = gpu
+                .mig
+                .iter()
+                .enumerate()
+                .map(|(i, mig)| {
+                    let profile = mig.name.rsplit(' ').next().unwrap_or_default();
+                    format!("  MIG {profile:<11} Device {i:>2}: (UUID: {})\n", mig.uuid)
+                })
+                .collect();
+            format!(
+                "    {{{}, {}, {}, {}}},\n",
+                c_string(&format!("/dev/nvidia{}", gpu.minor)),
+                c_string(&gpu.name),
+                c_string(&gpu.uuid),
+                c_string(&mig)
+            )
+        })
+        .collect();
+    format!(
+        r#"#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+struct gpu {{ const char *node, *name, *uuid, *mig; }};
+static const struct gpu GPUS[] = {{
+{entries}    {{0, 0, 0, 0}},
+}};
+int main(void) {{
+    fputs({header}, stdout);
+    int shown = 0;
+    for (const struct gpu *g = GPUS; g->node; g++) {{
+        int fd = open(g->node, O_RDWR | O_CLOEXEC);
+        if (fd < 0 && errno != ENXIO) continue;
+        if (fd >= 0) close(fd);
+        printf("GPU %d: %s (UUID: %s)\n", shown++, g->name, g->uuid);
+        fputs(g->mig, stdout);
+    }}
+    return 0;
+}}
+"#,
+        header = c_string(&header)
+    )
 }
 
-pub fn jobs(driver_root: &Path, driver_version: &str, smi_text: &str) -> Vec<Job> {
+pub fn jobs(driver_root: &Path, driver_version: &str, smi_source: &str) -> Vec<Job> {
     names()
         .map(|name| {
-            let text = if name == "nvidia-smi" {
-                smi_text.to_owned()
+            let source = if name == "nvidia-smi" {
+                smi_source.to_owned()
             } else {
-                format!("{name} (simulated NVIDIA driver {driver_version})\n")
-            };
-            Job {
-                source: format!(
+                let text = format!("{name} (simulated NVIDIA driver {driver_version})\n");
+                format!(
                     "#include <stdio.h>\nint main(void) {{ fputs({}, stdout); return 0; }}\n",
                     c_string(&text)
-                ),
+                )
+            };
+            Job {
+                source,
                 // -s: static glibc binaries are ~800 KiB; symbols are useless here.
                 flags: vec!["-static".into(), "-s".into()],
                 output: driver_root.join(BIN_DIR).join(name),
@@ -89,7 +124,7 @@ mod tests {
     }
 
     #[test]
-    fn smi_lists_gpus_and_mig_devices() {
+    fn smi_knows_every_gpu_and_mig_device_by_its_node() {
         let params = crate::spec::Params {
             gpus: 2,
             mig: vec![(1, 2)],
@@ -99,15 +134,24 @@ mod tests {
             nvml_init_delay_ms: 0,
         };
         let gpus = params.gpu_list();
-        let out = smi_output("550.54.15", "12.4", &gpus);
-        assert!(out.starts_with("NVIDIA-SMI simulated 550.54.15\n"));
-        assert!(out.contains(&format!(
-            "GPU 1: NVIDIA A100-SXM4-80GB (UUID: {})",
-            gpus[1].uuid
-        )));
-        assert!(out.contains(&format!(
-            "MIG 3g.40gb     Device  1: (UUID: {})",
-            gpus[1].mig[1].uuid
-        )));
+        let source = smi_source("550.54.15", "12.4", &gpus);
+        assert!(
+            source.contains("NVIDIA-SMI simulated 550.54.15\\n"),
+            "{source}"
+        );
+        assert!(
+            source.contains(&format!(
+                "{{\"/dev/nvidia1\", \"NVIDIA A100-SXM4-80GB\", \"{}\", ",
+                gpus[1].uuid
+            )),
+            "{source}"
+        );
+        assert!(
+            source.contains(&format!(
+                "MIG 3g.40gb     Device  1: (UUID: {})",
+                gpus[1].mig[1].uuid
+            )),
+            "{source}"
+        );
     }
 }
