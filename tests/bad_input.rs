@@ -491,7 +491,7 @@ fn configure_refuses_malformed_engine_configs() {
             "stream did not contain valid UTF-8",
         ),
         ("containerd", "config.toml", b"a = = 1\n", "not valid TOML"),
-        ("containerd", "config.toml", b"version = 4\n", "version"),
+        ("containerd", "config.toml", b"version = 5\n", "version"),
         (
             "containerd",
             "config.toml",
