@@ -328,6 +328,55 @@ fn containerd_missing_file_is_created_as_version_2() {
     );
 }
 
+/// k3s's and RKE2's containerd templates hold Go template directives: nvhook adds its block
+/// and takes it out as text, and every other byte stays.
+#[test]
+fn k3s_and_rke2_templates_get_a_block_and_keep_every_other_byte() {
+    for (engine, name, expected) in [
+        ("k3s", "config.toml.tmpl", "k3s-config.toml.configured.tmpl"),
+        (
+            "rke2",
+            "config-v3.toml.tmpl",
+            "k3s-config-v3.toml.configured.tmpl",
+        ),
+    ] {
+        let (dir, file) = copy_of("k3s-config.toml.tmpl", name);
+        let stdout = configure(engine, &file, &[]);
+        assert!(stdout.contains("systemctl restart"), "{stdout}");
+        assert_golden(&read(&file), expected);
+        let again = configure(engine, &file, &[]);
+        assert!(again.starts_with("already configured:"), "{again}");
+        configure(engine, &file, &["--remove"]);
+        assert_eq!(read(&file), golden("k3s-config.toml.tmpl"), "{engine}");
+
+        // No template yet: k3s's base, then the block; --remove leaves k3s its default.
+        let new = dir.path().join("new").join(name);
+        configure(engine, &new, &[]);
+        assert!(
+            read(&new).starts_with("{{ template \"base\" . }}\n"),
+            "{}",
+            read(&new)
+        );
+        configure(engine, &new, &["--remove"]);
+        assert!(
+            !new.exists(),
+            "{engine}: a template with only the base is retired"
+        );
+
+        let out = run_nvhook(&[
+            "configure",
+            engine,
+            "--engine-config",
+            file.to_str().unwrap(),
+            "--set-as-default",
+        ]);
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("--default-runtime"), "{stderr}");
+        assert_eq!(read(&file), golden("k3s-config.toml.tmpl"));
+    }
+}
+
 #[test]
 fn docker_daemon_json_keeps_other_keys_and_their_order() {
     let (_dir, file) = copy_of("docker-daemon.json", "daemon.json");

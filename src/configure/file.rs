@@ -24,6 +24,28 @@ pub(super) fn read(file: &Path) -> Result<Option<String>, ConfigureError> {
     }
 }
 
+/// The containerd template k3s or RKE2 (`engine`) reads in `dir`: the one there, else the
+/// one for the containerd whose config it last rendered (`config.toml`: version 3 is
+/// containerd 2's).
+pub(super) fn rancher_template(
+    engine: super::Engine,
+    dir: &str,
+) -> Result<PathBuf, ConfigureError> {
+    let dir = Path::new(dir);
+    for name in [super::template::V3_NAME, super::template::V2_NAME] {
+        if dir.join(name).exists() {
+            return Ok(dir.join(name));
+        }
+    }
+    match read(&dir.join("config.toml"))? {
+        Some(rendered) => Ok(dir.join(super::template::name_for(&rendered))),
+        None => Err(ConfigureError::NoRancherConfig {
+            engine,
+            dir: dir.to_path_buf(),
+        }),
+    }
+}
+
 /// Where the previous version of `file` is kept.
 pub(super) fn backup_path(file: &Path) -> PathBuf {
     let mut name = OsString::from(file.as_os_str());
@@ -150,6 +172,26 @@ mod tests {
                 .is_symlink()
         );
         assert_eq!(fs::read_to_string(&real).unwrap(), "new\n");
+    }
+
+    #[test]
+    fn k3s_template_is_the_one_there_else_the_one_for_its_containerd() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().to_str().unwrap();
+        let e = rancher_template(super::super::Engine::K3s, at).unwrap_err();
+        assert!(e.to_string().contains("start it once"), "{e}");
+        fs::write(dir.path().join("config.toml"), "version = 3\n").unwrap();
+        let v3 = dir.path().join("config-v3.toml.tmpl");
+        assert_eq!(rancher_template(super::super::Engine::K3s, at).unwrap(), v3);
+        fs::write(dir.path().join("config.toml"), "version = 2\n").unwrap();
+        let v2 = dir.path().join("config.toml.tmpl");
+        assert_eq!(rancher_template(super::super::Engine::K3s, at).unwrap(), v2);
+        // An admin's template is used whatever k3s rendered last.
+        fs::write(&v3, "{{ template \"base\" . }}\n").unwrap();
+        assert_eq!(
+            rancher_template(super::super::Engine::Rke2, at).unwrap(),
+            v3
+        );
     }
 
     #[test]

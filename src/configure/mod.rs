@@ -15,6 +15,7 @@ mod crio;
 mod docker;
 mod file;
 mod policy;
+mod template;
 mod toml;
 
 pub use policy::HARDENED as KUBERNETES_POLICY;
@@ -29,16 +30,25 @@ pub enum Engine {
     Docker,
     Containerd,
     Crio,
+    /// k3s's embedded containerd, through its config template.
+    K3s,
+    /// RKE2's embedded containerd, through its config template.
+    Rke2,
 }
 
 impl Engine {
-    pub fn default_config(self) -> &'static Path {
-        Path::new(match self {
+    /// The file configure edits when not told one: for k3s and RKE2, the template of the
+    /// containerd they run now (see [`template`]).
+    pub fn default_config(self) -> Result<PathBuf, ConfigureError> {
+        let fixed = match self {
             Engine::Docker => "/etc/docker/daemon.json",
             Engine::Containerd => "/etc/containerd/config.toml",
             // A drop-in of our own, so that the distribution's crio.conf is never rewritten.
             Engine::Crio => "/etc/crio/crio.conf.d/99-nvidia.conf",
-        })
+            Engine::K3s => return file::rancher_template(self, RANCHER_K3S),
+            Engine::Rke2 => return file::rancher_template(self, RANCHER_RKE2),
+        };
+        Ok(PathBuf::from(fixed))
     }
 
     pub fn restart_command(self) -> &'static str {
@@ -46,11 +56,18 @@ impl Engine {
             Engine::Docker => "systemctl restart docker",
             Engine::Containerd => "systemctl restart containerd",
             Engine::Crio => "systemctl restart crio",
+            Engine::K3s => "systemctl restart k3s (k3s-agent on an agent node)",
+            Engine::Rke2 => "systemctl restart rke2-server (rke2-agent on an agent node)",
         }
     }
 
     /// The change to the engine's one config file (for containerd, its main file).
-    fn apply(self, current: Option<&str>, change: &Change) -> Result<Option<String>, Invalid> {
+    fn apply(
+        self,
+        file: &Path,
+        current: Option<&str>,
+        change: &Change,
+    ) -> Result<Option<String>, Invalid> {
         if current.is_none() && matches!(change, Change::Remove { .. }) {
             return Ok(None);
         }
@@ -58,9 +75,14 @@ impl Engine {
             Engine::Docker => docker::apply(current, change),
             Engine::Containerd => containerd::apply(current, change),
             Engine::Crio => crio::apply(current, change),
+            Engine::K3s | Engine::Rke2 => template::apply(file, current, change),
         }
     }
 }
+
+/// Where k3s and RKE2 keep their containerd config and its templates.
+pub const RANCHER_K3S: &str = "/var/lib/rancher/k3s/agent/etc/containerd";
+pub const RANCHER_RKE2: &str = "/var/lib/rancher/rke2/agent/etc/containerd";
 
 impl FromStr for Engine {
     type Err = String;
@@ -70,11 +92,13 @@ impl FromStr for Engine {
             "docker" => Ok(Engine::Docker),
             "containerd" => Ok(Engine::Containerd),
             "crio" | "cri-o" => Ok(Engine::Crio),
+            "k3s" => Ok(Engine::K3s),
+            "rke2" => Ok(Engine::Rke2),
             "podman" => Err("Podman takes nvhook as an OCI hook, not as a runtime: \
                              install oci-nvhook-hook.json into its hooks.d directory"
                 .into()),
             _ => Err(format!(
-                "unknown engine {s:?}: use docker, containerd or crio"
+                "unknown engine {s:?}: use docker, containerd, crio, k3s or rke2"
             )),
         }
     }
@@ -118,6 +142,10 @@ pub enum ConfigureError {
         "--runtime-path {0:?} is not absolute: give the full path, engines must not look it up in PATH"
     )]
     RelativeRuntimePath(String),
+    #[error(
+        "{engine:?} has not written its containerd config in {} yet: start it once (it renders config.toml there), then run this again, or name the template with --engine-config", dir.display()
+    )]
+    NoRancherConfig { engine: Engine, dir: PathBuf },
     #[error("--runtime-name {0:?}: use only letters, digits, '.', '_' and '-'")]
     BadRuntimeName(String),
     #[error("{}: {message}; left untouched, and so is the engine's config: fix it, or name another file with --nvhook-config", file.display())]
@@ -199,10 +227,10 @@ pub struct PolicyOutcome {
 /// is written.
 pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
     validate(options)?;
-    let file = options
-        .file
-        .clone()
-        .unwrap_or_else(|| options.engine.default_config().to_path_buf());
+    let file = match &options.file {
+        Some(file) => file.clone(),
+        None => options.engine.default_config()?,
+    };
     let change = if options.remove {
         Change::Remove {
             name: &options.runtime_name,
@@ -280,7 +308,7 @@ fn engine_edits(
     };
     let Some(drop_in) = drop_in else {
         let new = engine
-            .apply(current.as_deref(), change)
+            .apply(file, current.as_deref(), change)
             .map_err(invalid(file))?;
         return Ok(vec![(file.to_path_buf(), Edit { current, new })]);
     };
@@ -290,7 +318,7 @@ fn engine_edits(
             .map_err(invalid(&drop_in))?;
     let main_new = match change {
         Change::Remove { .. } => engine
-            .apply(current.as_deref(), change)
+            .apply(file, current.as_deref(), change)
             .map_err(invalid(file))?,
         Change::Add { .. } => current.clone(),
     };

@@ -57,11 +57,12 @@ enum Command {
 
 #[derive(clap::Args)]
 struct ConfigureArgs {
-    /// docker, containerd or crio.
+    /// docker, containerd, crio, k3s or rke2.
     engine: Engine,
     /// The engine's config file [default: /etc/docker/daemon.json,
-    /// /etc/containerd/config.toml, /etc/crio/crio.conf.d/99-nvidia.conf]. For containerd 2,
-    /// the main config: the runtime goes into the drop-in directory it imports, if any.
+    /// /etc/containerd/config.toml, /etc/crio/crio.conf.d/99-nvidia.conf; for k3s and RKE2,
+    /// the containerd template under /var/lib/rancher/{k3s,rke2}/agent/etc/containerd]. For
+    /// containerd 2, the main config: the runtime goes into the drop-in directory it imports.
     #[arg(long, value_name = "FILE")]
     engine_config: Option<PathBuf>,
     /// The runtime's name: `docker run --runtime=NAME`, a RuntimeClass's handler.

@@ -458,16 +458,34 @@ fn check_proc_gpus(node: &Path, topology: &serde_json::Value) {
 }
 
 fn check_tools(node: &Path, topology: &serde_json::Value) {
-    let smi = Command::new(node.join("driver/usr/bin/nvidia-smi"))
-        .output()
-        .expect("run nvidia-smi");
-    let text = String::from_utf8(smi.stdout).unwrap();
-    assert!(smi.status.success());
+    let smi = node.join("driver/usr/bin/nvidia-smi");
+    // Here, as in a container given no GPU, no node of the simulated GPUs is at /dev.
+    let out = Command::new(&smi).output().expect("run nvidia-smi");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success());
     assert!(
         text.starts_with(&format!("NVIDIA-SMI simulated {VERSION}\n")),
         "{text}"
     );
-    for gpu in topology["gpus"].as_array().unwrap() {
+    assert!(!text.contains("UUID"), "{text}");
+    // With the node's /dev at /dev (in a mount namespace of its own), every GPU.
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg("mount --bind \"$1\" /dev && exec \"$2\"")
+        .arg("sh")
+        .arg(node.join("dev"))
+        .arg(&smi)
+        .output()
+        .expect("run nvidia-smi under unshare");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for (i, gpu) in topology["gpus"].as_array().unwrap().iter().enumerate() {
+        let line = format!("GPU {i}: ");
+        assert!(text.contains(&line), "{text}");
         assert!(text.contains(gpu["uuid"].as_str().unwrap()), "{text}");
     }
     for tool in [
