@@ -1,0 +1,252 @@
+//! The nvhook crate's modules import one another in one direction: the graph of `use crate::`
+//! and `super::` edges between the files of `src/` (and the paths reached through a module
+//! imported by name, `cdi::edits::...`) has no cycle. Test modules are left out: they may
+//! reach anywhere.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+type Module = Vec<String>;
+
+/// Every library file under `src/` (not the binaries, not test modules), by module path.
+fn modules(src: &Path) -> BTreeMap<Module, PathBuf> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                if path.file_name() != Some("bin".as_ref()) {
+                    dirs.push(path);
+                }
+                continue;
+            }
+            let Some(rel) = path.strip_prefix(src).unwrap().to_str() else {
+                continue;
+            };
+            let Some(rel) = rel.strip_suffix(".rs") else {
+                continue;
+            };
+            let mut module: Module = rel.split('/').map(String::from).collect();
+            if module.last().is_some_and(|last| last == "tests") {
+                continue;
+            }
+            if module
+                .last()
+                .is_some_and(|last| last == "mod" || last == "lib")
+            {
+                module.pop();
+            }
+            out.insert(module, path);
+        }
+    }
+    out
+}
+
+/// `a::{b, c::{d, e as f}}` → `a::b`, `a::c::d`, `a::c::e`.
+fn expand(tree: &str) -> Vec<String> {
+    let tree = tree.trim();
+    let Some(open) = tree.find('{') else {
+        let plain = tree.split(" as ").next().unwrap_or(tree).trim();
+        return vec![plain.to_string()];
+    };
+    let prefix = &tree[..open];
+    let close = tree.rfind('}').filter(|&c| c > open).unwrap_or(tree.len());
+    let body = &tree[open + 1..close];
+    let (mut parts, mut depth, mut current) = (Vec::new(), 0, String::new());
+    for c in body.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(std::mem::take(&mut current));
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    parts.push(current);
+    parts
+        .iter()
+        .filter(|p| !p.trim().is_empty())
+        .flat_map(|p| expand(p))
+        .map(|p| match p.strip_suffix("self") {
+            Some(parent) if parent.is_empty() || parent.ends_with("::") => {
+                format!("{prefix}{parent}")
+                    .trim_end_matches("::")
+                    .to_string()
+            }
+            _ => format!("{prefix}{p}"),
+        })
+        .collect()
+}
+
+/// The file a path names: its longest prefix that is a module of the crate.
+fn resolve(modules: &BTreeMap<Module, PathBuf>, path: &[String]) -> Option<Module> {
+    (1..=path.len())
+        .rev()
+        .map(|n| path[..n].to_vec())
+        .find(|prefix| modules.contains_key(prefix))
+}
+
+/// `crate::x` and `super::x` segments from the file of `module`, as a path from the root.
+fn absolute(module: &Module, segments: &[&str]) -> Option<Vec<String>> {
+    let mut base = module.clone();
+    let mut rest = segments;
+    match rest.first() {
+        Some(&"crate") => {
+            base.clear();
+            rest = &rest[1..];
+        }
+        Some(&"super") => {
+            while rest.first() == Some(&"super") {
+                base.pop()?;
+                rest = &rest[1..];
+            }
+        }
+        _ => return None,
+    }
+    base.extend(rest.iter().filter(|s| **s != "self").map(|s| s.to_string()));
+    Some(base)
+}
+
+/// The trees of the `use` declarations in `code` (each from a line that starts one).
+fn use_trees(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut lines = code.lines();
+    while let Some(line) = lines.next() {
+        let line = line.trim_start();
+        let Some(start) = ["use ", "pub use ", "pub(crate) use ", "pub(super) use "]
+            .iter()
+            .find_map(|keyword| line.strip_prefix(keyword))
+        else {
+            continue;
+        };
+        let mut tree = start.to_string();
+        while !tree.contains(';') {
+            let Some(next) = lines.next() else { break };
+            tree.push(' ');
+            tree.push_str(next.trim());
+        }
+        let tree = tree.split(';').next().unwrap_or_default();
+        out.push(tree.split_whitespace().collect::<Vec<_>>().join(" "));
+    }
+    out
+}
+
+fn edges(modules: &BTreeMap<Module, PathBuf>) -> BTreeMap<Module, BTreeSet<Module>> {
+    let mut out = BTreeMap::new();
+    for (module, file) in modules {
+        let text = fs::read_to_string(file).unwrap();
+        let text = text
+            .split("#[cfg(test)]\nmod tests")
+            .next()
+            .unwrap_or_default();
+        let code: String = text
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut targets = BTreeSet::new();
+        let mut aliases: BTreeMap<String, Module> = BTreeMap::new();
+        let mut add = |path: Vec<String>, targets: &mut BTreeSet<Module>| {
+            if let Some(target) = resolve(modules, &path).filter(|t| t != module) {
+                targets.insert(target);
+            }
+        };
+        for tree in use_trees(&code) {
+            for item in expand(&tree) {
+                let segments: Vec<&str> = item.split("::").map(str::trim).collect();
+                let Some(path) = absolute(module, &segments) else {
+                    continue;
+                };
+                if modules.contains_key(&path) {
+                    aliases.insert(path.last().cloned().unwrap_or_default(), path.clone());
+                }
+                add(path, &mut targets);
+            }
+        }
+        // Paths in the code: `crate::a::b`, `super::c`, and `alias::d` for modules used by name.
+        for word in code.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')) {
+            let segments: Vec<&str> = word.split("::").filter(|s| !s.is_empty()).collect();
+            if segments.len() < 2 {
+                continue;
+            }
+            if let Some(path) = absolute(module, &segments) {
+                add(path, &mut targets);
+            } else if let Some(base) = aliases.get(segments[0]) {
+                let mut path = base.clone();
+                path.extend(segments[1..].iter().map(|s| s.to_string()));
+                add(path, &mut targets);
+            }
+        }
+        out.insert(module.clone(), targets);
+    }
+    out
+}
+
+/// A cycle in `graph`, if there is one, as the modules along it.
+fn find_cycle(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Option<Vec<Module>> {
+    fn visit(
+        node: &Module,
+        graph: &BTreeMap<Module, BTreeSet<Module>>,
+        state: &mut BTreeMap<Module, bool>,
+        stack: &mut Vec<Module>,
+    ) -> Option<Vec<Module>> {
+        state.insert(node.clone(), false);
+        stack.push(node.clone());
+        for next in graph.get(node).into_iter().flatten() {
+            match state.get(next) {
+                Some(false) => {
+                    let from = stack.iter().position(|m| m == next).unwrap_or(0);
+                    return Some(stack[from..].to_vec());
+                }
+                Some(true) => {}
+                None => {
+                    if let Some(cycle) = visit(next, graph, state, stack) {
+                        return Some(cycle);
+                    }
+                }
+            }
+        }
+        stack.pop();
+        state.insert(node.clone(), true);
+        None
+    }
+    let mut state = BTreeMap::new();
+    graph.keys().find_map(|node| {
+        (!state.contains_key(node)).then(|| visit(node, graph, &mut state, &mut Vec::new()))?
+    })
+}
+
+#[test]
+fn the_module_graph_has_no_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let modules = modules(&src);
+    assert!(modules.len() > 40, "only {} modules found", modules.len());
+    let graph = edges(&modules);
+    // The check itself: the shim plans through host_plan, which the hook uses too.
+    assert!(graph[&vec!["shim".to_string()]].contains(&vec!["host_plan".to_string()]));
+    if let Some(cycle) = find_cycle(&graph) {
+        let names: Vec<String> = cycle.iter().map(|m| m.join("/")).collect();
+        panic!("import cycle: {} -> back to the first", names.join(" -> "));
+    }
+}
+
+#[test]
+fn a_cycle_is_found_where_there_is_one() {
+    let m = |name: &str| vec![name.to_string()];
+    let mut graph = BTreeMap::new();
+    graph.insert(m("a"), BTreeSet::from([m("b")]));
+    graph.insert(m("b"), BTreeSet::from([m("c")]));
+    graph.insert(m("c"), BTreeSet::from([m("a")]));
+    assert_eq!(find_cycle(&graph).map(|c| c.len()), Some(3));
+    graph.insert(m("c"), BTreeSet::new());
+    assert_eq!(find_cycle(&graph), None);
+    assert_eq!(
+        expand("crate::{a, b::{c, d as e}, f::self}"),
+        ["crate::a", "crate::b::c", "crate::b::d", "crate::f"]
+    );
+}
