@@ -151,7 +151,7 @@ fn edges(modules: &BTreeMap<Module, PathBuf>) -> BTreeMap<Module, BTreeSet<Modul
             .join("\n");
         let mut targets = BTreeSet::new();
         let mut aliases: BTreeMap<String, Module> = BTreeMap::new();
-        let mut add = |path: Vec<String>, targets: &mut BTreeSet<Module>| {
+        let add = |path: Vec<String>, targets: &mut BTreeSet<Module>| {
             if let Some(target) = resolve(modules, &path).filter(|t| t != module) {
                 targets.insert(target);
             }
