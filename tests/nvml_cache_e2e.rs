@@ -38,6 +38,49 @@ fn cache_file(node: &SimNode) -> std::path::PathBuf {
     node.root().join("run/nvml-inventory.json")
 }
 
+/// The processes that initialised the node's mock NVML, one line each.
+fn nvml_inits(node: &SimNode) -> usize {
+    let record = node.root().join("nvml-inits");
+    std::fs::read_to_string(record)
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+/// A burst of starts on a node whose NVML answer is not cached yet (after a boot or a driver
+/// upgrade) asks NVML once: the first start queries, the others wait and read its answer.
+#[test]
+fn a_burst_of_cold_starts_asks_nvml_once() {
+    const STARTS: u32 = 8;
+    let node = SimNode::create_with(GPUS, &["--nvml-init-delay-ms", "300"]);
+    let barrier = std::sync::Barrier::new(STARTS as usize);
+    std::thread::scope(|scope| {
+        for i in 0..STARTS {
+            let (node, barrier) = (&node, &barrier);
+            scope.spawn(move || {
+                let gpu = i % GPUS;
+                let args = gpucheck_args(GPUS, &[]);
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let mut bundle = Bundle::new(glibc_image(), &args);
+                bundle.env(&format!("NVIDIA_VISIBLE_DEVICES={gpu}"));
+                bundle.prestart_hook(node);
+                barrier.wait();
+                let output = run_clean(&bundle, Some(node), RuntimeEnv::CgroupV1);
+                output.assert_success();
+                output.assert_gpus(GPUS, &[gpu]);
+            });
+        }
+    });
+    assert_eq!(nvml_inits(&node), 1, "{}", node.log());
+    let log = node.log();
+    assert_eq!(log.matches("source=Nvml").count(), 1, "{log}");
+    assert_eq!(
+        log.matches("source=Cache").count(),
+        STARTS as usize - 1,
+        "{log}"
+    );
+}
+
 #[test]
 fn a_second_start_does_not_pay_nvml_init() {
     let node = SimNode::create_with(GPUS, &["--nvml-init-delay-ms", &NVML_INIT_MS.to_string()]);

@@ -16,8 +16,10 @@ use crate::config::Config;
 use crate::file_id::FileId;
 use serde::{Deserialize, Serialize};
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// The host state an NVML answer is valid for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,6 +143,13 @@ impl NvmlCache {
     }
 
     fn try_write(&self, stored: &Stored) -> std::io::Result<()> {
+        self.private_dir()?;
+        let bytes = serde_json::to_vec(stored).map_err(std::io::Error::other)?;
+        write_atomic(&self.path, &bytes, NewFile::mode(0o600))
+    }
+
+    /// The cache's directory, made where missing, and only if it is private to this user.
+    fn private_dir(&self) -> std::io::Result<&Path> {
         let dir = self.path.parent().unwrap_or(Path::new("/"));
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -149,9 +158,59 @@ impl NvmlCache {
         if !private(&std::fs::symlink_metadata(dir)?) {
             return Err(std::io::Error::other("directory not private to this user"));
         }
-        let bytes = serde_json::to_vec(stored).map_err(std::io::Error::other)?;
-        write_atomic(&self.path, &bytes, NewFile::mode(0o600))
+        Ok(dir)
     }
+
+    /// The lock that lets a burst of starts on a missing or stale cache share one NVML
+    /// query: the first start to take it queries and stores the answer; the others wait
+    /// here, then read that answer. The kernel releases it when its holder exits, so a
+    /// holder that dies or hangs up never blocks anyone past `deadline`. `None` when it
+    /// cannot be had by then, or at all (a read-only /run): the caller queries by itself.
+    pub fn lock_query(&self, deadline: Instant) -> Option<QueryLock> {
+        let opened = self.private_dir().and_then(|_| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                .open(self.lock_path())
+        });
+        let file = match opened {
+            Ok(file) => file,
+            Err(e) => {
+                tracing::debug!(error = %e, "no NVML query lock: querying alone");
+                return None;
+            }
+        };
+        loop {
+            // SAFETY: flock on a descriptor this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Some(QueryLock { _held: file });
+            }
+            let error = std::io::Error::last_os_error();
+            if error.kind() != std::io::ErrorKind::WouldBlock || Instant::now() >= deadline {
+                tracing::debug!(%error, "NVML query lock not had: querying alone");
+                return None;
+            }
+            std::thread::sleep(LOCK_POLL);
+        }
+    }
+
+    fn lock_path(&self) -> PathBuf {
+        let mut name = self.path.file_name().unwrap_or_default().to_owned();
+        name.push(".lock");
+        self.path.with_file_name(name)
+    }
+}
+
+/// How often a waiting start looks at the query lock: a small part of any NVML query.
+const LOCK_POLL: Duration = Duration::from_millis(2);
+
+/// Held while this process asks NVML for the starts waiting on [`NvmlCache::lock_query`];
+/// closing the file releases it.
+pub struct QueryLock {
+    _held: std::fs::File,
 }
 
 /// Owned by our effective user, not a symlink, and writable by no one else.
@@ -201,6 +260,27 @@ mod tests {
 
     /// A change to the host, named.
     type Change = fn(&Host);
+
+    #[test]
+    fn one_start_at_a_time_holds_the_query_lock_and_its_end_frees_it() {
+        let host = Host::new();
+        let soon = || Instant::now() + Duration::from_millis(30);
+        let held = host
+            .cache()
+            .lock_query(soon())
+            .expect("a free lock is taken");
+        let waited = Instant::now();
+        assert!(
+            host.cache().lock_query(soon()).is_none(),
+            "held by another start"
+        );
+        assert!(
+            waited.elapsed() >= Duration::from_millis(30),
+            "waited until its deadline"
+        );
+        drop(held);
+        assert!(host.cache().lock_query(soon()).is_some(), "free again");
+    }
 
     fn system() -> System {
         System {

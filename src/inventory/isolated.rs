@@ -41,24 +41,37 @@ pub fn load_fresh(config: &Config) -> Result<Inventory, InventoryError> {
 /// The inventory from NVML asked now, with nothing read from or written to the cache:
 /// for the commands that change nothing (`info`, `plan`, `cdi generate`).
 pub fn load_uncached(config: &Config) -> Result<Inventory, InventoryError> {
-    query_in_child(config, &HostCache::read(config)?)
+    let deadline = Instant::now() + config.nvml_timeout();
+    query_in_child(config, &HostCache::read(config)?, deadline)
 }
 
 fn load_from(config: &Config, use_cache: bool) -> Result<(Inventory, Source), InventoryError> {
     let host_cache = HostCache::read(config)?;
     let stored = NvmlCache::open(config, &nvml_library(config, &host_cache)?);
-    let cached = stored
-        .as_ref()
-        .filter(|_| use_cache)
-        .and_then(NvmlCache::read);
-    if let Some(system) = cached {
+    let cached = || {
+        stored
+            .as_ref()
+            .filter(|_| use_cache)
+            .and_then(NvmlCache::read)
+    };
+    if let Some(system) = cached() {
         let inventory = Inventory::around(config, &host_cache, system)?;
         return Ok((inventory, Source::Cache));
     }
-    let inventory = query_in_child(config, &host_cache)?;
+    // One query for a burst of starts: the lock's holder asks NVML, the others wait for its
+    // answer. All within this start's own NVML time.
+    let deadline = Instant::now() + config.nvml_timeout();
+    let flight = stored.as_ref().and_then(|s| s.lock_query(deadline));
+    if let Some(system) = flight.as_ref().and_then(|_| cached()) {
+        tracing::debug!("another start asked NVML while this one waited");
+        let inventory = Inventory::around(config, &host_cache, system)?;
+        return Ok((inventory, Source::Cache));
+    }
+    let inventory = query_in_child(config, &host_cache, deadline)?;
     if let Some(stored) = stored {
         stored.write(&inventory.system());
     }
+    drop(flight);
     Ok((inventory, Source::Nvml))
 }
 
@@ -68,7 +81,11 @@ pub const HELPER: &str = "nvhook-nvml";
 
 /// Asks NVML through [`HELPER`], with no environment, and builds the inventory around its
 /// answer with the parent's reading of the driver root's loader cache.
-fn query_in_child(config: &Config, host_cache: &HostCache) -> Result<Inventory, InventoryError> {
+fn query_in_child(
+    config: &Config,
+    host_cache: &HostCache,
+    deadline: Instant,
+) -> Result<Inventory, InventoryError> {
     let library = nvml_library(config, host_cache)?;
     let helper = std::env::current_exe()
         .map_err(|e| child_err(format!("cannot find nvhook's own path: {e}")))?
@@ -87,7 +104,7 @@ fn query_in_child(config: &Config, host_cache: &HostCache) -> Result<Inventory, 
             ))
         })?;
     let pipe = child.stdout.take().expect("the helper's stdout is a pipe");
-    let result = read_reply(OwnedFd::from(pipe).into(), config.nvml_timeout());
+    let result = read_reply(OwnedFd::from(pipe).into(), deadline, config.nvml_timeout());
     if result.is_err() {
         let _ = child.kill();
         let _ = child.wait();
@@ -103,8 +120,13 @@ fn child_err(message: String) -> InventoryError {
     InventoryError::Child(message)
 }
 
-fn read_reply(mut pipe: std::fs::File, timeout: Duration) -> Result<System, InventoryError> {
-    let deadline = Instant::now() + timeout;
+/// NVML's answer from the helper, or a timeout error at `deadline` (the start's own NVML
+/// time, `timeout`, from when it began).
+fn read_reply(
+    mut pipe: std::fs::File,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<System, InventoryError> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
     loop {

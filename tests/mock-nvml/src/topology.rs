@@ -27,6 +27,9 @@ pub struct Topology {
     /// Fault injection: how long init takes, to exercise callers' timeouts.
     #[serde(default)]
     pub init_delay_ms: u64,
+    /// Where each init appends its process id (the simulated node's `nvml-inits`).
+    #[serde(default)]
+    pub init_record: Option<std::path::PathBuf>,
     pub gpus: Vec<Gpu>,
 }
 

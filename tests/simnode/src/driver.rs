@@ -45,7 +45,8 @@ pub fn build(root: &Path, params: &Params, gpus: &[Gpu], mock_nvml: &Path) -> Re
     })?;
     write(
         &lib64.join(topology::FILE_NAME),
-        &topology::render(params, gpus)?,
+        // Beside the driver root, not in it: nvhook fingerprints the NVML library's directory.
+        &topology::render(params, gpus, &root.with_file_name("nvml-inits"))?,
     )?;
 
     firmware(root, version)?;

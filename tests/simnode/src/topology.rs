@@ -4,6 +4,7 @@
 use crate::spec::{Gpu, MigDevice, Params, cuda_driver_version};
 use anyhow::Result;
 use serde::Serialize;
+use std::path::Path;
 
 pub const FILE_NAME: &str = "nvml-topology.json";
 
@@ -25,6 +26,8 @@ struct Topology<'a> {
     nvml_version: String,
     init_error: u32,
     init_delay_ms: u64,
+    /// The file each init appends its process id to, for tests that count NVML's inits.
+    init_record: &'a Path,
     gpus: Vec<TopologyGpu<'a>>,
 }
 
@@ -42,7 +45,7 @@ struct TopologyGpu<'a> {
     mig_devices: &'a [MigDevice],
 }
 
-pub fn render(params: &Params, gpus: &[Gpu]) -> Result<String> {
+pub fn render(params: &Params, gpus: &[Gpu], init_record: &Path) -> Result<String> {
     let cuda = cuda_driver_version(&params.cuda_version)?;
     let topology = Topology {
         driver_version: &params.driver_version,
@@ -51,6 +54,7 @@ pub fn render(params: &Params, gpus: &[Gpu]) -> Result<String> {
         nvml_version: format!("{}.{}", cuda / 1000, params.driver_version),
         init_error: params.nvml_init_error,
         init_delay_ms: params.nvml_init_delay_ms,
+        init_record,
         gpus: gpus
             .iter()
             .map(|gpu| TopologyGpu {
@@ -84,8 +88,10 @@ mod tests {
             nvml_init_error: 3,
             nvml_init_delay_ms: 250,
         };
-        let json: serde_json::Value =
-            serde_json::from_str(&render(&params, &params.gpu_list()).unwrap()).unwrap();
+        let json: serde_json::Value = serde_json::from_str(
+            &render(&params, &params.gpu_list(), Path::new("/node/nvml-inits")).unwrap(),
+        )
+        .unwrap();
         assert_eq!(json["cuda_driver_version"], 12040);
         assert_eq!(json["nvml_version"], "12.550.54.15");
         assert_eq!(json["init_error"], 3);
