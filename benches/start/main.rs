@@ -11,6 +11,7 @@
 
 use nvhook_test_support as support;
 
+mod burst;
 mod cycle;
 mod hook_timer;
 mod setup;
@@ -29,12 +30,15 @@ struct Plan {
     rounds: usize,
     slow_rounds: usize,
     exec_rounds: usize,
+    /// Starts at once in each burst, and bursts of each size.
+    burst_sizes: Vec<usize>,
+    burst_rounds: usize,
 }
 
 fn main() {
     hook_timer::run_if_wrapper();
     let full = std::env::args().any(|a| a == "--bench");
-    // `NVHOOK_BENCH_ONLY=hooks|starts`: one part, for iterating on a profile.
+    // `NVHOOK_BENCH_ONLY=hooks|starts|burst`: one part, for iterating on a profile.
     let only = std::env::var("NVHOOK_BENCH_ONLY").ok();
     let only = only.as_deref();
     let plan = if full {
@@ -46,12 +50,16 @@ fn main() {
             rounds,
             slow_rounds: (rounds / 6).max(3),
             exec_rounds: rounds * 4,
+            burst_sizes: vec![8, 32],
+            burst_rounds: (rounds / 20).max(3),
         }
     } else {
         Plan {
             rounds: 2,
             slow_rounds: 1,
             exec_rounds: 2,
+            burst_sizes: vec![4],
+            burst_rounds: 1,
         }
     };
     support::require_root();
@@ -108,7 +116,7 @@ fn main() {
     println!("# nvhook start-cost bench ({} rounds)\n", plan.rounds);
     println!("{}\n", machine());
 
-    if only != Some("starts") {
+    if only.is_none_or(|o| o == "hooks") {
         // 1, 4, 5: the hook's own wall time and memory, by node size and capabilities.
         let gpu_nodes = [&n1, &n8, &n64, &mig];
         let mut hooks: Vec<Variant> = Vec::new();
@@ -133,7 +141,7 @@ fn main() {
         report_hooks(&hooks);
     }
 
-    if only != Some("hooks") {
+    if only.is_none_or(|o| o == "starts") {
         // 2, 3: whole starts against runc, measured in the same interleaved rounds.
         let mut starts = vec![
             spec("runc, no GPU".into(), &n8, Ask::NoGpu, Via::Runc, false),
@@ -249,6 +257,11 @@ fn main() {
             cost.cpu.p50(),
             cost.wall.len()
         );
+    }
+
+    if only.is_none_or(|o| o == "burst") {
+        // 7: many starts at once on a cold cache share one NVML query.
+        burst::run(&slow, w, &plan.burst_sizes, plan.burst_rounds);
     }
 }
 
