@@ -9,6 +9,7 @@
 use nvhook_test_support as support;
 
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -112,6 +113,60 @@ fn cdi_generate_and_list_name_every_gpu_and_mig_device() {
     assert!(
         hook["env"].as_array().is_some_and(|e| !e.is_empty()),
         "{json}"
+    );
+}
+
+/// `nvhook cdi refresh` writes a spec once, leaves it be (without asking NVML) while the node
+/// is unchanged, and replaces it when a GPU falls off the bus.
+#[test]
+fn cdi_refresh_follows_the_host() {
+    let node = SimNode::create(GPUS);
+    let spec = node.root().join("run/cdi/nvidia.yaml");
+    let path = spec.to_str().unwrap();
+    let refresh = || nvhook(&node, &["cdi", "refresh", "--output", path]);
+    assert!(refresh().starts_with("refreshed "), "{}", node.log());
+    let listed = |node: &SimNode| lines(&nvhook(node, &["cdi", "list", path]));
+    assert_eq!(listed(&node), expected_names(&node, true, true));
+    let inits = || {
+        std::fs::read_to_string(node.root().join("nvml-inits"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let (inode, inits_before) = (std::fs::metadata(&spec).unwrap().ino(), inits());
+    assert_eq!(refresh(), format!("unchanged: {path}\n"));
+    assert_eq!(
+        std::fs::metadata(&spec).unwrap().ino(),
+        inode,
+        "not rewritten"
+    );
+    assert_eq!(
+        inits(),
+        inits_before,
+        "an unchanged node costs no NVML query"
+    );
+
+    // GPU 3 falls off the bus: gone from NVML, from /proc/driver/nvidia and from /dev.
+    let topology_path = node
+        .driver_root()
+        .join("usr/lib/x86_64-linux-gnu/nvml-topology.json");
+    let mut topology: Value =
+        serde_json::from_str(&std::fs::read_to_string(&topology_path).unwrap()).unwrap();
+    let gone = topology["gpus"].as_array_mut().unwrap().pop().unwrap();
+    std::fs::write(&topology_path, topology.to_string()).unwrap();
+    let bus = gone["pci_bus_id"].as_str().unwrap()[4..].to_lowercase();
+    std::fs::remove_dir_all(node.root().join("proc/driver/nvidia/gpus").join(bus)).unwrap();
+    std::fs::remove_file(node.root().join("dev/nvidia3")).unwrap();
+
+    assert!(refresh().starts_with("refreshed "), "{}", node.log());
+    let names = listed(&node);
+    assert_eq!(names, expected_names(&node, true, true));
+    let gone_uuid = format!("nvidia.com/gpu={}", gone["uuid"].as_str().unwrap());
+    assert!(!names.contains(&gone_uuid) && !names.contains(&"nvidia.com/gpu=3".to_string()));
+    assert_ne!(
+        std::fs::metadata(&spec).unwrap().ino(),
+        inode,
+        "replaced by a rename"
     );
 }
 

@@ -89,6 +89,36 @@ pub fn spec_files(dirs: &[&Path]) -> Vec<PathBuf> {
     out
 }
 
+/// Where `nvhook cdi refresh` keeps the spec by default: on tmpfs, remade at each boot.
+pub const REFRESHED_SPEC: &str = "/var/run/cdi/nvidia.yaml";
+
+/// Replaces the spec at `path` with `text` unless it already holds exactly that; whether it
+/// was written. An unchanged spec keeps its inode and times, so engines watching the
+/// directory see nothing happen.
+pub fn refresh_spec(path: &Path, text: &str) -> Result<bool, CdiError> {
+    match std::fs::read(path) {
+        Ok(current) if current == text.as_bytes() => return Ok(false),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(CdiError::Io {
+                op: "read",
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| CdiError::Io {
+            op: "create the directory of",
+            path: path.to_path_buf(),
+            source,
+        })?;
+    }
+    write_spec(path, text)?;
+    Ok(true)
+}
+
 /// Writes `text` to `path` atomically (engines watch these directories and may read at any
 /// time). Engines read only `*.json` and `*.yaml`: another name would be silently ignored.
 pub fn write_spec(path: &Path, text: &str) -> Result<(), CdiError> {
@@ -108,6 +138,35 @@ pub fn write_spec(path: &Path, text: &str) -> Result<(), CdiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refresh_writes_only_a_spec_that_changed() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let spec = dir.path().join("run/cdi/nvidia.yaml");
+        assert!(refresh_spec(&spec, "a: 1\n").unwrap(), "made where missing");
+        let first = std::fs::metadata(&spec).unwrap();
+        assert!(
+            !refresh_spec(&spec, "a: 1\n").unwrap(),
+            "same text: left be"
+        );
+        let again = std::fs::metadata(&spec).unwrap();
+        assert_eq!(
+            (again.ino(), again.mtime_nsec()),
+            (first.ino(), first.mtime_nsec())
+        );
+        assert!(refresh_spec(&spec, "a: 2\n").unwrap());
+        assert_ne!(
+            std::fs::metadata(&spec).unwrap().ino(),
+            first.ino(),
+            "replaced by a rename"
+        );
+        assert_eq!(std::fs::read_to_string(&spec).unwrap(), "a: 2\n");
+        assert_eq!(
+            std::fs::read_dir(spec.parent().unwrap()).unwrap().count(),
+            1
+        );
+    }
 
     #[test]
     fn specs_are_written_only_where_engines_read_them() {

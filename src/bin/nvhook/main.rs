@@ -104,6 +104,19 @@ enum CdiCommand {
         #[arg(long, value_delimiter = ',', default_value = "index,uuid")]
         device_name_strategy: Vec<nvhook::cdi::NameStrategy>,
     },
+    /// Write the spec again only if this node's GPUs, MIG devices or driver changed since it
+    /// was written (a boot, a driver upgrade, a MIG reconfiguration); otherwise leave it be.
+    Refresh {
+        /// The spec file.
+        #[arg(long, value_name = "FILE", default_value = nvhook::cdi::REFRESHED_SPEC)]
+        output: PathBuf,
+        /// yaml or json [default: json for a .json output, else yaml].
+        #[arg(long)]
+        format: Option<nvhook::cdi::Format>,
+        /// How devices are named: index (`0`, `1:0`), uuid, or both.
+        #[arg(long, value_delimiter = ',', default_value = "index,uuid")]
+        device_name_strategy: Vec<nvhook::cdi::NameStrategy>,
+    },
     /// Print the device names spec files offer [default: the specs in /etc/cdi and /var/run/cdi].
     List {
         #[arg(value_name = "FILE")]
@@ -293,6 +306,26 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
                     tracing::info!(path = %path.display(), devices = spec.devices.len(), "CDI spec written");
                 }
                 None => print!("{text}"),
+            }
+        }
+        CdiCommand::Refresh {
+            output,
+            format,
+            device_name_strategy,
+        } => {
+            // NVML's cached answer serves while the host is as it was: a refresh on an
+            // unchanged node asks NVML nothing.
+            let (inventory, _) = nvhook::inventory::isolated::load(config)?;
+            let spec =
+                nvhook::cdi::generate(config, config_path, &inventory, &device_name_strategy)?;
+            let format = format.unwrap_or(nvhook::cdi::Format::for_path(Some(&output)));
+            match nvhook::cdi::refresh_spec(&output, &spec.to_text(format))? {
+                true => println!(
+                    "refreshed {} ({} devices)",
+                    output.display(),
+                    spec.devices.len()
+                ),
+                false => println!("unchanged: {}", output.display()),
             }
         }
         CdiCommand::List { files } if files.is_empty() => {
