@@ -32,30 +32,18 @@ pub(super) fn apply(current: Option<&str>, change: &Change) -> Result<Option<Str
     }
     let version = version(&doc)?;
     let containerd = containerd_path(version);
-    match *change {
-        Change::Add {
-            name,
-            path,
-            set_as_default,
-        } => {
-            let runtimes = edit::table_mut(doc.as_table_mut(), &runtimes_path(&containerd))?;
-            // containerd 1.x replaces (not merges) its default runtime map with the file's,
-            // so a lone `nvidia` entry would leave the CRI plugin without its default `runc`.
-            if version <= 2 && runtimes.is_empty() {
-                runtimes.insert("runc", Item::Table(builtin_runc()));
-            }
-            let runc = runtimes.get("runc").cloned();
-            add(
-                &mut doc,
-                &containerd,
-                runc.as_ref(),
-                name,
-                path,
-                set_as_default,
-            )?;
+    // containerd 1.x replaces (not merges) its default runtime map with the file's, so a
+    // lone `nvidia` entry would leave the CRI plugin without its default `runc`.
+    if matches!(change, Change::Add { .. }) && version <= 2 {
+        let runtimes = edit::table_mut(doc.as_table_mut(), &runtimes_path(&containerd))?;
+        if runtimes.is_empty() {
+            runtimes.insert("runc", Item::Table(builtin_runc()));
         }
-        Change::Remove { name } => remove(&mut doc, &containerd, name),
     }
+    let runc = item_at(doc.as_item(), &runtimes_path(&containerd))
+        .and_then(|runtimes| runtimes.get("runc"))
+        .cloned();
+    change_runtime(&mut doc, &containerd, runc.as_ref(), change)?;
     Ok(Some(doc.to_string()))
 }
 
@@ -101,29 +89,15 @@ pub(super) fn apply_drop_in(
     let new = format!("{DROP_IN_HEADER}version = {}\n", version(&main)?);
     let mut doc = edit::parse(Some(current.unwrap_or(&new)))?;
     let containerd = containerd_path(version(&doc)?);
-    match *change {
-        Change::Add {
-            name,
-            path,
-            set_as_default,
-        } => {
-            let main_containerd = containerd_path(version(&main)?);
-            // The main file's layout (indentation, comments) means nothing in a file of its own.
-            let runc = item_at(main.as_item(), &runtimes_path(&main_containerd))
-                .and_then(|runtimes| runtimes.get("runc"))
-                .and_then(Item::as_table)
-                .map(|runc| Item::Table(undecorated(runc)));
-            add(
-                &mut doc,
-                &containerd,
-                runc.as_ref(),
-                name,
-                path,
-                set_as_default,
-            )?;
-        }
-        Change::Remove { name } => remove(&mut doc, &containerd, name),
-    }
+    // The main file's layout (indentation, comments) means nothing in a file of its own.
+    let runc = item_at(
+        main.as_item(),
+        &runtimes_path(&containerd_path(version(&main)?)),
+    )
+    .and_then(|runtimes| runtimes.get("runc"))
+    .and_then(Item::as_table)
+    .map(|runc| Item::Table(undecorated(runc)));
+    change_runtime(&mut doc, &containerd, runc.as_ref(), change)?;
     let only_version_left = doc
         .iter()
         .all(|(key, item)| key == "version" || item.as_table().is_some_and(edit::is_blank));
@@ -212,6 +186,26 @@ fn glob_matches(pattern: &str, name: &str) -> bool {
         }
     }
     matches(pattern.as_bytes(), name.as_bytes())
+}
+
+/// Applies `change` to `doc`; a runtime it adds starts from `runc`'s settings.
+fn change_runtime(
+    doc: &mut DocumentMut,
+    containerd: &[&str; 3],
+    runc: Option<&Item>,
+    change: &Change,
+) -> Result<(), Invalid> {
+    match *change {
+        Change::Add {
+            name,
+            path,
+            set_as_default,
+        } => add(doc, containerd, runc, name, path, set_as_default),
+        Change::Remove { name } => {
+            remove(doc, containerd, name);
+            Ok(())
+        }
+    }
 }
 
 /// Adds runtime `name` (starting from `runc`'s settings when it is new) to `doc`.

@@ -108,12 +108,7 @@ fn render(config: &Map<String, Value>, original: &str) -> String {
 mod tests {
     use super::*;
 
-    const ADD: Change = Change::Add {
-        name: "nvidia",
-        path: "/usr/bin/nvhook-runtime",
-        set_as_default: false,
-    };
-    const REMOVE: Change = Change::Remove { name: "nvidia" };
+    use crate::configure::test_changes::{ADD, REMOVE};
 
     #[test]
     fn new_file_uses_four_spaces() {

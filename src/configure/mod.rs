@@ -173,6 +173,19 @@ enum Change<'a> {
     },
 }
 
+/// The changes the engines' unit tests make.
+#[cfg(test)]
+mod test_changes {
+    use super::Change;
+
+    pub const ADD: Change = Change::Add {
+        name: "nvidia",
+        path: "/usr/bin/nvhook-runtime",
+        set_as_default: false,
+    };
+    pub const REMOVE: Change = Change::Remove { name: "nvidia" };
+}
+
 /// What happened to the file.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Applied {

@@ -126,12 +126,7 @@ fn block(name: &str, path: &str, containerd_2: bool, added_break: bool) -> Strin
 mod tests {
     use super::*;
 
-    const ADD: Change = Change::Add {
-        name: "nvidia",
-        path: "/usr/local/nvhook/bin/nvhook-runtime",
-        set_as_default: false,
-    };
-    const REMOVE: Change = Change::Remove { name: "nvidia" };
+    use crate::configure::test_changes::{ADD, REMOVE};
 
     /// A template with directives of every kind, and no final newline.
     const ADMIN: &str = "{{ template \"base\" . }}\n{{ if .NodeConfig.AgentConfig.Snapshotter }}\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"{{ .NodeConfig.AgentConfig.Snapshotter }}\"\n{{ end }}";
@@ -144,7 +139,7 @@ mod tests {
     fn a_new_template_is_the_base_and_the_block() {
         let new = v2(None, &ADD).unwrap();
         assert!(new.starts_with(BASE), "{new}");
-        assert!(new.contains("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.'nvidia'.options]\n  BinaryName = \"/usr/local/nvhook/bin/nvhook-runtime\"\n  SystemdCgroup = {{ .SystemdCgroup }}\n"), "{new}");
+        assert!(new.contains("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.'nvidia'.options]\n  BinaryName = \"/usr/bin/nvhook-runtime\"\n  SystemdCgroup = {{ .SystemdCgroup }}\n"), "{new}");
         assert_eq!(v2(Some(&new), &ADD), Some(new.clone()), "idempotent");
         assert_eq!(v2(Some(&new), &REMOVE), None, "only the base is left");
     }
@@ -202,7 +197,7 @@ mod tests {
         assert!(message.contains("not one pair"), "{message}");
         let default = Change::Add {
             name: "nvidia",
-            path: "/usr/local/nvhook/bin/nvhook-runtime",
+            path: "/usr/bin/nvhook-runtime",
             set_as_default: true,
         };
         let Invalid(message) = apply(Path::new("config.toml.tmpl"), None, &default).unwrap_err();
