@@ -111,6 +111,17 @@ fn check_config(text: &str) {
 fn check_configure(engine: Engine, text: &[u8]) {
     let dir = tempfile::tempdir_in(scratch_root()).expect("tempdir");
     let file = dir.path().join("engine.conf");
+    // A drop-in directory a config imports (the corpus holds containerd 2's
+    // `/etc/containerd/conf.d/*.toml`) must be the scratch one, never the host's.
+    let scratch = format!("{}/", dir.path().display());
+    let owned;
+    let text = match std::str::from_utf8(text) {
+        Ok(t) if t.contains("/etc/") => {
+            owned = t.replace("/etc/", &scratch);
+            owned.as_bytes()
+        }
+        _ => text,
+    };
     fs::write(&file, text).expect("write engine config");
     let options = |remove| Options {
         engine,
