@@ -8,6 +8,7 @@ pub mod capability;
 pub mod cdi;
 pub mod config;
 pub mod configure;
+pub mod dev_char;
 pub mod entry;
 mod file_id;
 pub mod host_plan;

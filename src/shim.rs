@@ -6,6 +6,7 @@
 use crate::atomic_file::{NewFile, write_atomic};
 use crate::cdi::{self, ContainerEdits, HookBinary};
 use crate::config::{Config, RuntimeMode};
+use crate::dev_char::{self, CharLink};
 use crate::host_plan::{PlanningError, plan_for_host};
 use crate::inventory::{self, InventoryError};
 use crate::oci::{OciError, Spec};
@@ -93,6 +94,14 @@ pub fn prepare_bundle(
     let rootfs = spec.rootfs(bundle).ok_or(ShimError::NoRoot)?;
     let (inventory, source) = inventory::isolated::load(config)?;
     let plan = plan_for_host(&request, inventory, source, config, &rootfs)?;
+    // Before the runtime turns the rules into systemd's DeviceAllow= entries.
+    let dev = config.dev_path("/dev");
+    let links: Vec<CharLink> = plan
+        .devices
+        .iter()
+        .filter_map(|d| CharLink::for_node(&dev, &d.host_path, d.major, d.minor))
+        .collect();
+    dev_char::ensure_logged(&dev, &links);
     let mut value: Value = serde_json::from_str(&text).map_err(json_err)?;
     match config.runtime_mode {
         RuntimeMode::Hook => edit_spec(&mut value, &plan, &hook_entry(config, config_path)),

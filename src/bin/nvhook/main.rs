@@ -51,6 +51,9 @@ enum Command {
     /// Container Device Interface specs for engines that inject devices themselves.
     #[command(subcommand)]
     Cdi(CdiCommand),
+    /// Make the `/dev/char/MAJ:MIN` links of every NVIDIA device node (run at boot and by udev),
+    /// so systemd can keep containers' GPU rules across `systemctl daemon-reload`.
+    DevCharLinks,
     /// Register nvhook-runtime with a container engine's config (or take it out with --remove).
     Configure(ConfigureArgs),
 }
@@ -189,6 +192,7 @@ fn run(cli: Cli) -> Result<()> {
                 .or_else(|| env_config.filter(|v| !v.is_empty()).map(PathBuf::from));
             cdi(&config, named.as_deref(), command)
         }
+        Command::DevCharLinks => dev_char_links(&config),
         Command::Hook { .. } | Command::Configure(_) => unreachable!("handled above"),
     }
 }
@@ -303,6 +307,7 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
             match output {
                 Some(path) => {
                     nvhook::cdi::write_spec(&path, &text)?;
+                    link_dev_char(config, &inventory);
                     tracing::info!(path = %path.display(), devices = spec.devices.len(), "CDI spec written");
                 }
                 None => print!("{text}"),
@@ -319,6 +324,7 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
             let spec =
                 nvhook::cdi::generate(config, config_path, &inventory, &device_name_strategy)?;
             let format = format.unwrap_or(nvhook::cdi::Format::for_path(Some(&output)));
+            link_dev_char(config, &inventory);
             match nvhook::cdi::refresh_spec(&output, &spec.to_text(format))? {
                 true => println!(
                     "refreshed {} ({} devices)",
@@ -347,6 +353,49 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
             }
         }
     }
+    Ok(())
+}
+
+/// An engine hands a CDI spec's nodes to the runtime as they are: the links must be there.
+fn link_dev_char(config: &Config, inventory: &Inventory) {
+    let dev = config.dev_path("/dev");
+    nvhook::dev_char::ensure_logged(
+        &dev,
+        &nvhook::dev_char::for_host_nodes(&dev, &inventory.nodes),
+    );
+}
+
+fn dev_char_links(config: &Config) -> Result<()> {
+    use nvhook::dev_char::{self, LinkOutcome};
+    let dev = config.dev_path("/dev");
+    let nodes = nvhook::inventory::devices::scan_nodes(config)?;
+    let links = dev_char::for_host_nodes(&dev, &nodes);
+    let mut failed = 0;
+    for (link, result) in links.iter().zip(dev_char::ensure(&dev, &links)?) {
+        let path = dev.join("char").join(&link.name);
+        match result {
+            Ok(LinkOutcome::Present) => {}
+            Ok(LinkOutcome::Created) => println!("created {} -> {}", path.display(), link.target),
+            Ok(LinkOutcome::Replaced) => println!("replaced {} -> {}", path.display(), link.target),
+            Err(e) => {
+                eprintln!("nvhook: {e}");
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        anyhow::bail!(
+            "{failed} of {} links in {} could not be made: systemd cannot keep those devices' \
+             rules (move the entries named above out of the way and run this again)",
+            links.len(),
+            dev.join("char").display()
+        );
+    }
+    println!(
+        "{} NVIDIA device nodes linked in {}",
+        links.len(),
+        dev.join("char").display()
+    );
     Ok(())
 }
 
