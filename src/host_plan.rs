@@ -2,6 +2,7 @@
 //! image's layout (probed read-only). Shared by the hook, the shim and `nvhook plan`.
 
 use crate::config::Config;
+use crate::inventory::change::HostChange;
 use crate::inventory::{self, Inventory, isolated::Source};
 use crate::plan::{self, Plan};
 use crate::request::Request;
@@ -16,10 +17,17 @@ pub enum PlanningError {
     Plan(#[from] plan::PlanError),
     #[error(transparent)]
     Rootfs(#[from] RootfsError),
+    /// The request worked on the host as it was, and the host changed under it.
+    #[error("{source}; the host changed since the last start: {change}")]
+    HostChanged {
+        source: Box<PlanningError>,
+        change: HostChange,
+    },
 }
 
 /// [`plan_for`] the host's inventory. A plan that fails on NVML's cached answer is made again
-/// from a fresh query: a stale cache may cost a query, never a refused start.
+/// from a fresh query: a stale cache may cost a query, never a refused start. A request the
+/// host can no longer meet says what changed since NVML last answered.
 pub fn plan_for_host(
     request: &Request,
     inventory: Inventory,
@@ -27,14 +35,28 @@ pub fn plan_for_host(
     config: &Config,
     rootfs_path: &Path,
 ) -> Result<Plan, PlanningError> {
-    match plan_for(request, &inventory, config, rootfs_path) {
-        Err(e) if source == Source::Cache => {
-            tracing::info!("plan failed on NVML's cached answer ({e}); asking NVML again");
-            let inventory = inventory::isolated::load_fresh(config)?;
-            plan_for(request, &inventory, config, rootfs_path)
+    let failed = match plan_for(request, &inventory, config, rootfs_path) {
+        Ok(plan) => return Ok(plan),
+        Err(e) => e,
+    };
+    let (failed, change) = match source {
+        Source::Cache => {
+            tracing::info!("plan failed on NVML's cached answer ({failed}); asking NVML again");
+            let fresh = inventory::isolated::load_fresh(config)?;
+            match plan_for(request, &fresh, config, rootfs_path) {
+                Ok(plan) => return Ok(plan),
+                Err(e) => (e, HostChange::between(&inventory.system(), &fresh.system())),
+            }
         }
-        planned => planned,
-    }
+        Source::Nvml { change } => (failed, change),
+    };
+    Err(match change {
+        Some(change) => PlanningError::HostChanged {
+            source: Box::new(failed),
+            change,
+        },
+        None => failed,
+    })
 }
 
 /// The plan for a container whose rootfs is at `rootfs_path`.

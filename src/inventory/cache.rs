@@ -111,6 +111,17 @@ impl NvmlCache {
 
     /// The stored answer, when it was stored for this very host state.
     pub fn read(&self) -> Option<System> {
+        let stored = self.stored()?;
+        (stored.fingerprint == self.fingerprint).then_some(stored.system)
+    }
+
+    /// The stored answer whatever host state it was stored for: what the host was before it
+    /// changed, to tell the user what changed.
+    pub fn previous(&self) -> Option<System> {
+        self.stored().map(|s| s.system)
+    }
+
+    fn stored(&self) -> Option<Stored> {
         let dir = self.path.parent()?;
         if !private(&std::fs::symlink_metadata(dir).ok()?) {
             return None;
@@ -126,8 +137,7 @@ impl NvmlCache {
         }
         let mut text = Vec::new();
         file.read_to_end(&mut text).ok()?;
-        let stored: Stored = serde_json::from_slice(&text).ok()?;
-        (stored.fingerprint == self.fingerprint).then_some(stored.system)
+        serde_json::from_slice(&text).ok()
     }
 
     /// Stores `system` as the answer for the fingerprinted state. Best effort: a host where

@@ -10,6 +10,7 @@
 //! container start need not pay (docs/performance.md).
 
 use super::cache::NvmlCache;
+use super::change::HostChange;
 use super::driver::HostCache;
 use super::nvml::{Reply, System};
 use super::{Inventory, InventoryError, nvml_library};
@@ -20,11 +21,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Where the NVML part of an inventory came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
     /// NVML's answer cached by an earlier start, for the same host state.
     Cache,
-    Nvml,
+    /// NVML asked now; `change` is how its answer differs from the one stored for the host
+    /// as it was before (none stored, or no difference: None).
+    Nvml { change: Option<HostChange> },
 }
 
 /// The inventory, with NVML's answer from the cache when the host is as it was stored for;
@@ -68,11 +71,17 @@ fn load_from(config: &Config, use_cache: bool) -> Result<(Inventory, Source), In
         return Ok((inventory, Source::Cache));
     }
     let inventory = query_in_child(config, &host_cache, deadline)?;
+    let system = inventory.system();
+    let previous = stored.as_ref().and_then(NvmlCache::previous);
+    let change = previous.and_then(|old| HostChange::between(&old, &system));
+    if let Some(change) = &change {
+        tracing::info!(%change, "the host changed since NVML's stored answer");
+    }
     if let Some(stored) = stored {
-        stored.write(&inventory.system());
+        stored.write(&system);
     }
     drop(flight);
-    Ok((inventory, Source::Nvml))
+    Ok((inventory, Source::Nvml { change }))
 }
 
 /// The program beside nvhook that loads NVML: nvhook itself is static, and a static program

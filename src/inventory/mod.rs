@@ -4,6 +4,7 @@
 //! touching the system, and tests build them by hand.
 
 pub mod cache;
+pub mod change;
 pub mod device_numbers;
 pub mod devices;
 pub mod driver;

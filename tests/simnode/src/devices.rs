@@ -4,7 +4,7 @@
 
 use crate::spec::Gpu;
 use anyhow::{Context, Result, bail};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -19,7 +19,7 @@ const DYNAMIC_TOP: u32 = 511;
 const DYNAMIC_BOTTOM: u32 = 234;
 
 /// The two majors the driver would get from the kernel at load time.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Majors {
     pub uvm: u32,
     pub caps: u32,
@@ -28,12 +28,21 @@ pub struct Majors {
 impl Majors {
     /// Two majors the host has not registered, scanning down from 511.
     pub fn pick() -> Result<Majors> {
+        Self::pick_avoiding(&[])
+    }
+
+    /// Two free majors that are not `old`'s: the driver's module loaded again.
+    pub fn pick_other_than(old: Majors) -> Result<Majors> {
+        Self::pick_avoiding(&[old.uvm, old.caps])
+    }
+
+    fn pick_avoiding(avoid: &[u32]) -> Result<Majors> {
         let text = fs::read_to_string("/proc/devices")
             .context("cannot read /proc/devices: is /proc mounted?")?;
         let used = registered_char_majors(&text);
         let mut free = (DYNAMIC_BOTTOM..=DYNAMIC_TOP)
             .rev()
-            .filter(|m| *m != GPU_MAJOR && !used.contains(m));
+            .filter(|m| *m != GPU_MAJOR && !used.contains(m) && !avoid.contains(m));
         match (free.next(), free.next()) {
             (Some(uvm), Some(caps)) => Ok(Majors { uvm, caps }),
             _ => bail!(
@@ -178,6 +187,7 @@ mod tests {
             cuda_version: "12.4".into(),
             nvml_init_error: 0,
             nvml_init_delay_ms: 0,
+            lost: vec![],
         };
         let caps = capabilities(&params.gpu_list());
         let minor = |p: &str| caps.iter().find(|c| c.proc_path == p).unwrap().minor;

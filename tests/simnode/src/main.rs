@@ -55,6 +55,18 @@ struct CreateArgs {
     /// nvhook's path for the node's config.toml [default: nvhook beside simnode].
     #[arg(long)]
     hook_path: Option<PathBuf>,
+    /// The GPU in this place on the board (0..gpus) fell off the bus: NVML and the kernel
+    /// no longer list it, and the GPUs after it move up an index.
+    #[arg(long, value_name = "GPU")]
+    lost_gpu: Vec<u32>,
+    /// Change the node in place, as a driver upgrade, a MIG reconfiguration, a lost GPU or a
+    /// module reload changes a live host: nvhook's config, log, NVML cache and /dev/char stay.
+    #[arg(long)]
+    keep_state: bool,
+    /// With --keep-state: the kernel module was reloaded, and its dynamic majors
+    /// (nvidia-uvm, nvidia-caps) changed.
+    #[arg(long, requires = "keep_state")]
+    reload_module: bool,
 }
 
 fn parse_mig(text: &str) -> Result<(u32, u32), String> {
@@ -94,6 +106,7 @@ fn create(args: CreateArgs) -> Result<()> {
         cuda_version: args.cuda_version,
         nvml_init_error: args.nvml_init_error,
         nvml_init_delay_ms: args.nvml_init_delay_ms,
+        lost: args.lost_gpu,
     };
     let mock_nvml = absolute(
         args.mock_nvml
@@ -104,6 +117,9 @@ fn create(args: CreateArgs) -> Result<()> {
         params: &params,
         mock_nvml: &mock_nvml,
         hook_path: &hook_path,
+        keep_state: args.keep_state.then_some(node::KeepState {
+            new_majors: args.reload_module,
+        }),
     };
     node::create(&args.dir, &inputs)
 }

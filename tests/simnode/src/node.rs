@@ -49,6 +49,32 @@ pub struct Inputs<'a> {
     pub params: &'a Params,
     pub mock_nvml: &'a Path,
     pub hook_path: &'a Path,
+    /// Rebuild an existing node in place instead of a new one.
+    pub keep_state: Option<KeepState>,
+}
+
+/// How a node changes in place.
+#[derive(Clone, Copy)]
+pub struct KeepState {
+    /// The kernel module was reloaded and got other dynamic majors.
+    pub new_majors: bool,
+}
+
+/// What a node changed in place keeps: what nvhook wrote (its log, NVML's cached answer,
+/// the /dev/char links), what the tests wrote (the config they appended to, the record of
+/// NVML inits), and the marker that says it is simnode's.
+const KEPT: &[&str] = &[
+    MARKER,
+    "config.toml",
+    "nvhook.log",
+    "nvml-inits",
+    "run",
+    "dev/char",
+];
+
+#[derive(Deserialize)]
+struct MarkerMajors {
+    majors: Majors,
 }
 
 pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
@@ -59,9 +85,23 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
             inputs.mock_nvml.display()
         );
     }
-    let dir = prepare(dir)?;
+    let (dir, majors) = match inputs.keep_state {
+        None => (prepare(dir)?, Majors::pick()?),
+        Some(keep) => {
+            let dir = dir
+                .canonicalize()
+                .with_context(|| format!("cannot resolve {}: no such node", dir.display()))?;
+            check_marker(&dir)?;
+            let old = read_marker::<MarkerMajors>(&dir)?.majors;
+            clear_except(&dir, KEPT)?;
+            let majors = match keep.new_majors {
+                true => Majors::pick_other_than(old)?,
+                false => old,
+            };
+            (dir, majors)
+        }
+    };
     let gpus = inputs.params.gpu_list();
-    let majors = Majors::pick()?;
     let driver_root = dir.join("driver");
     let config = dir.join("config.toml");
 
@@ -98,8 +138,10 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
         nvml_cache_file: dir.join("run/nvml-inventory.json"),
         hook_path: inputs.hook_path.to_path_buf(),
     };
-    let toml = toml::to_string(&hook_config).context("cannot render config.toml")?;
-    fs::write(&config, toml).with_context(|| format!("cannot write {}", config.display()))?;
+    if inputs.keep_state.is_none() || !config.exists() {
+        let toml = toml::to_string(&hook_config).context("cannot render config.toml")?;
+        fs::write(&config, toml).with_context(|| format!("cannot write {}", config.display()))?;
+    }
 
     print_summary(&dir, inputs.params, &gpus, &config);
     Ok(())
@@ -143,6 +185,13 @@ pub fn destroy(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+fn read_marker<T: serde::de::DeserializeOwned>(dir: &Path) -> Result<T> {
+    let path = dir.join(MARKER);
+    let text =
+        fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("cannot parse {}", path.display()))
+}
+
 fn check_marker(dir: &Path) -> Result<()> {
     let path = dir.join(MARKER);
     let refuse = || {
@@ -166,6 +215,11 @@ fn check_marker(dir: &Path) -> Result<()> {
 /// Removes everything inside `dir`, after making sure nothing is mounted
 /// there (remove_dir_all would otherwise delete into the mounted file system).
 fn clear(dir: &Path) -> Result<()> {
+    clear_except(dir, &[])
+}
+
+/// Removes everything in `dir` but the `kept` paths (relative, at most one directory deep).
+fn clear_except(dir: &Path, kept: &[&str]) -> Result<()> {
     let mountinfo =
         fs::read_to_string("/proc/self/mountinfo").context("cannot read /proc/self/mountinfo")?;
     if let Some(mount) = mount_points(&mountinfo).find(|m| m.starts_with(dir) && m != dir) {
@@ -174,9 +228,23 @@ fn clear(dir: &Path) -> Result<()> {
             mount.display()
         );
     }
+    remove_entries(dir, dir, kept)
+}
+
+fn remove_entries(root: &Path, dir: &Path, kept: &[&str]) -> Result<()> {
     for entry in fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
         let path = entry?.path();
-        let removed = if fs::symlink_metadata(&path)?.is_dir() {
+        let rel = path.strip_prefix(root).unwrap_or(&path);
+        if kept.iter().any(|k| rel == Path::new(k)) {
+            continue;
+        }
+        let holds_kept = kept.iter().any(|k| Path::new(k).starts_with(rel));
+        let is_dir = fs::symlink_metadata(&path)?.is_dir();
+        if is_dir && holds_kept {
+            remove_entries(root, &path, kept)?;
+            continue;
+        }
+        let removed = if is_dir {
             fs::remove_dir_all(&path)
         } else {
             fs::remove_file(&path)

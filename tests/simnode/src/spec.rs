@@ -21,6 +21,9 @@ pub struct Params {
     pub cuda_version: String,
     pub nvml_init_error: u32,
     pub nvml_init_delay_ms: u64,
+    /// GPUs (by their place on the board, 0..gpus) that fell off the bus: NVML and the
+    /// kernel no longer list them, and the GPUs after them move up an index.
+    pub lost: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -76,16 +79,29 @@ impl Params {
                 "--mig {gpu}: given twice; pass one --mig per GPU"
             );
         }
+        for &gpu in &self.lost {
+            ensure!(
+                gpu < self.gpus,
+                "--lost-gpu {gpu}: no GPU {gpu} (the node has {} GPUs)",
+                self.gpus
+            );
+        }
         driver_major(&self.driver_version)?;
         cuda_driver_version(&self.cuda_version)?;
         Ok(())
     }
 
+    /// The GPUs NVML lists, indexed in bus order as NVML does.
     pub fn gpu_list(&self) -> Vec<Gpu> {
-        (0..self.gpus).map(|i| self.gpu(i)).collect()
+        (0..self.gpus)
+            .filter(|slot| !self.lost.contains(slot))
+            .zip(0..)
+            .map(|(slot, index)| self.gpu(slot, index))
+            .collect()
     }
 
-    fn gpu(&self, index: u32) -> Gpu {
+    /// The GPU in board `slot` (which fixes its minor, UUID and bus), at NVML `index`.
+    fn gpu(&self, slot: u32, index: u32) -> Gpu {
         let mig_count = self
             .mig
             .iter()
@@ -93,12 +109,12 @@ impl Params {
             .map_or(0, |&(_, c)| c);
         Gpu {
             index,
-            minor: index,
-            uuid: format!("GPU-{}", uuid_hex(u64::from(index))),
+            minor: slot,
+            uuid: format!("GPU-{}", uuid_hex(u64::from(slot))),
             name: GPU_NAME.to_owned(),
             // Stride 3 spreads GPUs over root ports like a real board and
             // keeps 64 GPUs below bus 0xff.
-            pci_bus: u8::try_from(0x18 + 3 * index).expect("at most 64 GPUs"),
+            pci_bus: u8::try_from(0x18 + 3 * slot).expect("at most 64 GPUs"),
             mig: mig_devices(index, mig_count),
         }
     }
@@ -198,7 +214,26 @@ mod tests {
             cuda_version: "12.4".into(),
             nvml_init_error: 0,
             nvml_init_delay_ms: 0,
+            lost: vec![],
         }
+    }
+
+    #[test]
+    fn a_lost_gpu_leaves_nvmls_list_and_the_next_ones_move_up() {
+        let all = params(3, vec![]).gpu_list();
+        let lost = Params {
+            lost: vec![1],
+            ..params(3, vec![])
+        }
+        .gpu_list();
+        let seen: Vec<(u32, u32, &str)> = lost
+            .iter()
+            .map(|g| (g.index, g.minor, g.uuid.as_str()))
+            .collect();
+        assert_eq!(
+            seen,
+            [(0, 0, all[0].uuid.as_str()), (1, 2, all[2].uuid.as_str())]
+        );
     }
 
     #[test]

@@ -132,6 +132,7 @@ mod tests {
             cuda_version: "12.4".into(),
             nvml_init_error: 0,
             nvml_init_delay_ms: 0,
+            lost: vec![],
         };
         let gpus = params.gpu_list();
         let source = smi_source("550.54.15", "12.4", &gpus);

@@ -87,6 +87,7 @@ mod tests {
             cuda_version: "12.4".into(),
             nvml_init_error: 3,
             nvml_init_delay_ms: 250,
+            lost: vec![],
         };
         let json: serde_json::Value = serde_json::from_str(
             &render(&params, &params.gpu_list(), Path::new("/node/nvml-inits")).unwrap(),

@@ -91,6 +91,21 @@ impl SimNode {
         SimNode { dir, hook }
     }
 
+    /// Changes the node in place as a live host changes (`simnode create --keep-state`):
+    /// `flags` are the whole node's flags after the change (`--gpus 4 --driver-version ...`);
+    /// nvhook's config, log, NVML cache and /dev/char links stay.
+    pub fn change(&self, flags: &[&str]) {
+        run_checked(
+            Command::new(simnode_bin())
+                .arg("create")
+                .arg(self.root())
+                .arg("--keep-state")
+                .arg("--hook-path")
+                .arg(&self.hook)
+                .args(flags),
+        );
+    }
+
     /// The nvhook binary this node's hook entries run.
     pub fn hook(&self) -> &Path {
         &self.hook
