@@ -106,12 +106,9 @@ fn assert_no_mounts_left(dir: &Path, node: &SimNode) {
 
 // ---- containerd + ctr ----
 
-#[test]
-fn containerd_ctr_run_gives_the_requested_gpu_through_nvhook_runtime() {
-    let _timer = Timer::start("containerd_ctr_run");
-    require_root();
-    let node = SimNode::create(GPUS);
-    let dir = EngineDir::new("ctrd");
+/// A private containerd configured by `nvhook configure`, serving `node`, with the glibc
+/// image imported; returns it and the image's name.
+fn containerd_for(node: &SimNode, dir: &EngineDir) -> (Containerd, String) {
     let config = dir.path().join("containerd.toml");
     fs::write(&config, containerd_config(dir.path())).expect("write containerd config");
     nvhook_configure("containerd", &config);
@@ -129,21 +126,36 @@ fn containerd_ctr_run_gives_the_requested_gpu_through_nvhook_runtime() {
 
     // The runc-v2 shim inherits containerd's environment and passes it to
     // the runtime binary: that is how nvhook-runtime finds the node's config.
-    let mut containerd = Containerd::start(dir.path(), &config, &[(NVHOOK_CONFIG, &node.config())]);
+    let containerd = Containerd::start(dir.path(), &config, &[(NVHOOK_CONFIG, &node.config())]);
     containerd.import(&tar);
     let listed = containerd.ctr_checked(&["image", "ls", "-q"]);
     assert!(
         listed.lines().any(|l| l == image),
         "{image} not in:\n{listed}"
     );
+    (containerd, image)
+}
 
-    let runtime = ["--runc-binary", runtime_path()];
-    let mut gpu_flags = runtime.to_vec();
-    gpu_flags.extend(["--env", "NVIDIA_VISIBLE_DEVICES=1"]);
-    let gpu = containerd.run(&gpu_flags, &image, &unique_name("gpu"), GPUCHECK);
+/// `ctr run` through nvhook-runtime with `env` added, running `args`.
+fn ctr_run(containerd: &Containerd, image: &str, env: &[&str], args: &[&str]) -> Output {
+    let mut flags = vec!["--runc-binary", runtime_path()];
+    for var in env {
+        flags.extend(["--env", var]);
+    }
+    containerd.run(&flags, image, &unique_name("ctr"), args)
+}
+
+#[test]
+fn containerd_ctr_run_gives_the_requested_gpu_through_nvhook_runtime() {
+    let _timer = Timer::start("containerd_ctr_run");
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("ctrd");
+    let (mut containerd, image) = containerd_for(&node, &dir);
+
+    let gpu = ctr_run(&containerd, &image, &["NVIDIA_VISIBLE_DEVICES=1"], GPUCHECK);
     assert_gpu_1_only(&gpu);
-
-    let plain = containerd.run(&runtime, &image, &unique_name("plain"), GPUCHECK_NO_GPU);
+    let plain = ctr_run(&containerd, &image, &[], GPUCHECK_NO_GPU);
     assert_no_gpu(&plain);
 
     assert!(
@@ -156,12 +168,9 @@ fn containerd_ctr_run_gives_the_requested_gpu_through_nvhook_runtime() {
 
 // ---- dockerd + docker ----
 
-#[test]
-fn docker_run_runtime_nvidia_gives_the_requested_gpu() {
-    let _timer = Timer::start("docker_run_runtime_nvidia");
-    require_root();
-    let node = SimNode::create(GPUS);
-    let dir = EngineDir::new("dockerd");
+/// A private dockerd whose daemon.json `nvhook configure` wrote, serving `node`, with the
+/// glibc image imported; returns it and the image's name.
+fn dockerd_for(node: &SimNode, dir: &EngineDir) -> (Dockerd, String) {
     // No daemon.json yet, as on most hosts: configure creates it.
     let daemon_json = dir.path().join("daemon.json");
     nvhook_configure("docker", &daemon_json);
@@ -173,7 +182,7 @@ fn docker_run_runtime_nvidia_gives_the_requested_gpu() {
         "daemon.json:\n{text}"
     );
 
-    let mut dockerd = Dockerd::start(dir.path(), &daemon_json, &[(NVHOOK_CONFIG, &node.config())]);
+    let dockerd = Dockerd::start(dir.path(), &daemon_json, &[(NVHOOK_CONFIG, &node.config())]);
     let runtimes = dockerd.docker_checked(&["info", "--format", "{{json .Runtimes}}"]);
     assert!(
         runtimes.contains("\"nvidia\""),
@@ -188,17 +197,35 @@ fn docker_run_runtime_nvidia_gives_the_requested_gpu() {
         imported.starts_with("sha256:"),
         "docker import said {imported}"
     );
+    (dockerd, image)
+}
 
-    let common = ["--rm", "--runtime=nvidia", "--network", "none"];
-    let mut gpu_args = common.to_vec();
-    gpu_args.extend(["-e", "NVIDIA_VISIBLE_DEVICES=1", &image]);
-    gpu_args.extend(GPUCHECK);
-    assert_gpu_1_only(&dockerd.run(&gpu_args));
+/// `docker run --runtime=nvidia` with `env` added, running `args`.
+fn docker_run(dockerd: &Dockerd, image: &str, env: &[&str], args: &[&str]) -> Output {
+    let mut all = vec!["--rm", "--runtime=nvidia", "--network", "none"];
+    for var in env {
+        all.extend(["-e", var]);
+    }
+    all.push(image);
+    all.extend(args);
+    dockerd.run(&all)
+}
 
-    let mut plain_args = common.to_vec();
-    plain_args.push(&image);
-    plain_args.extend(GPUCHECK_NO_GPU);
-    assert_no_gpu(&dockerd.run(&plain_args));
+#[test]
+fn docker_run_runtime_nvidia_gives_the_requested_gpu() {
+    let _timer = Timer::start("docker_run_runtime_nvidia");
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("dockerd");
+    let (mut dockerd, image) = dockerd_for(&node, &dir);
+
+    assert_gpu_1_only(&docker_run(
+        &dockerd,
+        &image,
+        &["NVIDIA_VISIBLE_DEVICES=1"],
+        GPUCHECK,
+    ));
+    assert_no_gpu(&docker_run(&dockerd, &image, &[], GPUCHECK_NO_GPU));
 
     assert!(
         dockerd.shutdown(),
@@ -206,6 +233,73 @@ fn docker_run_runtime_nvidia_gives_the_requested_gpu() {
         dockerd.log()
     );
     assert_no_mounts_left(dir.path(), &node);
+}
+
+// ---- two engines on one node ----
+
+/// containerd and dockerd start GPU containers at the same moment on the same node, whose
+/// NVML answer is not cached yet and takes a while: each container gets exactly its GPU,
+/// NVML is asked once for both, and nothing stays mounted.
+#[test]
+fn containerd_and_dockerd_start_gpu_containers_at_the_same_moment() {
+    let _timer = Timer::start("containerd_and_dockerd_together");
+    require_root();
+    let node = SimNode::create_with(GPUS, &["--nvml-init-delay-ms", "500"]);
+    let (ctr_dir, docker_dir) = (EngineDir::new("ctrd2"), EngineDir::new("dockerd2"));
+    let (mut containerd, ctr_image) = containerd_for(&node, &ctr_dir);
+    let (mut dockerd, docker_image) = dockerd_for(&node, &docker_dir);
+
+    let gpucheck = |gpu: u32| {
+        let node = format!("/dev/nvidia{gpu}");
+        let other = format!("/dev/nvidia{}", 3 - gpu);
+        ["/gpucheck", "--dev", &node, "--dev", &other].map(String::from)
+    };
+    let barrier = std::sync::Barrier::new(2);
+    let (by_ctr, by_docker) = std::thread::scope(|scope| {
+        let ctr = scope.spawn(|| {
+            let args = gpucheck(1);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            barrier.wait();
+            ctr_run(
+                &containerd,
+                &ctr_image,
+                &["NVIDIA_VISIBLE_DEVICES=1"],
+                &args,
+            )
+        });
+        let docker = scope.spawn(|| {
+            let args = gpucheck(2);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            barrier.wait();
+            docker_run(
+                &dockerd,
+                &docker_image,
+                &["NVIDIA_VISIBLE_DEVICES=2"],
+                &args,
+            )
+        });
+        (ctr.join().unwrap(), docker.join().unwrap())
+    });
+    for (output, gpu) in [(&by_ctr, 1), (&by_docker, 2)] {
+        output.assert_success();
+        output.assert_lines(&[
+            &format!("dev /dev/nvidia{gpu} ENXIO"),
+            &format!("dev /dev/nvidia{} absent", 3 - gpu),
+            "dlopen libcuda.so.1 ok",
+        ]);
+    }
+    let inits = fs::read_to_string(node.root().join("nvml-inits")).unwrap_or_default();
+    assert_eq!(
+        inits.lines().count(),
+        1,
+        "NVML asked more than once:\n{}",
+        node.log()
+    );
+
+    assert!(containerd.shutdown(), "{}", containerd.log());
+    assert!(dockerd.shutdown(), "{}", dockerd.log());
+    assert_no_mounts_left(ctr_dir.path(), &node);
+    assert_no_mounts_left(docker_dir.path(), &node);
 }
 
 // ---- durability across `runc update` ----

@@ -373,3 +373,173 @@ fn fault_read_only_rootfs_mount() {
     run_clean(&plain, Some(&node), RuntimeEnv::CgroupV1).assert_success();
     rootfs.assert_only_itself_mounted();
 }
+
+// ---- issue 20 §6: faults under load ----
+
+/// Processes whose command line names `needle` (a node's driver root): a helper left behind.
+fn processes_naming(needle: &std::path::Path) -> Vec<String> {
+    let needle = needle.to_string_lossy().into_owned();
+    fs::read_dir("/proc")
+        .expect("list /proc")
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&needle))
+        .collect()
+}
+
+/// Waits up to `limit` for no process to name the node's driver root.
+#[track_caller]
+fn assert_no_helper_left(node: &SimNode, limit: Duration) {
+    let started = Instant::now();
+    loop {
+        let left = processes_naming(&node.driver_root());
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "processes left behind: {left:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A hung NVML (nvmlInit never returns within any sensible time): the start gives up at
+/// `nvml-timeout-ms` with one line, the stuck helper is killed, not left behind, and a
+/// container that asks for no GPU never waits for NVML.
+#[test]
+fn fault_nvml_hangs() {
+    let node = SimNode::create_with(GPUS, &["--nvml-init-delay-ms", "3600000"]);
+    node.configure("nvml-timeout-ms = 300");
+    let started = Instant::now();
+    assert_fault(
+        &node,
+        gpu_bundle(),
+        "nvhook: NVML did not answer within 300 ms (nvml-timeout-ms): enable persistence mode (nvidia-smi -pm 1, or start nvidia-persistenced) or raise nvml-timeout-ms in the nvhook config",
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_no_helper_left(&node, Duration::from_secs(2));
+}
+
+/// The engine kills the hook at the hook entry's `timeout` while NVML hangs: the container
+/// never runs, nothing stays mounted, the NVML helper dies with the hook, and the next start
+/// is not held up by anything the killed one left (its query lock is the kernel's to free).
+#[test]
+fn fault_the_engine_kills_the_hook_at_its_timeout() {
+    let node = SimNode::create_with(GPUS, &["--nvml-init-delay-ms", "3600000"]);
+    // The hook would wait longer than the runtime lets it.
+    node.configure("nvml-timeout-ms = 25000");
+    let mut bundle = gpu_bundle();
+    bundle.raw_prestart_hook(json!({
+        "path": node.hook(),
+        "args": ["nvhook", "--config", node.config(), "hook", "prestart"],
+        "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+        "timeout": 1,
+    }));
+    let started = Instant::now();
+    let killed = run_clean(&bundle, Some(&node), RuntimeEnv::CgroupV1);
+    assert!(!killed.status.success(), "{killed}");
+    assert!(killed.stdout.is_empty(), "the container ran\n{killed}");
+    assert!(
+        killed.stderr.contains("timeout"),
+        "runc's message: {killed}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_no_helper_left(&node, Duration::from_secs(2));
+
+    // NVML answers again (the same node, its hang over): the next start gets its GPU at
+    // once, the lock of the killed start long gone.
+    node.change(&["--gpus", &GPUS.to_string()]);
+    let mut next = gpu_bundle();
+    next.prestart_hook(&node);
+    let started = Instant::now();
+    let output = run_clean(&next, Some(&node), RuntimeEnv::CgroupV1);
+    output.assert_success();
+    output.assert_lines(&["dev /dev/nvidia0 ENXIO"]);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+/// NVML's cached answer on a filesystem with no space left (a full /run): every start still
+/// gets its GPU (the cache is best effort), asking NVML itself, and no half-written file is
+/// left in the cache's directory.
+#[test]
+fn fault_the_cache_directory_is_on_a_full_filesystem() {
+    let node = SimNode::create(GPUS);
+    let run = HostMount::new();
+    run.mount(&["-t", "tmpfs", "-o", "size=64k,mode=700", "tmpfs"]);
+    let filler = run.path().join("filler");
+    let mut file = fs::File::create(&filler).expect("create filler");
+    let block = [0u8; 4096];
+    while file.write_all(&block).is_ok() {}
+    drop(file);
+    let config = fs::read_to_string(node.config()).expect("read the node's config");
+    let moved: Vec<String> = config
+        .lines()
+        .map(|l| match l.starts_with("nvml-cache-file") {
+            true => format!(
+                "nvml-cache-file = {:?}",
+                run.path()
+                    .join("nvhook/nvml-inventory.json")
+                    .display()
+                    .to_string()
+            ),
+            false => l.to_owned(),
+        })
+        .collect();
+    fs::write(node.config(), moved.join("\n") + "\n").expect("write the node's config");
+    for gpu in ["0", "1"] {
+        let mut bundle = Bundle::new(
+            glibc_image(),
+            &["/gpucheck", "--dev", &format!("/dev/nvidia{gpu}")],
+        );
+        bundle.env(&format!("NVIDIA_VISIBLE_DEVICES={gpu}"));
+        bundle.prestart_hook(&node);
+        let output = run_clean(&bundle, Some(&node), RuntimeEnv::CgroupV1);
+        output.assert_success();
+        output.assert_lines(&[&format!("dev /dev/nvidia{gpu} ENXIO")]);
+    }
+    let inits = fs::read_to_string(node.root().join("nvml-inits")).unwrap_or_default();
+    assert_eq!(inits.lines().count(), 2, "each start asked NVML itself");
+    let mut left: Vec<String> = walk_names(&run.path());
+    left.sort();
+    let allowed = ["filler", "nvhook", "nvhook/nvml-inventory.json.lock"];
+    assert!(
+        left.iter().all(|n| allowed.contains(&n.as_str())),
+        "files left in the full filesystem: {left:?}"
+    );
+}
+
+/// Every path under `dir`, relative to it.
+fn walk_names(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for entry in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            out.push(path.strip_prefix(dir).unwrap().display().to_string());
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                pending.push(path);
+            }
+        }
+    }
+    out
+}

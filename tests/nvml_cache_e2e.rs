@@ -120,3 +120,56 @@ fn a_kept_answer_that_misses_a_gpu_is_replaced_not_obeyed() {
         serde_json::from_str(&std::fs::read_to_string(&path).expect("read cache")).expect("JSON");
     assert_eq!(stored["system"]["gpus"].as_array().map(Vec::len), Some(4));
 }
+
+/// The cached answer damaged between two starts: garbage, cut short, or replaced by a link
+/// (to a copy of a good answer elsewhere, which a start must not follow). Each start still
+/// gets exactly its GPU, from NVML asked again, and leaves a good private file in its place;
+/// the link's target is never written.
+#[test]
+fn a_corrupt_truncated_or_linked_cache_is_asked_again_and_replaced() {
+    let node = SimNode::create(GPUS);
+    start_with_gpu(&node, "0");
+    let path = cache_file(&node);
+    let good = std::fs::read(&path).expect("read cache");
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let target = elsewhere.path().join("copy.json");
+    std::fs::write(&target, &good).expect("write copy");
+
+    type Damage = fn(&std::path::Path, &[u8], &std::path::Path);
+    let damages: [(&str, Damage); 3] = [
+        ("garbage", |p, _, _| {
+            std::fs::write(p, b"\x00\xffnot json{").unwrap()
+        }),
+        ("truncated", |p, good, _| {
+            std::fs::write(p, &good[..good.len() / 2]).unwrap()
+        }),
+        ("a link", |p, _, target| {
+            std::fs::remove_file(p).unwrap();
+            std::os::unix::fs::symlink(target, p).unwrap();
+        }),
+    ];
+    for (i, (what, damage)) in damages.iter().enumerate() {
+        damage(&path, &good, &target);
+        let inits = nvml_inits(&node);
+        let gpu = (i as u32 + 1) % GPUS;
+        start_with_gpu(&node, &gpu.to_string()).assert_gpus(GPUS, &[gpu]);
+        assert_eq!(
+            nvml_inits(&node),
+            inits + 1,
+            "{what}: NVML was not asked again"
+        );
+        let meta = std::fs::symlink_metadata(&path).expect("the cache is there again");
+        assert!(meta.is_file(), "{what}: {meta:?}");
+        let stored: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).expect("a whole answer");
+        assert_eq!(
+            stored["system"]["gpus"].as_array().map(Vec::len),
+            Some(GPUS as usize)
+        );
+    }
+    assert_eq!(
+        std::fs::read(&target).unwrap(),
+        good,
+        "the link's target was written"
+    );
+}

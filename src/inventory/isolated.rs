@@ -17,6 +17,7 @@ use super::{Inventory, InventoryError, nvml_library};
 use crate::config::Config;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -99,19 +100,30 @@ fn query_in_child(
     let helper = std::env::current_exe()
         .map_err(|e| child_err(format!("cannot find nvhook's own path: {e}")))?
         .with_file_name(HELPER);
-    let mut child = Command::new(&helper)
+    let mut command = Command::new(&helper);
+    command
         .arg(&library)
         .env_clear()
         .current_dir("/")
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            child_err(format!(
-                "cannot run {}: {e} (it is installed beside nvhook; reinstall nvhook)",
-                helper.display()
-            ))
-        })?;
+        .stdout(Stdio::piped());
+    // An engine that kills the hook at its timeout kills only the hook: without this, a
+    // helper stuck in a hung NVML would outlive every start that gave up on it.
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().map_err(|e| {
+        child_err(format!(
+            "cannot run {}: {e} (it is installed beside nvhook; reinstall nvhook)",
+            helper.display()
+        ))
+    })?;
     let pipe = child.stdout.take().expect("the helper's stdout is a pipe");
     let result = read_reply(OwnedFd::from(pipe).into(), deadline, config.nvml_timeout());
     if result.is_err() {
