@@ -302,6 +302,88 @@ fn containerd_and_dockerd_start_gpu_containers_at_the_same_moment() {
     assert_no_mounts_left(docker_dir.path(), &node);
 }
 
+// ---- a long run of starts ----
+
+/// How many starts in a row: `NVHOOK_SEQUENTIAL_STARTS`, 1,000 unless set.
+fn sequential_starts() -> u32 {
+    std::env::var("NVHOOK_SEQUENTIAL_STARTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+}
+
+/// What must not grow over a long run of starts.
+#[derive(Debug, PartialEq)]
+struct Footprint {
+    host_mounts: usize,
+    engine_fds: usize,
+    /// Bytes of nvhook's own files on the node (its NVML cache directory).
+    nvhook_state_bytes: u64,
+}
+
+fn footprint(containerd: &Containerd, node: &SimNode) -> Footprint {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
+    Footprint {
+        host_mounts: mounts.lines().count(),
+        engine_fds: containerd.open_fds(),
+        nvhook_state_bytes: bytes_under(&node.root().join("run")),
+    }
+}
+
+fn bytes_under(dir: &Path) -> u64 {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => bytes_under(&e.path()),
+            _ => e.metadata().map_or(0, |m| m.len()),
+        })
+        .sum()
+}
+
+/// 1,000 GPU containers one after the other through containerd and nvhook-runtime: each gets
+/// its GPU, and the host's mount table, containerd's open files and nvhook's state on the
+/// node are the same size at the end as after the first few.
+#[test]
+fn a_thousand_sequential_starts_grow_nothing() {
+    let _timer = Timer::start("a_thousand_sequential_starts");
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("ctrd-seq");
+    let (mut containerd, image) = containerd_for(&node, &dir);
+    let start = |i: u32| {
+        let gpu = i % GPUS;
+        let visible = format!("NVIDIA_VISIBLE_DEVICES={gpu}");
+        let dev = format!("/dev/nvidia{gpu}");
+        let out = ctr_run(
+            &containerd,
+            &image,
+            &[&visible],
+            &["/gpucheck", "--dev", &dev],
+        );
+        out.assert_success();
+        out.assert_lines(&[&format!("dev {dev} ENXIO")]);
+    };
+    // The first starts fill what is filled once: NVML's cache, containerd's caches.
+    const WARM_UP: u32 = 10;
+    (0..WARM_UP).for_each(start);
+    let before = footprint(&containerd, &node);
+    let total = sequential_starts();
+    let started = Instant::now();
+    (WARM_UP..total).for_each(start);
+    let after = footprint(&containerd, &node);
+    eprintln!(
+        "{} sequential GPU starts through containerd: {:.1} s ({:.0} ms each); before {before:?}, after {after:?}",
+        total - WARM_UP,
+        started.elapsed().as_secs_f64(),
+        started.elapsed().as_secs_f64() * 1000.0 / f64::from(total - WARM_UP)
+    );
+    assert_eq!(after, before, "something grew over {total} starts");
+    assert!(containerd.shutdown(), "{}", containerd.log());
+    assert_no_mounts_left(dir.path(), &node);
+}
+
 // ---- durability across `runc update` ----
 
 /// A glibc-image bundle that sleeps (a static busybox copied into it), so

@@ -176,6 +176,11 @@ impl Daemon {
         }
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn log(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -518,6 +523,14 @@ impl Containerd {
     /// shared /run/containerd/s: containerd 1.6 hard-codes that directory.
     pub fn runc_root(&self) -> &Path {
         &self.runc_root
+    }
+
+    /// How many files containerd has open now.
+    pub fn open_fds(&self) -> usize {
+        let pid = self.daemon.pid().expect("containerd runs");
+        fs::read_dir(format!("/proc/{pid}/fd"))
+            .expect("list containerd's fds")
+            .count()
     }
 
     /// `ctr --address SOCK --namespace NS ARGS...`, with a timeout.

@@ -20,6 +20,11 @@ impl Snapshot {
         Snapshot(map)
     }
 
+    /// Keeps only the paths `keep` says yes to.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.0.retain(|path, _| keep(path));
+    }
+
     /// What changed, one line per path.
     pub fn diff(&self, after: &Snapshot) -> Vec<String> {
         let mut keys: Vec<&String> = self.0.keys().chain(after.0.keys()).collect();
