@@ -33,7 +33,28 @@ pub struct GlibcImageOptions {
     /// Ship the image's own libcuda.so.1 (cuInit returns 999), listed in the
     /// image's loader cache, to prove nvhook's injected driver library wins.
     pub fake_libcuda: bool,
+    /// Ship an older driver's libcuda (`libcuda.so.470.256.02`, cuInit 999) with its
+    /// SONAME link, on the loader path and in the cache, as images built on one do.
+    pub old_driver_libcuda: bool,
+    /// RHEL's layout: the loader and libraries in /usr/lib64, no /etc/debian_version.
+    pub rhel: bool,
+    pub ldcache: LoaderCache,
 }
+
+/// The image's /etc/ld.so.cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoaderCache {
+    /// What the host's ldconfig writes by default.
+    #[default]
+    HostDefault,
+    /// Only glibc 2.32's new format (`ldconfig -c new`), no old-format part.
+    NewFormatOnly,
+    /// None at all, and no ldconfig: a distroless image.
+    Absent,
+}
+
+/// Where the old driver's libcuda of [`GlibcImageOptions::old_driver_libcuda`] says it is from.
+pub const OLD_DRIVER_VERSION: &str = "470.256.02";
 
 const MULTIARCH: &str = "usr/lib/x86_64-linux-gnu";
 
@@ -58,27 +79,44 @@ pub fn build_glibc_image(dir: &Path, options: GlibcImageOptions) -> Image {
     }
     let gpucheck = rootfs.join("gpucheck");
     compile(&[source("gpucheck.c")], &gpucheck, &[]);
+    let lib_dir = if options.rhel { "usr/lib64" } else { MULTIARCH };
     for library in shared_dependencies(&gpucheck) {
-        copy_host_library(&rootfs, &library);
+        match options.rhel {
+            true => copy_host_library_into(&rootfs.join(lib_dir), &library),
+            false => copy_host_library(&rootfs, &library),
+        }
     }
-    if options.fake_libcuda {
-        let fake = rootfs.join(MULTIARCH).join("libcuda.so.1");
+    let fake_libcuda = |name: &str| {
         compile(
             &[source("support/fake_libcuda.c")],
-            &fake,
+            &rootfs.join(lib_dir).join(name),
             &["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1"],
         );
+    };
+    if options.fake_libcuda {
+        fake_libcuda("libcuda.so.1");
     }
-    // nvhook picks the library directory from this file (Debian family).
-    fs::copy("/etc/debian_version", rootfs.join("etc/debian_version"))
-        .expect("copy /etc/debian_version");
-    fs::write(rootfs.join("etc/ld.so.conf"), format!("/{MULTIARCH}\n")).expect("write ld.so.conf");
+    if options.old_driver_libcuda {
+        let versioned = format!("libcuda.so.{OLD_DRIVER_VERSION}");
+        fake_libcuda(&versioned);
+        symlink(&versioned, rootfs.join(lib_dir).join("libcuda.so.1")).expect("SONAME link");
+    }
+    if !options.rhel {
+        // nvhook picks the library directory from this file (Debian family).
+        fs::copy("/etc/debian_version", rootfs.join("etc/debian_version"))
+            .expect("copy /etc/debian_version");
+    }
+    fs::write(rootfs.join("etc/ld.so.conf"), format!("/{lib_dir}\n")).expect("write ld.so.conf");
     // The host's ldconfig writes the image's cache, so its format is genuine.
-    run_checked(
-        Command::new(require_program("ldconfig"))
-            .arg("-r")
-            .arg(&rootfs),
-    );
+    let mut ldconfig = Command::new(require_program("ldconfig"));
+    match options.ldcache {
+        LoaderCache::HostDefault => {}
+        LoaderCache::NewFormatOnly => {
+            ldconfig.args(["-c", "new"]);
+        }
+        LoaderCache::Absent => return Image { rootfs },
+    }
+    run_checked(ldconfig.arg("-r").arg(&rootfs));
     Image { rootfs }
 }
 
@@ -108,7 +146,10 @@ pub fn glibc_image_with_fake_libcuda() -> &'static Image {
     IMAGE.get_or_init(|| {
         build_glibc_image(
             &image_dir("glibc-fake-libcuda"),
-            GlibcImageOptions { fake_libcuda: true },
+            GlibcImageOptions {
+                fake_libcuda: true,
+                ..GlibcImageOptions::default()
+            },
         )
     })
 }
@@ -214,6 +255,40 @@ fn copy_host_library(rootfs: &Path, host_path: &Path) {
         });
         symlink(target, &wanted).expect("recreate library symlink");
     }
+}
+
+/// Copies the real file behind `host_path` into `dir` under its own name (the name the
+/// binary asks for): a library directory laid out unlike the host's.
+fn copy_host_library_into(dir: &Path, host_path: &Path) {
+    let real = fs::canonicalize(host_path).expect("canonicalize host library");
+    let name = host_path.file_name().expect("library file name");
+    fs::copy(&real, dir.join(name))
+        .unwrap_or_else(|err| panic!("copy {} into image: {err}", real.display()));
+}
+
+/// An Alpine-like image: musl's loader (`/lib/ld-musl-x86_64.so.1`, which is its libc too),
+/// `/gpucheck` built with musl-gcc, `/etc/alpine-release`, no glibc and no ld.so.cache.
+pub fn build_musl_image(dir: &Path) -> Image {
+    let rootfs = dir.join("rootfs");
+    make_dirs(
+        &rootfs,
+        &[
+            "lib", "usr/lib", "usr/bin", "etc", "proc", "dev", "sys", "tmp",
+        ],
+    );
+    let gpucheck = rootfs.join("gpucheck");
+    run_checked(
+        Command::new(require_program("musl-gcc"))
+            .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(&gpucheck)
+            .arg(source("gpucheck.c")),
+    );
+    let loader = "/lib/ld-musl-x86_64.so.1";
+    let real = fs::canonicalize(loader)
+        .unwrap_or_else(|e| panic!("{loader}: {e} (install Debian's musl-tools)"));
+    fs::copy(real, in_root(&rootfs, Path::new(loader))).expect("copy musl's loader");
+    fs::write(rootfs.join("etc/alpine-release"), "3.20.0\n").expect("write alpine-release");
+    Image { rootfs }
 }
 
 fn in_root(rootfs: &Path, absolute: &Path) -> PathBuf {

@@ -1,0 +1,169 @@
+//! Every kind of image (issue 17 §4), end to end with real runc and the prestart hook on a
+//! simulated node: distroless (no shell, no loader cache, no ldconfig), a read-only rootfs,
+//! RHEL's /usr/lib64 layout, an image with an older driver's libcuda on its loader path,
+//! an Alpine/musl image, and an image whose loader cache is in glibc's new format only. In
+//! each, a real program (`/gpucheck`, built for the image's libc) dlopens `libcuda.so.1` by
+//! name with no LD_LIBRARY_PATH and calls cuInit: 0 is the host driver's answer, 999 the
+//! answer of any libcuda the image brought itself.
+//! Run as root after `cargo build --workspace`: `cargo test --test images_e2e`.
+
+use std::fs;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use nvhook_test_support::{
+    Bundle, GlibcImageOptions, Image, LoaderCache, OLD_DRIVER_VERSION, Output, RuntimeEnv, SimNode,
+    build_glibc_image, build_musl_image, glibc_image, run_clean, target_tmp_dir,
+};
+
+const GPUS: u32 = 2;
+
+/// An image built once per test binary, in a directory of its own.
+fn image(name: &str, build: impl FnOnce(&Path) -> Image) -> Image {
+    let dir = target_tmp_dir().join(format!("images-e2e-{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).expect("create image dir");
+    build(&dir)
+}
+
+fn glibc(name: &str, options: GlibcImageOptions) -> Image {
+    image(name, |dir| build_glibc_image(dir, options))
+}
+
+/// GPU 1 asked for; the checks `extra` after gpucheck's own.
+fn start(image: &Image, extra: &[&str], edit: impl FnOnce(&mut Bundle)) -> (SimNode, Output) {
+    let node = SimNode::create(GPUS);
+    let mut args = vec![
+        "/gpucheck",
+        "--dev",
+        "/dev/nvidia1",
+        "--dev",
+        "/dev/nvidia0",
+    ];
+    args.extend(extra);
+    let mut bundle = Bundle::new(image, &args);
+    bundle.env("NVIDIA_VISIBLE_DEVICES=1");
+    edit(&mut bundle);
+    bundle.prestart_hook(&node);
+    let output = run_clean(&bundle, Some(&node), RuntimeEnv::CgroupV1);
+    (node, output)
+}
+
+/// GPU 1 usable, GPU 0 absent, and the host's libcuda loaded by name.
+#[track_caller]
+fn assert_host_driver(output: &Output) {
+    output.assert_success();
+    output.assert_lines(&[
+        "dev /dev/nvidia1 ENXIO",
+        "dev /dev/nvidia0 absent",
+        "dlopen libcuda.so.1 ok",
+        "cuInit 0",
+    ]);
+}
+
+#[test]
+fn a_distroless_image_with_no_shell_no_loader_cache_and_no_ldconfig() {
+    let image = glibc(
+        "distroless",
+        GlibcImageOptions {
+            ldcache: LoaderCache::Absent,
+            ..GlibcImageOptions::default()
+        },
+    );
+    let root = image.rootfs();
+    for absent in ["etc/ld.so.cache", "sbin/ldconfig", "bin/sh", "usr/bin/sh"] {
+        assert!(!root.join(absent).exists(), "the image has {absent}");
+    }
+    let (_node, output) = start(&image, &["--ls", "/etc"], |_| {});
+    assert_host_driver(&output);
+}
+
+#[test]
+fn a_read_only_rootfs() {
+    let (_node, output) = start(glibc_image(), &["--write", "/etc/ld.so.cache"], |b| {
+        b.readonly_root();
+    });
+    assert_host_driver(&output);
+    // runc made the rootfs read-only after the hooks: the image stays read-only to the
+    // container, nvhook's changes included.
+    output.assert_lines(&["write /etc/ld.so.cache EROFS"]);
+}
+
+#[test]
+fn a_rhel_image_with_usr_lib64() {
+    let image = glibc(
+        "rhel",
+        GlibcImageOptions {
+            rhel: true,
+            ..GlibcImageOptions::default()
+        },
+    );
+    assert!(!image.rootfs().join("etc/debian_version").exists());
+    let (_node, output) = start(&image, &["--stat", "/usr/lib64/libcuda.so.1"], |_| {});
+    assert_host_driver(&output);
+    output.assert_lines(&["stat /usr/lib64/libcuda.so.1 file 0:0"]);
+}
+
+#[test]
+fn an_older_drivers_libcuda_on_the_images_loader_path_loses_to_the_hosts() {
+    let image = glibc(
+        "old-driver",
+        GlibcImageOptions {
+            old_driver_libcuda: true,
+            ..GlibcImageOptions::default()
+        },
+    );
+    let lib_dir = "/usr/lib/x86_64-linux-gnu";
+    let (node, output) = start(&image, &["--ls", lib_dir], |_| {});
+    assert_host_driver(&output);
+    // Both are there; the name the loader resolves leads to the host's.
+    output.assert_lines(&[
+        &format!("ls {lib_dir} libcuda.so.{OLD_DRIVER_VERSION}"),
+        &format!("ls {lib_dir} libcuda.so.{}", node.driver_version()),
+    ]);
+}
+
+/// Alpine/musl: nvhook gives the device nodes and the driver's files, in `/usr/lib`, which
+/// is on musl's default search path, and writes no loader configuration (musl reads no
+/// ld.so.cache). The driver's libraries are glibc's: a program that needs glibc symbols they
+/// lack needs the image's gcompat; these libraries load under musl as they are.
+#[test]
+fn an_alpine_musl_image_gets_the_driver_in_usr_lib() {
+    let image = image("musl", build_musl_image);
+    let (_node, output) = start(
+        &image,
+        &[
+            "--stat",
+            "/usr/lib/libcuda.so.1",
+            "--stat",
+            "/etc/ld.so.cache",
+        ],
+        |_| {},
+    );
+    assert_host_driver(&output);
+    output.assert_lines(&[
+        "stat /usr/lib/libcuda.so.1 file 0:0",
+        "stat /etc/ld.so.cache absent",
+    ]);
+}
+
+#[test]
+fn an_image_whose_loader_cache_is_in_the_new_format_only() {
+    static IMAGE: OnceLock<Image> = OnceLock::new();
+    let image = IMAGE.get_or_init(|| {
+        glibc(
+            "new-cache",
+            GlibcImageOptions {
+                ldcache: LoaderCache::NewFormatOnly,
+                ..GlibcImageOptions::default()
+            },
+        )
+    });
+    let cache = fs::read(image.rootfs().join("etc/ld.so.cache")).expect("read the cache");
+    assert!(
+        cache.starts_with(b"glibc-ld.so.cache1.1"),
+        "not a new-format-only cache"
+    );
+    let (_node, output) = start(image, &[], |_| {});
+    assert_host_driver(&output);
+}
