@@ -6,9 +6,11 @@
 #                                        # rootfs with gpucheck (the e2e tests' probe)
 #   DIR/gpu-node-check.sh run OUT        # there, as root: results and logs go to OUT
 #
-# `run` asks for GPU 0 with every capability through each path nvhook offers (runc + the
-# prestart hook, nvhook-runtime, nvhook-runtime in runtime-mode = "cdi"); the container dlopens
-# libcuda.so.1, calls cuInit, probes the device nodes and runs the mounted nvidia-smi. Then it
+# `run` lists the driver's device nodes (GPUs, caps, IMEX channels, NVSwitch, NVLink) and asks
+# for GPU 0 with every capability through each path nvhook offers (runc + the prestart hook,
+# nvhook-runtime, nvhook-runtime in runtime-mode = "cdi"); the container dlopens libcuda.so.1,
+# calls cuInit, launches a real kernel through the driver API (PTX JIT-compiled, launched, the
+# result copied back and checked), probes the device nodes and runs the mounted nvidia-smi. Then it
 # times whole starts (`runc run` of /bin/true) for plain runc and both hook paths, alternating,
 # with NVML's answer cached (the default) and queried on every start.
 set -euo pipefail
@@ -80,11 +82,14 @@ run() {
   export LD_LIBRARY_PATH=$KIT/bin
   local runc="$KIT/bin/runc --root /run/nvhook-check" probe env all
   nvidia-smi -L || true
+  echo "== the driver's device nodes"
+  grep -E 'nvidia|nvswitch|nvlink' /proc/devices || true
+  ls -l /dev/nvidia* /dev/nvidia-caps /dev/nvidia-caps-imex-channels 2>/dev/null || true
   config kept ""
   config every 'nvml-cache-file = ""'
   config cdi 'runtime-mode = "cdi"'
   "$KIT/bin/nvhook" --config "$KIT/kept.toml" info > "$OUT/info.txt"
-  probe='["/gpucheck","--dev","/dev/nvidia0","--dev","/dev/nvidia1","--dev","/dev/nvidiactl","--exec","/usr/bin/nvidia-smi"]'
+  probe='["/gpucheck","--kernel","1048576","--dev","/dev/nvidia0","--dev","/dev/nvidia1","--dev","/dev/nvidiactl","--exec","/usr/bin/nvidia-smi"]'
   all='["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_DRIVER_CAPABILITIES=all"]'
   echo "== runc + prestart hook"
   bundle probe-hook "$probe" "$all" "$KIT/kept.toml"

@@ -5,7 +5,7 @@
  * ld.so.cache, which is exactly the path nvhook's library injection must serve.
  *
  * Usage: gpucheck [--dev PATH] [--stat PATH] [--write PATH] [--exec PATH]
- *                 [--ls DIR] ...
+ *                 [--ls DIR] [--kernel COUNT] ...
  * The dlopen check always runs first; the other checks run in argument order.
  */
 #define _GNU_SOURCE
@@ -153,6 +153,129 @@ static void check_ls(const char *dir)
     free(entries);
 }
 
+/* A kernel in PTX, JIT-compiled by the driver for whatever GPU it has: out[i] = 3 * i + 1. */
+static const char FILL_PTX[] =
+    ".version 6.0\n"
+    ".target sm_50\n"
+    ".address_size 64\n"
+    ".visible .entry fill(.param .u64 out, .param .u32 n)\n"
+    "{\n"
+    "  .reg .pred %p;\n"
+    "  .reg .b32 %r<7>;\n"
+    "  .reg .b64 %rd<4>;\n"
+    "  ld.param.u64 %rd1, [out];\n"
+    "  ld.param.u32 %r1, [n];\n"
+    "  mov.u32 %r2, %ctaid.x;\n"
+    "  mov.u32 %r3, %ntid.x;\n"
+    "  mov.u32 %r4, %tid.x;\n"
+    "  mad.lo.s32 %r5, %r2, %r3, %r4;\n"
+    "  setp.ge.u32 %p, %r5, %r1;\n"
+    "  @%p bra DONE;\n"
+    "  cvta.to.global.u64 %rd2, %rd1;\n"
+    "  mul.wide.u32 %rd3, %r5, 4;\n"
+    "  add.s64 %rd2, %rd2, %rd3;\n"
+    "  mul.lo.s32 %r6, %r5, 3;\n"
+    "  add.s32 %r6, %r6, 1;\n"
+    "  st.global.u32 [%rd2], %r6;\n"
+    "DONE:\n"
+    "  ret;\n"
+    "}\n";
+
+/* The driver API entry points the kernel check needs, by the names libcuda exports. */
+struct cuda_api {
+    int (*init)(unsigned int);
+    int (*device_get)(int *, int);
+    int (*ctx_create)(void **, unsigned int, int);
+    int (*module_load_data)(void **, const void *);
+    int (*module_get_function)(void **, void *, const char *);
+    int (*mem_alloc)(unsigned long long *, size_t);
+    int (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                  void *, void **, void **);
+    int (*ctx_synchronize)(void);
+    int (*memcpy_dtoh)(void *, unsigned long long, size_t);
+    int (*mem_free)(unsigned long long);
+    int (*ctx_destroy)(void *);
+};
+
+/* Looks up every entry point; names the first one missing. */
+static const char *load_cuda_api(void *lib, struct cuda_api *api)
+{
+    struct {
+        const char *name;
+        void **slot;
+    } table[] = {
+        {"cuInit", (void **)&api->init},
+        {"cuDeviceGet", (void **)&api->device_get},
+        {"cuCtxCreate_v2", (void **)&api->ctx_create},
+        {"cuModuleLoadData", (void **)&api->module_load_data},
+        {"cuModuleGetFunction", (void **)&api->module_get_function},
+        {"cuMemAlloc_v2", (void **)&api->mem_alloc},
+        {"cuLaunchKernel", (void **)&api->launch},
+        {"cuCtxSynchronize", (void **)&api->ctx_synchronize},
+        {"cuMemcpyDtoH_v2", (void **)&api->memcpy_dtoh},
+        {"cuMemFree_v2", (void **)&api->mem_free},
+        {"cuCtxDestroy_v2", (void **)&api->ctx_destroy},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        *table[i].slot = dlsym(lib, table[i].name);
+        if (*table[i].slot == NULL) {
+            return table[i].name;
+        }
+    }
+    return NULL;
+}
+
+/* Loads the PTX, launches it over COUNT values on GPU 0, copies the result back and checks
+ * every value: one line, "kernel ok COUNT" or where it stopped. */
+static void check_kernel(const char *count_text)
+{
+    unsigned n = (unsigned)strtoul(count_text, NULL, 10);
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    struct cuda_api api;
+    const char *missing = lib ? load_cuda_api(lib, &api) : "libcuda.so.1";
+    if (n == 0 || missing != NULL) {
+        printf("kernel unsupported %s\n", n == 0 ? "count" : missing);
+        return;
+    }
+    int device, rc;
+    void *ctx, *module, *function;
+    unsigned long long out;
+#define STEP(call, what)                                                                   \
+    if ((rc = (call)) != 0) {                                                              \
+        printf("kernel fail %s %d\n", what, rc);                                           \
+        return;                                                                            \
+    }
+    STEP(api.init(0), "cuInit");
+    STEP(api.device_get(&device, 0), "cuDeviceGet");
+    STEP(api.ctx_create(&ctx, 0, device), "cuCtxCreate");
+    STEP(api.module_load_data(&module, FILL_PTX), "cuModuleLoadData");
+    STEP(api.module_get_function(&function, module, "fill"), "cuModuleGetFunction");
+    STEP(api.mem_alloc(&out, (size_t)n * 4), "cuMemAlloc");
+    void *params[] = {&out, &n};
+    STEP(api.launch(function, (n + 255) / 256, 1, 1, 256, 1, 1, 0, NULL, params, NULL),
+         "cuLaunchKernel");
+    STEP(api.ctx_synchronize(), "cuCtxSynchronize");
+    unsigned *host = malloc((size_t)n * 4);
+    if (host == NULL) {
+        printf("kernel fail malloc\n");
+        return;
+    }
+    STEP(api.memcpy_dtoh(host, out, (size_t)n * 4), "cuMemcpyDtoH");
+#undef STEP
+    unsigned wrong = 0;
+    for (unsigned i = 0; i < n; i++) {
+        wrong += host[i] != 3 * i + 1;
+    }
+    free(host);
+    api.mem_free(out);
+    api.ctx_destroy(ctx);
+    if (wrong == 0) {
+        printf("kernel ok %u\n", n);
+    } else {
+        printf("kernel wrong %u of %u\n", wrong, n);
+    }
+}
+
 struct check {
     const char *flag;
     void (*run)(const char *arg);
@@ -160,7 +283,7 @@ struct check {
 
 static const struct check checks[] = {
     {"--dev", check_dev},     {"--stat", check_stat}, {"--write", check_write},
-    {"--exec", check_exec},   {"--ls", check_ls},
+    {"--exec", check_exec},   {"--ls", check_ls},     {"--kernel", check_kernel},
 };
 
 static const struct check *find_check(const char *flag)

@@ -294,6 +294,18 @@ fn visible_devices_by_uuid_gives_that_gpu() {
     output.assert_gpus(GPUS, &[2]);
 }
 
+/// The kernel probe that scripts/gpu-node-check.sh runs on a real GPU, run in a container on
+/// the simulated node: it finds the injected driver and names the first driver API entry point
+/// the simulated libcuda (cuInit only) lacks, in one line, instead of crashing.
+#[test]
+fn the_kernel_probe_names_what_the_simulated_driver_lacks() {
+    let node = SimNode::create(GPUS);
+    let mut bundle = gpucheck_bundle(glibc_image(), &["--kernel", "64"]);
+    bundle.env("NVIDIA_VISIBLE_DEVICES=0");
+    let output = run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV1);
+    output.assert_lines(&["dlopen libcuda.so.1 ok", "kernel unsupported cuDeviceGet"]);
+}
+
 #[test]
 fn injected_libcuda_wins_over_the_image_own_copy() {
     let node = SimNode::create(GPUS);
