@@ -24,12 +24,23 @@ const CONFIG: &str = "/etc/nvhook/config.toml";
 const DOCKER_CONFIG: &str = "/etc/docker/daemon.json";
 
 /// What both packages install, documentation aside.
-const PROGRAM_FILES: [&str; 5] = [
+const PROGRAM_FILES: [&str; 9] = [
     "/usr/bin/nvhook",
     "/usr/bin/nvhook-runtime",
     "/usr/bin/nvhook-nvml",
     CONFIG,
     "/usr/share/containers/oci/hooks.d/oci-nvhook-hook.json",
+    "/usr/lib/systemd/system/nvhook-cdi-refresh.service",
+    "/usr/lib/systemd/system/nvhook-cdi-refresh.path",
+    "/usr/lib/systemd/system/nvhook-dev-char-links.service",
+    "/usr/lib/udev/rules.d/71-nvhook-dev-char.rules",
+];
+
+/// The links `systemctl enable` makes for the units a first install enables.
+const ENABLED_UNITS: [&str; 3] = [
+    "/etc/systemd/system/multi-user.target.wants/nvhook-cdi-refresh.path",
+    "/etc/systemd/system/multi-user.target.wants/nvhook-cdi-refresh.service",
+    "/etc/systemd/system/multi-user.target.wants/nvhook-dev-char-links.service",
 ];
 
 /// `<target>/packages/NAME`, where build-packages.sh writes for the same
@@ -255,6 +266,15 @@ fn deb_installs_upgrades_keeping_the_config_removes_and_purges_only_its_own_file
             "{file} not installed: {installed:#?}"
         );
     }
+    // The first install enabled the units, with the real systemctl, in the scratch root.
+    for link in ENABLED_UNITS {
+        let unit = Path::new(link).file_name().unwrap();
+        assert_eq!(
+            fs::read_link(root.path(link)).unwrap_or_else(|e| panic!("{link}: {e}")),
+            Path::new("/usr/lib/systemd/system").join(unit)
+        );
+    }
+    assert_units_run_nvhook(&root);
     assert!(
         !root.path("/etc/docker").exists() && !root.path("/etc/containerd").exists(),
         "installing wrote an engine config"
@@ -333,6 +353,51 @@ fn deb_installs_upgrades_keeping_the_config_removes_and_purges_only_its_own_file
     );
 }
 
+/// What the installed units and udev rule run, and when: the commands nvhook has.
+fn assert_units_run_nvhook(root: &ScratchRoot) {
+    let read = |path: &str| fs::read_to_string(root.path(path)).unwrap();
+    let refresh = read("/usr/lib/systemd/system/nvhook-cdi-refresh.service");
+    assert!(
+        refresh.contains("\nExecStart=/usr/bin/nvhook cdi refresh\n"),
+        "{refresh}"
+    );
+    assert!(
+        refresh.contains("After=systemd-modules-load.service"),
+        "{refresh}"
+    );
+    assert!(refresh.contains("Before=containerd.service"), "{refresh}");
+    let path = read("/usr/lib/systemd/system/nvhook-cdi-refresh.path");
+    assert!(
+        path.contains("\nUnit=nvhook-cdi-refresh.service\n"),
+        "{path}"
+    );
+    assert!(
+        path.contains("PathChanged=/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
+        "{path}"
+    );
+    let links = read("/usr/lib/systemd/system/nvhook-dev-char-links.service");
+    assert!(
+        links.contains("\nExecStart=/usr/bin/nvhook dev-char-links\n"),
+        "{links}"
+    );
+    let rule = read("/usr/lib/udev/rules.d/71-nvhook-dev-char.rules");
+    assert!(
+        rule.contains("RUN+=\"/usr/bin/nvhook dev-char-links\""),
+        "{rule}"
+    );
+    // The commands exist in the nvhook the package installed.
+    for args in [
+        &["cdi", "refresh", "--help"][..],
+        &["dev-char-links", "--help"],
+    ] {
+        let out = Command::new(root.path("/usr/bin/nvhook"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "nvhook {args:?}: {out:?}");
+    }
+}
+
 // ---- the .rpm (read with Debian's rpm; its scripts are the .deb's) ----
 
 fn rpm_query(args: &[&str]) -> String {
@@ -393,8 +458,14 @@ fn rpm_carries_the_shared_postinst_and_prerm_as_scriptlets() {
 
     // rpm's %post argument: 1 on a first install (the hint), 2 on an upgrade.
     let postin = scriptlet("POSTIN");
+    // In a scratch root, as rpm --root runs it: a first install enables the units there.
+    let scratch = tempfile::tempdir().expect("scratch root");
     let run_postin = |arg: &str| {
-        stdout_of(Command::new(require_program("sh")).args(["-c", &postin, "postinst", arg]))
+        stdout_of(
+            Command::new(require_program("sh"))
+                .args(["-c", &postin, "postinst", arg])
+                .env("DPKG_ROOT", scratch.path()),
+        )
     };
     assert!(run_postin("1").contains("nvhook configure docker"));
     assert_eq!(run_postin("2"), "");
