@@ -191,6 +191,20 @@ fn installer(daemon_set: &DaemonSet) -> &Container {
     &init[0]
 }
 
+/// The long-running container: refresh.sh.
+fn refresher(daemon_set: &DaemonSet) -> &Container {
+    let refresh = pod_spec(daemon_set)
+        .containers
+        .iter()
+        .find(|c| c.name == "refresh")
+        .expect("a container named refresh");
+    assert_eq!(
+        refresh.command.as_deref(),
+        Some(&["/opt/nvhook/refresh.sh".to_string()][..])
+    );
+    refresh
+}
+
 fn env_of(container: &Container) -> Vec<(String, String)> {
     container
         .env
@@ -224,7 +238,9 @@ fn installer_is_privileged_and_mounts_every_host_path_it_writes() {
     );
     let containerfile = fs::read_to_string(deploy_dir().join("Containerfile")).unwrap();
     assert!(
-        containerfile.contains("COPY deploy/kubernetes/install.sh /opt/nvhook/install.sh"),
+        containerfile.contains(
+            "COPY deploy/kubernetes/install.sh deploy/kubernetes/refresh.sh /opt/nvhook/"
+        ),
         "{containerfile}"
     );
 
@@ -232,30 +248,59 @@ fn installer_is_privileged_and_mounts_every_host_path_it_writes() {
     let containerd_config = PathBuf::from(env_value(install, "CONTAINERD_CONFIG"));
     let written = [
         PathBuf::from(env_value(install, "NVHOOK_DIR")),
+        // refresh.sh: nvhook cdi refresh's spec, dev-char-links' links.
+        PathBuf::from(nvhook::cdi::REFRESHED_SPEC)
+            .parent()
+            .unwrap()
+            .to_owned(),
+        PathBuf::from("/dev/char"),
         PathBuf::from(nvhook::config::DEFAULT_PATH)
             .parent()
             .unwrap()
             .to_owned(),
         containerd_config.parent().unwrap().to_owned(),
     ];
+    // Each container that writes there mounts a hostPath volume holding the directory, at the
+    // same place under HOST_ROOT.
     let volumes = spec.volumes.as_ref().expect("volumes");
-    let mounts = install.volume_mounts.as_ref().expect("volume mounts");
-    for host_dir in written {
-        let volume = volumes
-            .iter()
-            .find(|v| v.host_path.as_ref().map(|h| Path::new(&h.path)) == Some(&host_dir))
-            .unwrap_or_else(|| panic!("no hostPath volume for {}", host_dir.display()));
-        let mount = mounts
-            .iter()
-            .find(|m| m.name == volume.name)
-            .unwrap_or_else(|| panic!("volume {} not mounted", volume.name));
+    let refresh = refresher(&m.daemon_set);
+    for container in [install, refresh] {
         assert_eq!(
-            Path::new(&mount.mount_path),
-            Path::new(&host_root).join(host_dir.strip_prefix("/").unwrap()),
-            "volume {}",
-            volume.name
+            container
+                .security_context
+                .as_ref()
+                .and_then(|s| s.privileged),
+            Some(true),
+            "{}",
+            container.name
         );
-        assert_ne!(mount.read_only, Some(true), "volume {}", volume.name);
+        assert_eq!(env_value(container, "HOST_ROOT"), host_root);
+        let mounts = container.volume_mounts.as_ref().expect("volume mounts");
+        for host_dir in &written {
+            let (volume, mount) = volumes
+                .iter()
+                .filter_map(|v| {
+                    let path = Path::new(&v.host_path.as_ref()?.path);
+                    let mount = mounts.iter().find(|m| m.name == v.name)?;
+                    host_dir.starts_with(path).then_some((path, mount))
+                })
+                .next()
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{}: no hostPath volume holds {}",
+                        container.name,
+                        host_dir.display()
+                    )
+                });
+            assert_eq!(
+                Path::new(&mount.mount_path),
+                Path::new(&host_root).join(volume.strip_prefix("/").unwrap()),
+                "{}: volume {}",
+                container.name,
+                mount.name
+            );
+            assert_ne!(mount.read_only, Some(true), "volume {}", mount.name);
+        }
     }
 }
 
@@ -420,4 +465,102 @@ fn install_sh_keeps_an_admins_nvhook_config() {
         Config::from_file(&config).unwrap().hook_path,
         Some("/opt/nvhook".into())
     );
+}
+
+/// Copies what `binary` needs from the host's loader and libraries to the same paths in
+/// `root`, so that it runs chrooted there.
+fn copy_shared_libraries(binary: &Path, root: &Path) {
+    let listing = support::stdout_of(Command::new("ldd").arg(binary));
+    for path in listing.lines().filter_map(|l| {
+        let after = l.split_once("=> ").map_or(l.trim(), |(_, rest)| rest);
+        after
+            .split_whitespace()
+            .next()
+            .filter(|p| p.starts_with('/'))
+    }) {
+        let real = fs::canonicalize(path).unwrap();
+        let inside = root.join(path.trim_start_matches('/'));
+        fs::create_dir_all(inside.parent().unwrap()).unwrap();
+        fs::copy(&real, &inside).unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
+}
+
+/// refresh.sh for real, the way the DaemonSet runs it: nvhook chrooted into the host's root.
+/// The host root holds a simulated node, nvhook's config naming the node's paths as the
+/// chroot sees them, and the loader and libraries nvhook-nvml needs; /proc and /dev are bound
+/// into it in a private mount namespace, as the pod's HostToContainer mount of / gives them. The CDI
+/// spec appears in the host's /var/run/cdi with the node's GPUs, the node's /dev/char links
+/// are made, and a second round leaves the spec as it was.
+#[test]
+fn refresh_sh_keeps_the_hosts_cdi_spec_and_dev_char_links() {
+    let m = manifests();
+    let host = Host::new();
+    host.install(&m.daemon_set);
+    let node = support::SimNode::build(&support::NodeOptions {
+        parent: Some(host.root()),
+        ..support::NodeOptions::gpus(2)
+    });
+    copy_shared_libraries(nvhook_nvml_bin(), &host.root());
+    // The node's keys, as seen from inside the host root, after the installer's own.
+    let prefix = format!("{}/", host.root().display());
+    let node_keys: String = fs::read_to_string(node.config())
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("hook-path"))
+        .map(|l| format!("{}\n", l.replace(&prefix, "/")))
+        .collect();
+    let config = host.at(nvhook::config::DEFAULT_PATH);
+    let mut text = fs::read_to_string(&config).unwrap();
+    text.push_str(&node_keys);
+    fs::write(&config, text).unwrap();
+    for dir in ["/proc", "/dev"] {
+        fs::create_dir_all(host.at(dir)).unwrap();
+    }
+
+    let refresh = || {
+        let mut cmd = Command::new(support::require_program("unshare"));
+        let binds = "mount --bind /proc \"$0/proc\" && mount --bind /dev \"$0/dev\" && exec \"$1\"";
+        cmd.args(["-m", "sh", "-c", binds])
+            .arg(host.root())
+            .arg(deploy_dir().join("refresh.sh"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+        for (name, value) in env_of(refresher(&m.daemon_set)) {
+            cmd.env(name, value);
+        }
+        let out = cmd
+            .env("HOST_ROOT", host.root())
+            .env("REFRESH_INTERVAL_S", "0")
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{said}\n{}", node.log());
+        said
+    };
+    let said = refresh();
+    assert!(
+        said.contains("refreshed /var/run/cdi/nvidia.yaml"),
+        "{said}\n{}",
+        node.log()
+    );
+    assert!(!said.contains("warning"), "{said}");
+    let spec = host.at(nvhook::cdi::REFRESHED_SPEC);
+    let names = nvhook::cdi::read_spec(&spec).unwrap().qualified_names();
+    for gpu in ["nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=all"] {
+        assert!(names.iter().any(|n| n == gpu), "{gpu} not in {names:?}");
+    }
+    let link = node.dev_root().join("dev/char/195:1");
+    assert_eq!(fs::read_link(&link).unwrap(), Path::new("../nvidia1"));
+
+    let written = fs::read(&spec).unwrap();
+    let said = refresh();
+    assert!(
+        said.contains("unchanged: /var/run/cdi/nvidia.yaml"),
+        "{said}"
+    );
+    assert_eq!(fs::read(&spec).unwrap(), written);
 }

@@ -5,7 +5,7 @@
 # restarts containerd when its config changed. Safe to run again: an unchanged node is left
 # alone, containerd included.
 #
-# Host paths are seen under $HOST_ROOT (the DaemonSet mounts exactly these there):
+# Host paths are seen under $HOST_ROOT (the DaemonSet mounts the host's root there):
 #   $NVHOOK_DIR/bin             the binaries           (default /usr/local/nvhook)
 #   $CONTAINERD_CONFIG          containerd's config    (default /etc/containerd/config.toml)
 #   /etc/nvhook/config.toml     nvhook's config: where nvhook-runtime looks, containerd

@@ -1,0 +1,34 @@
+#!/bin/sh
+# nvhook node upkeep, the long-running container of nvhook-installer.yaml (after install.sh):
+# keeps this node's CDI spec (/var/run/cdi/nvidia.yaml) true to its GPUs, driver and MIG
+# layout, and the /dev/char links of its NVIDIA nodes in place, at start and then every
+# $REFRESH_INTERVAL_S seconds (default 300; 0: once, then exit). Each step runs the nvhook
+# install.sh put on the host, inside the host's root, so every path is the host's own; a step
+# that fails is reported and tried again next time, never the end of the loop.
+#
+#   $HOST_ROOT     the host's / (default /host)
+#   $NVHOOK_DIR    where install.sh put the binaries (default /usr/local/nvhook)
+set -eu
+
+host=${HOST_ROOT:-/host}
+nvhook=${NVHOOK_DIR:-/usr/local/nvhook}/bin/nvhook
+interval=${REFRESH_INTERVAL_S:-300}
+
+say() { echo "nvhook-refresh: $*"; }
+
+refresh() {
+    chroot "$host" "$nvhook" cdi refresh || say "warning: cdi refresh failed; next try in ${interval}s"
+    chroot "$host" "$nvhook" dev-char-links >/dev/null || say "warning: dev-char-links failed; next try in ${interval}s"
+}
+
+case $interval in
+    '' | *[!0-9]*)
+        say "REFRESH_INTERVAL_S=$interval: expected a number of seconds"
+        exit 2
+        ;;
+esac
+refresh
+while [ "$interval" -gt 0 ]; do
+    sleep "$interval"
+    refresh
+done
