@@ -17,7 +17,10 @@ use k8s_openapi::api::node::v1::RuntimeClass;
 use nvhook::config::Config;
 use serde::Deserialize;
 use serde_json::Value;
-use support::engines::{assert_containerd_handler, nvhook_nvml_bin, nvhook_runtime_bin};
+use support::engines::{
+    Dockerd, EngineDir, assert_containerd_handler, nvhook_nvml_bin, nvhook_runtime_bin,
+    unique_name, write_rootfs_tar,
+};
 use support::nvhook_bin;
 
 fn deploy_dir() -> PathBuf {
@@ -236,13 +239,14 @@ fn installer_is_privileged_and_mounts_every_host_path_it_writes() {
         install.command.as_deref(),
         Some(&["/opt/nvhook/install.sh".to_string()][..])
     );
-    let containerfile = fs::read_to_string(deploy_dir().join("Containerfile")).unwrap();
-    assert!(
-        containerfile.contains(
-            "COPY deploy/kubernetes/install.sh deploy/kubernetes/refresh.sh /opt/nvhook/"
-        ),
-        "{containerfile}"
+    // The image scripts/build-installer-image.sh builds by default (its test builds one).
+    let built_by_default = format!(
+        "ghcr.io/nvhook/nvhook-installer:{}",
+        env!("CARGO_PKG_VERSION")
     );
+    for container in [install, refresher(&m.daemon_set)] {
+        assert_eq!(container.image.as_deref(), Some(built_by_default.as_str()));
+    }
 
     let host_root = env_value(install, "HOST_ROOT");
     let containerd_config = PathBuf::from(env_value(install, "CONTAINERD_CONFIG"));
@@ -563,4 +567,90 @@ fn refresh_sh_keeps_the_hosts_cdi_spec_and_dev_char_links() {
         "{said}"
     );
     assert_eq!(fs::read(&spec).unwrap(), written);
+}
+
+/// The installer image, built by the one documented command with a private dockerd (from a
+/// local busybox base: no registry is reachable here), then run as the DaemonSet's init
+/// container runs it: install.sh from the image installs nvhook on a host root bound at /host.
+#[test]
+fn the_installer_image_builds_with_one_command_and_installs_nvhook() {
+    support::require_root();
+    let dir = EngineDir::new("image-build");
+    let daemon_json = dir.path().join("daemon.json");
+    fs::write(&daemon_json, "{}").unwrap();
+    let mut dockerd = Dockerd::start(dir.path(), &daemon_json, &[]);
+
+    // A base with a shell, coreutils and chroot: busybox and every applet it has.
+    let base = dir.path().join("base");
+    fs::create_dir_all(base.join("bin")).unwrap();
+    let busybox = support::require_program("busybox");
+    fs::copy(&busybox, base.join("bin/busybox")).unwrap();
+    let applets = support::stdout_of(Command::new(&busybox).arg("--list"));
+    for applet in applets.lines().filter(|a| *a != "busybox") {
+        std::os::unix::fs::symlink("busybox", base.join("bin").join(applet)).unwrap();
+    }
+    let tar = dir.path().join("base.tar");
+    write_rootfs_tar(&base, &tar);
+    let base_image = format!("nvhook-test/base:{}", unique_name("b"));
+    dockerd.docker_checked(&["import", tar.to_str().unwrap(), &base_image]);
+
+    let image = format!("nvhook-test/installer:{}", unique_name("i"));
+    let out = Command::new(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-installer-image.sh"),
+    )
+    .arg(&image)
+    .env("DOCKER_HOST", dockerd.host())
+    .env("BIN_DIR", support::profile_dir())
+    .env("BASE", &base_image)
+    .output()
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{said}{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        dockerd.log()
+    );
+    assert_eq!(said.trim(), image);
+
+    let host = Host::new();
+    let bind = format!("{}:/host", host.root().display());
+    let installed = dockerd.docker_checked(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-v",
+        &bind,
+        "-e",
+        "HOST_ROOT=/host",
+        "-e",
+        "RESTART_CONTAINERD=echo restart",
+        &image,
+    ]);
+    assert!(installed.contains("restarting containerd"), "{installed}");
+    assert_eq!(
+        fs::read(host.at("/usr/local/nvhook/bin/nvhook")).unwrap(),
+        fs::read(nvhook_bin()).unwrap()
+    );
+    assert_containerd_handler(
+        &host.at("/etc/containerd/config.toml"),
+        "nvidia",
+        "/usr/local/nvhook/bin/nvhook-runtime",
+    );
+    let listed = dockerd.docker_checked(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--entrypoint",
+        "/bin/ls",
+        &image,
+        "/opt/nvhook",
+    ]);
+    assert_eq!(
+        listed.split_whitespace().collect::<Vec<_>>(),
+        ["bin", "install.sh", "refresh.sh"]
+    );
+    assert!(dockerd.shutdown(), "{}", dockerd.log());
 }

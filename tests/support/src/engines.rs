@@ -660,6 +660,11 @@ impl Dockerd {
         self.daemon.log()
     }
 
+    /// `unix://SOCK`: DOCKER_HOST for programs that run docker themselves.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
     /// `docker -H unix://SOCK ARGS...`, with a timeout.
     pub fn docker(&self) -> Command {
         let mut cmd = timed(&require_program("docker"));
