@@ -24,6 +24,8 @@ pub struct Config {
     pub dev_root: PathBuf,
     /// The host's procfs (for `devices` and `driver/nvidia`).
     pub proc_root: PathBuf,
+    /// The host's sysfs (the kernel's firmware search path, the GPUs' DRM nodes).
+    pub sys_root: PathBuf,
     /// NVML library to load; by default `libnvidia-ml.so.1` looked up in the driver root's cache.
     pub nvml_library: Option<PathBuf>,
     /// Capabilities this node serves; a request for another one is an error.
@@ -79,6 +81,7 @@ impl Default for Config {
             driver_root: PathBuf::from("/"),
             dev_root: PathBuf::from("/"),
             proc_root: PathBuf::from("/proc"),
+            sys_root: PathBuf::from("/sys"),
             nvml_library: None,
             supported_capabilities: Capability::ALL.to_vec(),
             accept_env_when_unprivileged: true,
@@ -197,6 +200,10 @@ impl Config {
 
     pub fn proc_path(&self, path: &str) -> PathBuf {
         self.proc_root.join(path.trim_start_matches('/'))
+    }
+
+    pub fn sys_path(&self, path: &str) -> PathBuf {
+        self.sys_root.join(path.trim_start_matches('/'))
     }
 }
 

@@ -1,6 +1,7 @@
 //! The host driver's user-space files: libraries found through the driver root's
 //! ld.so.cache, and binaries, firmware, IPC sockets and graphics configs found by path.
 
+use super::graphics::{self, ConfigLibraryPath};
 use super::resolve::Resolver;
 use crate::capability::Capability;
 use crate::config::Config;
@@ -76,9 +77,27 @@ const LIBRARIES: &[(Capability, &[&str])] = &[
             "libGLESv1_CM_nvidia",
             "libnvidia-glvkspirv",
             "libnvidia-cbl",
+            "libnvidia-vulkan-producer",
+            // GBM's backend (`gbm/nvidia-drm_gbm.so`) is a link to it.
+            "libnvidia-allocator",
+            "libnvidia-egl-gbm",
+            "libnvidia-egl-wayland",
+            "libnvidia-egl-wayland2",
+            "libnvidia-egl-xcb",
+            "libnvidia-egl-xlib",
         ],
     ),
     (Capability::Ngx, &["libnvidia-ngx"]),
+];
+
+/// The EGL external platform libraries are released apart from the driver and carry their
+/// own version (`libnvidia-egl-gbm.so.1.1.2`), not the driver's.
+const OWN_VERSION: &[&str] = &[
+    "libnvidia-egl-gbm",
+    "libnvidia-egl-wayland",
+    "libnvidia-egl-wayland2",
+    "libnvidia-egl-xcb",
+    "libnvidia-egl-xlib",
 ];
 
 const BINARIES: &[(Capability, &str)] = &[
@@ -100,14 +119,6 @@ const SOCKETS: &[(Capability, &str)] = &[
     (Capability::Utility, "/run/nvidia-fabricmanager/socket"),
     (Capability::Utility, "/var/run/nvidia-fabricmanager/socket"),
     (Capability::Compute, "/tmp/nvidia-mps"),
-];
-
-const GRAPHICS_CONFIGS: &[&str] = &[
-    "/etc/vulkan/icd.d/nvidia_icd.json",
-    "/usr/share/vulkan/icd.d/nvidia_icd.json",
-    "/etc/vulkan/implicit_layer.d/nvidia_layers.json",
-    "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
-    "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
 ];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -139,7 +150,14 @@ pub struct DriverFiles {
     pub binaries: Vec<HostFile>,
     pub firmware: Vec<HostFile>,
     pub sockets: Vec<HostFile>,
+    /// The graphics loaders' configs (Vulkan, EGL, Xorg, OptiX) and OpenCL's ICD file.
     pub configs: Vec<HostFile>,
+    /// Xorg's driver modules, kept at their host paths (an xorg.conf's ModulePath names them).
+    #[serde(default)]
+    pub xorg_modules: Vec<HostFile>,
+    /// Absolute `library_path`s the configs name, which must resolve in the container too.
+    #[serde(default)]
+    pub config_library_paths: Vec<ConfigLibraryPath>,
 }
 
 /// The driver root's ld.so.cache, read once per start.
@@ -177,6 +195,8 @@ impl DriverFiles {
     /// Finds every driver file of version `version` under the driver root.
     pub fn find(config: &Config, cache: &HostCache, version: &str) -> DriverFiles {
         let root = DriverRoot::new(&config.driver_root);
+        let configs = graphics::find_configs(&root);
+        let config_library_paths = graphics::absolute_library_paths(&configs);
         DriverFiles {
             libraries: find_libraries(&root, cache, version),
             binaries: BINARIES
@@ -192,27 +212,26 @@ impl DriverFiles {
                     })
                 })
                 .collect(),
-            firmware: find_firmware(&root, version),
+            firmware: find_firmware(&root, &firmware_dirs(config), version),
             sockets: SOCKETS
                 .iter()
                 .filter_map(|&(cap, p)| root.existing(p, Some(cap)))
                 .collect(),
-            configs: GRAPHICS_CONFIGS
-                .iter()
-                .filter_map(|p| root.existing(p, Some(Capability::Graphics)))
-                .collect(),
+            configs,
+            xorg_modules: graphics::find_xorg_modules(&root, version),
+            config_library_paths,
         }
     }
 }
 
 /// The driver root, canonical, and the resolver its files are looked up with.
-struct DriverRoot {
+pub(super) struct DriverRoot {
     path: PathBuf,
     resolver: Resolver,
 }
 
 impl DriverRoot {
-    fn new(root: &Path) -> DriverRoot {
+    pub(super) fn new(root: &Path) -> DriverRoot {
         DriverRoot {
             path: std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf()),
             resolver: Resolver::default(),
@@ -221,14 +240,18 @@ impl DriverRoot {
 
     /// The host file `path` (absolute, in the driver root's terms) ends at, when it exists
     /// and stays inside the root.
-    fn canonical(&self, path: &str) -> Option<PathBuf> {
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(super) fn canonical(&self, path: &str) -> Option<PathBuf> {
         let host = self
             .resolver
             .canonical(&self.path.join(path.trim_start_matches('/')))?;
         host.starts_with(&self.path).then_some(host)
     }
 
-    fn existing(&self, path: &str, capability: Option<Capability>) -> Option<HostFile> {
+    pub(super) fn existing(&self, path: &str, capability: Option<Capability>) -> Option<HostFile> {
         let host = self.canonical(path)?;
         Some(HostFile {
             capability,
@@ -239,7 +262,7 @@ impl DriverRoot {
     }
 }
 
-fn is_elf(path: &Path) -> bool {
+pub(super) fn is_elf(path: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 4];
     std::fs::File::open(path)
@@ -248,72 +271,128 @@ fn is_elf(path: &Path) -> bool {
 }
 
 fn find_libraries(root: &DriverRoot, cache: &HostCache, version: &str) -> Vec<Library> {
-    let suffix = format!(".so.{version}");
     let mut out: Vec<Library> = Vec::new();
     for entry in cache.cache.entries() {
-        let Some((stem, cap)) = stem_of(&entry.soname) else {
-            continue;
-        };
-        // Installers that ship the development link (`libcuda.so`, seen in the cache of a
-        // real driver in /usr/local/nvidia/lib64) put it in the cache too: it names no
-        // SONAME, and the plan makes `libcuda.so` itself.
-        if entry.soname.len() == stem.len() + ".so".len() {
-            continue;
+        for (stem, cap) in stems_of(&entry.soname) {
+            if let Some(lib) = library(root, entry, stem, cap, version)
+                && !out
+                    .iter()
+                    .any(|l| l.soname == lib.soname && l.class == lib.class && l.capability == cap)
+            {
+                out.push(lib);
+            }
         }
-        let Some(class) = ElfClass::from_flags(entry.flags) else {
-            continue;
-        };
-        // A cache entry names the SONAME link; the versioned file behind it is what we mount.
-        let Some(host_path) = root.canonical(&entry.path) else {
-            continue;
-        };
-        let Some(file_name) = host_path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        // Only this driver's files: a stale library of another version would not match the module.
-        if file_name != format!("{stem}{suffix}") {
-            tracing::debug!(path = %host_path.display(), "skipping library of another driver version");
-            continue;
-        }
-        if out
-            .iter()
-            .any(|l| l.soname == entry.soname && l.class == class)
-        {
-            continue;
-        }
-        out.push(Library {
-            capability: cap,
-            class,
-            soname: entry.soname.clone(),
-            file_name: file_name.to_string(),
-            host_path,
-        });
     }
     out.sort_by(|a, b| (a.capability, &a.soname).cmp(&(b.capability, &b.soname)));
     out
 }
 
-/// The library stem and capability of a SONAME such as `libcuda.so.1`.
-fn stem_of(soname: &str) -> Option<(&'static str, Capability)> {
-    let (stem, _) = soname.split_once(".so")?;
-    LIBRARIES
-        .iter()
-        .find_map(|(cap, stems)| stems.iter().find(|s| **s == stem).map(|s| (*s, *cap)))
+/// The library a cache entry names, when it is this driver's file.
+fn library(
+    root: &DriverRoot,
+    entry: &ldcache::Entry,
+    stem: &str,
+    capability: Capability,
+    version: &str,
+) -> Option<Library> {
+    // Installers that ship the development link (`libcuda.so`, seen in the cache of a
+    // real driver in /usr/local/nvidia/lib64) put it in the cache too: it names no
+    // SONAME, and the plan makes `libcuda.so` itself.
+    if entry.soname.len() == stem.len() + ".so".len() {
+        return None;
+    }
+    let class = ElfClass::from_flags(entry.flags)?;
+    // A cache entry names the SONAME link; the versioned file behind it is what we mount.
+    let host_path = root.canonical(&entry.path)?;
+    let file_name = host_path.file_name()?.to_str()?.to_string();
+    // Only this driver's files: a stale library of another version would not match the module.
+    if !is_driver_file(&file_name, stem, version) {
+        tracing::debug!(path = %host_path.display(), "skipping library of another driver version");
+        return None;
+    }
+    Some(Library {
+        capability,
+        class,
+        soname: entry.soname.clone(),
+        file_name,
+        host_path,
+    })
 }
 
-fn find_firmware(root: &DriverRoot, version: &str) -> Vec<HostFile> {
-    let dir = format!("/lib/firmware/nvidia/{version}");
-    let Ok(entries) = std::fs::read_dir(root.path.join(dir.trim_start_matches('/'))) else {
-        return Vec::new();
+/// `file_name` is `<stem>.so.<driver version>`, or for a library with a version of its own,
+/// `<stem>.so.<any dotted version>`.
+fn is_driver_file(file_name: &str, stem: &str, version: &str) -> bool {
+    let Some(suffix) = file_name
+        .strip_prefix(stem)
+        .and_then(|rest| rest.strip_prefix(".so."))
+    else {
+        return false;
     };
-    let mut out: Vec<HostFile> = entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            (name.starts_with("gsp") && name.ends_with(".bin"))
-                .then(|| root.existing(&format!("{dir}/{name}"), None))?
-        })
-        .collect();
+    if OWN_VERSION.contains(&stem) {
+        !suffix.is_empty()
+            && suffix
+                .split('.')
+                .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    } else {
+        suffix == version
+    }
+}
+
+/// The library stem of a SONAME such as `libcuda.so.1`, with each capability it serves.
+fn stems_of(soname: &str) -> impl Iterator<Item = (&'static str, Capability)> + '_ {
+    let stem = soname.split_once(".so").map(|(stem, _)| stem);
+    LIBRARIES.iter().filter_map(move |(cap, stems)| {
+        stems.iter().find(|s| Some(**s) == stem).map(|s| (*s, *cap))
+    })
+}
+
+/// Where the kernel looks for firmware, in its order: the custom path an administrator set
+/// (`firmware_class.path`, e.g. a driver kept under /usr/local/nvidia), then the standard
+/// directories, the running kernel's release first.
+fn firmware_dirs(config: &Config) -> Vec<String> {
+    let custom = std::fs::read_to_string(config.sys_path("module/firmware_class/parameters/path"))
+        .ok()
+        .map(|p| p.trim().trim_end_matches('/').to_string())
+        .filter(|p| p.starts_with('/') && p.len() > 1);
+    let release = std::fs::read_to_string(config.proc_path("sys/kernel/osrelease"))
+        .ok()
+        .map(|r| r.trim().to_string())
+        .filter(|r| !r.is_empty() && !r.contains('/'));
+    let mut dirs: Vec<String> = custom.into_iter().collect();
+    for base in ["/lib/firmware/updates", "/lib/firmware"] {
+        if let Some(release) = &release {
+            dirs.push(format!("{base}/{release}"));
+        }
+        dirs.push(base.to_string());
+    }
+    dirs
+}
+
+/// This driver's GSP firmware, `<dir>/nvidia/<version>/gsp*.bin`: for each file name, the
+/// one the kernel would load (the first directory that has it), at its host path.
+fn find_firmware(root: &DriverRoot, dirs: &[String], version: &str) -> Vec<HostFile> {
+    let mut out: Vec<HostFile> = Vec::new();
+    for base in dirs {
+        let dir = format!("{base}/nvidia/{version}");
+        let Ok(entries) = std::fs::read_dir(root.path.join(dir.trim_start_matches('/'))) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let taken = out
+                .iter()
+                .any(|f| f.container_path.ends_with(&format!("/{name}")));
+            if !name.starts_with("gsp") || !name.ends_with(".bin") || taken {
+                continue;
+            }
+            out.extend(
+                root.existing(&format!("{dir}/{name}"), None)
+                    .filter(|f| f.host_path.is_file()),
+            );
+        }
+    }
     out.sort_by(|a, b| a.container_path.cmp(&b.container_path));
     out
 }
@@ -389,20 +468,89 @@ mod tests {
 
     #[test]
     fn stems_map_to_capabilities() {
+        let stems = |soname| stems_of(soname).collect::<Vec<_>>();
+        assert_eq!(stems("libcuda.so.1"), [("libcuda", Capability::Compute)]);
         assert_eq!(
-            stem_of("libcuda.so.1"),
-            Some(("libcuda", Capability::Compute))
+            stems("libnvidia-ml.so.1"),
+            [("libnvidia-ml", Capability::Utility)]
         );
         assert_eq!(
-            stem_of("libnvidia-ml.so.1"),
-            Some(("libnvidia-ml", Capability::Utility))
+            stems("libGLX_nvidia.so.0"),
+            [("libGLX_nvidia", Capability::Graphics)]
         );
+        // GBM's backend needs the allocator that compute brings too.
         assert_eq!(
-            stem_of("libGLX_nvidia.so.0"),
-            Some(("libGLX_nvidia", Capability::Graphics))
+            stems("libnvidia-allocator.so.1"),
+            [
+                ("libnvidia-allocator", Capability::Compute),
+                ("libnvidia-allocator", Capability::Graphics)
+            ]
         );
         // A prefix is not a match: libcudart is the CUDA runtime, not the driver.
-        assert_eq!(stem_of("libcudart.so.12"), None);
-        assert_eq!(stem_of("libc.so.6"), None);
+        assert!(stems("libcudart.so.12").is_empty());
+        assert!(stems("libc.so.6").is_empty());
+    }
+
+    #[test]
+    fn driver_files_carry_the_driver_version_or_their_own() {
+        let v = "580.95.05";
+        assert!(is_driver_file("libcuda.so.580.95.05", "libcuda", v));
+        assert!(!is_driver_file("libcuda.so.550.54.15", "libcuda", v));
+        assert!(!is_driver_file("libcuda.so.1", "libcuda", v));
+        assert!(is_driver_file(
+            "libnvidia-egl-gbm.so.1.1.2",
+            "libnvidia-egl-gbm",
+            v
+        ));
+        assert!(is_driver_file(
+            "libnvidia-egl-wayland.so.1.1.19",
+            "libnvidia-egl-wayland",
+            v
+        ));
+        assert!(!is_driver_file(
+            "libnvidia-egl-gbm.so.1.x",
+            "libnvidia-egl-gbm",
+            v
+        ));
+        assert!(!is_driver_file(
+            "libnvidia-egl-gbm.so.",
+            "libnvidia-egl-gbm",
+            v
+        ));
+        assert!(!is_driver_file(
+            "libnvidia-egl-gbm.so.1..2",
+            "libnvidia-egl-gbm",
+            v
+        ));
+    }
+
+    #[test]
+    fn firmware_is_found_where_the_kernel_looks_first() {
+        let root = tempfile::tempdir().unwrap();
+        let v = "580.159.04";
+        let custom = root
+            .path()
+            .join(format!("usr/local/nvidia/firmware/nvidia/{v}"));
+        let standard = root.path().join(format!("lib/firmware/nvidia/{v}"));
+        for dir in [&custom, &standard] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(custom.join("gsp_ga10x.bin"), b"custom").unwrap();
+        std::fs::write(standard.join("gsp_ga10x.bin"), b"standard").unwrap();
+        std::fs::write(standard.join("gsp_tu10x.bin"), b"standard").unwrap();
+        std::fs::write(standard.join("README"), b"not firmware").unwrap();
+        let dirs = [
+            "/usr/local/nvidia/firmware".to_string(),
+            "/lib/firmware".into(),
+        ];
+        let found = find_firmware(&DriverRoot::new(root.path()), &dirs, v);
+        let paths: Vec<&str> = found.iter().map(|f| f.container_path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                format!("/lib/firmware/nvidia/{v}/gsp_tu10x.bin"),
+                format!("/usr/local/nvidia/firmware/nvidia/{v}/gsp_ga10x.bin"),
+            ]
+        );
     }
 }

@@ -8,6 +8,8 @@ pub mod change;
 pub mod device_numbers;
 pub mod devices;
 pub mod driver;
+pub mod drm;
+pub mod graphics;
 pub mod isolated;
 pub mod nvml;
 mod resolve;
@@ -37,6 +39,9 @@ pub struct Inventory {
     pub mig_monitor_minor: Option<u32>,
     /// `<proc-root>/driver/nvidia` on the host, when the kernel module is loaded.
     pub proc_driver: Option<PathBuf>,
+    /// Each GPU's DRM nodes, where nvidia-drm is loaded.
+    #[serde(default)]
+    pub drm_nodes: Vec<drm::DrmNode>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,6 +117,7 @@ impl Inventory {
             files: DriverFiles::find(config, cache, &system.driver_version),
             cuda_version: system.cuda_version,
             driver_version: system.driver_version,
+            drm_nodes: drm::scan(config, &gpus),
             gpus,
             majors: DeviceMajors::read(config)?,
             nodes: devices::scan_nodes(config)?,

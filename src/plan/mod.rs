@@ -5,6 +5,7 @@
 
 use crate::capability::Capability;
 use crate::inventory::device_numbers::{MODESET_MINOR, NVIDIACTL_MINOR};
+use crate::inventory::graphics::GLX_SERVER;
 use crate::inventory::{Gpu, HostFile, HostNode, Inventory, MigDevice};
 use crate::request::{DeviceId, DeviceSelection, GpuFacts, Request, Version};
 use nvhook_cgroup::DeviceRule;
@@ -157,6 +158,18 @@ pub struct DeviceNode {
     pub mode: u32,
 }
 
+impl From<&HostNode> for DeviceNode {
+    fn from(n: &HostNode) -> DeviceNode {
+        DeviceNode {
+            path: n.path.clone(),
+            host_path: n.host_path.clone(),
+            major: n.major,
+            minor: n.minor,
+            mode: n.mode,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MountKind {
@@ -175,7 +188,7 @@ pub struct Mount {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Symlink {
     pub path: String,
-    /// Relative, in the same directory.
+    /// Relative to the link's directory: a name beside it, or `../name` from a subdirectory.
     pub target: String,
 }
 
@@ -443,13 +456,7 @@ impl NodeFinder<'_> {
             .nodes
             .iter()
             .find(|n: &&HostNode| n.path == path && n.major == major && n.minor == minor)
-            .map(|n| DeviceNode {
-                path: n.path.clone(),
-                host_path: n.host_path.clone(),
-                major,
-                minor,
-                mode: n.mode,
-            })
+            .map(DeviceNode::from)
             .ok_or_else(|| PlanError::MissingNode {
                 path: path.into(),
                 dev_root: self.dev_root.into(),
@@ -488,6 +495,21 @@ fn device_nodes(
         match nodes.get("/dev/nvidia-modeset", nvidia, MODESET_MINOR) {
             Ok(node) => out.push(node),
             Err(e) => tracing::info!("capability display without its device node: {e}"),
+        }
+    }
+    // A whole GPU's DRM nodes serve Vulkan, EGL and GBM; a host without nvidia-drm has none,
+    // and the GPU works without them (an extra, never a reason to fail).
+    if caps.contains(&Capability::Graphics) || caps.contains(&Capability::Display) {
+        for choice in choices {
+            if let Choice::Gpu(gpu) = choice {
+                out.extend(
+                    inventory
+                        .drm_nodes
+                        .iter()
+                        .filter(|d| d.pci_bus_id == gpu.pci_bus_id)
+                        .map(|d| DeviceNode::from(&d.node)),
+                );
+            }
         }
     }
     for choice in choices {
@@ -557,6 +579,7 @@ impl FileBuilder<'_> {
                 .binaries
                 .iter()
                 .chain(&files.configs)
+                .chain(&files.xorg_modules)
                 .filter(|f| f.capability == Some(lib_cap))
             {
                 self.add_file(f, MountKind::File);
@@ -581,12 +604,58 @@ impl FileBuilder<'_> {
                 });
             }
         }
+        if caps.contains(&Capability::Graphics) || caps.contains(&Capability::Display) {
+            self.add_graphics_links(inventory);
+        }
         if any_gpu {
             for f in &inventory.files.firmware {
                 self.add_file(f, MountKind::File);
             }
         }
         Ok(())
+    }
+
+    /// The names the graphics loaders open that no SONAME gives: GBM's backend, Xorg's GLX
+    /// module, and the libraries configs name by absolute path.
+    fn add_graphics_links(&mut self, inventory: &Inventory) {
+        let allocator = self
+            .ldcache
+            .iter()
+            .find(|e| e.soname == "libnvidia-allocator.so.1" && e.class == ElfClass::X86_64);
+        if let Some((dir, soname)) = allocator.and_then(|e| e.path.rsplit_once('/')) {
+            self.symlinks.push(Symlink {
+                path: format!("{dir}/gbm/nvidia-drm_gbm.so"),
+                target: format!("../{soname}"),
+            });
+        }
+        for module in &inventory.files.xorg_modules {
+            if let Some((dir, name)) = module.container_path.rsplit_once('/')
+                && name.starts_with(&format!("{GLX_SERVER}."))
+            {
+                self.symlinks.push(Symlink {
+                    path: format!("{dir}/{GLX_SERVER}"),
+                    target: name.to_string(),
+                });
+            }
+        }
+        for wanted in &inventory.files.config_library_paths {
+            if !self.mounts.iter().any(|m| m.destination == wanted.config) {
+                continue;
+            }
+            let name = wanted.library_path.rsplit('/').next().unwrap_or_default();
+            let library =
+                inventory.files.libraries.iter().find(|l| {
+                    l.class == ElfClass::X86_64 && (l.soname == name || l.file_name == name)
+                });
+            match library {
+                Some(lib) => self.add_file_at(&lib.host_path, &wanted.library_path),
+                None => tracing::warn!(
+                    config = %wanted.config,
+                    "library_path {} names no driver library: the loader may not find it",
+                    wanted.library_path
+                ),
+            }
+        }
     }
 
     fn add_library(&mut self, lib: &crate::inventory::Library) {
@@ -626,6 +695,16 @@ impl FileBuilder<'_> {
             path: format!("{dir}/{}", lib.soname),
             class: lib.class,
         });
+    }
+
+    fn add_file_at(&mut self, source: &Path, destination: &str) {
+        if !self.mounts.iter().any(|m| m.destination == destination) {
+            self.mounts.push(Mount {
+                source: source.to_path_buf(),
+                destination: destination.to_string(),
+                kind: MountKind::File,
+            });
+        }
     }
 
     fn add_file(&mut self, file: &HostFile, kind: MountKind) {

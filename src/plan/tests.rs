@@ -122,6 +122,8 @@ fn driver_files() -> DriverFiles {
             Some(Graphics),
             "/etc/vulkan/icd.d/nvidia_icd.json",
         )],
+        xorg_modules: Vec::new(),
+        config_library_paths: Vec::new(),
     }
 }
 
@@ -193,6 +195,7 @@ pub(crate) fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
         mig_config_minor: Some(MIG_CONFIG_MINOR),
         mig_monitor_minor: Some(MIG_MONITOR_MINOR),
         proc_driver: Some("/node/proc/driver/nvidia".into()),
+        drm_nodes: Vec::new(),
     }
 }
 
@@ -1030,4 +1033,112 @@ fn the_hook_makes_only_the_nodes_the_spec_does_not_list() {
     // A listed path with other numbers is not the same node: the hook still makes ours.
     let other = [(Path::new("/dev/nvidia0"), Some(195), Some(7))];
     assert_eq!(plan.left_to_hook(other).0.len(), 2);
+}
+
+/// [`standard`] with what a desktop driver adds: DRM nodes for GPUs 0 and 1, GBM's allocator,
+/// Xorg's modules, and a Vulkan ICD that names its library by absolute path.
+fn with_display_stack() -> Inventory {
+    use crate::inventory::drm::DrmNode;
+    use crate::inventory::graphics::ConfigLibraryPath;
+    let mut inv = standard();
+    for gpu in [0u32, 1] {
+        for (name, minor) in [
+            (format!("card{gpu}"), gpu),
+            (format!("renderD{}", 128 + gpu), 128 + gpu),
+        ] {
+            inv.drm_nodes.push(DrmNode {
+                pci_bus_id: bus_id(gpu),
+                node: node(&format!("/dev/dri/{name}"), 226, minor),
+            });
+        }
+    }
+    let allocator = format!("libnvidia-allocator.so.{VERSION}");
+    for cap in [Capability::Compute, Capability::Graphics] {
+        inv.files
+            .libraries
+            .extend(library(cap, "libnvidia-allocator.so.1", &allocator, false));
+    }
+    inv.files.xorg_modules = vec![
+        host_file(
+            Some(Capability::Graphics),
+            "/usr/lib/xorg/modules/drivers/nvidia_drv.so",
+        ),
+        host_file(
+            Some(Capability::Graphics),
+            &format!("/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{VERSION}"),
+        ),
+    ];
+    inv.files.config_library_paths = vec![ConfigLibraryPath {
+        config: "/etc/vulkan/icd.d/nvidia_icd.json".into(),
+        library_path: "/usr/local/nvidia/lib64/libGLX_nvidia.so.0".into(),
+    }];
+    inv
+}
+
+#[test]
+fn graphics_brings_the_gpus_drm_nodes_gbm_xorg_and_config_libraries() {
+    let inv = with_display_stack();
+    let p = plan_on(&inv, &[&visible("1"), &caps("graphics,display")], DEBIAN);
+    let devices = device_paths(&p);
+    for path in ["/dev/dri/card1", "/dev/dri/renderD129", "/dev/nvidia1"] {
+        assert!(devices.contains(&path), "{path}: {devices:?}");
+    }
+    // Only the selected GPU's DRM nodes, each with its cgroup rule.
+    assert!(!devices.contains(&"/dev/dri/card0"), "{devices:?}");
+    assert!(p.cgroup_rules.contains(&DeviceRule::char_rw(226, 129)));
+    assert!(!p.cgroup_rules.contains(&DeviceRule::char_rw(226, 128)));
+
+    let links: Vec<(&str, &str)> = p
+        .symlinks
+        .iter()
+        .map(|l| (l.path.as_str(), l.target.as_str()))
+        .collect();
+    let glx_server = format!("libglxserver_nvidia.so.{VERSION}");
+    let gbm = format!("{DEBIAN_LIB64}/gbm/nvidia-drm_gbm.so");
+    assert!(
+        links.contains(&(gbm.as_str(), "../libnvidia-allocator.so.1")),
+        "{links:?}"
+    );
+    assert!(
+        links.contains(&(
+            "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so",
+            glx_server.as_str()
+        )),
+        "{links:?}"
+    );
+    let mounted = |destination: &str| p.mounts.iter().find(|m| m.destination == destination);
+    assert!(mounted("/usr/lib/xorg/modules/drivers/nvidia_drv.so").is_some());
+    // The ICD's absolute library_path gets the driver's file there too.
+    let icd_lib = mounted("/usr/local/nvidia/lib64/libGLX_nvidia.so.0").expect("ICD library");
+    assert_eq!(
+        icd_lib.source,
+        Path::new(HOST_LIB64).join(format!("libGLX_nvidia.so.{VERSION}"))
+    );
+}
+
+#[test]
+fn compute_alone_gets_no_graphics_extras_and_mig_no_drm_nodes() {
+    let inv = with_display_stack();
+    let p = plan_on(&inv, &[&visible("0"), &caps("compute,utility")], DEBIAN);
+    assert!(!device_paths(&p).iter().any(|d| d.starts_with("/dev/dri/")));
+    assert!(!p.symlinks.iter().any(|l| l.path.contains("gbm")));
+    assert!(!p.mounts.iter().any(|m| m.destination.contains("xorg")));
+    assert!(
+        !p.mounts
+            .iter()
+            .any(|m| m.destination.starts_with("/usr/local/nvidia"))
+    );
+    // The allocator still comes with compute, as before.
+    assert!(
+        p.ldcache
+            .iter()
+            .any(|e| e.soname == "libnvidia-allocator.so.1")
+    );
+
+    let mig = plan_on(&inv, &[&visible("3:0"), &caps("all")], DEBIAN);
+    assert!(
+        !device_paths(&mig)
+            .iter()
+            .any(|d| d.starts_with("/dev/dri/"))
+    );
 }
