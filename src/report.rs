@@ -54,12 +54,17 @@ pub fn inventory_text(inv: &Inventory) -> String {
         .chain(&files.firmware)
         .chain(&files.sockets)
         .chain(&files.configs)
+        .chain(&files.xorg_modules)
     {
         let cap = f.capability.map_or("any", |c| c.name());
         let _ = writeln!(s, "  {:<9} {}", cap, f.host_path.display());
     }
     let _ = writeln!(s, "\nDevice nodes:");
-    for n in &inv.nodes {
+    for n in inv
+        .nodes
+        .iter()
+        .chain(inv.drm_nodes.iter().map(|d| &d.node))
+    {
         let _ = writeln!(s, "  {} {}:{}", n.path, n.major, n.minor);
     }
     s

@@ -5,12 +5,13 @@
  * ld.so.cache, which is exactly the path nvhook's library injection must serve.
  *
  * Usage: gpucheck [--dev PATH] [--stat PATH] [--write PATH] [--exec PATH]
- *                 [--ls DIR] [--kernel COUNT] ...
+ *                 [--ls DIR] [--kernel COUNT] [--dlopen NAME] ...
  * The dlopen check always runs first; the other checks run in argument order.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
+#include <link.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -60,6 +61,24 @@ static void check_dlopen(void)
         return;
     }
     printf("cuInit %d\n", cu_init(0));
+}
+
+/* Loads a library the way a graphics loader does (by the name or path its config
+ * gives) and reports the file the loader resolved it to. */
+static void check_dlopen_name(const char *name)
+{
+    void *lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL) {
+        printf("dlopen %s fail %s\n", name, dlerror());
+        return;
+    }
+    struct link_map *map = NULL;
+    if (dlinfo(lib, RTLD_DI_LINKMAP, &map) != 0 || map == NULL) {
+        printf("dlopen %s ok ?\n", name);
+    } else {
+        printf("dlopen %s ok %s\n", name, map->l_name);
+    }
+    dlclose(lib);
 }
 
 /* On a simulated node no driver sits behind the nodes, so the open result
@@ -284,6 +303,7 @@ struct check {
 static const struct check checks[] = {
     {"--dev", check_dev},     {"--stat", check_stat}, {"--write", check_write},
     {"--exec", check_exec},   {"--ls", check_ls},     {"--kernel", check_kernel},
+    {"--dlopen", check_dlopen_name},
 };
 
 static const struct check *find_check(const char *flag)

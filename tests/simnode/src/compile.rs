@@ -47,6 +47,9 @@ pub fn run_all(jobs: Vec<Job>) -> Result<()> {
 }
 
 fn compile(job: &Job) -> Result<()> {
+    if let Some(dir) = job.output.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
     let mut child = Command::new("cc")
         // `-x none` ends the C source language before inputs in `flags`
         // (e.g. a shared object to link against).

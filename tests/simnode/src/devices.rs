@@ -12,6 +12,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 pub const GPU_MAJOR: u32 = 195;
+/// The kernel's fixed DRM major; unregistered on a host without a GPU, so its nodes give ENXIO.
+pub const DRM_MAJOR: u32 = 226;
+/// Render nodes are numbered from 128.
+pub const RENDER_MINOR_BASE: u32 = 128;
 const CTL_MINOR: u32 = 255;
 const MODESET_MINOR: u32 = 254;
 /// Top of the kernel's dynamic character major range (384..=511).
@@ -142,6 +146,27 @@ pub fn make_nodes(dev_dir: &Path, gpus: &[Gpu], majors: Majors, caps: &[Capabili
         mknod(&node, majors.caps, cap.minor, cap.mode)?;
     }
     Ok(())
+}
+
+/// Each GPU's DRM nodes, as nvidia-drm makes them: card<minor> and renderD<128+minor>.
+pub fn make_drm_nodes(dev_dir: &Path, gpus: &[Gpu]) -> Result<()> {
+    let dri = dev_dir.join("dri");
+    fs::create_dir_all(&dri).with_context(|| format!("cannot create {}", dri.display()))?;
+    for gpu in gpus {
+        for (name, minor, mode) in drm_nodes(gpu) {
+            mknod(&dri.join(name), DRM_MAJOR, minor, mode)?;
+        }
+    }
+    Ok(())
+}
+
+/// A GPU's DRM node names, minors and modes (the card node is the video group's, 0660).
+pub fn drm_nodes(gpu: &Gpu) -> [(String, u32, u32); 2] {
+    let render = RENDER_MINOR_BASE + gpu.minor;
+    [
+        (format!("card{}", gpu.minor), gpu.minor, 0o660),
+        (format!("renderD{render}"), render, 0o666),
+    ]
 }
 
 fn mknod(path: &Path, major: u32, minor: u32, mode: u32) -> Result<()> {

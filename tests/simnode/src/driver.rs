@@ -16,7 +16,13 @@ const LDCONFIG: &str = "/sbin/ldconfig";
 
 const SOCKETS: &[&str] = &["run/nvidia-persistenced", "run/nvidia-fabricmanager"];
 
-pub fn build(root: &Path, params: &Params, gpus: &[Gpu], mock_nvml: &Path) -> Result<()> {
+pub fn build(
+    root: &Path,
+    params: &Params,
+    gpus: &[Gpu],
+    mock_nvml: &Path,
+    firmware_path: Option<&str>,
+) -> Result<()> {
     let version = &params.driver_version;
     for dir in [LIB_DIR_64, LIB_DIR_32, tools::BIN_DIR, "etc"] {
         mkdir(&root.join(dir))?;
@@ -28,6 +34,7 @@ pub fn build(root: &Path, params: &Params, gpus: &[Gpu], mock_nvml: &Path) -> Re
     let libc32_stub = scratch.join("libc.so.6");
     compile::run_all(vec![libs::libc32_stub_job(&libc32_stub)])?;
     let mut jobs = libs::jobs(root, version, cuda, &libc32_stub);
+    jobs.extend(libs::xorg_jobs(root, version));
     jobs.extend(tools::jobs(root, version, &smi));
     compile::run_all(jobs)?;
     fs::remove_dir_all(&scratch).with_context(|| format!("cannot remove {}", scratch.display()))?;
@@ -49,7 +56,7 @@ pub fn build(root: &Path, params: &Params, gpus: &[Gpu], mock_nvml: &Path) -> Re
         &topology::render(params, gpus, &root.with_file_name("nvml-inits"))?,
     )?;
 
-    firmware(root, version)?;
+    firmware(root, version, firmware_path.unwrap_or("/lib/firmware"))?;
     graphics_configs(root)?;
     for dir in SOCKETS {
         socket(&root.join(dir))?;
@@ -66,9 +73,10 @@ fn write(path: &Path, text: &str) -> Result<()> {
     fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }
 
-fn firmware(root: &Path, version: &str) -> Result<()> {
+fn firmware(root: &Path, version: &str, dir: &str) -> Result<()> {
+    let dir = root.join(dir.trim_start_matches('/'));
     for chip in ["ga10x", "tu10x"] {
-        let path = root.join(format!("lib/firmware/nvidia/{version}/gsp_{chip}.bin"));
+        let path = dir.join(format!("nvidia/{version}/gsp_{chip}.bin"));
         write(
             &path,
             &format!("NVHOOK-SIM GSP firmware {chip} for driver {version}\n"),
@@ -77,28 +85,49 @@ fn firmware(root: &Path, version: &str) -> Result<()> {
     Ok(())
 }
 
+/// The graphics loaders' configs where Debian's driver packages put them, plus OpenCL's ICD
+/// and OptiX's data file. Each JSON names its library by SONAME, as the driver's do.
 fn graphics_configs(root: &Path) -> Result<()> {
-    write(
-        &root.join("etc/vulkan/icd.d/nvidia_icd.json"),
-        r#"{
-    "file_format_version" : "1.0.1",
-    "ICD": {
-        "library_path": "libGLX_nvidia.so.0",
-        "api_version" : "1.3.277"
+    let icd = |key: &str, format: &str, library: &str| {
+        format!(
+            "{{\n    \"file_format_version\" : \"{format}\",\n    \"{key}\" : {{\n        \"library_path\" : \"{library}\"\n    }}\n}}\n"
+        )
+    };
+    let files = [
+        (
+            "usr/share/vulkan/icd.d/nvidia_icd.json",
+            icd("ICD", "1.0.1", "libGLX_nvidia.so.0"),
+        ),
+        (
+            "usr/share/vulkan/implicit_layer.d/nvidia_layers.json",
+            icd("layer", "1.0.0", "libGLX_nvidia.so.0"),
+        ),
+        (
+            "usr/share/glvnd/egl_vendor.d/10_nvidia.json",
+            icd("ICD", "1.0.0", "libEGL_nvidia.so.0"),
+        ),
+        (
+            "usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
+            icd("ICD", "1.0.0", "libnvidia-egl-gbm.so.1"),
+        ),
+        (
+            "usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json",
+            icd("ICD", "1.0.0", "libnvidia-egl-wayland.so.1"),
+        ),
+        (
+            "usr/share/X11/xorg.conf.d/10-nvidia.conf",
+            "Section \"OutputClass\"\n    Identifier \"nvidia\"\n    MatchDriver \"nvidia-drm\"\n    Driver \"nvidia\"\nEndSection\n".into(),
+        ),
+        (
+            "usr/share/nvidia/nvoptix.bin",
+            "NVHOOK-SIM OptiX data\n".into(),
+        ),
+        ("etc/OpenCL/vendors/nvidia.icd", "libnvidia-opencl.so.1\n".into()),
+    ];
+    for (path, text) in files {
+        write(&root.join(path), &text)?;
     }
-}
-"#,
-    )?;
-    write(
-        &root.join("usr/share/glvnd/egl_vendor.d/10_nvidia.json"),
-        r#"{
-    "file_format_version" : "1.0.0",
-    "ICD" : {
-        "library_path" : "libEGL_nvidia.so.0"
-    }
-}
-"#,
-    )
+    Ok(())
 }
 
 /// Leaves a real socket file at `dir/socket`. Binding through the directory's

@@ -23,6 +23,8 @@ enum Soname {
     Abi(&'static str),
     /// Private libraries whose SONAME is the full file name (`.so.<version>`).
     Versioned,
+    /// Released apart from the driver: ABI suffix, and a version of its own for the file.
+    Own(&'static str, &'static str),
 }
 
 #[derive(Debug)]
@@ -38,7 +40,7 @@ const fn lib(name: &'static str, soname: Soname, cap: Cap) -> Library {
 }
 
 use Cap::{Compute, Graphics, Ngx, Utility, Video};
-use Soname::{Abi, Versioned};
+use Soname::{Abi, Own, Versioned};
 
 /// Every library of every capability, SONAMEs as the 550 driver has them.
 pub const LIBRARIES: &[Library] = &[
@@ -74,6 +76,9 @@ pub const LIBRARIES: &[Library] = &[
     lib("GLESv1_CM_nvidia", Abi("1"), Graphics),
     lib("nvidia-glvkspirv", Versioned, Graphics),
     lib("nvidia-cbl", Versioned, Graphics),
+    lib("nvidia-vulkan-producer", Versioned, Graphics),
+    lib("nvidia-egl-gbm", Own("1", "1.1.2"), Graphics),
+    lib("nvidia-egl-wayland", Own("1", "1.1.19"), Graphics),
     lib("nvidia-ngx", Abi("1"), Ngx),
 ];
 
@@ -82,12 +87,15 @@ pub const NVML: &str = "nvidia-ml";
 
 impl Library {
     pub fn file_name(&self, driver_version: &str) -> String {
-        format!("lib{}.so.{driver_version}", self.name)
+        match self.soname {
+            Own(_, own) => format!("lib{}.so.{own}", self.name),
+            Abi(_) | Versioned => format!("lib{}.so.{driver_version}", self.name),
+        }
     }
 
     pub fn soname(&self, driver_version: &str) -> String {
         match self.soname {
-            Abi(abi) => format!("lib{}.so.{abi}", self.name),
+            Abi(abi) | Own(abi, _) => format!("lib{}.so.{abi}", self.name),
             Versioned => self.file_name(driver_version),
         }
     }
@@ -136,6 +144,26 @@ pub fn libc32_stub_job(output: &Path) -> Job {
         .to_vec(),
         output: output.to_path_buf(),
     }
+}
+
+/// Xorg's driver and GLX server modules, where Debian's Xorg loads them from.
+pub fn xorg_jobs(driver_root: &Path, driver_version: &str) -> Vec<Job> {
+    [
+        ("usr/lib/xorg/modules/drivers/nvidia_drv.so".to_string(), "nvidia_drv"),
+        (
+            format!("usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{driver_version}"),
+            "glxserver_nvidia",
+        ),
+    ]
+    .into_iter()
+    .map(|(path, name)| Job {
+        source: format!(
+            "const char *nvhook_sim_{name}(void) {{ return \"{name} (simulated NVIDIA driver {driver_version})\"; }}\n"
+        ),
+        flags: vec!["-shared".into(), "-fPIC".into()],
+        output: driver_root.join(path),
+    })
+    .collect()
 }
 
 /// Compile jobs for every library under `driver_root`, except the 64-bit

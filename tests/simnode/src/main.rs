@@ -8,6 +8,7 @@ mod libs;
 mod node;
 mod procfs;
 mod spec;
+mod sysfs;
 mod tools;
 mod topology;
 
@@ -67,6 +68,14 @@ struct CreateArgs {
     /// (nvidia-uvm, nvidia-caps) changed.
     #[arg(long, requires = "keep_state")]
     reload_module: bool,
+    /// The nvidia-drm module is loaded: each GPU has /dev/dri/card<minor> and
+    /// /dev/dri/renderD<128+minor>, listed under its PCI device in the node's sysfs.
+    #[arg(long)]
+    drm: bool,
+    /// The kernel's custom firmware directory (firmware_class.path), absolute: the GSP
+    /// firmware goes under DIR/nvidia/<version> in the driver root instead of /lib/firmware.
+    #[arg(long, value_name = "DIR")]
+    firmware_path: Option<String>,
 }
 
 fn parse_mig(text: &str) -> Result<(u32, u32), String> {
@@ -120,6 +129,10 @@ fn create(args: CreateArgs) -> Result<()> {
         keep_state: args.keep_state.then_some(node::KeepState {
             new_majors: args.reload_module,
         }),
+        display: node::Display {
+            drm: args.drm,
+            firmware_path: args.firmware_path,
+        },
     };
     node::create(&args.dir, &inputs)
 }

@@ -3,7 +3,7 @@
 
 use crate::devices::{self, Majors};
 use crate::spec::{Gpu, Params};
-use crate::{driver, procfs};
+use crate::{driver, procfs, sysfs};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -37,6 +37,7 @@ struct HookConfig {
     driver_root: PathBuf,
     dev_root: PathBuf,
     proc_root: PathBuf,
+    sys_root: PathBuf,
     log_file: PathBuf,
     log_level: &'static str,
     /// The node's own: with one file for all, nodes used in turn (the bench, parallel tests)
@@ -51,6 +52,17 @@ pub struct Inputs<'a> {
     pub hook_path: &'a Path,
     /// Rebuild an existing node in place instead of a new one.
     pub keep_state: Option<KeepState>,
+    pub display: Display,
+}
+
+/// What a desktop or workstation host has beyond a headless one, and where its kernel
+/// takes firmware from.
+#[derive(Default)]
+pub struct Display {
+    /// nvidia-drm is loaded: DRM nodes per GPU.
+    pub drm: bool,
+    /// The kernel's `firmware_class.path`.
+    pub firmware_path: Option<String>,
 }
 
 /// How a node changes in place.
@@ -118,9 +130,21 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
     let marker_json = serde_json::to_string_pretty(&marker)? + "\n";
     fs::write(dir.join(MARKER), marker_json).context("cannot write the node marker")?;
 
-    driver::build(&driver_root, inputs.params, &gpus, inputs.mock_nvml)?;
+    let firmware_path = inputs.display.firmware_path.as_deref();
+    driver::build(
+        &driver_root,
+        inputs.params,
+        &gpus,
+        inputs.mock_nvml,
+        firmware_path,
+    )?;
     let caps = devices::capabilities(&gpus);
     devices::make_nodes(&dir.join("dev"), &gpus, majors, &caps)?;
+    let sys_root = dir.join("sys");
+    if inputs.display.drm {
+        devices::make_drm_nodes(&dir.join("dev"), &gpus)?;
+    }
+    sysfs::write(&sys_root, &gpus, inputs.display.drm, firmware_path)?;
     let proc_root = dir.join("proc");
     procfs::write(
         &proc_root,
@@ -128,11 +152,13 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
         &gpus,
         majors,
         &caps,
+        inputs.display.drm,
     )?;
     let hook_config = HookConfig {
         driver_root,
         dev_root: dir.clone(),
         proc_root,
+        sys_root,
         log_file: dir.join("nvhook.log"),
         log_level: "debug",
         nvml_cache_file: dir.join("run/nvml-inventory.json"),

@@ -1,7 +1,7 @@
 //! The node's proc root: the files the NVIDIA kernel module would publish
 //! under /proc, in the module's own formats.
 
-use crate::devices::{Capability, GPU_MAJOR, Majors};
+use crate::devices::{Capability, DRM_MAJOR, GPU_MAJOR, Majors};
 use crate::spec::{Gpu, gpu_major_name};
 use anyhow::{Context, Result};
 use std::fs;
@@ -14,11 +14,12 @@ pub fn write(
     gpus: &[Gpu],
     majors: Majors,
     caps: &[Capability],
+    drm: bool,
 ) -> Result<()> {
     let nv = proc_root.join("driver/nvidia");
     put(
         &proc_root.join("devices"),
-        &devices(gpu_major_name(driver_version)?, majors),
+        &devices(gpu_major_name(driver_version)?, majors, drm),
     )?;
     put(&nv.join("version"), &version(driver_version))?;
     put(&nv.join("params"), PARAMS)?;
@@ -42,7 +43,7 @@ pub fn write(
     Ok(())
 }
 
-fn put(path: &Path, text: &str) -> Result<()> {
+pub fn put(path: &Path, text: &str) -> Result<()> {
     let dir = path.parent().expect("proc files live in a directory");
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
@@ -50,7 +51,7 @@ fn put(path: &Path, text: &str) -> Result<()> {
 
 /// /proc/devices with the driver's majors among a few the kernel always has,
 /// sorted like the kernel prints them ("%3d %s").
-fn devices(gpu_major_name: &str, majors: Majors) -> String {
+fn devices(gpu_major_name: &str, majors: Majors, drm: bool) -> String {
     let mut chars = vec![
         (1, "mem"),
         (4, "tty"),
@@ -61,6 +62,9 @@ fn devices(gpu_major_name: &str, majors: Majors) -> String {
         (majors.uvm, "nvidia-uvm"),
         (majors.caps, "nvidia-caps"),
     ];
+    if drm {
+        chars.push((DRM_MAJOR, "drm"));
+    }
     chars.sort();
     let mut text = String::from("Character devices:\n");
     for (major, name) in chars {
@@ -145,8 +149,11 @@ mod tests {
                 uvm: 511,
                 caps: 510,
             },
+            true,
         );
         assert!(text.starts_with("Character devices:\n  1 mem\n"));
-        assert!(text.contains("\n195 nvidia\n510 nvidia-caps\n511 nvidia-uvm\n\nBlock devices:\n"));
+        assert!(text.contains(
+            "\n195 nvidia\n226 drm\n510 nvidia-caps\n511 nvidia-uvm\n\nBlock devices:\n"
+        ));
     }
 }

@@ -1,0 +1,27 @@
+//! The node's sysfs: what the kernel publishes there that nvhook reads, the DRM nodes under
+//! each GPU's PCI device and the custom firmware path.
+
+use crate::devices::{DRM_MAJOR, drm_nodes};
+use crate::procfs::put;
+use crate::spec::Gpu;
+use anyhow::Result;
+use std::path::Path;
+
+pub fn write(sys_root: &Path, gpus: &[Gpu], drm: bool, firmware_path: Option<&str>) -> Result<()> {
+    if drm {
+        for gpu in gpus {
+            let dir = sys_root.join(format!("bus/pci/devices/{}/drm", gpu.kernel_bus_id()));
+            for (name, minor, _) in drm_nodes(gpu) {
+                put(
+                    &dir.join(name).join("dev"),
+                    &format!("{DRM_MAJOR}:{minor}\n"),
+                )?;
+            }
+        }
+    }
+    // The kernel's parameter file exists whether or not a path is set: empty by default.
+    put(
+        &sys_root.join("module/firmware_class/parameters/path"),
+        &format!("{}\n", firmware_path.unwrap_or_default()),
+    )
+}
