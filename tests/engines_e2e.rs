@@ -352,16 +352,26 @@ fn a_thousand_sequential_starts_grow_nothing() {
     let node = SimNode::create(GPUS);
     let dir = EngineDir::new("ctrd-seq");
     let (mut containerd, image) = containerd_for(&node, &dir);
+    // ctr now and then loses a task's output when the task exits before ctr has attached
+    // to its fifos: a start that succeeded with no output at all is run again and counted.
+    let lost_outputs = std::cell::Cell::new(0u32);
     let start = |i: u32| {
         let gpu = i % GPUS;
         let visible = format!("NVIDIA_VISIBLE_DEVICES={gpu}");
         let dev = format!("/dev/nvidia{gpu}");
-        let out = ctr_run(
-            &containerd,
-            &image,
-            &[&visible],
-            &["/gpucheck", "--dev", &dev],
-        );
+        let run = || {
+            ctr_run(
+                &containerd,
+                &image,
+                &[&visible],
+                &["/gpucheck", "--dev", &dev],
+            )
+        };
+        let mut out = run();
+        while out.status.success() && out.stdout.is_empty() && lost_outputs.get() < 10 {
+            lost_outputs.set(lost_outputs.get() + 1);
+            out = run();
+        }
         out.assert_success();
         out.assert_lines(&[&format!("dev {dev} ENXIO")]);
     };
@@ -374,10 +384,11 @@ fn a_thousand_sequential_starts_grow_nothing() {
     (WARM_UP..total).for_each(start);
     let after = footprint(&containerd, &node);
     eprintln!(
-        "{} sequential GPU starts through containerd: {:.1} s ({:.0} ms each); before {before:?}, after {after:?}",
+        "{} sequential GPU starts through containerd: {:.1} s ({:.0} ms each; ctr lost {} outputs); before {before:?}, after {after:?}",
         total - WARM_UP,
         started.elapsed().as_secs_f64(),
-        started.elapsed().as_secs_f64() * 1000.0 / f64::from(total - WARM_UP)
+        started.elapsed().as_secs_f64() * 1000.0 / f64::from(total - WARM_UP),
+        lost_outputs.get()
     );
     assert_eq!(after, before, "something grew over {total} starts");
     assert!(containerd.shutdown(), "{}", containerd.log());
