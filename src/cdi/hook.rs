@@ -18,7 +18,7 @@ use nvhook_ldcache::ElfClass;
 pub struct LinkArgs {
     pub symlinks: Vec<Symlink>,
     pub ldcache: Vec<CacheEntry>,
-    pub ld_so_conf: Option<LdSoConf>,
+    pub ld_so_confs: Vec<LdSoConf>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -37,12 +37,12 @@ impl LinkArgs {
             } else {
                 Vec::new()
             },
-            ld_so_conf: plan.ld_so_conf.clone(),
+            ld_so_confs: plan.ld_so_confs.clone(),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.symlinks.is_empty() && self.ldcache.is_empty() && self.ld_so_conf.is_none()
+        self.symlinks.is_empty() && self.ldcache.is_empty() && self.ld_so_confs.is_empty()
     }
 
     pub fn to_args(&self) -> Vec<String> {
@@ -61,7 +61,7 @@ impl LinkArgs {
             );
             out.push(entry.path.clone());
         }
-        if let Some(conf) = &self.ld_so_conf {
+        for conf in &self.ld_so_confs {
             out.push("--ld-so-conf".into());
             out.push(conf.path.clone());
             for dir in &conf.dirs {
@@ -74,7 +74,6 @@ impl LinkArgs {
 
     pub fn parse(args: &[String]) -> Result<LinkArgs, BadHookArg> {
         let mut out = LinkArgs::default();
-        let mut dirs = Vec::new();
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             let bad = || BadHookArg(flag.clone());
@@ -99,20 +98,21 @@ impl LinkArgs {
                         },
                     });
                 }
-                "--ld-so-conf" if out.ld_so_conf.is_none() => {
-                    out.ld_so_conf = Some(LdSoConf {
+                "--ld-so-conf" if !out.ld_so_confs.iter().any(|c| &c.path == value) => {
+                    out.ld_so_confs.push(LdSoConf {
                         path: value.clone(),
                         dirs: Vec::new(),
                     })
                 }
-                "--ld-so-dir" => dirs.push(value.clone()),
+                // The directories of the file named last.
+                "--ld-so-dir" => out
+                    .ld_so_confs
+                    .last_mut()
+                    .ok_or_else(bad)?
+                    .dirs
+                    .push(value.clone()),
                 _ => return Err(bad()),
             }
-        }
-        match &mut out.ld_so_conf {
-            Some(conf) => conf.dirs = dirs,
-            None if !dirs.is_empty() => return Err(BadHookArg("--ld-so-dir".into())),
-            None => {}
         }
         Ok(out)
     }
@@ -129,7 +129,7 @@ pub fn create_container(state: &State, args: &LinkArgs) -> Result<(), HookError>
         &rootfs,
         &args.symlinks,
         &args.ldcache,
-        args.ld_so_conf.as_ref(),
+        &args.ld_so_confs,
         has_cache,
     )?;
     tracing::info!(
@@ -167,10 +167,16 @@ mod tests {
                     class: ElfClass::I386,
                 },
             ],
-            ld_so_conf: Some(LdSoConf {
-                path: "/etc/ld.so.conf.d/000-nvhook.conf".into(),
-                dirs: strings(&["/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu"]),
-            }),
+            ld_so_confs: vec![
+                LdSoConf {
+                    path: "/etc/ld.so.conf.d/00-compat-nvhook.conf".into(),
+                    dirs: strings(&["/usr/local/cuda/compat"]),
+                },
+                LdSoConf {
+                    path: "/etc/ld.so.conf.d/000-nvhook.conf".into(),
+                    dirs: strings(&["/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu"]),
+                },
+            ],
         };
         assert_eq!(LinkArgs::parse(&args.to_args()).unwrap(), args);
         assert_eq!(LinkArgs::parse(&[]).unwrap(), LinkArgs::default());
@@ -184,7 +190,7 @@ mod tests {
             &["--lib64", "relative/libcuda.so.1"],
             &["--frobnicate", "/x"],
             &["--ld-so-dir", "/usr/lib"],
-            &["--ld-so-conf", "/a", "--ld-so-conf", "/b"],
+            &["--ld-so-conf", "/a", "--ld-so-conf", "/a"],
         ] {
             let e = LinkArgs::parse(&strings(bad)).unwrap_err();
             assert!(e.to_string().contains("regenerate"), "{bad:?}: {e}");
