@@ -12,9 +12,12 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::sync::OnceLock;
 
+use nvhook_test_support::engines::{nvhook_runtime_bin, unique_name};
+use nvhook_test_support::podman::{CdiSpecFile, Podman};
 use nvhook_test_support::{
     Bundle, CUDA_COMPAT_DIR, GlibcImageOptions, Image, Output, RuntimeEnv, SimNode, Snapshot,
-    build_glibc_image, glibc_image, host_snapshot, run_clean, target_tmp_dir,
+    build_glibc_image, glibc_image, host_mounts_referencing, host_snapshot, nvhook_bin,
+    require_root, run_clean, run_container_with, target_tmp_dir,
 };
 
 const COMPAT_VERSION: &str = "580.95.05";
@@ -75,10 +78,10 @@ fn assert_host_libcuda(output: &Output, node: &SimNode) {
     ]);
 }
 
-#[test]
-fn an_older_host_driver_loads_the_images_compat_libcuda() {
-    let node = node(OLDER_HOST);
-    let (output, _bundle) = start(&node, compat_image(), |_| {});
+/// The loader resolved `libcuda.so.1` to the image's compat file, through the cache entry
+/// nvhook wrote, and the hook's log says why.
+#[track_caller]
+fn assert_compat_libcuda(output: &Output, node: &SimNode) {
     output.assert_lines(&[
         // The compat stand-in's answer, not the host driver's 0.
         "cuInit 999",
@@ -89,10 +92,91 @@ fn an_older_host_driver_loads_the_images_compat_libcuda() {
     let log = node.log();
     assert!(
         log.contains(&format!(
-            "compat {COMPAT_VERSION} is newer than host driver {OLDER_HOST}"
+            "compat {COMPAT_VERSION} is newer than host driver {OLDER_HOST}: the compat libraries"
         )),
         "{log}"
     );
+}
+
+#[test]
+fn an_older_host_driver_loads_the_images_compat_libcuda() {
+    let node = node(OLDER_HOST);
+    let (output, bundle) = start(&node, compat_image(), |_| {});
+    assert_compat_libcuda(&output, &node);
+    // `nvhook plan` says the same, and why.
+    let plan = std::process::Command::new(nvhook_bin())
+        .arg("--config")
+        .arg(node.config())
+        .args(["plan", "--bundle"])
+        .arg(bundle.dir())
+        .output()
+        .expect("run nvhook plan");
+    let text = String::from_utf8_lossy(&plan.stdout);
+    assert!(
+        text.contains(&format!(
+            "CUDA compat: compat {COMPAT_VERSION} is newer than host driver {OLDER_HOST}: the compat libraries in /usr/local/cuda/compat"
+        )) && text.contains("  libcuda.so.1 -> /usr/local/cuda/compat/libcuda.so.1"),
+        "{text}"
+    );
+}
+
+/// nvhook-runtime in `runtime-mode = "cdi"`: the per-container plan decided, and the
+/// createContainer hook writes its cache entries.
+#[test]
+fn the_shims_cdi_mode_loads_the_compat_libcuda() {
+    require_root();
+    let node = node(OLDER_HOST);
+    node.configure("runtime-mode = \"cdi\"");
+    let mut bundle = Bundle::new(
+        compat_image(),
+        &[
+            "/gpucheck",
+            "--stat",
+            "/etc/ld.so.conf.d/00-compat-nvhook.conf",
+        ],
+    );
+    bundle.env("NVIDIA_VISIBLE_DEVICES=0");
+    let config = node.config();
+    let mut output = run_container_with(
+        &bundle,
+        RuntimeEnv::CgroupV1,
+        nvhook_runtime_bin(),
+        &[("NVHOOK_CONFIG", &config)],
+    );
+    output.hook_log = Some(node.log());
+    output.assert_success();
+    assert_compat_libcuda(&output, &node);
+    let leaked = host_mounts_referencing(&[bundle.dir(), node.root()]);
+    assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
+}
+
+/// A static CDI spec serves any image: its createContainer hook decides when the container
+/// is made, from the host driver version the spec was written for.
+#[test]
+fn a_generated_cdi_spec_loads_the_compat_libcuda_through_podman() {
+    require_root();
+    let node = node(OLDER_HOST);
+    let spec = CdiSpecFile::new("yaml");
+    let status = std::process::Command::new(nvhook_bin())
+        .arg("--config")
+        .arg(node.config())
+        .args(["cdi", "generate", "--output"])
+        .arg(spec.path())
+        .status()
+        .expect("run nvhook cdi generate");
+    assert!(status.success());
+    let podman = Podman::new();
+    let image = format!("localhost/{}:latest", unique_name("nvhook-cuda-compat"));
+    podman.import(compat_image().rootfs(), &image);
+    let args = [
+        "/gpucheck",
+        "--stat",
+        "/etc/ld.so.conf.d/00-compat-nvhook.conf",
+    ];
+    let mut output = podman.run(&["--device", "nvidia.com/gpu=0"], &image, &args);
+    output.hook_log = Some(node.log());
+    output.assert_success();
+    assert_compat_libcuda(&output, &node);
 }
 
 #[test]

@@ -7,9 +7,11 @@
 //! has entered the namespace. What to do comes in its arguments, because a static spec
 //! cannot point at a per-container plan file, and arguments show in the spec for review.
 
+use crate::config::{Config, CudaCompatMode};
 use crate::inject::HookError;
 use crate::oci::{Spec, State};
-use crate::plan::{CacheEntry, LdSoConf, Plan, Symlink};
+use crate::plan::{CacheEntry, LdSoConf, Plan, Symlink, compat};
+use crate::request::CUDA_VERSION;
 use crate::rootfs::{Rootfs, loader};
 use nvhook_ldcache::ElfClass;
 
@@ -19,11 +21,14 @@ pub struct LinkArgs {
     pub symlinks: Vec<Symlink>,
     pub ldcache: Vec<CacheEntry>,
     pub ld_so_confs: Vec<LdSoConf>,
+    /// The host driver version a static spec was made for: the hook then decides about the
+    /// image's CUDA compat libraries itself (a per-container plan has decided already).
+    pub cuda_compat_host: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
-    "bad createContainer hook argument {0:?} (expected --link PATH=TARGET, --lib64 PATH, --lib32 PATH, --ld-so-conf FILE, --ld-so-dir DIR; regenerate the CDI spec with this nvhook)"
+    "bad createContainer hook argument {0:?} (expected --link PATH=TARGET, --lib64 PATH, --lib32 PATH, --ld-so-conf FILE, --ld-so-dir DIR, --cuda-compat-host VERSION; regenerate the CDI spec with this nvhook)"
 )]
 pub struct BadHookArg(pub String);
 
@@ -38,6 +43,12 @@ impl LinkArgs {
                 Vec::new()
             },
             ld_so_confs: plan.ld_so_confs.clone(),
+            // Libraries at their host paths: the plan is a static spec's, for any image.
+            cuda_compat_host: plan
+                .layout
+                .host_driver_root
+                .is_some()
+                .then(|| plan.driver_version.clone()),
         }
     }
 
@@ -69,6 +80,10 @@ impl LinkArgs {
                 out.push(dir.clone());
             }
         }
+        if let Some(version) = &self.cuda_compat_host {
+            out.push("--cuda-compat-host".into());
+            out.push(version.clone());
+        }
         out
     }
 
@@ -77,6 +92,13 @@ impl LinkArgs {
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             let bad = || BadHookArg(flag.clone());
+            if flag == "--cuda-compat-host" && out.cuda_compat_host.is_none() {
+                let version = it
+                    .next()
+                    .filter(|v| compat::DriverVersion::parse(v).is_some());
+                out.cuda_compat_host = Some(version.ok_or_else(bad)?.clone());
+                continue;
+            }
             let value = it.next().filter(|v| v.starts_with('/')).ok_or_else(bad)?;
             match flag.as_str() {
                 "--link" => {
@@ -119,12 +141,34 @@ impl LinkArgs {
 }
 
 /// Applies `args` to the rootfs of the container `state` describes.
-pub fn create_container(state: &State, args: &LinkArgs) -> Result<(), HookError> {
+pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Result<(), HookError> {
     let spec = Spec::load(&state.bundle)?;
     let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
     let rootfs = Rootfs::open(&rootfs_path)?;
     // Which images have a glibc cache is only known now: a static spec serves them all.
     let has_cache = rootfs.probe().has_ldcache;
+    let mut args = args.clone();
+    if let Some(host) = &args.cuda_compat_host
+        && config.cuda_compat == CudaCompatMode::Auto
+        && let Some(found) = rootfs.cuda_compat(spec.env(CUDA_VERSION))
+    {
+        // Each library's SONAME link names its host file.
+        let links = args.symlinks.clone();
+        let host_files: Vec<(&str, &str)> = links
+            .iter()
+            .filter_map(|l| Some((l.path.rsplit_once('/')?.1, l.target.as_str())))
+            .collect();
+        let (decision, conf) = compat::apply(
+            &found,
+            host,
+            has_cache,
+            &host_files,
+            &mut args.ldcache,
+            &mut args.symlinks,
+        );
+        decision.log();
+        args.ld_so_confs.splice(0..0, conf);
+    }
     loader::link_and_cache(
         &rootfs,
         &args.symlinks,
@@ -177,6 +221,7 @@ mod tests {
                     dirs: strings(&["/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu"]),
                 },
             ],
+            cuda_compat_host: Some("550.54.15".into()),
         };
         assert_eq!(LinkArgs::parse(&args.to_args()).unwrap(), args);
         assert_eq!(LinkArgs::parse(&[]).unwrap(), LinkArgs::default());
@@ -191,6 +236,14 @@ mod tests {
             &["--frobnicate", "/x"],
             &["--ld-so-dir", "/usr/lib"],
             &["--ld-so-conf", "/a", "--ld-so-conf", "/a"],
+            &["--cuda-compat-host", "/550.54.15"],
+            &["--cuda-compat-host", "latest"],
+            &[
+                "--cuda-compat-host",
+                "550.54.15",
+                "--cuda-compat-host",
+                "550.54.15",
+            ],
         ] {
             let e = LinkArgs::parse(&strings(bad)).unwrap_err();
             assert!(e.to_string().contains("regenerate"), "{bad:?}: {e}");

@@ -41,6 +41,10 @@ impl CudaCompat {
     pub fn used(&self) -> bool {
         !self.libraries.is_empty()
     }
+
+    pub fn log(&self) {
+        tracing::info!(dir = %self.dir, libraries = ?self.libraries, "CUDA compat: {}", self.reason);
+    }
 }
 
 /// The ld.so.conf.d file that keeps the compat directory first for an ldconfig run in the
@@ -116,7 +120,7 @@ fn compat_version(found: &CompatDir) -> Result<(String, DriverVersion), String> 
 /// The compat decision, and the plan's loader entries redirected to the compat directory.
 /// `entries` are the plan's cache entries; `host_files` maps each injected library's SONAME
 /// to its host file name (`libcuda.so.1` -> `libcuda.so.550.54.15`).
-pub(super) fn apply(
+pub fn apply(
     found: &CompatDir,
     host_driver: &str,
     image_has_cache: bool,

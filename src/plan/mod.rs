@@ -61,7 +61,7 @@ impl Plan {
             &mut self.ldcache,
             &mut self.symlinks,
         );
-        tracing::info!(dir = %decision.dir, libraries = ?decision.libraries, "CUDA compat: {}", decision.reason);
+        decision.log();
         // First, so that an ldconfig run in the image reads the compat directory first.
         self.ld_so_confs.splice(0..0, conf);
         self.cuda_compat = Some(decision);
