@@ -17,7 +17,7 @@ use nvhook_test_support::podman::{CdiSpecFile, Podman};
 use nvhook_test_support::{
     Bundle, CUDA_COMPAT_DIR, GlibcImageOptions, Image, Output, RuntimeEnv, SimNode, Snapshot,
     build_glibc_image, glibc_image, host_mounts_referencing, host_snapshot, nvhook_bin,
-    require_root, run_clean, run_container_with, target_tmp_dir,
+    require_program, require_root, run_clean, run_container_with, target_tmp_dir, workspace_bin,
 };
 
 const COMPAT_VERSION: &str = "580.95.05";
@@ -274,4 +274,109 @@ fn a_compat_libcuda_whose_version_does_not_parse_is_not_used() {
         },
         Some("libcuda.so.999.x: not a driver version"),
     );
+}
+
+/// scripts/gpu-node-check.sh's compat check (issue 17 §5) run from a kit made of this build,
+/// on the simulated node as a real H100 host has it (driver 580.159.03, and
+/// `/usr/local/cuda-13.0/compat` holding compat driver 580.95.05: the host's libcuda must
+/// load), and on an older node, where the compat one must.
+#[test]
+fn gpu_node_check_reports_the_compat_choice() {
+    require_root();
+    let kit = tempfile::tempdir().expect("temp dir");
+    let kit = kit.path();
+    let bin = kit.join("bin");
+    fs::create_dir(&bin).unwrap();
+    for (name, path) in [
+        ("nvhook", nvhook_bin().to_owned()),
+        ("nvhook-nvml", workspace_bin("nvhook-nvml")),
+        ("runc", require_program("runc")),
+    ] {
+        symlink(path, bin.join(name)).unwrap();
+    }
+    let cp = |from: &Path, to: &Path| {
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(to)
+            .status()
+            .expect("run cp");
+        assert!(status.success(), "cp -a {from:?} {to:?}");
+    };
+    cp(glibc_image().rootfs(), &kit.join("rootfs"));
+    let host_compat = kit.join("host/cuda-13.0/compat");
+    fs::create_dir_all(host_compat.parent().unwrap()).unwrap();
+    cp(
+        &compat_image()
+            .rootfs()
+            .join(CUDA_COMPAT_DIR.trim_start_matches('/')),
+        &host_compat,
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu-node-check.sh");
+    cp(&script, &kit.join("gpu-node-check.sh"));
+    let spec = std::process::Command::new(require_program("runc"))
+        .arg("spec")
+        .current_dir(kit)
+        .status()
+        .expect("runc spec");
+    assert!(spec.success());
+    fs::rename(kit.join("config.json"), kit.join("spec.json")).unwrap();
+
+    for (host, why, file) in [
+        (
+            NEWER_HOST,
+            format!(
+                "CUDA compat: host driver {NEWER_HOST} is the same or newer than compat {COMPAT_VERSION}: the host's libraries in /usr/local/cuda/compat"
+            ),
+            format!("{LIB64}/libcuda.so.{NEWER_HOST}"),
+        ),
+        (
+            OLDER_HOST,
+            format!(
+                "CUDA compat: compat {COMPAT_VERSION} is newer than host driver {OLDER_HOST}: the compat libraries in /usr/local/cuda/compat"
+            ),
+            format!("/usr/local/cuda/compat/libcuda.so.{COMPAT_VERSION}"),
+        ),
+    ] {
+        let node = node(host);
+        // The node's driver, device and proc roots; the script writes the rest of its config.
+        let roots: String = fs::read_to_string(node.config())
+            .unwrap()
+            .lines()
+            .filter(|l| {
+                ["driver-root", "dev-root", "proc-root"]
+                    .iter()
+                    .any(|k| l.starts_with(k))
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let out = kit.join(format!("out-{host}"));
+        let run = std::process::Command::new(kit.join("gpu-node-check.sh"))
+            .arg("compat")
+            .arg(&out)
+            .env("COMPAT_DIRS", &host_compat)
+            .env("NVHOOK_EXTRA_CONFIG", roots)
+            .output()
+            .expect("run gpu-node-check.sh");
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        let report = format!(
+            "{stdout}\n--- stderr\n{}\n--- log\n{}",
+            String::from_utf8_lossy(&run.stderr),
+            fs::read_to_string(out.join("compat.log")).unwrap_or_default()
+        );
+        assert!(run.status.success(), "{report}");
+        for line in [
+            format!(
+                "== CUDA compat: {} (libcuda.so.{COMPAT_VERSION} )",
+                host_compat.display()
+            ),
+            why,
+            format!("dlopen libcuda.so.1 file {file}"),
+        ] {
+            assert!(
+                stdout.lines().any(|l| l == line),
+                "missing {line:?}\n{report}"
+            );
+        }
+    }
 }
