@@ -105,14 +105,20 @@ fn compat_version(found: &CompatDir) -> Result<(String, DriverVersion), String> 
         .map(|(_, version)| version)
         .filter(|version| version.contains('.'))
         .collect();
+    // Names come from the image: escaped, so that one cannot add lines to a log or a report.
+    let shown = |version: &str| version.escape_debug().to_string();
     match libcuda[..] {
         [] => Err("it holds no regular file libcuda.so.<version>".into()),
         [version] => DriverVersion::parse(version)
             .map(|v| (version.to_string(), v))
-            .ok_or_else(|| format!("libcuda.so.{version}: not a driver version")),
+            .ok_or_else(|| format!("libcuda.so.{}: not a driver version", shown(version))),
         _ => Err(format!(
             "it holds several libcuda.so.<version> files ({})",
-            libcuda.join(", ")
+            libcuda
+                .iter()
+                .map(|v| shown(v))
+                .collect::<Vec<_>>()
+                .join(", ")
         )),
     }
 }
@@ -338,6 +344,12 @@ mod tests {
                 &["libcuda.so.5.8.0.9"],
                 true,
                 "not a driver version",
+            ),
+            (
+                "550.54.15",
+                &["libcuda.so.9.9\nx"],
+                true,
+                "libcuda.so.9.9\\nx: not a driver version",
             ),
             (
                 "550.54.15",
