@@ -3,7 +3,8 @@
 //! `/usr/local/cuda-12.9/compat` (and `/usr/local/cuda` linking there), on nodes whose driver
 //! is older and newer than it. In the container `/gpucheck` dlopens `libcuda.so.1` by name and
 //! prints the file its loader resolved. Hostile compat directories (a link out of the rootfs,
-//! a library that links to `/proc/self/...`, a version that does not parse) start with the
+//! a library that links to `/proc/self/...`, a version that does not parse, a directory where
+//! a SONAME link goes) start with the
 //! host's library and touch nothing outside the rootfs.
 //! Run as root after `cargo build --workspace`: `cargo test --test cuda_compat_e2e`.
 
@@ -379,4 +380,16 @@ fn gpu_node_check_reports_the_compat_choice() {
             );
         }
     }
+}
+
+#[test]
+fn a_directory_where_the_soname_link_goes_keeps_the_hosts_libcuda() {
+    hostile(
+        |cuda, _| {
+            let compat = cuda.join("compat");
+            fs::create_dir_all(compat.join("libcuda.so.1")).unwrap();
+            fs::write(compat.join("libcuda.so.999.0.0"), b"not even ELF").unwrap();
+        },
+        Some("/usr/local/cuda/compat/libcuda.so.1 is a directory"),
+    );
 }

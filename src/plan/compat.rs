@@ -23,6 +23,8 @@ pub struct CompatDir {
     pub dir: String,
     /// Names of the regular files directly in it (links are not listed).
     pub files: Vec<String>,
+    /// Names of the directories in it.
+    pub dirs: Vec<String>,
 }
 
 /// What the plan decided about the image's compat libraries, for `nvhook plan` and the log.
@@ -165,19 +167,35 @@ pub fn apply(
         );
         return (decision, None);
     }
-    for entry in entries.iter_mut().filter(|e| e.class == ElfClass::X86_64) {
-        let Some(stem) = host_files
-            .iter()
-            .find(|(soname, _)| *soname == entry.soname)
-            .and_then(|(_, file)| stem_and_version(file))
-            .map(|(stem, _)| stem)
-        else {
-            continue;
-        };
-        let compat_file = format!("{stem}.so.{text}");
-        if !found.files.contains(&compat_file) {
-            continue;
-        }
+    // (cache entry, compat file) for each library the container gets that the directory has.
+    let redirected: Vec<(usize, String)> = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.class == ElfClass::X86_64)
+        .filter_map(|(i, e)| {
+            let (_, file) = host_files.iter().find(|(soname, _)| *soname == e.soname)?;
+            let (stem, _) = stem_and_version(file)?;
+            let compat_file = format!("{stem}.so.{text}");
+            found
+                .files
+                .contains(&compat_file)
+                .then_some((i, compat_file))
+        })
+        .collect();
+    // The SONAME link nvhook makes beside each file cannot replace a directory: then none
+    // is redirected, since a compat libcuda wants its own compat companions.
+    if let Some((i, _)) = redirected
+        .iter()
+        .find(|(i, _)| found.dirs.contains(&entries[*i].soname))
+    {
+        decision.reason = format!(
+            "{}/{} is a directory: the host's libraries",
+            found.dir, entries[*i].soname
+        );
+        return (decision, None);
+    }
+    for (i, compat_file) in redirected {
+        let entry = &mut entries[i];
         let path = format!("{}/{}", found.dir, entry.soname);
         symlinks.push(Symlink {
             path: path.clone(),
@@ -255,6 +273,7 @@ mod tests {
         CompatDir {
             dir: "/usr/local/cuda/compat".into(),
             files: files.iter().map(|f| f.to_string()).collect(),
+            dirs: Vec::new(),
         }
     }
 
@@ -370,6 +389,26 @@ mod tests {
             assert_eq!(e, untouched);
             assert!(links.is_empty());
         }
+    }
+
+    #[test]
+    fn a_directory_where_a_soname_link_goes_keeps_the_hosts_libraries() {
+        let mut found = compat(&[
+            "libcuda.so.580.95.05",
+            "libnvidia-ptxjitcompiler.so.580.95.05",
+        ]);
+        found.dirs.push("libnvidia-ptxjitcompiler.so.1".into());
+        let (mut e, mut links) = (entries(), Vec::new());
+        let (d, conf) = apply(&found, "550.54.15", true, HOST, &mut e, &mut links);
+        assert!(!d.used() && conf.is_none(), "{d:?}");
+        assert!(
+            d.reason
+                .contains("/usr/local/cuda/compat/libnvidia-ptxjitcompiler.so.1 is a directory"),
+            "{}",
+            d.reason
+        );
+        assert_eq!(e, entries());
+        assert!(links.is_empty());
     }
 
     #[test]

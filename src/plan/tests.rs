@@ -1041,6 +1041,7 @@ fn with_compat(files: &[&str]) -> ImageInfo {
         cuda_compat: Some(CompatDir {
             dir: "/usr/local/cuda/compat".into(),
             files: files.iter().map(|f| f.to_string()).collect(),
+            dirs: Vec::new(),
         }),
         ..DEBIAN
     }
