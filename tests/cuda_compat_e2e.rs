@@ -4,8 +4,9 @@
 //! is older and newer than it. In the container `/gpucheck` dlopens `libcuda.so.1` by name and
 //! prints the file its loader resolved. Hostile compat directories (a link out of the rootfs,
 //! a library that links to `/proc/self/...`, a version that does not parse, a directory where
-//! a SONAME link goes) start with the
-//! host's library and touch nothing outside the rootfs.
+//! a SONAME link goes) start with the host's library and touch nothing outside the rootfs.
+//! Also through nvhook-runtime's cdi mode, a generated CDI spec under Podman, `nvhook plan`,
+//! and scripts/gpu-node-check.sh's compat check.
 //! Run as root after `cargo build --workspace`: `cargo test --test cuda_compat_e2e`.
 
 use std::fs;
