@@ -87,13 +87,16 @@ p50() { sort -n | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'; }
 
 # compat: nvhook's CUDA forward-compat choice for each compat directory on this host.
 compat() {
-  local runc="$KIT/bin/runc --root /run/nvhook-check" dir root found=0
+  local runc="$KIT/bin/runc --root /run/nvhook-check" dir root seen=" " found=0
   local probe='["/gpucheck","--kernel","1024"]'
   local env='["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_DRIVER_CAPABILITIES=compute,utility"]'
   config compat 'nvml-cache-file = ""'
   # shellcheck disable=SC2086 # the default is a list of globs
   for dir in ${COMPAT_DIRS:-/usr/local/cuda/compat /usr/local/cuda-*/compat}; do
     [ -d "$dir" ] || continue
+    # /usr/local/cuda usually links to one of the /usr/local/cuda-X.Y: each directory once.
+    case "$seen" in *" $(realpath "$dir") "*) continue ;; esac
+    seen="$seen$(realpath "$dir") "
     found=1
     echo "== CUDA compat: $dir ($(ls "$dir" | grep -E '^libcuda\.so\.[0-9]+\.' | tr '\n' ' '))"
     root="$KIT/compat-rootfs"
