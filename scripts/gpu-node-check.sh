@@ -5,6 +5,7 @@
 #   scripts/gpu-node-check.sh pack DIR   # here: release binaries, runc + libseccomp, a glibc
 #                                        # rootfs with gpucheck (the e2e tests' probe)
 #   DIR/gpu-node-check.sh run OUT        # there, as root: results and logs go to OUT
+#   DIR/gpu-node-check.sh compat OUT     # there: only the CUDA forward-compat check
 #
 # `run` lists the driver's device nodes (GPUs, caps, IMEX channels, NVSwitch, NVLink) and asks
 # for GPU 0 with every capability through each path nvhook offers (runc + the prestart hook,
@@ -13,6 +14,13 @@
 # result copied back and checked), probes the device nodes and runs the mounted nvidia-smi. Then it
 # times whole starts (`runc run` of /bin/true) for plain runc and both hook paths, alternating,
 # with NVML's answer cached (the default) and queried on every start.
+#
+# The CUDA forward-compat check (part of `run`, or alone) takes each CUDA compat directory the
+# host has (/usr/local/cuda/compat, /usr/local/cuda-*/compat; COMPAT_DIRS overrides), copies it
+# into a copy of the kit's rootfs at /usr/local/cuda/compat, as CUDA images carry it, and shows
+# nvhook's choice: `nvhook plan`'s CUDA compat lines (host driver vs compat driver, which
+# libraries), then the file the container's loader resolves libcuda.so.1 to, and a kernel run.
+# NVHOOK_EXTRA_CONFIG: lines added to every config (e.g. driver-root for a driver elsewhere).
 set -euo pipefail
 
 pack() {
@@ -41,12 +49,12 @@ bundle() {
   local dir="$KIT/b-$1"
   mkdir -p "$dir"
   python3 - "$KIT" "$dir/config.json" "$2" "$3" "${4:-}" <<'PY'
-import json, sys
+import json, os, sys
 kit, out, args, env, hook = sys.argv[1:]
 spec = json.load(open(f"{kit}/spec.json"))
 spec["process"].update(terminal=False, args=json.loads(args))
 spec["process"]["env"] += json.loads(env)
-spec["root"] = {"path": f"{kit}/rootfs", "readonly": False}
+spec["root"] = {"path": os.environ.get("ROOTFS", f"{kit}/rootfs"), "readonly": False}
 if hook:
     spec["hooks"] = {"prestart": [{"path": f"{kit}/bin/nvhook",
         "args": ["nvhook", "--config", hook, "hook", "prestart"],
@@ -61,6 +69,7 @@ config() { # config NAME EXTRA-LINES
 log-file = "$OUT/$1.log"
 hook-path = "$KIT/bin/nvhook"
 runtimes = ["$KIT/bin/runc"]
+${NVHOOK_EXTRA_CONFIG:-}
 $2
 EOT
 }
@@ -75,6 +84,36 @@ us() {
 }
 
 p50() { sort -n | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'; }
+
+# compat: nvhook's CUDA forward-compat choice for each compat directory on this host.
+compat() {
+  local runc="$KIT/bin/runc --root /run/nvhook-check" dir root seen=" " found=0
+  local probe='["/gpucheck","--kernel","1024"]'
+  local env='["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_DRIVER_CAPABILITIES=compute,utility"]'
+  config compat 'nvml-cache-file = ""'
+  # shellcheck disable=SC2086 # the default is a list of globs
+  for dir in ${COMPAT_DIRS:-/usr/local/cuda/compat /usr/local/cuda-*/compat}; do
+    [ -d "$dir" ] || continue
+    # /usr/local/cuda usually links to one of the /usr/local/cuda-X.Y: each directory once.
+    case "$seen" in *" $(realpath "$dir") "*) continue ;; esac
+    seen="$seen$(realpath "$dir") "
+    found=1
+    echo "== CUDA compat: $dir ($(ls "$dir" | grep -E '^libcuda\.so\.[0-9]+\.' | tr '\n' ' '))"
+    root="$KIT/compat-rootfs"
+    rm -rf "$root"
+    cp -a "$KIT/rootfs" "$root"
+    mkdir -p "$root/usr/local/cuda"
+    cp -a "$dir" "$root/usr/local/cuda/compat"
+    # A loader cache, as CUDA images have, for nvhook to point at the compat files.
+    echo /lib/x86_64-linux-gnu > "$root/etc/ld.so.conf"
+    ldconfig -r "$root"
+    ROOTFS=$root bundle compat "$probe" "$env" "$KIT/compat.toml"
+    "$KIT/bin/nvhook" --config "$KIT/compat.toml" plan --bundle "$KIT/b-compat" \
+      | sed -n '/^CUDA compat/,/^[^ ]/p' | grep -E '^(CUDA compat|  )' || echo "no CUDA compat line in the plan"
+    $runc run --bundle "$KIT/b-compat" compat | grep -E '^(dlopen|cuInit|kernel)' || true
+  done
+  [ "$found" = 1 ] || echo "== CUDA compat: no CUDA compat directory on this host"
+}
 
 run() {
   OUT=$1
@@ -123,10 +162,17 @@ run() {
   for mode in kept every; do
     echo "$mode $(grep -h 'step="inventory"' "$OUT/$mode.log" | sed 's/.*us=//' | p50)"
   done
+  compat
 }
 
 case "${1:-}" in
   pack) pack "$(realpath -m "${2:?pack DIR}")" ;;
   run) KIT=$(cd "$(dirname "$0")" && pwd); run "$(realpath -m "${2:?run OUT}")" ;;
-  *) echo "usage: $0 pack DIR | run OUT" >&2; exit 2 ;;
+  compat)
+    KIT=$(cd "$(dirname "$0")" && pwd) OUT=$(realpath -m "${2:?compat OUT}")
+    mkdir -p "$OUT"
+    export LD_LIBRARY_PATH=$KIT/bin
+    compat
+    ;;
+  *) echo "usage: $0 pack DIR | run OUT | compat OUT" >&2; exit 2 ;;
 esac

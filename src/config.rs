@@ -52,6 +52,18 @@ pub struct Config {
     pub hook_path: Option<PathBuf>,
     /// How nvhook-runtime gives a container its GPUs.
     pub runtime_mode: RuntimeMode,
+    /// Whether an image's CUDA forward-compatibility libraries load when they are newer
+    /// than the host driver.
+    pub cuda_compat: CudaCompatMode,
+}
+
+/// `auto`: the image's `/usr/local/cuda/compat` libraries load when their driver version is
+/// newer than the host's (see `plan::compat`). `off`: the host's libraries always.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CudaCompatMode {
+    Auto,
+    Off,
 }
 
 /// `hook`: the shim puts the device nodes into config.json and adds the prestart hook, which
@@ -94,6 +106,7 @@ impl Default for Config {
             runtimes: nvhook_runtime::DEFAULT_RUNTIMES.map(String::from).to_vec(),
             hook_path: None,
             runtime_mode: RuntimeMode::Hook,
+            cuda_compat: CudaCompatMode::Auto,
         }
     }
 }
@@ -295,6 +308,7 @@ log-level = "debug"
 runtimes = ["crun"]
 hook-path = "/opt/nvhook"
 runtime-mode = "cdi"
+cuda-compat = "off"
 "#,
         )
         .unwrap();
@@ -308,6 +322,16 @@ runtime-mode = "cdi"
         assert_eq!(c.log_level, LogLevel::Debug);
         assert_eq!(c.runtimes, vec!["crun".to_string()]);
         assert_eq!(c.runtime_mode, RuntimeMode::Cdi);
+        assert_eq!(c.cuda_compat, CudaCompatMode::Off);
+        assert_eq!(Config::default().cuda_compat, CudaCompatMode::Auto);
+    }
+
+    #[test]
+    fn a_wrong_cuda_compat_value_names_the_key() {
+        let e = parse("cuda-compat = \"on\"\n").unwrap_err().to_string();
+        assert!(e.contains("cuda-compat"), "{e}");
+        assert!(e.contains("auto") && e.contains("off"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
     }
 
     #[test]

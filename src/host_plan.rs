@@ -1,7 +1,8 @@
 //! The plan for one container on this host: its request, the host's inventory and its
 //! image's layout (probed read-only). Shared by the hook, the shim and `nvhook plan`.
 
-use crate::config::Config;
+use crate::capability::Capability;
+use crate::config::{Config, CudaCompatMode};
 use crate::inventory::change::HostChange;
 use crate::inventory::{self, Inventory, isolated::Source};
 use crate::plan::{self, Plan};
@@ -66,7 +67,14 @@ pub fn plan_for(
     config: &Config,
     rootfs_path: &Path,
 ) -> Result<Plan, PlanningError> {
-    let image = Rootfs::open(rootfs_path)?.probe();
+    let rootfs = Rootfs::open(rootfs_path)?;
+    let mut image = rootfs.probe();
+    // Compat libraries replace the driver's compute libraries only.
+    if config.cuda_compat == CudaCompatMode::Auto
+        && request.capabilities.contains(&Capability::Compute)
+    {
+        image.cuda_compat = rootfs.cuda_compat(request.cuda_version.as_deref());
+    }
     Ok(plan::build(
         request,
         inventory,

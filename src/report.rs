@@ -105,6 +105,12 @@ pub fn plan_text(plan: &Plan) -> String {
             "Loader cache: the image has none; libraries are in the default path"
         );
     }
+    if let Some(c) = &plan.cuda_compat {
+        let _ = writeln!(s, "CUDA compat: {} in {}", c.reason, c.dir);
+        for soname in &c.libraries {
+            let _ = writeln!(s, "  {soname} -> {}/{soname}", c.dir);
+        }
+    }
     if let Some(p) = &plan.proc_overlay {
         let _ = writeln!(
             s,

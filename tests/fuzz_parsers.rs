@@ -178,6 +178,7 @@ const DEBIAN_IMAGE: ImageInfo = ImageInfo {
     debian: true,
     has_usr_lib64: false,
     has_ldcache: true,
+    cuda_compat: None,
 };
 
 fn corpus_dir() -> PathBuf {

@@ -14,6 +14,8 @@
 #include <link.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <link.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +57,15 @@ static void check_dlopen(void)
         return;
     }
     printf("dlopen libcuda.so.1 ok\n");
+    /* Which file the loader resolved the name to: the path it took (from its cache, or
+     * a default directory), then the file at the end of that path's links. */
+    struct link_map *map = NULL;
+    if (dlinfo(lib, RTLD_DI_LINKMAP, &map) == 0 && map != NULL) {
+        char real[PATH_MAX];
+        printf("dlopen libcuda.so.1 path %s\n", map->l_name);
+        if (realpath(map->l_name, real) != NULL)
+            printf("dlopen libcuda.so.1 file %s\n", real);
+    }
     int (*cu_init)(unsigned int) = (int (*)(unsigned int))dlsym(lib, "cuInit");
     if (cu_init == NULL) {
         printf("cuInit missing %s\n", dlerror());

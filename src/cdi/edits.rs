@@ -128,6 +128,7 @@ mod tests {
             debian: true,
             has_usr_lib64: false,
             has_ldcache: true,
+            cuda_compat: None,
         };
         let req = request(DeviceSelection::List(vec![DeviceId::Index(1)]));
         let plan = build(&req, &standard(), "/node", image).unwrap();
@@ -198,7 +199,7 @@ mod tests {
         .unwrap();
         plan.symlinks.clear();
         plan.ldcache.clear();
-        plan.ld_so_conf = None;
+        plan.ld_so_confs.clear();
         let hook = HookBinary {
             path: "/usr/bin/nvhook".into(),
             config: None,

@@ -51,6 +51,7 @@ pub fn request(devices: DeviceSelection, capabilities: Vec<Capability>) -> Reque
         mig_monitor: None,
         privileged: false,
         source: SelectionSource::Env,
+        cuda_version: None,
     }
 }
 
@@ -287,7 +288,9 @@ mod tests {
                 .iter()
                 .any(|e| e.path == "/usr/lib/x86_64-linux-gnu/libcuda.so.1")
         );
-        let conf = links.ld_so_conf.unwrap();
+        let [conf] = &links.ld_so_confs[..] else {
+            panic!("{:?}", links.ld_so_confs)
+        };
         assert!(conf.dirs.contains(&"/usr/lib/x86_64-linux-gnu".to_string()));
         validate(&spec).unwrap();
     }

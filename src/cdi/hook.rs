@@ -7,9 +7,11 @@
 //! has entered the namespace. What to do comes in its arguments, because a static spec
 //! cannot point at a per-container plan file, and arguments show in the spec for review.
 
+use crate::config::{Config, CudaCompatMode};
 use crate::inject::HookError;
 use crate::oci::{Spec, State};
-use crate::plan::{CacheEntry, LdSoConf, Plan, Symlink};
+use crate::plan::{CacheEntry, LdSoConf, Plan, Symlink, compat};
+use crate::request::CUDA_VERSION;
 use crate::rootfs::{Rootfs, loader};
 use nvhook_ldcache::ElfClass;
 
@@ -18,12 +20,15 @@ use nvhook_ldcache::ElfClass;
 pub struct LinkArgs {
     pub symlinks: Vec<Symlink>,
     pub ldcache: Vec<CacheEntry>,
-    pub ld_so_conf: Option<LdSoConf>,
+    pub ld_so_confs: Vec<LdSoConf>,
+    /// The host driver version a static spec was made for: the hook then decides about the
+    /// image's CUDA compat libraries itself (a per-container plan has decided already).
+    pub cuda_compat_host: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
-    "bad createContainer hook argument {0:?} (expected --link PATH=TARGET, --lib64 PATH, --lib32 PATH, --ld-so-conf FILE, --ld-so-dir DIR; regenerate the CDI spec with this nvhook)"
+    "bad createContainer hook argument {0:?} (expected --link PATH=TARGET, --lib64 PATH, --lib32 PATH, --ld-so-conf FILE, --ld-so-dir DIR, --cuda-compat-host VERSION; regenerate the CDI spec with this nvhook)"
 )]
 pub struct BadHookArg(pub String);
 
@@ -37,12 +42,18 @@ impl LinkArgs {
             } else {
                 Vec::new()
             },
-            ld_so_conf: plan.ld_so_conf.clone(),
+            ld_so_confs: plan.ld_so_confs.clone(),
+            // Libraries at their host paths: the plan is a static spec's, for any image.
+            cuda_compat_host: plan
+                .layout
+                .host_driver_root
+                .is_some()
+                .then(|| plan.driver_version.clone()),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.symlinks.is_empty() && self.ldcache.is_empty() && self.ld_so_conf.is_none()
+        self.symlinks.is_empty() && self.ldcache.is_empty() && self.ld_so_confs.is_empty()
     }
 
     pub fn to_args(&self) -> Vec<String> {
@@ -61,7 +72,7 @@ impl LinkArgs {
             );
             out.push(entry.path.clone());
         }
-        if let Some(conf) = &self.ld_so_conf {
+        for conf in &self.ld_so_confs {
             out.push("--ld-so-conf".into());
             out.push(conf.path.clone());
             for dir in &conf.dirs {
@@ -69,15 +80,25 @@ impl LinkArgs {
                 out.push(dir.clone());
             }
         }
+        if let Some(version) = &self.cuda_compat_host {
+            out.push("--cuda-compat-host".into());
+            out.push(version.clone());
+        }
         out
     }
 
     pub fn parse(args: &[String]) -> Result<LinkArgs, BadHookArg> {
         let mut out = LinkArgs::default();
-        let mut dirs = Vec::new();
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             let bad = || BadHookArg(flag.clone());
+            if flag == "--cuda-compat-host" && out.cuda_compat_host.is_none() {
+                let version = it
+                    .next()
+                    .filter(|v| compat::DriverVersion::parse(v).is_some());
+                out.cuda_compat_host = Some(version.ok_or_else(bad)?.clone());
+                continue;
+            }
             let value = it.next().filter(|v| v.starts_with('/')).ok_or_else(bad)?;
             match flag.as_str() {
                 "--link" => {
@@ -99,37 +120,60 @@ impl LinkArgs {
                         },
                     });
                 }
-                "--ld-so-conf" if out.ld_so_conf.is_none() => {
-                    out.ld_so_conf = Some(LdSoConf {
+                "--ld-so-conf" if !out.ld_so_confs.iter().any(|c| &c.path == value) => {
+                    out.ld_so_confs.push(LdSoConf {
                         path: value.clone(),
                         dirs: Vec::new(),
                     })
                 }
-                "--ld-so-dir" => dirs.push(value.clone()),
+                // The directories of the file named last.
+                "--ld-so-dir" => out
+                    .ld_so_confs
+                    .last_mut()
+                    .ok_or_else(bad)?
+                    .dirs
+                    .push(value.clone()),
                 _ => return Err(bad()),
             }
-        }
-        match &mut out.ld_so_conf {
-            Some(conf) => conf.dirs = dirs,
-            None if !dirs.is_empty() => return Err(BadHookArg("--ld-so-dir".into())),
-            None => {}
         }
         Ok(out)
     }
 }
 
 /// Applies `args` to the rootfs of the container `state` describes.
-pub fn create_container(state: &State, args: &LinkArgs) -> Result<(), HookError> {
+pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Result<(), HookError> {
     let spec = Spec::load(&state.bundle)?;
     let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
     let rootfs = Rootfs::open(&rootfs_path)?;
     // Which images have a glibc cache is only known now: a static spec serves them all.
     let has_cache = rootfs.probe().has_ldcache;
+    let mut args = args.clone();
+    if let Some(host) = &args.cuda_compat_host
+        && config.cuda_compat == CudaCompatMode::Auto
+        && let Some(found) = rootfs.cuda_compat(spec.env(CUDA_VERSION))
+    {
+        // Each library's SONAME link names its host file.
+        let links = args.symlinks.clone();
+        let host_files: Vec<(&str, &str)> = links
+            .iter()
+            .filter_map(|l| Some((l.path.rsplit_once('/')?.1, l.target.as_str())))
+            .collect();
+        let (decision, conf) = compat::apply(
+            &found,
+            host,
+            has_cache,
+            &host_files,
+            &mut args.ldcache,
+            &mut args.symlinks,
+        );
+        decision.log();
+        args.ld_so_confs.splice(0..0, conf);
+    }
     loader::link_and_cache(
         &rootfs,
         &args.symlinks,
         &args.ldcache,
-        args.ld_so_conf.as_ref(),
+        &args.ld_so_confs,
         has_cache,
     )?;
     tracing::info!(
@@ -167,10 +211,17 @@ mod tests {
                     class: ElfClass::I386,
                 },
             ],
-            ld_so_conf: Some(LdSoConf {
-                path: "/etc/ld.so.conf.d/000-nvhook.conf".into(),
-                dirs: strings(&["/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu"]),
-            }),
+            ld_so_confs: vec![
+                LdSoConf {
+                    path: "/etc/ld.so.conf.d/00-compat-nvhook.conf".into(),
+                    dirs: strings(&["/usr/local/cuda/compat"]),
+                },
+                LdSoConf {
+                    path: "/etc/ld.so.conf.d/000-nvhook.conf".into(),
+                    dirs: strings(&["/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu"]),
+                },
+            ],
+            cuda_compat_host: Some("550.54.15".into()),
         };
         assert_eq!(LinkArgs::parse(&args.to_args()).unwrap(), args);
         assert_eq!(LinkArgs::parse(&[]).unwrap(), LinkArgs::default());
@@ -184,7 +235,15 @@ mod tests {
             &["--lib64", "relative/libcuda.so.1"],
             &["--frobnicate", "/x"],
             &["--ld-so-dir", "/usr/lib"],
-            &["--ld-so-conf", "/a", "--ld-so-conf", "/b"],
+            &["--ld-so-conf", "/a", "--ld-so-conf", "/a"],
+            &["--cuda-compat-host", "/550.54.15"],
+            &["--cuda-compat-host", "latest"],
+            &[
+                "--cuda-compat-host",
+                "550.54.15",
+                "--cuda-compat-host",
+                "550.54.15",
+            ],
         ] {
             let e = LinkArgs::parse(&strings(bad)).unwrap_err();
             assert!(e.to_string().contains("regenerate"), "{bad:?}: {e}");

@@ -148,7 +148,7 @@ impl ContainerEffects for SystemInside {
             &self.rootfs,
             &plan.symlinks,
             &plan.ldcache,
-            plan.ld_so_conf.as_ref(),
+            &plan.ld_so_confs,
             plan.layout.ldcache,
         )?;
         Ok(())

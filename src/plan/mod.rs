@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
+pub mod compat;
+pub use compat::{CompatDir, CudaCompat};
+
 /// Every mount nvhook makes is a read-only, private bind that cannot carry setuid or devices.
 pub const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate"];
 
@@ -29,15 +32,42 @@ pub struct Plan {
     pub symlinks: Vec<Symlink>,
     /// Entries to add to the image's /etc/ld.so.cache (when it has one).
     pub ldcache: Vec<CacheEntry>,
-    /// `/etc/ld.so.conf.d` file keeping non-default library dirs across an ldconfig run in the image.
-    pub ld_so_conf: Option<LdSoConf>,
+    /// `/etc/ld.so.conf.d` files keeping non-default library dirs (and a used CUDA compat
+    /// directory, first) across an ldconfig run in the image.
+    pub ld_so_confs: Vec<LdSoConf>,
     pub proc_overlay: Option<ProcOverlay>,
+    /// What became of the image's CUDA forward-compatibility libraries, when it has some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_compat: Option<CudaCompat>,
 }
 
 /// A device node as the container's spec lists it in `linux.devices` (numbers optional there).
 pub type ListedNode<'a> = (&'a Path, Option<i64>, Option<i64>);
 
 impl Plan {
+    /// Points the loader at the image's compat libraries where [`compat::apply`] says so.
+    fn apply_cuda_compat(&mut self, found: &CompatDir, inventory: &Inventory) {
+        let host_files: Vec<(&str, &str)> = inventory
+            .files
+            .libraries
+            .iter()
+            .filter(|l| l.class == ElfClass::X86_64)
+            .map(|l| (l.soname.as_str(), l.file_name.as_str()))
+            .collect();
+        let (decision, conf) = compat::apply(
+            found,
+            &self.driver_version,
+            self.layout.ldcache,
+            &host_files,
+            &mut self.ldcache,
+            &mut self.symlinks,
+        );
+        decision.log();
+        // First, so that an ldconfig run in the image reads the compat directory first.
+        self.ld_so_confs.splice(0..0, conf);
+        self.cuda_compat = Some(decision);
+    }
+
     /// The device nodes the hook must make itself, and the cgroup rules for them: those not
     /// listed in the spec already. nvhook-runtime lists its nodes there so the runtime makes
     /// them and owns their rules (they then survive `runc update`).
@@ -93,15 +123,17 @@ pub struct Layout {
 }
 
 /// What the plan needs to know about the image, probed safely by the caller.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImageInfo {
     pub debian: bool,
     pub has_usr_lib64: bool,
     pub has_ldcache: bool,
+    /// The image's CUDA compat directory, when it has one and it was looked for.
+    pub cuda_compat: Option<CompatDir>,
 }
 
 impl Layout {
-    pub fn for_image(image: ImageInfo) -> Layout {
+    pub fn for_image(image: &ImageInfo) -> Layout {
         let (lib64, lib32) = if image.debian {
             ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
         } else if image.has_usr_lib64 {
@@ -123,7 +155,7 @@ impl Layout {
     pub fn host_paths(driver_root: PathBuf) -> Layout {
         Layout {
             host_driver_root: Some(driver_root),
-            ..Layout::for_image(ImageInfo {
+            ..Layout::for_image(&ImageInfo {
                 has_ldcache: true,
                 ..ImageInfo::default()
             })
@@ -282,7 +314,11 @@ pub fn build(
     dev_root: &str,
     image: ImageInfo,
 ) -> Result<Plan, PlanError> {
-    build_with_layout(request, inventory, dev_root, Layout::for_image(image))
+    let mut plan = build_with_layout(request, inventory, dev_root, Layout::for_image(&image))?;
+    if let Some(found) = &image.cuda_compat {
+        plan.apply_cuda_compat(found, inventory);
+    }
+    Ok(plan)
 }
 
 /// Computes the plan for `request` with libraries placed as `layout` says.
@@ -306,7 +342,7 @@ pub fn build_with_layout(
         ldcache: Vec::new(),
     };
     builder.add_driver_files(request, inventory, !choices.is_empty())?;
-    let ld_so_conf = ld_so_conf(&layout, &builder.ldcache);
+    let ld_so_confs = ld_so_conf(&layout, &builder.ldcache).into_iter().collect();
     Ok(Plan {
         driver_version: inventory.driver_version.clone(),
         selected: choices.iter().map(Choice::selected).collect(),
@@ -318,9 +354,10 @@ pub fn build_with_layout(
         mounts: builder.mounts,
         symlinks: builder.symlinks,
         ldcache: builder.ldcache,
-        ld_so_conf,
+        ld_so_confs,
         proc_overlay: proc_overlay(inventory, &choices),
         layout,
+        cuda_compat: None,
     })
 }
 

@@ -26,6 +26,7 @@ const DEBIAN: ImageInfo = ImageInfo {
     debian: true,
     has_usr_lib64: false,
     has_ldcache: true,
+    cuda_compat: None,
 };
 
 // ---------------------------------------------------------------- fixtures
@@ -211,7 +212,7 @@ pub(crate) fn one_gpu_plan() -> Plan {
         "layout": {"lib64_dir": "/usr/lib", "lib32_dir": "/usr/lib32", "ldcache": false},
         "devices": [{"path": "/dev/nvidia0", "host_path": "/dev/nvidia0", "major": 195, "minor": 0, "mode": 438}],
         "cgroup_rules": [{"kind": "c", "major": 195, "minor": 0, "access": "rw"}],
-        "mounts": [], "symlinks": [], "ldcache": [], "ld_so_conf": null, "proc_overlay": null
+        "mounts": [], "symlinks": [], "ldcache": [], "ld_so_confs": [], "proc_overlay": null
     }))
     .unwrap()
 }
@@ -693,6 +694,7 @@ fn layout_follows_the_image() {
         debian,
         has_usr_lib64,
         has_ldcache,
+        cuda_compat: None,
     };
     // (image, 64-bit dir, 32-bit dir, ld.so.conf.d dirs with compat32)
     let cases = [
@@ -724,7 +726,7 @@ fn layout_follows_the_image() {
         let p = plan_on(
             &standard(),
             &[&visible("0"), &caps("compute,utility,compat32")],
-            info,
+            info.clone(),
         );
         assert_eq!(p.layout.lib64_dir, lib64, "{info:?}");
         assert_eq!(p.layout.lib32_dir, lib32, "{info:?}");
@@ -737,7 +739,7 @@ fn layout_follows_the_image() {
             let want = format!("{dir}/{stem}.so.{VERSION}");
             assert!(has_mount(&p, &want), "{info:?}: no {want}");
         }
-        let conf = p.ld_so_conf.as_ref();
+        let conf = p.ld_so_confs.first();
         assert_eq!(
             conf.map(|c| c.dirs.iter().map(String::as_str).collect::<Vec<_>>()),
             conf_dirs,
@@ -1033,6 +1035,84 @@ fn the_hook_makes_only_the_nodes_the_spec_does_not_list() {
     // A listed path with other numbers is not the same node: the hook still makes ours.
     let other = [(Path::new("/dev/nvidia0"), Some(195), Some(7))];
     assert_eq!(plan.left_to_hook(other).0.len(), 2);
+}
+
+// ---------------------------------------------------------------- CUDA compat
+
+fn with_compat(files: &[&str]) -> ImageInfo {
+    ImageInfo {
+        cuda_compat: Some(CompatDir {
+            dir: "/usr/local/cuda/compat".into(),
+            files: files.iter().map(|f| f.to_string()).collect(),
+            dirs: Vec::new(),
+        }),
+        ..DEBIAN
+    }
+}
+
+#[test]
+fn a_newer_compat_libcuda_is_what_the_loader_cache_names() {
+    let p = plan_on(
+        &standard(),
+        &[&visible("0"), &caps("compute,utility,compat32")],
+        with_compat(&["libcuda.so.580.95.05", "libcuda.so.1"]),
+    );
+    let compat = p.cuda_compat.as_ref().unwrap();
+    assert!(compat.used(), "{compat:?}");
+    assert_eq!(compat.libraries, ["libcuda.so.1"]);
+    let lib64: Vec<&CacheEntry> = p
+        .ldcache
+        .iter()
+        .filter(|e| e.soname == "libcuda.so.1")
+        .collect();
+    // One 64-bit entry, into the compat directory; the 32-bit one stays the host's.
+    assert_eq!(lib64.len(), 2, "{lib64:?}");
+    assert_eq!(lib64[0].path, "/usr/local/cuda/compat/libcuda.so.1");
+    assert_eq!(lib64[1].path, format!("{DEBIAN_LIB32}/libcuda.so.1"));
+    assert!(p.symlinks.contains(&Symlink {
+        path: "/usr/local/cuda/compat/libcuda.so.1".into(),
+        target: "libcuda.so.580.95.05".into(),
+    }));
+    // The host's library is still given, where it always goes.
+    assert!(has_mount(
+        &p,
+        &format!("{DEBIAN_LIB64}/libcuda.so.{VERSION}")
+    ));
+    assert_eq!(p.ld_so_confs[0].path, compat::COMPAT_CONF);
+    assert_eq!(p.ld_so_confs[0].dirs, ["/usr/local/cuda/compat"]);
+    assert_eq!(p.ld_so_confs.len(), 2);
+    let text = crate::report::plan_text(&p);
+    assert!(
+        text.contains(&format!(
+            "CUDA compat: compat 580.95.05 is newer than host driver {VERSION}: the compat libraries in /usr/local/cuda/compat"
+        )),
+        "{text}"
+    );
+    let back: Plan = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+    assert_eq!(back, p);
+}
+
+#[test]
+fn an_older_compat_libcuda_leaves_the_plan_as_it_was() {
+    let env = [visible("0"), caps("compute,utility")];
+    let env: Vec<&str> = env.iter().map(String::as_str).collect();
+    let plain = plan_on(&standard(), &env, DEBIAN);
+    let p = plan_on(&standard(), &env, with_compat(&["libcuda.so.470.256.02"]));
+    let compat = p.cuda_compat.clone().unwrap();
+    assert!(!compat.used());
+    assert_eq!(compat.compat_driver.as_deref(), Some("470.256.02"));
+    assert_eq!(
+        Plan {
+            cuda_compat: None,
+            ..p.clone()
+        },
+        plain
+    );
+    let text = crate::report::plan_text(&p);
+    assert!(
+        text.contains("is the same or newer than compat 470.256.02"),
+        "{text}"
+    );
 }
 
 /// [`standard`] with what a desktop driver adds: DRM nodes for GPUs 0 and 1, GBM's allocator,

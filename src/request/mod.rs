@@ -44,6 +44,8 @@ pub struct Request {
     /// CAP_SYS_ADMIN is in the bounding set.
     pub privileged: bool,
     pub source: SelectionSource,
+    /// The image's `CUDA_VERSION`, which names its `/usr/local/cuda-X.Y` directory.
+    pub cuda_version: Option<String>,
 }
 
 /// Where the device selection came from.
@@ -143,6 +145,10 @@ impl Request {
             requirements: requirements(spec, config, legacy)?,
             privileged,
             source,
+            cuda_version: spec
+                .env(CUDA_VERSION)
+                .filter(|v| !v.is_empty())
+                .map(str::to_string),
         }))
     }
 }

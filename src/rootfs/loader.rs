@@ -8,12 +8,12 @@ use nvhook_ldcache::{Entry, LdCache, MAX_CACHE_LEN};
 const CACHE_PATH: &str = "/etc/ld.so.cache";
 
 /// Creates `symlinks`, then, when the image has a loader cache, adds `entries` to it and
-/// writes `conf`. Shared by the prestart hook and the CDI createContainer hook.
+/// writes `confs`. Shared by the prestart hook and the CDI createContainer hook.
 pub fn link_and_cache(
     rootfs: &Rootfs,
     symlinks: &[Symlink],
     entries: &[CacheEntry],
-    conf: Option<&LdSoConf>,
+    confs: &[LdSoConf],
     image_has_cache: bool,
 ) -> Result<(), RootfsError> {
     for link in symlinks {
@@ -23,7 +23,7 @@ pub fn link_and_cache(
     }
     if image_has_cache {
         let n = update_cache(rootfs, entries)?;
-        if let Some(conf) = conf {
+        for conf in confs {
             write_conf(rootfs, conf)?;
         }
         tracing::debug!(entries = n, "loader cache written");

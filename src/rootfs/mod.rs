@@ -6,6 +6,7 @@
 //! calls on that directory descriptor with O_NOFOLLOW / O_EXCL, so no path string is ever
 //! resolved twice.
 
+pub mod compat;
 pub mod loader;
 pub mod sys;
 
@@ -242,6 +243,7 @@ impl Rootfs {
             debian: self.exists("/etc/debian_version"),
             has_usr_lib64: self.is_dir("/usr/lib64"),
             has_ldcache: self.exists("/etc/ld.so.cache"),
+            cuda_compat: None,
         }
     }
 
@@ -555,7 +557,8 @@ mod tests {
             ImageInfo {
                 debian: false,
                 has_usr_lib64: true,
-                has_ldcache: true
+                has_ldcache: true,
+                cuda_compat: None,
             }
         );
         std::fs::remove_file(root.join("usr/lib64")).unwrap();

@@ -247,6 +247,38 @@ pub fn mkdir_at(dir: BorrowedFd, name: &CStr, mode: u32) -> io::Result<()> {
     unit_result(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) } as libc::c_long)
 }
 
+/// The names in the directory `dir` (an O_PATH handle will do), without `.` and `..`; an
+/// error past `limit` names, so a hostile directory cannot make the caller list it forever.
+pub fn dir_names(dir: BorrowedFd, limit: usize) -> io::Result<Vec<CString>> {
+    use std::os::fd::IntoRawFd;
+    let fd = open_at(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    // SAFETY: fdopendir takes ownership of a valid directory descriptor (closed by closedir).
+    let stream = unsafe { libc::fdopendir(fd.into_raw_fd()) };
+    if stream.is_null() {
+        return Err(io::Error::last_os_error());
+    }
+    let mut names = Vec::new();
+    let result = loop {
+        // SAFETY: stream is a valid DIR*; the entry it returns lives until the next call.
+        let entry = unsafe { libc::readdir64(stream) };
+        if entry.is_null() {
+            break Ok(());
+        }
+        // SAFETY: d_name is NUL-terminated within the entry.
+        let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) };
+        if name == c"." || name == c".." {
+            continue;
+        }
+        if names.len() == limit {
+            break Err(io::Error::other(format!("more than {limit} entries")));
+        }
+        names.push(name.to_owned());
+    };
+    // SAFETY: stream is valid and not used after.
+    unsafe { libc::closedir(stream) };
+    result.map(|()| names)
+}
+
 /// The inode `fd` (an O_PATH descriptor) refers to, opened again with `flags` through
 /// /proc/thread-self/fd/N: the kernel follows the descriptor itself, so no path is resolved
 /// again. The /proc found must be procfs and the root of its mount; the file opened must be

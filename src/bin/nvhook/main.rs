@@ -251,7 +251,7 @@ fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()>
         }
     };
     if let Some(links) = links {
-        nvhook::cdi::hook::create_container(&state, &links).inspect_err(log_error)?;
+        nvhook::cdi::hook::create_container(&config, &state, &links).inspect_err(log_error)?;
         tracing::info!(?stage, id = %state.id, total_us = started.elapsed().as_micros(), "hook finished");
         return Ok(());
     }

@@ -38,6 +38,9 @@ pub struct GlibcImageOptions {
     pub old_driver_libcuda: bool,
     /// RHEL's layout: the loader and libraries in /usr/lib64, no /etc/debian_version.
     pub rhel: bool,
+    /// Ship CUDA forward-compatibility libraries of this driver version, as `nvidia/cuda`
+    /// images do: see [`CUDA_COMPAT_DIR`].
+    pub cuda_compat: Option<&'static str>,
     pub ldcache: LoaderCache,
 }
 
@@ -52,6 +55,11 @@ pub enum LoaderCache {
     /// None at all, and no ldconfig: a distroless image.
     Absent,
 }
+
+/// Where [`GlibcImageOptions::cuda_compat`] puts its libraries: `libcuda.so.<version>` and
+/// `libnvidia-ptxjitcompiler.so.<version>` (stand-ins with those SONAMEs; cuInit returns 999),
+/// their SONAME links, with `/usr/local/cuda` a link to `cuda-12.9`.
+pub const CUDA_COMPAT_DIR: &str = "/usr/local/cuda-12.9/compat";
 
 /// Where the old driver's libcuda of [`GlibcImageOptions::old_driver_libcuda`] says it is from.
 pub const OLD_DRIVER_VERSION: &str = "470.256.02";
@@ -100,6 +108,20 @@ pub fn build_glibc_image(dir: &Path, options: GlibcImageOptions) -> Image {
         let versioned = format!("libcuda.so.{OLD_DRIVER_VERSION}");
         fake_libcuda(&versioned);
         symlink(&versioned, rootfs.join(lib_dir).join("libcuda.so.1")).expect("SONAME link");
+    }
+    if let Some(version) = options.cuda_compat {
+        let compat = rootfs.join(CUDA_COMPAT_DIR.trim_start_matches('/'));
+        fs::create_dir_all(&compat).expect("create the compat directory");
+        for stem in ["libcuda", "libnvidia-ptxjitcompiler"] {
+            let file = format!("{stem}.so.{version}");
+            compile(
+                &[source("support/fake_libcuda.c")],
+                &compat.join(&file),
+                &["-shared", "-fPIC", &format!("-Wl,-soname,{stem}.so.1")],
+            );
+            symlink(&file, compat.join(format!("{stem}.so.1"))).expect("SONAME link");
+        }
+        symlink("cuda-12.9", rootfs.join("usr/local/cuda")).expect("/usr/local/cuda link");
     }
     if !options.rhel {
         // nvhook picks the library directory from this file (Debian family).

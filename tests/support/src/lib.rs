@@ -25,8 +25,8 @@ pub use bundle::{Bundle, nvhook_bin, run_nvhook};
 pub use cmd::{output_of_copied_binary, readelf, require_program, require_root, stdout_of};
 pub use gpucheck::{CONTROL_NODES, gpu_node, gpucheck_args};
 pub use image::{
-    GlibcImageOptions, Image, LoaderCache, OLD_DRIVER_VERSION, build_busybox_image,
-    build_glibc_image, build_musl_image, busybox_image, compile, glibc_image,
+    CUDA_COMPAT_DIR, GlibcImageOptions, Image, LoaderCache, OLD_DRIVER_VERSION,
+    build_busybox_image, build_glibc_image, build_musl_image, busybox_image, compile, glibc_image,
     glibc_image_with_fake_libcuda, source,
 };
 pub use mountns::{MountNs, table_diff};

@@ -1,0 +1,118 @@
+//! Finding the image's CUDA forward-compatibility directory, read-only.
+//!
+//! Where: `/usr/local/cuda/compat` (what NVIDIA's toolkit reads; in CUDA images
+//! `/usr/local/cuda` links to the installed `/usr/local/cuda-X.Y`), else
+//! `/usr/local/cuda-X.Y/compat` for the image's `CUDA_VERSION` (`X.Y.Z`). Any other
+//! `cuda-*` directory is not looked at: which of several the image's programs use is not
+//! something nvhook can know. Links on the way resolve inside the rootfs (pathrs), and only
+//! regular files in the directory are listed: a link there (to `/proc/self/...`, say) is
+//! never followed, so it never counts.
+
+use super::{Rootfs, sys};
+use crate::plan::CompatDir;
+use std::os::fd::AsFd;
+
+/// More than a compat directory ever holds (about ten files).
+const MAX_ENTRIES: usize = 256;
+
+impl Rootfs {
+    /// The image's compat directory and the regular files in it, if it has one.
+    pub fn cuda_compat(&self, cuda_version: Option<&str>) -> Option<CompatDir> {
+        let versioned = cuda_version
+            .and_then(major_minor)
+            .map(|v| format!("/usr/local/cuda-{v}/compat"));
+        let (dir, handle) = std::iter::once("/usr/local/cuda/compat".to_string())
+            .chain(versioned)
+            .find_map(|d| self.dir_if_exists(&d).ok().map(|h| (d, h)))?;
+        let names = match sys::dir_names(handle.as_fd(), MAX_ENTRIES) {
+            Ok(names) => names,
+            Err(e) => {
+                tracing::info!(dir, error = %e, "CUDA compat directory not read: the host's libraries");
+                return None;
+            }
+        };
+        let (mut files, mut dirs) = (Vec::new(), Vec::new());
+        for name in &names {
+            let kind = sys::lstat_at(handle.as_fd(), name)
+                .ok()
+                .flatten()
+                .map(|st| sys::file_type(&st));
+            let list = match kind {
+                Some(libc::S_IFREG) => &mut files,
+                Some(libc::S_IFDIR) => &mut dirs,
+                _ => continue,
+            };
+            list.extend(name.to_str().ok().map(str::to_string));
+        }
+        Some(CompatDir { dir, files, dirs })
+    }
+}
+
+/// `12.4` of `12.4.1`; None unless it starts with two numbers.
+fn major_minor(cuda_version: &str) -> Option<String> {
+    let mut parts = cuda_version.split('.');
+    let (major, minor) = (parts.next()?, parts.next()?);
+    let number = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    (number(major) && number(minor)).then(|| format!("{major}.{minor}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn cuda_version_names_the_directory() {
+        assert_eq!(major_minor("13.0.1").as_deref(), Some("13.0"));
+        assert_eq!(major_minor("12.4").as_deref(), Some("12.4"));
+        for bad in ["12", "", "12.x", "../12.4", "12./4"] {
+            assert_eq!(major_minor(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_regular_files_inside_the_root_count() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        let compat = root.join("usr/local/cuda-13.0/compat");
+        fs::create_dir_all(&compat).unwrap();
+        fs::write(compat.join("libcuda.so.580.95.05"), b"").unwrap();
+        symlink("libcuda.so.580.95.05", compat.join("libcuda.so.1")).unwrap();
+        symlink("/proc/self/exe", compat.join("libnvidia-nvvm.so.580.95.05")).unwrap();
+        fs::create_dir(compat.join("libnvidia-ptxjitcompiler.so.580.95.05")).unwrap();
+        let r = Rootfs::open(&root).unwrap();
+        // No /usr/local/cuda and no CUDA_VERSION: not looked for elsewhere.
+        assert_eq!(r.cuda_compat(None), None);
+        let found = r.cuda_compat(Some("13.0.1")).unwrap();
+        assert_eq!(found.dir, "/usr/local/cuda-13.0/compat");
+        assert_eq!(found.files, ["libcuda.so.580.95.05"]);
+        assert_eq!(found.dirs, ["libnvidia-ptxjitcompiler.so.580.95.05"]);
+        // /usr/local/cuda, a link (absolute, as the alternatives system makes it), wins.
+        symlink("/usr/local/cuda-13.0", root.join("usr/local/cuda")).unwrap();
+        let r = Rootfs::open(&root).unwrap();
+        assert_eq!(
+            r.cuda_compat(Some("12.4")).unwrap().dir,
+            "/usr/local/cuda/compat"
+        );
+    }
+
+    #[test]
+    fn a_link_out_of_the_root_resolves_inside_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        let host = tmp.path().join("host-compat");
+        fs::create_dir_all(&host).unwrap();
+        fs::write(host.join("libcuda.so.999.0.0"), b"").unwrap();
+        fs::create_dir_all(root.join("usr/local/cuda")).unwrap();
+        symlink(&host, root.join("usr/local/cuda/compat")).unwrap();
+        let r = Rootfs::open(&root).unwrap();
+        // Inside the root the link names root/<host path>, which is not there.
+        assert_eq!(r.cuda_compat(None), None);
+        let inside = root.join(host.strip_prefix("/").unwrap());
+        fs::create_dir_all(&inside).unwrap();
+        fs::write(inside.join("libcuda.so.600.1.2"), b"").unwrap();
+        let r = Rootfs::open(&root).unwrap();
+        assert_eq!(r.cuda_compat(None).unwrap().files, ["libcuda.so.600.1.2"]);
+    }
+}
