@@ -1,6 +1,7 @@
 //! `/etc/nvhook/config.toml`: where the host's driver, device nodes and proc live, and policy.
 
 use crate::capability::Capability;
+use crate::extra_devices::Family;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -50,6 +51,12 @@ pub struct Config {
     pub hook_path: Option<PathBuf>,
     /// How nvhook-runtime gives a container its GPUs.
     pub runtime_mode: RuntimeMode,
+    /// Whether a GPU container whose NVIDIA_NVSWITCH (NVIDIA_GDS, NVIDIA_MOFED,
+    /// NVIDIA_GDRCOPY) is unset or empty gets that device family's nodes (those the host has).
+    pub nvswitch: bool,
+    pub gds: bool,
+    pub mofed: bool,
+    pub gdrcopy: bool,
 }
 
 /// `hook`: the shim puts the device nodes into config.json and adds the prestart hook, which
@@ -91,6 +98,10 @@ impl Default for Config {
             runtimes: nvhook_runtime::DEFAULT_RUNTIMES.map(String::from).to_vec(),
             hook_path: None,
             runtime_mode: RuntimeMode::Hook,
+            nvswitch: false,
+            gds: false,
+            mofed: false,
+            gdrcopy: false,
         }
     }
 }
@@ -175,6 +186,16 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// What a GPU container that does not set `family`'s variable gets.
+    pub fn family_default(&self, family: Family) -> bool {
+        match family {
+            Family::NvSwitch => self.nvswitch,
+            Family::Gds => self.gds,
+            Family::Mofed => self.mofed,
+            Family::GdrCopy => self.gdrcopy,
+        }
     }
 
     /// The NVML cache file, unless `nvml-cache-file = ""` turned the cache off.

@@ -51,6 +51,8 @@ pub fn request(devices: DeviceSelection, capabilities: Vec<Capability>) -> Reque
         mig_monitor: None,
         privileged: false,
         source: SelectionSource::Env,
+        imex_channels: None,
+        families: BTreeSet::new(),
     }
 }
 

@@ -4,6 +4,7 @@
 use super::Gpu;
 use super::device_numbers::{DeviceMajors, parse_cap_minor, parse_proc_devices};
 use crate::config::Config;
+use crate::extra_devices;
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -44,11 +45,28 @@ pub struct HostNode {
     pub mode: u32,
 }
 
-/// Every `nvidia*` character device in `<dev-root>/dev` and `<dev-root>/dev/nvidia-caps`.
+/// Every `nvidia*` character device in `<dev-root>/dev` and `<dev-root>/dev/nvidia-caps`,
+/// and the nodes of IMEX channels and of the opt-in device families
+/// ([`crate::extra_devices`]).
 pub fn scan_nodes(config: &Config) -> Result<Vec<HostNode>, DevicesError> {
     let mut nodes = Vec::new();
     for dir in ["/dev", "/dev/nvidia-caps"] {
-        scan_dir(&config.dev_path(dir), dir, &mut nodes)?;
+        scan_dir(&config.dev_path(dir), dir, &mut nodes, |n| {
+            n.starts_with("nvidia")
+        })?;
+    }
+    let mut extra_dirs: Vec<&str> = extra_devices::all_kinds().map(|k| k.dir).collect();
+    extra_dirs.sort();
+    extra_dirs.dedup();
+    for dir in extra_dirs {
+        let known = |path: &str| {
+            // `/dev/nvidia*` was taken whole above.
+            (dir != "/dev" || !path.starts_with("/dev/nvidia"))
+                && extra_devices::all_kinds().any(|k| k.matches(path))
+        };
+        scan_dir(&config.dev_path(dir), dir, &mut nodes, |name| {
+            known(&format!("{dir}/{name}"))
+        })?;
     }
     nodes.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(nodes)
@@ -58,6 +76,7 @@ fn scan_dir(
     host_dir: &Path,
     container_dir: &str,
     out: &mut Vec<HostNode>,
+    wanted: impl Fn(&str) -> bool,
 ) -> Result<(), DevicesError> {
     let entries = match std::fs::read_dir(host_dir) {
         Ok(e) => e,
@@ -71,7 +90,7 @@ fn scan_dir(
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(name) = name.to_str().filter(|n| n.starts_with("nvidia")) else {
+        let Some(name) = name.to_str().filter(|n| wanted(n)) else {
             continue;
         };
         // symlink_metadata: a node is taken as it is, never through a link.

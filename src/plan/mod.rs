@@ -31,6 +31,16 @@ pub struct Plan {
     /// `/etc/ld.so.conf.d` file keeping non-default library dirs across an ldconfig run in the image.
     pub ld_so_conf: Option<LdSoConf>,
     pub proc_overlay: Option<ProcOverlay>,
+    /// Optional extras the request asked for that this host lacks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Skipped>,
+}
+
+/// Something asked for and left out, with the reason, for logs and `nvhook plan`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub what: String,
+    pub why: String,
 }
 
 /// A device node as the container's spec lists it in `linux.devices` (numbers optional there).
@@ -225,6 +235,14 @@ pub enum PlanError {
     )]
     NoCapsMajor { what: String },
     #[error(
+        "NVIDIA_IMEX_CHANNELS={value}: this host's driver has no IMEX channels (/proc/devices has no nvidia-caps-imex-channels; IMEX needs driver 550 or later)"
+    )]
+    NoImexMajor { value: String },
+    #[error(
+        "NVIDIA_IMEX_CHANNELS: IMEX channel {channel} does not exist on this host (it has {have}; ask for one it has, or all)"
+    )]
+    NoSuchImexChannel { channel: u32, have: String },
+    #[error(
         "capability {capability} needs {soname}, which the driver root does not have (is the driver installed completely? run ldconfig in the driver root)"
     )]
     MissingLibrary {
@@ -285,7 +303,9 @@ pub fn build_with_layout(
         inventory,
         dev_root,
     };
-    let devices = device_nodes(request, inventory, &choices, &nodes)?;
+    let mut devices = device_nodes(request, inventory, &choices, &nodes)?;
+    let (extra, skipped) = extra::nodes(request, inventory)?;
+    devices.extend(extra);
     let mut builder = FileBuilder {
         layout: &layout,
         mounts: Vec::new(),
@@ -308,6 +328,7 @@ pub fn build_with_layout(
         ld_so_conf,
         proc_overlay: proc_overlay(inventory, &choices),
         layout,
+        skipped,
     })
 }
 
@@ -702,5 +723,6 @@ pub fn container_params(host_params: &str) -> String {
     out
 }
 
+mod extra;
 #[cfg(test)]
 pub(crate) mod tests;
