@@ -120,7 +120,8 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
 
     driver::build(&driver_root, inputs.params, &gpus, inputs.mock_nvml)?;
     let caps = devices::capabilities(&gpus);
-    devices::make_nodes(&dir.join("dev"), &gpus, majors, &caps)?;
+    let fabric = &inputs.params.fabric;
+    devices::make_nodes(&dir.join("dev"), &gpus, majors, &caps, fabric)?;
     let proc_root = dir.join("proc");
     procfs::write(
         &proc_root,
@@ -128,6 +129,7 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
         &gpus,
         majors,
         &caps,
+        fabric,
     )?;
     let hook_config = HookConfig {
         driver_root,
