@@ -29,6 +29,21 @@ pub(super) fn nodes(
     Ok((out, skipped))
 }
 
+/// Every IMEX channel the host has, as (channel, node): what a CDI spec offers.
+pub fn imex_channel_nodes(inventory: &Inventory) -> Vec<(u32, DeviceNode)> {
+    host_channels(inventory)
+        .into_iter()
+        .map(|(c, n)| (c, device_node(n)))
+        .collect()
+}
+
+/// The nodes of `family` the host has (those whose major /proc/devices confirms).
+pub fn family_device_nodes(family: Family, inventory: &Inventory) -> Vec<DeviceNode> {
+    let mut out = Vec::new();
+    family_nodes(family, inventory, &mut out, &mut Vec::new());
+    out
+}
+
 /// The host's IMEX channels: `channel<N>` nodes with minor N and the IMEX major.
 fn host_channels(inventory: &Inventory) -> Vec<(u32, &HostNode)> {
     let Some(major) = inventory.majors.named(IMEX_MAJOR_NAME) else {

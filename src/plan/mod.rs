@@ -724,5 +724,6 @@ pub fn container_params(host_params: &str) -> String {
 }
 
 mod extra;
+pub use extra::{family_device_nodes, imex_channel_nodes};
 #[cfg(test)]
 pub(crate) mod tests;
