@@ -51,12 +51,9 @@ pub struct Config {
     pub hook_path: Option<PathBuf>,
     /// How nvhook-runtime gives a container its GPUs.
     pub runtime_mode: RuntimeMode,
-    /// Whether a GPU container whose NVIDIA_NVSWITCH (NVIDIA_GDS, NVIDIA_MOFED,
-    /// NVIDIA_GDRCOPY) is unset or empty gets that device family's nodes (those the host has).
-    pub nvswitch: bool,
-    pub gds: bool,
-    pub mofed: bool,
-    pub gdrcopy: bool,
+    /// The device families a GPU container gets when its variable (NVIDIA_NVSWITCH,
+    /// NVIDIA_GDS, NVIDIA_MOFED, NVIDIA_GDRCOPY) is unset or empty; those the host has.
+    pub device_families: Vec<Family>,
 }
 
 /// `hook`: the shim puts the device nodes into config.json and adds the prestart hook, which
@@ -98,10 +95,7 @@ impl Default for Config {
             runtimes: nvhook_runtime::DEFAULT_RUNTIMES.map(String::from).to_vec(),
             hook_path: None,
             runtime_mode: RuntimeMode::Hook,
-            nvswitch: false,
-            gds: false,
-            mofed: false,
-            gdrcopy: false,
+            device_families: Vec::new(),
         }
     }
 }
@@ -190,12 +184,7 @@ impl Config {
 
     /// What a GPU container that does not set `family`'s variable gets.
     pub fn family_default(&self, family: Family) -> bool {
-        match family {
-            Family::NvSwitch => self.nvswitch,
-            Family::Gds => self.gds,
-            Family::Mofed => self.mofed,
-            Family::GdrCopy => self.gdrcopy,
-        }
+        self.device_families.contains(&family)
     }
 
     /// The NVML cache file, unless `nvml-cache-file = ""` turned the cache off.
@@ -309,6 +298,7 @@ log-level = "debug"
 runtimes = ["crun"]
 hook-path = "/opt/nvhook"
 runtime-mode = "cdi"
+device-families = ["mofed", "gds"]
 "#,
         )
         .unwrap();
@@ -322,6 +312,19 @@ runtime-mode = "cdi"
         assert_eq!(c.log_level, LogLevel::Debug);
         assert_eq!(c.runtimes, vec!["crun".to_string()]);
         assert_eq!(c.runtime_mode, RuntimeMode::Cdi);
+        assert!(c.family_default(Family::Mofed) && !c.family_default(Family::NvSwitch));
+    }
+
+    #[test]
+    fn an_unknown_device_family_is_named() {
+        let e = parse("device-families = [\"infiniband\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown variant `infiniband`") && e.contains("mofed"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
     }
 
     #[test]

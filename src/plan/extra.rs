@@ -336,7 +336,7 @@ mod tests {
     fn the_config_default_turns_a_family_on_and_the_variable_off() {
         let inv = fabric_node();
         let config = Config {
-            nvswitch: true,
+            device_families: vec![Family::NvSwitch],
             ..Config::default()
         };
         let plan_with = |env: &[&str]| {

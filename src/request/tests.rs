@@ -684,8 +684,7 @@ fn families_by_variable_and_config_default() {
     ]);
     assert_eq!(r.families, BTreeSet::from([Family::NvSwitch]));
     let config = Config {
-        gds: true,
-        mofed: true,
+        device_families: vec![Family::Gds, Family::Mofed],
         accept_env_when_unprivileged: false,
         ..Config::default()
     };
