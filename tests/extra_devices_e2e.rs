@@ -320,3 +320,72 @@ fn through_nvhook_runtime_the_runtime_makes_the_nodes_and_dev_char_links_them() 
         assert!(link.exists(), "{} does not resolve", link.display());
     }
 }
+
+/// `device-families` in the config: a container that says nothing gets the family, one that
+/// says `disabled` does not.
+#[test]
+fn the_config_default_gives_a_family_unless_the_container_disables_it() {
+    require_root();
+    let node = SimNode::create_with(2, &["--mofed"]);
+    node.configure("device-families = [\"mofed\"]");
+    let uverbs = "/dev/infiniband/uverbs0";
+    for (env, verdict) in [(None, "ENXIO"), (Some("NVIDIA_MOFED=disabled"), "absent")] {
+        let env: Vec<&str> = env.into_iter().collect();
+        let out = run_clean(
+            &bundle(&node, &env, &[], &[uverbs]),
+            Some(&node),
+            RuntimeEnv::CgroupV1,
+        );
+        out.assert_success();
+        out.assert_lines(&[&format!("dev {uverbs} {verdict}")]);
+    }
+}
+
+/// On a hardened node (`accept-env-when-unprivileged = false`) a pod whose GPUs come from the
+/// device plugin's mounts cannot add IMEX channels or families by variable; its mounts count.
+#[test]
+fn a_hardened_node_ignores_an_unprivileged_containers_variables() {
+    require_root();
+    let node = SimNode::create_with(2, &["--imex-channels", "3", "--gdrcopy"]);
+    node.configure("accept-env-when-unprivileged = false");
+    let mut b = Bundle::new(
+        glibc_image(),
+        &["/gpucheck", "--ls", IMEX_DIR, "--dev", "/dev/gdrdrv"],
+    );
+    b.env("NVIDIA_IMEX_CHANNELS=all")
+        .env("NVIDIA_GDRCOPY=enabled")
+        .device_list_mount("0")
+        .prestart_hook(&node);
+    let out = run_clean(&b, Some(&node), RuntimeEnv::CgroupV1);
+    out.assert_success();
+    out.assert_lines(&[&format!("ls {IMEX_DIR} absent"), "dev /dev/gdrdrv absent"]);
+    b.device_list_mount("imex/1");
+    let out = run_clean(&b, Some(&node), RuntimeEnv::CgroupV1);
+    out.assert_success();
+    assert_eq!(listed(&out, IMEX_DIR), ["channel1"], "{out}");
+}
+
+/// `nvhook dev-char-links` (boot and udev) links IMEX channels and the families' nodes too.
+#[test]
+fn dev_char_links_covers_imex_channels_and_family_nodes() {
+    require_root();
+    let mut flags = vec!["--imex-channels", "2"];
+    flags.extend(FAMILY_FLAGS);
+    let node = SimNode::create_with(1, &flags);
+    let config = node.config().display().to_string();
+    let out = run_nvhook(&["--config", &config, "dev-char-links"]);
+    assert!(out.status.success(), "{out:?}");
+    for (name, minor, target) in [
+        ("nvidia-caps-imex-channels", 1, "../nvidia-caps-imex-channels/channel1"),
+        ("gdrdrv", 0, "../gdrdrv"),
+        ("nvidia-fs", 2, "../nvidia-fs2"),
+        ("infiniband_verbs", 192, "../infiniband/uverbs0"),
+        ("nvidia-nvlink", 0, "../nvidia-nvlink"),
+    ] {
+        let link = node
+            .dev_root()
+            .join(format!("dev/char/{}:{minor}", major(&node, name)));
+        let read = fs::read_link(&link).unwrap_or_else(|e| panic!("{}: {e}", link.display()));
+        assert_eq!(read, std::path::Path::new(target));
+    }
+}
