@@ -41,9 +41,12 @@ pub struct NodeKind {
 impl NodeKind {
     /// Whether the container path `path` (`/dev/infiniband/uverbs0`) is of this kind.
     pub fn matches(&self, path: &str) -> bool {
-        let Some((dir, name)) = path.rsplit_once('/') else {
-            return false;
-        };
+        path.rsplit_once('/')
+            .is_some_and(|(dir, name)| self.matches_entry(dir, name))
+    }
+
+    /// Whether entry `name` of container directory `dir` is of this kind.
+    pub fn matches_entry(&self, dir: &str, name: &str) -> bool {
         dir == self.dir
             && match self.name {
                 Name::Exact(n) => name == n,

@@ -376,7 +376,11 @@ fn dev_char_links_covers_imex_channels_and_family_nodes() {
     let out = run_nvhook(&["--config", &config, "dev-char-links"]);
     assert!(out.status.success(), "{out:?}");
     for (name, minor, target) in [
-        ("nvidia-caps-imex-channels", 1, "../nvidia-caps-imex-channels/channel1"),
+        (
+            "nvidia-caps-imex-channels",
+            1,
+            "../nvidia-caps-imex-channels/channel1",
+        ),
         ("gdrdrv", 0, "../gdrdrv"),
         ("nvidia-fs", 2, "../nvidia-fs2"),
         ("infiniband_verbs", 192, "../infiniband/uverbs0"),

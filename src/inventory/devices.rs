@@ -49,23 +49,16 @@ pub struct HostNode {
 /// and the nodes of IMEX channels and of the opt-in device families
 /// ([`crate::extra_devices`]).
 pub fn scan_nodes(config: &Config) -> Result<Vec<HostNode>, DevicesError> {
+    let mut dirs = vec!["/dev", "/dev/nvidia-caps"];
+    dirs.extend(extra_devices::all_kinds().map(|k| k.dir));
+    dirs.sort();
+    dirs.dedup();
     let mut nodes = Vec::new();
-    for dir in ["/dev", "/dev/nvidia-caps"] {
-        scan_dir(&config.dev_path(dir), dir, &mut nodes, |n| {
-            n.starts_with("nvidia")
-        })?;
-    }
-    let mut extra_dirs: Vec<&str> = extra_devices::all_kinds().map(|k| k.dir).collect();
-    extra_dirs.sort();
-    extra_dirs.dedup();
-    for dir in extra_dirs {
-        let known = |path: &str| {
-            // `/dev/nvidia*` was taken whole above.
-            (dir != "/dev" || !path.starts_with("/dev/nvidia"))
-                && extra_devices::all_kinds().any(|k| k.matches(path))
-        };
+    for dir in dirs {
+        let nvidia_dir = matches!(dir, "/dev" | "/dev/nvidia-caps");
         scan_dir(&config.dev_path(dir), dir, &mut nodes, |name| {
-            known(&format!("{dir}/{name}"))
+            (nvidia_dir && name.starts_with("nvidia"))
+                || extra_devices::all_kinds().any(|k| k.matches_entry(dir, name))
         })?;
     }
     nodes.sort_by(|a, b| a.path.cmp(&b.path));

@@ -624,7 +624,7 @@ fn imex_channels_follow_the_gpu_policy() {
     );
     // Hardened: an unprivileged container's variable is ignored, its mounts count.
     assert_eq!(
-        decide_with(&env, &[gpu_mount.clone()], &[], &hardened),
+        decide_with(&env, std::slice::from_ref(&gpu_mount), &[], &hardened),
         None
     );
     assert_eq!(
@@ -632,7 +632,12 @@ fn imex_channels_follow_the_gpu_policy() {
         list(&[0, 2])
     );
     assert_eq!(
-        decide_with(&env, &[gpu_mount.clone()], &[SYS_ADMIN], &hardened),
+        decide_with(
+            &env,
+            std::slice::from_ref(&gpu_mount),
+            &[SYS_ADMIN],
+            &hardened
+        ),
         list(&[1])
     );
     // Mounts not accepted: the variable, even when mounts are there.
