@@ -9,7 +9,6 @@
 use crate::config::Config;
 use crate::extra_devices::Family;
 use crate::oci::Spec;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::fmt;
 
@@ -18,8 +17,7 @@ pub const IMEX_CHANNELS: &str = "NVIDIA_IMEX_CHANNELS";
 pub const IMEX_MOUNT_PREFIX: &str = "imex/";
 
 /// The IMEX channels a container asked for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImexChannels {
     /// Every channel the host has.
     All,
@@ -57,7 +55,7 @@ pub enum ExtraError {
 /// The channels `value` names: `None` for no channel (empty, `none`, `void`), `all`, or a
 /// list of decimal channel numbers. An empty item (`1,,2`), a sign, or `all` among numbers
 /// is a mistake, refused.
-pub fn parse_channels(value: &str, origin: &str) -> Result<Option<ImexChannels>, ExtraError> {
+fn parse_channels(value: &str, origin: &str) -> Result<Option<ImexChannels>, ExtraError> {
     let value = value.trim();
     if matches!(value, "" | "none" | "void") {
         return Ok(None);

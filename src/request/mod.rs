@@ -11,7 +11,7 @@ mod extra;
 mod require;
 
 pub use devices::{DEVICE_MOUNT_ROOT, DeviceId, DeviceSelection, UnknownDevice};
-pub use extra::{ExtraError, IMEX_CHANNELS, ImexChannels, parse_channels};
+pub use extra::{ExtraError, IMEX_CHANNELS, ImexChannels};
 pub use require::{ConditionError, GpuFacts, InvalidVersion, Requirements, Unsatisfied, Version};
 
 use crate::capability::{Capability, UnknownCapability};

@@ -558,11 +558,12 @@ proptest! {
         env in proptest::collection::vec(
             ("(NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|NVIDIA_REQUIRE_[A-Z]{0,4}|\
               NVIDIA_DISABLE_REQUIRE|CUDA_VERSION|NVIDIA_MIG_CONFIG_DEVICES|\
-              NVIDIA_MIG_MONITOR_DEVICES|[A-Z_]{0,6})", ".{0,40}"),
+              NVIDIA_MIG_MONITOR_DEVICES|NVIDIA_IMEX_CHANNELS|NVIDIA_GDS|NVIDIA_MOFED|\
+              NVIDIA_NVSWITCH|NVIDIA_GDRCOPY|[A-Z_]{0,6})", ".{0,40}"),
             0..8),
         mounts in proptest::collection::vec(
             ("(/dev/null|/dev/\\.\\./dev/null|.{0,12})",
-             "(/var/run/nvidia-container-devices/)?.{0,24}"),
+             "(/var/run/nvidia-container-devices/(imex/)?)?.{0,24}"),
             0..4),
         privileged in any::<bool>(),
         accept_env in any::<bool>(),
