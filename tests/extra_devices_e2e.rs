@@ -262,14 +262,24 @@ fn families_enabled_on_a_node_without_them_start_with_nothing_added() {
     );
 }
 
-/// nvhook-runtime puts the nodes into config.json (runc makes them and owns their rules) and
-/// links each in /dev/char for the systemd cgroup driver.
 #[test]
 fn through_nvhook_runtime_the_runtime_makes_the_nodes_and_dev_char_links_them() {
+    through_nvhook_runtime("hook");
+}
+
+#[test]
+fn through_nvhook_runtime_in_cdi_mode_too() {
+    through_nvhook_runtime("cdi");
+}
+
+/// nvhook-runtime puts the nodes into config.json (runc makes them and owns their rules) and
+/// links each in /dev/char for the systemd cgroup driver, in `runtime-mode` `mode`.
+fn through_nvhook_runtime(mode: &str) {
     require_root();
     let mut flags = vec!["--imex-channels", "2"];
     flags.extend(FAMILY_FLAGS);
     let node = SimNode::create_with(2, &flags);
+    node.configure(&format!("runtime-mode = {mode:?}"));
     let mut b = Bundle::new(
         glibc_image(),
         &[
