@@ -1,6 +1,7 @@
 //! `/etc/nvhook/config.toml`: where the host's driver, device nodes and proc live, and policy.
 
 use crate::capability::Capability;
+use crate::extra_devices::Family;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -52,6 +53,9 @@ pub struct Config {
     pub hook_path: Option<PathBuf>,
     /// How nvhook-runtime gives a container its GPUs.
     pub runtime_mode: RuntimeMode,
+    /// The device families a GPU container gets when its variable (NVIDIA_NVSWITCH,
+    /// NVIDIA_GDS, NVIDIA_MOFED, NVIDIA_GDRCOPY) is unset or empty; those the host has.
+    pub device_families: Vec<Family>,
     /// Whether an image's CUDA forward-compatibility libraries load when they are newer
     /// than the host driver.
     pub cuda_compat: CudaCompatMode,
@@ -107,6 +111,7 @@ impl Default for Config {
             hook_path: None,
             runtime_mode: RuntimeMode::Hook,
             cuda_compat: CudaCompatMode::Auto,
+            device_families: Vec::new(),
         }
     }
 }
@@ -191,6 +196,11 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// What a GPU container that does not set `family`'s variable gets.
+    pub fn family_default(&self, family: Family) -> bool {
+        self.device_families.contains(&family)
     }
 
     /// The NVML cache file, unless `nvml-cache-file = ""` turned the cache off.
@@ -309,6 +319,7 @@ runtimes = ["crun"]
 hook-path = "/opt/nvhook"
 runtime-mode = "cdi"
 cuda-compat = "off"
+device-families = ["mofed", "gds"]
 "#,
         )
         .unwrap();
@@ -324,6 +335,7 @@ cuda-compat = "off"
         assert_eq!(c.runtime_mode, RuntimeMode::Cdi);
         assert_eq!(c.cuda_compat, CudaCompatMode::Off);
         assert_eq!(Config::default().cuda_compat, CudaCompatMode::Auto);
+        assert!(c.family_default(Family::Mofed) && !c.family_default(Family::NvSwitch));
     }
 
     #[test]
@@ -331,6 +343,18 @@ cuda-compat = "off"
         let e = parse("cuda-compat = \"on\"\n").unwrap_err().to_string();
         assert!(e.contains("cuda-compat"), "{e}");
         assert!(e.contains("auto") && e.contains("off"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_device_family_is_named() {
+        let e = parse("device-families = [\"infiniband\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown variant `infiniband`") && e.contains("mofed"),
+            "{e}"
+        );
         assert!(!e.contains('\n'), "{e}");
     }
 

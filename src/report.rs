@@ -118,6 +118,12 @@ pub fn plan_text(plan: &Plan) -> String {
             p.gpus.join(", ")
         );
     }
+    if !plan.skipped.is_empty() {
+        let _ = writeln!(s, "Skipped (asked for, not on this host):");
+        for k in &plan.skipped {
+            let _ = writeln!(s, "  {}: {}", k.what, k.why);
+        }
+    }
     s
 }
 

@@ -292,3 +292,85 @@ fn shim_cdi_mode_gives_gpu_1_only(env: RuntimeEnv) {
     let leaked = host_mounts_referencing(&[bundle.dir(), node.root()]);
     assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
 }
+
+/// IMEX channels are CDI devices of their own kind, as NVIDIA's device plugin asks for them
+/// (`nvidia.com/imex-channel=N`), device families one device each (`nvidia.com/gdrcopy=all`):
+/// Podman injects them from the specs nvhook writes beside the GPU spec.
+#[test]
+fn podman_runs_imex_channel_and_family_cdi_devices() {
+    require_root();
+    let node = SimNode::create_with(GPUS, &["--imex-channels", "2", "--gdrcopy"]);
+    let spec = CdiSpecFile::new("yaml");
+    generate(&node, spec.path());
+    let beside = |class: &str| {
+        let stem = spec
+            .path()
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        spec.path().with_file_name(format!("{stem}-{class}.yaml"))
+    };
+    let imex_spec = beside("imex-channel");
+    let listed = lines(&nvhook(
+        &node,
+        &["cdi", "list", imex_spec.to_str().unwrap()],
+    ));
+    assert_eq!(
+        listed,
+        [
+            "nvidia.com/imex-channel=0",
+            "nvidia.com/imex-channel=1",
+            "nvidia.com/imex-channel=all"
+        ]
+    );
+    let gdr_spec = beside("gdrcopy");
+    assert_eq!(
+        lines(&nvhook(&node, &["cdi", "list", gdr_spec.to_str().unwrap()])),
+        ["nvidia.com/gdrcopy=all"]
+    );
+    assert!(!beside("gds").exists(), "the node has no GDS");
+
+    let podman = Podman::new();
+    let image = format!("localhost/{}:latest", unique_name("nvhook-glibc"));
+    podman.import(glibc_image().rootfs(), &image);
+    let dir = "/dev/nvidia-caps-imex-channels";
+    let checks = [
+        "/gpucheck",
+        "--ls",
+        dir,
+        "--dev",
+        "/dev/nvidia-caps-imex-channels/channel1",
+        "--dev",
+        "/dev/gdrdrv",
+    ];
+    let devices = [
+        "--device",
+        "nvidia.com/gpu=1",
+        "--device",
+        "nvidia.com/imex-channel=1",
+        "--device",
+        "nvidia.com/gdrcopy=all",
+    ];
+    let mut output = podman.run(&devices, &image, &checks);
+    output.hook_log = Some(node.log());
+    output.assert_success();
+    output.assert_lines(&[
+        &format!("ls {dir} channel1"),
+        "dev /dev/nvidia-caps-imex-channels/channel1 ENXIO",
+        "dev /dev/gdrdrv ENXIO",
+    ]);
+    assert!(!output.has_line(&format!("ls {dir} channel0")), "{output}");
+
+    // The channels go away: a refresh retires their spec, so engines stop offering them.
+    node.change(&["--gpus", &GPUS.to_string(), "--gdrcopy"]);
+    let out = nvhook(
+        &node,
+        &["cdi", "refresh", "--output", spec.path().to_str().unwrap()],
+    );
+    assert!(
+        out.contains(&format!("removed {}", imex_spec.display())),
+        "{out}"
+    );
+    assert!(!imex_spec.exists() && gdr_spec.exists());
+}

@@ -97,18 +97,23 @@ pub fn device_nodes(plan: &Plan) -> Vec<DeviceNode> {
                 .iter()
                 .find(|r| r.major == d.major && r.minor == d.minor)
                 .map(|r| r.access.to_string());
-            let host_path = d.host_path.display().to_string();
-            DeviceNode {
-                host_path: (host_path != d.path).then_some(host_path),
-                path: d.path.clone(),
-                kind: Some("c".into()),
-                major: Some(d.major.into()),
-                minor: Some(d.minor.into()),
-                file_mode: Some(d.mode),
-                permissions: access,
-            }
+            device_node(d, access)
         })
         .collect()
+}
+
+/// One node as a CDI device node, with `access` (`rw`) for its cgroup rule.
+pub fn device_node(d: &crate::plan::DeviceNode, access: Option<String>) -> DeviceNode {
+    let host_path = d.host_path.display().to_string();
+    DeviceNode {
+        host_path: (host_path != d.path).then_some(host_path),
+        path: d.path.clone(),
+        kind: Some("c".into()),
+        major: Some(d.major.into()),
+        minor: Some(d.minor.into()),
+        file_mode: Some(d.mode),
+        permissions: access,
+    }
 }
 
 #[cfg(test)]

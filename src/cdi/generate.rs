@@ -52,6 +52,8 @@ pub fn request(devices: DeviceSelection, capabilities: Vec<Capability>) -> Reque
         privileged: false,
         source: SelectionSource::Env,
         cuda_version: None,
+        imex_channels: None,
+        families: BTreeSet::new(),
     }
 }
 

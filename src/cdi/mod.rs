@@ -8,11 +8,13 @@
 
 pub mod config_json;
 pub mod edits;
+pub mod extra;
 pub mod generate;
 pub mod hook;
 pub mod spec;
 
 pub use edits::{HookBinary, container_edits};
+pub use extra::generate_extra;
 pub use generate::{KIND, NameStrategy, generate};
 pub use spec::{CdiSpec, CdiVersion, ContainerEdits, Format};
 
@@ -119,6 +121,47 @@ pub fn refresh_spec(path: &Path, text: &str) -> Result<bool, CdiError> {
     Ok(true)
 }
 
+/// What became of an extra spec's file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExtraOutcome {
+    Written(PathBuf),
+    Unchanged(PathBuf),
+    /// The host no longer has that class: its old file was removed.
+    Removed(PathBuf),
+}
+
+/// Puts the extra specs (IMEX channels, device families) beside the GPU spec at `gpu_spec`,
+/// each rewritten only when it changed, and removes the file of a class the host no longer
+/// has, so that engines never offer devices that are gone.
+pub fn write_extra_specs(
+    gpu_spec: &Path,
+    specs: &[(&str, CdiSpec)],
+    format: Format,
+) -> Result<Vec<ExtraOutcome>, CdiError> {
+    let mut out = Vec::new();
+    for class in extra::classes() {
+        let path = extra::path_beside(gpu_spec, class);
+        match specs.iter().find(|(c, _)| *c == class) {
+            Some((_, spec)) => out.push(match refresh_spec(&path, &spec.to_text(format))? {
+                true => ExtraOutcome::Written(path),
+                false => ExtraOutcome::Unchanged(path),
+            }),
+            None => match std::fs::remove_file(&path) {
+                Ok(()) => out.push(ExtraOutcome::Removed(path)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(CdiError::Io {
+                        op: "remove",
+                        path,
+                        source,
+                    });
+                }
+            },
+        }
+    }
+    Ok(out)
+}
+
 /// Writes `text` to `path` atomically (engines watch these directories and may read at any
 /// time). Engines read only `*.json` and `*.yaml`: another name would be silently ignored.
 pub fn write_spec(path: &Path, text: &str) -> Result<(), CdiError> {
@@ -166,6 +209,50 @@ mod tests {
             std::fs::read_dir(spec.parent().unwrap()).unwrap().count(),
             1
         );
+    }
+
+    #[test]
+    fn extra_specs_are_written_beside_and_retired_when_gone() {
+        use crate::cdi::spec::{ContainerEdits, Device, DeviceNode};
+        let dir = tempfile::tempdir().unwrap();
+        let gpu = dir.path().join("nvidia.yaml");
+        let spec = CdiSpec {
+            cdi_version: "0.5.0".into(),
+            kind: "nvidia.com/gds".into(),
+            devices: vec![Device {
+                name: "all".into(),
+                container_edits: ContainerEdits {
+                    device_nodes: vec![DeviceNode {
+                        path: "/dev/nvidia-fs0".into(),
+                        host_path: None,
+                        kind: None,
+                        major: None,
+                        minor: None,
+                        file_mode: None,
+                        permissions: None,
+                    }],
+                    ..ContainerEdits::default()
+                },
+            }],
+            container_edits: ContainerEdits::default(),
+        };
+        let gds = dir.path().join("nvidia-gds.yaml");
+        let specs = [("gds", spec)];
+        assert_eq!(
+            write_extra_specs(&gpu, &specs, Format::Yaml).unwrap(),
+            [ExtraOutcome::Written(gds.clone())]
+        );
+        assert_eq!(
+            write_extra_specs(&gpu, &specs, Format::Yaml).unwrap(),
+            [ExtraOutcome::Unchanged(gds.clone())]
+        );
+        assert!(read_spec(&gds).is_ok());
+        std::fs::write(dir.path().join("other.yaml"), "x").unwrap();
+        assert_eq!(
+            write_extra_specs(&gpu, &[], Format::Yaml).unwrap(),
+            [ExtraOutcome::Removed(gds.clone())]
+        );
+        assert!(!gds.exists() && dir.path().join("other.yaml").exists());
     }
 
     #[test]

@@ -8,11 +8,29 @@ use serde::{Deserialize, Serialize};
 pub const NVIDIACTL_MINOR: u32 = 255;
 pub const MODESET_MINOR: u32 = 254;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceMajors {
     pub nvidia: u32,
     pub uvm: Option<u32>,
     pub caps: Option<u32>,
+    /// The majors of IMEX channels and of the opt-in device families, with their
+    /// `/proc/devices` names (one name may hold several majors, one major several names).
+    #[serde(default)]
+    pub extra: Vec<(u32, String)>,
+}
+
+impl DeviceMajors {
+    /// Whether `major` is registered under one of `names`.
+    pub fn is_named(&self, major: u32, names: &[&str]) -> bool {
+        self.extra
+            .iter()
+            .any(|(m, n)| *m == major && names.contains(&n.as_str()))
+    }
+
+    /// The first major registered as `name`.
+    pub fn named(&self, name: &str) -> Option<u32> {
+        self.extra.iter().find(|(_, n)| n == name).map(|(m, _)| *m)
+    }
 }
 
 /// Parses the "Character devices:" section of /proc/devices.
@@ -20,6 +38,7 @@ pub fn parse_proc_devices(text: &str) -> Option<DeviceMajors> {
     let mut nvidia = None;
     let mut uvm = None;
     let mut caps = None;
+    let mut extra = Vec::new();
     let char_section = text
         .split("Block devices:")
         .next()
@@ -37,6 +56,9 @@ pub fn parse_proc_devices(text: &str) -> Option<DeviceMajors> {
             "nvidia" | "nvidia-frontend" => nvidia = Some(major),
             "nvidia-uvm" => uvm = Some(major),
             "nvidia-caps" => caps = Some(major),
+            name if crate::extra_devices::is_major_name(name) => {
+                extra.push((major, name.to_string()))
+            }
             _ => {}
         }
     }
@@ -44,6 +66,7 @@ pub fn parse_proc_devices(text: &str) -> Option<DeviceMajors> {
         nvidia: nvidia?,
         uvm,
         caps,
+        extra,
     })
 }
 
@@ -67,12 +90,26 @@ mod tests {
             DeviceMajors {
                 nvidia: 195,
                 uvm: Some(234),
-                caps: Some(235)
+                caps: Some(235),
+                extra: vec![]
             }
         );
         let old = "Character devices:\n195 nvidia-frontend\n\nBlock devices:\n";
         assert_eq!(parse_proc_devices(old).unwrap().uvm, None);
         assert_eq!(parse_proc_devices(old).unwrap().nvidia, 195);
+    }
+
+    #[test]
+    fn proc_devices_extra_majors() {
+        let text = "Character devices:\n 10 misc\n195 nvidia\n231 infiniband_verbs\n231 infiniband_mad\n509 nvidia-caps-imex-channels\n510 nvidia-nvswitch\n\nBlock devices:\n 10 gdrdrv\n";
+        let m = parse_proc_devices(text).unwrap();
+        assert_eq!(m.named("nvidia-caps-imex-channels"), Some(509));
+        assert!(m.is_named(231, &["infiniband_mad"]) && m.is_named(231, &["infiniband_verbs"]));
+        assert!(
+            m.is_named(10, &["misc"]) && !m.is_named(10, &["gdrdrv"]),
+            "block devices do not count"
+        );
+        assert!(!m.is_named(510, &["nvidia-fs"]));
     }
 
     #[test]

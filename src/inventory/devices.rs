@@ -4,6 +4,7 @@
 use super::Gpu;
 use super::device_numbers::{DeviceMajors, parse_cap_minor, parse_proc_devices};
 use crate::config::Config;
+use crate::extra_devices;
 use serde::{Deserialize, Serialize};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -44,11 +45,21 @@ pub struct HostNode {
     pub mode: u32,
 }
 
-/// Every `nvidia*` character device in `<dev-root>/dev` and `<dev-root>/dev/nvidia-caps`.
+/// Every `nvidia*` character device in `<dev-root>/dev` and `<dev-root>/dev/nvidia-caps`,
+/// and the nodes of IMEX channels and of the opt-in device families
+/// ([`crate::extra_devices`]).
 pub fn scan_nodes(config: &Config) -> Result<Vec<HostNode>, DevicesError> {
+    let mut dirs = vec!["/dev", "/dev/nvidia-caps"];
+    dirs.extend(extra_devices::all_kinds().map(|k| k.dir));
+    dirs.sort();
+    dirs.dedup();
     let mut nodes = Vec::new();
-    for dir in ["/dev", "/dev/nvidia-caps"] {
-        scan_dir(&config.dev_path(dir), dir, &mut nodes)?;
+    for dir in dirs {
+        let nvidia_dir = matches!(dir, "/dev" | "/dev/nvidia-caps");
+        scan_dir(&config.dev_path(dir), dir, &mut nodes, |name| {
+            (nvidia_dir && name.starts_with("nvidia"))
+                || extra_devices::all_kinds().any(|k| k.matches_entry(dir, name))
+        })?;
     }
     nodes.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(nodes)
@@ -58,6 +69,7 @@ fn scan_dir(
     host_dir: &Path,
     container_dir: &str,
     out: &mut Vec<HostNode>,
+    wanted: impl Fn(&str) -> bool,
 ) -> Result<(), DevicesError> {
     let entries = match std::fs::read_dir(host_dir) {
         Ok(e) => e,
@@ -71,7 +83,7 @@ fn scan_dir(
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(name) = name.to_str().filter(|n| n.starts_with("nvidia")) else {
+        let Some(name) = name.to_str().filter(|n| wanted(n)) else {
             continue;
         };
         // symlink_metadata: a node is taken as it is, never through a link.

@@ -39,6 +39,16 @@ pub struct Plan {
     /// What became of the image's CUDA forward-compatibility libraries, when it has some.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_compat: Option<CudaCompat>,
+    /// Optional extras the request asked for that this host lacks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Skipped>,
+}
+
+/// Something asked for and left out, with the reason, for logs and `nvhook plan`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub what: String,
+    pub why: String,
 }
 
 /// A device node as the container's spec lists it in `linux.devices` (numbers optional there).
@@ -270,6 +280,14 @@ pub enum PlanError {
     )]
     NoCapsMajor { what: String },
     #[error(
+        "NVIDIA_IMEX_CHANNELS={value}: this host's driver has no IMEX channels (/proc/devices has no nvidia-caps-imex-channels; IMEX needs driver 550 or later)"
+    )]
+    NoImexMajor { value: String },
+    #[error(
+        "NVIDIA_IMEX_CHANNELS: IMEX channel {channel} does not exist on this host (it has {have}; ask for one it has, or all)"
+    )]
+    NoSuchImexChannel { channel: u32, have: String },
+    #[error(
         "capability {capability} needs {soname}, which the driver root does not have (is the driver installed completely? run ldconfig in the driver root)"
     )]
     MissingLibrary {
@@ -334,7 +352,9 @@ pub fn build_with_layout(
         inventory,
         dev_root,
     };
-    let devices = device_nodes(request, inventory, &choices, &nodes)?;
+    let mut devices = device_nodes(request, inventory, &choices, &nodes)?;
+    let (extra, skipped) = extra::nodes(request, inventory)?;
+    devices.extend(extra);
     let mut builder = FileBuilder {
         layout: &layout,
         mounts: Vec::new(),
@@ -358,6 +378,7 @@ pub fn build_with_layout(
         proc_overlay: proc_overlay(inventory, &choices),
         layout,
         cuda_compat: None,
+        skipped,
     })
 }
 
@@ -818,5 +839,7 @@ pub fn container_params(host_params: &str) -> String {
     out
 }
 
+mod extra;
+pub use extra::{family_device_nodes, imex_channel_nodes};
 #[cfg(test)]
 pub(crate) mod tests;

@@ -15,14 +15,14 @@ const UVM: u32 = 511;
 const CAPS: u32 = 510;
 const MIG_CONFIG_MINOR: u32 = 1;
 const MIG_MONITOR_MINOR: u32 = 2;
-const DEV_ROOT: &str = "/node";
+pub(crate) const DEV_ROOT: &str = "/node";
 const HOST_LIB64: &str = "/drv/usr/lib/x86_64-linux-gnu";
 const HOST_LIB32: &str = "/drv/usr/lib/i386-linux-gnu";
 const DEBIAN_LIB64: &str = "/usr/lib/x86_64-linux-gnu";
 const DEBIAN_LIB32: &str = "/usr/lib/i386-linux-gnu";
 const FIRMWARE: &str = "/lib/firmware/nvidia/550.54.15/gsp_ga10x.bin";
 
-const DEBIAN: ImageInfo = ImageInfo {
+pub(crate) const DEBIAN: ImageInfo = ImageInfo {
     debian: true,
     has_usr_lib64: false,
     has_ldcache: true,
@@ -50,7 +50,7 @@ fn cap_minors(gpu: u32, mig: u32) -> (u32, u32) {
     (gi, gi + 1)
 }
 
-fn node(path: &str, major: u32, minor: u32) -> HostNode {
+pub(crate) fn node(path: &str, major: u32, minor: u32) -> HostNode {
     HostNode {
         path: path.into(),
         host_path: Path::new(DEV_ROOT).join(path.trim_start_matches('/')),
@@ -191,6 +191,7 @@ pub(crate) fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
             nvidia: NVIDIA,
             uvm: Some(UVM),
             caps: Some(CAPS),
+            extra: vec![],
         },
         nodes,
         mig_config_minor: Some(MIG_CONFIG_MINOR),
@@ -231,7 +232,7 @@ pub(crate) fn two_node_plan() -> Plan {
     plan
 }
 
-fn spec(env: &[&str], bounding: &[&str]) -> Spec {
+pub(crate) fn spec(env: &[&str], bounding: &[&str]) -> Spec {
     let doc = json!({
         "ociVersion": "1.0.2",
         "process": {"env": env, "capabilities": {"bounding": bounding}},

@@ -171,6 +171,14 @@ pub(crate) fn selection(items: &[&str]) -> Result<DeviceSelection, UnknownDevice
 /// `/var/run/nvidia-container-devices/<id>`. Only the kubelet can add a mount whose source is
 /// a host path, which is why this list is trusted where the image's environment is not.
 pub(crate) fn mount_device_ids(spec: &Spec) -> Vec<String> {
+    let mut ids = mount_ids(spec);
+    // IMEX channel requests share the directory but select no GPU.
+    ids.retain(|id| !id.starts_with(super::extra::IMEX_MOUNT_PREFIX));
+    ids
+}
+
+/// Every id under the device-list directory, IMEX channels (`imex/<n>`) included.
+pub(crate) fn mount_ids(spec: &Spec) -> Vec<String> {
     let root = Path::new(DEVICE_MOUNT_ROOT);
     spec.mounts
         .iter()
@@ -178,8 +186,7 @@ pub(crate) fn mount_device_ids(spec: &Spec) -> Vec<String> {
         .filter_map(|m| {
             let rest = lexical_clean(&m.destination);
             let rest = rest.strip_prefix(root).ok()?.to_string_lossy().into_owned();
-            // IMEX channel requests share the directory but select no GPU.
-            (!rest.is_empty() && !rest.starts_with("imex/")).then_some(rest)
+            (!rest.is_empty()).then_some(rest)
         })
         .collect()
 }

@@ -7,13 +7,16 @@
 //! closed instead, and the doc comment says so.
 
 mod devices;
+mod extra;
 mod require;
 
 pub use devices::{DEVICE_MOUNT_ROOT, DeviceId, DeviceSelection, UnknownDevice};
+pub use extra::{ExtraError, IMEX_CHANNELS, ImexChannels};
 pub use require::{ConditionError, GpuFacts, InvalidVersion, Requirements, Unsatisfied, Version};
 
 use crate::capability::{Capability, UnknownCapability};
 use crate::config::Config;
+use crate::extra_devices::Family;
 use crate::oci::Spec;
 use std::collections::BTreeSet;
 
@@ -46,6 +49,10 @@ pub struct Request {
     pub source: SelectionSource,
     /// The image's `CUDA_VERSION`, which names its `/usr/local/cuda-X.Y` directory.
     pub cuda_version: Option<String>,
+    /// `NVIDIA_IMEX_CHANNELS` or the device plugin's `imex/<n>` mounts.
+    pub imex_channels: Option<ImexChannels>,
+    /// The opt-in device families asked for (or on by the config's default).
+    pub families: BTreeSet<Family>,
 }
 
 /// Where the device selection came from.
@@ -103,6 +110,8 @@ pub enum RequestError {
         value: String,
         source: ConditionError,
     },
+    #[error(transparent)]
+    Extra(#[from] ExtraError),
     #[error(
         "CUDA_VERSION={value}: not a version, so the legacy requirement cuda>=MAJOR.MINOR cannot be formed (fix CUDA_VERSION, set NVIDIA_REQUIRE_CUDA, or set NVIDIA_DISABLE_REQUIRE=true)"
     )]
@@ -136,6 +145,9 @@ impl Request {
             Selected::NotRequested => return Ok(Decision::NotRequested),
             Selected::EnvIgnored => return Ok(Decision::EnvIgnored),
         };
+        // The environment counts for IMEX channels and device families where it counts for
+        // GPUs: a pod limited to its device plugin's mounts cannot add devices by variable.
+        let env_trusted = privileged || config.accept_env_when_unprivileged;
         // Fields are checked in the toolkit's order, so the first error reported matches it.
         Ok(Decision::Gpu(Request {
             devices,
@@ -143,6 +155,13 @@ impl Request {
             mig_monitor: mig_devices(spec, MIG_MONITOR_DEVICES, privileged)?,
             capabilities: capabilities(spec, config, legacy)?,
             requirements: requirements(spec, config, legacy)?,
+            imex_channels: extra::imex_channels(
+                spec,
+                config,
+                env_trusted,
+                &devices::mount_ids(spec),
+            )?,
+            families: extra::families(spec, config, env_trusted)?,
             privileged,
             source,
             cuda_version: spec

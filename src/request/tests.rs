@@ -558,11 +558,12 @@ proptest! {
         env in proptest::collection::vec(
             ("(NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|NVIDIA_REQUIRE_[A-Z]{0,4}|\
               NVIDIA_DISABLE_REQUIRE|CUDA_VERSION|NVIDIA_MIG_CONFIG_DEVICES|\
-              NVIDIA_MIG_MONITOR_DEVICES|[A-Z_]{0,6})", ".{0,40}"),
+              NVIDIA_MIG_MONITOR_DEVICES|NVIDIA_IMEX_CHANNELS|NVIDIA_GDS|NVIDIA_MOFED|\
+              NVIDIA_NVSWITCH|NVIDIA_GDRCOPY|[A-Z_]{0,6})", ".{0,40}"),
             0..8),
         mounts in proptest::collection::vec(
             ("(/dev/null|/dev/\\.\\./dev/null|.{0,12})",
-             "(/var/run/nvidia-container-devices/)?.{0,24}"),
+             "(/var/run/nvidia-container-devices/(imex/)?)?.{0,24}"),
             0..4),
         privileged in any::<bool>(),
         accept_env in any::<bool>(),
@@ -594,4 +595,117 @@ proptest! {
         let again = request(&[&format!("NVIDIA_VISIBLE_DEVICES={shown}")]);
         prop_assert_eq!(r.devices, again.devices);
     }
+}
+
+#[test]
+fn imex_channels_follow_the_gpu_policy() {
+    let hardened = Config {
+        accept_env_when_unprivileged: false,
+        ..Config::default()
+    };
+    let gpu_mount = device_mount("0");
+    let imex_mounts = [device_mount("imex/2"), device_mount("imex/0")];
+    let decide_with =
+        |env: &[&str], mounts: &[(&str, String)], bounding: &[&str], config: &Config| {
+            let mounts: Vec<(&str, &str)> = mounts.iter().map(|(s, d)| (*s, d.as_str())).collect();
+            match Request::decide(&spec_with(env, &mounts, bounding), config) {
+                Ok(Decision::Gpu(r)) => r.imex_channels,
+                other => panic!("{env:?}: {other:?}"),
+            }
+        };
+    let env = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_IMEX_CHANNELS=1"];
+    let list = |l: &[u32]| Some(ImexChannels::List(l.to_vec()));
+    let mut all_mounts = vec![gpu_mount.clone()];
+    all_mounts.extend(imex_mounts.iter().cloned());
+    // Default config: mounts win over the variable, the variable counts without them.
+    assert_eq!(decide_with(&env, &[], &[], &Config::default()), list(&[1]));
+    assert_eq!(
+        decide_with(&env, &all_mounts, &[], &Config::default()),
+        list(&[0, 2])
+    );
+    // Hardened: an unprivileged container's variable is ignored, its mounts count.
+    assert_eq!(
+        decide_with(&env, std::slice::from_ref(&gpu_mount), &[], &hardened),
+        None
+    );
+    assert_eq!(
+        decide_with(&env, &all_mounts, &[], &hardened),
+        list(&[0, 2])
+    );
+    assert_eq!(
+        decide_with(
+            &env,
+            std::slice::from_ref(&gpu_mount),
+            &[SYS_ADMIN],
+            &hardened
+        ),
+        list(&[1])
+    );
+    // Mounts not accepted: the variable, even when mounts are there.
+    let no_mounts = Config {
+        accept_volume_mount_devices: false,
+        ..Config::default()
+    };
+    assert_eq!(decide_with(&env, &all_mounts, &[], &no_mounts), list(&[1]));
+    // IMEX mounts select no GPU.
+    assert_eq!(
+        request(&["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_IMEX_CHANNELS=all"]).imex_channels,
+        Some(ImexChannels::All)
+    );
+}
+
+#[test]
+fn imex_channels_and_families_come_only_with_a_gpu_request() {
+    let d = decide(&["NVIDIA_IMEX_CHANNELS=abc", "NVIDIA_GDS=bogus"]).unwrap();
+    assert_eq!(d, Decision::NotRequested);
+}
+
+#[test]
+fn bad_imex_and_family_values_are_refused_in_one_line() {
+    assert_eq!(
+        err(&["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_IMEX_CHANNELS=1,,2"]),
+        "NVIDIA_IMEX_CHANNELS=1,,2: \"\" is not an IMEX channel number (use channel numbers separated by commas, such as 0,1, or all)"
+    );
+    assert_eq!(
+        err(&["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_MOFED=yes"]),
+        "NVIDIA_MOFED=yes: use enabled or disabled (or leave it unset for the node's default)"
+    );
+    let mounts = [device_mount("0"), device_mount("imex/x")];
+    let mounts: Vec<(&str, &str)> = mounts.iter().map(|(s, d)| (*s, d.as_str())).collect();
+    let e = Request::decide(&spec_with(&[], &mounts, &[]), &Config::default()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "volume mount /var/run/nvidia-container-devices/imex/: \"x\" is not an IMEX channel number (use channel numbers separated by commas, such as 0,1, or all)"
+    );
+}
+
+#[test]
+fn families_by_variable_and_config_default() {
+    use crate::extra_devices::Family;
+    let r = request(&[
+        "NVIDIA_VISIBLE_DEVICES=0",
+        "NVIDIA_NVSWITCH=enabled",
+        "NVIDIA_GDS=disabled",
+        "NVIDIA_MOFED=",
+    ]);
+    assert_eq!(r.families, BTreeSet::from([Family::NvSwitch]));
+    let config = Config {
+        device_families: vec![Family::Gds, Family::Mofed],
+        accept_env_when_unprivileged: false,
+        ..Config::default()
+    };
+    // An ignored environment neither adds a family nor takes the default away (nor fails).
+    let spec = spec_with(
+        &[
+            "NVIDIA_GDRCOPY=enabled",
+            "NVIDIA_GDS=disabled",
+            "NVIDIA_MOFED=junk",
+        ],
+        &[(device_mount("0").0, &device_mount("0").1)],
+        &[],
+    );
+    let Decision::Gpu(r) = Request::decide(&spec, &config).unwrap() else {
+        panic!("not a GPU request");
+    };
+    assert_eq!(r.families, BTreeSet::from([Family::Gds, Family::Mofed]));
 }

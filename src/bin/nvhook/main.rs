@@ -307,6 +307,8 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
             match output {
                 Some(path) => {
                     nvhook::cdi::write_spec(&path, &text)?;
+                    let extra = nvhook::cdi::generate_extra(&inventory)?;
+                    report_extra(nvhook::cdi::write_extra_specs(&path, &extra, format)?);
                     link_dev_char(config, &inventory);
                     tracing::info!(path = %path.display(), devices = spec.devices.len(), "CDI spec written");
                 }
@@ -333,6 +335,8 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
                 ),
                 false => println!("unchanged: {}", output.display()),
             }
+            let extra = nvhook::cdi::generate_extra(&inventory)?;
+            report_extra(nvhook::cdi::write_extra_specs(&output, &extra, format)?);
         }
         CdiCommand::List { files } if files.is_empty() => {
             // Other vendors' specs live there too: one nvhook cannot read is no reason to
@@ -354,6 +358,20 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
         }
     }
     Ok(())
+}
+
+/// Says which IMEX channel and device family specs were written or retired.
+fn report_extra(outcomes: Vec<nvhook::cdi::ExtraOutcome>) {
+    use nvhook::cdi::ExtraOutcome;
+    for outcome in outcomes {
+        match outcome {
+            ExtraOutcome::Written(path) => println!("wrote {}", path.display()),
+            ExtraOutcome::Unchanged(_) => {}
+            ExtraOutcome::Removed(path) => {
+                println!("removed {} (no such devices now)", path.display())
+            }
+        }
+    }
 }
 
 /// An engine hands a CDI spec's nodes to the runtime as they are: the links must be there.

@@ -2,6 +2,7 @@
 //! driver backs them: 195 is unregistered here and the dynamic majors are
 //! chosen free, so opening any of them fails with ENXIO, which tests use.
 
+use crate::fabric::Fabric;
 use crate::spec::Gpu;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
@@ -22,38 +23,101 @@ const MODESET_MINOR: u32 = 254;
 const DYNAMIC_TOP: u32 = 511;
 const DYNAMIC_BOTTOM: u32 = 234;
 
-/// The two majors the driver would get from the kernel at load time.
+/// The majors the driver's modules (and the fabric's, see `fabric`) would get from the
+/// kernel at load time, and the misc minor of the RDMA connection manager.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Majors {
     pub uvm: u32,
     pub caps: u32,
+    pub imex: u32,
+    pub nvswitch: u32,
+    pub nvlink: u32,
+    pub nvidia_fs: u32,
+    pub gdrdrv: u32,
+    /// `infiniband_verbs` and `infiniband_mad` share it, as on a real host.
+    pub infiniband: u32,
+    pub rdma_cm_minor: u32,
 }
 
+/// Dynamic majors a node needs.
+const DYNAMIC_MAJORS: usize = 8;
+
 impl Majors {
-    /// Two majors the host has not registered, scanning down from 511.
+    /// Majors the host has not registered, scanning down from 511.
     pub fn pick() -> Result<Majors> {
         Self::pick_avoiding(&[])
     }
 
-    /// Two free majors that are not `old`'s: the driver's module loaded again.
+    /// Free majors that are not `old`'s: the driver's module loaded again.
     pub fn pick_other_than(old: Majors) -> Result<Majors> {
-        Self::pick_avoiding(&[old.uvm, old.caps])
+        Self::pick_avoiding(&old.dynamic())
+    }
+
+    fn dynamic(&self) -> [u32; DYNAMIC_MAJORS] {
+        [
+            self.uvm,
+            self.caps,
+            self.imex,
+            self.nvswitch,
+            self.nvlink,
+            self.nvidia_fs,
+            self.gdrdrv,
+            self.infiniband,
+        ]
     }
 
     fn pick_avoiding(avoid: &[u32]) -> Result<Majors> {
         let text = fs::read_to_string("/proc/devices")
             .context("cannot read /proc/devices: is /proc mounted?")?;
         let used = registered_char_majors(&text);
-        let mut free = (DYNAMIC_BOTTOM..=DYNAMIC_TOP)
+        let free: Vec<u32> = (DYNAMIC_BOTTOM..=DYNAMIC_TOP)
             .rev()
-            .filter(|m| *m != GPU_MAJOR && !used.contains(m) && !avoid.contains(m));
-        match (free.next(), free.next()) {
-            (Some(uvm), Some(caps)) => Ok(Majors { uvm, caps }),
-            _ => bail!(
-                "no two free character majors in {DYNAMIC_BOTTOM}..={DYNAMIC_TOP} on this host"
-            ),
-        }
+            .filter(|m| *m != GPU_MAJOR && !used.contains(m) && !avoid.contains(m))
+            .take(DYNAMIC_MAJORS)
+            .collect();
+        let [
+            uvm,
+            caps,
+            imex,
+            nvswitch,
+            nvlink,
+            nvidia_fs,
+            gdrdrv,
+            infiniband,
+        ] = free[..]
+        else {
+            bail!(
+                "no {DYNAMIC_MAJORS} free character majors in {DYNAMIC_BOTTOM}..={DYNAMIC_TOP} on this host"
+            );
+        };
+        let misc = fs::read_to_string("/proc/misc")
+            .context("cannot read /proc/misc: is /proc mounted?")?;
+        Ok(Majors {
+            uvm,
+            caps,
+            imex,
+            nvswitch,
+            nvlink,
+            nvidia_fs,
+            gdrdrv,
+            infiniband,
+            rdma_cm_minor: free_misc_minor(&misc)?,
+        })
     }
+}
+
+/// A misc minor the host has not registered: no device answers there, so opening the node
+/// fails with ENODEV where the cgroup allows it.
+fn free_misc_minor(proc_misc: &str) -> Result<u32> {
+    let used: Vec<u32> = proc_misc
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    // Below 255 (MISC_DYNAMIC_MINOR), from the top, where dynamic minors start.
+    (128..255)
+        .rev()
+        .find(|m| !used.contains(m))
+        .context("no free misc minor on this host")
 }
 
 /// Majors listed under "Character devices:" in /proc/devices.
@@ -120,7 +184,13 @@ fn gi_access_minor(gpu_minor: u32, gi: u32) -> u32 {
 }
 
 /// Makes every node under `dev_dir` (which is DIR/dev).
-pub fn make_nodes(dev_dir: &Path, gpus: &[Gpu], majors: Majors, caps: &[Capability]) -> Result<()> {
+pub fn make_nodes(
+    dev_dir: &Path,
+    gpus: &[Gpu],
+    majors: Majors,
+    caps: &[Capability],
+    fabric: &Fabric,
+) -> Result<()> {
     let caps_dir = dev_dir.join("nvidia-caps");
     fs::create_dir_all(&caps_dir)
         .with_context(|| format!("cannot create {}", caps_dir.display()))?;
@@ -144,6 +214,12 @@ pub fn make_nodes(dev_dir: &Path, gpus: &[Gpu], majors: Majors, caps: &[Capabili
     for cap in caps {
         let node = caps_dir.join(format!("nvidia-cap{}", cap.minor));
         mknod(&node, majors.caps, cap.minor, cap.mode)?;
+    }
+    for (path, major, minor) in fabric.nodes(majors) {
+        let node = dev_dir.join(path);
+        let dir = node.parent().expect("a node lives in a directory");
+        fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        mknod(&node, major, minor, 0o666)?;
     }
     Ok(())
 }
@@ -197,6 +273,14 @@ mod tests {
     use crate::spec::Params;
 
     #[test]
+    fn misc_minor_is_one_the_host_lacks() {
+        assert_eq!(
+            free_misc_minor(" 58 rdma_cm\n254 x\n183 hw_random\n").unwrap(),
+            253
+        );
+    }
+
+    #[test]
     fn parses_only_character_majors() {
         let text =
             "Character devices:\n  1 mem\n195 nvidia\n\nBlock devices:\n  7 loop\n259 blkext\n";
@@ -213,6 +297,7 @@ mod tests {
             nvml_init_error: 0,
             nvml_init_delay_ms: 0,
             lost: vec![],
+            fabric: Fabric::default(),
         };
         let caps = capabilities(&params.gpu_list());
         let minor = |p: &str| caps.iter().find(|c| c.proc_path == p).unwrap().minor;

@@ -4,6 +4,7 @@
 mod compile;
 mod devices;
 mod driver;
+mod fabric;
 mod libs;
 mod node;
 mod procfs;
@@ -76,6 +77,21 @@ struct CreateArgs {
     /// firmware goes under DIR/nvidia/<version> in the driver root instead of /lib/firmware.
     #[arg(long, value_name = "DIR")]
     firmware_path: Option<String>,
+    /// IMEX channels /dev/nvidia-caps-imex-channels/channel0..N.
+    #[arg(long, default_value_t = 0)]
+    imex_channels: u32,
+    /// NVSwitches: /dev/nvidia-nvswitch0..N, nvidia-nvswitchctl and nvidia-nvlink.
+    #[arg(long, default_value_t = 0)]
+    nvswitch: u32,
+    /// GPUDirect Storage: /dev/nvidia-fs0..3.
+    #[arg(long)]
+    gds: bool,
+    /// An RDMA adapter: /dev/infiniband/uverbs0, umad0 and rdma_cm.
+    #[arg(long)]
+    mofed: bool,
+    /// GDRCopy: /dev/gdrdrv.
+    #[arg(long)]
+    gdrcopy: bool,
 }
 
 fn parse_mig(text: &str) -> Result<(u32, u32), String> {
@@ -116,6 +132,13 @@ fn create(args: CreateArgs) -> Result<()> {
         nvml_init_error: args.nvml_init_error,
         nvml_init_delay_ms: args.nvml_init_delay_ms,
         lost: args.lost_gpu,
+        fabric: fabric::Fabric {
+            imex_channels: args.imex_channels,
+            nvswitches: args.nvswitch,
+            gds: args.gds,
+            mofed: args.mofed,
+            gdrcopy: args.gdrcopy,
+        },
     };
     let mock_nvml = absolute(
         args.mock_nvml

@@ -139,7 +139,8 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
         firmware_path,
     )?;
     let caps = devices::capabilities(&gpus);
-    devices::make_nodes(&dir.join("dev"), &gpus, majors, &caps)?;
+    let fabric = &inputs.params.fabric;
+    devices::make_nodes(&dir.join("dev"), &gpus, majors, &caps, fabric)?;
     let sys_root = dir.join("sys");
     if inputs.display.drm {
         devices::make_drm_nodes(&dir.join("dev"), &gpus)?;
@@ -152,6 +153,7 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
         &gpus,
         majors,
         &caps,
+        fabric,
         inputs.display.drm,
     )?;
     let hook_config = HookConfig {

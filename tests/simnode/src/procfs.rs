@@ -2,6 +2,7 @@
 //! under /proc, in the module's own formats.
 
 use crate::devices::{Capability, DRM_MAJOR, GPU_MAJOR, Majors};
+use crate::fabric::Fabric;
 use crate::spec::{Gpu, gpu_major_name};
 use anyhow::{Context, Result};
 use std::fs;
@@ -14,12 +15,13 @@ pub fn write(
     gpus: &[Gpu],
     majors: Majors,
     caps: &[Capability],
+    fabric: &Fabric,
     drm: bool,
 ) -> Result<()> {
     let nv = proc_root.join("driver/nvidia");
     put(
         &proc_root.join("devices"),
-        &devices(gpu_major_name(driver_version)?, majors, drm),
+        &devices(gpu_major_name(driver_version)?, majors, fabric, drm),
     )?;
     put(&nv.join("version"), &version(driver_version))?;
     put(&nv.join("params"), PARAMS)?;
@@ -51,7 +53,7 @@ pub fn put(path: &Path, text: &str) -> Result<()> {
 
 /// /proc/devices with the driver's majors among a few the kernel always has,
 /// sorted like the kernel prints them ("%3d %s").
-fn devices(gpu_major_name: &str, majors: Majors, drm: bool) -> String {
+fn devices(gpu_major_name: &str, majors: Majors, fabric: &Fabric, drm: bool) -> String {
     let mut chars = vec![
         (1, "mem"),
         (4, "tty"),
@@ -62,6 +64,7 @@ fn devices(gpu_major_name: &str, majors: Majors, drm: bool) -> String {
         (majors.uvm, "nvidia-uvm"),
         (majors.caps, "nvidia-caps"),
     ];
+    chars.extend(fabric.proc_devices(majors));
     if drm {
         chars.push((DRM_MAJOR, "drm"));
     }
@@ -141,19 +144,45 @@ ExcludedGpus: \"\"
 mod tests {
     use super::*;
 
+    const MAJORS: Majors = Majors {
+        uvm: 511,
+        caps: 510,
+        imex: 509,
+        nvswitch: 508,
+        nvlink: 507,
+        nvidia_fs: 506,
+        gdrdrv: 505,
+        infiniband: 504,
+        rdma_cm_minor: 250,
+    };
+
     #[test]
     fn devices_lists_the_driver_majors_in_kernel_format() {
-        let text = devices(
-            "nvidia",
-            Majors {
-                uvm: 511,
-                caps: 510,
-            },
-            true,
-        );
+        let text = devices("nvidia", MAJORS, &Fabric::default(), false);
         assert!(text.starts_with("Character devices:\n  1 mem\n"));
         assert!(text.contains(
-            "\n195 nvidia\n226 drm\n510 nvidia-caps\n511 nvidia-uvm\n\nBlock devices:\n"
+            "\n195 nvidia\n509 nvidia-caps-imex-channels\n510 nvidia-caps\n511 nvidia-uvm\n\nBlock devices:\n"
         ));
+    }
+
+    #[test]
+    fn devices_lists_the_fabric_modules_asked_for() {
+        let fabric = Fabric {
+            mofed: true,
+            gdrcopy: true,
+            ..Fabric::default()
+        };
+        let text = devices("nvidia", MAJORS, &fabric, false);
+        assert!(
+            text.contains("\n504 infiniband_mad\n504 infiniband_verbs\n505 gdrdrv\n"),
+            "{text}"
+        );
+        assert!(!text.contains("nvidia-fs") && !text.contains("nvswitch"));
+    }
+
+    #[test]
+    fn devices_lists_drm_when_nvidia_drm_is_loaded() {
+        let text = devices("nvidia", MAJORS, &Fabric::default(), true);
+        assert!(text.contains("\n195 nvidia\n226 drm\n"), "{text}");
     }
 }

@@ -2,6 +2,7 @@
 //! deterministically from the command line so that two nodes built with the
 //! same flags describe the same hardware wherever they live.
 
+use crate::fabric::Fabric;
 use anyhow::{Context, Result, bail, ensure};
 use serde::Serialize;
 
@@ -24,6 +25,8 @@ pub struct Params {
     /// GPUs (by their place on the board, 0..gpus) that fell off the bus: NVML and the
     /// kernel no longer list them, and the GPUs after them move up an index.
     pub lost: Vec<u32>,
+    /// IMEX channels, NVSwitches, GDS, MOFED, GDRCopy.
+    pub fabric: Fabric,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -215,6 +218,7 @@ mod tests {
             nvml_init_error: 0,
             nvml_init_delay_ms: 0,
             lost: vec![],
+            fabric: crate::fabric::Fabric::default(),
         }
     }
 

@@ -88,6 +88,7 @@ mod tests {
             nvml_init_error: 3,
             nvml_init_delay_ms: 250,
             lost: vec![],
+            fabric: crate::fabric::Fabric::default(),
         };
         let json: serde_json::Value = serde_json::from_str(
             &render(&params, &params.gpu_list(), Path::new("/node/nvml-inits")).unwrap(),

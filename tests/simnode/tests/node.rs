@@ -530,7 +530,7 @@ fn check_other_files(node: &Path) {
         assert!(fw.contains(chip) && fw.contains(VERSION));
     }
     for json in [
-        "etc/vulkan/icd.d/nvidia_icd.json",
+        "usr/share/vulkan/icd.d/nvidia_icd.json",
         "usr/share/glvnd/egl_vendor.d/10_nvidia.json",
     ] {
         let value: serde_json::Value = serde_json::from_str(&read(&driver.join(json))).unwrap();

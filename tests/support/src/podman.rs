@@ -128,9 +128,23 @@ impl CdiSpecFile {
 }
 
 impl Drop for CdiSpecFile {
+    /// Removes the spec and the specs nvhook wrote beside it (`<name>-imex-channel.yaml`, ...).
     fn drop(&mut self) {
         if let Err(err) = fs::remove_file(&self.path) {
             eprintln!("cleanup: rm {}: {err}", self.path.display());
+        }
+        let stem = self
+            .path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned());
+        let beside = |p: &Path| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+            matches!((&stem, name), (Some(stem), Some(name)) if name.starts_with(&format!("{stem}-")))
+        };
+        for entry in fs::read_dir(Self::DIR).into_iter().flatten().flatten() {
+            if beside(&entry.path()) {
+                let _ = fs::remove_file(entry.path());
+            }
         }
         if self.made_dir {
             let _ = fs::remove_dir(Self::DIR);
