@@ -555,6 +555,7 @@ fn check_config(node: &Path) {
     assert_eq!(config["driver-root"], path(&node.join("driver")));
     assert_eq!(config["dev-root"], path(&node));
     assert_eq!(config["proc-root"], path(&node.join("proc")));
+    assert_eq!(config["sys-root"], path(&node.join("sys")));
     assert_eq!(config["log-file"], path(&node.join("nvhook.log")));
     assert_eq!(config["log-level"].as_str(), Some("debug"));
     let hook = Path::new(config["hook-path"].as_str().unwrap());
@@ -567,7 +568,7 @@ fn check_config(node: &Path) {
         path(&node.join("run/nvml-inventory.json"))
     );
     assert!(!config.contains_key("nvml-library"));
-    assert_eq!(config.len(), 7);
+    assert_eq!(config.len(), 8);
 }
 
 #[test]
