@@ -2,12 +2,12 @@
 //! ld.so.cache, and binaries, firmware, IPC sockets and graphics configs found by path.
 
 use super::graphics::{self, ConfigLibraryPath};
-use super::resolve::Resolver;
+use super::host_file::{DriverRoot, HostFile, is_elf};
 use crate::capability::Capability;
 use crate::config::Config;
 use nvhook_ldcache::{self as ldcache, ElfClass, LdCache};
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
@@ -133,17 +133,6 @@ pub struct Library {
     pub host_path: PathBuf,
 }
 
-/// A file that keeps its path: a binary, firmware, a socket or a config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HostFile {
-    /// None: needed by every GPU container (firmware).
-    pub capability: Option<Capability>,
-    pub host_path: PathBuf,
-    pub container_path: String,
-    /// A directory (the MPS pipe directory) rather than a file or socket.
-    pub is_dir: bool,
-}
-
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DriverFiles {
     pub libraries: Vec<Library>,
@@ -222,52 +211,6 @@ impl DriverFiles {
             config_library_paths,
         }
     }
-}
-
-/// The driver root, canonical, and the resolver its files are looked up with.
-pub(super) struct DriverRoot {
-    path: PathBuf,
-    resolver: Resolver,
-}
-
-impl DriverRoot {
-    pub(super) fn new(root: &Path) -> DriverRoot {
-        DriverRoot {
-            path: std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf()),
-            resolver: Resolver::default(),
-        }
-    }
-
-    /// The host file `path` (absolute, in the driver root's terms) ends at, when it exists
-    /// and stays inside the root.
-    pub(super) fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub(super) fn canonical(&self, path: &str) -> Option<PathBuf> {
-        let host = self
-            .resolver
-            .canonical(&self.path.join(path.trim_start_matches('/')))?;
-        host.starts_with(&self.path).then_some(host)
-    }
-
-    pub(super) fn existing(&self, path: &str, capability: Option<Capability>) -> Option<HostFile> {
-        let host = self.canonical(path)?;
-        Some(HostFile {
-            capability,
-            is_dir: host.is_dir(),
-            host_path: host,
-            container_path: path.to_string(),
-        })
-    }
-}
-
-pub(super) fn is_elf(path: &Path) -> bool {
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok_and(|()| magic == *b"\x7fELF")
 }
 
 fn find_libraries(root: &DriverRoot, cache: &HostCache, version: &str) -> Vec<Library> {
@@ -374,7 +317,7 @@ fn find_firmware(root: &DriverRoot, dirs: &[String], version: &str) -> Vec<HostF
     let mut out: Vec<HostFile> = Vec::new();
     for base in dirs {
         let dir = format!("{base}/nvidia/{version}");
-        let Ok(entries) = std::fs::read_dir(root.path.join(dir.trim_start_matches('/'))) else {
+        let Ok(entries) = std::fs::read_dir(root.path().join(dir.trim_start_matches('/'))) else {
             continue;
         };
         for entry in entries.flatten() {
@@ -400,6 +343,7 @@ fn find_firmware(root: &DriverRoot, dirs: &[String], version: &str) -> Vec<HostF
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn development_links_in_the_cache_are_not_sonames() {

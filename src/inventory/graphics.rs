@@ -3,7 +3,7 @@
 //! `nvoptix.bin`, OpenCL's ICD) and Xorg's driver modules, read from what the driver
 //! installed: the directories are listed, not a fixed list of files probed.
 
-use super::driver::{DriverRoot, HostFile, is_elf};
+use super::host_file::{DriverRoot, HostFile, is_elf};
 use crate::capability::Capability;
 use serde::{Deserialize, Serialize};
 

@@ -10,6 +10,7 @@ pub mod devices;
 pub mod driver;
 pub mod drm;
 pub mod graphics;
+mod host_file;
 pub mod isolated;
 pub mod nvml;
 mod resolve;
@@ -21,7 +22,8 @@ use std::path::PathBuf;
 
 pub use device_numbers::DeviceMajors;
 pub use devices::HostNode;
-pub use driver::{DriverFiles, HostFile, Library};
+pub use driver::{DriverFiles, Library};
+pub use host_file::HostFile;
 pub use nvml::System;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,0 +1,64 @@
+//! A driver file found by path under the driver root, and the root it is looked up in: shared
+//! by the driver's own files and the graphics stack's.
+
+use super::resolve::Resolver;
+use crate::capability::Capability;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// A file that keeps its path: a binary, firmware, a socket or a config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostFile {
+    /// None: needed by every GPU container (firmware).
+    pub capability: Option<Capability>,
+    pub host_path: PathBuf,
+    pub container_path: String,
+    /// A directory (the MPS pipe directory) rather than a file or socket.
+    pub is_dir: bool,
+}
+
+/// The driver root, canonical, and the resolver its files are looked up with.
+pub(super) struct DriverRoot {
+    path: PathBuf,
+    resolver: Resolver,
+}
+
+impl DriverRoot {
+    pub(super) fn new(root: &Path) -> DriverRoot {
+        DriverRoot {
+            path: std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf()),
+            resolver: Resolver::default(),
+        }
+    }
+
+    /// The host file `path` (absolute, in the driver root's terms) ends at, when it exists
+    /// and stays inside the root.
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(super) fn canonical(&self, path: &str) -> Option<PathBuf> {
+        let host = self
+            .resolver
+            .canonical(&self.path.join(path.trim_start_matches('/')))?;
+        host.starts_with(&self.path).then_some(host)
+    }
+
+    pub(super) fn existing(&self, path: &str, capability: Option<Capability>) -> Option<HostFile> {
+        let host = self.canonical(path)?;
+        Some(HostFile {
+            capability,
+            is_dir: host.is_dir(),
+            host_path: host,
+            container_path: path.to_string(),
+        })
+    }
+}
+
+pub(super) fn is_elf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| magic == *b"\x7fELF")
+}
