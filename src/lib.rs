@@ -14,6 +14,7 @@ mod file_id;
 pub mod host_plan;
 pub mod inject;
 pub mod inventory;
+pub mod labels;
 pub mod logging;
 pub mod oci;
 pub mod plan;

@@ -1,7 +1,9 @@
 #!/bin/sh
 # nvhook node upkeep, the long-running container of nvhook-installer.yaml (after install.sh):
 # keeps this node's CDI spec (/var/run/cdi/nvidia.yaml) true to its GPUs, driver and MIG
-# layout, and the /dev/char links of its NVIDIA nodes in place, at start and then every
+# layout, the /dev/char links of its NVIDIA nodes in place, and its GPU labels (GPU feature
+# discovery's names) in Node Feature Discovery's feature file
+# (/etc/kubernetes/node-feature-discovery/features.d/nvhook), at start and then every
 # $REFRESH_INTERVAL_S seconds (default 300; 0: once, then exit). Each step runs the nvhook
 # install.sh put on the host, inside the host's root, so every path is the host's own; a step
 # that fails is reported and tried again next time, never the end of the loop.
@@ -13,12 +15,14 @@ set -eu
 host=${HOST_ROOT:-/host}
 nvhook=${NVHOOK_DIR:-/usr/local/nvhook}/bin/nvhook
 interval=${REFRESH_INTERVAL_S:-300}
+nfd_file=/etc/kubernetes/node-feature-discovery/features.d/nvhook
 
 say() { echo "nvhook-refresh: $*"; }
 
 refresh() {
     chroot "$host" "$nvhook" cdi refresh || say "warning: cdi refresh failed; next try in ${interval}s"
     chroot "$host" "$nvhook" dev-char-links >/dev/null || say "warning: dev-char-links failed; next try in ${interval}s"
+    chroot "$host" "$nvhook" labels --format nfd --output "$nfd_file" || say "warning: labels failed; next try in ${interval}s"
 }
 
 case $interval in

@@ -56,6 +56,27 @@ enum Command {
     DevCharLinks,
     /// Register nvhook-runtime with a container engine's config (or take it out with --remove).
     Configure(ConfigureArgs),
+    /// Print Kubernetes node labels for this node's GPUs, named as GPU feature discovery
+    /// names them (nvidia.com/gpu.product, nvidia.com/gpu.count, ...).
+    Labels {
+        /// text (`name=value` lines), json, or nfd (a Node Feature Discovery feature file).
+        #[arg(long, value_enum, default_value_t = LabelFormat::Text)]
+        format: LabelFormat,
+        /// The labels' namespace.
+        #[arg(long, value_name = "DOMAIN", default_value = nvhook::labels::DEFAULT_PREFIX)]
+        prefix: String,
+        /// Replace this file with them, atomically (e.g.
+        /// /etc/kubernetes/node-feature-discovery/features.d/nvhook) [default: stdout].
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LabelFormat {
+    Text,
+    Json,
+    Nfd,
 }
 
 #[derive(clap::Args)]
@@ -193,6 +214,11 @@ fn run(cli: Cli) -> Result<()> {
             cdi(&config, named.as_deref(), command)
         }
         Command::DevCharLinks => dev_char_links(&config),
+        Command::Labels {
+            format,
+            prefix,
+            output,
+        } => labels(&config, format, &prefix, output.as_deref()),
         Command::Hook { .. } | Command::Configure(_) => unreachable!("handled above"),
     }
 }
@@ -396,6 +422,33 @@ fn dev_char_links(config: &Config) -> Result<()> {
         links.len(),
         dev.join("char").display()
     );
+    Ok(())
+}
+
+fn labels(config: &Config, format: LabelFormat, prefix: &str, output: Option<&Path>) -> Result<()> {
+    // NVML's cached answer serves while the host is as it was: labelling on a timer asks
+    // NVML nothing on an unchanged node.
+    let (inventory, _) = nvhook::inventory::isolated::load(config)?;
+    let labels = nvhook::labels::Labels::for_system(&inventory.system(), prefix)?;
+    let text = match format {
+        LabelFormat::Text => labels.to_text(),
+        LabelFormat::Json => serde_json::to_string_pretty(&labels)? + "\n",
+        LabelFormat::Nfd => labels.to_nfd(),
+    };
+    let Some(path) = output else {
+        print!("{text}");
+        return Ok(());
+    };
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(dir) = dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    nvhook::atomic_file::write_atomic(
+        path,
+        text.as_bytes(),
+        nvhook::atomic_file::NewFile::mode(0o644),
+    )
+    .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
 

@@ -188,6 +188,7 @@ mod tests {
             nvml_init_error: 0,
             nvml_init_delay_ms: 0,
             lost: vec![],
+            persistence_off: vec![],
         };
         let caps = capabilities(&params.gpu_list());
         let minor = |p: &str| caps.iter().find(|c| c.proc_path == p).unwrap().minor;

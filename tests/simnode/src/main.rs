@@ -59,6 +59,9 @@ struct CreateArgs {
     /// no longer list it, and the GPUs after it move up an index.
     #[arg(long, value_name = "GPU")]
     lost_gpu: Vec<u32>,
+    /// GPU (NVML index) whose persistence mode is off (every GPU has it on otherwise).
+    #[arg(long, value_name = "GPU")]
+    persistence_off: Vec<u32>,
     /// Change the node in place, as a driver upgrade, a MIG reconfiguration, a lost GPU or a
     /// module reload changes a live host: nvhook's config, log, NVML cache and /dev/char stay.
     #[arg(long)]
@@ -107,6 +110,7 @@ fn create(args: CreateArgs) -> Result<()> {
         nvml_init_error: args.nvml_init_error,
         nvml_init_delay_ms: args.nvml_init_delay_ms,
         lost: args.lost_gpu,
+        persistence_off: args.persistence_off,
     };
     let mock_nvml = absolute(
         args.mock_nvml

@@ -10,6 +10,8 @@ pub const MAX_GPUS: u32 = 64;
 
 /// The simulated board; A100 is the card most MIG documentation describes.
 const GPU_NAME: &str = "NVIDIA A100-SXM4-80GB";
+/// Its framebuffer as NVML reports it: 81920 MiB.
+pub const GPU_MEMORY_BYTES: u64 = 80 << 30;
 
 /// The parameters the user chose, validated.
 #[derive(Debug, Clone, Serialize)]
@@ -24,6 +26,8 @@ pub struct Params {
     /// GPUs (by their place on the board, 0..gpus) that fell off the bus: NVML and the
     /// kernel no longer list them, and the GPUs after them move up an index.
     pub lost: Vec<u32>,
+    /// GPUs (by NVML index) whose persistence mode is off; the others have it on.
+    pub persistence_off: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -32,6 +36,7 @@ pub struct Gpu {
     pub minor: u32,
     pub uuid: String,
     pub name: String,
+    pub persistence_mode: bool,
     /// Bus number on PCI domain 0; rendered in NVML and kernel forms below.
     pub pci_bus: u8,
     pub mig: Vec<MigDevice>,
@@ -79,6 +84,13 @@ impl Params {
                 "--mig {gpu}: given twice; pass one --mig per GPU"
             );
         }
+        for &gpu in &self.persistence_off {
+            ensure!(
+                gpu < self.gpus,
+                "--persistence-off {gpu}: no GPU {gpu} (the node has {} GPUs)",
+                self.gpus
+            );
+        }
         for &gpu in &self.lost {
             ensure!(
                 gpu < self.gpus,
@@ -112,6 +124,7 @@ impl Params {
             minor: slot,
             uuid: format!("GPU-{}", uuid_hex(u64::from(slot))),
             name: GPU_NAME.to_owned(),
+            persistence_mode: !self.persistence_off.contains(&index),
             // Stride 3 spreads GPUs over root ports like a real board and
             // keeps 64 GPUs below bus 0xff.
             pci_bus: u8::try_from(0x18 + 3 * slot).expect("at most 64 GPUs"),
@@ -215,6 +228,7 @@ mod tests {
             nvml_init_error: 0,
             nvml_init_delay_ms: 0,
             lost: vec![],
+            persistence_off: vec![],
         }
     }
 
@@ -223,6 +237,7 @@ mod tests {
         let all = params(3, vec![]).gpu_list();
         let lost = Params {
             lost: vec![1],
+            persistence_off: vec![],
             ..params(3, vec![])
         }
         .gpu_list();
