@@ -9,6 +9,7 @@ pub mod cdi;
 pub mod config;
 pub mod configure;
 pub mod dev_char;
+pub mod doctor;
 pub mod entry;
 mod file_id;
 pub mod host_plan;

@@ -56,6 +56,21 @@ enum Command {
     DevCharLinks,
     /// Register nvhook-runtime with a container engine's config (or take it out with --remove).
     Configure(ConfigureArgs),
+    /// Check that this node is ready to give containers GPUs: one line per check, with the
+    /// fix for each problem; exit status 0 when ready, 1 when a check failed.
+    Doctor {
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Read engine configs, hooks.d and CDI spec directories under this directory.
+        #[arg(long, value_name = "DIR", default_value = "/")]
+        root: PathBuf,
+        /// The runtime name the engines should have (`docker run --runtime=NAME`).
+        #[arg(long, value_name = "NAME", default_value = DEFAULT_RUNTIME_NAME)]
+        runtime_name: String,
+        /// The nvhook-runtime the engines should run [default: the one beside this nvhook].
+        #[arg(long, value_name = "PATH")]
+        runtime_path: Option<String>,
+    },
     /// Print Kubernetes node labels for this node's GPUs, named as GPU feature discovery
     /// names them (nvidia.com/gpu.product, nvidia.com/gpu.count, ...).
     Labels {
@@ -214,6 +229,12 @@ fn run(cli: Cli) -> Result<()> {
             cdi(&config, named.as_deref(), command)
         }
         Command::DevCharLinks => dev_char_links(&config),
+        Command::Doctor {
+            format,
+            root,
+            runtime_name,
+            runtime_path,
+        } => doctor(&config, format, root, runtime_name, runtime_path),
         Command::Labels {
             format,
             prefix,
@@ -422,6 +443,40 @@ fn dev_char_links(config: &Config) -> Result<()> {
         links.len(),
         dev.join("char").display()
     );
+    Ok(())
+}
+
+fn doctor(
+    config: &Config,
+    format: Format,
+    root: PathBuf,
+    runtime_name: String,
+    runtime_path: Option<String>,
+) -> Result<()> {
+    let runtime_path = match runtime_path {
+        Some(path) => path,
+        None => std::env::current_exe()
+            .context("cannot find nvhook's own path")?
+            .with_file_name("nvhook-runtime")
+            .display()
+            .to_string(),
+    };
+    let report = nvhook::doctor::run(
+        config,
+        &nvhook::doctor::Options {
+            root,
+            runtime_name,
+            runtime_path,
+        },
+    );
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Format::Text => print!("{}", report.to_text()),
+    }
+    if !report.ready {
+        // The report said why, line by line: nothing more for main to print.
+        std::process::exit(1);
+    }
     Ok(())
 }
 
