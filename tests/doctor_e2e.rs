@@ -342,3 +342,41 @@ fn podman_without_the_hook_file_warns() {
     fs::copy(hook, hooks_d.join("oci-nvhook-hook.json")).unwrap();
     node.expect(0, "ok   podman hooks.d: ", &["runs nvhook"]);
 }
+
+/// The engines' own configs, judged by what `nvhook configure` reads and writes: containerd
+/// 2.3's default (version 4, nvhook's runtime in the drop-in it imports) and a k3s template.
+#[test]
+fn containerd_2_and_k3s_configs_are_read_as_configure_reads_them() {
+    let node = Node::ready();
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/configure");
+    let main = node.host("etc/containerd/config.toml");
+    fs::create_dir_all(main.parent().unwrap()).unwrap();
+    // Imports named relative to the main file: the host's own conf.d stays untouched.
+    let text = fs::read_to_string(golden.join("containerd-2.3-default.toml"))
+        .unwrap()
+        .replace("/etc/containerd/conf.d/*.toml", "conf.d/*.toml");
+    fs::write(&main, text).unwrap();
+    let template = node.host("var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl");
+    fs::create_dir_all(template.parent().unwrap()).unwrap();
+    fs::copy(golden.join("k3s-config.toml.tmpl"), &template).unwrap();
+    node.expect(1, "FAIL engine containerd: ", &["no runtime nvidia"]);
+    node.expect(1, "FAIL engine k3s: ", &["nvhook configure k3s"]);
+
+    let runtime = workspace_bin("nvhook-runtime");
+    for (engine, file) in [("containerd", &main), ("k3s", &template)] {
+        let out = run_nvhook(&[
+            "configure",
+            engine,
+            "--engine-config",
+            file.to_str().unwrap(),
+            "--runtime-path",
+            runtime.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    node.expect(0, "ok   engine containerd: ", &["runtime nvidia is"]);
+    node.expect(0, "ok   engine k3s: ", &["runtime nvidia is"]);
+
+    fs::remove_file(node.host("etc/containerd/conf.d/99-nvhook.toml")).unwrap();
+    node.expect(1, "FAIL engine containerd: ", &["no runtime nvidia"]);
+}

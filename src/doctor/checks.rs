@@ -452,3 +452,187 @@ pub fn policy(config: &Config) -> Check {
         ),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::doctor::Level;
+    use crate::plan::tests::{inventory, standard};
+
+    fn levels(checks: &[Check]) -> Vec<Level> {
+        checks.iter().map(|c| c.level).collect()
+    }
+
+    #[test]
+    fn the_module_version_is_read_from_its_line() {
+        let text = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\nGCC version:  gcc 12\n";
+        let ok = kernel_module("/proc/driver/nvidia/version", Some(text));
+        assert_eq!(ok.level, Level::Ok);
+        assert_eq!(ok.detail, "nvidia loaded, driver 550.54.15");
+        let gone = kernel_module("/proc/driver/nvidia/version", None);
+        assert_eq!(gone.level, Level::Fail);
+        assert!(gone.fix.unwrap().contains("modprobe nvidia"));
+    }
+
+    #[test]
+    fn nvml_is_slow_past_half_its_timeout() {
+        let inv = standard();
+        let timeout = Duration::from_millis(1000);
+        let fast = nvml(&Ok(inv.clone()), Duration::from_millis(20), timeout);
+        assert_eq!(fast.level, Level::Ok);
+        assert!(fast.detail.starts_with("answered in 20 ms: 4 GPUs"));
+        let slow = nvml(&Ok(inv), Duration::from_millis(600), timeout);
+        assert_eq!(slow.level, Level::Warn);
+        let failed = nvml(&Err("boom".into()), Duration::from_millis(3), timeout);
+        assert_eq!(failed.level, Level::Fail);
+        assert!(failed.detail.ends_with("boom"));
+    }
+
+    #[test]
+    fn persistence_off_warns_per_gpu() {
+        let mut inv = inventory(2, &[]);
+        inv.gpus[1].persistence_mode = Some(false);
+        let checks = persistence(&inv);
+        assert_eq!(levels(&checks), [Level::Ok, Level::Warn]);
+        assert!(checks[1].fix.as_ref().unwrap().contains("-i 1 -pm 1"));
+    }
+
+    #[test]
+    fn device_nodes_must_carry_the_drivers_numbers() {
+        let inv = inventory(2, &[]);
+        let all = device_nodes(&inv, &inv.majors, &inv.nodes);
+        assert!(all.iter().all(|c| c.level == Level::Ok), "{all:?}");
+        assert_eq!(all.len(), 4, "two GPUs, nvidiactl, nvidia-uvm");
+
+        let mut nodes = inv.nodes.clone();
+        nodes.retain(|n| n.path != "/dev/nvidia1");
+        nodes
+            .iter_mut()
+            .find(|n| n.path == "/dev/nvidia0")
+            .unwrap()
+            .minor = 9;
+        let broken = device_nodes(&inv, &inv.majors, &nodes);
+        assert_eq!(broken[0].detail, "is 195:9, want 195:0");
+        assert_eq!(broken[1].detail, "missing (want 195:1)");
+
+        let no_uvm = DeviceMajors {
+            uvm: None,
+            ..inv.majors.clone()
+        };
+        let last = device_nodes(&inv, &no_uvm, &inv.nodes).pop().unwrap();
+        assert_eq!(
+            (last.level, last.fix.as_deref()),
+            (Level::Fail, Some("modprobe nvidia-uvm"))
+        );
+    }
+
+    #[test]
+    fn libraries_must_be_elf_of_their_class() {
+        let inv = standard();
+        let elf = |class: u8| Ok(vec![0x7f, b'E', b'L', b'F', class]);
+        let heads: Vec<(Library, LibraryHead)> = inv
+            .files
+            .libraries
+            .iter()
+            .map(|l| {
+                let class = if l.class == ElfClass::X86_64 { 2 } else { 1 };
+                (l.clone(), elf(class))
+            })
+            .collect();
+        assert_eq!(levels(&driver_files(&inv, &heads)), [Level::Ok]);
+
+        let mut bad = heads.clone();
+        bad[0].1 = Ok(b"#!/bin/sh\n".to_vec());
+        bad[1].1 = elf(if bad[1].0.class == ElfClass::X86_64 {
+            1
+        } else {
+            2
+        });
+        bad[2].1 = Err("Permission denied".into());
+        let check = driver_files(&inv, &bad).pop().unwrap();
+        assert_eq!(check.level, Level::Fail);
+        assert_eq!(check.detail.matches("; ").count(), 2, "{}", check.detail);
+        assert!(check.detail.contains("not an ELF file"));
+        assert!(check.detail.contains("ELF class"));
+        assert!(check.detail.contains("unreadable (Permission denied)"));
+
+        let mut no_cuda = inv.clone();
+        no_cuda
+            .files
+            .libraries
+            .retain(|l| l.soname != "libcuda.so.1");
+        let checks = driver_files(&no_cuda, &heads);
+        assert_eq!(checks[0].name, "driver libcuda.so.1");
+        assert_eq!(checks[0].level, Level::Fail);
+    }
+
+    #[test]
+    fn a_spec_is_stale_when_its_names_or_nodes_are_not_the_nodes() {
+        let now = CurrentDevices {
+            ids: vec![("0".into(), "GPU-a".into()), ("1".into(), "GPU-b".into())],
+            nodes: vec![("0".into(), vec!["/dev/nvidia0 195:0".into()])],
+        };
+        let spec = |names: &[&str], node: &str| SpecFile {
+            file: "/etc/cdi/nvidia.yaml".into(),
+            devices: Ok(names
+                .iter()
+                .map(|n| (n.to_string(), vec![node.to_string()]))
+                .collect()),
+        };
+        let checks = cdi(
+            &[
+                spec(&["0", "1", "all"], "/dev/nvidia0 195:0"),
+                spec(&["GPU-a", "GPU-b", "2", "all"], "/dev/nvidia0 195:0"),
+                spec(&["0", "GPU-b"], "/dev/nvidia0 195:5"),
+            ],
+            &now,
+        );
+        assert_eq!(levels(&checks), [Level::Ok, Level::Fail, Level::Fail]);
+        assert_eq!(
+            checks[1].detail,
+            "stale: names devices this node does not have: 2"
+        );
+        assert_eq!(checks[2].detail, "stale: device nodes changed for: 0");
+        let missing = cdi(&[spec(&["0", "all"], "/dev/nvidia0 195:0")], &now);
+        assert_eq!(missing[0].detail, "stale: lacks this node's devices: 1");
+    }
+
+    #[test]
+    fn cgroup_v2_needs_bpf() {
+        assert_eq!(
+            cgroup(&Cgroup {
+                v2: false,
+                bpf: false
+            })
+            .level,
+            Level::Ok
+        );
+        assert_eq!(
+            cgroup(&Cgroup {
+                v2: true,
+                bpf: true
+            })
+            .level,
+            Level::Ok
+        );
+        assert_eq!(
+            cgroup(&Cgroup {
+                v2: true,
+                bpf: false
+            })
+            .level,
+            Level::Fail
+        );
+    }
+
+    #[test]
+    fn the_policy_is_one_sentence_of_the_config() {
+        let hardened = Config {
+            accept_env_when_unprivileged: false,
+            ..Config::default()
+        };
+        let line = policy(&hardened).detail;
+        assert!(line.starts_with("NVIDIA_VISIBLE_DEVICES selects GPUs only for privileged containers, the device plugin's"));
+        assert!(!line.contains('\n'));
+    }
+}

@@ -123,7 +123,8 @@ pub struct Options {
     pub runtime_path: String,
 }
 
-/// Runs every check.
+/// Runs every check. Those that compare the host with NVML's answer are left out when NVML
+/// does not answer; the NVML line says why.
 pub fn run(config: &Config, options: &Options) -> Report {
     let mut out = Vec::new();
     let version_file = config.proc_path("driver/nvidia/version");
@@ -139,56 +140,50 @@ pub fn run(config: &Config, options: &Options) -> Report {
         started.elapsed(),
         config.nvml_timeout(),
     ));
+    let nodes = DeviceMajors::read(config).and_then(|m| Ok((m, scan_nodes(config)?)));
     if let Ok(inventory) = &answer {
         out.extend(checks::persistence(inventory));
-        out.extend(with_inventory(config, options, inventory));
-    }
-    out.push(checks::cgroup(&cgroup()));
-    out.push(checks::policy(config));
-    Report::new(out)
-}
-
-/// The checks that compare the host with what NVML reported.
-fn with_inventory(config: &Config, options: &Options, inventory: &Inventory) -> Vec<Check> {
-    let mut out = Vec::new();
-    match (DeviceMajors::read(config), scan_nodes(config)) {
-        (Ok(majors), Ok(nodes)) => {
-            out.extend(checks::device_nodes(inventory, &majors, &nodes));
-            let dev = config.dev_path("/dev");
-            let links: Vec<_> = dev_char::for_host_nodes(&dev, &nodes)
-                .into_iter()
-                .map(|l| {
-                    let ok = dev_char::resolves(&dev, l.major, l.minor);
-                    (l, ok)
-                })
-                .collect();
-            out.push(checks::dev_char(&links));
+        match &nodes {
+            Ok((majors, nodes)) => out.extend(checks::device_nodes(inventory, majors, nodes)),
+            Err(e) => out.push(Check::fail(
+                "device nodes",
+                e.to_string(),
+                "load the nvidia modules (modprobe nvidia nvidia-uvm)",
+            )),
         }
-        (Err(e), _) | (_, Err(e)) => out.push(Check::fail(
-            "device nodes",
-            e.to_string(),
-            "load the nvidia modules (modprobe nvidia nvidia-uvm)",
-        )),
+        out.push(checks::cache(
+            &config.nvml_cache_file.display().to_string(),
+            &cache_state(config, inventory),
+        ));
+        let heads: Vec<_> = inventory
+            .files
+            .libraries
+            .iter()
+            .map(|l| (l.clone(), head(&l.host_path)))
+            .collect();
+        out.extend(checks::driver_files(inventory, &heads));
+        out.extend(cdi_checks(config, options, inventory));
     }
-    out.push(checks::cache(
-        &config.nvml_cache_file.display().to_string(),
-        &cache_state(config, inventory),
-    ));
-    let heads: Vec<_> = inventory
-        .files
-        .libraries
-        .iter()
-        .map(|l| (l.clone(), head(&l.host_path)))
-        .collect();
-    out.extend(checks::driver_files(inventory, &heads));
+    if let Ok((_, nodes)) = &nodes {
+        let dev = config.dev_path("/dev");
+        let links: Vec<_> = dev_char::for_host_nodes(&dev, nodes)
+            .into_iter()
+            .map(|l| {
+                let ok = dev_char::resolves(&dev, l.major, l.minor);
+                (l, ok)
+            })
+            .collect();
+        out.push(checks::dev_char(&links));
+    }
     out.extend(checks::engines(
         &engine_configs(options),
         &options.runtime_name,
         &options.runtime_path,
     ));
     out.extend(checks::hooks(&hooks_dirs(&options.root)));
-    out.extend(cdi_checks(config, options, inventory));
-    out
+    out.push(checks::cgroup(&cgroup()));
+    out.push(checks::policy(config));
+    Report::new(out)
 }
 
 fn under(root: &Path, path: &str) -> PathBuf {
