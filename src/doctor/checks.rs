@@ -517,7 +517,7 @@ mod tests {
 
         let no_uvm = DeviceMajors {
             uvm: None,
-            ..inv.majors.clone()
+            ..inv.majors
         };
         let last = device_nodes(&inv, &no_uvm, &inv.nodes).pop().unwrap();
         assert_eq!(
