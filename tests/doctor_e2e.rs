@@ -162,7 +162,7 @@ fn a_node_set_up_as_documented_is_ready() {
             "{start:?}:\n{text}"
         );
     }
-    assert_eq!(text.lines().last(), Some("ready (0 warnings)"));
+    assert_eq!(text.lines().last(), Some("ready (warn: 0)"));
 
     let config = node.sim.config();
     let out = run_nvhook(&[

@@ -4,7 +4,8 @@
 # layout, the /dev/char links of its NVIDIA nodes in place, and its GPU labels (GPU feature
 # discovery's names) in Node Feature Discovery's feature file
 # (/etc/kubernetes/node-feature-discovery/features.d/nvhook), at start and then every
-# $REFRESH_INTERVAL_S seconds (default 300; 0: once, then exit). Each step runs the nvhook
+# $REFRESH_INTERVAL_S seconds (default 300; 0: once, then exit); after the first round it
+# prints `nvhook doctor`'s report. Each step runs the nvhook
 # install.sh put on the host, inside the host's root, so every path is the host's own; a step
 # that fails is reported and tried again next time, never the end of the loop.
 #
@@ -32,6 +33,8 @@ case $interval in
         ;;
 esac
 refresh
+# Once a start: whether the node is ready, each problem with its fix, in the pod's log.
+chroot "$host" "$nvhook" doctor || say "warning: nvhook doctor: this node is not ready (the FAIL lines above say why)"
 while [ "$interval" -gt 0 ]; do
     sleep "$interval"
     refresh

@@ -103,9 +103,9 @@ impl Report {
         let mut out: String = self.checks.iter().map(|c| format!("{c}\n")).collect();
         let problems = |level| self.checks.iter().filter(|c| c.level == level).count();
         out.push_str(&match self.ready {
-            true => format!("ready ({} warnings)\n", problems(Level::Warn)),
+            true => format!("ready (warn: {})\n", problems(Level::Warn)),
             false => format!(
-                "NOT READY: {} failed, {} warnings\n",
+                "NOT READY (FAIL: {}, warn: {})\n",
                 problems(Level::Fail),
                 problems(Level::Warn)
             ),
