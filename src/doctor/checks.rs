@@ -36,7 +36,7 @@ pub fn nvml(answer: &Result<Inventory, String>, took: Duration, timeout: Duratio
         Err(e) => Check::fail(
             "NVML",
             format!("nvhook-nvml could not ask NVML ({ms} ms): {e}"),
-            "see the cause above; nvhook info shows the same error",
+            "as the error says (nvhook info gives the same one)",
         ),
         Ok(inv) if took > timeout / 2 => Check::warn(
             "NVML",
@@ -91,6 +91,21 @@ pub fn device_nodes(inv: &Inventory, majors: &DeviceMajors, nodes: &[HostNode]) 
         .map(|g| (format!("/dev/nvidia{}", g.minor), majors.nvidia, g.minor))
         .collect();
     wanted.push(("/dev/nvidiactl".into(), majors.nvidia, 255));
+    // A MIG device is opened through the nvidia-caps nodes of its GPU and compute instance.
+    if let Some(caps) = majors.caps {
+        let cap_minors = inv
+            .gpus
+            .iter()
+            .flat_map(|g| &g.mig_devices)
+            .flat_map(|m| [m.gi_cap_minor, m.ci_cap_minor])
+            .flatten();
+        for minor in cap_minors {
+            let path = format!("/dev/nvidia-caps/nvidia-cap{minor}");
+            if !wanted.iter().any(|(p, _, _)| *p == path) {
+                wanted.push((path, caps, minor));
+            }
+        }
+    }
     let mut out: Vec<Check> = wanted
         .iter()
         .map(|(path, major, minor)| node_check(nodes, path, *major, Some(*minor), fix))
@@ -499,10 +514,14 @@ mod tests {
 
     #[test]
     fn device_nodes_must_carry_the_drivers_numbers() {
-        let inv = inventory(2, &[]);
+        let inv = inventory(2, &[(1, 2)]);
         let all = device_nodes(&inv, &inv.majors, &inv.nodes);
         assert!(all.iter().all(|c| c.level == Level::Ok), "{all:?}");
-        assert_eq!(all.len(), 4, "two GPUs, nvidiactl, nvidia-uvm");
+        assert_eq!(
+            all.len(),
+            8,
+            "two GPUs, nvidiactl, 2 MIG devices' 2 caps each, nvidia-uvm"
+        );
 
         let mut nodes = inv.nodes.clone();
         nodes.retain(|n| n.path != "/dev/nvidia1");
