@@ -24,6 +24,23 @@ pub enum LabelError {
         "--prefix {0:?}: expected a DNS subdomain such as nvidia.com (lower-case letters, digits, '-' and '.', at most 253 characters)"
     )]
     Prefix(String),
+    #[error(
+        "--mig-strategy single: {0}; the single strategy needs every GPU split into MIG devices of one profile (use mixed)"
+    )]
+    NotSingle(String),
+}
+
+/// How the device plugin offers MIG devices, which decides the MIG labels, as GPU feature
+/// discovery's `--mig-strategy` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigStrategy {
+    /// MIG devices are not offered: no MIG labels beyond `mig.capable`.
+    None,
+    /// `nvidia.com/gpu` is a MIG device: `gpu.count` counts them and `gpu.product` names
+    /// their profile (`NVIDIA-A100-SXM4-80GB-MIG-1g.10gb`).
+    Single,
+    /// Each profile is a resource of its own: `mig-<profile>.count`.
+    Mixed,
 }
 
 /// Label name → value, sorted by name; every name and value valid Kubernetes label syntax.
@@ -33,7 +50,11 @@ pub struct Labels(BTreeMap<String, String>);
 
 impl Labels {
     /// The labels for what NVML reports, under `prefix` (`nvidia.com`).
-    pub fn for_system(system: &System, prefix: &str) -> Result<Labels, LabelError> {
+    pub fn for_system(
+        system: &System,
+        prefix: &str,
+        strategy: MigStrategy,
+    ) -> Result<Labels, LabelError> {
         if !valid_prefix(prefix) {
             return Err(LabelError::Prefix(prefix.to_owned()));
         }
@@ -76,8 +97,25 @@ impl Labels {
         }
         let capable = !system.gpus.is_empty() && system.gpus.iter().all(|g| g.mig_capable);
         set("mig.capable", if capable { "true" } else { "false" });
-        for (profile, count) in mig_profiles(&system.gpus) {
-            set(&format!("mig-{profile}.count"), &count.to_string());
+        let profiles = mig_profiles(&system.gpus);
+        match strategy {
+            MigStrategy::None => {}
+            MigStrategy::Mixed => {
+                set("mig.strategy", "mixed");
+                for (profile, count) in &profiles {
+                    set(&format!("mig-{profile}.count"), &count.to_string());
+                }
+            }
+            MigStrategy::Single => {
+                set("mig.strategy", "single");
+                if let Some((profile, count)) = single_profile(&system.gpus, &profiles)? {
+                    let product = system.gpus.first().map_or("", |g| g.name.as_str());
+                    set("gpu.product", &format!("{product}-MIG-{profile}"));
+                    set("gpu.count", &count.to_string());
+                    // The GPU's memory is not a MIG device's; NVML's answer has no MIG memory.
+                    labels.0.remove(&format!("{prefix}/gpu.memory"));
+                }
+            }
         }
         Ok(labels)
     }
@@ -114,6 +152,30 @@ fn mig_profiles(gpus: &[Gpu]) -> BTreeMap<String, usize> {
         }
     }
     counts
+}
+
+/// Under the single strategy: None when no GPU has MIG on (full GPUs are offered); the one
+/// profile and the number of MIG devices when every GPU is split into that profile alone.
+fn single_profile(
+    gpus: &[Gpu],
+    profiles: &BTreeMap<String, usize>,
+) -> Result<Option<(String, usize)>, LabelError> {
+    if gpus.iter().all(|g| !g.mig_enabled) {
+        return Ok(None);
+    }
+    if let Some(whole) = gpus.iter().find(|g| !g.mig_enabled) {
+        return Err(LabelError::NotSingle(format!(
+            "GPU {} has MIG off while others have it on",
+            whole.index
+        )));
+    }
+    match profiles.iter().collect::<Vec<_>>().as_slice() {
+        [(profile, count)] => Ok(Some(((*profile).clone(), **count))),
+        many => Err(LabelError::NotSingle(format!(
+            "the MIG devices are of {} profiles",
+            many.len()
+        ))),
+    }
 }
 
 /// The profile in a MIG device's NVML name: `NVIDIA A100-SXM4-80GB MIG 1g.10gb` → `1g.10gb`.
@@ -198,7 +260,9 @@ mod tests {
     }
 
     fn labels(system: &System) -> BTreeMap<String, String> {
-        Labels::for_system(system, DEFAULT_PREFIX).unwrap().0
+        Labels::for_system(system, DEFAULT_PREFIX, MigStrategy::Mixed)
+            .unwrap()
+            .0
     }
 
     #[test]
@@ -228,6 +292,7 @@ mod tests {
             ("nvidia.com/cuda.runtime-version.minor", "4"),
             ("nvidia.com/cuda.runtime-version.full", "12.4"),
             ("nvidia.com/mig.capable", "true"),
+            ("nvidia.com/mig.strategy", "mixed"),
             ("nvidia.com/mig-3g.40gb.count", "2"),
             ("nvidia.com/mig-1g.10gb.count", "1"),
             ("nvidia.com/mig-2g.20gb-me.count", "1"),
@@ -237,6 +302,44 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn the_mig_strategy_decides_the_mig_labels() {
+        let split = system(vec![gpu(0, &["1g.10gb"; 7]), gpu(1, &["1g.10gb"; 7])]);
+        let with = |system: &System, strategy| {
+            Labels::for_system(system, DEFAULT_PREFIX, strategy).map(|l| l.0)
+        };
+        let none = with(&split, MigStrategy::None).unwrap();
+        assert!(
+            !none
+                .keys()
+                .any(|k| k.contains("mig-") || k.contains("mig.strategy"))
+        );
+        assert_eq!(none["nvidia.com/gpu.count"], "2");
+
+        let single = with(&split, MigStrategy::Single).unwrap();
+        assert_eq!(single["nvidia.com/mig.strategy"], "single");
+        assert_eq!(single["nvidia.com/gpu.count"], "14");
+        assert_eq!(
+            single["nvidia.com/gpu.product"],
+            "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb"
+        );
+        assert!(!single.contains_key("nvidia.com/gpu.memory"));
+        assert!(!single.keys().any(|k| k.contains("mig-")));
+
+        let whole = system(vec![gpu(0, &[]), gpu(1, &[])]);
+        let single_whole = with(&whole, MigStrategy::Single).unwrap();
+        assert_eq!(single_whole["nvidia.com/gpu.count"], "2");
+        assert_eq!(single_whole["nvidia.com/gpu.memory"], "81920");
+
+        for odd in [
+            system(vec![gpu(0, &["1g.10gb"]), gpu(1, &[])]),
+            system(vec![gpu(0, &["1g.10gb", "2g.20gb"])]),
+        ] {
+            let err = with(&odd, MigStrategy::Single).unwrap_err().to_string();
+            assert!(err.starts_with("--mig-strategy single: "), "{err}");
+        }
     }
 
     #[test]
@@ -274,9 +377,10 @@ mod tests {
         assert_eq!(long, "a".repeat(62), "cut to 63, then no trailing dash");
         let mut odd = gpu(0, &[]);
         odd.name = format!("Ünïcode GPU/{}", "x".repeat(80));
-        for (name, value) in Labels::for_system(&system(vec![odd]), "example.org")
-            .unwrap()
-            .iter()
+        for (name, value) in
+            Labels::for_system(&system(vec![odd]), "example.org", MigStrategy::None)
+                .unwrap()
+                .iter()
         {
             let (prefix, name) = name.split_once('/').unwrap();
             assert_eq!(prefix, "example.org");
@@ -296,16 +400,23 @@ mod tests {
     fn a_prefix_must_be_a_dns_subdomain() {
         for bad in ["", "Nvidia.com", "nvidia.com/", "-a.com", "a..b", "a_b.com"] {
             assert!(
-                Labels::for_system(&system(vec![]), bad).is_err(),
+                Labels::for_system(&system(vec![]), bad, MigStrategy::None).is_err(),
                 "{bad:?} accepted"
             );
         }
-        assert!(Labels::for_system(&system(vec![]), "gpu.example-1.org").is_ok());
+        assert!(
+            Labels::for_system(&system(vec![]), "gpu.example-1.org", MigStrategy::None).is_ok()
+        );
     }
 
     #[test]
     fn the_nfd_file_is_comment_then_name_value_lines() {
-        let labels = Labels::for_system(&system(vec![gpu(0, &[])]), DEFAULT_PREFIX).unwrap();
+        let labels = Labels::for_system(
+            &system(vec![gpu(0, &[])]),
+            DEFAULT_PREFIX,
+            MigStrategy::None,
+        )
+        .unwrap();
         let nfd = labels.to_nfd();
         let mut lines = nfd.lines();
         assert!(lines.next().unwrap().starts_with('#'));

@@ -17,17 +17,18 @@ fn labels(node: &SimNode, extra: &[&str]) -> std::process::Output {
 #[test]
 fn labels_name_the_nodes_gpus_as_gpu_feature_discovery_does() {
     let node = SimNode::create_with(4, &["--mig", "1:2", "--mig", "2:7", "--mig", "3:2"]);
-    let out = labels(&node, &["--format", "json"]);
+    let out = labels(&node, &["--format", "json", "--mig-strategy", "mixed"]);
     assert!(out.status.success(), "{out:?}\n{}", node.log());
     let got: BTreeMap<String, String> = serde_json::from_slice(&out.stdout).unwrap();
-    let want = node.expected_labels();
-    assert_eq!(got, want);
+    assert_eq!(got, node.expected_labels(true));
     assert_eq!(got["nvidia.com/mig-3g.40gb.count"], "4");
     assert_eq!(got["nvidia.com/mig-1g.10gb.count"], "7");
 
+    // The default strategy is GPU feature discovery's, none: full GPUs only.
     let text = labels(&node, &["--prefix", "gpu.example.org"]);
     assert!(text.status.success(), "{text:?}");
-    let lines: Vec<String> = want
+    let lines: Vec<String> = node
+        .expected_labels(false)
         .iter()
         .map(|(k, v)| format!("{}={v}", k.replace("nvidia.com/", "gpu.example.org/")))
         .collect();
@@ -38,9 +39,44 @@ fn labels_name_the_nodes_gpus_as_gpu_feature_discovery_does() {
             .collect::<Vec<_>>(),
         lines
     );
-    // Asked twice: NVML once, its cached answer after.
+
+    // Split unlike, the node cannot be offered under the single strategy: one line, exit 1.
+    let single = labels(&node, &["--mig-strategy", "single"]);
+    assert_eq!(single.status.code(), Some(1));
+    let err = String::from_utf8(single.stderr).unwrap();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--mig-strategy single: GPU 0 has MIG off"),
+        "{err}"
+    );
+
+    // Asked three times: NVML once, its cached answer after.
     let inits = fs::read_to_string(node.root().join("nvml-inits")).unwrap();
     assert_eq!(inits.lines().count(), 1, "{inits}");
+}
+
+#[test]
+fn under_the_single_strategy_the_gpus_are_the_mig_devices() {
+    let node = SimNode::create_with(2, &["--mig", "0:7", "--mig", "1:7"]);
+    let out = labels(&node, &["--format", "json", "--mig-strategy", "single"]);
+    assert!(out.status.success(), "{out:?}\n{}", node.log());
+    let got: BTreeMap<String, String> = serde_json::from_slice(&out.stdout).unwrap();
+    let mut want = node.expected_labels(false);
+    want.remove("nvidia.com/gpu.memory");
+    let topology = node.topology();
+    let migs: Vec<&str> = topology["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["mig_devices"].as_array().unwrap())
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(migs.len(), 14);
+    let product = migs[0].replace(" MIG ", "-MIG-").replace(' ', "-");
+    want.insert("nvidia.com/gpu.product".into(), product);
+    want.insert("nvidia.com/gpu.count".into(), migs.len().to_string());
+    want.insert("nvidia.com/mig.strategy".into(), "single".into());
+    assert_eq!(got, want);
 }
 
 #[test]
@@ -64,7 +100,7 @@ fn the_nfd_file_is_written_whole_and_a_bad_prefix_writes_nothing() {
             (k.to_owned(), v.to_owned())
         })
         .collect();
-    assert_eq!(got, node.expected_labels());
+    assert_eq!(got, node.expected_labels(false));
     let dir: Vec<_> = fs::read_dir(file.parent().unwrap()).unwrap().collect();
     assert_eq!(dir.len(), 1, "no temporary file left: {dir:?}");
 

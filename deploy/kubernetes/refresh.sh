@@ -11,19 +11,22 @@
 #
 #   $HOST_ROOT     the host's / (default /host)
 #   $NVHOOK_DIR    where install.sh put the binaries (default /usr/local/nvhook)
+#   $MIG_STRATEGY  the device plugin's MIG strategy, for the labels: none, single or mixed
+#                  (default none)
 set -eu
 
 host=${HOST_ROOT:-/host}
 nvhook=${NVHOOK_DIR:-/usr/local/nvhook}/bin/nvhook
 interval=${REFRESH_INTERVAL_S:-300}
 nfd_file=/etc/kubernetes/node-feature-discovery/features.d/nvhook
+mig_strategy=${MIG_STRATEGY:-none}
 
 say() { echo "nvhook-refresh: $*"; }
 
 refresh() {
     chroot "$host" "$nvhook" cdi refresh || say "warning: cdi refresh failed; next try in ${interval}s"
     chroot "$host" "$nvhook" dev-char-links >/dev/null || say "warning: dev-char-links failed; next try in ${interval}s"
-    chroot "$host" "$nvhook" labels --format nfd --output "$nfd_file" || say "warning: labels failed; next try in ${interval}s"
+    chroot "$host" "$nvhook" labels --format nfd --mig-strategy "$mig_strategy" --output "$nfd_file" || say "warning: labels failed; next try in ${interval}s"
 }
 
 case $interval in

@@ -80,11 +80,32 @@ enum Command {
         /// The labels' namespace.
         #[arg(long, value_name = "DOMAIN", default_value = nvhook::labels::DEFAULT_PREFIX)]
         prefix: String,
+        /// The device plugin's MIG strategy: none (full GPUs), single (every GPU split alike:
+        /// gpu.count counts MIG devices), mixed (mig-<profile>.count for each profile).
+        #[arg(long, value_enum, default_value_t = MigStrategy::None)]
+        mig_strategy: MigStrategy,
         /// Replace this file with them, atomically (e.g.
         /// /etc/kubernetes/node-feature-discovery/features.d/nvhook) [default: stdout].
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MigStrategy {
+    None,
+    Single,
+    Mixed,
+}
+
+impl From<MigStrategy> for nvhook::labels::MigStrategy {
+    fn from(strategy: MigStrategy) -> Self {
+        match strategy {
+            MigStrategy::None => Self::None,
+            MigStrategy::Single => Self::Single,
+            MigStrategy::Mixed => Self::Mixed,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -238,8 +259,15 @@ fn run(cli: Cli) -> Result<()> {
         Command::Labels {
             format,
             prefix,
+            mig_strategy,
             output,
-        } => labels(&config, format, &prefix, output.as_deref()),
+        } => labels(
+            &config,
+            format,
+            &prefix,
+            mig_strategy.into(),
+            output.as_deref(),
+        ),
         Command::Hook { .. } | Command::Configure(_) => unreachable!("handled above"),
     }
 }
@@ -480,11 +508,17 @@ fn doctor(
     Ok(())
 }
 
-fn labels(config: &Config, format: LabelFormat, prefix: &str, output: Option<&Path>) -> Result<()> {
+fn labels(
+    config: &Config,
+    format: LabelFormat,
+    prefix: &str,
+    mig_strategy: nvhook::labels::MigStrategy,
+    output: Option<&Path>,
+) -> Result<()> {
     // NVML's cached answer serves while the host is as it was: labelling on a timer asks
     // NVML nothing on an unchanged node.
     let (inventory, _) = nvhook::inventory::isolated::load(config)?;
-    let labels = nvhook::labels::Labels::for_system(&inventory.system(), prefix)?;
+    let labels = nvhook::labels::Labels::for_system(&inventory.system(), prefix, mig_strategy)?;
     let text = match format {
         LabelFormat::Text => labels.to_text(),
         LabelFormat::Json => serde_json::to_string_pretty(&labels)? + "\n",

@@ -162,8 +162,9 @@ impl SimNode {
     }
 
     /// The labels GPU feature discovery gives this node, worked out from its topology (the
-    /// `nvidia.com` names; `mig-<profile>.count` from the MIG devices' names).
-    pub fn expected_labels(&self) -> BTreeMap<String, String> {
+    /// `nvidia.com` names); with `mixed`, its MIG strategy's `mig-<profile>.count` from the
+    /// MIG devices' names.
+    pub fn expected_labels(&self, mixed: bool) -> BTreeMap<String, String> {
         let topology = self.topology();
         let gpus = topology["gpus"].as_array().unwrap();
         let first = &gpus[0];
@@ -214,6 +215,10 @@ impl SimNode {
         .into_iter()
         .map(|(k, v)| (format!("nvidia.com/{k}"), v))
         .collect();
+        if !mixed {
+            return want;
+        }
+        want.insert("nvidia.com/mig.strategy".into(), "mixed".into());
         for mig in gpus
             .iter()
             .filter(|g| g["mig_mode"] == 1)
