@@ -220,34 +220,14 @@ fn head(path: &Path) -> checks::LibraryHead {
 /// Each engine config that exists, judged by `nvhook configure --dry-run`: nvhook's runtime
 /// is there with the right path exactly when adding it would change nothing.
 fn engine_configs(options: &Options) -> Vec<EngineConfig> {
-    let mut files: Vec<(Engine, &'static str, PathBuf)> = Vec::new();
-    for (engine, name, path) in [
-        (Engine::Docker, "docker", "/etc/docker/daemon.json"),
-        (
-            Engine::Containerd,
-            "containerd",
-            "/etc/containerd/config.toml",
-        ),
-        (Engine::Crio, "crio", "/etc/crio/crio.conf.d/99-nvidia.conf"),
-    ] {
-        files.push((engine, name, under(&options.root, path)));
-    }
-    for (engine, name, dir) in [
-        (Engine::K3s, "k3s", configure::RANCHER_K3S),
-        (Engine::Rke2, "rke2", configure::RANCHER_RKE2),
-    ] {
-        for template in ["config-v3.toml.tmpl", "config.toml.tmpl"] {
-            files.push((
-                engine,
-                name,
-                under(&options.root, &format!("{dir}/{template}")),
-            ));
-        }
-    }
+    let files = Engine::ALL.into_iter().flat_map(|engine| {
+        engine
+            .existing_configs(&options.root)
+            .into_iter()
+            .map(move |f| (engine, f))
+    });
     files
-        .into_iter()
-        .filter(|(_, _, file)| file.is_file())
-        .map(|(engine, name, file)| {
+        .map(|(engine, file)| {
             let dry_run = configure::run(&configure::Options {
                 engine,
                 file: Some(file.clone()),
@@ -259,7 +239,7 @@ fn engine_configs(options: &Options) -> Vec<EngineConfig> {
                 kubernetes_policy: None,
             });
             EngineConfig {
-                engine: name,
+                engine: engine.name(),
                 configured: dry_run
                     .map(|o| o.files.iter().all(|f| f.applied == Applied::Unchanged))
                     .map_err(|e| e.to_string()),
