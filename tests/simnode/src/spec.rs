@@ -237,7 +237,6 @@ mod tests {
         let all = params(3, vec![]).gpu_list();
         let lost = Params {
             lost: vec![1],
-            persistence_off: vec![],
             ..params(3, vec![])
         }
         .gpu_list();
@@ -290,6 +289,19 @@ mod tests {
         let mut bad = params(1, vec![]);
         bad.driver_version = "latest".into();
         assert!(err(bad).contains("--driver-version"));
+        let mut off = params(2, vec![]);
+        off.persistence_off = vec![2];
+        assert!(err(off).contains("--persistence-off 2: no GPU 2"));
+    }
+
+    #[test]
+    fn persistence_is_on_but_where_turned_off() {
+        let off = Params {
+            persistence_off: vec![1],
+            ..params(3, vec![])
+        };
+        let modes: Vec<bool> = off.gpu_list().iter().map(|g| g.persistence_mode).collect();
+        assert_eq!(modes, [true, false, true]);
     }
 
     #[test]
