@@ -319,15 +319,40 @@ pub fn hooks(dirs: &[HooksDir]) -> Vec<Check> {
 #[derive(Debug, Clone)]
 pub struct SpecFile {
     pub file: PathBuf,
-    pub devices: Result<Vec<(String, Vec<String>)>, String>,
+    pub devices: Result<Vec<(String, Vec<SpecNode>)>, String>,
+}
+
+/// A device node of a CDI device: its path in the container, and its numbers where the spec
+/// gives them (NVIDIA's nvidia-ctk writes paths alone; the runtime then reads the numbers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecNode {
+    pub path: String,
+    pub number: Option<(i64, i64)>,
+}
+
+/// Whether two devices' nodes are the same: the same paths, and the same numbers wherever
+/// both give them.
+fn same_nodes(a: &[SpecNode], b: &[SpecNode]) -> bool {
+    let paths = |nodes: &[SpecNode]| {
+        nodes
+            .iter()
+            .map(|n| n.path.clone())
+            .collect::<BTreeSet<_>>()
+    };
+    paths(a) == paths(b)
+        && a.iter().all(|x| {
+            b.iter()
+                .filter(|y| y.path == x.path)
+                .all(|y| x.number.is_none() || y.number.is_none() || x.number == y.number)
+        })
 }
 
 /// The names and nodes nvhook would write for this node now.
 pub struct CurrentDevices {
     /// (index name, UUID name) of each GPU and MIG device.
     pub ids: Vec<(String, String)>,
-    /// name → device node paths with their numbers (`/dev/nvidia1 195:1`).
-    pub nodes: Vec<(String, Vec<String>)>,
+    /// name → its device nodes.
+    pub nodes: Vec<(String, Vec<SpecNode>)>,
 }
 
 pub fn cdi(specs: &[SpecFile], now: &CurrentDevices) -> Vec<Check> {
@@ -366,7 +391,7 @@ pub fn cdi(specs: &[SpecFile], now: &CurrentDevices) -> Vec<Check> {
                     now.nodes
                         .iter()
                         .find(|(m, _)| m == n)
-                        .is_some_and(|(_, want)| want != nodes)
+                        .is_some_and(|(_, want)| !same_nodes(want, nodes))
                 })
                 .map(|(n, _)| n.as_str())
                 .collect();
@@ -587,32 +612,41 @@ mod tests {
 
     #[test]
     fn a_spec_is_stale_when_its_names_or_nodes_are_not_the_nodes() {
+        let node = |minor: Option<i64>| SpecNode {
+            path: "/dev/nvidia0".into(),
+            number: minor.map(|m| (195, m)),
+        };
         let now = CurrentDevices {
             ids: vec![("0".into(), "GPU-a".into()), ("1".into(), "GPU-b".into())],
-            nodes: vec![("0".into(), vec!["/dev/nvidia0 195:0".into()])],
+            nodes: vec![("0".into(), vec![node(Some(0))])],
         };
-        let spec = |names: &[&str], node: &str| SpecFile {
+        let spec = |names: &[&str], minor: Option<i64>| SpecFile {
             file: "/etc/cdi/nvidia.yaml".into(),
             devices: Ok(names
                 .iter()
-                .map(|n| (n.to_string(), vec![node.to_string()]))
+                .map(|n| (n.to_string(), vec![node(minor)]))
                 .collect()),
         };
         let checks = cdi(
             &[
-                spec(&["0", "1", "all"], "/dev/nvidia0 195:0"),
-                spec(&["GPU-a", "GPU-b", "2", "all"], "/dev/nvidia0 195:0"),
-                spec(&["0", "GPU-b"], "/dev/nvidia0 195:5"),
+                spec(&["0", "1", "all"], Some(0)),
+                spec(&["GPU-a", "GPU-b", "2", "all"], Some(0)),
+                spec(&["0", "GPU-b"], Some(5)),
+                // Paths alone, as nvidia-ctk writes them.
+                spec(&["0", "1", "all"], None),
             ],
             &now,
         );
-        assert_eq!(levels(&checks), [Level::Ok, Level::Fail, Level::Fail]);
+        assert_eq!(
+            levels(&checks),
+            [Level::Ok, Level::Fail, Level::Fail, Level::Ok]
+        );
         assert_eq!(
             checks[1].detail,
             "stale: names devices this node does not have: 2"
         );
         assert_eq!(checks[2].detail, "stale: device nodes changed for: 0");
-        let missing = cdi(&[spec(&["0", "all"], "/dev/nvidia0 195:0")], &now);
+        let missing = cdi(&[spec(&["0", "all"], Some(0))], &now);
         assert_eq!(missing[0].detail, "stale: lacks this node's devices: 1");
     }
 

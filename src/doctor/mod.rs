@@ -17,7 +17,7 @@ use crate::inventory::change::HostChange;
 use crate::inventory::devices::scan_nodes;
 use crate::inventory::driver::HostCache;
 use crate::inventory::{DeviceMajors, Inventory, isolated, nvml_library};
-use checks::{CacheState, Cgroup, CurrentDevices, EngineConfig, HooksDir, SpecFile};
+use checks::{CacheState, Cgroup, CurrentDevices, EngineConfig, HooksDir, SpecFile, SpecNode};
 use serde::Serialize;
 use std::fmt;
 use std::io::Read;
@@ -295,7 +295,7 @@ fn cdi_checks(config: &Config, options: &Options, inventory: &Inventory) -> Vec<
                 Ok(spec) => Ok(spec
                     .devices
                     .iter()
-                    .map(|d| (d.name.clone(), node_numbers(&d.container_edits)))
+                    .map(|d| (d.name.clone(), spec_nodes(&d.container_edits)))
                     .collect()),
             };
             Some(SpecFile { file, devices })
@@ -317,25 +317,23 @@ fn cdi_checks(config: &Config, options: &Options, inventory: &Inventory) -> Vec<
         Ok(spec) => spec
             .devices
             .iter()
-            .map(|d| (d.name.clone(), node_numbers(&d.container_edits)))
+            .map(|d| (d.name.clone(), spec_nodes(&d.container_edits)))
             .collect(),
         Err(_) => Vec::new(),
     };
     checks::cdi(&specs, &CurrentDevices { ids, nodes })
 }
 
-/// A device's nodes as `PATH MAJ:MIN`, sorted.
-fn node_numbers(edits: &cdi::ContainerEdits) -> Vec<String> {
-    let mut out: Vec<String> = edits
+/// A device's nodes, as the check compares them.
+fn spec_nodes(edits: &cdi::ContainerEdits) -> Vec<SpecNode> {
+    edits
         .device_nodes
         .iter()
-        .map(|n| {
-            let number = |v: Option<i64>| v.map_or("?".to_owned(), |v| v.to_string());
-            format!("{} {}:{}", n.path, number(n.major), number(n.minor))
+        .map(|n| SpecNode {
+            path: n.path.clone(),
+            number: n.major.zip(n.minor),
         })
-        .collect();
-    out.sort();
-    out
+        .collect()
 }
 
 fn cgroup() -> Cgroup {

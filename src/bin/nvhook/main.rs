@@ -503,6 +503,8 @@ fn doctor(
     }
     if !report.ready {
         // The report said why, line by line: nothing more for main to print.
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
         std::process::exit(1);
     }
     Ok(())
