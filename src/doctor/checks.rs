@@ -1,4 +1,4 @@
-//! The checks, as pure functions of facts read from the host (see `gather`): each gives
+//! The checks, as pure functions of facts read from the host (by the module above): each gives
 //! lines of ok, warn or fail, and for every problem the command or setting that fixes it.
 
 use super::Check;
@@ -84,7 +84,7 @@ pub fn persistence(inv: &Inventory) -> Vec<Check> {
 /// Every GPU's `/dev/nvidia<minor>`, `nvidiactl` and `nvidia-uvm`, with the majors the
 /// kernel gave the driver in `/proc/devices`.
 pub fn device_nodes(inv: &Inventory, majors: &DeviceMajors, nodes: &[HostNode]) -> Vec<Check> {
-    let fix = "load nvidia-uvm (modprobe nvidia-uvm) and run nvidia-modprobe (or nvidia-smi) as root, which makes the nodes";
+    let fix = "run nvidia-smi (or nvidia-modprobe) as root, which makes the driver's nodes";
     let mut wanted: Vec<(String, u32, u32)> = inv
         .gpus
         .iter()
@@ -116,7 +116,13 @@ pub fn device_nodes(inv: &Inventory, majors: &DeviceMajors, nodes: &[HostNode]) 
             "nvidia-uvm is not in /proc/devices: the module is not loaded (CUDA needs it)",
             "modprobe nvidia-uvm",
         ),
-        Some(uvm) => node_check(nodes, "/dev/nvidia-uvm", uvm, None, fix),
+        Some(uvm) => node_check(
+            nodes,
+            "/dev/nvidia-uvm",
+            uvm,
+            None,
+            "nvidia-modprobe -u -c 0 as root, which makes nvidia-uvm's nodes",
+        ),
     });
     out
 }
