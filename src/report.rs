@@ -23,10 +23,20 @@ pub fn inventory_text(inv: &Inventory) -> String {
             "Architecture:   {} ({})",
             g.compute_capability, g.architecture
         );
+        if let Some(mib) = g.memory_mib {
+            let _ = writeln!(s, "Memory:         {mib} MiB");
+        }
+        if let Some(on) = g.persistence_mode {
+            let _ = writeln!(s, "Persistence:    {}", if on { "on" } else { "off" });
+        }
         let _ = writeln!(
             s,
             "MIG:            {}",
-            if g.mig_enabled { "enabled" } else { "disabled" }
+            match (g.mig_enabled, g.mig_capable) {
+                (true, _) => "enabled",
+                (false, true) => "disabled",
+                (false, false) => "not supported",
+            }
         );
         for m in &g.mig_devices {
             let _ = writeln!(

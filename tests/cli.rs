@@ -243,6 +243,12 @@ fn info_text_describes_driver_gpus_and_mig_devices() {
         }
         assert!(text.contains(&node.mig_uuid(3, 1)), "{text}");
         assert!(text.contains("/dev/nvidia3"), "{text}");
+        let memory = node.gpu(0)["memory_total"].as_u64().unwrap() >> 20;
+        assert!(
+            text.contains(&format!("Memory:         {memory} MiB")),
+            "{text}"
+        );
+        assert!(text.contains("Persistence:    on"), "{text}");
     }
 }
 

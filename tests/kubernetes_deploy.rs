@@ -489,12 +489,16 @@ fn copy_shared_libraries(binary: &Path, root: &Path) {
     }
 }
 
+/// Where refresh.sh writes the node's labels for Node Feature Discovery's `local` source.
+const NFD_FEATURE_FILE: &str = "/etc/kubernetes/node-feature-discovery/features.d/nvhook";
+
 /// refresh.sh for real, the way the DaemonSet runs it: nvhook chrooted into the host's root.
 /// The host root holds a simulated node, nvhook's config naming the node's paths as the
 /// chroot sees them, and the loader and libraries nvhook-nvml needs; /proc and /dev are bound
 /// into it in a private mount namespace, as the pod's HostToContainer mount of / gives them. The CDI
 /// spec appears in the host's /var/run/cdi with the node's GPUs, the node's /dev/char links
-/// are made, and a second round leaves the spec as it was.
+/// are made, the NFD feature file holds the node's GPU labels, and a second round leaves the
+/// spec as it was.
 #[test]
 fn refresh_sh_keeps_the_hosts_cdi_spec_and_dev_char_links() {
     let m = manifests();
@@ -552,6 +556,7 @@ fn refresh_sh_keeps_the_hosts_cdi_spec_and_dev_char_links() {
         node.log()
     );
     assert!(!said.contains("warning"), "{said}");
+    assert!(said.contains("\nready (warn: 0)\n"), "{said}");
     let spec = host.at(nvhook::cdi::REFRESHED_SPEC);
     let names = nvhook::cdi::read_spec(&spec).unwrap().qualified_names();
     for gpu in ["nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=all"] {
@@ -559,6 +564,17 @@ fn refresh_sh_keeps_the_hosts_cdi_spec_and_dev_char_links() {
     }
     let link = node.dev_root().join("dev/char/195:1");
     assert_eq!(fs::read_link(&link).unwrap(), Path::new("../nvidia1"));
+    let features = fs::read_to_string(host.at(NFD_FEATURE_FILE)).unwrap();
+    let labels: std::collections::BTreeMap<String, String> = features
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let (name, value) = l.split_once('=').unwrap();
+            (name.to_owned(), value.to_owned())
+        })
+        .collect();
+    // The DaemonSet's MIG_STRATEGY is the device plugin's default, none.
+    assert_eq!(labels, node.expected_labels(false), "{features}");
 
     let written = fs::read(&spec).unwrap();
     let said = refresh();

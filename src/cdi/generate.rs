@@ -130,7 +130,7 @@ pub fn generate(
 }
 
 /// Each GPU, then its MIG devices: (index id, UUID).
-fn device_ids(inventory: &Inventory) -> Vec<(DeviceId, String)> {
+pub fn device_ids(inventory: &Inventory) -> Vec<(DeviceId, String)> {
     let mut out = Vec::new();
     for gpu in &inventory.gpus {
         out.push((DeviceId::Index(gpu.index), gpu.uuid.clone()));

@@ -37,18 +37,59 @@ pub enum Engine {
 }
 
 impl Engine {
-    /// The file configure edits when not told one: for k3s and RKE2, the template of the
-    /// containerd they run now (see [`template`]).
-    pub fn default_config(self) -> Result<PathBuf, ConfigureError> {
-        let fixed = match self {
+    pub const ALL: [Engine; 5] = [
+        Engine::Docker,
+        Engine::Containerd,
+        Engine::Crio,
+        Engine::K3s,
+        Engine::Rke2,
+    ];
+
+    /// The name `nvhook configure` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Docker => "docker",
+            Engine::Containerd => "containerd",
+            Engine::Crio => "crio",
+            Engine::K3s => "k3s",
+            Engine::Rke2 => "rke2",
+        }
+    }
+
+    /// The one file of an engine whose config is not a template; for k3s and RKE2, the
+    /// directory of their templates.
+    fn config_path(self) -> &'static str {
+        match self {
             Engine::Docker => "/etc/docker/daemon.json",
             Engine::Containerd => "/etc/containerd/config.toml",
             // A drop-in of our own, so that the distribution's crio.conf is never rewritten.
             Engine::Crio => "/etc/crio/crio.conf.d/99-nvidia.conf",
-            Engine::K3s => return file::rancher_template(self, RANCHER_K3S),
-            Engine::Rke2 => return file::rancher_template(self, RANCHER_RKE2),
-        };
-        Ok(PathBuf::from(fixed))
+            Engine::K3s => RANCHER_K3S,
+            Engine::Rke2 => RANCHER_RKE2,
+        }
+    }
+
+    /// The file configure edits when not told one: for k3s and RKE2, the template of the
+    /// containerd they run now (see [`template`]).
+    pub fn default_config(self) -> Result<PathBuf, ConfigureError> {
+        match self {
+            Engine::K3s | Engine::Rke2 => file::rancher_template(self, self.config_path()),
+            _ => Ok(PathBuf::from(self.config_path())),
+        }
+    }
+
+    /// The config files of this engine that exist under `root` (`/`: the host's), as
+    /// configure would edit them: for k3s and RKE2, each template there.
+    pub fn existing_configs(self, root: &Path) -> Vec<PathBuf> {
+        let at = root.join(self.config_path().trim_start_matches('/'));
+        match self {
+            Engine::K3s | Engine::Rke2 => [template::V3_NAME, template::V2_NAME]
+                .iter()
+                .map(|name| at.join(name))
+                .filter(|p| p.is_file())
+                .collect(),
+            _ => [at].into_iter().filter(|p| p.is_file()).collect(),
+        }
     }
 
     pub fn restart_command(self) -> &'static str {
@@ -88,12 +129,11 @@ impl FromStr for Engine {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(engine) = Engine::ALL.into_iter().find(|e| e.name() == s) {
+            return Ok(engine);
+        }
         match s {
-            "docker" => Ok(Engine::Docker),
-            "containerd" => Ok(Engine::Containerd),
-            "crio" | "cri-o" => Ok(Engine::Crio),
-            "k3s" => Ok(Engine::K3s),
-            "rke2" => Ok(Engine::Rke2),
+            "cri-o" => Ok(Engine::Crio),
             "podman" => Err("Podman takes nvhook as an OCI hook, not as a runtime: \
                              install oci-nvhook-hook.json into its hooks.d directory"
                 .into()),

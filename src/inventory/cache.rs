@@ -83,9 +83,15 @@ fn names_under(dir: &Path, deep: bool) -> Vec<String> {
 
 #[derive(Serialize, Deserialize)]
 struct Stored {
+    /// [`FORMAT`] when written; a file without it, or another number, was written by an
+    /// nvhook whose answer lacks facts this one reports: a miss, like a changed host.
+    format: u32,
     fingerprint: Fingerprint,
     system: System,
 }
+
+/// The layout of [`Stored`] and [`System`]; raised whenever what NVML's answer holds changes.
+const FORMAT: u32 = 2;
 
 /// The cache file, with the fingerprint of the host as it was before NVML was asked: state
 /// that changes during the query makes the stored answer stale at once, never wrongly fresh.
@@ -137,13 +143,16 @@ impl NvmlCache {
         }
         let mut text = Vec::new();
         file.read_to_end(&mut text).ok()?;
-        serde_json::from_slice(&text).ok()
+        serde_json::from_slice(&text)
+            .ok()
+            .filter(|s: &Stored| s.format == FORMAT)
     }
 
     /// Stores `system` as the answer for the fingerprinted state. Best effort: a host where
     /// the file cannot be written (a read-only /run, a rootless hook) just queries NVML again.
     pub fn write(&self, system: &System) {
         let stored = Stored {
+            format: FORMAT,
             fingerprint: self.fingerprint.clone(),
             system: system.clone(),
         };
@@ -311,6 +320,22 @@ mod tests {
         assert_eq!(dir.mode() & 0o777, 0o700);
         let file = std::fs::metadata(host.path("run/nvhook/nvml.json")).unwrap();
         assert_eq!(file.mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn an_answer_an_older_nvhook_stored_is_a_miss() {
+        let host = Host::new();
+        host.cache().write(&system());
+        let file = host.path("run/nvhook/nvml.json");
+        let mut stored: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        stored.as_object_mut().unwrap().remove("format");
+        std::fs::write(&file, stored.to_string()).unwrap();
+        assert!(host.cache().read().is_none(), "no format: stale");
+        stored["format"] = serde_json::json!(FORMAT - 1);
+        std::fs::write(&file, stored.to_string()).unwrap();
+        assert!(host.cache().read().is_none(), "older format: stale");
+        assert!(host.cache().previous().is_none());
     }
 
     #[test]

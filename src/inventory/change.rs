@@ -111,6 +111,9 @@ mod tests {
             brand: "Nvidia".into(),
             architecture: "Ampere".into(),
             compute_capability: "8.0".into(),
+            memory_mib: Some(81920),
+            persistence_mode: Some(true),
+            mig_capable: true,
             mig_enabled: false,
             mig_devices: vec![],
         }
@@ -122,6 +125,7 @@ mod tests {
             .map(|i| MigDevice {
                 index: i,
                 uuid: format!("MIG-{}-{i}-{count}", gpu.uuid),
+                name: "A100 MIG 1g.10gb".into(),
                 gpu_instance_id: i + 1,
                 compute_instance_id: 0,
                 gi_cap_minor: None,

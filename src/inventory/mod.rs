@@ -58,6 +58,14 @@ pub struct Gpu {
     pub architecture: String,
     /// "major.minor", e.g. "8.0".
     pub compute_capability: String,
+    /// Total framebuffer memory in MiB, as `nvidia-smi` shows it; None where NVML does not
+    /// report it.
+    pub memory_mib: Option<u64>,
+    /// Whether the driver keeps the GPU initialised with no client; None where NVML does not
+    /// report it (it is a Linux-only setting).
+    pub persistence_mode: Option<bool>,
+    /// Whether the GPU can be split into MIG devices (MIG mode reported at all).
+    pub mig_capable: bool,
     pub mig_enabled: bool,
     pub mig_devices: Vec<MigDevice>,
 }
@@ -67,6 +75,8 @@ pub struct MigDevice {
     /// Position under the parent GPU (the `M` of `G:M`).
     pub index: u32,
     pub uuid: String,
+    /// NVML's name for it: the board's, then ` MIG ` and the profile (`1g.10gb`).
+    pub name: String,
     pub gpu_instance_id: u32,
     pub compute_instance_id: u32,
     /// nvidia-caps minors granting access to this GPU instance and compute instance.

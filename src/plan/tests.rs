@@ -161,6 +161,7 @@ pub(crate) fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
                     MigDevice {
                         index: m,
                         uuid: mig_uuid(index, m),
+                        name: "NVIDIA A100-SXM4-80GB MIG 3g.40gb".into(),
                         gpu_instance_id: m + 1,
                         compute_instance_id: 0,
                         gi_cap_minor: Some(gi),
@@ -177,6 +178,9 @@ pub(crate) fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
                 brand: "tesla".into(),
                 architecture: "ampere".into(),
                 compute_capability: "8.0".into(),
+                memory_mib: Some(81920),
+                persistence_mode: Some(true),
+                mig_capable: true,
                 mig_enabled: count > 0,
                 mig_devices,
             }

@@ -64,13 +64,16 @@ pub fn query(library: &Path) -> Result<(System, Nvml), NvmlError> {
     Ok((system, nvml))
 }
 
+const MIB: u64 = 1024 * 1024;
+
 fn read_gpu(nvml: &Nvml, index: u32, device: &Device) -> Result<Gpu, NvmlError> {
     let cc = q(
         "nvmlDeviceGetCudaComputeCapability",
         device.cuda_compute_capability(),
     )?;
     // MIG queries are unsupported on pre-Ampere GPUs: that means "no MIG", not an error.
-    let mig_enabled = device.mig_mode().is_ok_and(|m| m.current == 1);
+    let mig_mode = device.mig_mode();
+    let mig_enabled = mig_mode.as_ref().is_ok_and(|m| m.current == 1);
     let mig_devices = if mig_enabled {
         read_mig_devices(nvml, device)?
     } else {
@@ -91,6 +94,11 @@ fn read_gpu(nvml: &Nvml, index: u32, device: &Device) -> Result<Gpu, NvmlError> 
             .map(|a| a.to_string().to_lowercase())
             .unwrap_or_else(|_| "unknown".into()),
         compute_capability: format!("{}.{}", cc.major, cc.minor),
+        // Facts for labels and doctor, which some GPUs (and drivers) do not report: absent,
+        // not an error that would fail a container start.
+        memory_mib: device.memory_info().ok().map(|m| m.total / MIB),
+        persistence_mode: device.is_in_persistent_mode().ok(),
+        mig_capable: mig_mode.is_ok(),
         mig_enabled,
         mig_devices,
     })
@@ -108,6 +116,7 @@ fn read_mig_devices(nvml: &Nvml, parent: &Device) -> Result<Vec<MigDevice>, Nvml
         out.push(MigDevice {
             index,
             uuid: q("nvmlDeviceGetUUID", mig.uuid())?,
+            name: q("nvmlDeviceGetName", mig.name())?,
             gpu_instance_id: gi,
             compute_instance_id: ci,
             gi_cap_minor: None,

@@ -96,6 +96,7 @@ fn topology() -> Value {
                 "uuid": A100_UUID, "minor": 0, "pci_bus_id": "00000000:18:00.0",
                 "pci_device_id": 0x20B210DE_u32, "name": "NVIDIA A100-SXM4-80GB",
                 "brand": 2, "architecture": 7, "cuda_compute_capability": [8, 0],
+                "memory_total": 85899345920_u64, "persistence_mode": true,
                 "mig_mode": 1,
                 "mig_devices": [
                     { "uuid": MIG_UUIDS[0], "gpu_instance_id": 1, "compute_instance_id": 0,
@@ -173,6 +174,8 @@ fn reports_each_gpu() {
     assert_eq!(a100.architecture().unwrap(), DeviceArchitecture::Ampere);
     let cc = a100.cuda_compute_capability().unwrap();
     assert_eq!((cc.major, cc.minor), (8, 0));
+    assert_eq!(a100.memory_info().unwrap().total, 80 << 30);
+    assert!(a100.is_in_persistent_mode().unwrap());
     let pci = a100.pci_info().unwrap();
     assert_eq!(pci.bus_id, "00000000:18:00.0");
     assert_eq!((pci.domain, pci.bus, pci.device), (0, 0x18, 0));
@@ -187,6 +190,12 @@ fn reports_each_gpu() {
     assert_eq!(h100.architecture().unwrap(), DeviceArchitecture::Hopper);
     let cc = h100.cuda_compute_capability().unwrap();
     assert_eq!((cc.major, cc.minor), (9, 0));
+    // A topology without them: what a driver that does not report them answers.
+    assert!(matches!(h100.memory_info(), Err(NvmlError::NotSupported)));
+    assert!(matches!(
+        h100.is_in_persistent_mode(),
+        Err(NvmlError::NotSupported)
+    ));
     let pci = h100.pci_info().unwrap();
     assert_eq!(pci.bus_id, "00000001:B3:00.0");
     assert_eq!((pci.domain, pci.bus, pci.device), (1, 0xB3, 0));

@@ -56,6 +56,63 @@ enum Command {
     DevCharLinks,
     /// Register nvhook-runtime with a container engine's config (or take it out with --remove).
     Configure(ConfigureArgs),
+    /// Check that this node is ready to give containers GPUs: one line per check, with the
+    /// fix for each problem; exit status 0 when ready, 1 when a check failed.
+    Doctor {
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Read engine configs, hooks.d and CDI spec directories under this directory.
+        #[arg(long, value_name = "DIR", default_value = "/")]
+        root: PathBuf,
+        /// The runtime name the engines should have (`docker run --runtime=NAME`).
+        #[arg(long, value_name = "NAME", default_value = DEFAULT_RUNTIME_NAME)]
+        runtime_name: String,
+        /// The nvhook-runtime the engines should run [default: the one beside this nvhook].
+        #[arg(long, value_name = "PATH")]
+        runtime_path: Option<String>,
+    },
+    /// Print Kubernetes node labels for this node's GPUs, named as GPU feature discovery
+    /// names them (nvidia.com/gpu.product, nvidia.com/gpu.count, ...).
+    Labels {
+        /// text (`name=value` lines), json, or nfd (a Node Feature Discovery feature file).
+        #[arg(long, value_enum, default_value_t = LabelFormat::Text)]
+        format: LabelFormat,
+        /// The labels' namespace.
+        #[arg(long, value_name = "DOMAIN", default_value = nvhook::labels::DEFAULT_PREFIX)]
+        prefix: String,
+        /// The device plugin's MIG strategy: none (full GPUs), single (every GPU split alike:
+        /// gpu.count counts MIG devices), mixed (mig-<profile>.count for each profile).
+        #[arg(long, value_enum, default_value_t = MigStrategy::None)]
+        mig_strategy: MigStrategy,
+        /// Replace this file with them, atomically (e.g.
+        /// /etc/kubernetes/node-feature-discovery/features.d/nvhook) [default: stdout].
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MigStrategy {
+    None,
+    Single,
+    Mixed,
+}
+
+impl From<MigStrategy> for nvhook::labels::MigStrategy {
+    fn from(strategy: MigStrategy) -> Self {
+        match strategy {
+            MigStrategy::None => Self::None,
+            MigStrategy::Single => Self::Single,
+            MigStrategy::Mixed => Self::Mixed,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LabelFormat {
+    Text,
+    Json,
+    Nfd,
 }
 
 #[derive(clap::Args)]
@@ -193,6 +250,24 @@ fn run(cli: Cli) -> Result<()> {
             cdi(&config, named.as_deref(), command)
         }
         Command::DevCharLinks => dev_char_links(&config),
+        Command::Doctor {
+            format,
+            root,
+            runtime_name,
+            runtime_path,
+        } => doctor(&config, format, root, runtime_name, runtime_path),
+        Command::Labels {
+            format,
+            prefix,
+            mig_strategy,
+            output,
+        } => labels(
+            &config,
+            format,
+            &prefix,
+            mig_strategy.into(),
+            output.as_deref(),
+        ),
         Command::Hook { .. } | Command::Configure(_) => unreachable!("handled above"),
     }
 }
@@ -414,6 +489,75 @@ fn dev_char_links(config: &Config) -> Result<()> {
         links.len(),
         dev.join("char").display()
     );
+    Ok(())
+}
+
+fn doctor(
+    config: &Config,
+    format: Format,
+    root: PathBuf,
+    runtime_name: String,
+    runtime_path: Option<String>,
+) -> Result<()> {
+    let runtime_path = match runtime_path {
+        Some(path) => path,
+        None => std::env::current_exe()
+            .context("cannot find nvhook's own path")?
+            .with_file_name("nvhook-runtime")
+            .display()
+            .to_string(),
+    };
+    let report = nvhook::doctor::run(
+        config,
+        &nvhook::doctor::Options {
+            root,
+            runtime_name,
+            runtime_path,
+        },
+    );
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Format::Text => print!("{}", report.to_text()),
+    }
+    if !report.ready {
+        // The report said why, line by line: nothing more for main to print.
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+fn labels(
+    config: &Config,
+    format: LabelFormat,
+    prefix: &str,
+    mig_strategy: nvhook::labels::MigStrategy,
+    output: Option<&Path>,
+) -> Result<()> {
+    // NVML's cached answer serves while the host is as it was: labelling on a timer asks
+    // NVML nothing on an unchanged node.
+    let (inventory, _) = nvhook::inventory::isolated::load(config)?;
+    let labels = nvhook::labels::Labels::for_system(&inventory.system(), prefix, mig_strategy)?;
+    let text = match format {
+        LabelFormat::Text => labels.to_text(),
+        LabelFormat::Json => serde_json::to_string_pretty(&labels)? + "\n",
+        LabelFormat::Nfd => labels.to_nfd(),
+    };
+    let Some(path) = output else {
+        print!("{text}");
+        return Ok(());
+    };
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(dir) = dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    nvhook::atomic_file::write_atomic(
+        path,
+        text.as_bytes(),
+        nvhook::atomic_file::NewFile::mode(0o644),
+    )
+    .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
 

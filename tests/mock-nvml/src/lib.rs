@@ -37,6 +37,19 @@ pub struct NvmlPciInfo {
     bus_id: [c_char; 32],
 }
 
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+pub struct NvmlMemoryV2 {
+    version: c_uint,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+}
+
+/// `NVML_STRUCT_VERSION(Memory, 2)`: the struct's size with the version in the top byte.
+const MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<NvmlMemoryV2>() | 2 << 24) as c_uint;
+
 /// `NVML_DEVICE_MIG_ENABLE` / `NVML_DEVICE_MIG_DISABLE`.
 const MIG_ENABLE: c_uint = 1;
 const MIG_DISABLE: c_uint = 0;
@@ -260,6 +273,60 @@ fn pci_info(device: Device<'_>) -> NvmlPciInfo {
     fill_array(&mut info.bus_id_legacy, &id.legacy());
     fill_array(&mut info.bus_id, &id.canonical());
     info
+}
+
+/// A GPU's framebuffer, all of it free: the mock runs nothing. MIG devices are not
+/// modelled here (the real library reports their slice).
+///
+/// # Safety
+/// `memory` is null or valid for reads and writes of an `nvmlMemory_v2_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: DeviceHandle,
+    memory: *mut NvmlMemoryV2,
+) -> Status {
+    guard(|| {
+        with_device(device, |_, d| unsafe {
+            let total = d
+                .physical(Status::NOT_SUPPORTED)?
+                .memory_total
+                .ok_or(Status::NOT_SUPPORTED)?;
+            if memory.is_null() {
+                return Err(Status::INVALID_ARGUMENT);
+            }
+            if (*memory).version != MEMORY_V2_VERSION {
+                return Err(Status::ARGUMENT_VERSION_MISMATCH);
+            }
+            write(
+                memory,
+                NvmlMemoryV2 {
+                    version: MEMORY_V2_VERSION,
+                    total,
+                    reserved: 0,
+                    free: total,
+                    used: 0,
+                },
+            )
+        })
+    })
+}
+
+/// # Safety
+/// `mode` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
+    device: DeviceHandle,
+    mode: *mut c_uint,
+) -> Status {
+    guard(|| {
+        with_device(device, |_, d| unsafe {
+            let enabled = d
+                .physical(Status::NOT_SUPPORTED)?
+                .persistence_mode
+                .ok_or(Status::NOT_SUPPORTED)?;
+            write(mode, c_uint::from(enabled))
+        })
+    })
 }
 
 /// # Safety

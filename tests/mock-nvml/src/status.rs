@@ -17,6 +17,7 @@ impl Status {
     pub const NOT_FOUND: Self = Self(6);
     pub const INSUFFICIENT_SIZE: Self = Self(7);
     pub const DRIVER_NOT_LOADED: Self = Self(9);
+    pub const ARGUMENT_VERSION_MISMATCH: Self = Self(25);
     pub const UNKNOWN: Self = Self(999);
 
     /// The text `nvmlErrorString` gives, worded as the real library words it.
@@ -39,6 +40,7 @@ impl Status {
             17 => c"The operating system has blocked the request.",
             18 => c"RM has detected an NVML/RM version mismatch.",
             20 => c"Insufficient Memory",
+            25 => c"Argument version mismatch",
             _ => c"Unknown Error",
         }
     }

@@ -43,6 +43,13 @@ pub struct Gpu {
     pub brand: u32,
     pub architecture: u32,
     pub cuda_compute_capability: [i32; 2],
+    /// Total framebuffer memory in bytes; absent: `nvmlDeviceGetMemoryInfo_v2` is not
+    /// supported.
+    #[serde(default)]
+    pub memory_total: Option<u64>,
+    /// Persistence mode; absent: not supported, as on a driver that lacks the setting.
+    #[serde(default)]
+    pub persistence_mode: Option<bool>,
     /// Current and pending MIG mode; 1 means enabled.
     pub mig_mode: u32,
     /// Visible only while `mig_mode` is 1, as real MIG devices exist only then.

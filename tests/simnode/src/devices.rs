@@ -298,6 +298,7 @@ mod tests {
             nvml_init_delay_ms: 0,
             lost: vec![],
             fabric: Fabric::default(),
+            persistence_off: vec![],
         };
         let caps = capabilities(&params.gpu_list());
         let minor = |p: &str| caps.iter().find(|c| c.proc_path == p).unwrap().minor;

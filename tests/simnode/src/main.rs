@@ -27,7 +27,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Build a node in DIR, replacing an earlier node there.
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// Remove a node that simnode built (refuses any other directory).
     Destroy { dir: PathBuf },
 }
@@ -61,6 +61,9 @@ struct CreateArgs {
     /// no longer list it, and the GPUs after it move up an index.
     #[arg(long, value_name = "GPU")]
     lost_gpu: Vec<u32>,
+    /// GPU (NVML index) whose persistence mode is off (every GPU has it on otherwise).
+    #[arg(long, value_name = "GPU")]
+    persistence_off: Vec<u32>,
     /// Change the node in place, as a driver upgrade, a MIG reconfiguration, a lost GPU or a
     /// module reload changes a live host: nvhook's config, log, NVML cache and /dev/char stay.
     #[arg(long)]
@@ -118,7 +121,7 @@ fn run(cli: Cli) -> Result<()> {
         bail!("must run as root: device nodes are made with mknod (try sudo)");
     }
     match cli.command {
-        Command::Create(args) => create(args),
+        Command::Create(args) => create(*args),
         Command::Destroy { dir } => node::destroy(&dir),
     }
 }
@@ -139,6 +142,7 @@ fn create(args: CreateArgs) -> Result<()> {
             mofed: args.mofed,
             gdrcopy: args.gdrcopy,
         },
+        persistence_off: args.persistence_off,
     };
     let mock_nvml = absolute(
         args.mock_nvml

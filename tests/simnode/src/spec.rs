@@ -11,6 +11,8 @@ pub const MAX_GPUS: u32 = 64;
 
 /// The simulated board; A100 is the card most MIG documentation describes.
 const GPU_NAME: &str = "NVIDIA A100-SXM4-80GB";
+/// Its framebuffer as NVML reports it: 81920 MiB.
+pub const GPU_MEMORY_BYTES: u64 = 80 << 30;
 
 /// The parameters the user chose, validated.
 #[derive(Debug, Clone, Serialize)]
@@ -27,6 +29,8 @@ pub struct Params {
     pub lost: Vec<u32>,
     /// IMEX channels, NVSwitches, GDS, MOFED, GDRCopy.
     pub fabric: Fabric,
+    /// GPUs (by NVML index) whose persistence mode is off; the others have it on.
+    pub persistence_off: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -35,6 +39,7 @@ pub struct Gpu {
     pub minor: u32,
     pub uuid: String,
     pub name: String,
+    pub persistence_mode: bool,
     /// Bus number on PCI domain 0; rendered in NVML and kernel forms below.
     pub pci_bus: u8,
     pub mig: Vec<MigDevice>,
@@ -82,6 +87,13 @@ impl Params {
                 "--mig {gpu}: given twice; pass one --mig per GPU"
             );
         }
+        for &gpu in &self.persistence_off {
+            ensure!(
+                gpu < self.gpus,
+                "--persistence-off {gpu}: no GPU {gpu} (the node has {} GPUs)",
+                self.gpus
+            );
+        }
         for &gpu in &self.lost {
             ensure!(
                 gpu < self.gpus,
@@ -115,6 +127,7 @@ impl Params {
             minor: slot,
             uuid: format!("GPU-{}", uuid_hex(u64::from(slot))),
             name: GPU_NAME.to_owned(),
+            persistence_mode: !self.persistence_off.contains(&index),
             // Stride 3 spreads GPUs over root ports like a real board and
             // keeps 64 GPUs below bus 0xff.
             pci_bus: u8::try_from(0x18 + 3 * slot).expect("at most 64 GPUs"),
@@ -219,6 +232,7 @@ mod tests {
             nvml_init_delay_ms: 0,
             lost: vec![],
             fabric: crate::fabric::Fabric::default(),
+            persistence_off: vec![],
         }
     }
 
@@ -279,6 +293,19 @@ mod tests {
         let mut bad = params(1, vec![]);
         bad.driver_version = "latest".into();
         assert!(err(bad).contains("--driver-version"));
+        let mut off = params(2, vec![]);
+        off.persistence_off = vec![2];
+        assert!(err(off).contains("--persistence-off 2: no GPU 2"));
+    }
+
+    #[test]
+    fn persistence_is_on_but_where_turned_off() {
+        let off = Params {
+            persistence_off: vec![1],
+            ..params(3, vec![])
+        };
+        let modes: Vec<bool> = off.gpu_list().iter().map(|g| g.persistence_mode).collect();
+        assert_eq!(modes, [true, false, true]);
     }
 
     #[test]

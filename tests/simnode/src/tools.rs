@@ -134,6 +134,7 @@ mod tests {
             nvml_init_delay_ms: 0,
             lost: vec![],
             fabric: crate::fabric::Fabric::default(),
+            persistence_off: vec![],
         };
         let gpus = params.gpu_list();
         let source = smi_source("550.54.15", "12.4", &gpus);

@@ -1,7 +1,7 @@
 //! nvml-topology.json: the contract with the mock NVML, which reads it from
 //! beside its own file (the hook clears its environment, so no env var).
 
-use crate::spec::{Gpu, MigDevice, Params, cuda_driver_version};
+use crate::spec::{GPU_MEMORY_BYTES, Gpu, MigDevice, Params, cuda_driver_version};
 use anyhow::Result;
 use serde::Serialize;
 use std::path::Path;
@@ -41,6 +41,8 @@ struct TopologyGpu<'a> {
     brand: u32,
     architecture: u32,
     cuda_compute_capability: [u32; 2],
+    memory_total: u64,
+    persistence_mode: bool,
     mig_mode: u32,
     mig_devices: &'a [MigDevice],
 }
@@ -66,6 +68,8 @@ pub fn render(params: &Params, gpus: &[Gpu], init_record: &Path) -> Result<Strin
                 brand: BRAND_TESLA,
                 architecture: ARCH_AMPERE,
                 cuda_compute_capability: COMPUTE_CAPABILITY,
+                memory_total: GPU_MEMORY_BYTES,
+                persistence_mode: gpu.persistence_mode,
                 mig_mode: if gpu.mig.is_empty() { 0 } else { MIG_ENABLED },
                 mig_devices: &gpu.mig,
             })
@@ -89,6 +93,7 @@ mod tests {
             nvml_init_delay_ms: 250,
             lost: vec![],
             fabric: crate::fabric::Fabric::default(),
+            persistence_off: vec![],
         };
         let json: serde_json::Value = serde_json::from_str(
             &render(&params, &params.gpu_list(), Path::new("/node/nvml-inits")).unwrap(),
@@ -100,6 +105,8 @@ mod tests {
         assert_eq!(json["init_delay_ms"], 250);
         assert_eq!(json["gpus"][0]["pci_device_id"], 0x20B2_10DE);
         assert_eq!(json["gpus"][0]["mig_mode"], 0);
+        assert_eq!(json["gpus"][0]["memory_total"], 80u64 << 30);
+        assert_eq!(json["gpus"][0]["persistence_mode"], true);
         assert_eq!(json["gpus"][1]["mig_mode"], 1);
         let mig = &json["gpus"][1]["mig_devices"][0];
         assert_eq!(mig["gpu_instance_id"], 0);

@@ -1,5 +1,6 @@
 //! A simulated GPU node made by the workspace's `simnode` tool.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -160,7 +161,80 @@ impl SimNode {
             .to_owned()
     }
 
-    fn topology(&self) -> serde_json::Value {
+    /// The labels GPU feature discovery gives this node, worked out from its topology (the
+    /// `nvidia.com` names); with `mixed`, its MIG strategy's `mig-<profile>.count` from the
+    /// MIG devices' names.
+    pub fn expected_labels(&self, mixed: bool) -> BTreeMap<String, String> {
+        let topology = self.topology();
+        let gpus = topology["gpus"].as_array().unwrap();
+        let first = &gpus[0];
+        let driver: Vec<&str> = topology["driver_version"]
+            .as_str()
+            .unwrap()
+            .split('.')
+            .collect();
+        let cuda = topology["cuda_driver_version"].as_u64().unwrap();
+        let cc = &first["cuda_compute_capability"];
+        let mut want: BTreeMap<String, String> = [
+            ("gpu.count", gpus.len().to_string()),
+            (
+                "gpu.product",
+                first["name"].as_str().unwrap().replace(' ', "-"),
+            ),
+            // nvmlDeviceArchitecture_t: the simulated boards are Ampere (7).
+            (
+                "gpu.family",
+                match first["architecture"].as_u64() {
+                    Some(7) => "ampere".into(),
+                    other => panic!("architecture {other:?}: not a simulated board's"),
+                },
+            ),
+            (
+                "gpu.memory",
+                (first["memory_total"].as_u64().unwrap() >> 20).to_string(),
+            ),
+            ("gpu.compute.major", cc[0].to_string()),
+            ("gpu.compute.minor", cc[1].to_string()),
+            ("cuda.driver.major", driver[0].into()),
+            ("cuda.driver.minor", driver[1].into()),
+            ("cuda.driver.rev", driver[2].into()),
+            ("cuda.driver-version.major", driver[0].into()),
+            ("cuda.driver-version.minor", driver[1].into()),
+            ("cuda.driver-version.revision", driver[2].into()),
+            ("cuda.driver-version.full", driver.join(".")),
+            ("cuda.runtime.major", (cuda / 1000).to_string()),
+            ("cuda.runtime.minor", (cuda % 1000 / 10).to_string()),
+            ("cuda.runtime-version.major", (cuda / 1000).to_string()),
+            ("cuda.runtime-version.minor", (cuda % 1000 / 10).to_string()),
+            (
+                "cuda.runtime-version.full",
+                format!("{}.{}", cuda / 1000, cuda % 1000 / 10),
+            ),
+            ("mig.capable", "true".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (format!("nvidia.com/{k}"), v))
+        .collect();
+        if !mixed {
+            return want;
+        }
+        want.insert("nvidia.com/mig.strategy".into(), "mixed".into());
+        for mig in gpus
+            .iter()
+            .filter(|g| g["mig_mode"] == 1)
+            .flat_map(|g| g["mig_devices"].as_array().unwrap())
+        {
+            let profile = mig["name"].as_str().unwrap().rsplit(' ').next().unwrap();
+            let count = want
+                .entry(format!("nvidia.com/mig-{profile}.count"))
+                .or_insert_with(|| "0".into());
+            *count = (count.parse::<u32>().unwrap() + 1).to_string();
+        }
+        want
+    }
+
+    /// The node's `nvml-topology.json`: what its mock NVML reports.
+    pub fn topology(&self) -> serde_json::Value {
         let path = self
             .driver_root()
             .join("usr/lib/x86_64-linux-gnu/nvml-topology.json");

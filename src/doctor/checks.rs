@@ -1,0 +1,697 @@
+//! The checks, as pure functions of facts read from the host (by the module above): each gives
+//! lines of ok, warn or fail, and for every problem the command or setting that fixes it.
+
+use super::Check;
+use crate::config::Config;
+use crate::dev_char::CharLink;
+use crate::inventory::{DeviceMajors, HostNode, Inventory, Library};
+use nvhook_ldcache::ElfClass;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `/proc/driver/nvidia/version`'s text, when it could be read.
+pub fn kernel_module(version_file: &str, text: Option<&str>) -> Check {
+    let version = text.and_then(|t| {
+        // `NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ...`
+        let line = t.lines().find(|l| l.starts_with("NVRM version:"))?;
+        line.split_whitespace()
+            .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()) && w.contains('.'))
+    });
+    match (text, version) {
+        (Some(_), Some(v)) => Check::ok("kernel module", format!("nvidia loaded, driver {v}")),
+        (Some(_), None) => Check::ok("kernel module", format!("nvidia loaded ({version_file})")),
+        (None, _) => Check::fail(
+            "kernel module",
+            format!("{version_file} is missing: the nvidia kernel module is not loaded"),
+            "load it (modprobe nvidia), or install the NVIDIA driver",
+        ),
+    }
+}
+
+/// NVML asked through nvhook-nvml, and how long it took.
+pub fn nvml(answer: &Result<Inventory, String>, took: Duration, timeout: Duration) -> Check {
+    let ms = took.as_millis();
+    match answer {
+        Err(e) => Check::fail(
+            "NVML",
+            format!("nvhook-nvml could not ask NVML ({ms} ms): {e}"),
+            "as the error says (nvhook info gives the same one)",
+        ),
+        Ok(inv) if took > timeout / 2 => Check::warn(
+            "NVML",
+            format!(
+                "answered in {ms} ms ({} GPUs), more than half of nvml-timeout-ms ({} ms)",
+                inv.gpus.len(),
+                timeout.as_millis()
+            ),
+            "enable persistence mode (nvidia-smi -pm 1, or start nvidia-persistenced)",
+        ),
+        Ok(inv) => Check::ok(
+            "NVML",
+            format!(
+                "answered in {ms} ms: {} GPUs, driver {}, CUDA {}",
+                inv.gpus.len(),
+                inv.driver_version,
+                inv.cuda_version
+            ),
+        ),
+    }
+}
+
+/// Persistence mode of each GPU: off, every NVML init pays the GPUs' set-up again.
+pub fn persistence(inv: &Inventory) -> Vec<Check> {
+    inv.gpus
+        .iter()
+        .map(|gpu| {
+            let name = format!("persistence mode GPU {}", gpu.index);
+            match gpu.persistence_mode {
+                Some(true) => Check::ok(&name, "on"),
+                Some(false) => Check::warn(
+                    &name,
+                    "off: each NVML initialisation (a container start without NVML's cached answer) costs seconds on a big node",
+                    format!(
+                        "nvidia-smi -i {} -pm 1, or start nvidia-persistenced",
+                        gpu.index
+                    ),
+                ),
+                None => Check::ok(&name, "not reported by NVML"),
+            }
+        })
+        .collect()
+}
+
+/// Every GPU's `/dev/nvidia<minor>`, `nvidiactl` and `nvidia-uvm`, with the majors the
+/// kernel gave the driver in `/proc/devices`.
+pub fn device_nodes(inv: &Inventory, majors: &DeviceMajors, nodes: &[HostNode]) -> Vec<Check> {
+    let fix = "run nvidia-smi (or nvidia-modprobe) as root, which makes the driver's nodes";
+    let mut wanted: Vec<(String, u32, u32)> = inv
+        .gpus
+        .iter()
+        .map(|g| (format!("/dev/nvidia{}", g.minor), majors.nvidia, g.minor))
+        .collect();
+    wanted.push(("/dev/nvidiactl".into(), majors.nvidia, 255));
+    // A MIG device is opened through the nvidia-caps nodes of its GPU and compute instance.
+    if let Some(caps) = majors.caps {
+        let cap_minors = inv
+            .gpus
+            .iter()
+            .flat_map(|g| &g.mig_devices)
+            .flat_map(|m| [m.gi_cap_minor, m.ci_cap_minor])
+            .flatten();
+        for minor in cap_minors {
+            let path = format!("/dev/nvidia-caps/nvidia-cap{minor}");
+            if !wanted.iter().any(|(p, _, _)| *p == path) {
+                wanted.push((path, caps, minor));
+            }
+        }
+    }
+    let mut out: Vec<Check> = wanted
+        .iter()
+        .map(|(path, major, minor)| node_check(nodes, path, *major, Some(*minor), fix))
+        .collect();
+    out.push(match majors.uvm {
+        None => Check::fail(
+            "device /dev/nvidia-uvm",
+            "nvidia-uvm is not in /proc/devices: the module is not loaded (CUDA needs it)",
+            "modprobe nvidia-uvm",
+        ),
+        Some(uvm) => node_check(
+            nodes,
+            "/dev/nvidia-uvm",
+            uvm,
+            None,
+            "nvidia-modprobe -u -c 0 as root, which makes nvidia-uvm's nodes",
+        ),
+    });
+    out
+}
+
+fn node_check(nodes: &[HostNode], path: &str, major: u32, minor: Option<u32>, fix: &str) -> Check {
+    let name = format!("device {path}");
+    let want = match minor {
+        Some(m) => format!("{major}:{m}"),
+        None => format!("{major}:*"),
+    };
+    match nodes.iter().find(|n| n.path == path) {
+        None => Check::fail(&name, format!("missing (want {want})"), fix),
+        Some(n) if n.major != major || minor.is_some_and(|m| m != n.minor) => Check::fail(
+            &name,
+            format!("is {}:{}, want {want}", n.major, n.minor),
+            format!(
+                "remove {} and make it again (mknod {} c {} {})",
+                n.host_path.display(),
+                n.host_path.display(),
+                major,
+                minor.unwrap_or(n.minor)
+            ),
+        ),
+        Some(n) => Check::ok(&name, format!("{}:{}", n.major, n.minor)),
+    }
+}
+
+/// What a driver library file starts with, or why it could not be read.
+pub type LibraryHead = Result<Vec<u8>, String>;
+
+/// The libraries nvhook would mount: the two every GPU container needs are there, and each
+/// one is a readable ELF file of the class the loader cache says.
+pub fn driver_files(inv: &Inventory, heads: &[(Library, LibraryHead)]) -> Vec<Check> {
+    let mut out = Vec::new();
+    for soname in ["libcuda.so.1", "libnvidia-ml.so.1"] {
+        let found = inv
+            .files
+            .libraries
+            .iter()
+            .any(|l| l.soname == soname && l.class == ElfClass::X86_64);
+        if !found {
+            out.push(Check::fail(
+                &format!("driver {soname}"),
+                format!(
+                    "not in the driver root's loader cache as a {} file",
+                    inv.driver_version
+                ),
+                "reinstall the NVIDIA driver's libraries and run ldconfig (in driver-root)",
+            ));
+        }
+    }
+    let bad: Vec<String> = heads
+        .iter()
+        .filter_map(|(lib, head)| {
+            let problem = match head {
+                Err(e) => format!("unreadable ({e})"),
+                Ok(h) if h.len() < 5 || h[..4] != *b"\x7fELF" => "not an ELF file".into(),
+                Ok(h) => {
+                    let class = match lib.class {
+                        ElfClass::X86_64 => 2,
+                        ElfClass::I386 => 1,
+                    };
+                    if h[4] == class {
+                        return None;
+                    }
+                    format!(
+                        "ELF class {} where the loader cache says {:?}",
+                        h[4], lib.class
+                    )
+                }
+            };
+            Some(format!("{}: {problem}", lib.host_path.display()))
+        })
+        .collect();
+    out.push(match bad.as_slice() {
+        [] => Check::ok(
+            "driver files",
+            format!(
+                "{} libraries of driver {}, each a readable ELF file of its class",
+                heads.len(),
+                inv.driver_version
+            ),
+        ),
+        _ => Check::fail(
+            "driver files",
+            bad.join("; "),
+            "reinstall the NVIDIA driver (its files are damaged or replaced)",
+        ),
+    });
+    out
+}
+
+/// NVML's cached answer against the host now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheState {
+    /// `nvml-cache-file` is empty, or the host cannot be fingerprinted.
+    Off,
+    Missing,
+    /// Stored for another host state (a reboot, a driver or MIG change since).
+    Stale,
+    Fresh,
+}
+
+pub fn cache(path: &str, state: &CacheState) -> Check {
+    let fix = "nothing to do: the next container start (or nvhook cdi refresh) asks NVML and stores the answer";
+    match state {
+        CacheState::Fresh => Check::ok("NVML cache", format!("{path}: fresh for this host")),
+        CacheState::Off => Check::warn(
+            "NVML cache",
+            "off (nvml-cache-file is empty, or the host cannot be fingerprinted): every start asks NVML",
+            "set nvml-cache-file in the nvhook config",
+        ),
+        CacheState::Missing => Check::warn("NVML cache", format!("{path}: none stored yet"), fix),
+        CacheState::Stale => Check::warn(
+            "NVML cache",
+            format!(
+                "{path}: stored for another host state (reboot, driver or MIG change); the next start asks NVML again"
+            ),
+            fix,
+        ),
+    }
+}
+
+/// An engine config nvhook knows, as `nvhook configure --dry-run` judges it.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub engine: &'static str,
+    pub file: PathBuf,
+    /// Ok(true): nvhook's runtime is there with `runtime_path`; Ok(false): it is not.
+    pub configured: Result<bool, String>,
+}
+
+pub fn engines(configs: &[EngineConfig], runtime_name: &str, runtime_path: &str) -> Vec<Check> {
+    if configs.is_empty() {
+        return vec![Check::warn(
+            "engines",
+            "no Docker, containerd, CRI-O, k3s or RKE2 config found",
+            "install an engine, then nvhook configure ENGINE",
+        )];
+    }
+    configs
+        .iter()
+        .map(|c| {
+            let name = format!("engine {}", c.engine);
+            let file = c.file.display();
+            match &c.configured {
+                Ok(true) => Check::ok(
+                    &name,
+                    format!("{file}: runtime {runtime_name} is {runtime_path}"),
+                ),
+                Ok(false) => Check::fail(
+                    &name,
+                    format!("{file}: no runtime {runtime_name} running {runtime_path}"),
+                    format!(
+                        "nvhook configure {} --engine-config {file} --runtime-path {runtime_path}, then restart it",
+                        c.engine
+                    ),
+                ),
+                Err(e) => Check::fail(&name, format!("{file}: {e}"), "fix the file by hand"),
+            }
+        })
+        .collect()
+}
+
+/// An OCI hooks.d directory of an installed Podman or CRI-O.
+#[derive(Debug, Clone)]
+pub struct HooksDir {
+    pub engine: &'static str,
+    pub dirs: Vec<PathBuf>,
+    /// The hook file naming nvhook, when one is there.
+    pub found: Option<PathBuf>,
+}
+
+pub fn hooks(dirs: &[HooksDir]) -> Vec<Check> {
+    dirs.iter()
+        .map(|h| {
+            let name = format!("{} hooks.d", h.engine);
+            match &h.found {
+                Some(file) => Check::ok(&name, format!("{} runs nvhook", file.display())),
+                None => Check::warn(
+                    &name,
+                    format!(
+                        "{} installed, and no hook in {} runs nvhook",
+                        h.engine,
+                        h.dirs
+                            .iter()
+                            .map(|d| d.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(" or ")
+                    ),
+                    "copy hooks/oci-nvhook-hook.json into /usr/share/containers/oci/hooks.d (or use nvhook-runtime)",
+                ),
+            }
+        })
+        .collect()
+}
+
+/// A CDI spec file of kind `nvidia.com/gpu` (or one that cannot be read), with the device
+/// names it offers and each device's nodes.
+#[derive(Debug, Clone)]
+pub struct SpecFile {
+    pub file: PathBuf,
+    pub devices: Result<Vec<(String, Vec<SpecNode>)>, String>,
+}
+
+/// A device node of a CDI device: its path in the container, and its numbers where the spec
+/// gives them (NVIDIA's nvidia-ctk writes paths alone; the runtime then reads the numbers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecNode {
+    pub path: String,
+    pub number: Option<(i64, i64)>,
+}
+
+/// Whether two devices' nodes are the same: the same paths, and the same numbers wherever
+/// both give them.
+fn same_nodes(a: &[SpecNode], b: &[SpecNode]) -> bool {
+    let paths = |nodes: &[SpecNode]| {
+        nodes
+            .iter()
+            .map(|n| n.path.clone())
+            .collect::<BTreeSet<_>>()
+    };
+    paths(a) == paths(b)
+        && a.iter().all(|x| {
+            b.iter()
+                .filter(|y| y.path == x.path)
+                .all(|y| x.number.is_none() || y.number.is_none() || x.number == y.number)
+        })
+}
+
+/// The names and nodes nvhook would write for this node now.
+pub struct CurrentDevices {
+    /// (index name, UUID name) of each GPU and MIG device.
+    pub ids: Vec<(String, String)>,
+    /// name → its device nodes.
+    pub nodes: Vec<(String, Vec<SpecNode>)>,
+}
+
+pub fn cdi(specs: &[SpecFile], now: &CurrentDevices) -> Vec<Check> {
+    let fix = "nvhook cdi refresh --output FILE (or delete the file)";
+    let known: BTreeSet<&str> = now
+        .ids
+        .iter()
+        .flat_map(|(i, u)| [i.as_str(), u.as_str()])
+        .chain(["all"])
+        .collect();
+    specs
+        .iter()
+        .map(|spec| {
+            let name = format!("CDI {}", spec.file.display());
+            let devices = match &spec.devices {
+                Err(e) => {
+                    return Check::fail(
+                        &name,
+                        e.clone(),
+                        "fix or remove the file: engines refuse every spec beside a bad one",
+                    );
+                }
+                Ok(d) => d,
+            };
+            let names: BTreeSet<&str> = devices.iter().map(|(n, _)| n.as_str()).collect();
+            let extra: Vec<&str> = names.difference(&known).copied().collect();
+            let missing: Vec<&str> = now
+                .ids
+                .iter()
+                .filter(|(i, u)| !names.contains(i.as_str()) && !names.contains(u.as_str()))
+                .map(|(i, _)| i.as_str())
+                .collect();
+            let changed: Vec<&str> = devices
+                .iter()
+                .filter(|(n, nodes)| {
+                    now.nodes
+                        .iter()
+                        .find(|(m, _)| m == n)
+                        .is_some_and(|(_, want)| !same_nodes(want, nodes))
+                })
+                .map(|(n, _)| n.as_str())
+                .collect();
+            let mut problems = Vec::new();
+            if !extra.is_empty() {
+                problems.push(format!(
+                    "names devices this node does not have: {}",
+                    extra.join(", ")
+                ));
+            }
+            if !missing.is_empty() {
+                problems.push(format!("lacks this node's devices: {}", missing.join(", ")));
+            }
+            if !changed.is_empty() {
+                problems.push(format!("device nodes changed for: {}", changed.join(", ")));
+            }
+            match problems.is_empty() {
+                true => Check::ok(
+                    &name,
+                    format!("{} devices, true to this node", devices.len()),
+                ),
+                false => Check::fail(&name, format!("stale: {}", problems.join("; ")), fix),
+            }
+        })
+        .collect()
+}
+
+/// The cgroup hierarchy, and on v2 whether a device program can be loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cgroup {
+    pub v2: bool,
+    /// The kernel has the bpf() system call (needed on v2).
+    pub bpf: bool,
+}
+
+pub fn cgroup(c: &Cgroup) -> Check {
+    match (c.v2, c.bpf) {
+        (false, _) => Check::ok("cgroup", "v1: GPU rules go into devices.allow"),
+        (true, true) => Check::ok(
+            "cgroup",
+            "v2: the runtime's BPF device program can be replaced by one that allows the GPUs",
+        ),
+        (true, false) => Check::fail(
+            "cgroup",
+            "v2 without the bpf() system call: the device filter cannot be replaced",
+            "boot a kernel built with CONFIG_BPF_SYSCALL and CONFIG_CGROUP_BPF",
+        ),
+    }
+}
+
+/// `/dev/char/MAJ:MIN` for each NVIDIA node, and whether it resolves to that node.
+pub fn dev_char(links: &[(CharLink, bool)]) -> Check {
+    let missing: Vec<&str> = links
+        .iter()
+        .filter(|(_, ok)| !ok)
+        .map(|(l, _)| l.name.as_str())
+        .collect();
+    match missing.as_slice() {
+        [] => Check::ok(
+            "/dev/char links",
+            format!("{} NVIDIA nodes linked", links.len()),
+        ),
+        _ => Check::warn(
+            "/dev/char links",
+            format!(
+                "missing or wrong: {} (systemd drops those devices from a container's rules on daemon-reload)",
+                missing.join(", ")
+            ),
+            "nvhook dev-char-links",
+        ),
+    }
+}
+
+/// The device-selection policy in force, in one sentence.
+pub fn policy(config: &Config) -> Check {
+    let env = match config.accept_env_when_unprivileged {
+        true => "NVIDIA_VISIBLE_DEVICES selects GPUs for every container",
+        false => "NVIDIA_VISIBLE_DEVICES selects GPUs only for privileged containers",
+    };
+    let mounts = match config.accept_volume_mount_devices {
+        true => ", the device plugin's /var/run/nvidia-container-devices mounts select them too",
+        false => ", volume mounts select none",
+    };
+    let require = match config.disable_require {
+        true => ", and NVIDIA_REQUIRE_* is not checked",
+        false => ", and NVIDIA_REQUIRE_* is checked",
+    };
+    let caps: Vec<String> = config
+        .supported_capabilities
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    Check::ok(
+        "policy",
+        format!(
+            "{env}{mounts}{require}; capabilities served: {}",
+            caps.join(",")
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::doctor::Level;
+    use crate::plan::tests::{inventory, standard};
+
+    fn levels(checks: &[Check]) -> Vec<Level> {
+        checks.iter().map(|c| c.level).collect()
+    }
+
+    #[test]
+    fn the_module_version_is_read_from_its_line() {
+        let text = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\nGCC version:  gcc 12\n";
+        let ok = kernel_module("/proc/driver/nvidia/version", Some(text));
+        assert_eq!(ok.level, Level::Ok);
+        assert_eq!(ok.detail, "nvidia loaded, driver 550.54.15");
+        let gone = kernel_module("/proc/driver/nvidia/version", None);
+        assert_eq!(gone.level, Level::Fail);
+        assert!(gone.fix.unwrap().contains("modprobe nvidia"));
+    }
+
+    #[test]
+    fn nvml_is_slow_past_half_its_timeout() {
+        let inv = standard();
+        let timeout = Duration::from_millis(1000);
+        let fast = nvml(&Ok(inv.clone()), Duration::from_millis(20), timeout);
+        assert_eq!(fast.level, Level::Ok);
+        assert!(fast.detail.starts_with("answered in 20 ms: 4 GPUs"));
+        let slow = nvml(&Ok(inv), Duration::from_millis(600), timeout);
+        assert_eq!(slow.level, Level::Warn);
+        let failed = nvml(&Err("boom".into()), Duration::from_millis(3), timeout);
+        assert_eq!(failed.level, Level::Fail);
+        assert!(failed.detail.ends_with("boom"));
+    }
+
+    #[test]
+    fn persistence_off_warns_per_gpu() {
+        let mut inv = inventory(2, &[]);
+        inv.gpus[1].persistence_mode = Some(false);
+        let checks = persistence(&inv);
+        assert_eq!(levels(&checks), [Level::Ok, Level::Warn]);
+        assert!(checks[1].fix.as_ref().unwrap().contains("-i 1 -pm 1"));
+    }
+
+    #[test]
+    fn device_nodes_must_carry_the_drivers_numbers() {
+        let inv = inventory(2, &[(1, 2)]);
+        let all = device_nodes(&inv, &inv.majors, &inv.nodes);
+        assert!(all.iter().all(|c| c.level == Level::Ok), "{all:?}");
+        assert_eq!(
+            all.len(),
+            8,
+            "two GPUs, nvidiactl, 2 MIG devices' 2 caps each, nvidia-uvm"
+        );
+
+        let mut nodes = inv.nodes.clone();
+        nodes.retain(|n| n.path != "/dev/nvidia1");
+        nodes
+            .iter_mut()
+            .find(|n| n.path == "/dev/nvidia0")
+            .unwrap()
+            .minor = 9;
+        let broken = device_nodes(&inv, &inv.majors, &nodes);
+        assert_eq!(broken[0].detail, "is 195:9, want 195:0");
+        assert_eq!(broken[1].detail, "missing (want 195:1)");
+
+        let no_uvm = DeviceMajors {
+            uvm: None,
+            ..inv.majors.clone()
+        };
+        let last = device_nodes(&inv, &no_uvm, &inv.nodes).pop().unwrap();
+        assert_eq!(
+            (last.level, last.fix.as_deref()),
+            (Level::Fail, Some("modprobe nvidia-uvm"))
+        );
+    }
+
+    #[test]
+    fn libraries_must_be_elf_of_their_class() {
+        let inv = standard();
+        let elf = |class: u8| Ok(vec![0x7f, b'E', b'L', b'F', class]);
+        let heads: Vec<(Library, LibraryHead)> = inv
+            .files
+            .libraries
+            .iter()
+            .map(|l| {
+                let class = if l.class == ElfClass::X86_64 { 2 } else { 1 };
+                (l.clone(), elf(class))
+            })
+            .collect();
+        assert_eq!(levels(&driver_files(&inv, &heads)), [Level::Ok]);
+
+        let mut bad = heads.clone();
+        bad[0].1 = Ok(b"#!/bin/sh\n".to_vec());
+        bad[1].1 = elf(if bad[1].0.class == ElfClass::X86_64 {
+            1
+        } else {
+            2
+        });
+        bad[2].1 = Err("Permission denied".into());
+        let check = driver_files(&inv, &bad).pop().unwrap();
+        assert_eq!(check.level, Level::Fail);
+        assert_eq!(check.detail.matches("; ").count(), 2, "{}", check.detail);
+        assert!(check.detail.contains("not an ELF file"));
+        assert!(check.detail.contains("ELF class"));
+        assert!(check.detail.contains("unreadable (Permission denied)"));
+
+        let mut no_cuda = inv.clone();
+        no_cuda
+            .files
+            .libraries
+            .retain(|l| l.soname != "libcuda.so.1");
+        let checks = driver_files(&no_cuda, &heads);
+        assert_eq!(checks[0].name, "driver libcuda.so.1");
+        assert_eq!(checks[0].level, Level::Fail);
+    }
+
+    #[test]
+    fn a_spec_is_stale_when_its_names_or_nodes_are_not_the_nodes() {
+        let node = |minor: Option<i64>| SpecNode {
+            path: "/dev/nvidia0".into(),
+            number: minor.map(|m| (195, m)),
+        };
+        let now = CurrentDevices {
+            ids: vec![("0".into(), "GPU-a".into()), ("1".into(), "GPU-b".into())],
+            nodes: vec![("0".into(), vec![node(Some(0))])],
+        };
+        let spec = |names: &[&str], minor: Option<i64>| SpecFile {
+            file: "/etc/cdi/nvidia.yaml".into(),
+            devices: Ok(names
+                .iter()
+                .map(|n| (n.to_string(), vec![node(minor)]))
+                .collect()),
+        };
+        let checks = cdi(
+            &[
+                spec(&["0", "1", "all"], Some(0)),
+                spec(&["GPU-a", "GPU-b", "2", "all"], Some(0)),
+                spec(&["0", "GPU-b"], Some(5)),
+                // Paths alone, as nvidia-ctk writes them.
+                spec(&["0", "1", "all"], None),
+            ],
+            &now,
+        );
+        assert_eq!(
+            levels(&checks),
+            [Level::Ok, Level::Fail, Level::Fail, Level::Ok]
+        );
+        assert_eq!(
+            checks[1].detail,
+            "stale: names devices this node does not have: 2"
+        );
+        assert_eq!(checks[2].detail, "stale: device nodes changed for: 0");
+        let missing = cdi(&[spec(&["0", "all"], Some(0))], &now);
+        assert_eq!(missing[0].detail, "stale: lacks this node's devices: 1");
+    }
+
+    #[test]
+    fn cgroup_v2_needs_bpf() {
+        assert_eq!(
+            cgroup(&Cgroup {
+                v2: false,
+                bpf: false
+            })
+            .level,
+            Level::Ok
+        );
+        assert_eq!(
+            cgroup(&Cgroup {
+                v2: true,
+                bpf: true
+            })
+            .level,
+            Level::Ok
+        );
+        assert_eq!(
+            cgroup(&Cgroup {
+                v2: true,
+                bpf: false
+            })
+            .level,
+            Level::Fail
+        );
+    }
+
+    #[test]
+    fn the_policy_is_one_sentence_of_the_config() {
+        let hardened = Config {
+            accept_env_when_unprivileged: false,
+            ..Config::default()
+        };
+        let line = policy(&hardened).detail;
+        assert!(line.starts_with("NVIDIA_VISIBLE_DEVICES selects GPUs only for privileged containers, the device plugin's"));
+        assert!(!line.contains('\n'));
+    }
+}

@@ -1,0 +1,345 @@
+//! `nvhook doctor`: whether this node is ready to give containers GPUs, one line per check,
+//! each problem with its fix.
+//!
+//! The facts are gathered here; what each means is decided in `checks`, from the facts
+//! alone, so the judgements are unit-tested without a driver or root. Engine configs, hooks.d
+//! and `/etc/cdi` are read under a root prefix (`--root`), the driver's files, device nodes and
+//! `/proc` under the nvhook config's roots.
+
+mod checks;
+
+use crate::cdi::{self, NameStrategy};
+use crate::config::Config;
+use crate::configure::{self, Applied, Engine};
+use crate::dev_char;
+use crate::inventory::cache::NvmlCache;
+use crate::inventory::change::HostChange;
+use crate::inventory::devices::scan_nodes;
+use crate::inventory::driver::HostCache;
+use crate::inventory::{DeviceMajors, Inventory, isolated, nvml_library};
+use checks::{CacheState, Cgroup, CurrentDevices, EngineConfig, HooksDir, SpecFile, SpecNode};
+use serde::Serialize;
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Ok,
+    Warn,
+    Fail,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub level: Level,
+    pub detail: String,
+    /// What to do about it; None when all is well.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn ok(name: &str, detail: impl Into<String>) -> Check {
+        Check {
+            name: name.into(),
+            level: Level::Ok,
+            detail: detail.into(),
+            fix: None,
+        }
+    }
+
+    fn warn(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check {
+            level: Level::Warn,
+            fix: Some(fix.into()),
+            ..Check::ok(name, detail)
+        }
+    }
+
+    fn fail(name: &str, detail: impl Into<String>, fix: impl Into<String>) -> Check {
+        Check {
+            level: Level::Fail,
+            ..Check::warn(name, detail, fix)
+        }
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let level = match self.level {
+            Level::Ok => "ok  ",
+            Level::Warn => "warn",
+            Level::Fail => "FAIL",
+        };
+        write!(f, "{level} {}: {}", self.name, self.detail)?;
+        if let Some(fix) = &self.fix {
+            write!(f, " -> fix: {fix}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every check's line, in order.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub ready: bool,
+    pub checks: Vec<Check>,
+}
+
+impl Report {
+    fn new(checks: Vec<Check>) -> Report {
+        Report {
+            ready: checks.iter().all(|c| c.level != Level::Fail),
+            checks,
+        }
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut out: String = self.checks.iter().map(|c| format!("{c}\n")).collect();
+        let problems = |level| self.checks.iter().filter(|c| c.level == level).count();
+        out.push_str(&match self.ready {
+            true => format!("ready (warn: {})\n", problems(Level::Warn)),
+            false => format!(
+                "NOT READY (FAIL: {}, warn: {})\n",
+                problems(Level::Fail),
+                problems(Level::Warn)
+            ),
+        });
+        out
+    }
+}
+
+/// What doctor was asked to look at.
+pub struct Options {
+    /// Engine configs, hooks.d and CDI spec directories are read under this (`/`).
+    pub root: PathBuf,
+    pub runtime_name: String,
+    /// The nvhook-runtime the engines should run.
+    pub runtime_path: String,
+}
+
+/// Runs every check. Those that compare the host with NVML's answer are left out when NVML
+/// does not answer; the NVML line says why.
+pub fn run(config: &Config, options: &Options) -> Report {
+    let mut out = Vec::new();
+    let version_file = config.proc_path("driver/nvidia/version");
+    let version = std::fs::read_to_string(&version_file).ok();
+    out.push(checks::kernel_module(
+        &version_file.display().to_string(),
+        version.as_deref(),
+    ));
+    let started = Instant::now();
+    let answer = isolated::load_uncached(config).map_err(|e| e.to_string());
+    out.push(checks::nvml(
+        &answer,
+        started.elapsed(),
+        config.nvml_timeout(),
+    ));
+    let nodes = DeviceMajors::read(config).and_then(|m| Ok((m, scan_nodes(config)?)));
+    if let Ok(inventory) = &answer {
+        out.extend(checks::persistence(inventory));
+        match &nodes {
+            Ok((majors, nodes)) => out.extend(checks::device_nodes(inventory, majors, nodes)),
+            Err(e) => out.push(Check::fail(
+                "device nodes",
+                e.to_string(),
+                "load the nvidia modules (modprobe nvidia nvidia-uvm)",
+            )),
+        }
+        out.push(checks::cache(
+            &config.nvml_cache_file.display().to_string(),
+            &cache_state(config, inventory),
+        ));
+        let heads: Vec<_> = inventory
+            .files
+            .libraries
+            .iter()
+            .map(|l| (l.clone(), head(&l.host_path)))
+            .collect();
+        out.extend(checks::driver_files(inventory, &heads));
+        out.extend(cdi_checks(config, options, inventory));
+    }
+    if let Ok((_, nodes)) = &nodes {
+        let dev = config.dev_path("/dev");
+        let links: Vec<_> = dev_char::for_host_nodes(&dev, nodes)
+            .into_iter()
+            .map(|l| {
+                let ok = dev_char::resolves(&dev, l.major, l.minor);
+                (l, ok)
+            })
+            .collect();
+        out.push(checks::dev_char(&links));
+    }
+    out.extend(checks::engines(
+        &engine_configs(options),
+        &options.runtime_name,
+        &options.runtime_path,
+    ));
+    out.extend(checks::hooks(&hooks_dirs(&options.root)));
+    out.push(checks::cgroup(&cgroup()));
+    out.push(checks::policy(config));
+    Report::new(out)
+}
+
+fn under(root: &Path, path: &str) -> PathBuf {
+    root.join(path.trim_start_matches('/'))
+}
+
+fn cache_state(config: &Config, inventory: &Inventory) -> CacheState {
+    let stored = HostCache::read(config)
+        .ok()
+        .and_then(|c| nvml_library(config, &c).ok())
+        .and_then(|library| NvmlCache::open(config, &library));
+    let Some(stored) = stored else {
+        return CacheState::Off;
+    };
+    // Fresh: stored for this host state, and describing the GPUs NVML reports now.
+    match (stored.read(), stored.previous()) {
+        (Some(system), _) if HostChange::between(&system, &inventory.system()).is_none() => {
+            CacheState::Fresh
+        }
+        (None, None) => CacheState::Missing,
+        _ => CacheState::Stale,
+    }
+}
+
+/// The first bytes of a file: enough for the ELF magic and class.
+fn head(path: &Path) -> checks::LibraryHead {
+    let mut buf = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(5).read_to_end(&mut buf))
+        .map_err(|e| e.to_string())?;
+    Ok(buf)
+}
+
+/// Each engine config that exists, judged by `nvhook configure --dry-run`: nvhook's runtime
+/// is there with the right path exactly when adding it would change nothing.
+fn engine_configs(options: &Options) -> Vec<EngineConfig> {
+    let files = Engine::ALL.into_iter().flat_map(|engine| {
+        engine
+            .existing_configs(&options.root)
+            .into_iter()
+            .map(move |f| (engine, f))
+    });
+    files
+        .map(|(engine, file)| {
+            let dry_run = configure::run(&configure::Options {
+                engine,
+                file: Some(file.clone()),
+                runtime_name: options.runtime_name.clone(),
+                runtime_path: options.runtime_path.clone(),
+                set_as_default: false,
+                remove: false,
+                dry_run: true,
+                kubernetes_policy: None,
+            });
+            EngineConfig {
+                engine: engine.name(),
+                configured: dry_run
+                    .map(|o| o.files.iter().all(|f| f.applied == Applied::Unchanged))
+                    .map_err(|e| e.to_string()),
+                file,
+            }
+        })
+        .collect()
+}
+
+/// Podman's and CRI-O's hooks.d directories, for those installed under `root`.
+fn hooks_dirs(root: &Path) -> Vec<HooksDir> {
+    let dirs: Vec<PathBuf> = [
+        "/usr/share/containers/oci/hooks.d",
+        "/etc/containers/oci/hooks.d",
+    ]
+    .iter()
+    .map(|d| under(root, d))
+    .collect();
+    [("podman", "/usr/bin/podman"), ("crio", "/usr/bin/crio")]
+        .into_iter()
+        .filter(|(_, binary)| under(root, binary).exists())
+        .map(|(engine, _)| HooksDir {
+            engine,
+            found: dirs.iter().find_map(|d| nvhook_hook_in(d)),
+            dirs: dirs.clone(),
+        })
+        .collect()
+}
+
+/// A hook file in `dir` whose hook runs a program named `nvhook`.
+fn nvhook_hook_in(dir: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(dir).ok()?.flatten().find_map(|entry| {
+        let path = entry.path();
+        let text = std::fs::read_to_string(&path).ok()?;
+        let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+        let program = Path::new(json["hook"]["path"].as_str()?);
+        (program.file_name()? == "nvhook").then_some(path)
+    })
+}
+
+fn cdi_checks(config: &Config, options: &Options, inventory: &Inventory) -> Vec<Check> {
+    let dirs: Vec<PathBuf> = cdi::SPEC_DIRS
+        .iter()
+        .map(|d| under(&options.root, d))
+        .collect();
+    let dirs: Vec<&Path> = dirs.iter().map(PathBuf::as_path).collect();
+    let specs: Vec<SpecFile> = cdi::spec_files(&dirs)
+        .into_iter()
+        .filter_map(|file| {
+            let devices = match cdi::read_spec(&file) {
+                Err(e) => Err(e.to_string()),
+                Ok(spec) if spec.kind != cdi::KIND => return None,
+                Ok(spec) => Ok(spec
+                    .devices
+                    .iter()
+                    .map(|d| (d.name.clone(), spec_nodes(&d.container_edits)))
+                    .collect()),
+            };
+            Some(SpecFile { file, devices })
+        })
+        .collect();
+    if specs.is_empty() {
+        return Vec::new();
+    }
+    let ids = cdi::generate::device_ids(inventory)
+        .into_iter()
+        .map(|(id, uuid)| (id.to_string(), uuid))
+        .collect();
+    let nodes = match cdi::generate(
+        config,
+        None,
+        inventory,
+        &[NameStrategy::Index, NameStrategy::Uuid],
+    ) {
+        Ok(spec) => spec
+            .devices
+            .iter()
+            .map(|d| (d.name.clone(), spec_nodes(&d.container_edits)))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    checks::cdi(&specs, &CurrentDevices { ids, nodes })
+}
+
+/// A device's nodes, as the check compares them.
+fn spec_nodes(edits: &cdi::ContainerEdits) -> Vec<SpecNode> {
+    edits
+        .device_nodes
+        .iter()
+        .map(|n| SpecNode {
+            path: n.path.clone(),
+            number: n.major.zip(n.minor),
+        })
+        .collect()
+}
+
+fn cgroup() -> Cgroup {
+    Cgroup {
+        v2: Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+        // The sysctl exists exactly when the kernel has the bpf() system call.
+        bpf: Path::new("/proc/sys/kernel/unprivileged_bpf_disabled").exists(),
+    }
+}

@@ -1,0 +1,382 @@
+//! `nvhook doctor` on a simulated GPU node (run as root, after `cargo build --workspace`): a
+//! node set up as an operator would (NVML's answer cached, /dev/char links, a CDI spec in its
+//! /etc/cdi, Docker configured) is ready; then each check is broken on its own, and the line
+//! that names it and the exit status say so.
+
+use nvhook_test_support as support;
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use support::{SimNode, run_nvhook, workspace_bin};
+
+/// A node ready for GPU containers: 2 GPUs, GPU 1 split into 2 MIG devices; the engine
+/// configs and CDI specs in a host root of their own, which survives changes to the node.
+struct Node {
+    sim: SimNode,
+    host: tempfile::TempDir,
+}
+
+const FLAGS: [&str; 4] = ["--gpus", "2", "--mig", "1:2"];
+
+impl Node {
+    fn ready() -> Node {
+        Self::ready_with(&[])
+    }
+
+    fn ready_with(extra: &[&str]) -> Node {
+        let mut flags = vec!["--mig", "1:2"];
+        flags.extend_from_slice(extra);
+        let node = Node {
+            sim: SimNode::create_with(2, &flags),
+            host: tempfile::Builder::new()
+                .prefix("nvhook-doctor-")
+                .tempdir()
+                .unwrap(),
+        };
+        node.nvhook(&["dev-char-links"]);
+        let spec = node.host("etc/cdi/nvidia.yaml");
+        fs::create_dir_all(spec.parent().unwrap()).unwrap();
+        // `cdi refresh` also stores NVML's answer.
+        node.nvhook(&["cdi", "refresh", "--output", spec.to_str().unwrap()]);
+        let daemon_json = node.host("etc/docker/daemon.json");
+        fs::create_dir_all(daemon_json.parent().unwrap()).unwrap();
+        fs::write(&daemon_json, "{}\n").unwrap();
+        let runtime = workspace_bin("nvhook-runtime");
+        let out = run_nvhook(&[
+            "configure",
+            "docker",
+            "--engine-config",
+            daemon_json.to_str().unwrap(),
+            "--runtime-path",
+            runtime.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        node
+    }
+
+    /// A path in the simulated node (driver, dev, proc, NVML cache).
+    fn path(&self, rel: &str) -> PathBuf {
+        self.sim.root().join(rel)
+    }
+
+    /// A path in the host root doctor reads engine configs, hooks.d and CDI specs under.
+    fn host(&self, rel: &str) -> PathBuf {
+        self.host.path().join(rel)
+    }
+
+    fn nvhook(&self, args: &[&str]) -> String {
+        let config = self.sim.config();
+        let mut all = vec!["--config", config.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let out = run_nvhook(&all);
+        assert!(
+            out.status.success(),
+            "{args:?}: {out:?}\n{}",
+            self.sim.log()
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// doctor's exit status and its lines.
+    fn doctor(&self) -> (i32, String) {
+        let config = self.sim.config();
+        let root = self.host.path();
+        let out = run_nvhook(&[
+            "--config",
+            config.to_str().unwrap(),
+            "doctor",
+            "--root",
+            root.to_str().unwrap(),
+        ]);
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            out.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code().unwrap(), text)
+    }
+
+    /// Asserts doctor's exit status and that it has a line starting with `start` (level and
+    /// check name) and containing each of `words`.
+    fn expect(&self, code: i32, start: &str, words: &[&str]) {
+        let (got, text) = self.doctor();
+        assert_eq!(got, code, "{text}");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no line {start:?} in:\n{text}"));
+        for word in words {
+            assert!(line.contains(word), "{word:?} not in {line:?}");
+        }
+        assert!(
+            line.contains("-> fix: ") || start.starts_with("ok"),
+            "{line}"
+        );
+    }
+
+    fn replace_node(&self, rel: &str, major: u32, minor: u32) {
+        let path = self.path(rel);
+        fs::remove_file(&path).unwrap();
+        let dev = libc::makedev(major, minor);
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a valid path and mode; the test runs as root.
+        assert_eq!(
+            unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, dev) },
+            0
+        );
+    }
+}
+
+fn driver_lib(node: &Node, stem: &str) -> PathBuf {
+    let version = node.sim.driver_version();
+    node.sim
+        .driver_root()
+        .join(format!("usr/lib/x86_64-linux-gnu/{stem}.so.{version}"))
+}
+
+#[test]
+fn a_node_set_up_as_documented_is_ready() {
+    let node = Node::ready();
+    let (code, text) = node.doctor();
+    assert_eq!(code, 0, "{text}");
+    for line in text.lines().filter(|l| !l.starts_with("ready")) {
+        assert!(line.starts_with("ok "), "{line}\n{text}");
+    }
+    for start in [
+        "ok   kernel module: nvidia loaded, driver 550.54.15",
+        "ok   NVML: answered in ",
+        "ok   persistence mode GPU 1: on",
+        "ok   device /dev/nvidia1: 195:1",
+        "ok   device /dev/nvidia-uvm",
+        "ok   /dev/char links",
+        "ok   NVML cache",
+        "ok   driver files",
+        "ok   engine docker",
+        "ok   CDI ",
+        "ok   cgroup",
+        "ok   policy: ",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(start)),
+            "{start:?}:\n{text}"
+        );
+    }
+    assert_eq!(text.lines().last(), Some("ready (warn: 0)"));
+
+    let config = node.sim.config();
+    let out = run_nvhook(&[
+        "--config",
+        config.to_str().unwrap(),
+        "doctor",
+        "--format",
+        "json",
+        "--root",
+        node.host.path().to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["ready"], true);
+    let checks = json["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), text.lines().count() - 1);
+    assert!(
+        checks
+            .iter()
+            .all(|c| c["level"] == "ok" && c.get("fix").is_none())
+    );
+}
+
+#[test]
+fn a_missing_or_misnumbered_device_node_fails() {
+    let node = Node::ready();
+    fs::remove_file(node.path("dev/nvidia1")).unwrap();
+    node.expect(
+        1,
+        "FAIL device /dev/nvidia1: missing (want 195:1)",
+        &["nvidia-modprobe"],
+    );
+    node.replace_node("dev/nvidia0", 195, 7);
+    node.expect(
+        1,
+        "FAIL device /dev/nvidia0: is 195:7, want 195:0",
+        &["mknod"],
+    );
+}
+
+#[test]
+fn no_nvidia_uvm_fails() {
+    let node = Node::ready();
+    fs::remove_file(node.path("dev/nvidia-uvm")).unwrap();
+    node.expect(1, "FAIL device /dev/nvidia-uvm: missing", &["nvidia-uvm"]);
+}
+
+#[test]
+fn no_kernel_module_fails() {
+    let node = Node::ready();
+    fs::remove_file(node.path("proc/driver/nvidia/version")).unwrap();
+    node.expect(
+        1,
+        "FAIL kernel module: ",
+        &["not loaded", "modprobe nvidia"],
+    );
+}
+
+#[test]
+fn nvml_that_cannot_initialise_fails() {
+    let node = Node::ready();
+    let mut flags = FLAGS.to_vec();
+    flags.extend(["--nvml-init-error", "9"]);
+    node.sim.change(&flags);
+    node.expect(
+        1,
+        "FAIL NVML: nvhook-nvml could not ask NVML",
+        &["driver is not loaded"],
+    );
+}
+
+#[test]
+fn persistence_mode_off_warns() {
+    let node = Node::ready_with(&["--persistence-off", "1"]);
+    node.expect(
+        0,
+        "warn persistence mode GPU 1: off",
+        &["nvidia-smi -i 1 -pm 1"],
+    );
+}
+
+#[test]
+fn a_stale_or_missing_nvml_cache_warns() {
+    let node = Node::ready();
+    let cache = node.path("run/nvml-inventory.json");
+    let mut stored: Value = serde_json::from_slice(&fs::read(&cache).unwrap()).unwrap();
+    stored["fingerprint"]["boot_id"] = "an-earlier-boot".into();
+    fs::write(&cache, stored.to_string()).unwrap();
+    node.expect(0, "warn NVML cache: ", &["stored for another host state"]);
+    fs::remove_file(&cache).unwrap();
+    node.expect(0, "warn NVML cache: ", &["none stored yet"]);
+}
+
+#[test]
+fn a_missing_or_damaged_driver_library_fails() {
+    let node = Node::ready();
+    fs::remove_file(driver_lib(&node, "libcuda")).unwrap();
+    node.expect(1, "FAIL driver libcuda.so.1: ", &["ldconfig"]);
+
+    let node = Node::ready();
+    let lib = driver_lib(&node, "libnvidia-ptxjitcompiler");
+    fs::write(&lib, "not a library\n").unwrap();
+    node.expect(
+        1,
+        "FAIL driver files: ",
+        &[lib.to_str().unwrap(), "not an ELF file", "reinstall"],
+    );
+}
+
+#[test]
+fn an_unreadable_library_fails() {
+    let node = Node::ready();
+    let lib = driver_lib(&node, "libnvidia-ptxjitcompiler");
+    // Root reads a file whatever its mode: a directory in its place cannot be read.
+    fs::remove_file(&lib).unwrap();
+    fs::create_dir(&lib).unwrap();
+    node.expect(1, "FAIL driver files: ", &[lib.to_str().unwrap()]);
+}
+
+#[test]
+fn an_engine_config_without_nvhook_fails() {
+    let node = Node::ready();
+    fs::write(node.host("etc/docker/daemon.json"), "{\"runtimes\": {}}\n").unwrap();
+    node.expect(
+        1,
+        "FAIL engine docker: ",
+        &["no runtime nvidia", "nvhook configure docker"],
+    );
+    fs::write(node.host("etc/docker/daemon.json"), "{ not json").unwrap();
+    node.expect(1, "FAIL engine docker: ", &["daemon.json"]);
+}
+
+#[test]
+fn a_cdi_spec_naming_a_gpu_that_is_gone_fails() {
+    let node = Node::ready();
+    // GPU 1 (with its MIG devices) falls off the bus.
+    node.sim.change(&["--gpus", "2", "--lost-gpu", "1"]);
+    node.expect(
+        1,
+        "FAIL CDI ",
+        &[
+            "stale",
+            "names devices this node does not have: 1, 1:0, 1:1",
+            "nvhook cdi refresh",
+        ],
+    );
+}
+
+#[test]
+fn a_malformed_cdi_spec_fails() {
+    let node = Node::ready();
+    fs::write(node.host("etc/cdi/broken.yaml"), "kind: [").unwrap();
+    node.expect(1, "FAIL CDI ", &["broken.yaml"]);
+}
+
+#[test]
+fn a_missing_dev_char_link_warns() {
+    let node = Node::ready();
+    fs::remove_file(node.path("dev/char/195:1")).unwrap();
+    node.expect(
+        0,
+        "warn /dev/char links: missing or wrong: 195:1",
+        &["nvhook dev-char-links"],
+    );
+}
+
+#[test]
+fn podman_without_the_hook_file_warns() {
+    let node = Node::ready();
+    let podman = node.host("usr/bin/podman");
+    fs::create_dir_all(podman.parent().unwrap()).unwrap();
+    fs::write(&podman, "").unwrap();
+    node.expect(0, "warn podman hooks.d: ", &["oci-nvhook-hook.json"]);
+    let hooks_d = node.host("usr/share/containers/oci/hooks.d");
+    fs::create_dir_all(&hooks_d).unwrap();
+    let hook = Path::new(env!("CARGO_MANIFEST_DIR")).join("hooks/oci-nvhook-hook.json");
+    fs::copy(hook, hooks_d.join("oci-nvhook-hook.json")).unwrap();
+    node.expect(0, "ok   podman hooks.d: ", &["runs nvhook"]);
+}
+
+/// The engines' own configs, judged by what `nvhook configure` reads and writes: containerd
+/// 2.3's default (version 4, nvhook's runtime in the drop-in it imports) and a k3s template.
+#[test]
+fn containerd_2_and_k3s_configs_are_read_as_configure_reads_them() {
+    let node = Node::ready();
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/configure");
+    let main = node.host("etc/containerd/config.toml");
+    fs::create_dir_all(main.parent().unwrap()).unwrap();
+    // Imports named relative to the main file: the host's own conf.d stays untouched.
+    let text = fs::read_to_string(golden.join("containerd-2.3-default.toml"))
+        .unwrap()
+        .replace("/etc/containerd/conf.d/*.toml", "conf.d/*.toml");
+    fs::write(&main, text).unwrap();
+    let template = node.host("var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl");
+    fs::create_dir_all(template.parent().unwrap()).unwrap();
+    fs::copy(golden.join("k3s-config.toml.tmpl"), &template).unwrap();
+    node.expect(1, "FAIL engine containerd: ", &["no runtime nvidia"]);
+    node.expect(1, "FAIL engine k3s: ", &["nvhook configure k3s"]);
+
+    let runtime = workspace_bin("nvhook-runtime");
+    for (engine, file) in [("containerd", &main), ("k3s", &template)] {
+        let out = run_nvhook(&[
+            "configure",
+            engine,
+            "--engine-config",
+            file.to_str().unwrap(),
+            "--runtime-path",
+            runtime.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    node.expect(0, "ok   engine containerd: ", &["runtime nvidia is"]);
+    node.expect(0, "ok   engine k3s: ", &["runtime nvidia is"]);
+
+    fs::remove_file(node.host("etc/containerd/conf.d/99-nvhook.toml")).unwrap();
+    node.expect(1, "FAIL engine containerd: ", &["no runtime nvidia"]);
+}
