@@ -242,8 +242,44 @@ fn describe(message: &str, span: Option<std::ops::Range<usize>>, text: &str) -> 
     let key = key_at(text, at).filter(|_| !message.starts_with("unknown field"));
     escape_controls(&match key {
         Some(key) => format!("{key}: {} (line {line})", plain_words(message)),
-        None => format!("line {line}: {message}"),
+        None => format!("line {line}: {}", unknown_key(message)),
     })
+}
+
+/// serde lists every key after an unknown one, which outgrows one line as the config grows:
+/// name the nearest key instead, or where every key is documented.
+fn unknown_key(message: &str) -> String {
+    let Some((unknown, expected)) = message.split_once(", expected one of ") else {
+        return message.to_string();
+    };
+    let given = unknown.trim_start_matches("unknown field ").trim_matches('`');
+    let nearest = expected
+        .split(", ")
+        .map(|k| k.trim_matches('`'))
+        .map(|k| (edit_distance(given, k), k))
+        .min()
+        .filter(|(d, _)| *d <= 3);
+    match nearest {
+        Some((_, key)) => format!("{unknown}; did you mean `{key}`?"),
+        None => format!("{unknown} (every key is documented in the config.toml nvhook ships)"),
+    }
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != *cb))
+                .min(above + 1)
+                .min(row[j] + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 fn escape_controls(text: &str) -> String {
@@ -366,7 +402,13 @@ device-families = ["mofed", "gds"]
         assert!(e.contains("bogus"), "{e}");
         assert!(e.contains("/etc/nvhook/config.toml"), "{e}");
         assert!(e.contains("line 2"), "{e}");
+        assert!(e.contains("every key is documented"), "{e}");
         assert!(!e.contains('\n'), "{e}");
+        let typo = parse("sys-rot = \"/sys\"").unwrap_err().to_string();
+        assert!(
+            typo.ends_with("line 1: unknown field `sys-rot`; did you mean `sys-root`?"),
+            "{typo}"
+        );
     }
 
     #[test]
