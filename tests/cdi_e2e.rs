@@ -263,7 +263,8 @@ fn rootless_podman_runs_a_generated_cdi_device_as_an_unprivileged_user() {
         output
     };
 
-    // A log the user may write shows the hook ran, as the namespace's root.
+    // A log the user may write shows the hook ran, as the namespace's root, and dropped
+    // what it does not need of that root's capabilities.
     let (uid, gid) = podman.user_ids();
     std::os::unix::fs::chown(&log, Some(uid), Some(gid)).expect("chown the log");
     let output = run("nvidia.com/gpu=1");
@@ -279,7 +280,13 @@ fn rootless_podman_runs_a_generated_cdi_device_as_an_unprivileged_user() {
     ]);
     let hook_lines = node.log();
     assert!(
-        hook_lines.contains("links and loader cache done") && hook_lines.contains("hook finished"),
+        [
+            "NoNewPrivs: 1",
+            "links and loader cache done",
+            "hook finished"
+        ]
+        .iter()
+        .all(|line| hook_lines.contains(line)),
         "{output}"
     );
 
