@@ -1,6 +1,6 @@
 //! End-to-end tests of nvhook's CDI support on a simulated GPU node: `nvhook cdi generate`
-//! and `cdi list`, Podman injecting a device from a generated spec, and nvhook-runtime's cdi
-//! mode under runc (cgroup v1 and v2). Run as root after `cargo build --workspace` (for
+//! and `cdi list`, Podman injecting a device from a generated spec (as root, and rootless as
+//! an unprivileged user), and nvhook-runtime's cdi mode under runc (cgroup v1 and v2). Run as root after `cargo build --workspace` (for
 //! simnode): `cargo test --test cdi_e2e`.
 //!
 //! On the simulated node no driver sits behind the device nodes, so opening a node the
