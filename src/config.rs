@@ -252,7 +252,9 @@ fn unknown_key(message: &str) -> String {
     let Some((unknown, expected)) = message.split_once(", expected one of ") else {
         return message.to_string();
     };
-    let given = unknown.trim_start_matches("unknown field ").trim_matches('`');
+    let given = unknown
+        .trim_start_matches("unknown field ")
+        .trim_matches('`');
     let nearest = expected
         .split(", ")
         .map(|k| k.trim_matches('`'))

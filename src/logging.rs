@@ -3,8 +3,17 @@
 
 use crate::config::{Config, LogLevel};
 
+/// Where the log went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sink {
+    File,
+    /// No log file configured, or one the process may not open (a rootless engine's
+    /// hook runs as an unprivileged user): warnings and errors only.
+    Stderr,
+}
+
 /// Appends to the configured log file; without one, warnings and errors go to stderr.
-pub fn init(config: &Config) {
+pub fn init(config: &Config) -> Sink {
     let level = match config.log_level {
         LogLevel::Error => tracing::Level::ERROR,
         LogLevel::Warn => tracing::Level::WARN,
@@ -19,7 +28,7 @@ pub fn init(config: &Config) {
             .open(path)
             .inspect_err(|e| {
                 eprintln!(
-                    "nvhook: warning: cannot open log file {}: {e}",
+                    "nvhook: warning: cannot open log file {}: {e} (logging warnings to stderr)",
                     path.display()
                 )
             })
@@ -27,14 +36,20 @@ pub fn init(config: &Config) {
     });
     let builder = tracing_subscriber::fmt().with_ansi(false);
     match file {
-        Some(f) => builder
-            .with_writer(std::sync::Mutex::new(f))
-            .with_max_level(level)
-            .init(),
-        None => builder
-            .with_writer(std::io::stderr)
-            .with_max_level(tracing::Level::WARN)
-            .without_time()
-            .init(),
+        Some(f) => {
+            builder
+                .with_writer(std::sync::Mutex::new(f))
+                .with_max_level(level)
+                .init();
+            Sink::File
+        }
+        None => {
+            builder
+                .with_writer(std::io::stderr)
+                .with_max_level(tracing::Level::WARN)
+                .without_time()
+                .init();
+            Sink::Stderr
+        }
     }
 }

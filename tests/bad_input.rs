@@ -345,6 +345,37 @@ fn malformed_nvidia_variables() {
     }
 }
 
+/// A log file the hook may not open (a rootless engine runs the createContainer hook as an
+/// unprivileged user): one warning that says so, then the error once, not once per sink.
+#[test]
+fn createcontainer_hook_with_a_log_file_it_cannot_open() {
+    let s = Scratch::new();
+    let config = s.file(
+        "log.toml",
+        format!("log-file = \"{}\"\n", s.path("absent/nvhook.log").display()).as_bytes(),
+    );
+    let args = [
+        "--config",
+        config.to_str().unwrap(),
+        "hook",
+        "createContainer",
+    ];
+    let out = run(NVHOOK, &args, &[], &state(&s.path("absent"), Some(1)));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines[0].starts_with("nvhook: warning: cannot open log file")
+            && lines[0].contains("absent/nvhook.log"),
+        "{stderr}"
+    );
+    assert!(
+        lines[1].starts_with("nvhook: ") && lines[1].contains("absent/config.json"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn bad_nvhook_config_file() {
     let s = Scratch::new();

@@ -1,6 +1,6 @@
 //! End-to-end tests of nvhook's CDI support on a simulated GPU node: `nvhook cdi generate`
-//! and `cdi list`, Podman injecting a device from a generated spec, and nvhook-runtime's cdi
-//! mode under runc (cgroup v1 and v2). Run as root after `cargo build --workspace` (for
+//! and `cdi list`, Podman injecting a device from a generated spec (as root, and rootless as
+//! an unprivileged user), and nvhook-runtime's cdi mode under runc (cgroup v1 and v2). Run as root after `cargo build --workspace` (for
 //! simnode): `cargo test --test cdi_e2e`.
 //!
 //! On the simulated node no driver sits behind the device nodes, so opening a node the
@@ -16,9 +16,10 @@ use std::process::Command;
 use serde_json::Value;
 use support::engines::{mount_points_below, nvhook_runtime_bin, unique_name};
 use support::podman::{CdiSpecFile, Podman};
+use support::rootless::{RootlessPodman, processes_of};
 use support::{
     Bundle, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args, host_mounts_referencing,
-    nvhook_bin, require_root, run_container_with,
+    host_snapshot, nvhook_bin, require_root, run_container_with,
 };
 
 const GPUS: u32 = 4;
@@ -235,6 +236,82 @@ fn podman_runs_a_generated_cdi_device_with_only_that_gpu() {
     assert!(left.is_empty(), "podman left mounts: {left:?}");
     let leaked = host_mounts_referencing(&[node.root()]);
     assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+}
+
+/// `podman run --device nvidia.com/gpu=N` by an unprivileged user (see support/rootless.rs):
+/// the runtime bind-mounts the device nodes and driver files, and nvhook's createContainer
+/// hook makes the links and the loader cache as the user namespace's root. With no device
+/// cgroup, what the container holds decides what it reaches: the nodes it was given open
+/// through to the (absent) driver, ENXIO, and the others are not there to open.
+#[test]
+fn rootless_podman_runs_a_generated_cdi_device_as_an_unprivileged_user() {
+    require_root();
+    let host_before = host_snapshot();
+    let podman = RootlessPodman::new();
+    let node = podman.node(GPUS);
+    let spec_name = format!("{}.yaml", unique_name("nvhook-rootless"));
+    generate(&node, &podman.cdi_spec_path(&spec_name));
+    let image = format!("localhost/{}:latest", unique_name("nvhook-glibc"));
+    podman.import(glibc_image().rootfs(), &image);
+    let checks = gpucheck_args(GPUS, &["--write", LIBCUDA, "--write", NVIDIA_SMI]);
+    let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
+    let log = node.root().join("nvhook.log");
+    let run = |device: &str| -> Output {
+        let mut output = podman.run(&["--device", device], &image, &checks);
+        output.hook_log = Some(node.log());
+        output.assert_success();
+        output
+    };
+
+    // A log the user may write shows the hook ran, as the namespace's root, and dropped
+    // what it does not need of that root's capabilities.
+    let (uid, gid) = podman.user_ids();
+    std::os::unix::fs::chown(&log, Some(uid), Some(gid)).expect("chown the log");
+    let output = run("nvidia.com/gpu=1");
+    output.assert_gpus(GPUS, &[1]);
+    output.assert_control_nodes_allowed();
+    // The host's root owns the driver files and is no one in the user namespace, whose
+    // root may then not write them: refused on permissions before the read-only mount.
+    output.assert_lines(&[
+        "dlopen libcuda.so.1 ok",
+        "cuInit 0",
+        &format!("write {LIBCUDA} EACCES"),
+        &format!("write {NVIDIA_SMI} EACCES"),
+    ]);
+    let hook_lines = node.log();
+    assert!(
+        [
+            "NoNewPrivs: 1",
+            "links and loader cache done",
+            "hook finished"
+        ]
+        .iter()
+        .all(|line| hook_lines.contains(line)),
+        "{output}"
+    );
+
+    // The node's own log, which the user may not write, costs the hook its log, not the start.
+    std::os::unix::fs::chown(&log, Some(0), Some(0)).expect("chown the log");
+    let output = run(&format!("nvidia.com/gpu={}", node.gpu_uuid(2)));
+    output.assert_gpus(GPUS, &[2]);
+    output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
+    assert_eq!(node.log(), hook_lines, "the user wrote root's log");
+
+    let host_cdi = Path::new(CdiSpecFile::DIR).join(&spec_name);
+    assert!(
+        !host_cdi.exists(),
+        "the spec reached the host: {host_cdi:?}"
+    );
+    drop(podman);
+    let left = processes_of(uid);
+    assert!(
+        left.is_empty(),
+        "the test user's processes outlived Podman: {left:?}"
+    );
+    let leaked = host_mounts_referencing(&[node.root()]);
+    assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+    let changed = host_before.diff(&host_snapshot());
+    assert!(changed.is_empty(), "the host changed: {changed:#?}");
 }
 
 #[test]

@@ -298,7 +298,7 @@ fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()>
     let started = Instant::now();
     // No $NVHOOK_CONFIG here: the hook's environment is not to be trusted.
     let config = Config::load(config_path, None)?;
-    nvhook::logging::init(&config);
+    let sink = nvhook::logging::init(&config);
     // Defence in depth, before anything of the container is read: a host that will not let
     // the hook drop capabilities still gets its GPU container, with a warning in the log.
     match nvhook::privileges::keep_only_what_the_hook_needs() {
@@ -320,8 +320,9 @@ fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()>
     }
     let state = State::parse(&input)?;
     let log_error = |e: &nvhook::inject::HookError| {
-        // Without a log file, main's stderr line is the only report; with one, keep it there too.
-        if config.log_file.is_some() {
+        // Without a log file (none set, or one a rootless engine's user may not open),
+        // main's stderr line is the only report; with one, keep it there too.
+        if sink == nvhook::logging::Sink::File {
             tracing::error!(id = %state.id, "{e}");
         }
     };

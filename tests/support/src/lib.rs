@@ -16,6 +16,7 @@ mod mountns;
 mod mounts;
 mod node;
 pub mod podman;
+pub mod rootless;
 mod run;
 mod runc;
 mod snapshot;

@@ -4,6 +4,7 @@
 use std::ffi::OsString;
 use std::fs;
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use super::cmd::require_program;
@@ -59,6 +60,12 @@ impl MountNs {
             .lines()
             .map(str::to_owned)
             .collect()
+    }
+
+    /// `path` as the namespace sees it, reached from outside through the holder's root.
+    pub fn inside(&self, path: &Path) -> PathBuf {
+        let relative = path.strip_prefix("/").unwrap_or(path);
+        Path::new(&format!("/proc/{}/root", self.holder.id())).join(relative)
     }
 
     /// The command line prefix that runs a program inside the namespace.

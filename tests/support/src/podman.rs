@@ -3,6 +3,7 @@
 //! their own. Podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi, so a spec is
 //! installed there under a unique name by [`CdiSpecFile`] and removed when it drops.
 
+use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,7 +14,7 @@ use super::runc::Output;
 
 /// Flags every `podman run` of these tests needs on this machine: runc (Debian's default
 /// crun is not what the tests exercise), limits the sandbox allows, no network.
-const RUN_FLAGS: &[&str] = &[
+pub(crate) const RUN_FLAGS: &[&str] = &[
     "--rm",
     "--ulimit",
     "nofile=1024:1024",
@@ -53,22 +54,8 @@ impl Podman {
 
     /// `podman` with every global path private, wrapped in a timeout.
     pub fn command(&self) -> Command {
-        let at = |name: &str| self.dir().join(name);
         let mut cmd = timed(&require_program("podman"));
-        cmd.arg("--root")
-            .arg(at("root"))
-            .arg("--runroot")
-            .arg(at("runroot"))
-            .arg("--tmpdir")
-            .arg(at("tmp"))
-            .arg("--volumepath")
-            .arg(at("volumes"))
-            .arg("--hooks-dir")
-            .arg(at("hooks.d"))
-            .arg("--network-config-dir")
-            .arg(at("networks"))
-            .args(["--cgroup-manager", "cgroupfs", "--events-backend", "file"])
-            .args(["--runtime", "runc"]);
+        cmd.args(global_flags(self.dir()));
         cmd
     }
 
@@ -92,6 +79,34 @@ impl Podman {
                 .args(args),
         )
     }
+}
+
+/// Podman's global flags that keep its storage, state, hooks and networks under `dir`
+/// (whose `hooks.d` and `networks` must exist), with runc, cgroupfs and file events.
+pub(crate) fn global_flags(dir: &Path) -> Vec<OsString> {
+    let mut flags: Vec<OsString> = Vec::new();
+    for (flag, name) in [
+        ("--root", "root"),
+        ("--runroot", "runroot"),
+        ("--tmpdir", "tmp"),
+        ("--volumepath", "volumes"),
+        ("--hooks-dir", "hooks.d"),
+        ("--network-config-dir", "networks"),
+    ] {
+        flags.push(flag.into());
+        flags.push(dir.join(name).into());
+    }
+    for arg in [
+        "--cgroup-manager",
+        "cgroupfs",
+        "--events-backend",
+        "file",
+        "--runtime",
+        "runc",
+    ] {
+        flags.push(arg.into());
+    }
+    flags
 }
 
 impl Drop for Podman {
