@@ -121,6 +121,9 @@ impl Drop for Podman {
 pub struct CdiSpecFile {
     path: PathBuf,
     made_dir: bool,
+    /// Podman reads every spec in the directory: two tests' specs of one kind name the same
+    /// devices, and Podman refuses both. One spec at a time per test binary.
+    _exclusive: std::sync::MutexGuard<'static, ()>,
 }
 
 impl CdiSpecFile {
@@ -128,12 +131,16 @@ impl CdiSpecFile {
 
     /// A path for a spec not written yet.
     pub fn new(extension: &str) -> CdiSpecFile {
+        static SPEC_DIR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        // A test that failed while holding it still left the directory as Drop cleaned it.
+        let exclusive = SPEC_DIR.lock().unwrap_or_else(|e| e.into_inner());
         let dir = Path::new(Self::DIR);
         let made_dir = !dir.exists();
         fs::create_dir_all(dir).expect("create /var/run/cdi");
         CdiSpecFile {
             path: dir.join(format!("{}.{extension}", unique_name("nvhook-test"))),
             made_dir,
+            _exclusive: exclusive,
         }
     }
 
