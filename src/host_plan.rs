@@ -43,7 +43,8 @@ pub fn plan_for_host(
     let (failed, change) = match source {
         Source::Cache => {
             tracing::info!("plan failed on NVML's cached answer ({failed}); asking NVML again");
-            let fresh = inventory::isolated::load_fresh(config)?;
+            let scope = inventory::Scope::for_capabilities(&request.capabilities);
+            let fresh = inventory::isolated::load_fresh(config, scope)?;
             match plan_for(request, &fresh, config, rootfs_path) {
                 Ok(plan) => return Ok(plan),
                 Err(e) => (e, HostChange::between(&inventory.system(), &fresh.system())),

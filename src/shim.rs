@@ -92,7 +92,8 @@ pub fn prepare_bundle(
         return Ok(false);
     };
     let rootfs = spec.rootfs(bundle).ok_or(ShimError::NoRoot)?;
-    let (inventory, source) = inventory::isolated::load(config)?;
+    let scope = inventory::Scope::for_capabilities(&request.capabilities);
+    let (inventory, source) = inventory::isolated::load(config, scope)?;
     let plan = plan_for_host(&request, inventory, source, config, &rootfs)?;
     // Before the runtime turns the rules into systemd's DeviceAllow= entries.
     let dev = config.dev_path("/dev");

@@ -134,7 +134,8 @@ pub fn run(config: &Config, options: &Options) -> Report {
         version.as_deref(),
     ));
     let started = Instant::now();
-    let answer = isolated::load_uncached(config).map_err(|e| e.to_string());
+    let answer =
+        isolated::load_uncached(config, crate::inventory::Scope::ALL).map_err(|e| e.to_string());
     out.push(checks::nvml(
         &answer,
         started.elapsed(),

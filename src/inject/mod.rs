@@ -100,7 +100,8 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     let plan = match plan_file::read(&state.bundle) {
         Some(plan) => plan,
         None => {
-            let (inventory, source) = inventory::isolated::load(config)?;
+            let scope = inventory::Scope::for_capabilities(&request.capabilities);
+            let (inventory, source) = inventory::isolated::load(config, scope)?;
             tracing::debug!(?source, "inventory");
             step.done("inventory");
             plan_for_host(&request, inventory, source, config, &rootfs_path)?

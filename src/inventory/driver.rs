@@ -1,6 +1,7 @@
 //! The host driver's user-space files: libraries found through the driver root's
 //! ld.so.cache, and binaries, firmware, IPC sockets and graphics configs found by path.
 
+use super::Scope;
 use super::graphics::{self, ConfigLibraryPath};
 use super::host_file::{DriverRoot, HostFile, is_elf};
 use crate::capability::Capability;
@@ -182,10 +183,13 @@ impl HostCache {
 
 impl DriverFiles {
     /// Finds every driver file of version `version` under the driver root.
-    pub fn find(config: &Config, cache: &HostCache, version: &str) -> DriverFiles {
+    pub fn find(config: &Config, cache: &HostCache, version: &str, scope: Scope) -> DriverFiles {
         let root = DriverRoot::new(&config.driver_root);
-        let configs = graphics::find_configs(&root);
-        let config_library_paths = graphics::absolute_library_paths(&configs);
+        let configs = graphics::find_configs(&root, scope);
+        let config_library_paths = match scope.graphics {
+            true => graphics::absolute_library_paths(&configs),
+            false => Vec::new(),
+        };
         DriverFiles {
             libraries: find_libraries(&root, cache, version),
             binaries: BINARIES
@@ -207,7 +211,10 @@ impl DriverFiles {
                 .filter_map(|&(cap, p)| root.existing(p, Some(cap)))
                 .collect(),
             configs,
-            xorg_modules: graphics::find_xorg_modules(&root, version),
+            xorg_modules: match scope.graphics {
+                true => graphics::find_xorg_modules(&root, version),
+                false => Vec::new(),
+            },
             config_library_paths,
         }
     }
@@ -388,7 +395,7 @@ mod tests {
             path: root.path().join("etc/ld.so.cache"),
             cache: LdCache::default(),
         };
-        let files = DriverFiles::find(&config, &cache, "580.159.04");
+        let files = DriverFiles::find(&config, &cache, "580.159.04", Scope::ALL);
         let found: Vec<(&str, &Path)> = files
             .binaries
             .iter()

@@ -3,6 +3,7 @@
 //! `nvoptix.bin`, OpenCL's ICD) and Xorg's driver modules, read from what the driver
 //! installed: the directories are listed, not a fixed list of files probed.
 
+use super::Scope;
 use super::host_file::{DriverRoot, HostFile, is_elf};
 use crate::capability::Capability;
 use serde::{Deserialize, Serialize};
@@ -114,9 +115,12 @@ pub struct ConfigLibraryPath {
 
 /// The driver's configs, one per name and directory: the first search directory that has it
 /// wins, as the loaders' own precedence has it.
-pub(super) fn find_configs(root: &DriverRoot) -> Vec<HostFile> {
+pub(super) fn find_configs(root: &DriverRoot, scope: Scope) -> Vec<HostFile> {
     let mut out: Vec<HostFile> = Vec::new();
-    for set in CONFIG_DIRS {
+    let wanted = CONFIG_DIRS
+        .iter()
+        .filter(|set| scope.graphics || set.capability != Capability::Graphics);
+    for set in wanted {
         for base in set.search {
             let dir = format!("{}/{}", base.trim_end_matches('/'), set.dir);
             let Ok(entries) = std::fs::read_dir(root.path().join(dir.trim_start_matches('/')))
@@ -261,7 +265,7 @@ mod tests {
             "etc/OpenCL/vendors/nvidia.icd",
             "libnvidia-opencl.so.1",
         );
-        let found = find_configs(&DriverRoot::new(root));
+        let found = find_configs(&DriverRoot::new(root), Scope::ALL);
         let paths: Vec<(&str, Capability)> = found
             .iter()
             .map(|f| (f.container_path.as_str(), f.capability.unwrap()))
@@ -299,6 +303,24 @@ mod tests {
     }
 
     #[test]
+    fn a_start_without_graphics_looks_for_opencl_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        write(root, "usr/share/vulkan/icd.d/nvidia_icd.json", "{}");
+        write(
+            root,
+            "etc/OpenCL/vendors/nvidia.icd",
+            "libnvidia-opencl.so.1",
+        );
+        let compute = Scope::for_capabilities(&[Capability::Compute, Capability::Utility]);
+        assert_eq!(compute, Scope { graphics: false });
+        let found = find_configs(&DriverRoot::new(root), compute);
+        let paths: Vec<&str> = found.iter().map(|f| f.container_path.as_str()).collect();
+        assert_eq!(paths, ["/etc/OpenCL/vendors/nvidia.icd"]);
+        assert!(Scope::for_capabilities(&[Capability::Display]).graphics);
+    }
+
+    #[test]
     fn absolute_library_paths_are_found_in_every_json_shape() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
@@ -323,7 +345,7 @@ mod tests {
             "usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
             "not json",
         );
-        let configs = find_configs(&DriverRoot::new(root));
+        let configs = find_configs(&DriverRoot::new(root), Scope::ALL);
         assert_eq!(
             absolute_library_paths(&configs),
             [

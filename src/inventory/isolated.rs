@@ -13,7 +13,7 @@ use super::cache::NvmlCache;
 use super::change::HostChange;
 use super::driver::HostCache;
 use super::nvml::{Reply, System};
-use super::{Inventory, InventoryError, nvml_library};
+use super::{Inventory, InventoryError, Scope, nvml_library};
 use crate::config::Config;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
@@ -33,23 +33,27 @@ pub enum Source {
 
 /// The inventory, with NVML's answer from the cache when the host is as it was stored for;
 /// or an error once `nvml-timeout-ms` has passed without an answer.
-pub fn load(config: &Config) -> Result<(Inventory, Source), InventoryError> {
-    load_from(config, true)
+pub fn load(config: &Config, scope: Scope) -> Result<(Inventory, Source), InventoryError> {
+    load_from(config, true, scope)
 }
 
 /// The inventory from NVML itself (a cached answer failed a plan); the cache gets the new one.
-pub fn load_fresh(config: &Config) -> Result<Inventory, InventoryError> {
-    load_from(config, false).map(|(inventory, _)| inventory)
+pub fn load_fresh(config: &Config, scope: Scope) -> Result<Inventory, InventoryError> {
+    load_from(config, false, scope).map(|(inventory, _)| inventory)
 }
 
 /// The inventory from NVML asked now, with nothing read from or written to the cache:
 /// for the commands that change nothing (`info`, `plan`, `cdi generate`).
-pub fn load_uncached(config: &Config) -> Result<Inventory, InventoryError> {
+pub fn load_uncached(config: &Config, scope: Scope) -> Result<Inventory, InventoryError> {
     let deadline = Instant::now() + config.nvml_timeout();
-    query_in_child(config, &HostCache::read(config)?, deadline)
+    query_in_child(config, &HostCache::read(config)?, deadline, scope)
 }
 
-fn load_from(config: &Config, use_cache: bool) -> Result<(Inventory, Source), InventoryError> {
+fn load_from(
+    config: &Config,
+    use_cache: bool,
+    scope: Scope,
+) -> Result<(Inventory, Source), InventoryError> {
     let host_cache = HostCache::read(config)?;
     let stored = NvmlCache::open(config, &nvml_library(config, &host_cache)?);
     let cached = || {
@@ -59,7 +63,7 @@ fn load_from(config: &Config, use_cache: bool) -> Result<(Inventory, Source), In
             .and_then(NvmlCache::read)
     };
     if let Some(system) = cached() {
-        let inventory = Inventory::around(config, &host_cache, system)?;
+        let inventory = Inventory::around(config, &host_cache, system, scope)?;
         return Ok((inventory, Source::Cache));
     }
     // One query for a burst of starts: the lock's holder asks NVML, the others wait for its
@@ -68,10 +72,10 @@ fn load_from(config: &Config, use_cache: bool) -> Result<(Inventory, Source), In
     let flight = stored.as_ref().and_then(|s| s.lock_query(deadline));
     if let Some(system) = flight.as_ref().and_then(|_| cached()) {
         tracing::debug!("another start asked NVML while this one waited");
-        let inventory = Inventory::around(config, &host_cache, system)?;
+        let inventory = Inventory::around(config, &host_cache, system, scope)?;
         return Ok((inventory, Source::Cache));
     }
-    let inventory = query_in_child(config, &host_cache, deadline)?;
+    let inventory = query_in_child(config, &host_cache, deadline, scope)?;
     let system = inventory.system();
     let previous = stored.as_ref().and_then(NvmlCache::previous);
     let change = previous.and_then(|old| HostChange::between(&old, &system));
@@ -95,6 +99,7 @@ fn query_in_child(
     config: &Config,
     host_cache: &HostCache,
     deadline: Instant,
+    scope: Scope,
 ) -> Result<Inventory, InventoryError> {
     let library = nvml_library(config, host_cache)?;
     let helper = std::env::current_exe()
@@ -134,7 +139,7 @@ fn query_in_child(
         // execs, or the engine's subreaper once the hook has exited).
         let _ = child.try_wait();
     }
-    Inventory::around(config, host_cache, result?)
+    Inventory::around(config, host_cache, result?, scope)
 }
 
 fn child_err(message: String) -> InventoryError {

@@ -107,11 +107,33 @@ pub fn nvml_library(config: &Config, cache: &driver::HostCache) -> Result<PathBu
     })
 }
 
+/// How much of the driver's files a caller needs. A start that asks for no graphics or
+/// display skips their discovery (the configs' directories, Xorg's modules, the GPUs' DRM
+/// nodes): most containers ask for compute alone, and every start pays for what is looked up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scope {
+    pub graphics: bool,
+}
+
+impl Scope {
+    /// Everything: for the commands that describe the host (`info`, `cdi`, `doctor`).
+    pub const ALL: Scope = Scope { graphics: true };
+
+    /// What `capabilities` need.
+    pub fn for_capabilities<'a>(capabilities: impl IntoIterator<Item = &'a Capability>) -> Scope {
+        Scope {
+            graphics: capabilities
+                .into_iter()
+                .any(|c| matches!(c, Capability::Graphics | Capability::Display)),
+        }
+    }
+}
+
 impl Inventory {
     /// Reads everything: NVML (asked now, in [`isolated::HELPER`]), driver files,
     /// `/proc/devices`, device nodes, MIG capabilities.
     pub fn load(config: &Config) -> Result<Inventory, InventoryError> {
-        isolated::load_uncached(config)
+        isolated::load_uncached(config, Scope::ALL)
     }
 
     /// The inventory around what NVML reported: everything else is read from the host now.
@@ -119,6 +141,7 @@ impl Inventory {
         config: &Config,
         cache: &driver::HostCache,
         system: nvml::System,
+        scope: Scope,
     ) -> Result<Inventory, InventoryError> {
         let caps = devices::MigCapabilities::read(config);
         let mut gpus = system.gpus;
@@ -126,10 +149,13 @@ impl Inventory {
             caps.annotate(gpu);
         }
         Ok(Inventory {
-            files: DriverFiles::find(config, cache, &system.driver_version),
+            files: DriverFiles::find(config, cache, &system.driver_version, scope),
             cuda_version: system.cuda_version,
             driver_version: system.driver_version,
-            drm_nodes: drm::scan(config, &gpus),
+            drm_nodes: match scope.graphics {
+                true => drm::scan(config, &gpus),
+                false => Vec::new(),
+            },
             gpus,
             majors: DeviceMajors::read(config)?,
             nodes: devices::scan_nodes(config)?,

@@ -398,7 +398,8 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
         } => {
             // NVML's cached answer serves while the host is as it was: a refresh on an
             // unchanged node asks NVML nothing.
-            let (inventory, _) = nvhook::inventory::isolated::load(config)?;
+            let (inventory, _) =
+                nvhook::inventory::isolated::load(config, nvhook::inventory::Scope::ALL)?;
             let spec =
                 nvhook::cdi::generate(config, config_path, &inventory, &device_name_strategy)?;
             let format = format.unwrap_or(nvhook::cdi::Format::for_path(Some(&output)));
@@ -538,7 +539,7 @@ fn labels(
 ) -> Result<()> {
     // NVML's cached answer serves while the host is as it was: labelling on a timer asks
     // NVML nothing on an unchanged node.
-    let (inventory, _) = nvhook::inventory::isolated::load(config)?;
+    let (inventory, _) = nvhook::inventory::isolated::load(config, nvhook::inventory::Scope::ALL)?;
     let labels = nvhook::labels::Labels::for_system(&inventory.system(), prefix, mig_strategy)?;
     let text = match format {
         LabelFormat::Text => labels.to_text(),
