@@ -1,14 +1,18 @@
 //! The plan for one container on this host: its request, the host's inventory and its
 //! image's layout (probed read-only). Shared by the hook, the shim and `nvhook plan`.
+//!
+//! The image is what the container will see: once the runtime has made the container's mount
+//! namespace, through it ([`container_view`]), so that a volume covering part of the image
+//! counts as the container sees it and as the hook's writes will find it.
 
 use crate::capability::Capability;
 use crate::config::{Config, CudaCompatMode};
 use crate::inventory::change::HostChange;
 use crate::inventory::{self, Inventory, isolated::Source};
-use crate::plan::{self, Plan};
+use crate::plan::{self, ImageInfo, Plan};
 use crate::request::Request;
 use crate::rootfs::{Rootfs, RootfsError};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanningError {
@@ -34,9 +38,9 @@ pub fn plan_for_host(
     inventory: Inventory,
     source: Source,
     config: &Config,
-    rootfs_path: &Path,
+    image: &ImageInfo,
 ) -> Result<Plan, PlanningError> {
-    let failed = match plan_for(request, &inventory, config, rootfs_path) {
+    let failed = match plan_for(request, &inventory, config, image) {
         Ok(plan) => return Ok(plan),
         Err(e) => e,
     };
@@ -45,7 +49,7 @@ pub fn plan_for_host(
             tracing::info!("plan failed on NVML's cached answer ({failed}); asking NVML again");
             let scope = inventory::Scope::for_capabilities(&request.capabilities);
             let fresh = inventory::isolated::load_fresh(config, scope)?;
-            match plan_for(request, &fresh, config, rootfs_path) {
+            match plan_for(request, &fresh, config, image) {
                 Ok(plan) => return Ok(plan),
                 Err(e) => (e, HostChange::between(&inventory.system(), &fresh.system())),
             }
@@ -61,13 +65,27 @@ pub fn plan_for_host(
     })
 }
 
-/// The plan for a container whose rootfs is at `rootfs_path`.
+/// The plan for a container whose image was probed as `image`.
 pub fn plan_for(
     request: &Request,
     inventory: &Inventory,
     config: &Config,
-    rootfs_path: &Path,
+    image: &ImageInfo,
 ) -> Result<Plan, PlanningError> {
+    Ok(plan::build(
+        request,
+        inventory,
+        &config.dev_root.display().to_string(),
+        image.clone(),
+    )?)
+}
+
+/// What the plan needs of the image whose rootfs is at `rootfs_path`, read-only.
+pub fn probe_image(
+    request: &Request,
+    config: &Config,
+    rootfs_path: &Path,
+) -> Result<ImageInfo, PlanningError> {
     let rootfs = Rootfs::open(rootfs_path)?;
     let mut image = rootfs.probe();
     // Compat libraries replace the driver's compute libraries only.
@@ -76,10 +94,27 @@ pub fn plan_for(
     {
         image.cuda_compat = rootfs.cuda_compat(request.cuda_version.as_deref());
     }
-    Ok(plan::build(
-        request,
-        inventory,
-        &config.dev_root.display().to_string(),
-        image,
-    )?)
+    Ok(image)
+}
+
+/// The rootfs at `rootfs_path` as the process `pid` sees it: a path through its root, which
+/// leads into its mount namespace (before pivot_root, the namespace's copy of the host's
+/// root), so every mount the runtime made there is crossed as the container will cross it.
+pub fn container_view(pid: i32, rootfs_path: &Path) -> PathBuf {
+    let mut view = PathBuf::from(format!("/proc/{pid}/root"));
+    view.push(rootfs_path.strip_prefix("/").unwrap_or(rootfs_path));
+    view
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_container_view_goes_through_the_process_root() {
+        assert_eq!(
+            container_view(42, Path::new("/run/c/b/rootfs")),
+            Path::new("/proc/42/root/run/c/b/rootfs")
+        );
+    }
 }

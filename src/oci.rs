@@ -85,6 +85,18 @@ pub struct Mount {
     pub source: Option<PathBuf>,
     #[serde(default, rename = "type")]
     pub kind: Option<String>,
+    #[serde(default)]
+    pub options: Vec<String>,
+}
+
+impl Mount {
+    /// A bind mount shows the container a directory or file that lives on after it: the host's
+    /// (Docker `-v`, hostPath, a PVC) or the engine's (emptyDir, /etc/hosts). Any other mount is
+    /// a filesystem the runtime made for this container alone (its /dev tmpfs, /proc, /sys).
+    pub fn is_bind(&self) -> bool {
+        self.kind.as_deref() == Some("bind")
+            || self.options.iter().any(|o| o == "bind" || o == "rbind")
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -166,6 +178,27 @@ impl Spec {
     pub fn devices(&self) -> &[LinuxDevice] {
         self.linux.as_ref().map_or(&[], |l| &l.devices)
     }
+
+    /// The spec's mounts as the rootfs's write boundary needs them: destination, and whether
+    /// it is a bind (something that outlives the container).
+    pub fn mount_points(&self) -> Vec<MountPoint> {
+        self.mounts
+            .iter()
+            .filter_map(|m| {
+                Some(MountPoint {
+                    destination: m.destination.to_str()?.to_string(),
+                    bind: m.is_bind(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Where the runtime mounted something in the container, and whether that is a bind mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountPoint {
+    pub destination: String,
+    pub bind: bool,
 }
 
 /// serde reads a struct from a JSON array too (`[]` would be an empty spec): the state and
@@ -206,6 +239,36 @@ mod tests {
         let m = spec.env_with_prefix("NVIDIA_");
         assert_eq!(m["NVIDIA_Y"], "b=c");
         assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn bind_mounts_are_told_from_the_containers_own() {
+        let spec = Spec::parse(
+            r#"{"mounts":[
+                {"destination":"/dev","type":"tmpfs","source":"tmpfs","options":["nosuid"]},
+                {"destination":"/proc","type":"proc","source":"proc"},
+                {"destination":"/data","type":"bind","source":"/srv/v","options":["rw"]},
+                {"destination":"/cfg","source":"/srv/c","options":["rbind","ro"]},
+                {"destination":"/x","type":"none","source":"/srv/x","options":["bind"]}
+            ]}"#,
+            Path::new("c.json"),
+        )
+        .unwrap();
+        let points = spec.mount_points();
+        let binds: Vec<(&str, bool)> = points
+            .iter()
+            .map(|m| (m.destination.as_str(), m.bind))
+            .collect();
+        assert_eq!(
+            binds,
+            [
+                ("/dev", false),
+                ("/proc", false),
+                ("/data", true),
+                ("/cfg", true),
+                ("/x", true)
+            ]
+        );
     }
 
     #[test]

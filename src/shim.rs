@@ -7,7 +7,7 @@ use crate::atomic_file::{NewFile, write_atomic};
 use crate::cdi::{self, ContainerEdits, HookBinary};
 use crate::config::{Config, RuntimeMode};
 use crate::dev_char::{self, CharLink};
-use crate::host_plan::{PlanningError, plan_for_host};
+use crate::host_plan::{PlanningError, plan_for_host, probe_image};
 use crate::inventory::{self, InventoryError};
 use crate::oci::{OciError, Spec};
 use crate::plan::Plan;
@@ -94,7 +94,10 @@ pub fn prepare_bundle(
     let rootfs = spec.rootfs(bundle).ok_or(ShimError::NoRoot)?;
     let scope = inventory::Scope::for_capabilities(&request.capabilities);
     let (inventory, source) = inventory::isolated::load(config, scope)?;
-    let plan = plan_for_host(&request, inventory, source, config, &rootfs)?;
+    // The container's mount namespace does not exist yet: the image as the host sees it. The
+    // hook probes it again through the namespace and plans anew where a volume changed it.
+    let image = probe_image(&request, config, &rootfs)?;
+    let plan = plan_for_host(&request, inventory, source, config, &image)?;
     // Before the runtime turns the rules into systemd's DeviceAllow= entries.
     let dev = config.dev_path("/dev");
     let links: Vec<CharLink> = plan
@@ -118,7 +121,7 @@ pub fn prepare_bundle(
         .unwrap_or(0o644);
     write_atomic(&path, &out, NewFile::mode(mode)).map_err(io_err("write"))?;
     if config.runtime_mode == RuntimeMode::Hook {
-        plan_file::write(bundle, plan)?;
+        plan_file::write(bundle, plan, image)?;
     }
     Ok(true)
 }

@@ -27,6 +27,10 @@ use support::{
 };
 
 const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
+/// The hook's refusal to write on a bind mount the image's links lead to.
+const INTO_VOLUME: &str = "nvhook will not write into a volume";
+/// How a volume is bound: writable, read-only, and writable with shared propagation.
+const VOLUME_KINDS: [&[&str]; 3] = [&["rw"], &["ro"], &["rw", "rshared"]];
 /// The hook's refusal to create a directory through a link that leads nowhere in the image.
 const LIBDIR_CREATE: &str = "create directory /usr/lib/x86_64-linux-gnu";
 /// More `..` than any rootfs path is deep: resolved on the host, this reaches `/`.
@@ -47,6 +51,8 @@ enum Base {
 enum Expect {
     /// The container starts and reaches its GPU (and, on glibc, loads libcuda).
     Starts,
+    /// A glibc container starts, and libcuda.so.1 is this file (its real path).
+    StartsLoading(&'static str),
     /// The hook refuses: one `nvhook:` line containing this text; the container never runs.
     Refused(&'static str),
     /// runc itself refuses the image before any hook runs; its message contains this text.
@@ -72,7 +78,7 @@ fn case(name: &'static str, base: Base, plant: fn(&Plant), expect: Expect) -> Ca
 }
 
 use Base::{Busybox, Glibc};
-use Expect::{Refused, RuncRefuses, Starts, StartsOrRefused};
+use Expect::{Refused, RuncRefuses, Starts, StartsLoading, StartsOrRefused};
 
 // ------------------------------------------------------------------ planting
 
@@ -90,6 +96,10 @@ struct Plant<'a> {
     shim_env: RefCell<Option<Vec<(&'static str, String)>>>,
     /// Pairs of entries exchanged over and over while the container starts.
     swaps: RefCell<Vec<(PathBuf, PathBuf)>>,
+    /// Host directories bound into the container: (destination, source, mount options).
+    volumes: RefCell<Vec<(String, PathBuf, &'static [&'static str])>>,
+    /// The node's libcuda, a real library to ship as a volume's compat driver.
+    host_libcuda: PathBuf,
 }
 
 impl Plant<'_> {
@@ -186,6 +196,28 @@ impl Plant<'_> {
 
     fn env(&self, var: String) {
         self.env.borrow_mut().push(var);
+    }
+
+    /// A host directory (root's, 0755, as hostPath volumes are) bound at `at` with `options`,
+    /// holding what a host directory would that nvhook must not touch: a loader cache, a
+    /// `lib/libcuda.so.1` that is nobody's link, and a newer driver's `compat/` libcuda.
+    fn volume(&self, at: &str, options: &'static [&'static str]) {
+        let n = self.volumes.borrow().len();
+        let source = self
+            .canary
+            .parent()
+            .expect("bundle dir")
+            .join(format!("volume-{n}"));
+        for dir in ["lib", "compat"] {
+            fs::create_dir_all(source.join(dir)).expect("volume dir");
+        }
+        fs::write(source.join("ld.so.cache"), b"the host's own cache").expect("volume file");
+        fs::write(source.join("lib/libcuda.so.1"), b"the host's own file").expect("volume file");
+        fs::copy(&self.host_libcuda, source.join("compat/libcuda.so.999.0.0"))
+            .expect("volume compat library");
+        self.volumes
+            .borrow_mut()
+            .push((at.to_string(), source, options));
     }
 
     fn via_shim(&self, vars: Vec<(&'static str, String)>) {
@@ -711,6 +743,137 @@ fn pseudo_random(len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Each directory nvhook writes in, linked by the image into a host directory bound at
+/// /data, once per kind of volume: the host directory must not change. A volume bound at
+/// /etc/ld.so.conf.d (a Kubernetes ConfigMap) costs the container nothing it needs.
+fn volumes() -> Vec<Case> {
+    fn cases<const K: usize>() -> Vec<Case> {
+        vec![
+            case(
+                "issue 27: /etc, libdir, /usr/local/cuda -> /data (volume)",
+                Glibc,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/etc", "/data");
+                    p.link(LIBDIR, "/data/lib");
+                    p.link("/usr/local/cuda", "/data");
+                },
+                Refused(INTO_VOLUME),
+            ),
+            case(
+                "libdir -> /data/lib (volume)",
+                Busybox,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link(LIBDIR, "/data/lib");
+                },
+                Refused(INTO_VOLUME),
+            ),
+            case(
+                "/usr/bin -> /data/lib (volume)",
+                Busybox,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/usr/bin", "/data/lib");
+                },
+                Refused(INTO_VOLUME),
+            ),
+            case(
+                "/etc -> /data (volume)",
+                Busybox,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/etc", "/data");
+                },
+                Refused(INTO_VOLUME),
+            ),
+            case(
+                "/etc/ld.so.conf.d -> /data (volume)",
+                Glibc,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/etc/ld.so.conf.d", "/data");
+                },
+                Starts,
+            ),
+            case(
+                "/etc/ld.so.conf.d is a volume (a ConfigMap)",
+                Glibc,
+                |p| p.volume("/etc/ld.so.conf.d", VOLUME_KINDS[K]),
+                Starts,
+            ),
+            case(
+                "/lib/firmware -> /data (volume)",
+                Glibc,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/usr/lib/firmware", "/data");
+                },
+                Refused(INTO_VOLUME),
+            ),
+            case(
+                "/etc/OpenCL -> /data (volume)",
+                Glibc,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/etc/OpenCL", "/data");
+                },
+                Refused(INTO_VOLUME),
+            ),
+            case(
+                "/usr/share/glvnd -> /data (volume)",
+                Glibc,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/usr/share/glvnd", "/data");
+                },
+                Refused(INTO_VOLUME),
+            ),
+            case(
+                "/usr/local/cuda -> /data (volume with a newer compat libcuda)",
+                Glibc,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/usr/local/cuda", "/data");
+                },
+                // Seen as the container sees it: the volume's compat driver is newer.
+                StartsLoading("/data/compat/libcuda.so.999.0.0"),
+            ),
+            case(
+                "issue 27 through nvhook-runtime",
+                Glibc,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/etc", "/data");
+                    p.link(LIBDIR, "/data/lib");
+                    p.via_shim(Vec::new());
+                },
+                Refused(INTO_VOLUME),
+            ),
+            case(
+                "/run -> /data (volume)",
+                Glibc,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/run", "/data");
+                },
+                Refused(INTO_VOLUME),
+            ),
+        ]
+        .into_iter()
+        .map(|mut c| {
+            let kind = VOLUME_KINDS[K].join(",");
+            c.name = Box::leak(format!("{} [{kind}]", c.name).into_boxed_str());
+            c
+        })
+        .collect()
+    }
+    [cases::<0>(), cases::<1>(), cases::<2>()]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 // ------------------------------------------------------------------ running a case
 
 fn image(base: Base) -> &'static support::Image {
@@ -759,8 +922,16 @@ fn run_case(node: &SimNode, c: &Case) -> Result<(Outcome, String), String> {
         env: RefCell::default(),
         shim_env: RefCell::default(),
         swaps: RefCell::default(),
+        volumes: RefCell::default(),
+        host_libcuda: node
+            .driver_root()
+            .join(format!("usr/lib/x86_64-linux-gnu/libcuda.so.{version}")),
     };
     (c.plant)(&plant);
+    let volumes = plant.volumes.take();
+    for (at, source, options) in &volumes {
+        bundle.volume(at, source, options);
+    }
     let watches: Vec<(PathBuf, OpenWatch)> = plant
         .never_opened
         .take()
@@ -797,14 +968,22 @@ fn run_case(node: &SimNode, c: &Case) -> Result<(Outcome, String), String> {
     let ns = MountNs::new(RuntimeEnv::CgroupV1);
     let (canary_before, host_before, table_before) =
         (Snapshot::tree(&canary), host_snapshot(), ns.table());
+    let volumes_before: Vec<Snapshot> = volumes.iter().map(|v| Snapshot::tree(&v.1)).collect();
     let mut out = with_swaps(&plant.swaps.take(), || {
         run_in_ns(&bundle, &ns, runtime, &vars)
     });
     let (canary_after, host_after, table_after) =
         (Snapshot::tree(&canary), host_snapshot(), ns.table());
-    out.hook_log = Some(hook_log_of(node, bundle.id()));
-
     let mut broken = Vec::new();
+    for (before, (at, source, _)) in volumes_before.iter().zip(&volumes) {
+        broken.extend(
+            before
+                .diff(&Snapshot::tree(source))
+                .into_iter()
+                .map(|d| format!("the volume at {at} changed: {d}")),
+        );
+    }
+    out.hook_log = Some(hook_log_of(node, bundle.id()));
     broken.extend(
         canary_before
             .diff(&canary_after)
@@ -921,13 +1100,16 @@ fn check_expectation(c: &Case, out: &Output, broken: &mut Vec<String>) -> Outcom
         (false, None) => Outcome::RuncRefused,
     };
     match (&c.expect, outcome) {
-        (Starts, Outcome::Started) => {
-            let mut want = vec!["dev /dev/nvidia0 ENXIO"];
+        (Starts | StartsLoading(_), Outcome::Started) => {
+            let mut want = vec!["dev /dev/nvidia0 ENXIO".to_string()];
             if let Glibc = c.base {
-                want.extend(["dlopen libcuda.so.1 ok", "cuInit 0"]);
+                want.extend(["dlopen libcuda.so.1 ok", "cuInit 0"].map(String::from));
+            }
+            if let StartsLoading(file) = c.expect {
+                want.push(format!("dlopen libcuda.so.1 file {file}"));
             }
             for line in want {
-                if !out.has_line(line) {
+                if !out.has_line(&line) {
                     broken.push(format!("started without {line:?}"));
                 }
             }
@@ -975,6 +1157,7 @@ fn hostile_images_leave_the_host_untouched() {
         ("hard links", hard_links()),
         ("garbage ld.so.cache", garbage_ld_so_cache()),
         ("LD_PRELOAD / LD_LIBRARY_PATH", loader_environment()),
+        ("volumes behind image links", volumes()),
     ];
     run_suite(&classes, 4);
 }

@@ -28,7 +28,7 @@ pub struct LinkArgs {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
-    "bad createContainer hook argument {0:?} (expected --link PATH=TARGET, --lib64 PATH, --lib32 PATH, --ld-so-conf FILE, --ld-so-dir DIR, --cuda-compat-host VERSION; regenerate the CDI spec with this nvhook)"
+    "bad createContainer hook argument {0:?} (expected --link PATH=TARGET, --lib64 PATH[=SONAME], --lib32 PATH[=SONAME], --ld-so-conf FILE, --ld-so-dir DIR, --cuda-compat-host VERSION; regenerate the CDI spec with this nvhook)"
 )]
 pub struct BadHookArg(pub String);
 
@@ -70,7 +70,14 @@ impl LinkArgs {
                 }
                 .into(),
             );
-            out.push(entry.path.clone());
+            // A compat library is named by its file (`libcuda.so.580.95.05`), not its SONAME.
+            let by_soname = entry.path.rsplit_once('/').map(|(_, n)| n) == Some(&entry.soname)
+                && !entry.path.contains('=');
+            out.push(if by_soname {
+                entry.path.clone()
+            } else {
+                format!("{}={}", entry.path, entry.soname)
+            });
         }
         for conf in &self.ld_so_confs {
             out.push("--ld-so-conf".into());
@@ -109,10 +116,16 @@ impl LinkArgs {
                     });
                 }
                 "--lib64" | "--lib32" => {
-                    let soname = value.rsplit_once('/').map(|(_, n)| n).ok_or_else(bad)?;
+                    let (path, soname) = match value.rsplit_once('=') {
+                        Some((path, soname)) => (path, soname),
+                        None => (value.as_str(), value.rsplit_once('/').ok_or_else(bad)?.1),
+                    };
+                    if soname.is_empty() || soname.contains('/') {
+                        return Err(bad());
+                    }
                     out.ldcache.push(CacheEntry {
                         soname: soname.into(),
-                        path: value.clone(),
+                        path: path.into(),
                         class: if flag == "--lib64" {
                             ElfClass::X86_64
                         } else {
@@ -144,7 +157,7 @@ impl LinkArgs {
 pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Result<(), HookError> {
     let spec = Spec::load(&state.bundle)?;
     let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
-    let rootfs = Rootfs::open(&rootfs_path)?;
+    let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&spec.mount_points());
     // Which images have a glibc cache is only known now: a static spec serves them all.
     let has_cache = rootfs.probe().has_ldcache;
     let mut args = args.clone();
@@ -158,14 +171,8 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
             .iter()
             .filter_map(|l| Some((l.path.rsplit_once('/')?.1, l.target.as_str())))
             .collect();
-        let (decision, conf) = compat::apply(
-            &found,
-            host,
-            has_cache,
-            &host_files,
-            &mut args.ldcache,
-            &mut args.symlinks,
-        );
+        let (decision, conf) =
+            compat::apply(&found, host, has_cache, &host_files, &mut args.ldcache);
         decision.log();
         args.ld_so_confs.splice(0..0, conf);
     }
@@ -210,6 +217,11 @@ mod tests {
                     path: "/usr/lib/i386-linux-gnu/libcuda.so.1".into(),
                     class: ElfClass::I386,
                 },
+                CacheEntry {
+                    soname: "libnvidia-ptxjitcompiler.so.1".into(),
+                    path: "/usr/local/cuda/compat/libnvidia-ptxjitcompiler.so.580.95.05".into(),
+                    class: ElfClass::X86_64,
+                },
             ],
             ld_so_confs: vec![
                 LdSoConf {
@@ -233,6 +245,8 @@ mod tests {
             &["--link"][..],
             &["--link", "/a"],
             &["--lib64", "relative/libcuda.so.1"],
+            &["--lib64", "/usr/lib/libcuda.so.1="],
+            &["--lib64", "/usr/lib/libcuda.so.1=a/b"],
             &["--frobnicate", "/x"],
             &["--ld-so-dir", "/usr/lib"],
             &["--ld-so-conf", "/a", "--ld-so-conf", "/a"],

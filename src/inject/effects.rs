@@ -8,6 +8,7 @@
 
 use super::HookError;
 use super::procfs;
+use crate::oci::MountPoint;
 use crate::plan::{DeviceNode, Mount, MountKind, Plan, ProcOverlay};
 use crate::rootfs::{Existing, Rootfs, RootfsError, loader, sys};
 use nvhook_cgroup::{self as cgroup, DeviceRule};
@@ -42,14 +43,17 @@ pub trait ContainerEffects {
 pub struct System<'a> {
     pid: i32,
     rootfs_path: &'a Path,
+    /// The spec's mounts: which of them nvhook may write on.
+    mounts: Vec<MountPoint>,
     proc: Option<procfs::Prepared>,
 }
 
 impl<'a> System<'a> {
-    pub fn new(pid: i32, rootfs_path: &'a Path) -> System<'a> {
+    pub fn new(pid: i32, rootfs_path: &'a Path, mounts: Vec<MountPoint>) -> System<'a> {
         System {
             pid,
             rootfs_path,
+            mounts,
             proc: None,
         }
     }
@@ -115,7 +119,7 @@ impl HostEffects for System<'_> {
             .map_err(|source| HookError::Namespace { pid, source })?;
         sys::enter_mount_ns(&ns).map_err(|source| HookError::Namespace { pid, source })?;
         Ok(SystemInside {
-            rootfs: Rootfs::open(self.rootfs_path)?,
+            rootfs: Rootfs::open(self.rootfs_path)?.with_mounts(&self.mounts),
             proc: self.proc,
         })
     }

@@ -11,7 +11,7 @@ pub mod effects;
 pub mod procfs;
 
 use crate::config::Config;
-use crate::host_plan::{PlanningError, plan_for_host};
+use crate::host_plan::{PlanningError, container_view, plan_for_host, probe_image};
 use crate::inventory;
 use crate::oci::{OciError, Spec, State};
 use crate::plan::{ListedNode, Plan};
@@ -96,15 +96,16 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     }
     let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
     step.done("request");
+    let image = probe_image(&request, config, &container_view(pid, &rootfs_path))?;
     // nvhook-runtime already queried NVML for this start and left its plan in the bundle.
-    let plan = match plan_file::read(&state.bundle) {
+    let plan = match plan_file::read(&state.bundle, &image) {
         Some(plan) => plan,
         None => {
             let scope = inventory::Scope::for_capabilities(&request.capabilities);
             let (inventory, source) = inventory::isolated::load(config, scope)?;
             tracing::debug!(?source, "inventory");
             step.done("inventory");
-            plan_for_host(&request, inventory, source, config, &rootfs_path)?
+            plan_for_host(&request, inventory, source, config, &image)?
         }
     };
     step.done("plan");
@@ -114,7 +115,7 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
         .map(|d| (d.path.as_path(), d.major, d.minor))
         .collect();
     apply(
-        effects::System::new(pid, &rootfs_path),
+        effects::System::new(pid, &rootfs_path, spec.mount_points()),
         &listed,
         &plan,
         &mut step,

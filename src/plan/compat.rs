@@ -11,20 +11,18 @@
 //! gives for a branch the note lists. Anything unclear (no such file, several, a name that
 //! is not a version) leaves the host's libraries in place, with the reason in the plan.
 
-use super::{CacheEntry, LdSoConf, Symlink};
+use super::{CacheEntry, LdSoConf};
 use nvhook_ldcache::ElfClass;
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
 
 /// The image's compat directory as probed: where it is and the regular files in it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompatDir {
     /// The path it was found at in the image (`/usr/local/cuda/compat`).
     pub dir: String,
     /// Names of the regular files directly in it (links are not listed).
     pub files: Vec<String>,
-    /// Names of the directories in it.
-    pub dirs: Vec<String>,
 }
 
 /// What the plan decided about the image's compat libraries, for `nvhook plan` and the log.
@@ -128,13 +126,15 @@ fn compat_version(found: &CompatDir) -> Result<(String, DriverVersion), String> 
 /// The compat decision, and the plan's loader entries redirected to the compat directory.
 /// `entries` are the plan's cache entries; `host_files` maps each injected library's SONAME
 /// to its host file name (`libcuda.so.1` -> `libcuda.so.550.54.15`).
+///
+/// A redirected entry names the compat file itself: nothing is written in the compat
+/// directory, which may be a volume (a CUDA toolkit on a shared disk) nvhook never writes in.
 pub fn apply(
     found: &CompatDir,
     host_driver: &str,
     image_has_cache: bool,
     host_files: &[(&str, &str)],
     entries: &mut [CacheEntry],
-    symlinks: &mut Vec<Symlink>,
 ) -> (CudaCompat, Option<LdSoConf>) {
     let mut decision = CudaCompat {
         dir: found.dir.clone(),
@@ -182,26 +182,9 @@ pub fn apply(
                 .then_some((i, compat_file))
         })
         .collect();
-    // The SONAME link nvhook makes beside each file cannot replace a directory: then none
-    // is redirected, since a compat libcuda wants its own compat companions.
-    if let Some((i, _)) = redirected
-        .iter()
-        .find(|(i, _)| found.dirs.contains(&entries[*i].soname))
-    {
-        decision.reason = format!(
-            "{}/{} is a directory: the host's libraries",
-            found.dir, entries[*i].soname
-        );
-        return (decision, None);
-    }
     for (i, compat_file) in redirected {
         let entry = &mut entries[i];
-        let path = format!("{}/{}", found.dir, entry.soname);
-        symlinks.push(Symlink {
-            path: path.clone(),
-            target: compat_file,
-        });
-        entry.path = path;
+        entry.path = format!("{}/{compat_file}", found.dir);
         decision.libraries.push(entry.soname.clone());
     }
     if !decision.used() {
@@ -273,16 +256,14 @@ mod tests {
         CompatDir {
             dir: "/usr/local/cuda/compat".into(),
             files: files.iter().map(|f| f.to_string()).collect(),
-            dirs: Vec::new(),
         }
     }
 
-    fn run(host: &str, files: &[&str], cache: bool) -> (CudaCompat, Vec<CacheEntry>, Vec<Symlink>) {
+    fn run(host: &str, files: &[&str], cache: bool) -> (CudaCompat, Vec<CacheEntry>) {
         let mut e = entries();
-        let mut links = Vec::new();
-        let (d, conf) = apply(&compat(files), host, cache, HOST, &mut e, &mut links);
+        let (d, conf) = apply(&compat(files), host, cache, HOST, &mut e);
         assert_eq!(conf.is_some(), d.used(), "{d:?}");
-        (d, e, links)
+        (d, e)
     }
 
     #[test]
@@ -292,7 +273,7 @@ mod tests {
             "libnvidia-ptxjitcompiler.so.580.95.05",
             "libnvidia-nvvm.so.580.95.05",
         ];
-        let (d, e, links) = run("550.54.15", &files, true);
+        let (d, e) = run("550.54.15", &files, true);
         assert_eq!(d.compat_driver.as_deref(), Some("580.95.05"));
         assert_eq!(
             d.libraries,
@@ -303,20 +284,13 @@ mod tests {
             "{}",
             d.reason
         );
-        assert_eq!(e[0].path, "/usr/local/cuda/compat/libcuda.so.1");
+        assert_eq!(e[0].path, "/usr/local/cuda/compat/libcuda.so.580.95.05");
         assert_eq!(
             e[1].path,
-            "/usr/local/cuda/compat/libnvidia-ptxjitcompiler.so.1"
+            "/usr/local/cuda/compat/libnvidia-ptxjitcompiler.so.580.95.05"
         );
         // Not in the compat directory: the host's, as before.
         assert_eq!(e[2].path, "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1");
-        assert_eq!(
-            links[0],
-            Symlink {
-                path: "/usr/local/cuda/compat/libcuda.so.1".into(),
-                target: "libcuda.so.580.95.05".into()
-            }
-        );
         // Same major, newer minor: newer, so used.
         let (d, ..) = run("580.65.06", &files, true);
         assert!(d.used(), "{d:?}");
@@ -383,32 +357,11 @@ mod tests {
                 "is not a version",
             ),
         ] {
-            let (d, e, links) = run(host, files, cache);
+            let (d, e) = run(host, files, cache);
             assert!(!d.used(), "{host} {files:?}: {d:?}");
             assert!(d.reason.contains(why), "{host} {files:?}: {}", d.reason);
             assert_eq!(e, untouched);
-            assert!(links.is_empty());
         }
-    }
-
-    #[test]
-    fn a_directory_where_a_soname_link_goes_keeps_the_hosts_libraries() {
-        let mut found = compat(&[
-            "libcuda.so.580.95.05",
-            "libnvidia-ptxjitcompiler.so.580.95.05",
-        ]);
-        found.dirs.push("libnvidia-ptxjitcompiler.so.1".into());
-        let (mut e, mut links) = (entries(), Vec::new());
-        let (d, conf) = apply(&found, "550.54.15", true, HOST, &mut e, &mut links);
-        assert!(!d.used() && conf.is_none(), "{d:?}");
-        assert!(
-            d.reason
-                .contains("/usr/local/cuda/compat/libnvidia-ptxjitcompiler.so.1 is a directory"),
-            "{}",
-            d.reason
-        );
-        assert_eq!(e, entries());
-        assert!(links.is_empty());
     }
 
     #[test]
@@ -416,9 +369,8 @@ mod tests {
         let mut e = entries();
         e.retain(|e| e.soname == "libnvidia-ml.so.1");
         let before = e.clone();
-        let mut links = Vec::new();
         let found = compat(&["libcuda.so.580.95.05"]);
-        let (d, conf) = apply(&found, "550.54.15", true, HOST, &mut e, &mut links);
+        let (d, conf) = apply(&found, "550.54.15", true, HOST, &mut e);
         assert!(!d.used() && conf.is_none(), "{d:?}");
         assert!(d.reason.contains("none of the libraries"), "{}", d.reason);
         assert_eq!(e, before);

@@ -70,7 +70,6 @@ impl Plan {
             self.layout.ldcache,
             &host_files,
             &mut self.ldcache,
-            &mut self.symlinks,
         );
         decision.log();
         // First, so that an ldconfig run in the image reads the compat directory first.
@@ -133,7 +132,7 @@ pub struct Layout {
 }
 
 /// What the plan needs to know about the image, probed safely by the caller.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageInfo {
     pub debian: bool,
     pub has_usr_lib64: bool,

@@ -31,20 +31,17 @@ impl Rootfs {
                 return None;
             }
         };
-        let (mut files, mut dirs) = (Vec::new(), Vec::new());
-        for name in &names {
-            let kind = sys::lstat_at(handle.as_fd(), name)
-                .ok()
-                .flatten()
-                .map(|st| sys::file_type(&st));
-            let list = match kind {
-                Some(libc::S_IFREG) => &mut files,
-                Some(libc::S_IFDIR) => &mut dirs,
-                _ => continue,
-            };
-            list.extend(name.to_str().ok().map(str::to_string));
-        }
-        Some(CompatDir { dir, files, dirs })
+        let files = names
+            .iter()
+            .filter(|name| {
+                sys::lstat_at(handle.as_fd(), name)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|st| sys::file_type(&st) == libc::S_IFREG)
+            })
+            .filter_map(|name| name.to_str().ok().map(str::to_string))
+            .collect();
+        Some(CompatDir { dir, files })
     }
 }
 
@@ -87,7 +84,6 @@ mod tests {
         let found = r.cuda_compat(Some("13.0.1")).unwrap();
         assert_eq!(found.dir, "/usr/local/cuda-13.0/compat");
         assert_eq!(found.files, ["libcuda.so.580.95.05"]);
-        assert_eq!(found.dirs, ["libnvidia-ptxjitcompiler.so.580.95.05"]);
         // /usr/local/cuda, a link (absolute, as the alternatives system makes it), wins.
         symlink("/usr/local/cuda-13.0", root.join("usr/local/cuda")).unwrap();
         let r = Rootfs::open(&root).unwrap();

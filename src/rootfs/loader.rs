@@ -24,7 +24,15 @@ pub fn link_and_cache(
     if image_has_cache {
         let n = update_cache(rootfs, entries)?;
         for conf in confs {
-            write_conf(rootfs, conf)?;
+            match write_conf(rootfs, conf) {
+                // The cache just written is what the loader reads; the file only tells an
+                // ldconfig run in the image where the libraries are. A pod that mounts its own
+                // /etc/ld.so.conf.d (a ConfigMap) starts without it.
+                Err(e @ RootfsError::Volume { .. }) => {
+                    tracing::info!(path = %conf.path, "not written: {e}");
+                }
+                written => written?,
+            }
         }
         tracing::debug!(entries = n, "loader cache written");
     }

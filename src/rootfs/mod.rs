@@ -6,6 +6,7 @@
 //! calls on that directory descriptor with O_NOFOLLOW / O_EXCL, so no path string is ever
 //! resolved twice.
 
+mod boundary;
 pub mod compat;
 pub mod loader;
 pub mod sys;
@@ -29,6 +30,14 @@ pub enum RootfsError {
         op: &'static str,
         path: String,
         message: String,
+    },
+    #[error(
+        "cannot write {path} in the container: {why}: nvhook will not write into a volume ({fix})"
+    )]
+    Volume {
+        path: String,
+        why: String,
+        fix: &'static str,
     },
 }
 
@@ -59,6 +68,9 @@ pub struct Rootfs {
     /// Each directory is resolved (and created) once: a pathrs resolution costs far more than
     /// the *at calls made relative to its result, and a plan touches a handful of directories.
     dirs: RefCell<HashMap<String, Rc<pathrs::Handle>>>,
+    /// The directories of `dirs` checked to be on a mount nvhook may write on.
+    writable: RefCell<HashMap<String, Rc<pathrs::Handle>>>,
+    boundary: boundary::Boundary,
 }
 
 /// Splits an absolute container path into its directory and last component.
@@ -86,29 +98,40 @@ fn key(parts: &[&str]) -> String {
 }
 
 impl Rootfs {
+    /// The rootfs at `path`, where nvhook writes only on the rootfs's own mount until
+    /// [`Rootfs::with_mounts`] adds the runtime's.
     pub fn open(path: &Path) -> Result<Rootfs, RootfsError> {
-        let root = Root::open(path).map_err(|e| RootfsError::Open {
+        let open_err = |message: String| RootfsError::Open {
             path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        let root = Root::open(path).map_err(|e| open_err(e.to_string()))?;
+        let boundary =
+            boundary::Boundary::new(root.as_fd()).map_err(|e| open_err(e.to_string()))?;
         Ok(Rootfs {
             root,
             dirs: RefCell::default(),
+            writable: RefCell::default(),
+            boundary,
         })
     }
 
-    /// The directory `dir`, created (0755) where missing.
-    fn dir(&self, dir: &str) -> Result<Rc<pathrs::Handle>, RootfsError> {
-        if let Some(h) = self.dirs.borrow().get(dir) {
+    /// The directory `dir` for writing `path` in it, created (0755) where missing.
+    fn dir(&self, path: &str, dir: &str) -> Result<Rc<pathrs::Handle>, RootfsError> {
+        if let Some(h) = self.writable.borrow().get(dir) {
             return Ok(Rc::clone(h));
         }
-        let handle = self
-            .open_or_create_dir(dir)
-            .map_err(|e| match self.blocker(dir) {
-                Some(why) => op_err("create directory", dir, format!("{why}; fix the image")),
-                None => e,
-            })?;
-        self.dirs
+        let handle = match self.open_or_create_dir(path, dir) {
+            Ok(handle) => handle,
+            Err(e @ RootfsError::Volume { .. }) => return Err(e),
+            Err(e) => {
+                return Err(match self.blocker(dir) {
+                    Some(why) => op_err("create directory", dir, format!("{why}; fix the image")),
+                    None => e,
+                });
+            }
+        };
+        self.writable
             .borrow_mut()
             .insert(dir.to_string(), Rc::clone(&handle));
         Ok(handle)
@@ -147,10 +170,15 @@ impl Rootfs {
 
     /// Mirrors pathrs's mkdir_all (component by component, no `..`) without its procfs
     /// re-open of every directory it makes.
-    fn open_or_create_dir(&self, dir: &str) -> Result<Rc<pathrs::Handle>, RootfsError> {
+    /// The deepest existing directory must be on a mount nvhook writes on, before anything is
+    /// created under it.
+    fn open_or_create_dir(&self, path: &str, dir: &str) -> Result<Rc<pathrs::Handle>, RootfsError> {
         let fail = |e: &dyn std::fmt::Display| op_err("create directory", dir, e);
         let parts = components(dir).map_err(|e| fail(&e))?;
         let (mut current, depth) = self.walk(&parts).map_err(|e| fail(&e))?;
+        if !self.boundary.allows(current.as_fd()) {
+            return Err(self.volume_error(path, dir));
+        }
         for (i, part) in parts.iter().enumerate().skip(depth) {
             let name = CString::new(*part).map_err(|e| fail(&e))?;
             match sys::mkdir_at(current.as_fd(), &name, 0o755) {
@@ -256,7 +284,7 @@ impl Rootfs {
         kind: MountKind,
     ) -> Result<(OwnedFd, Existing), RootfsError> {
         let (dir, name) = split(path)?;
-        let dir = self.dir(dir)?;
+        let dir = self.dir(path, dir)?;
         let dirfd = dir.as_fd();
         let want_dir = kind == MountKind::Dir;
         if !want_dir {
@@ -320,19 +348,31 @@ impl Rootfs {
         minor: u32,
         mode: u32,
     ) -> Result<Existing, RootfsError> {
-        let (dir, name) = split(path)?;
-        let dir = self.dir(dir)?;
+        let (dir_path, name) = split(path)?;
+        let same = |dir: &pathrs::Handle| -> Result<bool, RootfsError> {
+            let st = sys::lstat_at(dir.as_fd(), &name).map_err(|e| op_err("inspect", path, e))?;
+            Ok(st.is_some_and(|st| {
+                sys::file_type(&st) == libc::S_IFCHR
+                    && libc::major(st.st_rdev) == major
+                    && libc::minor(st.st_rdev) == minor
+            }))
+        };
+        let dir = match self.dir(path, dir_path) {
+            Ok(dir) => dir,
+            // A /dev bound from the host (a privileged pod's) already has the node: nothing
+            // to write, so nothing to refuse.
+            Err(e @ RootfsError::Volume { .. }) => {
+                return match self.dir_if_exists(dir_path) {
+                    Ok(dir) if same(&dir)? => Ok(Existing::Kept),
+                    _ => Err(e),
+                };
+            }
+            Err(e) => return Err(e),
+        };
         match sys::mknod_at(dir.as_fd(), &name, mode, major, minor) {
             Ok(()) => Ok(Existing::Created),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                let st =
-                    sys::lstat_at(dir.as_fd(), &name).map_err(|e| op_err("inspect", path, e))?;
-                let same = st.is_some_and(|st| {
-                    sys::file_type(&st) == libc::S_IFCHR
-                        && libc::major(st.st_rdev) == major
-                        && libc::minor(st.st_rdev) == minor
-                });
-                if same {
+                if same(&dir)? {
                     Ok(Existing::Kept)
                 } else {
                     Err(op_err(
@@ -349,7 +389,7 @@ impl Rootfs {
     /// A symlink `path -> target`; an image's own file or link there is replaced.
     pub fn make_symlink(&self, path: &str, target: &str) -> Result<Existing, RootfsError> {
         let (dir, name) = split(path)?;
-        let dir = self.dir(dir)?;
+        let dir = self.dir(path, dir)?;
         let dirfd = dir.as_fd();
         let target_c = CString::new(target).map_err(|e| op_err("link", path, e))?;
         // symlinkat never follows what is already there: try the usual case first.
@@ -431,7 +471,7 @@ impl Rootfs {
     /// so readers see the old or the new file, never a mix, and a link at `path` is replaced.
     pub fn replace_file(&self, path: &str, contents: &[u8], mode: u32) -> Result<(), RootfsError> {
         let (dir, name) = split(path)?;
-        let dir = self.dir(dir)?;
+        let dir = self.dir(path, dir)?;
         let dirfd = dir.as_fd();
         let tmp = CString::new(format!(
             ".{}.nvhook-{}",

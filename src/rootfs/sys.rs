@@ -321,7 +321,7 @@ pub fn reopen_through_proc(fd: BorrowedFd, st: &libc::stat, flags: i32) -> io::R
     Ok(file)
 }
 
-fn is_mount_root(fd: BorrowedFd) -> io::Result<bool> {
+fn statx(fd: BorrowedFd, mask: libc::c_uint) -> io::Result<libc::statx> {
     let mut stx = std::mem::MaybeUninit::<libc::statx>::uninit();
     // SAFETY: the empty path with AT_EMPTY_PATH names fd; stx is a valid out-pointer.
     unit_result(unsafe {
@@ -329,14 +329,29 @@ fn is_mount_root(fd: BorrowedFd) -> io::Result<bool> {
             fd.as_raw_fd(),
             c"".as_ptr(),
             libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
-            0,
+            mask,
             stx.as_mut_ptr(),
         )
     } as libc::c_long)?;
     // SAFETY: statx succeeded and filled stx.
-    let stx = unsafe { stx.assume_init() };
+    Ok(unsafe { stx.assume_init() })
+}
+
+fn is_mount_root(fd: BorrowedFd) -> io::Result<bool> {
+    let stx = statx(fd, 0)?;
     let known = stx.stx_attributes_mask & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0;
     Ok(known && stx.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0)
+}
+
+/// The id of the mount `fd` is on, as /proc/self/mountinfo numbers mounts.
+pub fn mount_id(fd: BorrowedFd) -> io::Result<u64> {
+    let stx = statx(fd, libc::STATX_MNT_ID)?;
+    if stx.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Err(io::Error::other(
+            "the kernel gives no mount id (statx, Linux 5.8+)",
+        ));
+    }
+    Ok(stx.stx_mnt_id)
 }
 
 /// Enters the mount namespace of `pid`. Needs a single-threaded process.

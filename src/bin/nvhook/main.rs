@@ -581,8 +581,9 @@ fn plan(config: &Config, bundle: &Path, format: Format) -> Result<()> {
                 .rootfs(bundle)
                 .context("the bundle's config.json has no root.path")?;
             let inventory = Inventory::load(config)?;
+            let image = nvhook::host_plan::probe_image(request, config, &rootfs)?;
             Some(nvhook::host_plan::plan_for(
-                request, &inventory, config, &rootfs,
+                request, &inventory, config, &image,
             )?)
         }
         Decision::NotRequested | Decision::EnvIgnored => None,

@@ -151,6 +151,18 @@ impl Bundle {
         self
     }
 
+    /// Binds the host directory `source` at `destination`, as an engine binds a volume
+    /// (Docker `-v`, a Kubernetes hostPath or PVC), with `options` after `rbind`.
+    pub fn volume(&mut self, destination: &str, source: &Path, options: &[&str]) -> &mut Self {
+        let mut all = vec!["rbind"];
+        all.extend(options);
+        let mount = json!({
+            "destination": destination, "type": "bind", "source": source, "options": all,
+        });
+        push(&mut self.spec["mounts"], mount);
+        self
+    }
+
     /// Replaces the rootfs with a fresh copy of `image`, as a new container would get.
     pub fn renew_rootfs(&self, image: &Image) {
         fs::remove_dir_all(&self.rootfs).expect("remove the old rootfs");
