@@ -1,5 +1,6 @@
 //! Driver capabilities a container can ask for (`NVIDIA_DRIVER_CAPABILITIES`).
 
+use crate::echo::Echo;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -48,9 +49,9 @@ impl fmt::Display for Capability {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown driver capability {0:?} (known: compute, utility, video, graphics, display, ngx, compat32, all)"
+    "unknown driver capability \"{0}\" (known: compute, utility, video, graphics, display, ngx, compat32, all)"
 )]
-pub struct UnknownCapability(pub String);
+pub struct UnknownCapability(pub Echo);
 
 impl FromStr for Capability {
     type Err = UnknownCapability;
@@ -59,6 +60,6 @@ impl FromStr for Capability {
         Capability::ALL
             .into_iter()
             .find(|c| c.name() == s)
-            .ok_or_else(|| UnknownCapability(s.to_string()))
+            .ok_or_else(|| UnknownCapability(s.into()))
     }
 }

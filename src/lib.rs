@@ -10,6 +10,7 @@ pub mod config;
 pub mod configure;
 pub mod dev_char;
 pub mod doctor;
+pub mod echo;
 pub mod entry;
 pub mod extra_devices;
 mod file_id;

@@ -328,13 +328,13 @@ fn malformed_nvidia_variables() {
         (
             &[
                 "NVIDIA_VISIBLE_DEVICES=0",
-                "NVIDIA_REQUIRE_CUDA=cuda>>=12\n",
+                "NVIDIA_REQUIRE_CUDA=cuda>>=12\u{7f}",
             ],
-            "NVIDIA_REQUIRE_CUDA=cuda>>=12\\n",
+            "NVIDIA_REQUIRE_CUDA: condition \"cuda>>=12\\u{7f}\"",
         ),
         (
             &["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_X=\u{0}>=1"],
-            "NVIDIA_REQUIRE_X=\\0>=1",
+            "NVIDIA_REQUIRE_X: condition \"\\0>=1\"",
         ),
         (&["CUDA_VERSION=twelve\n"], "CUDA_VERSION=twelve\\n"),
     ];
@@ -342,6 +342,131 @@ fn malformed_nvidia_variables() {
         let bundle = s.env_bundle(&format!("v{i}"), env);
         let out = hook(&config, &state(&bundle, Some(1)));
         assert_one_line(&format!("{env:?}"), &out, "nvhook", needle);
+    }
+}
+
+/// A 100,000-byte value wherever the request reads one (each variable, a variable's name,
+/// the device plugin's mounts, the rootfs propagation): refused on one line of at most 400
+/// characters that shows the value's start and its length, by the hook and by the shim.
+#[test]
+fn huge_container_values_are_cut_in_the_one_line() {
+    const HUGE: usize = 100_000;
+    let s = Scratch::new();
+    let config = s.config();
+    let x = "x".repeat(HUGE);
+    let cut = format!("{}… ({HUGE} bytes)", "x".repeat(64));
+    let gpu = "NVIDIA_VISIBLE_DEVICES=0".to_string();
+    let require_name = format!("NVIDIA_REQUIRE_{x}");
+    let mut cases: Vec<(String, serde_json::Value, String)> = vec![
+        (
+            "NVIDIA_VISIBLE_DEVICES".into(),
+            serde_json::json!({"env": [format!("NVIDIA_VISIBLE_DEVICES={x}")]}),
+            format!("NVIDIA_VISIBLE_DEVICES={cut}: unknown device \"{cut}\" (use an index"),
+        ),
+        (
+            "NVIDIA_DRIVER_CAPABILITIES".into(),
+            serde_json::json!({"env": [gpu, format!("NVIDIA_DRIVER_CAPABILITIES={x}")]}),
+            format!("NVIDIA_DRIVER_CAPABILITIES={cut}: unknown driver capability \"{cut}\""),
+        ),
+        (
+            "NVIDIA_IMEX_CHANNELS".into(),
+            serde_json::json!({"env": [gpu, format!("NVIDIA_IMEX_CHANNELS={x}")]}),
+            format!("NVIDIA_IMEX_CHANNELS={cut}: \"{cut}\" is not an IMEX channel number"),
+        ),
+        (
+            "NVIDIA_MIG_CONFIG_DEVICES".into(),
+            serde_json::json!({"env": [gpu, format!("NVIDIA_MIG_CONFIG_DEVICES={x}")]}),
+            format!("NVIDIA_MIG_CONFIG_DEVICES={cut}: only a privileged container"),
+        ),
+        (
+            "NVIDIA_MIG_MONITOR_DEVICES".into(),
+            serde_json::json!({"env": [gpu, format!("NVIDIA_MIG_MONITOR_DEVICES={x}")]}),
+            format!("NVIDIA_MIG_MONITOR_DEVICES={cut}: only a privileged container"),
+        ),
+        (
+            "NVIDIA_REQUIRE_CUDA".into(),
+            serde_json::json!({"env": [gpu, format!("NVIDIA_REQUIRE_CUDA={x}")]}),
+            format!("NVIDIA_REQUIRE_CUDA: condition \"{cut}\" has no operator"),
+        ),
+        (
+            // Three values from the container: the name, the condition and its version.
+            "NVIDIA_REQUIRE_ name".into(),
+            serde_json::json!({"env": [gpu, format!("{require_name}=cuda>=1.{x}")]}),
+            format!(
+                "NVIDIA_REQUIRE_{}… ({} bytes): condition \"cuda>=1.",
+                "x".repeat(64 - 15),
+                require_name.len()
+            ),
+        ),
+        (
+            "CUDA_VERSION".into(),
+            serde_json::json!({"env": [format!("CUDA_VERSION={x}")]}),
+            format!("CUDA_VERSION={cut}: not a version"),
+        ),
+        (
+            "device mount".into(),
+            serde_json::json!({"mounts": [{
+                "source": "/dev/null",
+                "destination": format!("/var/run/nvidia-container-devices/{x}"),
+            }]}),
+            format!(
+                "volume mount /var/run/nvidia-container-devices/{cut}: unknown device \"{cut}\""
+            ),
+        ),
+        (
+            "IMEX mount".into(),
+            serde_json::json!({"env": [gpu], "mounts": [{
+                "source": "/dev/null",
+                "destination": format!("/var/run/nvidia-container-devices/imex/{x}"),
+            }]}),
+            format!(
+                "volume mount /var/run/nvidia-container-devices/imex/: \"{cut}\" is not an IMEX channel number"
+            ),
+        ),
+        (
+            "rootfsPropagation".into(),
+            serde_json::json!({"env": [gpu], "propagation": format!("shared{x}")}),
+            format!(
+                "linux.rootfsPropagation is \"shared{}… ({} bytes)\"",
+                "x".repeat(64 - 6),
+                HUGE + 6
+            ),
+        ),
+    ];
+    for family in [
+        "NVIDIA_NVSWITCH",
+        "NVIDIA_GDS",
+        "NVIDIA_MOFED",
+        "NVIDIA_GDRCOPY",
+    ] {
+        cases.push((
+            family.into(),
+            serde_json::json!({"env": [gpu, format!("{family}={x}")]}),
+            format!("{family}={cut}: use enabled or disabled"),
+        ));
+    }
+    for (i, (case, container, needle)) in cases.iter().enumerate() {
+        let or_none = |key: &str| container.get(key).cloned().unwrap_or(serde_json::json!([]));
+        let spec = serde_json::json!({
+            "ociVersion": "1.0.2",
+            "process": {"args": ["sh"], "cwd": "/", "env": or_none("env")},
+            "root": {"path": "rootfs"},
+            "mounts": or_none("mounts"),
+            "linux": {"rootfsPropagation": container.get("propagation")},
+        });
+        let bundle = s.bundle(&format!("huge{i}"), spec.to_string().as_bytes());
+        assert_one_line(
+            case,
+            &hook(&config, &state(&bundle, Some(1))),
+            "nvhook",
+            needle,
+        );
+        // The shim refuses a request as the hook does; propagation is the hook's alone.
+        if container.get("propagation").is_none() {
+            let args = ["create", "--bundle", bundle.to_str().unwrap(), "id"];
+            let out = run(&nvhook_runtime(), &args, &[("NVHOOK_CONFIG", &config)], b"");
+            assert_one_line(&format!("runtime: {case}"), &out, "nvhook-runtime", needle);
+        }
     }
 }
 

@@ -11,6 +11,7 @@ pub mod effects;
 pub mod procfs;
 
 use crate::config::Config;
+use crate::echo::Echo;
 use crate::host_plan::{PlanningError, container_view, plan_for_host, probe_image};
 use crate::inventory;
 use crate::oci::{OciError, Spec, State};
@@ -42,9 +43,9 @@ pub enum HookError {
     #[error("the OCI spec has no root.path")]
     NoRoot,
     #[error(
-        "linux.rootfsPropagation is {0:?}: mounts would propagate to the host; use private or slave"
+        "linux.rootfsPropagation is \"{0}\": mounts would propagate to the host; use private or slave"
     )]
-    SharedRootfs(String),
+    SharedRootfs(Echo),
     #[error("cannot open mount source {path}: {source}")]
     Source {
         path: PathBuf,
@@ -92,7 +93,7 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     };
     let pid = state.pid.ok_or(HookError::NoPid)?;
     if let Some(p) = spec.rootfs_propagation().filter(|p| p.contains("shared")) {
-        return Err(HookError::SharedRootfs(p.to_string()));
+        return Err(HookError::SharedRootfs(p.into()));
     }
     let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
     step.done("request");

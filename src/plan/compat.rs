@@ -12,6 +12,7 @@
 //! is not a version) leaves the host's libraries in place, with the reason in the plan.
 
 use super::{CacheEntry, LdSoConf};
+use crate::echo::Echo;
 use nvhook_ldcache::ElfClass;
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
@@ -105,18 +106,17 @@ fn compat_version(found: &CompatDir) -> Result<(String, DriverVersion), String> 
         .map(|(_, version)| version)
         .filter(|version| version.contains('.'))
         .collect();
-    // Names come from the image: escaped, so that one cannot add lines to a log or a report.
-    let shown = |version: &str| version.escape_debug().to_string();
+    // Names come from the image: echoed, so that one cannot add lines to a log or a report.
     match libcuda[..] {
         [] => Err("it holds no regular file libcuda.so.<version>".into()),
         [version] => DriverVersion::parse(version)
             .map(|v| (version.to_string(), v))
-            .ok_or_else(|| format!("libcuda.so.{}: not a driver version", shown(version))),
+            .ok_or_else(|| format!("libcuda.so.{}: not a driver version", Echo(version))),
         _ => Err(format!(
             "it holds several libcuda.so.<version> files ({})",
             libcuda
                 .iter()
-                .map(|v| shown(v))
+                .map(|v| Echo(v).to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
         )),

@@ -8,7 +8,7 @@
 use super::{DeviceNode, PlanError, Skipped};
 use crate::extra_devices::{Family, IMEX_CHANNEL, IMEX_DIR, IMEX_MAJOR_NAME};
 use crate::inventory::{HostNode, Inventory};
-use crate::request::{IMEX_CHANNELS, ImexChannels, Request};
+use crate::request::{IMEX_CHANNELS, ImexChannels, Request, channel_ranges};
 
 /// The extra nodes `request` gets on this host, and what was left out and why.
 pub(super) fn nodes(
@@ -84,7 +84,7 @@ fn imex(
         ImexChannels::List(list) => {
             if inventory.majors.named(IMEX_MAJOR_NAME).is_none() {
                 return Err(PlanError::NoImexMajor {
-                    value: channels.to_string(),
+                    value: channels.to_string().into(),
                 });
             }
             list.clone()
@@ -104,12 +104,14 @@ fn imex(
     Ok(())
 }
 
+/// The host's channels in numeric order (the nodes come in name order: 0,1,10,100,...).
 fn describe(have: &[(u32, &HostNode)]) -> String {
     if have.is_empty() {
         return "no channel".into();
     }
-    let list: Vec<String> = have.iter().map(|(c, _)| c.to_string()).collect();
-    format!("channels {}", list.join(","))
+    let mut numbers: Vec<u32> = have.iter().map(|(c, _)| *c).collect();
+    numbers.sort_unstable();
+    format!("channels {}", channel_ranges(&numbers))
 }
 
 fn family_nodes(
@@ -244,15 +246,48 @@ mod tests {
         let e = try_plan(&inv, &["NVIDIA_IMEX_CHANNELS=1,7"]).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "NVIDIA_IMEX_CHANNELS: IMEX channel 7 does not exist on this host (it has channels 0,1,2; ask for one it has, or all)"
+            "NVIDIA_IMEX_CHANNELS: IMEX channel 7 does not exist on this host (it has channels 0-2; ask for one it has, or all)"
         );
         let bare = standard();
-        let e = try_plan(&bare, &["NVIDIA_IMEX_CHANNELS=0"]).unwrap_err();
-        assert_eq!(e, PlanError::NoImexMajor { value: "0".into() });
+        let e = try_plan(&bare, &["NVIDIA_IMEX_CHANNELS=0,1,2,5"]).unwrap_err();
+        assert_eq!(
+            e,
+            PlanError::NoImexMajor {
+                value: "0-2,5".into()
+            }
+        );
         let all = try_plan(&bare, &["NVIDIA_IMEX_CHANNELS=all"]).unwrap();
         assert!(extra_paths(&all).is_empty());
         assert_eq!(all.skipped.len(), 1);
         assert_eq!(all.skipped[0].what, "NVIDIA_IMEX_CHANNELS=all");
+    }
+
+    #[test]
+    fn the_hosts_channels_are_named_in_numeric_runs() {
+        let with_channels = |channels: &[u32]| {
+            let mut inv = fabric_node();
+            inv.nodes.retain(|n| !IMEX_CHANNEL.matches(&n.path));
+            // In the order the inventory keeps them: by name, so 10 before 2.
+            let mut nodes: Vec<HostNode> = channels
+                .iter()
+                .map(|&c| node(&channel_path(c), IMEX, c))
+                .collect();
+            nodes.sort_by(|a, b| a.path.cmp(&b.path));
+            inv.nodes.extend(nodes);
+            inv
+        };
+        let thousand: Vec<u32> = (0..1000).collect();
+        let e = try_plan(&with_channels(&thousand), &["NVIDIA_IMEX_CHANNELS=5000"]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "NVIDIA_IMEX_CHANNELS: IMEX channel 5000 does not exist on this host (it has channels 0-999; ask for one it has, or all)"
+        );
+        let sparse = [0, 1, 2, 3, 7, 9, 10, 11, 12];
+        let e = try_plan(&with_channels(&sparse), &["NVIDIA_IMEX_CHANNELS=8"]).unwrap_err();
+        assert!(
+            e.to_string().contains("(it has channels 0-3,7,9-12;"),
+            "{e}"
+        );
     }
 
     #[test]

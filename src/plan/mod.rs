@@ -4,6 +4,7 @@
 //! config.json, and `nvhook plan` prints one.
 
 use crate::capability::Capability;
+use crate::echo::Echo;
 use crate::inventory::device_numbers::{MODESET_MINOR, NVIDIACTL_MINOR};
 use crate::inventory::graphics::GLX_SERVER;
 use crate::inventory::{Gpu, HostFile, HostNode, Inventory, MigDevice};
@@ -258,7 +259,7 @@ pub struct ProcOverlay {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
     #[error("NVIDIA_VISIBLE_DEVICES={value}: no such GPU (this node has {have})")]
-    NoSuchDevice { value: String, have: String },
+    NoSuchDevice { value: Echo, have: String },
     #[error("{unsatisfied} ({have})")]
     Unsatisfied { unsatisfied: String, have: String },
     #[error(
@@ -281,7 +282,7 @@ pub enum PlanError {
     #[error(
         "NVIDIA_IMEX_CHANNELS={value}: this host's driver has no IMEX channels (/proc/devices has no nvidia-caps-imex-channels; IMEX needs driver 550 or later)"
     )]
-    NoImexMajor { value: String },
+    NoImexMajor { value: Echo },
     #[error(
         "NVIDIA_IMEX_CHANNELS: IMEX channel {channel} does not exist on this host (it has {have}; ask for one it has, or all)"
     )]
@@ -399,7 +400,7 @@ fn select<'a>(
     };
     for id in ids {
         let choice = resolve(id, inventory).ok_or_else(|| PlanError::NoSuchDevice {
-            value: id.to_string(),
+            value: id.to_string().into(),
             have: describe_gpus(inventory),
         })?;
         let key = choice.selected().uuid;

@@ -856,6 +856,40 @@ fn unsatisfied_requirement_names_condition_and_host() {
     }
 }
 
+/// SECURITY.md's promise, for the values the plan echoes: a 100,000-byte one still gives one
+/// line of at most 400 characters, as the hook prints it.
+#[test]
+fn container_values_in_plan_errors_are_cut() {
+    const HUGE: usize = 100_000;
+    let uuid = format!("GPU-{}", "a".repeat(HUGE - 4));
+    // Every other channel, so that no run shortens the list.
+    let mut channels = String::from("0");
+    let mut c = 0;
+    while channels.len() < HUGE {
+        c += 2;
+        channels.push_str(&format!(",{c}"));
+    }
+    let condition = format!("cuda>=99{}", ".1".repeat(HUGE / 2));
+    let cases = [
+        (vec![visible(&uuid)], "NVIDIA_VISIBLE_DEVICES=GPU-aaaa"),
+        (
+            vec![visible("0"), format!("NVIDIA_IMEX_CHANNELS={channels}")],
+            "NVIDIA_IMEX_CHANNELS=0,2,4,6",
+        ),
+        (
+            vec![visible("0"), format!("NVIDIA_REQUIRE_CUDA={condition}")],
+            "unsatisfied condition: cuda>=99.1.1.1",
+        ),
+    ];
+    for (env, start) in cases {
+        let e = plan_err(&standard(), &env_of(&env));
+        let line = format!("nvhook: {e}");
+        assert!(line.len() <= 400 && !line.contains('\n'), "{line}");
+        assert!(line.starts_with(&format!("nvhook: {start}")), "{line}");
+        assert!(line.contains(" bytes)"), "{line}");
+    }
+}
+
 #[test]
 fn satisfied_requirements_pass() {
     for (value, requirement) in [

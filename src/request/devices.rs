@@ -1,6 +1,7 @@
 //! Device ids and device lists, as written in `NVIDIA_VISIBLE_DEVICES` and in the
 //! volume mounts the Kubernetes device plugin adds under `/var/run/nvidia-container-devices/`.
 
+use crate::echo::Echo;
 use crate::oci::Spec;
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
@@ -37,15 +38,15 @@ pub enum DeviceId {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown device {0:?} (use an index, GPU-<uuid>, MIG-<uuid>, a PCI bus id, G:M, all or none)"
+    "unknown device \"{0}\" (use an index, GPU-<uuid>, MIG-<uuid>, a PCI bus id, G:M, all or none)"
 )]
-pub struct UnknownDevice(pub String);
+pub struct UnknownDevice(pub Echo);
 
 impl FromStr for DeviceId {
     type Err = UnknownDevice;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        parse_device(s).ok_or_else(|| UnknownDevice(s.to_string()))
+        parse_device(s).ok_or_else(|| UnknownDevice(s.into()))
     }
 }
 
@@ -278,7 +279,7 @@ mod tests {
             "a/b",
         ] {
             let err = text.parse::<DeviceId>().unwrap_err();
-            assert_eq!(err, UnknownDevice(text.to_string()));
+            assert_eq!(err, UnknownDevice(text.into()));
         }
         let msg = "gpu7".parse::<DeviceId>().unwrap_err().to_string();
         assert!(msg.contains("\"gpu7\"") && msg.contains("G:M"), "{msg}");

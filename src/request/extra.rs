@@ -7,6 +7,7 @@
 //! or writes `NVIDIA_GDS=true` learns so at once instead of running without its devices.
 
 use crate::config::Config;
+use crate::echo::Echo;
 use crate::extra_devices::Family;
 use crate::oci::Spec;
 use std::collections::BTreeSet;
@@ -29,32 +30,51 @@ impl fmt::Display for ImexChannels {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ImexChannels::All => f.write_str("all"),
-            ImexChannels::List(list) => {
-                let items: Vec<String> = list.iter().map(u32::to_string).collect();
-                f.write_str(&items.join(","))
-            }
+            ImexChannels::List(list) => f.write_str(&channel_ranges(list)),
         }
     }
+}
+
+/// Ascending channel numbers as runs, `0-3,7,9,10` (a run of two reads better as a pair): a
+/// node's thousand channels make one short item, not four thousand characters.
+pub fn channel_ranges(ascending: &[u32]) -> String {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for &n in ascending {
+        match runs.last_mut() {
+            Some((_, last)) if last.checked_add(1) == Some(n) => *last = n,
+            _ => runs.push((n, n)),
+        }
+    }
+    let shown: Vec<String> = runs
+        .into_iter()
+        .map(|(first, last)| match last - first {
+            0 => first.to_string(),
+            1 => format!("{first},{last}"),
+            _ => format!("{first}-{last}"),
+        })
+        .collect();
+    shown.join(",")
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExtraError {
     #[error(
-        "{origin}: {item:?} is not an IMEX channel number (use channel numbers separated by commas, such as 0,1, or all)"
+        "{origin}: \"{item}\" is not an IMEX channel number (use channel numbers separated by commas, such as 0,1, or all)"
     )]
-    BadChannel { origin: String, item: String },
+    BadChannel { origin: String, item: Echo },
+    #[error(
+        "{origin}: all cannot be combined with channel numbers (ask for all alone, or for channel numbers only, such as 0,1)"
+    )]
+    AllAmongNumbers { origin: String },
     #[error(
         "{variable}={value}: use enabled or disabled (or leave it unset for the node's default)"
     )]
-    BadFamilyValue {
-        variable: &'static str,
-        value: String,
-    },
+    BadFamilyValue { variable: &'static str, value: Echo },
 }
 
 /// The channels `value` names: `None` for no channel (empty, `none`, `void`), `all`, or a
-/// list of decimal channel numbers. An empty item (`1,,2`), a sign, or `all` among numbers
-/// is a mistake, refused.
+/// list of decimal channel numbers. An empty item (`1,,2`), a sign, or `all` among other
+/// items is a mistake, refused.
 fn parse_channels(value: &str, origin: &str) -> Result<Option<ImexChannels>, ExtraError> {
     let value = value.trim();
     if matches!(value, "" | "none" | "void") {
@@ -63,14 +83,18 @@ fn parse_channels(value: &str, origin: &str) -> Result<Option<ImexChannels>, Ext
     if value == "all" {
         return Ok(Some(ImexChannels::All));
     }
+    let items: Vec<&str> = value.split(',').map(str::trim).collect();
+    if items.contains(&"all") {
+        return Err(ExtraError::AllAmongNumbers {
+            origin: origin.to_string(),
+        });
+    }
     let mut channels = BTreeSet::new();
-    for item in value.split(',') {
-        channels.insert(
-            channel_number(item.trim()).ok_or_else(|| ExtraError::BadChannel {
-                origin: origin.to_string(),
-                item: item.to_string(),
-            })?,
-        );
+    for item in items {
+        channels.insert(channel_number(item).ok_or_else(|| ExtraError::BadChannel {
+            origin: origin.to_string(),
+            item: item.into(),
+        })?);
     }
     Ok(Some(ImexChannels::List(channels.into_iter().collect())))
 }
@@ -108,7 +132,7 @@ pub fn imex_channels(
     };
     if !env_trusted {
         tracing::warn!(
-            value = super::one_line(value),
+            value = %Echo(value),
             "NVIDIA_IMEX_CHANNELS ignored: the container is unprivileged and accept-env-when-unprivileged = false"
         );
         return Ok(None);
@@ -129,7 +153,7 @@ pub fn family_value(family: Family, value: Option<&str>) -> Result<Option<bool>,
     } else {
         Err(ExtraError::BadFamilyValue {
             variable: family.variable(),
-            value: super::one_line(value),
+            value: value.into(),
         })
     }
 }
@@ -180,7 +204,6 @@ mod tests {
             ("1,,2", ""),
             ("-1", "-1"),
             ("+1", "+1"),
-            ("1,all", "all"),
             ("0x1", "0x1"),
             ("4294967296", "4294967296"),
             ("1,", ""),
@@ -200,6 +223,38 @@ mod tests {
             "{msg}"
         );
         assert!(!msg.contains('\n'));
+    }
+
+    #[test]
+    fn all_among_other_items_is_named_as_the_mistake() {
+        for value in ["all,../x", "1,all", " all , 2", "all,all"] {
+            let e = parse_channels(value, "NVIDIA_IMEX_CHANNELS=v").unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "NVIDIA_IMEX_CHANNELS=v: all cannot be combined with channel numbers (ask for all alone, or for channel numbers only, such as 0,1)",
+                "{value}"
+            );
+        }
+    }
+
+    #[test]
+    fn channel_ranges_are_runs_in_order() {
+        for (numbers, want) in [
+            (&[][..], ""),
+            (&[5], "5"),
+            (&[0, 2], "0,2"),
+            (&[0, 1], "0,1"),
+            (&[0, 1, 2], "0-2"),
+            (&[0, 1, 2, 3, 7, 9, 10, 11, 12], "0-3,7,9-12"),
+            (
+                &[u32::MAX - 2, u32::MAX - 1, u32::MAX],
+                "4294967293-4294967295",
+            ),
+        ] {
+            assert_eq!(channel_ranges(numbers), want, "{numbers:?}");
+        }
+        let thousand: Vec<u32> = (0..1000).collect();
+        assert_eq!(channel_ranges(&thousand), "0-999");
     }
 
     #[test]
@@ -225,8 +280,9 @@ mod tests {
     }
 
     #[test]
-    fn display_gives_the_list_back() {
+    fn display_gives_the_list_as_ranges() {
         assert_eq!(ImexChannels::List(vec![0, 2]).to_string(), "0,2");
+        assert_eq!(ImexChannels::List(vec![0, 1, 2, 5]).to_string(), "0-2,5");
         assert_eq!(ImexChannels::All.to_string(), "all");
     }
 }

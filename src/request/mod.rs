@@ -11,11 +11,12 @@ mod extra;
 mod require;
 
 pub use devices::{DEVICE_MOUNT_ROOT, DeviceId, DeviceSelection, UnknownDevice};
-pub use extra::{ExtraError, IMEX_CHANNELS, ImexChannels};
+pub use extra::{ExtraError, IMEX_CHANNELS, ImexChannels, channel_ranges};
 pub use require::{ConditionError, GpuFacts, InvalidVersion, Requirements, Unsatisfied, Version};
 
 use crate::capability::{Capability, UnknownCapability};
 use crate::config::Config;
+use crate::echo::Echo;
 use crate::extra_devices::Family;
 use crate::oci::Spec;
 use std::collections::BTreeSet;
@@ -76,6 +77,8 @@ pub enum Decision {
     EnvIgnored,
 }
 
+/// Every value from the container is an [`Echo`] (or an origin made with one), so that a
+/// refusal stays one short line whatever the container says.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
     #[error("{origin}: {source}")]
@@ -86,28 +89,26 @@ pub enum RequestError {
     },
     #[error("NVIDIA_DRIVER_CAPABILITIES={value}: {source}")]
     UnknownCapability {
-        value: String,
+        value: Echo,
         source: UnknownCapability,
     },
     #[error(
         "NVIDIA_DRIVER_CAPABILITIES={value}: this node does not serve capability {capability} (it serves {supported}; ask for those, or add {capability} to supported-capabilities in the nvhook config)"
     )]
     UnsupportedCapability {
-        value: String,
+        value: Echo,
         capability: Capability,
         supported: String,
     },
     #[error(
         "{variable}={value}: only a privileged container (CAP_SYS_ADMIN in its bounding set) may manage MIG (run it privileged or unset {variable})"
     )]
-    MigUnprivileged {
-        variable: &'static str,
-        value: String,
-    },
-    #[error("{variable}={value}: {source}")]
+    MigUnprivileged { variable: &'static str, value: Echo },
+    /// Names the condition at fault rather than the whole value, which would repeat it: the
+    /// line then quotes the variable, the condition and its version, not a fourth value.
+    #[error("{variable}: {source}")]
     Requirement {
-        variable: String,
-        value: String,
+        variable: Echo,
         source: ConditionError,
     },
     #[error(transparent)]
@@ -115,7 +116,7 @@ pub enum RequestError {
     #[error(
         "CUDA_VERSION={value}: not a version, so the legacy requirement cuda>=MAJOR.MINOR cannot be formed (fix CUDA_VERSION, set NVIDIA_REQUIRE_CUDA, or set NVIDIA_DISABLE_REQUIRE=true)"
     )]
-    LegacyCudaVersion { value: String },
+    LegacyCudaVersion { value: Echo },
 }
 
 impl Request {
@@ -128,7 +129,9 @@ impl Request {
             Decision::EnvIgnored => {
                 // The container asked and gets nothing: say why, where the operator looks.
                 tracing::warn!(
-                    value = spec.env(VISIBLE_DEVICES).map(one_line),
+                    value = spec
+                        .env(VISIBLE_DEVICES)
+                        .map(|v| tracing::field::display(Echo(v))),
                     "NVIDIA_VISIBLE_DEVICES ignored: the container is unprivileged and accept-env-when-unprivileged = false (GPUs come from the device plugin's volume mounts)"
                 );
                 None
@@ -223,7 +226,7 @@ fn select_from_mounts(ids: &[String]) -> Result<Selected, RequestError> {
         return Ok(Selected::NotRequested);
     };
     let devices = devices::selection(&items).map_err(|source| RequestError::UnknownDevice {
-        origin: format!("volume mount {DEVICE_MOUNT_ROOT}/{}", one_line(&source.0)),
+        origin: format!("volume mount {DEVICE_MOUNT_ROOT}/{}", source.0),
         source,
     })?;
     Ok(Selected::Devices(devices, SelectionSource::VolumeMounts))
@@ -242,7 +245,7 @@ fn mig_devices(
     if !privileged {
         return Err(RequestError::MigUnprivileged {
             variable,
-            value: one_line(value),
+            value: value.into(),
         });
     }
     let Some(items) = devices::requested_items(value.split(',')) else {
@@ -289,12 +292,12 @@ fn capabilities(
             let capability =
                 name.parse::<Capability>()
                     .map_err(|source| RequestError::UnknownCapability {
-                        value: one_line(value),
+                        value: value.into(),
                         source,
                     })?;
             if !supported.contains(&capability) {
                 return Err(RequestError::UnsupportedCapability {
-                    value: one_line(value),
+                    value: value.into(),
                     capability,
                     supported: list(&supported),
                 });
@@ -315,8 +318,7 @@ fn requirements(spec: &Spec, config: &Config, legacy: bool) -> Result<Requiremen
         }
         out.add(&variable, &value)
             .map_err(|source| RequestError::Requirement {
-                value: one_line(&value),
-                variable,
+                variable: variable.into(),
                 source,
             })?;
     }
@@ -324,13 +326,12 @@ fn requirements(spec: &Spec, config: &Config, legacy: bool) -> Result<Requiremen
         let value = spec.env(CUDA_VERSION).unwrap_or_default();
         let major_minor =
             legacy_major_minor(value).ok_or_else(|| RequestError::LegacyCudaVersion {
-                value: one_line(value),
+                value: value.into(),
             })?;
         let expression = format!("cuda>={major_minor}");
         out.add(CUDA_VERSION, &expression)
             .map_err(|source| RequestError::Requirement {
-                variable: CUDA_VERSION.to_string(),
-                value: expression,
+                variable: CUDA_VERSION.into(),
                 source,
             })?;
     }
@@ -365,12 +366,7 @@ fn legacy_major_minor(value: &str) -> Option<String> {
 }
 
 fn env_origin(variable: &str, value: &str) -> String {
-    format!("{variable}={}", one_line(value))
-}
-
-/// Container-supplied text goes into one-line error messages: escape control characters.
-fn one_line(value: &str) -> String {
-    value.escape_debug().to_string()
+    format!("{variable}={}", Echo(value))
 }
 
 fn list(capabilities: &BTreeSet<Capability>) -> String {

@@ -8,6 +8,7 @@
 //! `cuda` and `driver` (host), `arch` and `brand` (per GPU). Versions are dotted numbers
 //! compared component-wise (12.10 > 12.9, 12.4 = 12.4.0); brands compare case-insensitively.
 
+use crate::echo::Echo;
 use std::cmp::Ordering;
 use std::fmt;
 use std::str::FromStr;
@@ -21,8 +22,8 @@ pub struct Version {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a version (use dotted numbers such as 12.4)")]
-pub struct InvalidVersion(pub String);
+#[error("\"{0}\" is not a version (use dotted numbers such as 12.4)")]
+pub struct InvalidVersion(pub Echo);
 
 impl FromStr for Version {
     type Err = InvalidVersion;
@@ -37,7 +38,7 @@ impl FromStr for Version {
                 p.parse::<u64>().ok()
             })
             .collect::<Option<Vec<u64>>>()
-            .ok_or_else(|| InvalidVersion(s.to_string()))?;
+            .ok_or_else(|| InvalidVersion(s.into()))?;
         Ok(Version {
             text: s.to_string(),
             parts,
@@ -121,26 +122,26 @@ pub struct Unsatisfied {
     /// The variable the condition came from (`NVIDIA_REQUIRE_CUDA`, or `CUDA_VERSION` for the
     /// requirement implied by a legacy image).
     pub variable: String,
-    pub condition: String,
+    pub condition: Echo,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConditionError {
-    #[error("condition {0:?} has no operator (write KEY OP VALUE, e.g. cuda>=12.4)")]
-    NoOperator(String),
-    #[error("condition {0:?} has no key before the operator (use cuda, driver, arch or brand)")]
-    NoKey(String),
-    #[error("condition {condition:?}: unknown operator {operator:?} (use = != < <= > >=)")]
-    UnknownOperator { condition: String, operator: String },
-    #[error("condition {0:?} has no value after the operator")]
-    NoValue(String),
-    #[error("condition {condition:?}: unknown key {key:?} (use cuda, driver, arch or brand)")]
-    UnknownKey { condition: String, key: String },
-    #[error("condition {0:?}: a brand can only be compared with = or !=")]
-    BrandOrder(String),
-    #[error("condition {condition:?}: {source}")]
+    #[error("condition \"{0}\" has no operator (write KEY OP VALUE, e.g. cuda>=12.4)")]
+    NoOperator(Echo),
+    #[error("condition \"{0}\" has no key before the operator (use cuda, driver, arch or brand)")]
+    NoKey(Echo),
+    #[error("condition \"{condition}\": unknown operator \"{operator}\" (use = != < <= > >=)")]
+    UnknownOperator { condition: Echo, operator: Echo },
+    #[error("condition \"{0}\" has no value after the operator")]
+    NoValue(Echo),
+    #[error("condition \"{condition}\": unknown key \"{key}\" (use cuda, driver, arch or brand)")]
+    UnknownKey { condition: Echo, key: Echo },
+    #[error("condition \"{0}\": a brand can only be compared with = or !=")]
+    BrandOrder(Echo),
+    #[error("condition \"{condition}\": {source}")]
     Version {
-        condition: String,
+        condition: Echo,
         source: InvalidVersion,
     },
 }
@@ -258,7 +259,7 @@ impl Expression {
         }
         Err(Unsatisfied {
             variable: self.variable.clone(),
-            condition: first_failure.map_or_else(String::new, |c| c.text.clone()),
+            condition: first_failure.map_or_else(Echo::default, |c| c.text.as_str().into()),
         })
     }
 }
@@ -268,27 +269,27 @@ impl Condition {
         const OPERATOR_CHARS: &[char] = &['<', '>', '=', '!'];
         let key_end = text
             .find(OPERATOR_CHARS)
-            .ok_or_else(|| ConditionError::NoOperator(text.to_string()))?;
+            .ok_or_else(|| ConditionError::NoOperator(text.into()))?;
         let (key, rest) = text.split_at(key_end);
         if key.is_empty() {
-            return Err(ConditionError::NoKey(text.to_string()));
+            return Err(ConditionError::NoKey(text.into()));
         }
         let op_end = rest
             .find(|c: char| !OPERATOR_CHARS.contains(&c))
             .unwrap_or(rest.len());
         let (op_text, value) = rest.split_at(op_end);
         let op = Op::parse(op_text).ok_or_else(|| ConditionError::UnknownOperator {
-            condition: text.to_string(),
-            operator: op_text.to_string(),
+            condition: text.into(),
+            operator: op_text.into(),
         })?;
         if value.is_empty() {
-            return Err(ConditionError::NoValue(text.to_string()));
+            return Err(ConditionError::NoValue(text.into()));
         }
         let version = || {
             value
                 .parse::<Version>()
                 .map_err(|source| ConditionError::Version {
-                    condition: text.to_string(),
+                    condition: text.into(),
                     source,
                 })
         };
@@ -297,11 +298,11 @@ impl Condition {
             "driver" => Test::Driver(version()?),
             "arch" => Test::Arch(version()?),
             "brand" if matches!(op, Op::Eq | Op::Ne) => Test::Brand(value.to_string()),
-            "brand" => return Err(ConditionError::BrandOrder(text.to_string())),
+            "brand" => return Err(ConditionError::BrandOrder(text.into())),
             _ => {
                 return Err(ConditionError::UnknownKey {
-                    condition: text.to_string(),
-                    key: key.to_string(),
+                    condition: text.into(),
+                    key: key.into(),
                 });
             }
         };
@@ -509,7 +510,7 @@ mod tests {
             .check(&f)
             .unwrap_err();
         assert_eq!(err.variable, "NVIDIA_REQUIRE_1");
-        assert_eq!(err.condition, "arch>=9.0");
+        assert_eq!(err.condition.0, "arch>=9.0");
         assert_eq!(err.to_string(), "unsatisfied condition: arch>=9.0");
     }
 
@@ -518,13 +519,13 @@ mod tests {
         let r = reqs(&["arch>=9.0,brand=quadro,cuda>=12.0"]);
         assert!(r.check_without_gpu(&v("12.2"), &v("535")).is_ok());
         let err = r.check_without_gpu(&v("11.8"), &v("520")).unwrap_err();
-        assert_eq!(err.condition, "cuda>=12.0");
+        assert_eq!(err.condition.0, "cuda>=12.0");
     }
 
     #[test]
     fn syntax_errors() {
         use ConditionError::*;
-        let s = |t: &str| t.to_string();
+        let s = |t: &str| Echo::from(t);
         let op = |c: &str, o: &str| UnknownOperator {
             condition: s(c),
             operator: s(o),

@@ -9,6 +9,7 @@
 //! mount id against this set before anything is created in it.
 
 use super::{Rootfs, RootfsError, sys};
+use crate::echo::Echo;
 use crate::oci::MountPoint;
 use std::os::fd::{AsFd, BorrowedFd};
 
@@ -91,7 +92,7 @@ impl Rootfs {
                 Ok(target) => (
                     format!(
                         "the image's {prefix} is a link to {}, {mount}",
-                        target.display()
+                        Echo(target.to_string_lossy())
                     ),
                     "point the image's link into the image, or mount the volume elsewhere",
                 ),

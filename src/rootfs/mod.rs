@@ -11,6 +11,7 @@ pub mod compat;
 pub mod loader;
 pub mod sys;
 
+use crate::echo::Echo;
 use crate::plan::{ImageInfo, MountKind};
 use pathrs::Root;
 use std::cell::RefCell;
@@ -160,7 +161,7 @@ impl Rootfs {
                     let target = self.root.readlink(&prefix).ok()?;
                     return Some(format!(
                         "the image's {prefix} is a link to {} that leads nowhere inside the image",
-                        target.display()
+                        Echo(target.to_string_lossy())
                     ));
                 }
             }
