@@ -51,19 +51,29 @@ pub enum ShimError {
 
 /// The low-level runtime to exec: the first of `runtimes` that exists (absolute, or on PATH).
 pub fn find_runtime(config: &Config, path_var: Option<&OsStr>) -> Result<PathBuf, ShimError> {
-    let path_var = path_var.unwrap_or(OsStr::from_bytes(nvhook_runtime::DEFAULT_SEARCH_PATH));
-    let dirs: Vec<PathBuf> = std::env::split_paths(path_var).collect();
+    let dirs = search_dirs(path_var);
     config
         .runtimes
         .iter()
-        .find_map(|name| {
-            let p = Path::new(name);
-            if p.is_absolute() {
-                return is_executable(p).then(|| p.to_path_buf());
-            }
-            dirs.iter().map(|d| d.join(name)).find(|c| is_executable(c))
-        })
+        .find_map(|name| locate_runtime(name, &dirs))
         .ok_or_else(|| ShimError::NoRuntime(config.runtimes.clone()))
+}
+
+/// The directories a runtime named without a path is looked for in: PATH's, or the default
+/// search path's when PATH is unset.
+pub fn search_dirs(path_var: Option<&OsStr>) -> Vec<PathBuf> {
+    let path_var = path_var.unwrap_or(OsStr::from_bytes(nvhook_runtime::DEFAULT_SEARCH_PATH));
+    std::env::split_paths(path_var).collect()
+}
+
+/// The runtime `name` stands for: itself when absolute, else the first executable file of
+/// that name in `dirs`.
+pub fn locate_runtime(name: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
+    let p = Path::new(name);
+    if p.is_absolute() {
+        return is_executable(p).then(|| p.to_path_buf());
+    }
+    dirs.iter().map(|d| d.join(name)).find(|c| is_executable(c))
 }
 
 fn is_executable(p: &Path) -> bool {

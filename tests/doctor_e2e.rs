@@ -1,19 +1,40 @@
 //! `nvhook doctor` on a simulated GPU node (run as root, after `cargo build --workspace`): a
 //! node set up as an operator would (NVML's answer cached, /dev/char links, a CDI spec in its
-//! /etc/cdi, Docker configured) is ready; then each check is broken on its own, and the line
-//! that names it and the exit status say so.
+//! /etc/cdi, Docker configured, a runc with every known escape fix on PATH) is ready; then each
+//! check is broken on its own, and the line that names it and the exit status say so. The
+//! host's own runtimes are named with the versions they print.
 
 use nvhook_test_support as support;
 use serde_json::Value;
+use std::ffi::OsStr;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use support::{SimNode, run_nvhook, workspace_bin};
+use std::process::{Command, Output};
+use support::{SimNode, nvhook_bin, run_nvhook, workspace_bin};
 
 /// A node ready for GPU containers: 2 GPUs, GPU 1 split into 2 MIG devices; the engine
-/// configs and CDI specs in a host root of their own, which survives changes to the node.
+/// configs and CDI specs in a host root of their own, which survives changes to the node;
+/// doctor's PATH a directory of its own, holding a runc that lacks no known fix.
 struct Node {
     sim: SimNode,
     host: tempfile::TempDir,
+    bin: tempfile::TempDir,
+}
+
+/// `runc --version` of runc 1.3.6, and of Debian 12's runc (where they come from:
+/// src/doctor/runtimes.rs, `recorded`).
+const RUNC_1_3_6: &str = include_str!("golden/runtimes/runc-1.3.6.txt");
+const RUNC_DEBIAN_12: &str = include_str!("golden/runtimes/runc-1.1.5-debian-12.txt");
+
+/// A program in `dir` that prints `output` for `--version`, as a runtime would.
+fn fake_runtime(dir: &Path, name: &str, output: &str) -> PathBuf {
+    let path = dir.join(name);
+    let lines: String = output.lines().map(|l| format!(" '{l}'")).collect();
+    // printf is the shell's own: doctor runs the runtime with no PATH.
+    fs::write(&path, format!("#!/bin/sh\nprintf '%s\\n'{lines}\n")).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
 }
 
 const FLAGS: [&str; 4] = ["--gpus", "2", "--mig", "1:2"];
@@ -32,7 +53,12 @@ impl Node {
                 .prefix("nvhook-doctor-")
                 .tempdir()
                 .unwrap(),
+            bin: tempfile::Builder::new()
+                .prefix("nvhook-doctor-bin-")
+                .tempdir()
+                .unwrap(),
         };
+        fake_runtime(node.bin.path(), "runc", RUNC_1_3_6);
         node.nvhook(&["dev-char-links"]);
         let spec = node.host("etc/cdi/nvidia.yaml");
         fs::create_dir_all(spec.parent().unwrap()).unwrap();
@@ -77,17 +103,28 @@ impl Node {
         String::from_utf8(out.stdout).unwrap()
     }
 
-    /// doctor's exit status and its lines.
-    fn doctor(&self) -> (i32, String) {
+    /// doctor with `args`, runtimes looked for on `path`.
+    fn run_doctor(&self, path: &OsStr, args: &[&str]) -> Output {
         let config = self.sim.config();
         let root = self.host.path();
-        let out = run_nvhook(&[
-            "--config",
-            config.to_str().unwrap(),
-            "doctor",
-            "--root",
-            root.to_str().unwrap(),
-        ]);
+        Command::new(nvhook_bin())
+            .args(["--config", config.to_str().unwrap(), "doctor"])
+            .args(["--root", root.to_str().unwrap()])
+            .args(args)
+            .env_remove("NVHOOK_CONFIG")
+            .env("PATH", path)
+            .output()
+            .expect("run nvhook doctor")
+    }
+
+    /// doctor's exit status and its lines.
+    fn doctor(&self) -> (i32, String) {
+        self.doctor_on(self.bin.path().as_os_str())
+    }
+
+    /// doctor's exit status and its lines, runtimes looked for on `path`.
+    fn doctor_on(&self, path: &OsStr) -> (i32, String) {
+        let out = self.run_doctor(path, &[]);
         let text = String::from_utf8(out.stdout).unwrap();
         assert!(
             out.stderr.is_empty(),
@@ -100,7 +137,12 @@ impl Node {
     /// Asserts doctor's exit status and that it has a line starting with `start` (level and
     /// check name) and containing each of `words`.
     fn expect(&self, code: i32, start: &str, words: &[&str]) {
-        let (got, text) = self.doctor();
+        self.expect_on(self.bin.path().as_os_str(), code, start, words);
+    }
+
+    /// [`Node::expect`], runtimes looked for on `path`.
+    fn expect_on(&self, path: &OsStr, code: i32, start: &str, words: &[&str]) {
+        let (got, text) = self.doctor_on(path);
         assert_eq!(got, code, "{text}");
         let line = text
             .lines()
@@ -154,6 +196,7 @@ fn a_node_set_up_as_documented_is_ready() {
         "ok   driver files",
         "ok   engine docker",
         "ok   CDI ",
+        "ok   runtime runc: runc 1.3.6 at ",
         "ok   cgroup",
         "ok   policy: ",
     ] {
@@ -164,16 +207,7 @@ fn a_node_set_up_as_documented_is_ready() {
     }
     assert_eq!(text.lines().last(), Some("ready (warn: 0)"));
 
-    let config = node.sim.config();
-    let out = run_nvhook(&[
-        "--config",
-        config.to_str().unwrap(),
-        "doctor",
-        "--format",
-        "json",
-        "--root",
-        node.host.path().to_str().unwrap(),
-    ]);
+    let out = node.run_doctor(node.bin.path().as_os_str(), &["--format", "json"]);
     assert!(out.status.success());
     let json: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["ready"], true);
@@ -379,4 +413,100 @@ fn containerd_2_and_k3s_configs_are_read_as_configure_reads_them() {
 
     fs::remove_file(node.host("etc/containerd/conf.d/99-nvhook.toml")).unwrap();
     node.expect(1, "FAIL engine containerd: ", &["no runtime nvidia"]);
+}
+
+/// What the host's own runc and crun print, doctor names: `runc --version` says 1.1.5+ds1 on
+/// Debian 12, and doctor's line says runc 1.1.5, built as 1.1.5+ds1.
+#[test]
+fn the_hosts_runtimes_are_named_with_the_versions_they_print() {
+    let node = Node::ready();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let (code, text) = node.doctor_on(&path);
+    assert_eq!(code, 0, "{text}");
+    let runc = support::require_program("runc");
+    let crun = std::env::split_paths(&path)
+        .map(|d| d.join("crun"))
+        .find(|c| c.is_file());
+    for program in std::iter::once(runc).chain(crun) {
+        let name = program.file_name().unwrap().to_str().unwrap().to_string();
+        let printed = support::stdout_of(Command::new(&program).arg("--version"));
+        let word = printed
+            .lines()
+            .next()
+            .and_then(|l| l.split_whitespace().nth(2))
+            .unwrap_or_else(|| panic!("{printed}"));
+        let upstream: String = word
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .collect();
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!(" runtime {name}: ")))
+            .unwrap_or_else(|| panic!("no {name} line in:\n{text}"));
+        assert!(
+            line.starts_with(&format!("ok   runtime {name}: {name} {upstream}"))
+                || line.starts_with(&format!("warn runtime {name}: {name} {upstream}")),
+            "{line}"
+        );
+        assert!(line.contains(word), "{word:?} not in {line}");
+    }
+}
+
+/// Debian 12's runc: a warning naming each fix it lacks and the release that has them all,
+/// and saying that a distribution's build may carry them; warnings leave the node ready.
+#[test]
+fn a_runtime_without_escape_fixes_warns() {
+    let node = Node::ready();
+    fake_runtime(node.bin.path(), "runc", RUNC_DEBIAN_12);
+    node.expect(
+        0,
+        "warn runtime runc: runc 1.1.5 at ",
+        &[
+            "which nvhook-runtime execs",
+            "built as 1.1.5+ds1, commit 1.1.5+ds1-1+deb12u1",
+            "CVE-2024-21626 (fixed in 1.1.12)",
+            "CVE-2026-41579 (fixed in 1.3.6, 1.4.3, 1.5.0-rc.3)",
+            "a distribution's build may have them",
+            "-> fix: upgrade runc to 1.3.6 or later",
+        ],
+    );
+}
+
+/// A runtime named by absolute path in the config is found off PATH; with none anywhere,
+/// doctor says so.
+#[test]
+fn runtimes_are_looked_for_as_nvhook_runtime_looks() {
+    let node = Node::ready();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let crun = fake_runtime(
+        elsewhere.path(),
+        "crun",
+        "crun version 1.28\ncommit: 0000000\n",
+    );
+    let empty = tempfile::tempdir().unwrap();
+    node.sim.configure(&format!(
+        "runtimes = [\"runc\", {:?}]",
+        crun.to_str().unwrap()
+    ));
+    let (code, text) = node.doctor_on(empty.path().as_os_str());
+    assert_eq!(code, 0, "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("ok   runtime crun: "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains(&format!(
+            "crun 1.28 at {}, which nvhook-runtime execs",
+            crun.display()
+        )),
+        "{line}"
+    );
+
+    fs::remove_file(&crun).unwrap();
+    node.expect_on(
+        empty.path().as_os_str(),
+        0,
+        "warn runtimes: none of runc, ",
+        &[crun.to_str().unwrap(), "nvhook-runtime has nothing to exec"],
+    );
 }

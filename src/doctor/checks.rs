@@ -2,6 +2,7 @@
 //! lines of ok, warn or fail, and for every problem the command or setting that fixes it.
 
 use super::Check;
+use super::runtimes::{self, Version};
 use crate::config::Config;
 use crate::dev_char::CharLink;
 use crate::inventory::{DeviceMajors, HostNode, Inventory, Library};
@@ -425,6 +426,133 @@ pub fn cdi(specs: &[SpecFile], now: &CurrentDevices) -> Vec<Check> {
         .collect()
 }
 
+/// A low-level runtime found where nvhook-runtime looks, and what its `--version` said.
+#[derive(Debug)]
+pub struct RuntimeBinary {
+    pub path: PathBuf,
+    /// The first of the config's `runtimes` found: the one nvhook-runtime execs.
+    pub execd: bool,
+    pub version: Result<String, QueryError>,
+}
+
+/// Why a runtime's `--version` gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("cannot run it: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("it did not exit within {0} s")]
+    Timeout(u64),
+    #[error("it exited with {status}: {stderr}")]
+    Failed {
+        status: std::process::ExitStatus,
+        /// Its first line.
+        stderr: String,
+    },
+}
+
+/// The runtimes looked for (the config's `runtimes`, then runc, crun and youki), the
+/// directories a name without a path is looked for in, and what was found.
+#[derive(Debug)]
+pub struct RuntimeSearch {
+    pub names: Vec<String>,
+    pub dirs: Vec<PathBuf>,
+    pub found: Vec<RuntimeBinary>,
+}
+
+/// Each runtime found, with its version and the container-escape fixes it lacks.
+pub fn runtimes(search: &RuntimeSearch) -> Vec<Check> {
+    if search.found.is_empty() {
+        let dirs: Vec<String> = search
+            .dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        return vec![Check::warn(
+            "runtimes",
+            format!(
+                "none of {} found (by absolute path, or in {}): nvhook-runtime has nothing to exec, and the runtime's fixes cannot be checked",
+                search.names.join(", "),
+                dirs.join(":")
+            ),
+            "install runc or crun, or run doctor with the engine's runtime directory on PATH (k3s: /var/lib/rancher/k3s/data/current/bin), or name it by absolute path in the nvhook config's runtimes",
+        )];
+    }
+    search.found.iter().map(runtime).collect()
+}
+
+fn runtime(binary: &RuntimeBinary) -> Check {
+    let path = binary.path.display();
+    let name = format!(
+        "runtime {}",
+        binary
+            .path
+            .file_name()
+            .map_or_else(|| path.to_string(), |n| n.to_string_lossy().into_owned())
+    );
+    let by_hand =
+        format!("run {path} --version yourself and compare it with SECURITY.md's runtime table");
+    let text = match &binary.version {
+        Ok(text) => text,
+        Err(e) => return Check::warn(&name, format!("{path} --version: {e}"), by_hand),
+    };
+    let reported = match runtimes::parse_output(text) {
+        Ok(reported) => reported,
+        Err(e) => return Check::warn(&name, format!("{path} --version: {e}"), by_hand),
+    };
+    let at = match binary.execd {
+        true => format!("at {path}, which nvhook-runtime execs"),
+        false => format!("at {path}"),
+    };
+    let program = reported.name;
+    if !runtimes::RUNTIMES.contains(&program) {
+        return Check::ok(
+            &name,
+            format!(
+                "{program} {} {at}: not runc, crun or youki, whose fixes doctor knows",
+                reported.printed
+            ),
+        );
+    }
+    let Some((version, len)) = Version::parse(reported.printed) else {
+        return Check::warn(
+            &name,
+            format!(
+                "{path} --version: {:?} is not a version doctor can read",
+                reported.printed
+            ),
+            by_hand,
+        );
+    };
+    let build = match (&reported.printed[len..], reported.commit) {
+        ("", _) => String::new(),
+        (_, Some(commit)) => format!(" (built as {}, commit {commit})", reported.printed),
+        (_, None) => format!(" (built as {})", reported.printed),
+    };
+    let head = format!("{program} {} {at}{build}", &reported.printed[..len]);
+    let Some(upgrade) = runtimes::upgrade(program, &version) else {
+        return Check::ok(
+            &name,
+            format!("{head}: no container-escape fix in SECURITY.md's table is missing"),
+        );
+    };
+    let missing: Vec<String> = upgrade
+        .lacking
+        .iter()
+        .map(|f| format!("{} (fixed in {})", f.ids.join(", "), f.fixed_in.join(", ")))
+        .collect();
+    Check::warn(
+        &name,
+        format!(
+            "{head}: upstream fixes missing for {}; distributions backport fixes without changing the version, so a distribution's build may have them",
+            missing.join("; ")
+        ),
+        format!(
+            "upgrade {program} to {} or later, or check that your distribution's security advisories list these CVEs as fixed in the build you have",
+            upgrade.to
+        ),
+    )
+}
+
 /// The cgroup hierarchy, and on v2 whether a device program can be loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cgroup {
@@ -503,6 +631,7 @@ pub fn policy(config: &Config) -> Check {
 mod tests {
     use super::*;
     use crate::doctor::Level;
+    use crate::doctor::runtimes::recorded;
     use crate::plan::tests::{inventory, standard};
 
     fn levels(checks: &[Check]) -> Vec<Level> {
@@ -654,6 +783,132 @@ mod tests {
         assert_eq!(checks[2].detail, "stale: device nodes changed for: 0");
         let missing = cdi(&[spec(&["0", "all"], Some(0))], &now);
         assert_eq!(missing[0].detail, "stale: lacks this node's devices: 1");
+    }
+
+    fn found(path: &str, execd: bool, version: Result<&str, QueryError>) -> RuntimeSearch {
+        RuntimeSearch {
+            names: vec!["runc".into(), "crun".into(), "youki".into()],
+            dirs: vec!["/usr/sbin".into(), "/usr/bin".into()],
+            found: vec![RuntimeBinary {
+                path: path.into(),
+                execd,
+                version: version.map(String::from),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_runtime_without_escape_fixes_warns_with_the_upgrade() {
+        let checks = runtimes(&found("/usr/sbin/runc", true, Ok(recorded::RUNC_DEBIAN_12)));
+        assert_eq!(levels(&checks), [Level::Warn]);
+        let check = &checks[0];
+        assert_eq!(check.name, "runtime runc");
+        assert!(
+            check.detail.starts_with(
+                "runc 1.1.5 at /usr/sbin/runc, which nvhook-runtime execs (built as 1.1.5+ds1, commit 1.1.5+ds1-1+deb12u1): upstream fixes missing for CVE-2024-21626 (fixed in 1.1.12); "
+            ),
+            "{}",
+            check.detail
+        );
+        for words in [
+            "CVE-2025-31133, CVE-2025-52565, CVE-2025-52881 (fixed in 1.2.8, 1.3.3, 1.4.0-rc.3)",
+            "CVE-2026-41579 (fixed in 1.3.6, 1.4.3, 1.5.0-rc.3)",
+            "distributions backport fixes without changing the version",
+        ] {
+            assert!(
+                check.detail.contains(words),
+                "{words:?} in {}",
+                check.detail
+            );
+        }
+        let fix = check.fix.as_deref().unwrap();
+        assert!(fix.starts_with("upgrade runc to 1.3.6 or later, or check that your distribution's security advisories"), "{fix}");
+
+        let crun = runtimes(&found("/usr/bin/crun", false, Ok(recorded::CRUN_DEBIAN_12)));
+        assert_eq!(
+            crun[0].detail,
+            "crun 1.8.1 at /usr/bin/crun: upstream fixes missing for CVE-2025-24965 (fixed in 1.20); CVE-2026-47766 (fixed in 1.28); distributions backport fixes without changing the version, so a distribution's build may have them"
+        );
+        assert!(
+            crun[0]
+                .fix
+                .as_deref()
+                .unwrap()
+                .starts_with("upgrade crun to 1.28 or later")
+        );
+    }
+
+    #[test]
+    fn a_runtime_with_every_fix_is_named_with_its_version() {
+        let checks = runtimes(&found("/usr/bin/runc", false, Ok(recorded::RUNC_1_3_6)));
+        assert_eq!(levels(&checks), [Level::Ok]);
+        assert_eq!(
+            checks[0].detail,
+            "runc 1.3.6 at /usr/bin/runc: no container-escape fix in SECURITY.md's table is missing"
+        );
+        let youki = runtimes(&found(
+            "/usr/local/bin/youki",
+            false,
+            Ok(recorded::YOUKI_0_7_0),
+        ));
+        assert_eq!(levels(&youki), [Level::Ok]);
+        assert!(
+            youki[0].detail.starts_with("youki 0.7.0 at "),
+            "{}",
+            youki[0].detail
+        );
+    }
+
+    #[test]
+    fn a_runtime_doctor_cannot_read_warns_and_another_is_only_named() {
+        let gone = runtimes(&found(
+            "/usr/sbin/runc",
+            true,
+            Err(QueryError::Spawn(
+                std::io::ErrorKind::PermissionDenied.into(),
+            )),
+        ));
+        assert_eq!(levels(&gone), [Level::Warn]);
+        assert!(
+            gone[0]
+                .detail
+                .starts_with("/usr/sbin/runc --version: cannot run it: ")
+        );
+        assert!(gone[0].fix.as_deref().unwrap().contains("SECURITY.md"));
+        let garbled = runtimes(&found("/usr/sbin/runc", true, Ok("runc version dev\n")));
+        assert_eq!(levels(&garbled), [Level::Warn]);
+        assert!(garbled[0].detail.contains("\"dev\" is not a version"));
+        let nothing = runtimes(&found("/usr/sbin/runc", true, Ok("")));
+        assert_eq!(
+            nothing[0].detail,
+            "/usr/sbin/runc --version: it printed nothing"
+        );
+
+        let gvisor = runtimes(&found(
+            "/usr/local/bin/runsc",
+            true,
+            Ok("runsc version release-20240513.0\nspec: 1.1.0-rc.1\n"),
+        ));
+        assert_eq!(levels(&gvisor), [Level::Ok]);
+        assert!(
+            gvisor[0]
+                .detail
+                .ends_with("not runc, crun or youki, whose fixes doctor knows")
+        );
+    }
+
+    #[test]
+    fn no_runtime_at_all_warns() {
+        let none = RuntimeSearch {
+            found: Vec::new(),
+            ..found("/x", false, Ok(""))
+        };
+        let checks = runtimes(&none);
+        assert_eq!(levels(&checks), [Level::Warn]);
+        assert_eq!(
+            checks[0].detail,
+            "none of runc, crun, youki found (by absolute path, or in /usr/sbin:/usr/bin): nvhook-runtime has nothing to exec, and the runtime's fixes cannot be checked"
+        );
     }
 
     #[test]

@@ -4,9 +4,11 @@
 //! The facts are gathered here; what each means is decided in `checks`, from the facts
 //! alone, so the judgements are unit-tested without a driver or root. Engine configs, hooks.d
 //! and `/etc/cdi` are read under a root prefix (`--root`), the driver's files, device nodes and
-//! `/proc` under the nvhook config's roots.
+//! `/proc` under the nvhook config's roots. The low-level runtimes are looked for as
+//! nvhook-runtime looks for them, on doctor's own PATH, and asked their version.
 
 mod checks;
+mod runtimes;
 
 use crate::cdi::{self, NameStrategy};
 use crate::config::Config;
@@ -17,12 +19,17 @@ use crate::inventory::change::HostChange;
 use crate::inventory::devices::scan_nodes;
 use crate::inventory::driver::HostCache;
 use crate::inventory::{DeviceMajors, Inventory, isolated, nvml_library};
-use checks::{CacheState, Cgroup, CurrentDevices, EngineConfig, HooksDir, SpecFile, SpecNode};
+use crate::shim;
+use checks::{
+    CacheState, Cgroup, CurrentDevices, EngineConfig, HooksDir, QueryError, RuntimeBinary,
+    RuntimeSearch, SpecFile, SpecNode,
+};
 use serde::Serialize;
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -182,6 +189,7 @@ pub fn run(config: &Config, options: &Options) -> Report {
         &options.runtime_path,
     ));
     out.extend(checks::hooks(&hooks_dirs(&options.root)));
+    out.extend(checks::runtimes(&runtime_search(config)));
     out.push(checks::cgroup(&cgroup()));
     out.push(checks::policy(config));
     Report::new(out)
@@ -335,6 +343,85 @@ fn spec_nodes(edits: &cdi::ContainerEdits) -> Vec<SpecNode> {
             number: n.major.zip(n.minor),
         })
         .collect()
+}
+
+/// The config's `runtimes` and runc, crun and youki, each where nvhook-runtime would find
+/// it, once per file, with what its `--version` says.
+fn runtime_search(config: &Config) -> RuntimeSearch {
+    let path_var = std::env::var_os("PATH");
+    let dirs = shim::search_dirs(path_var.as_deref());
+    let execd = shim::find_runtime(config, path_var.as_deref()).ok();
+    let mut names = config.runtimes.clone();
+    for name in runtimes::RUNTIMES {
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_string());
+        }
+    }
+    let mut seen = Vec::new();
+    let found = names
+        .iter()
+        .filter_map(|name| shim::locate_runtime(name, &dirs))
+        .filter(|path| {
+            // One binary reached twice (the config's absolute path and the same file on PATH,
+            // or a link to it) is one runtime.
+            let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+            let new = !seen.contains(&real);
+            seen.push(real);
+            new
+        })
+        .map(|path| RuntimeBinary {
+            execd: execd.as_ref() == Some(&path),
+            version: version_of(&path),
+            path,
+        })
+        .collect();
+    RuntimeSearch { names, dirs, found }
+}
+
+/// Longer than any runtime takes to print its version; a hung one is given up on.
+const VERSION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `path --version`'s output. Only doctor, an admin's diagnostic, runs the host's runtime:
+/// the hook never does.
+fn version_of(path: &Path) -> Result<String, QueryError> {
+    let mut child = Command::new(path)
+        .arg("--version")
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(QueryError::Spawn)?;
+    let deadline = Instant::now() + VERSION_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(QueryError::Spawn)? {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(QueryError::Timeout(VERSION_TIMEOUT.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    if !status.success() {
+        let stderr = drain(child.stderr.take());
+        return Err(QueryError::Failed {
+            status,
+            stderr: stderr.lines().next().unwrap_or_default().to_string(),
+        });
+    }
+    Ok(drain(child.stdout.take()))
+}
+
+/// What an exited child wrote to `pipe`; what cannot be read counts as nothing written.
+fn drain(pipe: Option<impl Read>) -> String {
+    let mut bytes = Vec::new();
+    if let Some(mut pipe) = pipe {
+        let _ = pipe.read_to_end(&mut bytes);
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 fn cgroup() -> Cgroup {
