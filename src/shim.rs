@@ -13,6 +13,7 @@ use crate::oci::{OciError, Spec};
 use crate::plan::Plan;
 use crate::plan_file::{self, PlanFileError};
 use crate::request::{Request, RequestError};
+use crate::rootfs::{Rootfs, RootfsError};
 
 use serde_json::Value;
 use std::ffi::OsStr;
@@ -47,6 +48,8 @@ pub enum ShimError {
     Planning(#[from] PlanningError),
     #[error(transparent)]
     PlanFile(#[from] PlanFileError),
+    #[error(transparent)]
+    Rootfs(#[from] RootfsError),
 }
 
 /// The low-level runtime to exec: the first of `runtimes` that exists (absolute, or on PATH).
@@ -108,6 +111,13 @@ pub fn prepare_bundle(
     // hook probes it again through the namespace and plans anew where a volume changed it.
     let image = probe_image(&request, config, &rootfs)?;
     let plan = plan_for_host(&request, inventory, source, config, &image)?;
+    if config.runtime_mode == RuntimeMode::Cdi {
+        // The runtime makes these mount points itself, before any hook could check them.
+        Rootfs::open(&rootfs)?.check_binds(
+            plan.mounts.iter().map(|m| m.destination.as_str()),
+            &spec.mount_points(),
+        )?;
+    }
     // Before the runtime turns the rules into systemd's DeviceAllow= entries.
     let dev = config.dev_path("/dev");
     let links: Vec<CharLink> = plan

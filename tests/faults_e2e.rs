@@ -173,7 +173,7 @@ fn fault_cgroup_not_found() {
     assert_plain_container_runs(&node);
 }
 
-/// The container's process is gone by the time the hook looks for its cgroup.
+/// The container's process is gone by the time the hook looks at its rootfs.
 #[test]
 fn fault_container_process_gone() {
     let node = SimNode::create(GPUS);
@@ -205,7 +205,7 @@ fn fault_container_process_gone() {
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
         format!(
-            "nvhook: cannot read /proc/{pid}/cgroup to find the cgroup of pid {pid}: No such file or directory (os error 2) (is the container still running?)\n"
+            "nvhook: cannot see the container's rootfs through /proc/{pid}/root: No such file or directory (os error 2) (is the container still running?)\n"
         )
     );
     assert_plain_container_runs(&node);

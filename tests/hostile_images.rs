@@ -100,6 +100,8 @@ struct Plant<'a> {
     volumes: RefCell<Vec<(String, PathBuf, &'static [&'static str])>>,
     /// The node's libcuda, a real library to ship as a volume's compat driver.
     host_libcuda: PathBuf,
+    /// The node's nvhook config, for variants of it.
+    node_config: PathBuf,
 }
 
 impl Plant<'_> {
@@ -218,6 +220,19 @@ impl Plant<'_> {
         self.volumes
             .borrow_mut()
             .push((at.to_string(), source, options));
+    }
+
+    /// nvhook-runtime in `runtime-mode = "cdi"`: runc makes the mounts, and nvhook's
+    /// createContainer hook the links and the loader cache.
+    fn via_shim_cdi_mode(&self) {
+        let base = fs::read_to_string(&self.node_config).expect("read node config");
+        let config = self
+            .canary
+            .parent()
+            .expect("bundle dir")
+            .join("cdi-mode.toml");
+        fs::write(&config, format!("{base}runtime-mode = \"cdi\"\n")).expect("write config");
+        self.via_shim(vec![("NVHOOK_CONFIG", config.display().to_string())]);
     }
 
     fn via_shim(&self, vars: Vec<(&'static str, String)>) {
@@ -851,6 +866,57 @@ fn volumes() -> Vec<Case> {
                 Refused(INTO_VOLUME),
             ),
             case(
+                "issue 27 through nvhook-runtime's cdi mode",
+                Glibc,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/etc", "/data");
+                    p.link(LIBDIR, "/data/lib");
+                    p.via_shim_cdi_mode();
+                },
+                Refused(INTO_VOLUME),
+            ),
+            case(
+                "/etc -> /data (volume), nvhook-runtime's cdi mode",
+                Glibc,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/etc", "/data");
+                    p.via_shim_cdi_mode();
+                },
+                Refused(INTO_VOLUME),
+            ),
+            case(
+                "/etc -> /data (volume), utility only: the loader cache is the write",
+                Glibc,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/etc", "/data");
+                    p.env("NVIDIA_DRIVER_CAPABILITIES=utility".into());
+                },
+                Refused("cannot write /etc/ld.so.cache"),
+            ),
+            case(
+                "/etc -> /data (volume), utility only, the createContainer hook",
+                Glibc,
+                |p| {
+                    p.volume("/data", VOLUME_KINDS[K]);
+                    p.link("/etc", "/data");
+                    p.env("NVIDIA_DRIVER_CAPABILITIES=utility".into());
+                    p.via_shim_cdi_mode();
+                },
+                Refused("cannot write /etc/ld.so.cache"),
+            ),
+            case(
+                "/etc/ld.so.conf.d is a volume, nvhook-runtime's cdi mode",
+                Glibc,
+                |p| {
+                    p.volume("/etc/ld.so.conf.d", VOLUME_KINDS[K]);
+                    p.via_shim_cdi_mode();
+                },
+                Starts,
+            ),
+            case(
                 "/run -> /data (volume)",
                 Glibc,
                 |p| {
@@ -926,6 +992,7 @@ fn run_case(node: &SimNode, c: &Case) -> Result<(Outcome, String), String> {
         host_libcuda: node
             .driver_root()
             .join(format!("usr/lib/x86_64-linux-gnu/libcuda.so.{version}")),
+        node_config: node.config(),
     };
     (c.plant)(&plant);
     let volumes = plant.volumes.take();
@@ -955,7 +1022,9 @@ fn run_case(node: &SimNode, c: &Case) -> Result<(Outcome, String), String> {
     let runc = require_program("runc");
     let (runtime, vars): (&Path, Vec<(&str, String)>) = match shim_env {
         Some(mut vars) => {
-            vars.push(("NVHOOK_CONFIG", config));
+            if !vars.iter().any(|(k, _)| *k == "NVHOOK_CONFIG") {
+                vars.push(("NVHOOK_CONFIG", config));
+            }
             (support::engines::nvhook_runtime_bin(), vars)
         }
         None => {
@@ -1077,9 +1146,12 @@ fn hook_log_of(node: &SimNode, id: &str) -> String {
         .collect()
 }
 
-/// The hook's one-line message as runc relays it (runc escapes the newline after it).
+/// The hook's one-line message as runc relays it (runc escapes the newline after it), or
+/// nvhook-runtime's, which refuses before runc runs.
 fn refusal_line(out: &Output) -> Option<String> {
-    let rest = out.stderr.split("nvhook: ").nth(1)?;
+    let rest = ["nvhook: ", "nvhook-runtime: "]
+        .iter()
+        .find_map(|prefix| out.stderr.split(prefix).nth(1))?;
     let end = rest
         .find("\\n")
         .or_else(|| rest.find('\n'))

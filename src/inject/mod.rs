@@ -55,6 +55,10 @@ pub enum HookError {
     SourceKind { path: PathBuf, kind: &'static str },
     #[error("cannot enter the mount namespace of pid {pid}: {source}")]
     Namespace { pid: i32, source: std::io::Error },
+    #[error(
+        "cannot see the container's rootfs through /proc/{pid}/root: {source} (is the container still running?)"
+    )]
+    ContainerGone { pid: i32, source: std::io::Error },
 }
 
 /// What the hook did, for the caller's log line.
@@ -97,6 +101,9 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     }
     let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
     step.done("request");
+    // The image is examined as the container will see it, through its mount namespace.
+    std::fs::symlink_metadata(format!("/proc/{pid}/root"))
+        .map_err(|source| HookError::ContainerGone { pid, source })?;
     let image = probe_image(&request, config, &container_view(pid, &rootfs_path))?;
     // nvhook-runtime already queried NVML for this start and left its plan in the bundle.
     let plan = match plan_file::read(&state.bundle, &image) {
