@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The demo: build nvhook, make a simulated 4-GPU node, and run a real runc container
-# that asks for GPUs 1 and 3 through the prestart hook. Needs root, runc, gcc, busybox-static.
+# that asks for GPUs 1 and 3 through the prestart hook. Needs root, Rust, runc, gcc, busybox-static.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/require.sh
 
-[ "$(id -u)" = 0 ] || { echo "demo: run as root (it makes device nodes and runs runc)" >&2; exit 1; }
-for tool in runc cc python3 /bin/busybox; do
-  command -v "$tool" >/dev/null || { echo "demo: $tool is missing: apt-get install runc gcc python3 busybox-static" >&2; exit 1; }
-done
+require_root demo "it makes device nodes and runs runc"
+require_rust demo
+require_programs demo runc cc ld python3 /bin/busybox
 
 cargo build --workspace --quiet
+bin=${CARGO_TARGET_DIR:-target}/debug
 work=${NVHOOK_DEMO_DIR:-/tmp/nvhook-demo}
 node="$work/node"
 bundle="$work/bundle"
@@ -18,33 +19,45 @@ runc delete -f nvhook-demo >/dev/null 2>&1 || true
 rm -rf "$bundle"
 
 echo "== simulated node =="
-target/debug/simnode create "$node" --gpus 4
+"$bin/simnode" create "$node" --gpus 4
 
-echo; echo "== nvhook info =="
-target/debug/nvhook --config "$node/config.toml" info | head -20
+echo; echo "== nvhook info: the node's driver and GPUs (all of it: $bin/nvhook --config $node/config.toml info) =="
+"$bin/nvhook" --config "$node/config.toml" info | awk '
+  /^(NVRM|CUDA) version:/ { print }
+  /^Device Index:/ { index_ = $3 }
+  /^Model:/ { sub(/^Model: +/, ""); model = $0 }
+  /^GPU UUID:/ { printf "GPU %s: %s (%s)\n", index_, model, $3 }'
+version=$("$bin/nvhook" --config "$node/config.toml" info | awk '/^NVRM version:/ { print $3; exit }')
 
 mkdir -p "$bundle/rootfs/bin"
 cp /bin/busybox "$bundle/rootfs/bin/busybox"
 for applet in sh ls cat grep; do ln -s busybox "$bundle/rootfs/bin/$applet"; done
 (cd "$bundle" && runc spec)
-python3 - "$bundle/config.json" "$PWD/target/debug/nvhook" "$node/config.toml" <<'PY'
+python3 - "$bundle/config.json" "$(realpath "$bin/nvhook")" "$node/config.toml" "$version" "$node" <<'PY'
 import json, sys
-path, hook, config = sys.argv[1:]
+path, hook, config, version, node = sys.argv[1:]
 spec = json.load(open(path))
 spec["process"]["terminal"] = False
 spec["process"]["env"].append("NVIDIA_VISIBLE_DEVICES=1,3")
 spec["process"]["args"] = ["sh", "-c",
     "echo '-- /dev:'; ls /dev | grep nvidia; "
     "echo '-- nvidia-smi:'; nvidia-smi; "
-    "echo '-- driver libraries:'; ls /usr/lib | grep -c 550; "
-    "echo '-- read-only mounts:'; grep nvidia /proc/self/mountinfo | grep -c ' ro,'"]
+    f"echo '-- driver libraries in /usr/lib (files of driver {version}; their SONAME links beside them):'; "
+    f"ls /usr/lib | grep -c '[.]so[.]{version}$'; "
+    f"echo '-- files and sockets the hook bind-mounted read-only from the node (the log says mounts: N):'; "
+    f"awk 'index($4, \"{node}/\") == 1 && $6 ~ /^ro,/' /proc/self/mountinfo | wc -l"]
 spec["hooks"] = {"prestart": [{"path": hook, "args": ["nvhook", "--config", config, "hook", "prestart"],
                                "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "timeout": 30}]}
 json.dump(spec, open(path, "w"), indent=2)
 PY
 
-echo; echo "== nvhook plan (NVIDIA_VISIBLE_DEVICES=1,3) =="
-target/debug/nvhook --config "$node/config.toml" plan --bundle "$bundle" | head -12
+echo; echo "== nvhook plan (NVIDIA_VISIBLE_DEVICES=1,3): the first mounts of the list =="
+"$bin/nvhook" --config "$node/config.toml" plan --bundle "$bundle" | awk '
+  /^Mounts/ { in_mounts = 1; print; next }
+  in_mounts && /^  / { if (++mounts <= 3) print; next }
+  in_mounts { if (mounts > 3) printf "  ... and %d more\n", mounts - 3; in_mounts = 0 }
+  { print }
+  END { if (in_mounts && mounts > 3) printf "  ... and %d more\n", mounts - 3 }'
 
 echo; echo "== runc run: what the container sees =="
 (cd "$bundle" && runc run nvhook-demo)
@@ -52,3 +65,5 @@ runc delete -f nvhook-demo >/dev/null 2>&1 || true
 
 echo; echo "== hook log ($node/nvhook.log) =="
 grep "hook finished" "$node/nvhook.log" | tail -1
+
+echo; echo "The simulated node and the bundle are files under $work: rm -rf $work removes them."

@@ -3,7 +3,11 @@
 # Needs root; the end-to-end tests fail (not skip) when runc, gcc or busybox-static is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ "$(id -u)" = 0 ] || { echo "test: run as root (device nodes, cgroups, runc)" >&2; exit 1; }
+. scripts/require.sh
+require_root test "device nodes, cgroups, runc"
+require_rust test
+require_programs test runc crun cc ld python3 /bin/busybox containerd ctr dockerd podman newuidmap \
+  ip unshare protoc rpm dpkg-architecture musl-gcc systemd-run
 # Test binaries locate simnode and the mock NVML in target/debug: build every member first.
 cargo build --workspace
 # tests/packages.rs reads the .deb and .rpm from target/packages/ (cargo test cannot run a nested

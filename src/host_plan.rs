@@ -86,7 +86,11 @@ pub fn probe_image(
     config: &Config,
     rootfs_path: &Path,
 ) -> Result<ImageInfo, PlanningError> {
-    let rootfs = Rootfs::open(rootfs_path)?;
+    Ok(probe(request, config, &Rootfs::open(rootfs_path)?))
+}
+
+/// What the plan needs of the image in `rootfs`, read-only.
+pub fn probe(request: &Request, config: &Config, rootfs: &Rootfs) -> ImageInfo {
     let mut image = rootfs.probe();
     // Compat libraries replace the driver's compute libraries only.
     if config.cuda_compat == CudaCompatMode::Auto
@@ -94,7 +98,7 @@ pub fn probe_image(
     {
         image.cuda_compat = rootfs.cuda_compat(request.cuda_version.as_deref());
     }
-    Ok(image)
+    image
 }
 
 /// The rootfs at `rootfs_path` as the process `pid` sees it: a path through its root, which

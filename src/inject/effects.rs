@@ -8,7 +8,6 @@
 
 use super::HookError;
 use super::procfs;
-use crate::oci::MountPoint;
 use crate::plan::{DeviceNode, Mount, MountKind, Plan, ProcOverlay};
 use crate::rootfs::{Existing, Rootfs, RootfsError, loader, sys};
 use nvhook_cgroup::{self as cgroup, DeviceRule};
@@ -40,20 +39,19 @@ pub trait ContainerEffects {
 }
 
 /// The real effects: cgroup files and bpf(2), open_tree, setns, and pathrs in the rootfs.
-pub struct System<'a> {
+pub struct System {
     pid: i32,
-    rootfs_path: &'a Path,
-    /// The spec's mounts: which of them nvhook may write on.
-    mounts: Vec<MountPoint>,
+    /// Opened through the container's mount namespace (`/proc/<pid>/root/...`), and used
+    /// only once the hook is in it.
+    rootfs: Rootfs,
     proc: Option<procfs::Prepared>,
 }
 
-impl<'a> System<'a> {
-    pub fn new(pid: i32, rootfs_path: &'a Path, mounts: Vec<MountPoint>) -> System<'a> {
+impl System {
+    pub fn new(pid: i32, rootfs: Rootfs) -> System {
         System {
             pid,
-            rootfs_path,
-            mounts,
+            rootfs,
             proc: None,
         }
     }
@@ -65,7 +63,7 @@ pub struct SystemInside {
     proc: Option<procfs::Prepared>,
 }
 
-impl HostEffects for System<'_> {
+impl HostEffects for System {
     type Source = OwnedFd;
     type Inside = SystemInside;
 
@@ -119,7 +117,7 @@ impl HostEffects for System<'_> {
             .map_err(|source| HookError::Namespace { pid, source })?;
         sys::enter_mount_ns(&ns).map_err(|source| HookError::Namespace { pid, source })?;
         Ok(SystemInside {
-            rootfs: Rootfs::open(self.rootfs_path)?.with_mounts(&self.mounts),
+            rootfs: self.rootfs,
             proc: self.proc,
         })
     }

@@ -1,9 +1,9 @@
 //! The prestart hook: apply a plan inside a live container, before pivot_root.
 //!
 //! Order matters. In the host's mount namespace: read the inventory (in a child process),
-//! probe the image, plan, set the cgroup rules, and open every mount source as a detached,
-//! read-only tree. Then enter the container's mount namespace and attach those trees onto
-//! targets resolved inside the rootfs. Mounts only ever happen in the container's namespace,
+//! probe the image (through `/proc/<pid>/root`, so as the container sees it), plan, set the
+//! cgroup rules, and open every mount source as a detached, read-only tree. Then enter the
+//! container's mount namespace and attach those trees onto targets resolved inside the rootfs. Mounts only ever happen in the container's namespace,
 //! which dies with the container, so a failure leaves nothing on the host. The effects are
 //! behind `effects`, so this order is unit-tested (`tests.rs`) as well as run for real.
 
@@ -12,13 +12,13 @@ pub mod procfs;
 
 use crate::config::Config;
 use crate::echo::Echo;
-use crate::host_plan::{PlanningError, container_view, plan_for_host, probe_image};
+use crate::host_plan::{PlanningError, container_view, plan_for_host, probe};
 use crate::inventory;
 use crate::oci::{OciError, Spec, State};
 use crate::plan::{ListedNode, Plan};
 use crate::plan_file;
 use crate::request::{Request, RequestError};
-use crate::rootfs::RootfsError;
+use crate::rootfs::{Rootfs, RootfsError};
 use effects::{ContainerEffects, HostEffects};
 use nvhook_cgroup as cgroup;
 use std::path::PathBuf;
@@ -101,10 +101,14 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     }
     let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
     step.done("request");
-    // The image is examined as the container will see it, through its mount namespace.
+    // The rootfs as the container will see it, through its mount namespace: the image is
+    // examined, and written once the hook has entered that namespace, with its volumes
+    // mounted. The descriptors stay valid there, so it is opened once for both.
     std::fs::symlink_metadata(format!("/proc/{pid}/root"))
         .map_err(|source| HookError::ContainerGone { pid, source })?;
-    let image = probe_image(&request, config, &container_view(pid, &rootfs_path))?;
+    let rootfs =
+        Rootfs::open(&container_view(pid, &rootfs_path))?.with_mounts(&spec.mount_points());
+    let image = probe(&request, config, &rootfs);
     // nvhook-runtime already queried NVML for this start and left its plan in the bundle.
     let plan = match plan_file::read(&state.bundle, &image) {
         Some(plan) => plan,
@@ -122,12 +126,7 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
         .iter()
         .map(|d| (d.path.as_path(), d.major, d.minor))
         .collect();
-    apply(
-        effects::System::new(pid, &rootfs_path, spec.mount_points()),
-        &listed,
-        &plan,
-        &mut step,
-    )
+    apply(effects::System::new(pid, rootfs), &listed, &plan, &mut step)
 }
 
 /// Applies `plan`: the nodes and cgroup rules the spec does not already give the runtime,
