@@ -152,6 +152,9 @@ pub struct Options {
     pub file: Option<PathBuf>,
     pub runtime_name: String,
     pub runtime_path: String,
+    /// Write `runtime_path` even though nothing is there yet (an image build that installs it
+    /// later).
+    pub allow_missing: bool,
     pub set_as_default: bool,
     pub remove: bool,
     pub dry_run: bool,
@@ -162,7 +165,9 @@ pub struct Options {
 }
 
 pub const DEFAULT_RUNTIME_NAME: &str = "nvidia";
-pub const DEFAULT_RUNTIME_PATH: &str = "/usr/bin/nvhook-runtime";
+/// The runtime's file name; the engines run the one beside nvhook
+/// ([`crate::install::beside_nvhook`]).
+pub const RUNTIME_BINARY: &str = "nvhook-runtime";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigureError {
@@ -183,6 +188,10 @@ pub enum ConfigureError {
     )]
     RelativeRuntimePath(String),
     #[error(
+        "{0} does not exist: name the installed nvhook-runtime with --runtime-path, or add --allow-missing if it will be there before the engine starts (an image build)"
+    )]
+    MissingRuntime(String),
+    #[error(
         "{engine:?} has not written its containerd config in {} yet: start it once (it renders config.toml there), then run this again, or name the template with --engine-config", dir.display()
     )]
     NoRancherConfig { engine: Engine, dir: PathBuf },
@@ -194,6 +203,18 @@ pub enum ConfigureError {
         "--remove with --kubernetes: --remove takes out the runtime and leaves the hardened policy in nvhook's config; to loosen it, set accept-env-when-unprivileged = true there"
     )]
     RemoveKubernetes,
+}
+
+impl ConfigureError {
+    /// A mistake in configure's flags rather than in a file or the host.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            ConfigureError::RelativeRuntimePath(_)
+                | ConfigureError::BadRuntimeName(_)
+                | ConfigureError::RemoveKubernetes
+        )
+    }
 }
 
 /// Why an engine refused the current text; `run` adds the file name.
@@ -438,6 +459,10 @@ fn validate(options: &Options) -> Result<(), ConfigureError> {
         return Err(ConfigureError::RelativeRuntimePath(
             options.runtime_path.clone(),
         ));
+    }
+    // An engine told to run a file that is not there fails every container it starts with it.
+    if !options.remove && !options.allow_missing && !Path::new(&options.runtime_path).exists() {
+        return Err(ConfigureError::MissingRuntime(options.runtime_path.clone()));
     }
     Ok(())
 }
