@@ -102,6 +102,18 @@ impl Engine {
         }
     }
 
+    /// The program runtime `name` runs in the config text `current`, where it has one (for
+    /// k3s and RKE2, where the template reads as containerd's TOML).
+    fn runtime_program(self, current: &str, name: &str) -> Option<String> {
+        match self {
+            Engine::Docker => docker::runtime_program(current, name),
+            Engine::Crio => crio::runtime_program(current, name),
+            Engine::Containerd | Engine::K3s | Engine::Rke2 => {
+                containerd::runtime_program(current, name)
+            }
+        }
+    }
+
     /// The change to the engine's one config file (for containerd, its main file).
     fn apply(
         self,
@@ -195,6 +207,11 @@ pub enum ConfigureError {
         "{engine:?} has not written its containerd config in {} yet: start it once (it renders config.toml there), then run this again, or name the template with --engine-config", dir.display()
     )]
     NoRancherConfig { engine: Engine, dir: PathBuf },
+    #[error(
+        "{} imports {}, a directory that does not exist: create it (mkdir -p {}) and run this again, or take that entry out of imports",
+        file.display(), dir.display(), dir.display()
+    )]
+    NoDropInDir { file: PathBuf, dir: PathBuf },
     #[error("--runtime-name {0:?}: use only letters, digits, '.', '_' and '-'")]
     BadRuntimeName(String),
     #[error("{}: {message}; left untouched, and so is the engine's config: fix it, or name another file with --nvhook-config", file.display())]
@@ -271,6 +288,9 @@ pub struct Outcome {
     pub files: Vec<FileOutcome>,
     pub runtime_name: String,
     pub remove: bool,
+    /// The other program the runtime ran before this change replaced it (NVIDIA's
+    /// nvidia-container-runtime, an older nvhook elsewhere).
+    pub replaced: Option<String>,
     /// `--kubernetes`: what happened to nvhook's config.
     pub policy: Option<PolicyOutcome>,
 }
@@ -317,6 +337,14 @@ pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
         }
     };
     let engine_edits = engine_edits(options.engine, &file, &change)?;
+    let replaced = match change {
+        Change::Add { name, path, .. } => engine_edits
+            .iter()
+            .filter_map(|(_, edit)| edit.current.as_deref())
+            .find_map(|text| options.engine.runtime_program(text, name))
+            .filter(|program| program != path),
+        Change::Remove { .. } => None,
+    };
     let policy_edit = match &options.kubernetes_policy {
         Some(policy_file) => {
             let current = file::read(policy_file)?;
@@ -357,6 +385,7 @@ pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
         files,
         runtime_name: options.runtime_name.clone(),
         remove: options.remove,
+        replaced,
         policy,
     })
 }
@@ -386,6 +415,16 @@ fn engine_edits(
             .map_err(invalid(file))?;
         return Ok(vec![(file.to_path_buf(), Edit { current, new })]);
     };
+    // containerd's own default drop-in directory (conf.d beside its config) is made where
+    // missing; any other `imports` entry names a place only the admin can vouch for.
+    let dir = drop_in.parent().unwrap_or(Path::new("/"));
+    let default_dir = file.parent().unwrap_or(Path::new("/")).join("conf.d");
+    if dir != default_dir && !dir.is_dir() {
+        return Err(ConfigureError::NoDropInDir {
+            file: file.to_path_buf(),
+            dir: dir.to_path_buf(),
+        });
+    }
     let drop_in_current = file::read(&drop_in)?;
     let drop_in_new =
         containerd::apply_drop_in(current.as_deref(), drop_in_current.as_deref(), change)
@@ -497,6 +536,14 @@ impl fmt::Display for Outcome {
                 Applied::Unchanged if self.remove => write!(f, "not configured: {file} unchanged"),
                 Applied::Unchanged => write!(f, "already configured: {file} unchanged"),
                 Applied::WouldChange { diff } => write!(f, "{diff}dry run: {file} not written"),
+                // Another program's runtime of that name is gone: say whose.
+                Applied::Written { backup } if let Some(was) = &self.replaced => {
+                    write!(f, "replaced runtime {name:?} in {file} (was {was}")?;
+                    if let Some(backup) = backup {
+                        write!(f, "; backup: {}", backup.display())?;
+                    }
+                    write!(f, ")")
+                }
                 Applied::Written { backup } => {
                     write!(f, "{done}")?;
                     if let Some(backup) = backup {

@@ -8,7 +8,7 @@ use crate::dev_char::CharLink;
 use crate::inventory::{DeviceMajors, HostNode, Inventory, Library};
 use nvhook_ldcache::ElfClass;
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// `/proc/driver/nvidia/version`'s text, when it could be read.
@@ -596,8 +596,8 @@ pub enum LinkState {
     NotALink,
 }
 
-/// `/dev/char/MAJ:MIN` for each NVIDIA node, and whether it resolves to that node.
-pub fn dev_char(links: &[(CharLink, LinkState)], nvhook: &str) -> Check {
+/// `/dev/char/MAJ:MIN` for each NVIDIA node (in `dir`), and whether it resolves to that node.
+pub fn dev_char(dir: &Path, links: &[(CharLink, LinkState)], nvhook: &str) -> Check {
     let names = |state: LinkState| -> Vec<&str> {
         links
             .iter()
@@ -615,10 +615,16 @@ pub fn dev_char(links: &[(CharLink, LinkState)], nvhook: &str) -> Check {
     let wrong = [fixable.as_slice(), blocked.as_slice()].concat().join(", ");
     let fix = match blocked.as_slice() {
         [] => format!("{nvhook} dev-char-links"),
-        _ => format!(
-            "move {} out of /dev/char (not links: {nvhook} dev-char-links replaces only links), then run {nvhook} dev-char-links",
-            blocked.join(", ")
-        ),
+        _ => {
+            let paths: Vec<String> = blocked
+                .iter()
+                .map(|name| dir.join(name).display().to_string())
+                .collect();
+            format!(
+                "move {} out of the way (not links: dev-char-links replaces only links), then run {nvhook} dev-char-links",
+                paths.join(", ")
+            )
+        }
     };
     Check::warn(
         "/dev/char links",

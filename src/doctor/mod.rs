@@ -200,7 +200,11 @@ pub fn run(config: &Config, options: &Options) -> Report {
                 (l, state)
             })
             .collect();
-        out.push(checks::dev_char(&links, &options.nvhook()));
+        out.push(checks::dev_char(
+            &dev.join("char"),
+            &links,
+            &options.nvhook(),
+        ));
     }
     out.extend(checks::engines(
         &engine_configs(options),
