@@ -703,5 +703,20 @@ fn configure_refuses_malformed_engine_configs() {
         "nvhook",
         "Is a directory",
     );
-    // A relative --runtime-path is a usage error (exit 2): tests/first_hour.rs.
+    let file = s.path("daemon.json");
+    let args = [
+        "configure",
+        "docker",
+        "--engine-config",
+        file.to_str().unwrap(),
+        "--runtime-path",
+        "nvhook-runtime",
+    ];
+    // A usage error: exit 2, the README's status for those, and otherwise the same one line.
+    let out = run(NVHOOK, &args, &[], b"");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("nvhook: ") && stderr.contains("is not absolute"));
+    assert!(!file.exists());
 }
