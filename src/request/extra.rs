@@ -76,10 +76,8 @@ pub enum ExtraError {
 /// ([`super::list_items`]): `None` for no channel (no item, or `none` or `void` among them),
 /// `all`, or decimal channel numbers. A sign, or `all` among numbers, is a mistake, refused.
 fn parse_channels(value: &str, origin: &str) -> Result<Option<ImexChannels>, ExtraError> {
-    let Some(items) = super::devices::requested_items(value.split(',')) else {
-        return Ok(None);
-    };
-    if items.contains(&"none") {
+    let items = super::list_items(value.split(','));
+    if items.is_empty() || items.iter().any(|i| matches!(*i, "none" | "void")) {
         return Ok(None);
     }
     if items == ["all"] {
