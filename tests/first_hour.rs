@@ -498,7 +498,27 @@ fn nvhooks_own_argument_checks_exit_2() {
     let dir = tempfile::tempdir().unwrap();
     let engine = dir.path().join("daemon.json");
     let nvhook_config = dir.path().join("nvhook.toml");
-    let cases: [(Vec<&str>, &str); 5] = [
+    let other = dir.path().join("other.toml");
+    let two_files = format!(
+        "nvhook: --config {} and --nvhook-config {} name two files: give one of them",
+        other.display(),
+        nvhook_config.display()
+    );
+    let cases: [(Vec<&str>, &str); 6] = [
+        (
+            vec![
+                "--config",
+                s(&other),
+                "configure",
+                "containerd",
+                "--engine-config",
+                s(&engine),
+                "--kubernetes",
+                "--nvhook-config",
+                s(&nvhook_config),
+            ],
+            &two_files,
+        ),
         (
             vec![
                 "configure",
@@ -546,7 +566,7 @@ fn nvhooks_own_argument_checks_exit_2() {
     for (args, line) in cases {
         assert_eq!(failure(&run_nvhook(&args), 2), line, "{args:?}");
     }
-    assert!(!engine.exists() && !nvhook_config.exists());
+    assert!(!engine.exists() && !nvhook_config.exists() && !other.exists());
 }
 
 #[test]
