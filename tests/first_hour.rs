@@ -184,24 +184,42 @@ fn configure_takes_config_only_where_it_writes_nvhooks_config() {
     );
 }
 
+/// What NVIDIA's `nvidia-ctk runtime configure` leaves in each engine's config.
+const NVIDIA_CTK_CONFIGS: [(&str, &str, &str); 3] = [
+    (
+        "docker",
+        "daemon.json",
+        "{\"runtimes\": {\"nvidia\": {\"path\": \"/usr/bin/nvidia-container-runtime\", \"runtimeArgs\": []}}}\n",
+    ),
+    (
+        "containerd",
+        "config.toml",
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia]\nruntime_type = \"io.containerd.runc.v2\"\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia.options]\nBinaryName = \"/usr/bin/nvidia-container-runtime\"\n",
+    ),
+    (
+        "crio",
+        "99-nvidia.conf",
+        "[crio.runtime.runtimes.nvidia]\nruntime_path = \"/usr/bin/nvidia-container-runtime\"\nruntime_type = \"oci\"\n",
+    ),
+];
+
 #[test]
 fn replacing_another_programs_runtime_says_whose_it_was() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon_json = dir.path().join("daemon.json");
-    fs::write(
-        &daemon_json,
-        "{\"runtimes\": {\"nvidia\": {\"path\": \"/usr/bin/nvidia-container-runtime\", \"runtimeArgs\": []}}}\n",
-    )
-    .unwrap();
-    let out = run_nvhook(&["configure", "docker", "--engine-config", s(&daemon_json)]);
-    assert_eq!(
-        success(&out).lines().next().unwrap(),
-        format!(
-            "replaced runtime \"nvidia\" in {} (was /usr/bin/nvidia-container-runtime; backup: {}.nvhook.bak)",
-            daemon_json.display(),
-            daemon_json.display()
-        )
-    );
+    for (engine, name, text) in NVIDIA_CTK_CONFIGS {
+        let file = dir.path().join(name);
+        fs::write(&file, text).unwrap();
+        let out = run_nvhook(&["configure", engine, "--engine-config", s(&file)]);
+        assert_eq!(
+            success(&out).lines().next().unwrap(),
+            format!(
+                "replaced runtime \"nvidia\" in {} (was /usr/bin/nvidia-container-runtime; backup: {}.nvhook.bak)",
+                file.display(),
+                file.display()
+            ),
+            "{engine}"
+        );
+    }
 }
 
 #[test]
