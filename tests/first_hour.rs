@@ -458,8 +458,30 @@ fn doctor_says_why_a_stored_nvml_cache_is_not_used() {
             run.display()
         )
     );
-    // Where nothing is stored, the fix names the config doctor was given.
+    // A user other than the hook's, as a doctor run without root is.
     fs::set_permissions(&run, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::set_permissions(node.root(), fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(nvhook_bin())
+        .args(["--config", s(&config), "doctor", "--root", s(host.path())])
+        .env_remove("NVHOOK_CONFIG")
+        .output()
+        .expect("run setpriv");
+    let report = stdout(&out);
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("warn NVML cache:"))
+        .unwrap_or_else(|| panic!("no NVML cache line in\n{report}{}", stderr(&out)));
+    assert_eq!(
+        line,
+        format!(
+            "warn NVML cache: {}: not used: this user (uid 65534) may not look into {}: Permission denied (os error 13) -> fix: run nvhook doctor as the user the hook runs as (root), or make the cache's directory that user's alone (chown, chmod go-w)",
+            cache.display(),
+            run.display()
+        )
+    );
+    // Where nothing is stored, the fix names the config doctor was given.
     fs::remove_file(&cache).unwrap();
     assert_eq!(
         doctor_line(&node, host.path(), "warn NVML cache:"),

@@ -130,10 +130,20 @@ impl NvmlCache {
     /// Why a file at the cache's path is not used, when one is there and is not (what
     /// [`NvmlCache::read`] turns down in silence); `None` where there is none, or it is used.
     pub fn unusable(&self) -> Option<String> {
-        let meta = std::fs::symlink_metadata(&self.path).ok()?;
         let dir = self.path.parent().unwrap_or(Path::new("/"));
         // SAFETY: geteuid has no preconditions.
         let euid = unsafe { libc::geteuid() };
+        let meta = match std::fs::symlink_metadata(&self.path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            // Another user's private directory: whatever is stored there, this user cannot see.
+            Err(e) => {
+                return Some(format!(
+                    "this user (uid {euid}) may not look into {}: {e}",
+                    dir.display()
+                ));
+            }
+        };
         if !std::fs::symlink_metadata(dir).is_ok_and(|m| private(&m)) {
             return Some(format!(
                 "its directory {} is not private to this user (uid {euid}): a cache others may write is not trusted",
