@@ -234,10 +234,18 @@ impl Config {
 /// (`driver-root: expected a path, found integer 42 (line 1)`), else toml's message with its
 /// line. A quoted key may hold control characters, which toml repeats raw: they are escaped.
 fn describe(message: &str, span: Option<std::ops::Range<usize>>, text: &str) -> String {
-    let Some(at) = span.map(|s| s.start.min(text.len())) else {
+    let Some(at) = span.as_ref().map(|s| s.start.min(text.len())) else {
         return escape_controls(message);
     };
     let line = text[..at].matches('\n').count() + 1;
+    // toml says only "duplicate key"; its span is the second one's name.
+    if message.trim() == "duplicate key"
+        && let Some(name) = span.and_then(|s| text.get(s)).map(str::trim)
+    {
+        return escape_controls(&format!(
+            "line {line}: duplicate key `{name}` (set each key once)"
+        ));
+    }
     // An unknown key's message names the key already.
     let key = key_at(text, at).filter(|_| !message.starts_with("unknown field"));
     escape_controls(&match key {

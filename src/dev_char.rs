@@ -193,6 +193,13 @@ fn leads_to(dir: &OwnedFd, name: &str, link: &CharLink) -> bool {
     is_char && libc::major(st.st_rdev) == link.major && libc::minor(st.st_rdev) == link.minor
 }
 
+/// Whether `link`'s place holds something other than a link (a file, a directory, a node
+/// with other numbers), which [`ensure`] never replaces.
+pub fn not_a_link(dev: &Path, link: &CharLink) -> bool {
+    std::fs::symlink_metadata(dev.join("char").join(&link.name))
+        .is_ok_and(|m| !m.file_type().is_symlink())
+}
+
 /// Whether `<dev>/char/MAJ:MIN` resolves to a character device with those numbers: what
 /// systemd needs to turn a rule into a `DeviceAllow=` entry.
 pub fn resolves(dev: &Path, major: u32, minor: u32) -> bool {

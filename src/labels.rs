@@ -18,12 +18,26 @@ const MAX_LEN: usize = 63;
 /// The most characters of the prefix, a DNS subdomain.
 const MAX_PREFIX_LEN: usize = 253;
 
+/// A `--prefix` that is no label namespace: a usage error.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "--prefix {0:?}: expected a DNS subdomain such as nvidia.com (lower-case letters, digits, '-' and '.', at most 253 characters)"
+)]
+pub struct PrefixError(pub String);
+
+/// Checks `--prefix` before anything is read from the host.
+pub fn check_prefix(prefix: &str) -> Result<(), PrefixError> {
+    if valid_prefix(prefix) {
+        Ok(())
+    } else {
+        Err(PrefixError(prefix.to_owned()))
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LabelError {
-    #[error(
-        "--prefix {0:?}: expected a DNS subdomain such as nvidia.com (lower-case letters, digits, '-' and '.', at most 253 characters)"
-    )]
-    Prefix(String),
+    #[error(transparent)]
+    Prefix(#[from] PrefixError),
     #[error(
         "--mig-strategy single: {0}; the single strategy needs every GPU split into MIG devices of one profile (use mixed)"
     )]
@@ -55,15 +69,23 @@ impl Labels {
         prefix: &str,
         strategy: MigStrategy,
     ) -> Result<Labels, LabelError> {
-        if !valid_prefix(prefix) {
-            return Err(LabelError::Prefix(prefix.to_owned()));
-        }
+        check_prefix(prefix)?;
         let mut labels = Labels(BTreeMap::new());
         let mut set = |name: &str, value: &str| {
             labels
                 .0
                 .insert(format!("{prefix}/{}", sanitize(name)), sanitize(value));
         };
+        // The shipped RuntimeClass schedules GPU pods onto nodes with this label: a node that
+        // nvhook alone labels must carry it.
+        set(
+            "gpu.present",
+            if system.gpus.is_empty() {
+                "false"
+            } else {
+                "true"
+            },
+        );
         set("gpu.count", &system.gpus.len().to_string());
         let driver: Vec<&str> = system.driver_version.split('.').collect();
         let driver_part = |i: usize| driver.get(i).copied().filter(|p| !p.is_empty());
@@ -274,6 +296,7 @@ mod tests {
         ]));
         let want = [
             ("nvidia.com/gpu.count", "3"),
+            ("nvidia.com/gpu.present", "true"),
             ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
             ("nvidia.com/gpu.family", "ampere"),
             ("nvidia.com/gpu.memory", "81920"),
@@ -346,6 +369,7 @@ mod tests {
     fn a_node_without_gpus_says_so() {
         let got = labels(&system(vec![]));
         assert_eq!(got["nvidia.com/gpu.count"], "0");
+        assert_eq!(got["nvidia.com/gpu.present"], "false");
         assert_eq!(got["nvidia.com/mig.capable"], "false");
         assert!(!got.contains_key("nvidia.com/gpu.product"));
     }

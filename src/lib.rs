@@ -16,6 +16,7 @@ pub mod extra_devices;
 mod file_id;
 pub mod host_plan;
 pub mod inject;
+pub mod install;
 pub mod inventory;
 pub mod labels;
 pub mod logging;

@@ -70,11 +70,15 @@ pub fn inventory_text(inv: &Inventory) -> String {
         let _ = writeln!(s, "  {:<9} {}", cap, f.host_path.display());
     }
     let _ = writeln!(s, "\nDevice nodes:");
-    for n in inv
+    let mut nodes = inv
         .nodes
         .iter()
         .chain(inv.drm_nodes.iter().map(|d| &d.node))
-    {
+        .peekable();
+    if nodes.peek().is_none() {
+        let _ = writeln!(s, "  none");
+    }
+    for n in nodes {
         let _ = writeln!(s, "  {} {}:{}", n.path, n.major, n.minor);
     }
     s

@@ -712,11 +712,11 @@ fn configure_refuses_malformed_engine_configs() {
         "--runtime-path",
         "nvhook-runtime",
     ];
-    assert_one_line(
-        "relative runtime path",
-        &run(NVHOOK, &args, &[], b""),
-        "nvhook",
-        "is not absolute",
-    );
+    // A usage error: exit 2, the README's status for those, and otherwise the same one line.
+    let out = run(NVHOOK, &args, &[], b"");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("nvhook: ") && stderr.contains("is not absolute"));
     assert!(!file.exists());
 }

@@ -334,13 +334,18 @@ fn a_cdi_spec_naming_a_gpu_that_is_gone_fails() {
     let node = Node::ready();
     // GPU 1 (with its MIG devices) falls off the bus.
     node.sim.change(&["--gpus", "2", "--lost-gpu", "1"]);
+    // The fix names the config doctor was given.
+    let fix = format!(
+        "nvhook --config {} cdi refresh",
+        node.sim.config().display()
+    );
     node.expect(
         1,
         "FAIL CDI ",
         &[
             "stale",
             "names devices this node does not have: 1, 1:0, 1:1",
-            "nvhook cdi refresh",
+            &fix,
         ],
     );
 }
@@ -356,11 +361,11 @@ fn a_malformed_cdi_spec_fails() {
 fn a_missing_dev_char_link_warns() {
     let node = Node::ready();
     fs::remove_file(node.path("dev/char/195:1")).unwrap();
-    node.expect(
-        0,
-        "warn /dev/char links: missing or wrong: 195:1",
-        &["nvhook dev-char-links"],
+    let fix = format!(
+        "nvhook --config {} dev-char-links",
+        node.sim.config().display()
     );
+    node.expect(0, "warn /dev/char links: missing or wrong: 195:1", &[&fix]);
 }
 
 #[test]

@@ -174,8 +174,8 @@ fn missing_channels_and_malformed_values_are_refused_in_one_line() {
             "nvhook: NVIDIA_IMEX_CHANNELS: IMEX channel 5 does not exist on this host (it has channels 0,1; ask for one it has, or all)",
         ),
         (
-            "NVIDIA_IMEX_CHANNELS=1,,2",
-            "nvhook: NVIDIA_IMEX_CHANNELS=1,,2: \"\" is not an IMEX channel number (use channel numbers separated by commas, such as 0,1, or all)",
+            "NVIDIA_IMEX_CHANNELS=1,,x",
+            "nvhook: NVIDIA_IMEX_CHANNELS=1,,x: \"x\" is not an IMEX channel number (use channel numbers separated by commas, such as 0,1, or all)",
         ),
         (
             "NVIDIA_IMEX_CHANNELS=-1",

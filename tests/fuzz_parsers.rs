@@ -128,6 +128,7 @@ fn check_configure(engine: Engine, text: &[u8]) {
         file: Some(file.clone()),
         runtime_name: "nvidia".into(),
         runtime_path: "/usr/bin/nvhook-runtime".into(),
+        allow_missing: true,
         set_as_default: true,
         remove,
         dry_run: false,

@@ -108,7 +108,8 @@ fn the_nfd_file_is_written_whole_and_a_bad_prefix_writes_nothing() {
         &node,
         &["--prefix", "NVIDIA.com", "--output", file.to_str().unwrap()],
     );
-    assert_eq!(bad.status.code(), Some(1));
+    // A usage error, as the README's exit statuses say.
+    assert_eq!(bad.status.code(), Some(2));
     let err = String::from_utf8(bad.stderr).unwrap();
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("--prefix \"NVIDIA.com\""), "{err}");

@@ -26,7 +26,11 @@ pub struct HookBinary {
 impl HookBinary {
     pub fn new(config: &Config, config_path: Option<&Path>) -> HookBinary {
         HookBinary {
-            path: config.hook_path.clone().unwrap_or_else(running_nvhook),
+            // The nvhook that nvhook-runtime runs from beside itself, or that wrote a CDI spec.
+            path: config
+                .hook_path
+                .clone()
+                .unwrap_or_else(crate::install::this_nvhook),
             // The hook runs with `/` as its working directory.
             config: config_path.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.into())),
         }
@@ -49,15 +53,6 @@ impl HookBinary {
             timeout: Some(crate::config::HOOK_TIMEOUT_S),
         }
     }
-}
-
-/// This program's own path: the nvhook that nvhook-runtime runs from beside itself, or the
-/// one that wrote a CDI spec. The packaged path stands in only where /proc cannot say.
-fn running_nvhook() -> PathBuf {
-    std::env::current_exe().unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "cannot read /proc/self/exe: hook entries name /usr/bin/nvhook");
-        PathBuf::from("/usr/bin/nvhook")
-    })
 }
 
 /// Everything `plan` asks of a container, as CDI container edits.

@@ -48,6 +48,12 @@ pub enum CdiError {
     },
     #[error("cannot write CDI spec {0}: engines only read spec files named *.json or *.yaml")]
     Name(PathBuf),
+    #[error(
+        "cannot write CDI spec {}: it is a directory (name the file in it, such as {})",
+        .0.display(),
+        .0.join("nvidia.yaml").display()
+    )]
+    Directory(PathBuf),
 }
 
 /// Reads and validates the spec at `path`.
@@ -110,13 +116,6 @@ pub fn refresh_spec(path: &Path, text: &str) -> Result<bool, CdiError> {
             });
         }
     }
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|source| CdiError::Io {
-            op: "create the directory of",
-            path: path.to_path_buf(),
-            source,
-        })?;
-    }
     write_spec(path, text)?;
     Ok(true)
 }
@@ -165,11 +164,22 @@ pub fn write_extra_specs(
 /// Writes `text` to `path` atomically (engines watch these directories and may read at any
 /// time). Engines read only `*.json` and `*.yaml`: another name would be silently ignored.
 pub fn write_spec(path: &Path, text: &str) -> Result<(), CdiError> {
+    if path.is_dir() {
+        return Err(CdiError::Directory(path.to_path_buf()));
+    }
     if !matches!(
         path.extension().and_then(|e| e.to_str()),
         Some("json" | "yaml")
     ) {
         return Err(CdiError::Name(path.to_path_buf()));
+    }
+    // As engines' own spec directories often do not exist before the first spec.
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|source| CdiError::Io {
+            op: "create the directory of",
+            path: path.to_path_buf(),
+            source,
+        })?;
     }
     write_atomic(path, text.as_bytes(), NewFile::mode(0o644)).map_err(|source| CdiError::Io {
         op: "write",

@@ -47,6 +47,18 @@ pub(super) fn apply(current: Option<&str>, change: &Change) -> Result<Option<Str
     Ok(Some(doc.to_string()))
 }
 
+/// The program runtime `name` runs in `current` (its `BinaryName`), where it has one.
+pub(super) fn runtime_program(current: &str, name: &str) -> Option<String> {
+    let doc = edit::parse(Some(current)).ok()?;
+    let containerd = containerd_path(version(&doc).ok()?);
+    let runtime = item_at(doc.as_item(), &runtimes_path(&containerd))?.get(name)?;
+    runtime
+        .get("options")?
+        .get("BinaryName")?
+        .as_str()
+        .map(str::to_owned)
+}
+
 /// The drop-in that nvhook's runtime belongs in, for the main config `main` at `file`: in
 /// the directory of the first `imports` entry that covers a file named [`DROP_IN_NAME`],
 /// for containerd 2's config versions; `None` where the main file holds the runtime.

@@ -4,6 +4,17 @@ use super::toml as edit;
 use super::{Change, Invalid};
 const RUNTIME: [&str; 2] = ["crio", "runtime"];
 
+/// The program runtime `name` runs in `current`, where it has one.
+pub(super) fn runtime_program(current: &str, name: &str) -> Option<String> {
+    let doc = edit::parse(Some(current)).ok()?;
+    let runtime = doc
+        .get(RUNTIME[0])?
+        .get(RUNTIME[1])?
+        .get("runtimes")?
+        .get(name)?;
+    runtime.get("runtime_path")?.as_str().map(str::to_owned)
+}
+
 pub(super) fn apply(current: Option<&str>, change: &Change) -> Result<Option<String>, Invalid> {
     let mut doc = edit::parse(current)?;
     let root = doc.as_table_mut();

@@ -31,6 +31,13 @@ pub(super) fn apply(current: Option<&str>, change: &Change) -> Result<Option<Str
     Ok(Some(render(&after, text)))
 }
 
+/// The program runtime `name` runs in `current`, where it has one.
+pub(super) fn runtime_program(current: &str, name: &str) -> Option<String> {
+    let config = parse(current).ok()?;
+    let path = config.get("runtimes")?.get(name)?.get("path")?;
+    path.as_str().map(str::to_owned)
+}
+
 fn parse(text: &str) -> Result<Map<String, Value>, Invalid> {
     if text.trim().is_empty() {
         return Ok(Map::new());

@@ -102,6 +102,18 @@ impl Engine {
         }
     }
 
+    /// The program runtime `name` runs in the config text `current`, where it has one (for
+    /// k3s and RKE2, where the template reads as containerd's TOML).
+    fn runtime_program(self, current: &str, name: &str) -> Option<String> {
+        match self {
+            Engine::Docker => docker::runtime_program(current, name),
+            Engine::Crio => crio::runtime_program(current, name),
+            Engine::Containerd | Engine::K3s | Engine::Rke2 => {
+                containerd::runtime_program(current, name)
+            }
+        }
+    }
+
     /// The change to the engine's one config file (for containerd, its main file).
     fn apply(
         self,
@@ -152,6 +164,9 @@ pub struct Options {
     pub file: Option<PathBuf>,
     pub runtime_name: String,
     pub runtime_path: String,
+    /// Write `runtime_path` even though nothing is there yet (an image build that installs it
+    /// later).
+    pub allow_missing: bool,
     pub set_as_default: bool,
     pub remove: bool,
     pub dry_run: bool,
@@ -162,7 +177,9 @@ pub struct Options {
 }
 
 pub const DEFAULT_RUNTIME_NAME: &str = "nvidia";
-pub const DEFAULT_RUNTIME_PATH: &str = "/usr/bin/nvhook-runtime";
+/// The runtime's file name; the engines run the one beside nvhook
+/// ([`crate::install::beside_nvhook`]).
+pub const RUNTIME_BINARY: &str = "nvhook-runtime";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigureError {
@@ -183,9 +200,18 @@ pub enum ConfigureError {
     )]
     RelativeRuntimePath(String),
     #[error(
+        "{0} does not exist: name the installed nvhook-runtime with --runtime-path, or add --allow-missing if it will be there before the engine starts (an image build)"
+    )]
+    MissingRuntime(String),
+    #[error(
         "{engine:?} has not written its containerd config in {} yet: start it once (it renders config.toml there), then run this again, or name the template with --engine-config", dir.display()
     )]
     NoRancherConfig { engine: Engine, dir: PathBuf },
+    #[error(
+        "{} imports {}, a directory that does not exist: create it (mkdir -p {}) and run this again, or take that entry out of imports",
+        file.display(), dir.display(), dir.display()
+    )]
+    NoDropInDir { file: PathBuf, dir: PathBuf },
     #[error("--runtime-name {0:?}: use only letters, digits, '.', '_' and '-'")]
     BadRuntimeName(String),
     #[error("{}: {message}; left untouched, and so is the engine's config: fix it, or name another file with --nvhook-config", file.display())]
@@ -194,6 +220,18 @@ pub enum ConfigureError {
         "--remove with --kubernetes: --remove takes out the runtime and leaves the hardened policy in nvhook's config; to loosen it, set accept-env-when-unprivileged = true there"
     )]
     RemoveKubernetes,
+}
+
+impl ConfigureError {
+    /// A mistake in configure's flags rather than in a file or the host.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            ConfigureError::RelativeRuntimePath(_)
+                | ConfigureError::BadRuntimeName(_)
+                | ConfigureError::RemoveKubernetes
+        )
+    }
 }
 
 /// Why an engine refused the current text; `run` adds the file name.
@@ -250,6 +288,9 @@ pub struct Outcome {
     pub files: Vec<FileOutcome>,
     pub runtime_name: String,
     pub remove: bool,
+    /// The other program the runtime ran before this change replaced it (NVIDIA's
+    /// nvidia-container-runtime, an older nvhook elsewhere).
+    pub replaced: Option<String>,
     /// `--kubernetes`: what happened to nvhook's config.
     pub policy: Option<PolicyOutcome>,
 }
@@ -296,6 +337,14 @@ pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
         }
     };
     let engine_edits = engine_edits(options.engine, &file, &change)?;
+    let replaced = match change {
+        Change::Add { name, path, .. } => engine_edits
+            .iter()
+            .filter_map(|(_, edit)| edit.current.as_deref())
+            .find_map(|text| options.engine.runtime_program(text, name))
+            .filter(|program| program != path),
+        Change::Remove { .. } => None,
+    };
     let policy_edit = match &options.kubernetes_policy {
         Some(policy_file) => {
             let current = file::read(policy_file)?;
@@ -336,6 +385,7 @@ pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
         files,
         runtime_name: options.runtime_name.clone(),
         remove: options.remove,
+        replaced,
         policy,
     })
 }
@@ -365,6 +415,16 @@ fn engine_edits(
             .map_err(invalid(file))?;
         return Ok(vec![(file.to_path_buf(), Edit { current, new })]);
     };
+    // containerd's own default drop-in directory (conf.d beside its config) is made where
+    // missing; any other `imports` entry names a place only the admin can vouch for.
+    let dir = drop_in.parent().unwrap_or(Path::new("/"));
+    let default_dir = file.parent().unwrap_or(Path::new("/")).join("conf.d");
+    if dir != default_dir && !dir.is_dir() {
+        return Err(ConfigureError::NoDropInDir {
+            file: file.to_path_buf(),
+            dir: dir.to_path_buf(),
+        });
+    }
     let drop_in_current = file::read(&drop_in)?;
     let drop_in_new =
         containerd::apply_drop_in(current.as_deref(), drop_in_current.as_deref(), change)
@@ -439,6 +499,10 @@ fn validate(options: &Options) -> Result<(), ConfigureError> {
             options.runtime_path.clone(),
         ));
     }
+    // An engine told to run a file that is not there fails every container it starts with it.
+    if !options.remove && !options.allow_missing && !Path::new(&options.runtime_path).exists() {
+        return Err(ConfigureError::MissingRuntime(options.runtime_path.clone()));
+    }
     Ok(())
 }
 
@@ -472,6 +536,14 @@ impl fmt::Display for Outcome {
                 Applied::Unchanged if self.remove => write!(f, "not configured: {file} unchanged"),
                 Applied::Unchanged => write!(f, "already configured: {file} unchanged"),
                 Applied::WouldChange { diff } => write!(f, "{diff}dry run: {file} not written"),
+                // Another program's runtime of that name is gone: say whose.
+                Applied::Written { backup } if let Some(was) = &self.replaced => {
+                    write!(f, "replaced runtime {name:?} in {file} (was {was}")?;
+                    if let Some(backup) = backup {
+                        write!(f, "; backup: {}", backup.display())?;
+                    }
+                    write!(f, ")")
+                }
                 Applied::Written { backup } => {
                     write!(f, "{done}")?;
                     if let Some(backup) = backup {

@@ -8,7 +8,7 @@ use crate::dev_char::CharLink;
 use crate::inventory::{DeviceMajors, HostNode, Inventory, Library};
 use nvhook_ldcache::ElfClass;
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// `/proc/driver/nvidia/version`'s text, when it could be read.
@@ -222,13 +222,17 @@ pub enum CacheState {
     /// `nvml-cache-file` is empty, or the host cannot be fingerprinted.
     Off,
     Missing,
+    /// A file is there that this user does not use, and why.
+    Unusable(String),
     /// Stored for another host state (a reboot, a driver or MIG change since).
     Stale,
     Fresh,
 }
 
-pub fn cache(path: &str, state: &CacheState) -> Check {
-    let fix = "nothing to do: the next container start (or nvhook cdi refresh) asks NVML and stores the answer";
+pub fn cache(path: &str, state: &CacheState, nvhook: &str) -> Check {
+    let fix = &format!(
+        "nothing to do: the next container start (or {nvhook} cdi refresh) asks NVML and stores the answer"
+    );
     match state {
         CacheState::Fresh => Check::ok("NVML cache", format!("{path}: fresh for this host")),
         CacheState::Off => Check::warn(
@@ -237,6 +241,11 @@ pub fn cache(path: &str, state: &CacheState) -> Check {
             "set nvml-cache-file in the nvhook config",
         ),
         CacheState::Missing => Check::warn("NVML cache", format!("{path}: none stored yet"), fix),
+        CacheState::Unusable(why) => Check::warn(
+            "NVML cache",
+            format!("{path}: not used: {why}"),
+            "run nvhook doctor as the user the hook runs as (root), or make the cache's directory that user's alone (chown, chmod go-w)",
+        ),
         CacheState::Stale => Check::warn(
             "NVML cache",
             format!(
@@ -362,8 +371,8 @@ pub struct CurrentDevices {
     pub nodes: Vec<(String, Vec<SpecNode>)>,
 }
 
-pub fn cdi(specs: &[SpecFile], now: &CurrentDevices) -> Vec<Check> {
-    let fix = "nvhook cdi refresh --output FILE (or delete the file)";
+pub fn cdi(specs: &[SpecFile], now: &CurrentDevices, nvhook: &str) -> Vec<Check> {
+    let fix = &format!("{nvhook} cdi refresh --output FILE (or delete the file)");
     let known: BTreeSet<&str> = now
         .ids
         .iter()
@@ -576,27 +585,54 @@ pub fn cgroup(c: &Cgroup) -> Check {
     }
 }
 
-/// `/dev/char/MAJ:MIN` for each NVIDIA node, and whether it resolves to that node.
-pub fn dev_char(links: &[(CharLink, bool)]) -> Check {
-    let missing: Vec<&str> = links
-        .iter()
-        .filter(|(_, ok)| !ok)
-        .map(|(l, _)| l.name.as_str())
-        .collect();
-    match missing.as_slice() {
-        [] => Check::ok(
+/// What is at `/dev/char/MAJ:MIN` for an NVIDIA node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// It resolves to that node.
+    Resolves,
+    /// Missing, or a link that leads elsewhere: `nvhook dev-char-links` puts it right.
+    Fixable,
+    /// Something that is not a link, which `nvhook dev-char-links` leaves alone.
+    NotALink,
+}
+
+/// `/dev/char/MAJ:MIN` for each NVIDIA node (in `dir`), and whether it resolves to that node.
+pub fn dev_char(dir: &Path, links: &[(CharLink, LinkState)], nvhook: &str) -> Check {
+    let names = |state: LinkState| -> Vec<&str> {
+        links
+            .iter()
+            .filter(|(_, s)| *s == state)
+            .map(|(l, _)| l.name.as_str())
+            .collect()
+    };
+    let (fixable, blocked) = (names(LinkState::Fixable), names(LinkState::NotALink));
+    if fixable.is_empty() && blocked.is_empty() {
+        return Check::ok(
             "/dev/char links",
             format!("{} NVIDIA nodes linked", links.len()),
-        ),
-        _ => Check::warn(
-            "/dev/char links",
-            format!(
-                "missing or wrong: {} (systemd drops those devices from a container's rules on daemon-reload)",
-                missing.join(", ")
-            ),
-            "nvhook dev-char-links",
-        ),
+        );
     }
+    let wrong = [fixable.as_slice(), blocked.as_slice()].concat().join(", ");
+    let fix = match blocked.as_slice() {
+        [] => format!("{nvhook} dev-char-links"),
+        _ => {
+            let paths: Vec<String> = blocked
+                .iter()
+                .map(|name| dir.join(name).display().to_string())
+                .collect();
+            format!(
+                "move {} out of the way (not links: dev-char-links replaces only links), then run {nvhook} dev-char-links",
+                paths.join(", ")
+            )
+        }
+    };
+    Check::warn(
+        "/dev/char links",
+        format!(
+            "missing or wrong: {wrong} (systemd drops those devices from a container's rules on daemon-reload)"
+        ),
+        fix,
+    )
 }
 
 /// The device-selection policy in force, in one sentence.
@@ -771,6 +807,7 @@ mod tests {
                 spec(&["0", "1", "all"], None),
             ],
             &now,
+            "nvhook",
         );
         assert_eq!(
             levels(&checks),
@@ -781,7 +818,7 @@ mod tests {
             "stale: names devices this node does not have: 2"
         );
         assert_eq!(checks[2].detail, "stale: device nodes changed for: 0");
-        let missing = cdi(&[spec(&["0", "all"], Some(0))], &now);
+        let missing = cdi(&[spec(&["0", "all"], Some(0))], &now, "nvhook");
         assert_eq!(missing[0].detail, "stale: lacks this node's devices: 1");
     }
 

@@ -128,6 +128,18 @@ pub struct Options {
     pub runtime_name: String,
     /// The nvhook-runtime the engines should run.
     pub runtime_path: String,
+    /// The config file doctor was named (`--config`), which the commands it suggests name too.
+    pub config_file: Option<PathBuf>,
+}
+
+impl Options {
+    /// `nvhook`, with the `--config` doctor was given: the start of every command it suggests.
+    fn nvhook(&self) -> String {
+        match &self.config_file {
+            Some(file) => format!("nvhook --config {}", file.display()),
+            None => "nvhook".to_string(),
+        }
+    }
 }
 
 /// Runs every check. Those that compare the host with NVML's answer are left out when NVML
@@ -162,6 +174,7 @@ pub fn run(config: &Config, options: &Options) -> Report {
         out.push(checks::cache(
             &config.nvml_cache_file.display().to_string(),
             &cache_state(config, inventory),
+            &options.nvhook(),
         ));
         let heads: Vec<_> = inventory
             .files
@@ -177,11 +190,21 @@ pub fn run(config: &Config, options: &Options) -> Report {
         let links: Vec<_> = dev_char::for_host_nodes(&dev, nodes)
             .into_iter()
             .map(|l| {
-                let ok = dev_char::resolves(&dev, l.major, l.minor);
-                (l, ok)
+                let state = if dev_char::resolves(&dev, l.major, l.minor) {
+                    checks::LinkState::Resolves
+                } else if dev_char::not_a_link(&dev, &l) {
+                    checks::LinkState::NotALink
+                } else {
+                    checks::LinkState::Fixable
+                };
+                (l, state)
             })
             .collect();
-        out.push(checks::dev_char(&links));
+        out.push(checks::dev_char(
+            &dev.join("char"),
+            &links,
+            &options.nvhook(),
+        ));
     }
     out.extend(checks::engines(
         &engine_configs(options),
@@ -212,7 +235,10 @@ fn cache_state(config: &Config, inventory: &Inventory) -> CacheState {
         (Some(system), _) if HostChange::between(&system, &inventory.system()).is_none() => {
             CacheState::Fresh
         }
-        (None, None) => CacheState::Missing,
+        (None, None) => match stored.unusable() {
+            Some(why) => CacheState::Unusable(why),
+            None => CacheState::Missing,
+        },
         _ => CacheState::Stale,
     }
 }
@@ -242,6 +268,8 @@ fn engine_configs(options: &Options) -> Vec<EngineConfig> {
                 file: Some(file.clone()),
                 runtime_name: options.runtime_name.clone(),
                 runtime_path: options.runtime_path.clone(),
+                // Whether the runtime is installed is the runtime check's to say.
+                allow_missing: true,
                 set_as_default: false,
                 remove: false,
                 dry_run: true,
@@ -330,7 +358,7 @@ fn cdi_checks(config: &Config, options: &Options, inventory: &Inventory) -> Vec<
             .collect(),
         Err(_) => Vec::new(),
     };
-    checks::cdi(&specs, &CurrentDevices { ids, nodes })
+    checks::cdi(&specs, &CurrentDevices { ids, nodes }, &options.nvhook())
 }
 
 /// A device's nodes, as the check compares them.

@@ -127,6 +127,40 @@ impl NvmlCache {
         self.stored().map(|s| s.system)
     }
 
+    /// Why a file at the cache's path is not used, when one is there and is not (what
+    /// [`NvmlCache::read`] turns down in silence); `None` where there is none, or it is used.
+    pub fn unusable(&self) -> Option<String> {
+        let dir = self.path.parent().unwrap_or(Path::new("/"));
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        let meta = match std::fs::symlink_metadata(&self.path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            // Another user's private directory: whatever is stored there, this user cannot see.
+            Err(e) => {
+                return Some(format!(
+                    "this user (uid {euid}) may not look into {}: {e}",
+                    dir.display()
+                ));
+            }
+        };
+        if !std::fs::symlink_metadata(dir).is_ok_and(|m| private(&m)) {
+            return Some(format!(
+                "its directory {} is not private to this user (uid {euid}): a cache others may write is not trusted",
+                dir.display()
+            ));
+        }
+        if !private(&meta) {
+            return Some(format!("it is not private to this user (uid {euid})"));
+        }
+        if let Err(e) = std::fs::File::open(&self.path) {
+            return Some(format!("this user (uid {euid}) may not read it: {e}"));
+        }
+        self.stored()
+            .is_none()
+            .then(|| "it is not a cache this nvhook reads (the next start replaces it)".into())
+    }
+
     fn stored(&self) -> Option<Stored> {
         let dir = self.path.parent()?;
         if !private(&std::fs::symlink_metadata(dir).ok()?) {

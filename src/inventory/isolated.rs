@@ -102,9 +102,7 @@ fn query_in_child(
     scope: Scope,
 ) -> Result<Inventory, InventoryError> {
     let library = nvml_library(config, host_cache)?;
-    let helper = std::env::current_exe()
-        .map_err(|e| child_err(format!("cannot find nvhook's own path: {e}")))?
-        .with_file_name(HELPER);
+    let helper = crate::install::beside_nvhook(HELPER);
     let mut command = Command::new(&helper);
     command
         .arg(&library)

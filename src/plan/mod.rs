@@ -8,7 +8,10 @@ use crate::echo::Echo;
 use crate::inventory::device_numbers::{MODESET_MINOR, NVIDIACTL_MINOR};
 use crate::inventory::graphics::GLX_SERVER;
 use crate::inventory::{Gpu, HostFile, HostNode, Inventory, MigDevice};
-use crate::request::{DeviceId, DeviceSelection, GpuFacts, Request, Version};
+use crate::request::{
+    DEVICE_MOUNT_ROOT, DeviceId, DeviceSelection, GpuFacts, Request, SelectionSource,
+    VISIBLE_DEVICES, Version,
+};
 use nvhook_cgroup::DeviceRule;
 use nvhook_ldcache::ElfClass;
 use serde::{Deserialize, Serialize};
@@ -258,8 +261,13 @@ pub struct ProcOverlay {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
-    #[error("NVIDIA_VISIBLE_DEVICES={value}: no such GPU (this node has {have})")]
-    NoSuchDevice { value: Echo, have: String },
+    #[error("{origin}: no such GPU (this node has {have})")]
+    NoSuchDevice {
+        /// Where the container named the device: `NVIDIA_VISIBLE_DEVICES=<id>` or the device
+        /// plugin's `volume mount <path>`, built with an [`Echo`] of the id.
+        origin: String,
+        have: String,
+    },
     #[error("{unsatisfied} ({have})")]
     Unsatisfied { unsatisfied: String, have: String },
     #[error(
@@ -346,7 +354,7 @@ pub fn build_with_layout(
     dev_root: &str,
     layout: Layout,
 ) -> Result<Plan, PlanError> {
-    let choices = select(&request.devices, inventory)?;
+    let choices = select(&request.devices, request.source, inventory)?;
     check_requirements(request, inventory, &choices)?;
     let nodes = NodeFinder {
         inventory,
@@ -384,6 +392,7 @@ pub fn build_with_layout(
 
 fn select<'a>(
     selection: &DeviceSelection,
+    source: SelectionSource,
     inventory: &'a Inventory,
 ) -> Result<Vec<Choice<'a>>, PlanError> {
     let mut out: Vec<Choice<'a>> = Vec::new();
@@ -399,9 +408,19 @@ fn select<'a>(
         DeviceSelection::List(ids) => ids,
     };
     for id in ids {
-        let choice = resolve(id, inventory).ok_or_else(|| PlanError::NoSuchDevice {
-            value: id.to_string().into(),
-            have: describe_gpus(inventory),
+        let choice = resolve(id, inventory).ok_or_else(|| {
+            let id = Echo(id.to_string());
+            PlanError::NoSuchDevice {
+                // Name what the container set: a pod with the device plugin's mounts has no
+                // NVIDIA_VISIBLE_DEVICES to look for.
+                origin: match source {
+                    SelectionSource::Env => format!("{VISIBLE_DEVICES}={id}"),
+                    SelectionSource::VolumeMounts => {
+                        format!("volume mount {DEVICE_MOUNT_ROOT}/{id}")
+                    }
+                },
+                have: describe_gpus(inventory),
+            }
         })?;
         let key = choice.selected().uuid;
         if !out.iter().any(|c| c.selected().uuid == key) {

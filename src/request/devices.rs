@@ -135,16 +135,12 @@ impl fmt::Display for DeviceSelection {
     }
 }
 
-/// The items of a device list as nvidia-container-toolkit reads them (trimmed, empty items
-/// skipped), or `None` when nothing is requested: no item left, or any item is `void`.
+/// The items of a device list ([`super::list_items`]), or `None` when nothing is requested:
+/// no item left, or any item is `void`.
 pub(crate) fn requested_items<'a>(
     items: impl IntoIterator<Item = &'a str>,
 ) -> Option<Vec<&'a str>> {
-    let items: Vec<&str> = items
-        .into_iter()
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect();
+    let items = super::list_items(items);
     (!items.is_empty() && !items.contains(&"void")).then_some(items)
 }
 

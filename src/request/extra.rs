@@ -72,18 +72,17 @@ pub enum ExtraError {
     BadFamilyValue { variable: &'static str, value: Echo },
 }
 
-/// The channels `value` names: `None` for no channel (empty, `none`, `void`), `all`, or a
-/// list of decimal channel numbers. An empty item (`1,,2`), a sign, or `all` among other
-/// items is a mistake, refused.
+/// The channels `value` names, a list read as every NVIDIA_* list is
+/// ([`super::list_items`]): `None` for no channel (no item, or `none` or `void` among them),
+/// `all`, or decimal channel numbers. A sign, or `all` among numbers, is a mistake, refused.
 fn parse_channels(value: &str, origin: &str) -> Result<Option<ImexChannels>, ExtraError> {
-    let value = value.trim();
-    if matches!(value, "" | "none" | "void") {
+    let items = super::list_items(value.split(','));
+    if items.is_empty() || items.iter().any(|i| matches!(*i, "none" | "void")) {
         return Ok(None);
     }
-    if value == "all" {
+    if items == ["all"] {
         return Ok(Some(ImexChannels::All));
     }
-    let items: Vec<&str> = value.split(',').map(str::trim).collect();
     if items.contains(&"all") {
         return Err(ExtraError::AllAmongNumbers {
             origin: origin.to_string(),
@@ -199,14 +198,17 @@ mod tests {
         assert_eq!(parse("all"), Ok(Some(ImexChannels::All)));
         assert_eq!(parse("1"), Ok(Some(ImexChannels::List(vec![1]))));
         assert_eq!(parse("3, 1,3"), Ok(Some(ImexChannels::List(vec![1, 3]))));
+        assert_eq!(parse("1,,2"), Ok(Some(ImexChannels::List(vec![1, 2]))));
+        assert_eq!(parse("1,"), Ok(Some(ImexChannels::List(vec![1]))));
+        assert_eq!(parse(" , "), Ok(None));
+        assert_eq!(parse("1,void"), Ok(None));
+        assert_eq!(parse("all,all"), Ok(Some(ImexChannels::All)));
         for (bad, item) in [
             ("abc", "abc"),
-            ("1,,2", ""),
             ("-1", "-1"),
             ("+1", "+1"),
             ("0x1", "0x1"),
             ("4294967296", "4294967296"),
-            ("1,", ""),
         ] {
             assert_eq!(
                 parse(bad),
@@ -217,9 +219,9 @@ mod tests {
                 "{bad}"
             );
         }
-        let msg = parse("1,,2").unwrap_err().to_string();
+        let msg = parse("1,x").unwrap_err().to_string();
         assert!(
-            msg.starts_with("X: \"\" is not an IMEX channel number"),
+            msg.starts_with("X: \"x\" is not an IMEX channel number"),
             "{msg}"
         );
         assert!(!msg.contains('\n'));
@@ -227,7 +229,7 @@ mod tests {
 
     #[test]
     fn all_among_other_items_is_named_as_the_mistake() {
-        for value in ["all,../x", "1,all", " all , 2", "all,all"] {
+        for value in ["all,../x", "1,all", " all , 2"] {
             let e = parse_channels(value, "NVIDIA_IMEX_CHANNELS=v").unwrap_err();
             assert_eq!(
                 e.to_string(),

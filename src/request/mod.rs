@@ -272,11 +272,7 @@ fn capabilities(
         None if legacy => return Ok(supported),
         None => "",
     };
-    let items: Vec<&str> = value
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect();
+    let items = list_items(value.split(','));
     if items.is_empty() {
         return Ok(DEFAULT_CAPABILITIES
             .into_iter()
@@ -363,6 +359,20 @@ fn legacy_major_minor(value: &str) -> Option<String> {
         [major, minor] | [major, minor, _] => Some(format!("{major}.{minor}")),
         _ => None,
     }
+}
+
+/// The one reading of every NVIDIA_* list (devices, driver capabilities, MIG devices, IMEX
+/// channels, the device plugin's mounts), nvidia-container-toolkit's, so that a value an image
+/// runs with there runs here: spaces around an item are trimmed, empty items skipped, and a
+/// repeated item counts once, where it first appears (`" 1,,0,1"` is `1,0`).
+pub(crate) fn list_items<'a>(items: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut out: Vec<&str> = Vec::new();
+    for item in items.into_iter().map(str::trim) {
+        if !item.is_empty() && !out.contains(&item) {
+            out.push(item);
+        }
+    }
+    out
 }
 
 fn env_origin(variable: &str, value: &str) -> String {

@@ -663,8 +663,8 @@ fn imex_channels_and_families_come_only_with_a_gpu_request() {
 #[test]
 fn bad_imex_and_family_values_are_refused_in_one_line() {
     assert_eq!(
-        err(&["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_IMEX_CHANNELS=1,,2"]),
-        "NVIDIA_IMEX_CHANNELS=1,,2: \"\" is not an IMEX channel number (use channel numbers separated by commas, such as 0,1, or all)"
+        err(&["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_IMEX_CHANNELS=1,,x"]),
+        "NVIDIA_IMEX_CHANNELS=1,,x: \"x\" is not an IMEX channel number (use channel numbers separated by commas, such as 0,1, or all)"
     );
     assert_eq!(
         err(&["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_MOFED=yes"]),

@@ -74,6 +74,29 @@ pub struct Rootfs {
     boundary: boundary::Boundary,
 }
 
+/// Why the rootfs at `path` cannot be opened, naming the mistake as runc would (pathrs says
+/// only "open root handle failed"); pathrs's error and its causes where the path looks right.
+fn unusable_root(path: &Path, error: &dyn std::error::Error) -> String {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            "no such directory (check root.path in config.json)".into()
+        }
+        Ok(meta) if meta.file_type().is_symlink() => {
+            "it is a symlink, which runtimes refuse as a rootfs (runc: \"not an absolute path, or a symlink\"): point root.path at the directory itself".into()
+        }
+        Ok(meta) if !meta.is_dir() => "not a directory (check root.path in config.json)".into(),
+        _ => {
+            let mut message = error.to_string();
+            let mut cause = error.source();
+            while let Some(e) = cause {
+                message = format!("{message}: {e}");
+                cause = e.source();
+            }
+            message
+        }
+    }
+}
+
 /// Splits an absolute container path into its directory and last component.
 fn split(path: &str) -> Result<(&str, CString), RootfsError> {
     let (dir, name) = path
@@ -106,7 +129,7 @@ impl Rootfs {
             path: path.display().to_string(),
             message,
         };
-        let root = Root::open(path).map_err(|e| open_err(e.to_string()))?;
+        let root = Root::open(path).map_err(|e| open_err(unusable_root(path, &e)))?;
         let boundary =
             boundary::Boundary::new(root.as_fd()).map_err(|e| open_err(e.to_string()))?;
         Ok(Rootfs {

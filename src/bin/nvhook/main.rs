@@ -7,7 +7,7 @@ mod shim;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use nvhook::config::Config;
-use nvhook::configure::{DEFAULT_RUNTIME_NAME, DEFAULT_RUNTIME_PATH, Engine};
+use nvhook::configure::{ConfigureError, DEFAULT_RUNTIME_NAME, Engine, RUNTIME_BINARY};
 use nvhook::inventory::Inventory;
 use nvhook::oci::{Spec, State};
 use nvhook::plan::Plan;
@@ -19,7 +19,8 @@ use std::time::Instant;
 #[derive(Parser)]
 #[command(name = "nvhook", version, about = "Give OCI containers NVIDIA GPUs")]
 struct Cli {
-    /// Config file (default: $NVHOOK_CONFIG, else /etc/nvhook/config.toml).
+    /// nvhook's config file [default: $NVHOOK_CONFIG, else /etc/nvhook/config.toml];
+    /// configure takes it only with --kubernetes, which sets the policy there.
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
     #[command(subcommand)]
@@ -128,9 +129,12 @@ struct ConfigureArgs {
     /// The runtime's name: `docker run --runtime=NAME`, a RuntimeClass's handler.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_RUNTIME_NAME)]
     runtime_name: String,
-    /// The nvhook-runtime binary the engine runs.
-    #[arg(long, value_name = "PATH", default_value = DEFAULT_RUNTIME_PATH)]
-    runtime_path: String,
+    /// The nvhook-runtime binary the engine runs [default: the one beside this nvhook].
+    #[arg(long, value_name = "PATH")]
+    runtime_path: Option<String>,
+    /// Write --runtime-path even where no file is there yet (an image that installs it later).
+    #[arg(long)]
+    allow_missing: bool,
     /// Also make it the engine's default runtime.
     #[arg(long)]
     set_as_default: bool,
@@ -145,7 +149,8 @@ struct ConfigureArgs {
     /// pod gets only the GPUs the device plugin allocated to it.
     #[arg(long)]
     kubernetes: bool,
-    /// nvhook's config that --kubernetes edits [default: /etc/nvhook/config.toml].
+    /// nvhook's config that --kubernetes edits, as --config names it [default:
+    /// /etc/nvhook/config.toml].
     #[arg(long, value_name = "FILE", requires = "kubernetes")]
     nvhook_config: Option<PathBuf>,
 }
@@ -211,11 +216,12 @@ extern "C" fn main(
 fn nvhook_main() -> i32 {
     // nvhook-runtime's hand-over, before clap: the rest is runc's command line, not ours.
     let mut args = std::env::args_os();
+    let program = args.next().unwrap_or_default();
     if args
-        .nth(1)
+        .next()
         .is_some_and(|a| a == nvhook_runtime::SHIM_SUBCOMMAND)
     {
-        return shim::main(&args.collect::<Vec<_>>());
+        return shim::main(&program, &args.collect::<Vec<_>>());
     }
     let cli = Cli::parse();
     match run(cli) {
@@ -223,9 +229,24 @@ fn nvhook_main() -> i32 {
         Err(e) => {
             // Our errors carry their cause in their own one-line message.
             eprintln!("nvhook: {e}");
-            1
+            // Exit 2 like clap's own usage errors: a script can tell a wrong command line
+            // from a host that is not ready.
+            if is_usage(&e) { 2 } else { 1 }
         }
     }
+}
+
+/// A mistake in nvhook's command line that clap cannot see: a combination of flags, or a
+/// flag's value that only nvhook can judge.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Usage(String);
+
+fn is_usage(e: &anyhow::Error) -> bool {
+    e.is::<Usage>()
+        || e.downcast_ref::<ConfigureError>()
+            .is_some_and(ConfigureError::is_usage)
+        || e.is::<nvhook::labels::PrefixError>()
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -255,7 +276,14 @@ fn run(cli: Cli) -> Result<()> {
             root,
             runtime_name,
             runtime_path,
-        } => doctor(&config, format, root, runtime_name, runtime_path),
+        } => doctor(
+            &config,
+            cli.config.as_deref(),
+            format,
+            root,
+            runtime_name,
+            runtime_path,
+        ),
         Command::Labels {
             format,
             prefix,
@@ -291,7 +319,10 @@ fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()>
     let links = match stage {
         Stage::CreateContainer => Some(nvhook::cdi::hook::LinkArgs::parse(args)?),
         _ if !args.is_empty() => {
-            anyhow::bail!("{stage:?} takes no arguments (only createContainer does): {args:?}")
+            return Err(Usage(format!(
+                "{stage:?} takes no arguments (only createContainer does): {args:?}"
+            ))
+            .into());
         }
         _ => None,
     };
@@ -342,27 +373,44 @@ fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()>
     Ok(())
 }
 
-fn configure(nvhook_config: Option<&Path>, args: ConfigureArgs) -> Result<()> {
-    // The global --config is nvhook's own file; taking it for the engine's would be a guess.
-    if let Some(file) = nvhook_config {
-        anyhow::bail!(
-            "--config {} names nvhook's own config, which configure does not read: \
-             name the engine's file with --engine-config (and nvhook's with --nvhook-config)",
-            file.display()
-        );
-    }
+fn configure(config: Option<&Path>, args: ConfigureArgs) -> Result<()> {
+    // The global --config is nvhook's own file: it means something only where configure
+    // writes that file, and taking it for the engine's would be a guess.
+    let nvhook_config = match (config, args.nvhook_config) {
+        (Some(file), _) if !args.kubernetes => {
+            return Err(Usage(format!(
+                "drop --config {}: configure reads no nvhook config (the engine's file is \
+                 --engine-config; only --kubernetes writes nvhook's)",
+                file.display()
+            ))
+            .into());
+        }
+        (Some(file), Some(other)) if file != other => {
+            return Err(Usage(format!(
+                "--config {} and --nvhook-config {} name two files: give one of them",
+                file.display(),
+                other.display()
+            ))
+            .into());
+        }
+        (file, other) => other.or_else(|| file.map(Path::to_path_buf)),
+    };
     let outcome = nvhook::configure::run(&nvhook::configure::Options {
         engine: args.engine,
         file: args.engine_config,
         runtime_name: args.runtime_name,
-        runtime_path: args.runtime_path,
+        runtime_path: args.runtime_path.unwrap_or_else(|| {
+            nvhook::install::beside_nvhook(RUNTIME_BINARY)
+                .display()
+                .to_string()
+        }),
+        allow_missing: args.allow_missing,
         set_as_default: args.set_as_default,
         remove: args.remove,
         dry_run: args.dry_run,
-        kubernetes_policy: args.kubernetes.then(|| {
-            args.nvhook_config
-                .unwrap_or_else(|| PathBuf::from(nvhook::config::DEFAULT_PATH))
-        }),
+        kubernetes_policy: args
+            .kubernetes
+            .then(|| nvhook_config.unwrap_or_else(|| PathBuf::from(nvhook::config::DEFAULT_PATH))),
     })?;
     println!("{outcome}");
     Ok(())
@@ -383,10 +431,10 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
             match output {
                 Some(path) => {
                     nvhook::cdi::write_spec(&path, &text)?;
+                    println!("wrote {} ({} devices)", path.display(), spec.devices.len());
                     let extra = nvhook::cdi::generate_extra(&inventory)?;
                     report_extra(nvhook::cdi::write_extra_specs(&path, &extra, format)?);
                     link_dev_char(config, &inventory);
-                    tracing::info!(path = %path.display(), devices = spec.devices.len(), "CDI spec written");
                 }
                 None => print!("{text}"),
             }
@@ -419,7 +467,15 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
             // Other vendors' specs live there too: one nvhook cannot read is no reason to
             // hide the others.
             let dirs: Vec<&Path> = nvhook::cdi::SPEC_DIRS.iter().map(Path::new).collect();
-            for file in nvhook::cdi::spec_files(&dirs) {
+            let files = nvhook::cdi::spec_files(&dirs);
+            if files.is_empty() {
+                // Stdout stays a list of names; an empty one must not read as a failure unseen.
+                eprintln!(
+                    "nvhook: no CDI spec in {} (write one: nvhook cdi generate --output /etc/cdi/nvidia.yaml)",
+                    nvhook::cdi::SPEC_DIRS.join(" or ")
+                );
+            }
+            for file in files {
                 match nvhook::cdi::read_spec(&file) {
                     Ok(spec) => spec.qualified_names().iter().for_each(|n| println!("{n}")),
                     Err(e) => eprintln!("nvhook: warning: {e}"),
@@ -465,6 +521,14 @@ fn dev_char_links(config: &Config) -> Result<()> {
     let dev = config.dev_path("/dev");
     let nodes = nvhook::inventory::devices::scan_nodes(config)?;
     let links = dev_char::for_host_nodes(&dev, &nodes);
+    if links.is_empty() {
+        // Not even an empty /dev/char: a host without the driver is left as it was.
+        println!(
+            "no NVIDIA device nodes in {}: nothing to link (load the driver, nvidia-modprobe, or check dev-root in the nvhook config)",
+            dev.display()
+        );
+        return Ok(());
+    }
     let mut failed = 0;
     for (link, result) in links.iter().zip(dev_char::ensure(&dev, &links)?) {
         let path = dev.join("char").join(&link.name);
@@ -496,16 +560,23 @@ fn dev_char_links(config: &Config) -> Result<()> {
 
 fn doctor(
     config: &Config,
+    config_file: Option<&Path>,
     format: Format,
     root: PathBuf,
     runtime_name: String,
     runtime_path: Option<String>,
 ) -> Result<()> {
+    // Read under a root that is not there, every engine and hooks.d check would say "none".
+    if !root.is_dir() {
+        return Err(Usage(format!(
+            "--root {}: no such directory (name the directory that holds the host's /etc, or leave --root out for /)",
+            root.display()
+        ))
+        .into());
+    }
     let runtime_path = match runtime_path {
         Some(path) => path,
-        None => std::env::current_exe()
-            .context("cannot find nvhook's own path")?
-            .with_file_name("nvhook-runtime")
+        None => nvhook::install::beside_nvhook(RUNTIME_BINARY)
             .display()
             .to_string(),
     };
@@ -515,6 +586,7 @@ fn doctor(
             root,
             runtime_name,
             runtime_path,
+            config_file: config_file.map(Path::to_path_buf),
         },
     );
     match format {
@@ -537,6 +609,8 @@ fn labels(
     mig_strategy: nvhook::labels::MigStrategy,
     output: Option<&Path>,
 ) -> Result<()> {
+    // A wrong flag is a usage error whatever the host has.
+    nvhook::labels::check_prefix(prefix)?;
     // NVML's cached answer serves while the host is as it was: labelling on a timer asks
     // NVML nothing on an unchanged node.
     let (inventory, _) = nvhook::inventory::isolated::load(config, nvhook::inventory::Scope::ALL)?;
@@ -568,6 +642,14 @@ fn info(config: &Config, format: Format) -> Result<()> {
     match format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&inventory)?),
         Format::Text => print!("{}", nvhook::report::inventory_text(&inventory)),
+    }
+    // GPUs without their nodes can be given to no container: a wrong dev-root, or no driver.
+    if !inventory.gpus.is_empty() && inventory.nodes.is_empty() {
+        anyhow::bail!(
+            "{} GPUs but no NVIDIA device node in {}: check dev-root in the nvhook config, or load the driver (nvidia-modprobe)",
+            inventory.gpus.len(),
+            config.dev_path("/dev").display()
+        );
     }
     Ok(())
 }

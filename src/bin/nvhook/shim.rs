@@ -11,8 +11,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
-/// Runs the shim on runc's arguments; returns only on failure.
-pub fn main(args: &[OsString]) -> i32 {
+/// Runs the shim on runc's arguments; returns only on failure. `program` is argv[0]:
+/// nvhook-runtime passes its own on.
+pub fn main(program: &OsStr, args: &[OsString]) -> i32 {
     let err = match run(args) {
         Ok(runtime) => std::process::Command::new(&runtime)
             .arg0(&runtime)
@@ -21,8 +22,13 @@ pub fn main(args: &[OsString]) -> i32 {
             .into(),
         Err(e) => e,
     };
-    // Engines show this to the user as the runtime's error: name the program they configured.
-    eprintln!("nvhook-runtime: {err}");
+    // Engines show this to the user as the runtime's error: name the program they configured,
+    // and a user who typed `nvhook runtime` the one they ran.
+    let name = match std::path::Path::new(program).file_name() {
+        Some(name) if name == "nvhook-runtime" => "nvhook-runtime",
+        _ => "nvhook",
+    };
+    eprintln!("{name}: {err}");
     1
 }
 

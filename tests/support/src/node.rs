@@ -177,6 +177,7 @@ impl SimNode {
         let cc = &first["cuda_compute_capability"];
         let mut want: BTreeMap<String, String> = [
             ("gpu.count", gpus.len().to_string()),
+            ("gpu.present", "true".into()),
             (
                 "gpu.product",
                 first["name"].as_str().unwrap().replace(' ', "-"),

@@ -97,7 +97,12 @@ fn hand_to_nvhook(buf: &mut [u8], argc: usize, argv: *mut *const u8, envp: *cons
     let (Some(args), Some(subcommand)) = (sys::map_pointers(argc + 2), subcommand) else {
         fail(nvhook, b"cannot be run: out of memory", 0)
     };
-    args[0] = nvhook.as_ptr();
+    // This program's own name goes on: nvhook's errors then name the program the engine ran.
+    args[0] = match argc {
+        0 => nvhook.as_ptr(),
+        // SAFETY: the kernel's argv has argc entries.
+        _ => unsafe { *argv },
+    };
     args[1] = subcommand.as_ptr();
     for i in 1..argc {
         // SAFETY: the kernel's argv has argc entries.
