@@ -2,7 +2,7 @@
 # is missing and how to get it.
 
 # The edition-2024 workspace needs this Rust (Cargo.toml's rust-version).
-NVHOOK_RUST=1.85
+NVHOOK_RUST=1.88
 
 require_root() {
   [ "$(id -u)" = 0 ] || { echo "$1: run as root ($2); with sudo, keep your PATH: sudo env \"PATH=\$PATH\" $0" >&2; exit 1; }

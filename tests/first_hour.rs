@@ -679,3 +679,102 @@ fn dev_char_links_without_nvidia_nodes_makes_nothing() {
     );
     assert!(!empty.path().join("dev/char").exists());
 }
+
+/// The README's first command on a simulated node: the demo runs a container with GPUs 1 and
+/// 3, each count it prints says what it counts (and the mounts agree with the hook's log),
+/// whole GPUs are listed, and it ends by saying how to remove what it made.
+#[test]
+fn the_demo_runs_and_says_what_its_numbers_mean() {
+    support::require_root();
+    let work = tempfile::tempdir().expect("demo dir");
+    let target = support::profile_dir()
+        .parent()
+        .expect("target/<profile> has a parent")
+        .to_owned();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("bash")
+        .arg(root.join("scripts/demo.sh"))
+        .env("NVHOOK_DEMO_BUILT", "1")
+        .env("NVHOOK_DEMO_DIR", work.path())
+        .env("CARGO_TARGET_DIR", &target)
+        .output()
+        .expect("run scripts/demo.sh");
+    let text = success(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    let after = |heading: &str| -> &str {
+        let i = lines
+            .iter()
+            .position(|l| l.starts_with(heading))
+            .unwrap_or_else(|| panic!("no {heading:?} in:\n{text}"));
+        lines.get(i + 1).copied().unwrap_or_default()
+    };
+    for gpu in 0..4 {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(&format!("GPU {gpu}: NVIDIA A100-SXM4-80GB (GPU-"))),
+            "GPU {gpu} missing or cut:\n{text}"
+        );
+    }
+    assert_eq!(
+        after("-- driver libraries in /usr/lib (files of driver 550.54.15;"),
+        "14",
+        "{text}"
+    );
+    let mounted = after("-- files and sockets the hook bind-mounted read-only from the node");
+    assert!(
+        text.contains(&format!("mounts: {mounted} }}")),
+        "the container counts {mounted} mounts, the hook's log another number:\n{text}"
+    );
+    assert!(text.contains("nvidia1\nnvidia3\n"), "{text}");
+    assert_eq!(
+        lines.last().copied(),
+        Some(
+            format!(
+                "The simulated node and the bundle are files under {0}: rm -rf {0} removes them.",
+                work.path().display()
+            )
+            .as_str()
+        ),
+        "{text}"
+    );
+}
+
+/// Every relative link in the README, SECURITY.md and docs/ leads to a file of the
+/// repository: nothing points outside it (a clone has no `../shared`).
+#[test]
+fn the_docs_link_only_to_files_of_the_repository() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages = vec![root.join("README.md"), root.join("SECURITY.md")];
+    pages.extend(
+        fs::read_dir(root.join("docs"))
+            .expect("docs/")
+            .map(|e| e.expect("docs entry").path())
+            .filter(|p| p.extension().is_some_and(|x| x == "md")),
+    );
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = fs::read_to_string(page).expect("read page");
+        if text.contains("shared/") {
+            broken.push(format!("{} names shared/", page.display()));
+        }
+        for target in text
+            .split("](")
+            .skip(1)
+            .filter_map(|rest| rest.split(')').next())
+        {
+            let file = target.split('#').next().unwrap_or_default();
+            if file.is_empty() || file.contains("://") || file.starts_with("mailto:") {
+                continue;
+            }
+            let resolved = page.parent().expect("page dir").join(file);
+            let inside = resolved
+                .canonicalize()
+                .is_ok_and(|p| p.starts_with(root.canonicalize().expect("root")));
+            if !inside {
+                broken.push(format!("{} links to {target}", page.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+}
