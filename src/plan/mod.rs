@@ -258,8 +258,13 @@ pub struct ProcOverlay {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
-    #[error("NVIDIA_VISIBLE_DEVICES={value}: no such GPU (this node has {have})")]
-    NoSuchDevice { value: Echo, have: String },
+    #[error("{origin}={value}: no such GPU (this node has {have})")]
+    NoSuchDevice {
+        /// Where the list came from: `NVIDIA_VISIBLE_DEVICES`, or nvidia-container-cli's `--device`.
+        origin: &'static str,
+        value: Echo,
+        have: String,
+    },
     #[error("{unsatisfied} ({have})")]
     Unsatisfied { unsatisfied: String, have: String },
     #[error(
@@ -346,7 +351,7 @@ pub fn build_with_layout(
     dev_root: &str,
     layout: Layout,
 ) -> Result<Plan, PlanError> {
-    let choices = select(&request.devices, inventory)?;
+    let choices = select(&request.devices, request.source.origin(), inventory)?;
     check_requirements(request, inventory, &choices)?;
     let nodes = NodeFinder {
         inventory,
@@ -384,6 +389,7 @@ pub fn build_with_layout(
 
 fn select<'a>(
     selection: &DeviceSelection,
+    origin: &'static str,
     inventory: &'a Inventory,
 ) -> Result<Vec<Choice<'a>>, PlanError> {
     let mut out: Vec<Choice<'a>> = Vec::new();
@@ -400,6 +406,7 @@ fn select<'a>(
     };
     for id in ids {
         let choice = resolve(id, inventory).ok_or_else(|| PlanError::NoSuchDevice {
+            origin,
             value: id.to_string().into(),
             have: describe_gpus(inventory),
         })?;

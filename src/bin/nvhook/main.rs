@@ -2,6 +2,7 @@
 // std's start-up is skipped: see nvhook::entry.
 #![no_main]
 
+mod nvidia_names;
 mod shim;
 
 use anyhow::{Context, Result};
@@ -209,8 +210,16 @@ extern "C" fn main(
 }
 
 fn nvhook_main() -> i32 {
+    // Run under one of NVIDIA's names (a link), the command line is that program's.
+    let argv: Vec<_> = std::env::args_os().collect();
+    if let Some(status) = argv
+        .split_first()
+        .and_then(|(name, args)| nvidia_names::run(Path::new(name), args))
+    {
+        return status;
+    }
+    let mut args = argv.into_iter();
     // nvhook-runtime's hand-over, before clap: the rest is runc's command line, not ours.
-    let mut args = std::env::args_os();
     if args
         .nth(1)
         .is_some_and(|a| a == nvhook_runtime::SHIM_SUBCOMMAND)
@@ -285,18 +294,12 @@ fn scrub_process() {
     unsafe { libc::umask(0) };
 }
 
-fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()> {
+/// The start of every process that works on a container: a scrubbed process, the config,
+/// the log, and only the capabilities the hook needs; returns the config and where errors
+/// are logged.
+fn hook_process(config_path: Option<&Path>) -> Result<(Config, nvhook::logging::Sink)> {
     scrub_process();
-    // Parsed first: a bad spec entry fails before anything is read or touched.
-    let links = match stage {
-        Stage::CreateContainer => Some(nvhook::cdi::hook::LinkArgs::parse(args)?),
-        _ if !args.is_empty() => {
-            anyhow::bail!("{stage:?} takes no arguments (only createContainer does): {args:?}")
-        }
-        _ => None,
-    };
-    let started = Instant::now();
-    // No $NVHOOK_CONFIG here: the hook's environment is not to be trusted.
+    // Not $NVHOOK_CONFIG: only a caller that may trust its environment passes that in.
     let config = Config::load(config_path, None)?;
     let sink = nvhook::logging::init(&config);
     // Defence in depth, before anything of the container is read: a host that will not let
@@ -308,6 +311,20 @@ fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()>
         Ok(()) => {}
         Err(e) => tracing::warn!("{e}"),
     }
+    Ok((config, sink))
+}
+
+fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()> {
+    // Parsed first: a bad spec entry fails before anything is read or touched.
+    let links = match stage {
+        Stage::CreateContainer => Some(nvhook::cdi::hook::LinkArgs::parse(args)?),
+        _ if !args.is_empty() => {
+            anyhow::bail!("{stage:?} takes no arguments (only createContainer does): {args:?}")
+        }
+        _ => None,
+    };
+    let started = Instant::now();
+    let (config, sink) = hook_process(config_path)?;
     // A state is a few hundred bytes; a runtime never sends more than this.
     const STATE_LIMIT: u64 = 1 << 20;
     let mut input = String::new();
