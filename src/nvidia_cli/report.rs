@@ -78,5 +78,11 @@ pub fn list_text(inventory: &Inventory, list: List) -> String {
     if list.ipcs {
         lines.extend(inventory.files.sockets.iter().map(|f| shown(&f.host_path)));
     }
-    lines.into_iter().map(|l| l + "\n").collect()
+    // A library two capabilities share (libnvidia-allocator) is one file.
+    let mut seen = std::collections::HashSet::new();
+    lines
+        .into_iter()
+        .filter(|l| seen.insert(l.clone()))
+        .map(|l| l + "\n")
+        .collect()
 }

@@ -1,0 +1,261 @@
+//! The GPU flags people type, with nvhook alone: Debian 12's dockerd 20.10 `docker run --gpus`
+//! (which runs `nvidia-container-runtime-hook prestart`) and containerd 1.6's `ctr run --gpus`
+//! (which runs `nvidia-container-cli configure` through `containerd oci-hook`), each with no
+//! runtime configured and no NVIDIA program anywhere: the only NVIDIA names are links to the
+//! nvhook cargo built, in a directory on the engine's PATH, as the packages install them.
+//! Run as root after `cargo build --workspace`: `cargo test --test gpu_flags_e2e`.
+//!
+//! On the simulated node no driver sits behind the device nodes, so opening a node the cgroup
+//! allows gives ENXIO; one the container was not given is absent.
+
+use nvhook_test_support as support;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use nvhook::nvidia_cli::{CLI_NAME, NAMES, RUNTIME_HOOK_NAME};
+use support::engines::{
+    Containerd, Dockerd, EngineDir, assert_no_mounts_left, containerd_config, unique_name,
+};
+use support::{Output, SimNode, gpucheck_args, nvhook_bin, require_program, require_root};
+
+const GPUS: u32 = 4;
+const NVHOOK_CONFIG: &str = "NVHOOK_CONFIG";
+/// The system's directories, where no NVIDIA program may be.
+const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// NVIDIA's toolkit programs an engine could otherwise find.
+const NVIDIA_PROGRAMS: [&str; 5] = [
+    RUNTIME_HOOK_NAME,
+    CLI_NAME,
+    "nvidia-container-runtime",
+    "nvidia-ctk",
+    "nvidia-cdi-hook",
+];
+
+/// A directory holding only NVIDIA's names as links to nvhook; returns the PATH engines get.
+fn nvidia_names_on_path(dir: &EngineDir) -> String {
+    for program in NVIDIA_PROGRAMS {
+        for system_dir in SYSTEM_PATH.split(':') {
+            let path = Path::new(system_dir).join(program);
+            assert!(
+                fs::symlink_metadata(&path).is_err(),
+                "{} exists: these tests prove nvhook works with no NVIDIA program installed",
+                path.display()
+            );
+        }
+    }
+    let bin = dir.path().join("nvidia-names");
+    fs::create_dir(&bin).expect("make the links' directory");
+    for name in NAMES {
+        std::os::unix::fs::symlink(nvhook_bin(), bin.join(name)).expect("link an NVIDIA name");
+    }
+    format!("{}:{SYSTEM_PATH}", bin.display())
+}
+
+/// gpucheck probing every GPU and the control nodes, and loading libcuda.
+fn probe() -> Vec<String> {
+    gpucheck_args(GPUS, &[])
+}
+
+#[track_caller]
+fn assert_exactly(output: &Output, visible: &[u32]) {
+    output.assert_success();
+    output.assert_gpus(GPUS, visible);
+    output.assert_control_nodes_allowed();
+    output.assert_lines(&["dlopen libcuda.so.1 ok"]);
+}
+
+/// A refused start: the engine failed it and passed on nvhook's stderr, one line, `message`.
+#[track_caller]
+fn assert_refused(output: &Output, message: &str) {
+    assert!(
+        !output.status.success(),
+        "a start that should fail ran:\n{output}"
+    );
+    let hook = output
+        .hook_stderr()
+        .unwrap_or_else(|| panic!("no hook error in the engine's message:\n{output}"));
+    // containerd appends its error class (`: unknown`) to the hook's line.
+    let line = hook.lines().next().unwrap_or_default();
+    assert_eq!(
+        line.strip_suffix(": unknown").unwrap_or(line),
+        message,
+        "\n{output}"
+    );
+    assert!(
+        hook.lines()
+            .skip(1)
+            .all(|l| l.trim().is_empty() || l.starts_with(':')),
+        "\n{output}"
+    );
+}
+
+// ---- dockerd 20.10: --gpus runs nvidia-container-runtime-hook prestart ----
+
+/// `docker run --rm --gpus GPUS IMAGE` of gpucheck.
+fn docker_gpus(dockerd: &Dockerd, image: &str, gpus: &str) -> Output {
+    let probe = probe();
+    let mut args = vec!["--rm", "--network", "none", "--gpus", gpus, image];
+    args.extend(probe.iter().map(String::as_str));
+    dockerd.run(&args)
+}
+
+#[test]
+fn docker_run_gpus_with_the_runtime_hook_name_on_dockerds_path() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("gpus-dockerd");
+    let path = nvidia_names_on_path(&dir);
+    // No runtime configured: daemon.json is empty.
+    let daemon_json = dir.path().join("daemon.json");
+    fs::write(&daemon_json, "{}").expect("write daemon.json");
+    // dockerd looks the hook up once, at start-up, on its own PATH, and gives the hook its
+    // own environment: that is where nvhook finds the node's config.
+    let mut dockerd = Dockerd::start(
+        dir.path(),
+        &daemon_json,
+        &[("PATH", Path::new(&path)), (NVHOOK_CONFIG, &node.config())],
+    );
+    let image = dockerd.import_gpucheck_image(dir.path());
+
+    for (gpus, visible) in [
+        ("all", &[0, 1, 2, 3][..]),
+        ("device=2", &[2]),
+        // A count: the first two GPUs.
+        ("2", &[0, 1]),
+        ("\"device=1,3\"", &[1, 3]),
+        ("all,\"capabilities=compute,utility\"", &[0, 1, 2, 3]),
+    ] {
+        eprintln!("docker run --gpus {gpus}");
+        assert_exactly(&docker_gpus(&dockerd, &image, gpus), visible);
+    }
+    assert_refused(
+        &docker_gpus(&dockerd, &image, "device=7"),
+        "nvhook (as nvidia-container-runtime-hook): NVIDIA_VISIBLE_DEVICES=7: no such GPU (this node has 0-3)",
+    );
+    let probe = probe();
+    let mut plain = vec!["--rm", "--network", "none", image.as_str()];
+    plain.extend(probe.iter().map(String::as_str));
+    let plain = dockerd.run(&plain);
+    plain.assert_success();
+    plain.assert_gpus(GPUS, &[]);
+
+    assert!(
+        dockerd.shutdown(),
+        "dockerd ignored SIGTERM:\n{}",
+        dockerd.log()
+    );
+    assert_no_mounts_left(dir.path(), node.root());
+}
+
+// ---- containerd 1.6: ctr run --gpus runs nvidia-container-cli configure ----
+
+/// `ctr run --rm --gpus N ...` of gpucheck, with ctr's PATH and config variable (ctr builds
+/// the hook from its own environment).
+fn ctr_gpus(
+    containerd: &Containerd,
+    image: &str,
+    path: &str,
+    node: &SimNode,
+    gpus: &[&str],
+) -> Output {
+    let probe = probe();
+    let probe: Vec<&str> = probe.iter().map(String::as_str).collect();
+    let flags: Vec<&str> = gpus.iter().flat_map(|g| ["--gpus", g]).collect();
+    let config = node.config();
+    containerd.run_with_env(
+        &[
+            ("PATH", OsStr::new(path)),
+            (NVHOOK_CONFIG, config.as_os_str()),
+        ],
+        &flags,
+        image,
+        &unique_name("gpus"),
+        &probe,
+    )
+}
+
+#[test]
+fn ctr_run_gpus_with_nvidia_container_cli_on_ctrs_path() {
+    require_root();
+    // ctr's hook runs `containerd oci-hook`, found on ctr's PATH.
+    require_program("containerd");
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("gpus-ctrd");
+    let path = nvidia_names_on_path(&dir);
+    let config = dir.path().join("containerd.toml");
+    fs::write(&config, containerd_config(dir.path())).expect("write containerd config");
+    let mut containerd = Containerd::start(dir.path(), &config, &[]);
+    let image = containerd.import_gpucheck_image(dir.path());
+
+    assert_exactly(&ctr_gpus(&containerd, &image, &path, &node, &["1"]), &[1]);
+    assert_exactly(
+        &ctr_gpus(&containerd, &image, &path, &node, &["0", "2"]),
+        &[0, 2],
+    );
+    assert_refused(
+        &ctr_gpus(&containerd, &image, &path, &node, &["7"]),
+        "nvhook (as nvidia-container-cli): --device=7: no such GPU (this node has 0-3)",
+    );
+    let plain = ctr_gpus(&containerd, &image, &path, &node, &[]);
+    plain.assert_success();
+    plain.assert_gpus(GPUS, &[]);
+
+    assert!(
+        containerd.shutdown(),
+        "containerd ignored SIGTERM:\n{}",
+        containerd.log()
+    );
+    assert_no_mounts_left(dir.path(), node.root());
+}
+
+/// `nvidia-container-cli info` and `list`, as scripts run them, answer from the node.
+#[test]
+fn nvidia_container_cli_info_and_list_describe_the_node() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("gpus-info");
+    let link = dir.path().join(CLI_NAME);
+    std::os::unix::fs::symlink(nvhook_bin(), &link).expect("link nvidia-container-cli");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&link)
+            .args(args)
+            .env(NVHOOK_CONFIG, node.config())
+            .output()
+            .expect("run nvidia-container-cli");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let info = run(&["info"]);
+    assert!(
+        info.starts_with(&format!("NVRM version:   {}\n", node.driver_version())),
+        "{info}"
+    );
+    for index in 0..GPUS {
+        assert!(
+            info.contains(&format!("Device Index:   {index}\n")),
+            "{info}"
+        );
+        let uuid = node.gpu_uuid(index as usize);
+        assert!(
+            info.contains(&format!("GPU UUID:       {uuid}\n")),
+            "{info}"
+        );
+    }
+    let list: Vec<PathBuf> = run(&["list"]).lines().map(PathBuf::from).collect();
+    let dev = node.dev_root().join("dev/nvidia3");
+    assert!(list.contains(&dev), "{} not in {list:?}", dev.display());
+    assert!(list.iter().any(|p| p.ends_with("nvidia-smi")), "{list:?}");
+    assert!(
+        list.iter().all(|p| p.exists()),
+        "a listed path is missing: {list:?}"
+    );
+    let unique: std::collections::BTreeSet<&PathBuf> = list.iter().collect();
+    assert_eq!(unique.len(), list.len(), "a path listed twice: {list:?}");
+}
