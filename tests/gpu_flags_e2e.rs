@@ -33,8 +33,9 @@ const NVIDIA_PROGRAMS: [&str; 5] = [
     "nvidia-cdi-hook",
 ];
 
-/// A directory holding only NVIDIA's names as links to nvhook; returns the PATH engines get.
-fn nvidia_names_on_path(dir: &EngineDir) -> String {
+/// The directory that will hold NVIDIA's names, and the PATH engines get with it first. No
+/// NVIDIA program may be in the system's directories.
+fn names_dir(dir: &EngineDir) -> (PathBuf, String) {
     for program in NVIDIA_PROGRAMS {
         for system_dir in SYSTEM_PATH.split(':') {
             let path = Path::new(system_dir).join(program);
@@ -47,10 +48,34 @@ fn nvidia_names_on_path(dir: &EngineDir) -> String {
     }
     let bin = dir.path().join("nvidia-names");
     fs::create_dir(&bin).expect("make the links' directory");
+    let path = format!("{}:{SYSTEM_PATH}", bin.display());
+    (bin, path)
+}
+
+/// NVIDIA's names in `bin`, as links to nvhook, as the packages install them.
+fn link_names(bin: &Path) {
     for name in NAMES {
         std::os::unix::fs::symlink(nvhook_bin(), bin.join(name)).expect("link an NVIDIA name");
     }
-    format!("{}:{SYSTEM_PATH}", bin.display())
+}
+
+/// `nvhook doctor`'s line about the dockerd `pid`.
+fn doctor_on_dockerd(node: &SimNode, path: &str, pid: u32) -> String {
+    let out = std::process::Command::new(nvhook_bin())
+        .args([
+            "--config",
+            node.config().to_str().expect("UTF-8 path"),
+            "doctor",
+        ])
+        .env("PATH", path)
+        .output()
+        .expect("run nvhook doctor");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let start = format!(" dockerd {pid}: ");
+    text.lines()
+        .find(|l| l.get(4..).is_some_and(|rest| rest.starts_with(&start)))
+        .unwrap_or_else(|| panic!("doctor names no dockerd {pid}:\n{text}"))
+        .to_owned()
 }
 
 /// gpucheck probing every GPU and the control nodes, and loading libcuda.
@@ -106,18 +131,37 @@ fn docker_run_gpus_with_the_runtime_hook_name_on_dockerds_path() {
     require_root();
     let node = SimNode::create(GPUS);
     let dir = EngineDir::new("gpus-dockerd");
-    let path = nvidia_names_on_path(&dir);
+    let (bin, path) = names_dir(&dir);
     // No runtime configured: daemon.json is empty.
     let daemon_json = dir.path().join("daemon.json");
     fs::write(&daemon_json, "{}").expect("write daemon.json");
-    // dockerd looks the hook up once, at start-up, on its own PATH, and gives the hook its
-    // own environment: that is where nvhook finds the node's config.
-    let mut dockerd = Dockerd::start(
-        dir.path(),
-        &daemon_json,
-        &[("PATH", Path::new(&path)), (NVHOOK_CONFIG, &node.config())],
-    );
+    // dockerd gives the hook its own environment: that is where nvhook finds the node's config.
+    let env = [("PATH", Path::new(&path)), (NVHOOK_CONFIG, &node.config())];
+    // dockerd looks the hook up once, at start-up, on its own PATH: a link made after that
+    // is not used, and doctor says so, until dockerd restarts.
+    let mut dockerd = Dockerd::start(dir.path(), &daemon_json, &env);
     let image = dockerd.import_gpucheck_image(dir.path());
+    link_names(&bin);
+    let early = docker_gpus(&dockerd, &image, "all");
+    assert!(
+        !early.status.success() && early.stderr.contains("could not select device driver"),
+        "{early}"
+    );
+    let line = doctor_on_dockerd(&node, &path, dockerd.pid());
+    assert!(
+        line.starts_with("warn")
+            && line.contains("started before")
+            && line.contains("restart dockerd"),
+        "{line}"
+    );
+    assert!(
+        dockerd.shutdown(),
+        "dockerd ignored SIGTERM:\n{}",
+        dockerd.log()
+    );
+    let mut dockerd = Dockerd::start(dir.path(), &daemon_json, &env);
+    let line = doctor_on_dockerd(&node, &path, dockerd.pid());
+    assert!(line.starts_with("ok   dockerd"), "{line}");
 
     for (gpus, visible) in [
         ("all", &[0, 1, 2, 3][..]),
@@ -183,7 +227,8 @@ fn ctr_run_gpus_with_nvidia_container_cli_on_ctrs_path() {
     require_program("containerd");
     let node = SimNode::create(GPUS);
     let dir = EngineDir::new("gpus-ctrd");
-    let path = nvidia_names_on_path(&dir);
+    let (bin, path) = names_dir(&dir);
+    link_names(&bin);
     let config = dir.path().join("containerd.toml");
     fs::write(&config, containerd_config(dir.path())).expect("write containerd config");
     let mut containerd = Containerd::start(dir.path(), &config, &[]);

@@ -704,6 +704,10 @@ impl Dockerd {
         self.daemon.log()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.daemon.pid().expect("dockerd runs")
+    }
+
     /// `unix://SOCK`: DOCKER_HOST for programs that run docker themselves.
     pub fn host(&self) -> &str {
         &self.host
