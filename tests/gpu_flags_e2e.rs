@@ -195,25 +195,24 @@ fn docker_run_gpus_with_the_runtime_hook_name_on_dockerds_path() {
 
 // ---- containerd 1.6: ctr run --gpus runs nvidia-container-cli configure ----
 
-/// `ctr run --rm --gpus N ...` of gpucheck, with ctr's PATH and config variable (ctr builds
-/// the hook from its own environment).
-fn ctr_gpus(
+/// `ctr run --rm FLAGS ...` of gpucheck, with ctr's PATH and config variable (ctr builds the
+/// hook from its own environment).
+fn ctr_run(
     containerd: &Containerd,
     image: &str,
     path: &str,
     node: &SimNode,
-    gpus: &[&str],
+    flags: &[&str],
 ) -> Output {
     let probe = probe();
     let probe: Vec<&str> = probe.iter().map(String::as_str).collect();
-    let flags: Vec<&str> = gpus.iter().flat_map(|g| ["--gpus", g]).collect();
     let config = node.config();
     containerd.run_with_env(
         &[
             ("PATH", OsStr::new(path)),
             (NVHOOK_CONFIG, config.as_os_str()),
         ],
-        &flags,
+        flags,
         image,
         &unique_name("gpus"),
         &probe,
@@ -234,18 +233,37 @@ fn ctr_run_gpus_with_nvidia_container_cli_on_ctrs_path() {
     let mut containerd = Containerd::start(dir.path(), &config, &[]);
     let image = containerd.import_gpucheck_image(dir.path());
 
-    assert_exactly(&ctr_gpus(&containerd, &image, &path, &node, &["1"]), &[1]);
-    assert_exactly(
-        &ctr_gpus(&containerd, &image, &path, &node, &["0", "2"]),
-        &[0, 2],
-    );
+    let ctr = |flags: &[&str]| ctr_run(&containerd, &image, &path, &node, flags);
+    assert_exactly(&ctr(&["--gpus", "1"]), &[1]);
+    assert_exactly(&ctr(&["--gpus", "0", "--gpus", "2"]), &[0, 2]);
     assert_refused(
-        &ctr_gpus(&containerd, &image, &path, &node, &["7"]),
+        &ctr(&["--gpus", "7"]),
         "nvhook (as nvidia-container-cli): --device=7: no such GPU (this node has 0-3)",
     );
-    let plain = ctr_gpus(&containerd, &image, &path, &node, &[]);
+    let plain = ctr(&[]);
     plain.assert_success();
     plain.assert_gpus(GPUS, &[]);
+    // With no bundle, the volumes are read from the container's mount table: a host
+    // directory bound where the libraries go is refused, and gets nothing.
+    let volume = dir.path().join("volume");
+    fs::create_dir(&volume).expect("make the volume");
+    let bind = format!(
+        "type=bind,src={},dst=/usr/lib/x86_64-linux-gnu,options=rbind:rw",
+        volume.display()
+    );
+    let on_volume = ctr(&["--gpus", "1", "--mount", &bind]);
+    let hook = on_volume.hook_stderr().unwrap_or_default();
+    assert!(
+        !on_volume.status.success()
+            && hook.starts_with("nvhook (as nvidia-container-cli): cannot write /usr/lib/x86_64-linux-gnu/")
+            && hook.contains("the volume mounted at /usr/lib/x86_64-linux-gnu: nvhook will not write into a volume"),
+        "{on_volume}"
+    );
+    let written: Vec<_> = fs::read_dir(&volume).expect("list the volume").collect();
+    assert!(
+        written.is_empty(),
+        "nvhook wrote in the volume: {written:?}"
+    );
 
     assert!(
         containerd.shutdown(),
