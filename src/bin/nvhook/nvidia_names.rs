@@ -30,6 +30,7 @@ pub fn run(name: &Path, args: &[OsString]) -> Option<i32> {
             [stage] if stage == "prestart" => hook(config.as_deref(), Stage::Prestart, &[]),
             // NVIDIA's hook does nothing at these stages either.
             [stage] if stage == "poststart" || stage == "poststop" => Ok(()),
+            [] => return Some(usage(name, "no stage: use prestart, poststart or poststop")),
             _ => {
                 return Some(usage(
                     name,
