@@ -116,12 +116,31 @@ fn assert_refused(output: &Output, message: &str) {
     );
 }
 
+/// A start refused because nvhook would have written in the host directory `volume`, bound
+/// at `destination`, which is left empty.
+#[track_caller]
+fn assert_volume_refused(output: &Output, volume: &Path, destination: &str) {
+    let written: Vec<_> = fs::read_dir(volume).expect("list the volume").collect();
+    assert!(
+        written.is_empty(),
+        "nvhook wrote in the volume: {written:?}\n{output}"
+    );
+    let hook = output.hook_stderr().unwrap_or_default();
+    let line = format!("the volume mounted at {destination}: nvhook will not write into a volume");
+    assert!(
+        !output.status.success() && hook.starts_with("nvhook (as ") && hook.contains(&line),
+        "{output}"
+    );
+}
+
 // ---- dockerd 20.10: --gpus runs nvidia-container-runtime-hook prestart ----
 
-/// `docker run --rm --gpus GPUS IMAGE` of gpucheck.
-fn docker_gpus(dockerd: &Dockerd, image: &str, gpus: &str) -> Output {
+/// `docker run --rm FLAGS IMAGE` of gpucheck.
+fn docker_run(dockerd: &Dockerd, image: &str, flags: &[&str]) -> Output {
     let probe = probe();
-    let mut args = vec!["--rm", "--network", "none", "--gpus", gpus, image];
+    let mut args = vec!["--rm", "--network", "none"];
+    args.extend(flags);
+    args.push(image);
     args.extend(probe.iter().map(String::as_str));
     dockerd.run(&args)
 }
@@ -142,7 +161,7 @@ fn docker_run_gpus_with_the_runtime_hook_name_on_dockerds_path() {
     let mut dockerd = Dockerd::start(dir.path(), &daemon_json, &env);
     let image = dockerd.import_gpucheck_image(dir.path());
     link_names(&bin);
-    let early = docker_gpus(&dockerd, &image, "all");
+    let early = docker_run(&dockerd, &image, &["--gpus", "all"]);
     assert!(
         !early.status.success() && early.stderr.contains("could not select device driver"),
         "{early}"
@@ -172,18 +191,21 @@ fn docker_run_gpus_with_the_runtime_hook_name_on_dockerds_path() {
         ("all,\"capabilities=compute,utility\"", &[0, 1, 2, 3]),
     ] {
         eprintln!("docker run --gpus {gpus}");
-        assert_exactly(&docker_gpus(&dockerd, &image, gpus), visible);
+        assert_exactly(&docker_run(&dockerd, &image, &["--gpus", gpus]), visible);
     }
     assert_refused(
-        &docker_gpus(&dockerd, &image, "device=7"),
+        &docker_run(&dockerd, &image, &["--gpus", "device=7"]),
         "nvhook (as nvidia-container-runtime-hook): NVIDIA_VISIBLE_DEVICES=7: no such GPU (this node has 0-3)",
     );
-    let probe = probe();
-    let mut plain = vec!["--rm", "--network", "none", image.as_str()];
-    plain.extend(probe.iter().map(String::as_str));
-    let plain = dockerd.run(&plain);
+    let plain = docker_run(&dockerd, &image, &[]);
     plain.assert_success();
     plain.assert_gpus(GPUS, &[]);
+    // A host directory over the runtime's own /dev tmpfs is a volume: no node is made in it.
+    let volume = dir.path().join("volume");
+    fs::create_dir(&volume).expect("make the volume");
+    let bind = format!("{}:/dev", volume.display());
+    let over_dev = docker_run(&dockerd, &image, &["--gpus", "1", "-v", &bind]);
+    assert_volume_refused(&over_dev, &volume, "/dev");
 
     assert!(
         dockerd.shutdown(),
@@ -252,18 +274,14 @@ fn ctr_run_gpus_with_nvidia_container_cli_on_ctrs_path() {
         volume.display()
     );
     let on_volume = ctr(&["--gpus", "1", "--mount", &bind]);
-    let hook = on_volume.hook_stderr().unwrap_or_default();
-    assert!(
-        !on_volume.status.success()
-            && hook.starts_with("nvhook (as nvidia-container-cli): cannot write /usr/lib/x86_64-linux-gnu/")
-            && hook.contains("the volume mounted at /usr/lib/x86_64-linux-gnu: nvhook will not write into a volume"),
-        "{on_volume}"
+    assert_volume_refused(&on_volume, &volume, "/usr/lib/x86_64-linux-gnu");
+    // A host directory over the runtime's own /dev tmpfs: the later mount is the one there.
+    let bind = format!(
+        "type=bind,src={},dst=/dev,options=rbind:rw",
+        volume.display()
     );
-    let written: Vec<_> = fs::read_dir(&volume).expect("list the volume").collect();
-    assert!(
-        written.is_empty(),
-        "nvhook wrote in the volume: {written:?}"
-    );
+    let over_dev = ctr(&["--gpus", "1", "--mount", &bind]);
+    assert_volume_refused(&over_dev, &volume, "/dev");
 
     assert!(
         containerd.shutdown(),
