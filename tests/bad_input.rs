@@ -1,8 +1,8 @@
 //! Malformed input to the real binaries: `nvhook hook prestart` (state on stdin, the
 //! bundle's config.json, nvhook's config file), `nvhook plan`, `nvhook-runtime create` and
-//! `nvhook configure`. Each must exit 1 with exactly one short line on stderr that starts
-//! with the binary's prefix and names the cause: never a panic, never a backtrace, and for
-//! `configure`, never a half-written engine config.
+//! `nvhook configure`, and nvhook under NVIDIA's names. Each must exit 1 with exactly one
+//! short line on stderr that starts with the binary's prefix and names the cause: never a
+//! panic, never a backtrace, and for `configure`, never a half-written engine config.
 //!
 //! Tests are built without `panic = "abort"` (that is the release profile only), so a
 //! panic here would print "panicked at" and exit 101: both are checked for.
@@ -467,6 +467,98 @@ fn huge_container_values_are_cut_in_the_one_line() {
             let out = run(&nvhook_runtime(), &args, &[("NVHOOK_CONFIG", &config)], b"");
             assert_one_line(&format!("runtime: {case}"), &out, "nvhook-runtime", needle);
         }
+    }
+}
+
+/// A program, its arguments, the config it is given, its stdin, what its line must name.
+type NamedRun<'a> = (&'a str, &'a [&'a str], &'a Path, &'a [u8], &'a str);
+
+/// nvhook run under NVIDIA's names with command lines it does not serve, and with bad input
+/// to the ones it does: one line that names who answered, exit 2 for a command line it
+/// refuses, 1 for input it cannot act on.
+#[test]
+fn nvidia_names_with_bad_arguments() {
+    let s = Scratch::new();
+    let link = |name: &str| {
+        let path = s.path(name);
+        std::os::unix::fs::symlink(NVHOOK, &path).expect("link an NVIDIA name");
+        path.to_str().expect("utf-8 path").to_owned()
+    };
+    let (hook_name, cli_name) = (
+        link("nvidia-container-runtime-hook"),
+        link("nvidia-container-cli"),
+    );
+    let config = s.config();
+    let env = [("NVHOOK_CONFIG", config.as_path())];
+    let refused = |case: &str, out: &Output, prefix: &str, needle: &str| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{case}: {stderr:?}");
+        assert_eq!(stderr.lines().count(), 1, "{case}: {stderr:?}");
+        assert!(
+            stderr.starts_with(&format!("{prefix}: ")),
+            "{case}: {stderr:?}"
+        );
+        assert!(stderr.contains(needle), "{case}: {stderr:?}");
+    };
+    let hook_prefix = "nvhook (as nvidia-container-runtime-hook)";
+    let cli_prefix = "nvhook (as nvidia-container-cli)";
+    let refusals: [(&str, &[&str], &str); 4] = [
+        (&hook_name, &[], "no stage"),
+        (&hook_name, &["create"], "create: use prestart"),
+        (
+            &cli_name,
+            &["configure", "--no-devbind", "--pid=1", "/r"],
+            "configure option --no-devbind is not supported",
+        ),
+        (&cli_name, &[], "no command"),
+    ];
+    for (program, args, needle) in refusals {
+        let prefix = if program == hook_name {
+            hook_prefix
+        } else {
+            cli_prefix
+        };
+        refused(needle, &run(program, args, &env, b""), prefix, needle);
+    }
+    let absent = s.path("absent.toml");
+    let failures: [NamedRun; 4] = [
+        (
+            &hook_name,
+            &["prestart"],
+            &config,
+            b"[1]",
+            "cannot parse the OCI state",
+        ),
+        (
+            &hook_name,
+            &["prestart"],
+            &absent,
+            b"{}",
+            "cannot read config",
+        ),
+        (
+            &cli_name,
+            &["configure", "--device=0,\u{1}junk", "--pid=1", "/r"],
+            &config,
+            b"",
+            "--device=0,",
+        ),
+        (
+            &cli_name,
+            &["configure", "--device=0", "--pid=2147483646", "/r"],
+            &config,
+            b"",
+            "is the container still running?",
+        ),
+    ];
+    for (program, args, config, stdin, needle) in failures {
+        let prefix = if program == hook_name {
+            hook_prefix
+        } else {
+            cli_prefix
+        };
+        let out = run(program, args, &[("NVHOOK_CONFIG", config)], stdin);
+        assert_one_line(needle, &out, prefix, needle);
     }
 }
 

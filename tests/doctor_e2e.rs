@@ -37,6 +37,14 @@ fn fake_runtime(dir: &Path, name: &str, output: &str) -> PathBuf {
     path
 }
 
+const NVIDIA_NAMES: [&str; 2] = ["nvidia-container-runtime-hook", "nvidia-container-cli"];
+
+/// Whether a line is about a dockerd this machine runs: doctor names every running one, and
+/// this test starts none, so they are not the node's.
+fn about_a_running_dockerd(line: &str) -> bool {
+    line.split_whitespace().nth(1) == Some("dockerd")
+}
+
 const FLAGS: [&str; 4] = ["--gpus", "2", "--mig", "1:2"];
 
 impl Node {
@@ -59,6 +67,10 @@ impl Node {
                 .unwrap(),
         };
         fake_runtime(node.bin.path(), "runc", RUNC_1_3_6);
+        // NVIDIA's names for docker's and ctr's --gpus, as the packages link them.
+        for name in NVIDIA_NAMES {
+            std::os::unix::fs::symlink(nvhook_bin(), node.bin.path().join(name)).unwrap();
+        }
         node.nvhook(&["dev-char-links"]);
         let spec = node.host("etc/cdi/nvidia.yaml");
         fs::create_dir_all(spec.parent().unwrap()).unwrap();
@@ -182,7 +194,14 @@ fn a_node_set_up_as_documented_is_ready() {
     let node = Node::ready();
     let (code, text) = node.doctor();
     assert_eq!(code, 0, "{text}");
-    for line in text.lines().filter(|l| !l.starts_with("ready")) {
+    let dockerd_warnings = text
+        .lines()
+        .filter(|l| about_a_running_dockerd(l) && l.starts_with("warn"))
+        .count();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with("ready") && !about_a_running_dockerd(l))
+    {
         assert!(line.starts_with("ok "), "{line}\n{text}");
     }
     for start in [
@@ -197,6 +216,8 @@ fn a_node_set_up_as_documented_is_ready() {
         "ok   engine docker",
         "ok   CDI ",
         "ok   runtime runc: runc 1.3.6 at ",
+        "ok   name nvidia-container-runtime-hook: ",
+        "ok   name nvidia-container-cli: ",
         "ok   cgroup",
         "ok   policy: ",
     ] {
@@ -205,7 +226,10 @@ fn a_node_set_up_as_documented_is_ready() {
             "{start:?}:\n{text}"
         );
     }
-    assert_eq!(text.lines().last(), Some("ready (warn: 0)"));
+    assert_eq!(
+        text.lines().last(),
+        Some(format!("ready (warn: {dockerd_warnings})").as_str())
+    );
 
     let out = node.run_doctor(node.bin.path().as_os_str(), &["--format", "json"]);
     assert!(out.status.success());
@@ -216,6 +240,7 @@ fn a_node_set_up_as_documented_is_ready() {
     assert!(
         checks
             .iter()
+            .filter(|c| !c["name"].as_str().unwrap().starts_with("dockerd "))
             .all(|c| c["level"] == "ok" && c.get("fix").is_none())
     );
 }
@@ -366,6 +391,26 @@ fn a_missing_dev_char_link_warns() {
         node.sim.config().display()
     );
     node.expect(0, "warn /dev/char links: missing or wrong: 195:1", &[&fix]);
+}
+
+#[test]
+fn nvidia_names_missing_or_leading_elsewhere_warn() {
+    let node = Node::ready();
+    fs::remove_file(node.bin.path().join("nvidia-container-runtime-hook")).unwrap();
+    node.expect(
+        0,
+        "warn name nvidia-container-runtime-hook: not on PATH",
+        &["ln -s ", "/usr/bin/nvidia-container-runtime-hook"],
+    );
+    // NVIDIA's own program of that name, as libnvidia-container-tools installs it.
+    let cli = node.bin.path().join("nvidia-container-cli");
+    fs::remove_file(&cli).unwrap();
+    fake_runtime(node.bin.path(), "nvidia-container-cli", "NVIDIA's");
+    node.expect(
+        0,
+        "warn name nvidia-container-cli: ",
+        &["not this nvhook", "libnvidia-container-tools"],
+    );
 }
 
 #[test]

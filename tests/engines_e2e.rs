@@ -14,14 +14,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use support::engines::{
-    Containerd, DetachedContainer, Dockerd, EngineDir, GPUCHECK_IMAGE, assert_containerd_handler,
-    containerd_config, mount_points_below, nvhook_configure, nvhook_runtime_bin, unique_name,
-    write_oci_archive, write_rootfs_tar,
+    Containerd, DetachedContainer, Dockerd, EngineDir, assert_containerd_handler,
+    containerd_config, nvhook_configure, nvhook_runtime_bin, unique_name,
 };
-use support::{
-    Bundle, Output, RuntimeEnv, SimNode, glibc_image, host_mounts_referencing, require_program,
-    require_root,
-};
+use support::{Bundle, Output, RuntimeEnv, SimNode, glibc_image, require_program, require_root};
 
 const GPUS: u32 = 4;
 const NVIDIA_MAJOR: u32 = 195;
@@ -99,9 +95,7 @@ fn assert_no_gpu(output: &Output) {
 /// Nothing of the engine or the node may stay mounted once the daemon stopped.
 #[track_caller]
 fn assert_no_mounts_left(dir: &Path, node: &SimNode) {
-    let leaked = host_mounts_referencing(&[dir, node.root()]);
-    assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
-    assert!(mount_points_below(dir).is_empty());
+    support::engines::assert_no_mounts_left(dir, node.root());
 }
 
 // ---- containerd + ctr ----
@@ -114,25 +108,10 @@ fn containerd_for(node: &SimNode, dir: &EngineDir) -> (Containerd, String) {
     nvhook_configure("containerd", &config);
     assert_containerd_handler(&config, "nvidia", runtime_path());
 
-    let image = format!("docker.io/nvhook-test/{}:latest", unique_name("glibc"));
-    let tar = dir.path().join("glibc-oci.tar");
-    write_oci_archive(
-        glibc_image().rootfs(),
-        &image,
-        &GPUCHECK_IMAGE,
-        dir.path(),
-        &tar,
-    );
-
     // The runc-v2 shim inherits containerd's environment and passes it to
     // the runtime binary: that is how nvhook-runtime finds the node's config.
     let containerd = Containerd::start(dir.path(), &config, &[(NVHOOK_CONFIG, &node.config())]);
-    containerd.import(&tar);
-    let listed = containerd.ctr_checked(&["image", "ls", "-q"]);
-    assert!(
-        listed.lines().any(|l| l == image),
-        "{image} not in:\n{listed}"
-    );
+    let image = containerd.import_gpucheck_image(dir.path());
     (containerd, image)
 }
 
@@ -189,14 +168,7 @@ fn dockerd_for(node: &SimNode, dir: &EngineDir) -> (Dockerd, String) {
         "dockerd runtimes: {runtimes}"
     );
 
-    let image = format!("nvhook-test/glibc:{}", unique_name("img"));
-    let tar = dir.path().join("glibc-rootfs.tar");
-    write_rootfs_tar(glibc_image().rootfs(), &tar);
-    let imported = dockerd.docker_checked(&["import", tar.to_str().expect("UTF-8 path"), &image]);
-    assert!(
-        imported.starts_with("sha256:"),
-        "docker import said {imported}"
-    );
+    let image = dockerd.import_gpucheck_image(dir.path());
     (dockerd, image)
 }
 

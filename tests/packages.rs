@@ -36,6 +36,12 @@ const PROGRAM_FILES: [&str; 9] = [
     "/usr/lib/udev/rules.d/71-nvhook-dev-char.rules",
 ];
 
+/// NVIDIA's command names, links to nvhook: files of the .deb; the .rpm's %post makes them.
+const NVIDIA_NAME_LINKS: [&str; 2] = [
+    "/usr/bin/nvidia-container-runtime-hook",
+    "/usr/bin/nvidia-container-cli",
+];
+
 /// The links `systemctl enable` makes for the units a first install enables.
 const ENABLED_UNITS: [&str; 3] = [
     "/etc/systemd/system/multi-user.target.wants/nvhook-cdi-refresh.path",
@@ -196,6 +202,7 @@ fn deb_holds_the_programs_config_hook_and_docs_with_their_dependencies() {
     let files: BTreeSet<&str> = listing
         .lines()
         .filter(|line| !line.ends_with('/'))
+        .map(|line| line.split(" -> ").next().unwrap_or(line))
         .filter_map(|line| line.split_whitespace().last())
         .map(|path| path.trim_start_matches('.'))
         .collect();
@@ -204,7 +211,17 @@ fn deb_holds_the_programs_config_hook_and_docs_with_their_dependencies() {
         "/usr/share/doc/nvhook/copyright",
         "/usr/share/doc/nvhook/usage.txt",
     ];
-    assert_eq!(files, with_docs(&docs), "{listing}");
+    let mut expected = with_docs(&docs);
+    expected.extend(NVIDIA_NAME_LINKS);
+    assert_eq!(files, expected, "{listing}");
+    for link in NVIDIA_NAME_LINKS {
+        assert!(
+            listing
+                .lines()
+                .any(|line| line.ends_with(&format!(".{link} -> nvhook"))),
+            "{link} is not a link to nvhook\n{listing}"
+        );
+    }
     for program in [
         "./usr/bin/nvhook",
         "./usr/bin/nvhook-runtime",
@@ -238,6 +255,10 @@ fn deb_holds_the_programs_config_hook_and_docs_with_their_dependencies() {
         field("Depends")
     );
     assert_eq!(field("Recommends"), "runc | crun");
+    assert_eq!(
+        field("Conflicts"),
+        "nvidia-container-toolkit, libnvidia-container-tools"
+    );
 
     let conffiles = stdout_of(
         Command::new(require_program("dpkg-deb"))
@@ -260,10 +281,23 @@ fn deb_installs_upgrades_keeping_the_config_removes_and_purges_only_its_own_file
         text(&install.stdout)
     );
     let installed = root.files();
-    for file in PROGRAM_FILES {
+    for file in PROGRAM_FILES.iter().chain(&NVIDIA_NAME_LINKS) {
         assert!(
-            installed.contains(file),
+            installed.contains(*file),
             "{file} not installed: {installed:#?}"
+        );
+    }
+    // Run under NVIDIA's names, the installed nvhook answers as those programs.
+    for link in NVIDIA_NAME_LINKS {
+        let out = Command::new(root.path(link))
+            .arg("--bogus")
+            .output()
+            .expect("run a link");
+        let name = Path::new(link).file_name().unwrap().to_string_lossy();
+        assert!(
+            text(&out.stderr).starts_with(&format!("nvhook (as {name}): ")),
+            "{link}: {}",
+            text(&out.stderr)
         );
     }
     // The first install enabled the units, with the real systemctl, in the scratch root.
@@ -440,6 +474,10 @@ fn rpm_holds_the_same_files_with_a_noreplace_config_and_license() {
         lines(&rpm_query(&["--recommends"])),
         BTreeSet::from(["(runc or crun)"])
     );
+    assert_eq!(
+        lines(&rpm_query(&["--conflicts"])),
+        BTreeSet::from(["libnvidia-container-tools", "nvidia-container-toolkit"])
+    );
 }
 
 #[test]
@@ -469,6 +507,37 @@ fn rpm_carries_the_shared_postinst_and_prerm_as_scriptlets() {
     };
     assert!(run_postin("1").contains("nvhook configure docker"));
     assert_eq!(run_postin("2"), "");
+    // NVIDIA's names are made only beside an installed nvhook, and only where missing.
+    for link in NVIDIA_NAME_LINKS {
+        assert!(fs::symlink_metadata(scratch.path().join(&link[1..])).is_err());
+    }
+    let bin = scratch.path().join("usr/bin");
+    fs::create_dir_all(&bin).expect("scratch /usr/bin");
+    fs::write(bin.join("nvhook"), "").expect("scratch nvhook");
+    fs::set_permissions(
+        bin.join("nvhook"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod scratch nvhook");
+    fs::write(bin.join("nvidia-container-cli"), "NVIDIA's").expect("an NVIDIA program");
+    run_postin("2");
+    assert_eq!(
+        fs::read_link(bin.join("nvidia-container-runtime-hook")).expect("link made"),
+        Path::new("nvhook")
+    );
+    assert_eq!(
+        fs::read_to_string(bin.join("nvidia-container-cli")).expect("left as it was"),
+        "NVIDIA's"
+    );
+    // An erase takes out the links to nvhook and nothing else.
+    let preun = scriptlet("PREUN");
+    Command::new(require_program("sh"))
+        .args(["-c", &preun, "prerm", "0"])
+        .env("DPKG_ROOT", scratch.path())
+        .output()
+        .expect("run %preun");
+    assert!(fs::symlink_metadata(bin.join("nvidia-container-runtime-hook")).is_err());
+    assert!(bin.join("nvidia-container-cli").exists());
 }
 
 // ---- the installed binaries at work ----

@@ -5,9 +5,11 @@
 //! alone, so the judgements are unit-tested without a driver or root. Engine configs, hooks.d
 //! and `/etc/cdi` are read under a root prefix (`--root`), the driver's files, device nodes and
 //! `/proc` under the nvhook config's roots. The low-level runtimes are looked for as
-//! nvhook-runtime looks for them, on doctor's own PATH, and asked their version.
+//! nvhook-runtime looks for them, on doctor's own PATH, and asked their version; NVIDIA's
+//! command names on that PATH too, and on each running dockerd's.
 
 mod checks;
+mod nvidia_names;
 mod runtimes;
 
 use crate::cdi::{self, NameStrategy};
@@ -213,6 +215,11 @@ pub fn run(config: &Config, options: &Options) -> Report {
     ));
     out.extend(checks::hooks(&hooks_dirs(&options.root)));
     out.extend(checks::runtimes(&runtime_search(config)));
+    // NVIDIA's names are judged against the nvhook they should lead to: this one.
+    let nvhook = std::env::current_exe()
+        .and_then(std::fs::canonicalize)
+        .unwrap_or_default();
+    out.extend(nvidia_names::checks(&nvidia_names::gather(nvhook)));
     out.push(checks::cgroup(&cgroup()));
     out.push(checks::policy(config));
     Report::new(out)

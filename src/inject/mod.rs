@@ -7,6 +7,7 @@
 //! which dies with the container, so a failure leaves nothing on the host. The effects are
 //! behind `effects`, so this order is unit-tested (`tests.rs`) as well as run for real.
 
+pub mod container_mounts;
 pub mod effects;
 pub mod procfs;
 
@@ -14,8 +15,8 @@ use crate::config::Config;
 use crate::echo::Echo;
 use crate::host_plan::{PlanningError, container_view, plan_for_host, probe};
 use crate::inventory;
-use crate::oci::{OciError, Spec, State};
-use crate::plan::{ListedNode, Plan};
+use crate::oci::{MountPoint, OciError, Spec, State};
+use crate::plan::{ImageInfo, ListedNode, Plan};
 use crate::plan_file;
 use crate::request::{Request, RequestError};
 use crate::rootfs::{Rootfs, RootfsError};
@@ -87,6 +88,21 @@ impl Step {
     }
 }
 
+/// A live container between its runtime's mounts and pivot_root, as a front end knows it.
+struct Container<'a> {
+    /// A process in its mount namespace and cgroup.
+    pid: i32,
+    /// Its rootfs, as the host names it.
+    rootfs: PathBuf,
+    /// The runtime's mounts in it: which of them nvhook may write on.
+    mounts: Vec<MountPoint>,
+    /// Device nodes the runtime makes itself, with their cgroup rules.
+    listed: Vec<ListedNode<'a>>,
+    /// Whether nvhook sets the device cgroup rules (nvidia-container-cli's `--no-cgroups`
+    /// leaves them to the caller).
+    cgroups: bool,
+}
+
 /// Runs the whole prestart hook for the container described by `state`.
 pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     let mut step = Step::start();
@@ -99,34 +115,85 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     if let Some(p) = spec.rootfs_propagation().filter(|p| p.contains("shared")) {
         return Err(HookError::SharedRootfs(p.into()));
     }
-    let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
+    let container = Container {
+        pid,
+        rootfs: spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?,
+        mounts: spec.mount_points(),
+        listed: spec
+            .devices()
+            .iter()
+            .map(|d| (d.path.as_path(), d.major, d.minor))
+            .collect(),
+        cgroups: true,
+    };
     step.done("request");
+    // nvhook-runtime already queried NVML for this start and left its plan in the bundle.
+    configure(config, &request, &container, step, |image| {
+        plan_file::read(&state.bundle, image)
+    })
+}
+
+/// nvidia-container-cli's `configure`: the container whose process `pid` has its rootfs at
+/// `rootfs`, with no bundle; its mounts come from its mount table.
+pub fn configure_process(
+    config: &Config,
+    request: &Request,
+    pid: i32,
+    rootfs: PathBuf,
+    cgroups: bool,
+) -> Result<Outcome, HookError> {
+    let step = Step::start();
+    let found = container_mounts::read(pid, &rootfs)
+        .map_err(|source| HookError::ContainerGone { pid, source })?;
+    if found.rootfs_shared {
+        return Err(HookError::SharedRootfs("shared".into()));
+    }
+    let container = Container {
+        pid,
+        rootfs,
+        mounts: found.mounts,
+        listed: Vec::new(),
+        cgroups,
+    };
+    configure(config, request, &container, step, |_| None)
+}
+
+/// Plans `request` for `container` on this host, unless `planned` has the plan already for
+/// its image, and applies it: the one path of every front end that works on a live container.
+fn configure(
+    config: &Config,
+    request: &Request,
+    container: &Container,
+    mut step: Step,
+    planned: impl FnOnce(&ImageInfo) -> Option<Plan>,
+) -> Result<Outcome, HookError> {
+    let pid = container.pid;
     // The rootfs as the container will see it, through its mount namespace: the image is
     // examined, and written once the hook has entered that namespace, with its volumes
     // mounted. The descriptors stay valid there, so it is opened once for both.
     std::fs::symlink_metadata(format!("/proc/{pid}/root"))
         .map_err(|source| HookError::ContainerGone { pid, source })?;
     let rootfs =
-        Rootfs::open(&container_view(pid, &rootfs_path))?.with_mounts(&spec.mount_points());
-    let image = probe(&request, config, &rootfs);
-    // nvhook-runtime already queried NVML for this start and left its plan in the bundle.
-    let plan = match plan_file::read(&state.bundle, &image) {
+        Rootfs::open(&container_view(pid, &container.rootfs))?.with_mounts(&container.mounts);
+    let image = probe(request, config, &rootfs);
+    let plan = match planned(&image) {
         Some(plan) => plan,
         None => {
             let scope = inventory::Scope::for_capabilities(&request.capabilities);
             let (inventory, source) = inventory::isolated::load(config, scope)?;
             tracing::debug!(?source, "inventory");
             step.done("inventory");
-            plan_for_host(&request, inventory, source, config, &image)?
+            plan_for_host(request, inventory, source, config, &image)?
         }
     };
     step.done("plan");
-    let listed: Vec<ListedNode> = spec
-        .devices()
-        .iter()
-        .map(|d| (d.path.as_path(), d.major, d.minor))
-        .collect();
-    apply(effects::System::new(pid, rootfs), &listed, &plan, &mut step)
+    apply(
+        effects::System::new(pid, rootfs),
+        &container.listed,
+        container.cgroups,
+        &plan,
+        &mut step,
+    )
 }
 
 /// Applies `plan`: the nodes and cgroup rules the spec does not already give the runtime,
@@ -135,11 +202,12 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
 fn apply<H: HostEffects>(
     mut host: H,
     listed: &[ListedNode],
+    cgroups: bool,
     plan: &Plan,
     step: &mut Step,
 ) -> Result<Outcome, HookError> {
     let (nodes, rules) = plan.left_to_hook(listed.iter().copied());
-    if !rules.is_empty() {
+    if cgroups && !rules.is_empty() {
         host.allow_devices(&rules)?;
     }
     step.done("cgroup");

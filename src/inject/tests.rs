@@ -130,7 +130,7 @@ fn plan() -> Plan {
 
 fn run(fail: Option<Op>, listed: &[ListedNode]) -> (Result<Outcome, HookError>, Vec<Op>) {
     let recorder = Recorder::new(fail);
-    let result = apply(recorder.clone(), listed, &plan(), &mut Step::start());
+    let result = apply(recorder.clone(), listed, true, &plan(), &mut Step::start());
     (result, recorder.done())
 }
 
@@ -226,10 +226,25 @@ fn no_overlay_is_prepared_when_the_plan_has_none() {
     let mut plan = plan();
     plan.proc_overlay = None;
     let recorder = Recorder::new(None);
-    apply(recorder.clone(), &[], &plan, &mut Step::start()).unwrap();
+    apply(recorder.clone(), &[], true, &plan, &mut Step::start()).unwrap();
     let done = recorder.done();
     assert!(
         !done.contains(&Op::PrepareProc) && !done.contains(&Op::Proc),
+        "{done:?}"
+    );
+}
+
+#[test]
+fn no_cgroups_leaves_the_rules_to_the_caller_and_makes_the_nodes() {
+    let recorder = Recorder::new(None);
+    apply(recorder.clone(), &[], false, &plan(), &mut Step::start()).unwrap();
+    let done = recorder.done();
+    assert!(
+        !done.iter().any(|op| matches!(op, Op::Allow(_))),
+        "{done:?}"
+    );
+    assert!(
+        done.contains(&Op::Node("/dev/nvidiactl".into())),
         "{done:?}"
     );
 }

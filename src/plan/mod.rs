@@ -418,6 +418,7 @@ fn select<'a>(
                     SelectionSource::VolumeMounts => {
                         format!("volume mount {DEVICE_MOUNT_ROOT}/{id}")
                     }
+                    SelectionSource::CliFlag => format!("--device={id}"),
                 },
                 have: describe_gpus(inventory),
             }

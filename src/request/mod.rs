@@ -63,6 +63,22 @@ pub enum SelectionSource {
     Env,
     /// Mounts under `/var/run/nvidia-container-devices/`.
     VolumeMounts,
+    /// nvidia-container-cli's `--device`, written by the engine (`ctr run --gpus`).
+    CliFlag,
+}
+
+/// What nvidia-container-cli's `configure` is asked for on its command line. The engine wrote
+/// it (`ctr run --gpus`, nerdctl), not the image, so no policy on the environment applies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flags {
+    /// `--device=LIST` (the flag may repeat; the lists are joined). None or empty: no GPU,
+    /// the driver's files only, as libnvidia-container does.
+    pub devices: Option<String>,
+    pub capabilities: BTreeSet<Capability>,
+    /// Each `--require=EXPR`, one expression each.
+    pub requirements: Vec<String>,
+    pub mig_config: Option<String>,
+    pub mig_monitor: Option<String>,
 }
 
 /// The outcome of reading a spec, for callers that log why a container is left alone.
@@ -172,6 +188,64 @@ impl Request {
                 .filter(|v| !v.is_empty())
                 .map(str::to_string),
         }))
+    }
+}
+
+impl Request {
+    /// The request nvidia-container-cli's `configure` flags make. Capabilities the node does
+    /// not serve are left out rather than refused: containerd and nerdctl ask for every one
+    /// whatever the image needs, and libnvidia-container gives what the driver has.
+    pub fn from_flags(flags: &Flags, config: &Config) -> Result<Request, RequestError> {
+        let list = |flag: &'static str, value: Option<&str>| {
+            let Some(items) = value.and_then(|v| devices::requested_items(v.split(','))) else {
+                return Ok(None);
+            };
+            devices::selection(&items)
+                .map(Some)
+                .map_err(|source| RequestError::UnknownDevice {
+                    origin: env_origin(flag, value.unwrap_or_default()),
+                    source,
+                })
+        };
+        let devices =
+            list("--device", flags.devices.as_deref())?.unwrap_or(DeviceSelection::NoDevices);
+        let (capabilities, unserved): (BTreeSet<Capability>, BTreeSet<Capability>) = flags
+            .capabilities
+            .iter()
+            .copied()
+            .partition(|c| config.supported_capabilities.contains(c));
+        if !unserved.is_empty() {
+            tracing::info!(
+                ?unserved,
+                "capabilities this node does not serve are left out (supported-capabilities)"
+            );
+        }
+        let mut requirements = Requirements::default();
+        if !config.disable_require {
+            for expression in &flags.requirements {
+                requirements
+                    .add("--require", expression)
+                    .map_err(|source| RequestError::Requirement {
+                        variable: "--require".into(),
+                        source,
+                    })?;
+            }
+        }
+        Ok(Request {
+            devices,
+            capabilities,
+            requirements,
+            mig_config: list("--mig-config", flags.mig_config.as_deref())?,
+            mig_monitor: list("--mig-monitor", flags.mig_monitor.as_deref())?,
+            // A command line says nothing of the container's capabilities; only the
+            // environment's MIG variables above depend on them.
+            privileged: false,
+            source: SelectionSource::CliFlag,
+            cuda_version: None,
+            imex_channels: None,
+            // No image environment: the node's defaults.
+            families: extra::families(&Spec::default(), config, false)?,
+        })
     }
 }
 

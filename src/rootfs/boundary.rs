@@ -47,7 +47,12 @@ impl Rootfs {
     /// Adds the runtime's own mounts of the spec (already mounted: the caller is in the
     /// container's mount namespace) to the mounts nvhook writes on, and remembers its bind
     /// mounts to name them. A destination that does not resolve is skipped: nothing is there.
+    ///
+    /// `mounts` are in the order they were made. A later mount on the same destination (a
+    /// host directory bound over the runtime's /dev tmpfs) hides the earlier one, and both
+    /// entries resolve to it: the last entry that reaches a mount says what it is.
     pub fn with_mounts(mut self, mounts: &[MountPoint]) -> Rootfs {
+        let root = self.boundary.own.first().copied();
         for m in mounts {
             let Some(id) = self
                 .root
@@ -57,6 +62,10 @@ impl Rootfs {
             else {
                 continue;
             };
+            self.boundary
+                .own
+                .retain(|own| *own != id || Some(*own) == root);
+            self.boundary.volumes.retain(|(volume, _)| *volume != id);
             if m.bind {
                 self.boundary.volumes.push((id, m.destination.clone()));
             } else if !self.boundary.own.contains(&id) {

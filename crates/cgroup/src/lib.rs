@@ -4,6 +4,7 @@
 //! container, so that the container's cgroup lets it open exactly the GPU device nodes.
 
 pub mod bpf;
+pub mod mountinfo;
 mod proc;
 mod rule;
 mod v1;

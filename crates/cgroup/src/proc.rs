@@ -3,6 +3,7 @@
 //! Pure functions over the two files' text, so that every layout (v1, v2, hybrid, cgroup
 //! namespaces, over-mounts) is tested without root.
 
+use crate::mountinfo::{Mount, parse_mount};
 use std::path::{Component, Path, PathBuf};
 
 /// The directory that holds a process's device policy, by mechanism.
@@ -47,56 +48,6 @@ fn parse_membership(text: &str) -> Vec<Membership<'_>> {
             })
         })
         .collect()
-}
-
-/// The fields of a mountinfo line that locating a cgroup needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Mount {
-    root: String,
-    mount_point: PathBuf,
-    fstype: String,
-    super_options: String,
-}
-
-impl Mount {
-    fn has_super_option(&self, option: &str) -> bool {
-        self.super_options.split(',').any(|o| o == option)
-    }
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
-        match (bytes[i], octal) {
-            (b'\\', Some(d)) => {
-                out.push(d.iter().fold(0u8, |n, b| n.wrapping_mul(8) + (b - b'0')));
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn parse_mount(line: &str) -> Option<Mount> {
-    let fields: Vec<&str> = line.split(' ').collect();
-    let separator = fields.iter().position(|f| *f == "-")?;
-    let (before, after) = (fields.get(..separator)?, fields.get(separator + 1..)?);
-    Some(Mount {
-        root: unescape(before.get(3)?),
-        mount_point: PathBuf::from(unescape(before.get(4)?)),
-        fstype: (*after.first()?).to_owned(),
-        super_options: (*after.get(2)?).to_owned(),
-    })
 }
 
 /// The mounts that path lookups can reach: mountinfo lists mounts in the order they were

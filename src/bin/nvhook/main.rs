@@ -2,6 +2,7 @@
 // std's start-up is skipped: see nvhook::entry.
 #![no_main]
 
+mod nvidia_names;
 mod shim;
 
 use anyhow::{Context, Result};
@@ -214,8 +215,16 @@ extern "C" fn main(
 }
 
 fn nvhook_main() -> i32 {
+    // Run under one of NVIDIA's names (a link), the command line is that program's.
+    let argv: Vec<_> = std::env::args_os().collect();
+    if let Some(status) = argv
+        .split_first()
+        .and_then(|(name, args)| nvidia_names::run(Path::new(name), args))
+    {
+        return status;
+    }
+    let mut args = argv.into_iter();
     // nvhook-runtime's hand-over, before clap: the rest is runc's command line, not ours.
-    let mut args = std::env::args_os();
     let program = args.next().unwrap_or_default();
     if args
         .next()
@@ -313,8 +322,27 @@ fn scrub_process() {
     unsafe { libc::umask(0) };
 }
 
-fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()> {
+/// The start of every process that works on a container: a scrubbed process, the config,
+/// the log, and only the capabilities the hook needs; returns the config and where errors
+/// are logged.
+fn hook_process(config_path: Option<&Path>) -> Result<(Config, nvhook::logging::Sink)> {
     scrub_process();
+    // Not $NVHOOK_CONFIG: only a caller that may trust its environment passes that in.
+    let config = Config::load(config_path, None)?;
+    let sink = nvhook::logging::init(&config);
+    // Defence in depth, before anything of the container is read: a host that will not let
+    // the hook drop capabilities still gets its GPU container, with a warning in the log.
+    match nvhook::privileges::keep_only_what_the_hook_needs() {
+        Ok(()) if tracing::enabled!(tracing::Level::DEBUG) => {
+            tracing::debug!(kernel = %nvhook::privileges::status_lines(), "capabilities kept");
+        }
+        Ok(()) => {}
+        Err(e) => tracing::warn!("{e}"),
+    }
+    Ok((config, sink))
+}
+
+fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()> {
     // Parsed first: a bad spec entry fails before anything is read or touched.
     let links = match stage {
         Stage::CreateContainer => Some(nvhook::cdi::hook::LinkArgs::parse(args)?),
@@ -327,18 +355,7 @@ fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()>
         _ => None,
     };
     let started = Instant::now();
-    // No $NVHOOK_CONFIG here: the hook's environment is not to be trusted.
-    let config = Config::load(config_path, None)?;
-    let sink = nvhook::logging::init(&config);
-    // Defence in depth, before anything of the container is read: a host that will not let
-    // the hook drop capabilities still gets its GPU container, with a warning in the log.
-    match nvhook::privileges::keep_only_what_the_hook_needs() {
-        Ok(()) if tracing::enabled!(tracing::Level::DEBUG) => {
-            tracing::debug!(kernel = %nvhook::privileges::status_lines(), "capabilities kept");
-        }
-        Ok(()) => {}
-        Err(e) => tracing::warn!("{e}"),
-    }
+    let (config, sink) = hook_process(config_path)?;
     // A state is a few hundred bytes; a runtime never sends more than this.
     const STATE_LIMIT: u64 = 1 << 20;
     let mut input = String::new();

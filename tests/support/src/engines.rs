@@ -3,6 +3,7 @@
 //! images made from the harness's rootfs templates, and guards that stop the
 //! daemons and remove every container and mount they left, even on failure.
 
+use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -80,6 +81,15 @@ impl Drop for EngineDir {
             eprintln!("engine dir cleanup: {err}");
         }
     }
+}
+
+/// Nothing of an engine (its directory `dir`) or of a node (`node_root`) may stay mounted
+/// once the daemon stopped.
+#[track_caller]
+pub fn assert_no_mounts_left(dir: &Path, node_root: &Path) {
+    let leaked = super::host_mounts_referencing(&[dir, node_root]);
+    assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
+    assert!(mount_points_below(dir).is_empty());
 }
 
 /// Mount points at or below `root`, from the host's mount table.
@@ -551,6 +561,26 @@ impl Containerd {
         run_checked(self.ctr().args(["image", "import"]).arg(tar));
     }
 
+    /// Imports the glibc gpucheck image, its archive written in `work`; returns its name.
+    pub fn import_gpucheck_image(&self, work: &Path) -> String {
+        let image = format!("docker.io/nvhook-test/{}:latest", unique_name("glibc"));
+        let tar = work.join("glibc-oci.tar");
+        write_oci_archive(
+            super::glibc_image().rootfs(),
+            &image,
+            &GPUCHECK_IMAGE,
+            work,
+            &tar,
+        );
+        self.import(&tar);
+        let listed = self.ctr_checked(&["image", "ls", "-q"]);
+        assert!(
+            listed.lines().any(|l| l == image),
+            "{image} not in:\n{listed}"
+        );
+        image
+    }
+
     /// Kills and removes every task and container of the namespace, then
     /// stops the daemon. Returns whether it stopped on SIGTERM.
     pub fn shutdown(&mut self) -> bool {
@@ -588,7 +618,21 @@ impl Containerd {
 
     /// `ctr run --rm` of `image` as container `id`, stdio captured.
     pub fn run(&self, extra: &[&str], image: &str, id: &str, args: &[&str]) -> Output {
+        self.run_with_env(&[], extra, image, id, args)
+    }
+
+    /// [`Containerd::run`] with `env` added to ctr's environment, which `ctr run --gpus`
+    /// looks its programs up in and gives its hook.
+    pub fn run_with_env(
+        &self,
+        env: &[(&str, &OsStr)],
+        extra: &[&str],
+        image: &str,
+        id: &str,
+        args: &[&str],
+    ) -> Output {
         let mut cmd = self.ctr();
+        cmd.envs(env.iter().copied());
         cmd.args(["run", "--rm", "--runc-root"])
             .arg(&self.runc_root)
             .arg("--fifo-dir")
@@ -660,6 +704,10 @@ impl Dockerd {
         self.daemon.log()
     }
 
+    pub fn pid(&self) -> u32 {
+        self.daemon.pid().expect("dockerd runs")
+    }
+
     /// `unix://SOCK`: DOCKER_HOST for programs that run docker themselves.
     pub fn host(&self) -> &str {
         &self.host
@@ -674,6 +722,20 @@ impl Dockerd {
 
     pub fn docker_checked(&self, args: &[&str]) -> String {
         stdout_of(self.docker().args(args))
+    }
+
+    /// Imports the glibc gpucheck image (`docker import`, its tar written in `work`);
+    /// returns its name.
+    pub fn import_gpucheck_image(&self, work: &Path) -> String {
+        let image = format!("nvhook-test/glibc:{}", unique_name("img"));
+        let tar = work.join("glibc-rootfs.tar");
+        write_rootfs_tar(super::glibc_image().rootfs(), &tar);
+        let imported = self.docker_checked(&["import", tar.to_str().expect("UTF-8 path"), &image]);
+        assert!(
+            imported.starts_with("sha256:"),
+            "docker import said {imported}"
+        );
+        image
     }
 
     pub fn run(&self, args: &[&str]) -> Output {

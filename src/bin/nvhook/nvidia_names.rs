@@ -1,0 +1,94 @@
+//! nvhook run under NVIDIA's command names (a link named so), as engines' `--gpus` run them.
+//!
+//! The config comes from `$NVHOOK_CONFIG` here, unlike `nvhook hook`: these names are run by
+//! engines that give the hook their own environment (dockerd's and ctr's), never the image's,
+//! and their command lines have no room for nvhook's `--config`.
+
+use crate::{Stage, hook, hook_process};
+use nvhook::inventory::{Scope, isolated};
+use nvhook::logging::Sink;
+use nvhook::nvidia_cli::{self, CLI_NAME, Command, RUNTIME_HOOK_NAME};
+use nvhook::request::Request;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// The exit status of running as `name`, or None when `name` is not one of NVIDIA's.
+pub fn run(name: &Path, args: &[OsString]) -> Option<i32> {
+    let name = name.file_name()?.to_str()?;
+    if !nvidia_cli::NAMES.contains(&name) {
+        return None;
+    }
+    let args: Vec<String> = match args.iter().map(|a| a.clone().into_string()).collect() {
+        Ok(args) => args,
+        Err(arg) => return Some(usage(name, &format!("argument {arg:?} is not UTF-8"))),
+    };
+    let config = std::env::var_os(nvhook::config::ENV_VAR)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let result = match name {
+        RUNTIME_HOOK_NAME => match args.as_slice() {
+            [stage] if stage == "prestart" => hook(config.as_deref(), Stage::Prestart, &[]),
+            // NVIDIA's hook does nothing at these stages either.
+            [stage] if stage == "poststart" || stage == "poststop" => Ok(()),
+            [] => return Some(usage(name, "no stage: use prestart, poststart or poststop")),
+            _ => {
+                return Some(usage(
+                    name,
+                    &format!("{}: use prestart, poststart or poststop", args.join(" ")),
+                ));
+            }
+        },
+        CLI_NAME => match nvidia_cli::parse(&args) {
+            Ok(command) => cli(config.as_deref(), command),
+            Err(e) => return Some(usage(name, &e.to_string())),
+        },
+        _ => unreachable!("one of NAMES"),
+    };
+    Some(match result {
+        Ok(()) => 0,
+        Err(e) => {
+            // The engine shows this line as the hook's error: say who answered.
+            eprintln!("nvhook (as {name}): {e}");
+            1
+        }
+    })
+}
+
+fn usage(name: &str, message: &str) -> i32 {
+    eprintln!("nvhook (as {name}): {message}");
+    2
+}
+
+fn cli(config_path: Option<&Path>, command: Command) -> anyhow::Result<()> {
+    if let Command::Configure(configure) = command {
+        let (config, sink) = hook_process(config_path)?;
+        let request = Request::from_flags(&configure.flags, &config)?;
+        let outcome = nvhook::inject::configure_process(
+            &config,
+            &request,
+            configure.pid,
+            configure.rootfs,
+            !configure.no_cgroups,
+        )
+        .inspect_err(|e| {
+            if sink == Sink::File {
+                tracing::error!(pid = configure.pid, "{e}");
+            }
+        })?;
+        tracing::info!(pid = configure.pid, ?outcome, "configured as {CLI_NAME}");
+        return Ok(());
+    }
+    let config = nvhook::config::Config::load(config_path, None)?;
+    nvhook::logging::init(&config);
+    // NVML's cached answer serves while the host is as it was.
+    let (inventory, _) = isolated::load(&config, Scope::ALL)?;
+    print!(
+        "{}",
+        match command {
+            Command::Info { csv } => nvidia_cli::report::info_text(&inventory, csv),
+            Command::List(list) => nvidia_cli::report::list_text(&inventory, list),
+            Command::Configure(_) => unreachable!("handled above"),
+        }
+    );
+    Ok(())
+}

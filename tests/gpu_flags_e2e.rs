@@ -1,0 +1,342 @@
+//! The GPU flags people type, with nvhook alone: Debian 12's dockerd 20.10 `docker run --gpus`
+//! (which runs `nvidia-container-runtime-hook prestart`) and containerd 1.6's `ctr run --gpus`
+//! (which runs `nvidia-container-cli configure` through `containerd oci-hook`), each with no
+//! runtime configured and no NVIDIA program anywhere: the only NVIDIA names are links to the
+//! nvhook cargo built, in a directory on the engine's PATH, as the packages install them.
+//! Run as root after `cargo build --workspace`: `cargo test --test gpu_flags_e2e`.
+//!
+//! On the simulated node no driver sits behind the device nodes, so opening a node the cgroup
+//! allows gives ENXIO; one the container was not given is absent.
+
+use nvhook_test_support as support;
+
+use std::ffi::OsStr;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use nvhook::nvidia_cli::{CLI_NAME, NAMES, RUNTIME_HOOK_NAME};
+use support::engines::{
+    Containerd, Dockerd, EngineDir, assert_no_mounts_left, containerd_config, unique_name,
+};
+use support::{Output, SimNode, gpucheck_args, nvhook_bin, require_program, require_root};
+
+const GPUS: u32 = 4;
+const NVHOOK_CONFIG: &str = "NVHOOK_CONFIG";
+/// The system's directories, where no NVIDIA program may be.
+const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// NVIDIA's toolkit programs an engine could otherwise find.
+const NVIDIA_PROGRAMS: [&str; 5] = [
+    RUNTIME_HOOK_NAME,
+    CLI_NAME,
+    "nvidia-container-runtime",
+    "nvidia-ctk",
+    "nvidia-cdi-hook",
+];
+
+/// The directory that will hold NVIDIA's names, and the PATH engines get with it first. No
+/// NVIDIA program may be in the system's directories.
+fn names_dir(dir: &EngineDir) -> (PathBuf, String) {
+    for program in NVIDIA_PROGRAMS {
+        for system_dir in SYSTEM_PATH.split(':') {
+            let path = Path::new(system_dir).join(program);
+            assert!(
+                fs::symlink_metadata(&path).is_err(),
+                "{} exists: these tests prove nvhook works with no NVIDIA program installed",
+                path.display()
+            );
+        }
+    }
+    let bin = dir.path().join("nvidia-names");
+    fs::create_dir(&bin).expect("make the links' directory");
+    let path = format!("{}:{SYSTEM_PATH}", bin.display());
+    (bin, path)
+}
+
+/// NVIDIA's names in `bin`, as links to nvhook, as the packages install them.
+fn link_names(bin: &Path) {
+    for name in NAMES {
+        std::os::unix::fs::symlink(nvhook_bin(), bin.join(name)).expect("link an NVIDIA name");
+    }
+}
+
+/// `nvhook doctor`'s line about the dockerd `pid`.
+fn doctor_on_dockerd(node: &SimNode, path: &str, pid: u32) -> String {
+    let out = std::process::Command::new(nvhook_bin())
+        .args([
+            "--config",
+            node.config().to_str().expect("UTF-8 path"),
+            "doctor",
+        ])
+        .env("PATH", path)
+        .output()
+        .expect("run nvhook doctor");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let start = format!(" dockerd {pid}: ");
+    text.lines()
+        .find(|l| l.get(4..).is_some_and(|rest| rest.starts_with(&start)))
+        .unwrap_or_else(|| panic!("doctor names no dockerd {pid}:\n{text}"))
+        .to_owned()
+}
+
+/// gpucheck probing every GPU and the control nodes, and loading libcuda.
+fn probe() -> Vec<String> {
+    gpucheck_args(GPUS, &[])
+}
+
+#[track_caller]
+fn assert_exactly(output: &Output, visible: &[u32]) {
+    output.assert_success();
+    output.assert_gpus(GPUS, visible);
+    output.assert_control_nodes_allowed();
+    output.assert_lines(&["dlopen libcuda.so.1 ok"]);
+}
+
+/// A refused start: the engine failed it and passed on nvhook's stderr, one line, `message`.
+#[track_caller]
+fn assert_refused(output: &Output, message: &str) {
+    assert!(
+        !output.status.success(),
+        "a start that should fail ran:\n{output}"
+    );
+    let hook = output
+        .hook_stderr()
+        .unwrap_or_else(|| panic!("no hook error in the engine's message:\n{output}"));
+    // containerd appends its error class (`: unknown`) to the hook's line.
+    let line = hook.lines().next().unwrap_or_default();
+    assert_eq!(
+        line.strip_suffix(": unknown").unwrap_or(line),
+        message,
+        "\n{output}"
+    );
+    assert!(
+        hook.lines()
+            .skip(1)
+            .all(|l| l.trim().is_empty() || l.starts_with(':')),
+        "\n{output}"
+    );
+}
+
+/// A start refused because nvhook would have written in the host directory `volume`, bound
+/// at `destination`, which is left empty.
+#[track_caller]
+fn assert_volume_refused(output: &Output, volume: &Path, destination: &str) {
+    let written: Vec<_> = fs::read_dir(volume).expect("list the volume").collect();
+    assert!(
+        written.is_empty(),
+        "nvhook wrote in the volume: {written:?}\n{output}"
+    );
+    let hook = output.hook_stderr().unwrap_or_default();
+    let line = format!("the volume mounted at {destination}: nvhook will not write into a volume");
+    assert!(
+        !output.status.success() && hook.starts_with("nvhook (as ") && hook.contains(&line),
+        "{output}"
+    );
+}
+
+// ---- dockerd 20.10: --gpus runs nvidia-container-runtime-hook prestart ----
+
+/// `docker run --rm FLAGS IMAGE` of gpucheck.
+fn docker_run(dockerd: &Dockerd, image: &str, flags: &[&str]) -> Output {
+    let probe = probe();
+    let mut args = vec!["--rm", "--network", "none"];
+    args.extend(flags);
+    args.push(image);
+    args.extend(probe.iter().map(String::as_str));
+    dockerd.run(&args)
+}
+
+#[test]
+fn docker_run_gpus_with_the_runtime_hook_name_on_dockerds_path() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("gpus-dockerd");
+    let (bin, path) = names_dir(&dir);
+    // No runtime configured: daemon.json is empty.
+    let daemon_json = dir.path().join("daemon.json");
+    fs::write(&daemon_json, "{}").expect("write daemon.json");
+    // dockerd gives the hook its own environment: that is where nvhook finds the node's config.
+    let env = [("PATH", Path::new(&path)), (NVHOOK_CONFIG, &node.config())];
+    // dockerd looks the hook up once, at start-up, on its own PATH: a link made after that
+    // is not used, and doctor says so, until dockerd restarts.
+    let mut dockerd = Dockerd::start(dir.path(), &daemon_json, &env);
+    let image = dockerd.import_gpucheck_image(dir.path());
+    link_names(&bin);
+    let early = docker_run(&dockerd, &image, &["--gpus", "all"]);
+    assert!(
+        !early.status.success() && early.stderr.contains("could not select device driver"),
+        "{early}"
+    );
+    let line = doctor_on_dockerd(&node, &path, dockerd.pid());
+    assert!(
+        line.starts_with("warn")
+            && line.contains("started before")
+            && line.contains("restart dockerd"),
+        "{line}"
+    );
+    assert!(
+        dockerd.shutdown(),
+        "dockerd ignored SIGTERM:\n{}",
+        dockerd.log()
+    );
+    let mut dockerd = Dockerd::start(dir.path(), &daemon_json, &env);
+    let line = doctor_on_dockerd(&node, &path, dockerd.pid());
+    assert!(line.starts_with("ok   dockerd"), "{line}");
+
+    for (gpus, visible) in [
+        ("all", &[0, 1, 2, 3][..]),
+        ("device=2", &[2]),
+        // A count: the first two GPUs.
+        ("2", &[0, 1]),
+        ("\"device=1,3\"", &[1, 3]),
+        ("all,\"capabilities=compute,utility\"", &[0, 1, 2, 3]),
+    ] {
+        eprintln!("docker run --gpus {gpus}");
+        assert_exactly(&docker_run(&dockerd, &image, &["--gpus", gpus]), visible);
+    }
+    assert_refused(
+        &docker_run(&dockerd, &image, &["--gpus", "device=7"]),
+        "nvhook (as nvidia-container-runtime-hook): NVIDIA_VISIBLE_DEVICES=7: no such GPU (this node has 0-3)",
+    );
+    let plain = docker_run(&dockerd, &image, &[]);
+    plain.assert_success();
+    plain.assert_gpus(GPUS, &[]);
+    // A host directory over the runtime's own /dev tmpfs is a volume: no node is made in it.
+    let volume = dir.path().join("volume");
+    fs::create_dir(&volume).expect("make the volume");
+    let bind = format!("{}:/dev", volume.display());
+    let over_dev = docker_run(&dockerd, &image, &["--gpus", "1", "-v", &bind]);
+    assert_volume_refused(&over_dev, &volume, "/dev");
+
+    assert!(
+        dockerd.shutdown(),
+        "dockerd ignored SIGTERM:\n{}",
+        dockerd.log()
+    );
+    assert_no_mounts_left(dir.path(), node.root());
+}
+
+// ---- containerd 1.6: ctr run --gpus runs nvidia-container-cli configure ----
+
+/// `ctr run --rm FLAGS ...` of gpucheck, with ctr's PATH and config variable (ctr builds the
+/// hook from its own environment).
+fn ctr_run(
+    containerd: &Containerd,
+    image: &str,
+    path: &str,
+    node: &SimNode,
+    flags: &[&str],
+) -> Output {
+    let probe = probe();
+    let probe: Vec<&str> = probe.iter().map(String::as_str).collect();
+    let config = node.config();
+    containerd.run_with_env(
+        &[
+            ("PATH", OsStr::new(path)),
+            (NVHOOK_CONFIG, config.as_os_str()),
+        ],
+        flags,
+        image,
+        &unique_name("gpus"),
+        &probe,
+    )
+}
+
+#[test]
+fn ctr_run_gpus_with_nvidia_container_cli_on_ctrs_path() {
+    require_root();
+    // ctr's hook runs `containerd oci-hook`, found on ctr's PATH.
+    require_program("containerd");
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("gpus-ctrd");
+    let (bin, path) = names_dir(&dir);
+    link_names(&bin);
+    let config = dir.path().join("containerd.toml");
+    fs::write(&config, containerd_config(dir.path())).expect("write containerd config");
+    let mut containerd = Containerd::start(dir.path(), &config, &[]);
+    let image = containerd.import_gpucheck_image(dir.path());
+
+    let ctr = |flags: &[&str]| ctr_run(&containerd, &image, &path, &node, flags);
+    assert_exactly(&ctr(&["--gpus", "1"]), &[1]);
+    assert_exactly(&ctr(&["--gpus", "0", "--gpus", "2"]), &[0, 2]);
+    assert_refused(
+        &ctr(&["--gpus", "7"]),
+        "nvhook (as nvidia-container-cli): --device=7: no such GPU (this node has 0-3)",
+    );
+    let plain = ctr(&[]);
+    plain.assert_success();
+    plain.assert_gpus(GPUS, &[]);
+    // With no bundle, the volumes are read from the container's mount table: a host
+    // directory bound where the libraries go is refused, and gets nothing.
+    let volume = dir.path().join("volume");
+    fs::create_dir(&volume).expect("make the volume");
+    let bind = format!(
+        "type=bind,src={},dst=/usr/lib/x86_64-linux-gnu,options=rbind:rw",
+        volume.display()
+    );
+    let on_volume = ctr(&["--gpus", "1", "--mount", &bind]);
+    assert_volume_refused(&on_volume, &volume, "/usr/lib/x86_64-linux-gnu");
+    // A host directory over the runtime's own /dev tmpfs: the later mount is the one there.
+    let bind = format!(
+        "type=bind,src={},dst=/dev,options=rbind:rw",
+        volume.display()
+    );
+    let over_dev = ctr(&["--gpus", "1", "--mount", &bind]);
+    assert_volume_refused(&over_dev, &volume, "/dev");
+
+    assert!(
+        containerd.shutdown(),
+        "containerd ignored SIGTERM:\n{}",
+        containerd.log()
+    );
+    assert_no_mounts_left(dir.path(), node.root());
+}
+
+/// `nvidia-container-cli info` and `list`, as scripts run them, answer from the node.
+#[test]
+fn nvidia_container_cli_info_and_list_describe_the_node() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("gpus-info");
+    let link = dir.path().join(CLI_NAME);
+    std::os::unix::fs::symlink(nvhook_bin(), &link).expect("link nvidia-container-cli");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(&link)
+            .args(args)
+            .env(NVHOOK_CONFIG, node.config())
+            .output()
+            .expect("run nvidia-container-cli");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    let info = run(&["info"]);
+    assert!(
+        info.starts_with(&format!("NVRM version:   {}\n", node.driver_version())),
+        "{info}"
+    );
+    for index in 0..GPUS {
+        assert!(
+            info.contains(&format!("Device Index:   {index}\n")),
+            "{info}"
+        );
+        let uuid = node.gpu_uuid(index as usize);
+        assert!(
+            info.contains(&format!("GPU UUID:       {uuid}\n")),
+            "{info}"
+        );
+    }
+    let list: Vec<PathBuf> = run(&["list"]).lines().map(PathBuf::from).collect();
+    let dev = node.dev_root().join("dev/nvidia3");
+    assert!(list.contains(&dev), "{} not in {list:?}", dev.display());
+    assert!(list.iter().any(|p| p.ends_with("nvidia-smi")), "{list:?}");
+    assert!(
+        list.iter().all(|p| p.exists()),
+        "a listed path is missing: {list:?}"
+    );
+    let unique: std::collections::BTreeSet<&PathBuf> = list.iter().collect();
+    assert_eq!(unique.len(), list.len(), "a path listed twice: {list:?}");
+}
