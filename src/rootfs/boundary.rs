@@ -11,12 +11,24 @@
 use super::{Rootfs, RootfsError, sys};
 use crate::echo::Echo;
 use crate::oci::MountPoint;
+use std::cell::OnceCell;
 use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
-#[derive(Debug, Default)]
+/// The rootfs's own mount, and the spec's mounts, told apart only when a directory nvhook
+/// writes in is on another mount: most writes are on the rootfs, and a start then never
+/// resolves the spec's mount destinations at all.
+#[derive(Debug)]
 pub(super) struct Boundary {
-    /// Mount ids nvhook may write on.
+    root: u64,
+    mounts: Vec<MountPoint>,
+    resolved: OnceCell<Resolved>,
+}
+
+/// The spec's mounts as they are mounted.
+#[derive(Debug, Default)]
+struct Resolved {
+    /// Mount ids nvhook may write on besides the rootfs's.
     own: Vec<u64>,
     /// The spec's bind mounts, by mount id, to name them in a refusal.
     volumes: Vec<(u64, String)>,
@@ -25,16 +37,14 @@ pub(super) struct Boundary {
 impl Boundary {
     pub(super) fn new(root: BorrowedFd) -> Result<Boundary, std::io::Error> {
         Ok(Boundary {
-            own: vec![sys::mount_id(root)?],
-            volumes: Vec::new(),
+            root: sys::mount_id(root)?,
+            mounts: Vec::new(),
+            resolved: OnceCell::new(),
         })
     }
+}
 
-    /// Whether `dir` is on a mount nvhook may write on.
-    pub(super) fn allows(&self, dir: BorrowedFd) -> bool {
-        sys::mount_id(dir).is_ok_and(|id| self.own.contains(&id))
-    }
-
+impl Resolved {
     fn volume(&self, id: u64) -> Option<&str> {
         self.volumes
             .iter()
@@ -44,35 +54,48 @@ impl Boundary {
 }
 
 impl Rootfs {
-    /// Adds the runtime's own mounts of the spec (already mounted: the caller is in the
-    /// container's mount namespace) to the mounts nvhook writes on, and remembers its bind
-    /// mounts to name them. A destination that does not resolve is skipped: nothing is there.
-    ///
-    /// `mounts` are in the order they were made. A later mount on the same destination (a
-    /// host directory bound over the runtime's /dev tmpfs) hides the earlier one, and both
-    /// entries resolve to it: the last entry that reaches a mount says what it is.
+    /// The runtime's own mounts of the spec are added to the mounts nvhook writes on, and its
+    /// bind mounts are remembered to name them. They are resolved when first needed, through
+    /// this rootfs, so it must lead into the container's mount namespace (opened there, or
+    /// through `/proc/<pid>/root`).
     pub fn with_mounts(mut self, mounts: &[MountPoint]) -> Rootfs {
-        let root = self.boundary.own.first().copied();
-        for m in mounts {
-            let Some(id) = self
-                .root
-                .resolve(&m.destination)
-                .ok()
-                .and_then(|h| sys::mount_id(h.as_fd()).ok())
-            else {
-                continue;
-            };
-            self.boundary
-                .own
-                .retain(|own| *own != id || Some(*own) == root);
-            self.boundary.volumes.retain(|(volume, _)| *volume != id);
-            if m.bind {
-                self.boundary.volumes.push((id, m.destination.clone()));
-            } else if !self.boundary.own.contains(&id) {
-                self.boundary.own.push(id);
-            }
-        }
+        self.boundary.mounts = mounts.to_vec();
         self
+    }
+
+    /// Whether `dir` is on a mount nvhook may write on.
+    pub(super) fn allows(&self, dir: BorrowedFd) -> bool {
+        sys::mount_id(dir)
+            .is_ok_and(|id| id == self.boundary.root || self.resolved().own.contains(&id))
+    }
+
+    /// The spec's mounts resolved: a destination that does not resolve is skipped (nothing is
+    /// there). `mounts` are in the order they were made. A later mount on the same
+    /// destination (a host directory bound over the runtime's /dev tmpfs) hides the earlier
+    /// one, and both entries resolve to it: the last entry that reaches a mount says what it is.
+    fn resolved(&self) -> &Resolved {
+        self.boundary.resolved.get_or_init(|| {
+            let mut resolved = Resolved::default();
+            for m in &self.boundary.mounts {
+                let Some(id) = self
+                    .root
+                    .resolve(&m.destination)
+                    .ok()
+                    .and_then(|h| sys::mount_id(h.as_fd()).ok())
+                    .filter(|id| *id != self.boundary.root)
+                else {
+                    continue;
+                };
+                resolved.own.retain(|own| *own != id);
+                resolved.volumes.retain(|(volume, _)| *volume != id);
+                if m.bind {
+                    resolved.volumes.push((id, m.destination.clone()));
+                } else {
+                    resolved.own.push(id);
+                }
+            }
+            resolved
+        })
     }
 
     /// The refusal for writing `path`, whose directory `dir` is not on the container's own
@@ -86,11 +109,11 @@ impl Rootfs {
                 .resolve(&prefix)
                 .ok()
                 .and_then(|h| sys::mount_id(h.as_fd()).ok())
-                .filter(|id| !self.boundary.own.contains(id))
+                .filter(|id| *id != self.boundary.root && !self.resolved().own.contains(id))
             else {
                 continue;
             };
-            let mount = match self.boundary.volume(id) {
+            let mount = match self.resolved().volume(id) {
                 Some(dest) => on_volume(&prefix, dest),
                 None => "on a mount that is not the container's own filesystem".to_string(),
             };

@@ -200,7 +200,7 @@ impl Rootfs {
         let fail = |e: &dyn std::fmt::Display| op_err("create directory", dir, e);
         let parts = components(dir).map_err(|e| fail(&e))?;
         let (mut current, depth) = self.walk(&parts).map_err(|e| fail(&e))?;
-        if !self.boundary.allows(current.as_fd()) {
+        if !self.allows(current.as_fd()) {
             return Err(self.volume_error(path, dir));
         }
         for (i, part) in parts.iter().enumerate().skip(depth) {

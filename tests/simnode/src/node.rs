@@ -282,34 +282,12 @@ fn remove_entries(root: &Path, dir: &Path, kept: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Mount points from /proc/self/mountinfo (field 5, octal escapes decoded).
+/// Mount points from /proc/self/mountinfo, as nvhook's own parser reads them.
 fn mount_points(mountinfo: &str) -> impl Iterator<Item = PathBuf> + '_ {
     mountinfo
         .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|field| PathBuf::from(unescape_octal(field)))
-}
-
-fn unescape_octal(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .and_then(|d| u8::from_str_radix(std::str::from_utf8(d).ok()?, 8).ok());
-        match (bytes[i], octal) {
-            (b'\\', Some(byte)) => {
-                out.push(byte);
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+        .filter_map(nvhook_cgroup::mountinfo::parse_mount)
+        .map(|mount| mount.mount_point)
 }
 
 fn print_summary(dir: &Path, params: &Params, gpus: &[Gpu], config: &Path) {
