@@ -59,6 +59,10 @@ pub struct Config {
     /// Whether an image's CUDA forward-compatibility libraries load when they are newer
     /// than the host driver.
     pub cuda_compat: CudaCompatMode,
+    /// Kubernetes namespaces whose pods may ask for GPUs with NVIDIA's pod annotation
+    /// (`nvidia.cdi.k8s.io/container.<name>`) through `nvhook nri`. Any pod can annotate
+    /// itself, so none by default: GPUs come from what the kubelet allocated.
+    pub nri_annotation_namespaces: Vec<String>,
 }
 
 /// `auto`: the image's `/usr/local/cuda/compat` libraries load when their driver version is
@@ -112,6 +116,7 @@ impl Default for Config {
             runtime_mode: RuntimeMode::Hook,
             cuda_compat: CudaCompatMode::Auto,
             device_families: Vec::new(),
+            nri_annotation_namespaces: Vec::new(),
         }
     }
 }

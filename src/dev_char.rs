@@ -99,6 +99,18 @@ pub fn ensure(
         .collect())
 }
 
+/// The links of the host nodes `plan` gives a container, made before the runtime turns its
+/// device rules into systemd's DeviceAllow= entries; logged, never failed.
+pub fn ensure_for_plan(config: &crate::config::Config, plan: &crate::plan::Plan) {
+    let dev = config.dev_path("/dev");
+    let links: Vec<CharLink> = plan
+        .devices
+        .iter()
+        .filter_map(|d| CharLink::for_node(&dev, &d.host_path, d.major, d.minor))
+        .collect();
+    ensure_logged(&dev, &links);
+}
+
 /// `ensure`, for callers that must not fail over a link: each one made, and each problem, is
 /// logged (a problem as a warning naming what systemd will then lack).
 pub fn ensure_logged(dev: &Path, links: &[CharLink]) {

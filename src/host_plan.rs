@@ -9,7 +9,7 @@ use crate::capability::Capability;
 use crate::config::{Config, CudaCompatMode};
 use crate::inventory::change::HostChange;
 use crate::inventory::{self, Inventory, isolated::Source};
-use crate::plan::{self, ImageInfo, Plan};
+use crate::plan::{self, ImageInfo, Layout, Plan};
 use crate::request::Request;
 use crate::rootfs::{Rootfs, RootfsError};
 use std::path::{Path, PathBuf};
@@ -30,6 +30,23 @@ pub enum PlanningError {
     },
 }
 
+/// What a plan is made for: an image probed already, or any image (a CDI spec, an NRI
+/// adjustment), whose createContainer hook probes it when it exists.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    Image(&'a ImageInfo),
+    AnyImage,
+}
+
+/// Libraries at their host paths, relative to the canonical driver root: the layout of plans
+/// made for any image.
+pub fn any_image_layout(config: &Config) -> Layout {
+    // Library paths are canonical, and so must be the root they are made relative to.
+    let driver_root =
+        std::fs::canonicalize(&config.driver_root).unwrap_or_else(|_| config.driver_root.clone());
+    Layout::host_paths(driver_root)
+}
+
 /// [`plan_for`] the host's inventory. A plan that fails on NVML's cached answer is made again
 /// from a fresh query: a stale cache may cost a query, never a refused start. A request the
 /// host can no longer meet says what changed since NVML last answered.
@@ -38,9 +55,9 @@ pub fn plan_for_host(
     inventory: Inventory,
     source: Source,
     config: &Config,
-    image: &ImageInfo,
+    target: Target,
 ) -> Result<Plan, PlanningError> {
-    let failed = match plan_for(request, &inventory, config, image) {
+    let failed = match plan_for(request, &inventory, config, target) {
         Ok(plan) => return Ok(plan),
         Err(e) => e,
     };
@@ -49,7 +66,7 @@ pub fn plan_for_host(
             tracing::info!("plan failed on NVML's cached answer ({failed}); asking NVML again");
             let scope = inventory::Scope::for_capabilities(&request.capabilities);
             let fresh = inventory::isolated::load_fresh(config, scope)?;
-            match plan_for(request, &fresh, config, image) {
+            match plan_for(request, &fresh, config, target) {
                 Ok(plan) => return Ok(plan),
                 Err(e) => (e, HostChange::between(&inventory.system(), &fresh.system())),
             }
@@ -65,19 +82,20 @@ pub fn plan_for_host(
     })
 }
 
-/// The plan for a container whose image was probed as `image`.
+/// The plan for a container of `target`.
 pub fn plan_for(
     request: &Request,
     inventory: &Inventory,
     config: &Config,
-    image: &ImageInfo,
+    target: Target,
 ) -> Result<Plan, PlanningError> {
-    Ok(plan::build(
-        request,
-        inventory,
-        &config.dev_root.display().to_string(),
-        image.clone(),
-    )?)
+    let dev_root = config.dev_root.display().to_string();
+    Ok(match target {
+        Target::Image(image) => plan::build(request, inventory, &dev_root, image.clone())?,
+        Target::AnyImage => {
+            plan::build_with_layout(request, inventory, &dev_root, any_image_layout(config))?
+        }
+    })
 }
 
 /// What the plan needs of the image whose rootfs is at `rootfs_path`, read-only.

@@ -20,6 +20,7 @@ pub mod install;
 pub mod inventory;
 pub mod labels;
 pub mod logging;
+pub mod nri;
 pub mod nvidia_cli;
 pub mod oci;
 pub mod plan;

@@ -12,15 +12,33 @@ pub enum Sink {
     Stderr,
 }
 
-/// Appends to the configured log file; without one, warnings and errors go to stderr.
-pub fn init(config: &Config) -> Sink {
-    let level = match config.log_level {
+/// For a long-running command (`nvhook nri`): the configured log file, else stderr at the
+/// configured level, which systemd's journal or the engine keeps.
+pub fn init_service(config: &Config) -> Sink {
+    if config.log_file.is_some() {
+        return init(config);
+    }
+    tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .with_max_level(level(config))
+        .init();
+    Sink::Stderr
+}
+
+fn level(config: &Config) -> tracing::Level {
+    match config.log_level {
         LogLevel::Error => tracing::Level::ERROR,
         LogLevel::Warn => tracing::Level::WARN,
         LogLevel::Info => tracing::Level::INFO,
         LogLevel::Debug => tracing::Level::DEBUG,
         LogLevel::Trace => tracing::Level::TRACE,
-    };
+    }
+}
+
+/// Appends to the configured log file; without one, warnings and errors go to stderr.
+pub fn init(config: &Config) -> Sink {
+    let level = level(config);
     let file = config.log_file.as_ref().and_then(|path| {
         std::fs::OpenOptions::new()
             .create(true)

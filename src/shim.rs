@@ -6,8 +6,8 @@
 use crate::atomic_file::{NewFile, write_atomic};
 use crate::cdi::{self, ContainerEdits, HookBinary};
 use crate::config::{Config, RuntimeMode};
-use crate::dev_char::{self, CharLink};
-use crate::host_plan::{PlanningError, plan_for_host, probe_image};
+use crate::dev_char;
+use crate::host_plan::{PlanningError, Target, plan_for_host, probe_image};
 use crate::inventory::{self, InventoryError};
 use crate::oci::{OciError, Spec};
 use crate::plan::Plan;
@@ -110,7 +110,7 @@ pub fn prepare_bundle(
     // The container's mount namespace does not exist yet: the image as the host sees it. The
     // hook probes it again through the namespace and plans anew where a volume changed it.
     let image = probe_image(&request, config, &rootfs)?;
-    let plan = plan_for_host(&request, inventory, source, config, &image)?;
+    let plan = plan_for_host(&request, inventory, source, config, Target::Image(&image))?;
     if config.runtime_mode == RuntimeMode::Cdi {
         // The runtime makes these mount points itself, before any hook could check them.
         Rootfs::open(&rootfs)?.check_binds(
@@ -119,13 +119,7 @@ pub fn prepare_bundle(
         )?;
     }
     // Before the runtime turns the rules into systemd's DeviceAllow= entries.
-    let dev = config.dev_path("/dev");
-    let links: Vec<CharLink> = plan
-        .devices
-        .iter()
-        .filter_map(|d| CharLink::for_node(&dev, &d.host_path, d.major, d.minor))
-        .collect();
-    dev_char::ensure_logged(&dev, &links);
+    dev_char::ensure_for_plan(config, &plan);
     let mut value: Value = serde_json::from_str(&text).map_err(json_err)?;
     match config.runtime_mode {
         RuntimeMode::Hook => edit_spec(&mut value, &plan, &hook_entry(config, config_path)),

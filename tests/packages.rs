@@ -24,7 +24,7 @@ const CONFIG: &str = "/etc/nvhook/config.toml";
 const DOCKER_CONFIG: &str = "/etc/docker/daemon.json";
 
 /// What both packages install, documentation aside.
-const PROGRAM_FILES: [&str; 9] = [
+const PROGRAM_FILES: [&str; 10] = [
     "/usr/bin/nvhook",
     "/usr/bin/nvhook-runtime",
     "/usr/bin/nvhook-nvml",
@@ -33,6 +33,8 @@ const PROGRAM_FILES: [&str; 9] = [
     "/usr/lib/systemd/system/nvhook-cdi-refresh.service",
     "/usr/lib/systemd/system/nvhook-cdi-refresh.path",
     "/usr/lib/systemd/system/nvhook-dev-char-links.service",
+    // Installed, not enabled: NRI mode is the operator's switch.
+    "/usr/lib/systemd/system/nvhook-nri.service",
     "/usr/lib/udev/rules.d/71-nvhook-dev-char.rules",
 ];
 

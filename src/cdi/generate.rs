@@ -11,7 +11,7 @@ use super::spec::{CdiSpec, ContainerEdits, Device, minimum_version, validate};
 use crate::capability::Capability;
 use crate::config::Config;
 use crate::inventory::Inventory;
-use crate::plan::{self, Layout, Plan};
+use crate::plan::{self, Plan};
 use crate::request::{DeviceId, DeviceSelection, Request, Requirements, SelectionSource};
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
@@ -67,10 +67,7 @@ pub fn generate(
     if inventory.gpus.is_empty() {
         return Err(CdiError::NoGpu);
     }
-    // Library paths are canonical, and so must be the root they are made relative to.
-    let driver_root =
-        std::fs::canonicalize(&config.driver_root).unwrap_or_else(|_| config.driver_root.clone());
-    let layout = Layout::host_paths(driver_root);
+    let layout = crate::host_plan::any_image_layout(config);
     let dev_root = config.dev_root.display().to_string();
     let capabilities = capabilities(config, inventory);
     let plan_for = |devices: DeviceSelection| -> Result<Plan, CdiError> {

@@ -13,7 +13,7 @@ pub mod procfs;
 
 use crate::config::Config;
 use crate::echo::Echo;
-use crate::host_plan::{PlanningError, container_view, plan_for_host, probe};
+use crate::host_plan::{PlanningError, Target, container_view, plan_for_host, probe};
 use crate::inventory;
 use crate::oci::{MountPoint, OciError, Spec, State};
 use crate::plan::{ImageInfo, ListedNode, Plan};
@@ -183,7 +183,7 @@ fn configure(
             let (inventory, source) = inventory::isolated::load(config, scope)?;
             tracing::debug!(?source, "inventory");
             step.done("inventory");
-            plan_for_host(request, inventory, source, config, &image)?
+            plan_for_host(request, inventory, source, config, Target::Image(&image))?
         }
     };
     step.done("plan");

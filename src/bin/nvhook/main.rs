@@ -73,6 +73,17 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         runtime_path: Option<String>,
     },
+    /// Run as an NRI plugin of containerd 2.x or CRI-O until stopped: GPU containers get
+    /// their devices from the engine itself, with no engine config and no RuntimeClass.
+    /// Started by the engine from its plugin directory (as NN-nvhook), it needs no arguments.
+    Nri {
+        /// The engine's NRI socket.
+        #[arg(long, value_name = "PATH", default_value = nvhook_nri::DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// Where nvhook runs among the engine's plugins (two digits, lowest first).
+        #[arg(long, value_name = "NN", default_value = nvhook::nri::PLUGIN_INDEX)]
+        index: String,
+    },
     /// Print Kubernetes node labels for this node's GPUs, named as GPU feature discovery
     /// names them (nvidia.com/gpu.product, nvidia.com/gpu.count, ...).
     Labels {
@@ -232,8 +243,21 @@ fn nvhook_main() -> i32 {
     {
         return shim::main(&program, &args.collect::<Vec<_>>());
     }
-    let cli = Cli::parse();
-    match run(cli) {
+    // Started by the engine from its plugin directory: the socket is in the environment and
+    // there are no arguments.
+    if std::env::var_os(nvhook_nri::SOCKET_ENV).is_some() && std::env::args_os().len() == 1 {
+        return report(nri(
+            None,
+            Path::new(nvhook_nri::DEFAULT_SOCKET),
+            nvhook::nri::PLUGIN_INDEX,
+        ));
+    }
+    report(run(Cli::parse()))
+}
+
+/// The exit status of a command's result, with its error reported once.
+fn report(result: Result<()>) -> i32 {
+    match result {
         Ok(()) => 0,
         Err(e) => {
             // Our errors carry their cause in their own one-line message.
@@ -265,6 +289,9 @@ fn run(cli: Cli) -> Result<()> {
     if let Command::Configure(args) = cli.command {
         return configure(cli.config.as_deref(), args);
     }
+    if let Command::Nri { socket, index } = &cli.command {
+        return nri(cli.config.as_deref(), socket, index);
+    }
     let env_config = std::env::var(nvhook::config::ENV_VAR).ok();
     let config = Config::load(cli.config.as_deref(), env_config.as_deref())?;
     nvhook::logging::init(&config);
@@ -280,6 +307,7 @@ fn run(cli: Cli) -> Result<()> {
             cdi(&config, named.as_deref(), command)
         }
         Command::DevCharLinks => dev_char_links(&config),
+        Command::Nri { .. } => unreachable!("handled above"),
         Command::Doctor {
             format,
             root,
@@ -682,7 +710,10 @@ fn plan(config: &Config, bundle: &Path, format: Format) -> Result<()> {
             let inventory = Inventory::load(config)?;
             let image = nvhook::host_plan::probe_image(request, config, &rootfs)?;
             Some(nvhook::host_plan::plan_for(
-                request, &inventory, config, &image,
+                request,
+                &inventory,
+                config,
+                nvhook::host_plan::Target::Image(&image),
             )?)
         }
         Decision::NotRequested | Decision::EnvIgnored => None,
@@ -697,5 +728,23 @@ fn plan(config: &Config, bundle: &Path, format: Format) -> Result<()> {
             None => println!("{}", nvhook::report::no_gpu_text(&decision)),
         },
     }
+    Ok(())
+}
+
+/// `nvhook nri`: serves the engine until stopped, connecting again whenever it restarts.
+fn nri(config_path: Option<&Path>, socket: &Path, index: &str) -> Result<()> {
+    let env_config = std::env::var(nvhook::config::ENV_VAR).ok();
+    let named = config_path.map(Path::to_path_buf).or_else(|| {
+        env_config
+            .as_deref()
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
+    let config = Config::load(named.as_deref(), None)?;
+    nvhook::logging::init_service(&config);
+    let stub = nvhook_nri::Stub::from_env(nvhook::nri::PLUGIN_NAME, index, socket)?;
+    tracing::info!(plugin = %stub.qualified_name(), endpoint = ?stub.endpoint(), "NRI plugin starting");
+    let mut plugin = nvhook::nri::GpuPlugin::new(config, named);
+    stub.run(&mut plugin)?;
     Ok(())
 }

@@ -1,0 +1,136 @@
+//! `nvhook nri`: nvhook as an NRI plugin. The engine asks it about every container it
+//! creates; a GPU container gets its devices, driver files and createContainer hook as an
+//! adjustment, with no engine config, no restart and no RuntimeClass.
+//!
+//! The request is read by the hook's own code ([`Request::from_spec`]) from the container's
+//! fields, the plan is the one a CDI spec holds for those devices (libraries at their host
+//! paths, for any image), and the edits are the shim's cdi mode's, handed to the engine.
+
+pub mod adjust;
+pub mod container;
+
+use crate::atomic_file::{NewFile, write_atomic};
+use crate::cdi::{HookBinary, container_edits};
+use crate::config::Config;
+use crate::host_plan::{PlanningError, Target, plan_for_host};
+use crate::inventory::{self, InventoryError};
+use crate::request::{Request, RequestError};
+use nvhook_nri::api::{
+    Container, ContainerAdjustment, CreateContainerResponse, Event, EventMask, PodSandbox,
+};
+use nvhook_nri::{Configuration, HandlerError, Plugin};
+use std::path::{Path, PathBuf};
+
+/// The name nvhook registers under, and its default index: early, so that plugins after it
+/// see the GPUs it gave.
+pub const PLUGIN_NAME: &str = "nvhook";
+pub const PLUGIN_INDEX: &str = "10";
+
+/// How the config the engine passes is named in errors, and where the hook entries find it.
+const ENGINE_CONFIG: &str = "(the engine's NRI plugin config for nvhook)";
+const ENGINE_CONFIG_COPY: &str = "/run/nvhook/nri-config.toml";
+
+#[derive(Debug, thiserror::Error)]
+pub enum NriPluginError {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    #[error(transparent)]
+    Planning(#[from] PlanningError),
+}
+
+/// The plugin: the config it was started with.
+pub struct GpuPlugin {
+    config: Config,
+    config_path: Option<PathBuf>,
+}
+
+impl GpuPlugin {
+    pub fn new(config: Config, config_path: Option<PathBuf>) -> GpuPlugin {
+        GpuPlugin {
+            config,
+            config_path,
+        }
+    }
+
+    /// What `container` gets: `None` for a container that asked for no GPU, which is left
+    /// exactly as it is.
+    pub fn adjust(
+        &self,
+        pod: &PodSandbox,
+        container: &Container,
+    ) -> Result<Option<ContainerAdjustment>, NriPluginError> {
+        let mut spec = container::spec_of(container);
+        let annotated =
+            container::annotated_devices(pod, container, &self.config.nri_annotation_namespaces);
+        if !annotated.is_empty() {
+            spec = container::with_device_mounts(spec, &annotated);
+        }
+        let Some(request) = Request::from_spec(&spec, &self.config)? else {
+            return Ok(None);
+        };
+        let scope = inventory::Scope::for_capabilities(&request.capabilities);
+        let (inventory, source) = inventory::isolated::load(&self.config, scope)?;
+        let plan = plan_for_host(&request, inventory, source, &self.config, Target::AnyImage)?;
+        crate::dev_char::ensure_for_plan(&self.config, &plan);
+        let hook = HookBinary::new(&self.config, self.config_path.as_deref());
+        Ok(Some(adjust::adjustment(&container_edits(&plan, &hook))))
+    }
+}
+
+impl Plugin for GpuPlugin {
+    fn configure(&mut self, config: &Configuration) -> Result<EventMask, HandlerError> {
+        tracing::info!(
+            runtime = %config.runtime_name,
+            version = %config.runtime_version,
+            request_timeout_ms = config.request_timeout_ms,
+            "NRI: configured by the engine"
+        );
+        // A pre-registered plugin's config file (NN-nvhook.conf in the engine's plugin config
+        // directory) is nvhook's config: a bad one fails the registration, in the engine's log.
+        if !config.config.trim().is_empty() {
+            self.config = Config::parse(&config.config, Path::new(ENGINE_CONFIG))?;
+            // The createContainer hook reads it from a file, as every hook entry does.
+            let path = Path::new(ENGINE_CONFIG_COPY);
+            std::fs::create_dir_all(path.parent().unwrap_or(Path::new("/")))
+                .and_then(|()| write_atomic(path, config.config.as_bytes(), NewFile::mode(0o644)))
+                .map_err(|e| {
+                    format!(
+                        "cannot keep the engine's config for nvhook at {}: {e}",
+                        path.display()
+                    )
+                })?;
+            self.config_path = Some(path.into());
+            tracing::info!(copy = %path.display(), "NRI: using the config the engine passed");
+        }
+        Ok(EventMask::of(&[Event::CreateContainer]))
+    }
+
+    fn create_container(
+        &mut self,
+        pod: &PodSandbox,
+        container: &Container,
+    ) -> Result<CreateContainerResponse, HandlerError> {
+        let name = format!("{}/{}/{}", pod.namespace, pod.name, container.name);
+        match self.adjust(pod, container) {
+            Ok(None) => Ok(CreateContainerResponse::default()),
+            Ok(Some(adjust)) => {
+                tracing::info!(
+                    container = %name,
+                    devices = adjust.linux.as_ref().map_or(0, |l| l.devices.len()),
+                    mounts = adjust.mounts.len(),
+                    "NRI: GPU container adjusted"
+                );
+                Ok(CreateContainerResponse {
+                    adjust: Some(adjust),
+                    ..Default::default()
+                })
+            }
+            Err(e) => {
+                tracing::warn!(container = %name, "NRI: refused: {e}");
+                Err(format!("nvhook: {e}").into())
+            }
+        }
+    }
+}
