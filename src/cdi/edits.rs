@@ -200,6 +200,7 @@ mod tests {
         plan.symlinks.clear();
         plan.ldcache.clear();
         plan.ld_so_confs.clear();
+        plan.proc_overlay = None;
         let hook = HookBinary {
             path: "/usr/bin/nvhook".into(),
             config: None,

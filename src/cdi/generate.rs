@@ -93,7 +93,9 @@ pub fn generate(
             ..ContainerEdits::default()
         }
     };
-    let all = plan_for(DeviceSelection::All)?;
+    let mut all = plan_for(DeviceSelection::All)?;
+    // The spec serves any set of its devices: no one container's /proc/driver/nvidia view.
+    all.proc_overlay = None;
     let mut common = container_edits(&all, &hook);
     common.device_nodes.retain(|n| shared.contains(&n.path));
 

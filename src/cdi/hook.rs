@@ -8,9 +8,9 @@
 //! cannot point at a per-container plan file, and arguments show in the spec for review.
 
 use crate::config::{Config, CudaCompatMode};
-use crate::inject::HookError;
+use crate::inject::{HookError, procfs};
 use crate::oci::{Spec, State};
-use crate::plan::{CacheEntry, LdSoConf, Plan, Symlink, compat};
+use crate::plan::{CacheEntry, LdSoConf, Plan, ProcOverlay, Symlink, compat};
 use crate::request::CUDA_VERSION;
 use crate::rootfs::{Rootfs, loader};
 use nvhook_ldcache::ElfClass;
@@ -24,11 +24,14 @@ pub struct LinkArgs {
     /// The host driver version a static spec was made for: the hook then decides about the
     /// image's CUDA compat libraries itself (a per-container plan has decided already).
     pub cuda_compat_host: Option<String>,
+    /// The container's own `/proc/driver/nvidia` view, for a plan made for one container (the
+    /// shim's cdi mode, NRI); a static spec serves any set of devices and has none.
+    pub proc_view: Option<ProcOverlay>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
-    "bad createContainer hook argument {0:?} (expected --link PATH=TARGET, --lib64 PATH[=SONAME], --lib32 PATH[=SONAME], --ld-so-conf FILE, --ld-so-dir DIR, --cuda-compat-host VERSION; regenerate the CDI spec with this nvhook)"
+    "bad createContainer hook argument {0:?} (expected --link PATH=TARGET, --lib64 PATH[=SONAME], --lib32 PATH[=SONAME], --ld-so-conf FILE, --ld-so-dir DIR, --cuda-compat-host VERSION, --proc-driver DIR, --proc-gpu BUS-ID; regenerate the CDI spec with this nvhook)"
 )]
 pub struct BadHookArg(pub String);
 
@@ -49,11 +52,15 @@ impl LinkArgs {
                 .host_driver_root
                 .is_some()
                 .then(|| plan.driver_version.clone()),
+            proc_view: plan.proc_overlay.clone(),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.symlinks.is_empty() && self.ldcache.is_empty() && self.ld_so_confs.is_empty()
+        self.symlinks.is_empty()
+            && self.ldcache.is_empty()
+            && self.ld_so_confs.is_empty()
+            && self.proc_view.is_none()
     }
 
     pub fn to_args(&self) -> Vec<String> {
@@ -91,6 +98,14 @@ impl LinkArgs {
             out.push("--cuda-compat-host".into());
             out.push(version.clone());
         }
+        if let Some(view) = &self.proc_view {
+            out.push("--proc-driver".into());
+            out.push(view.host_dir.display().to_string());
+            for bus in &view.gpus {
+                out.push("--proc-gpu".into());
+                out.push(bus.clone());
+            }
+        }
         out
     }
 
@@ -104,6 +119,17 @@ impl LinkArgs {
                     .next()
                     .filter(|v| compat::DriverVersion::parse(v).is_some());
                 out.cuda_compat_host = Some(version.ok_or_else(bad)?.clone());
+                continue;
+            }
+            // A PCI bus id (`00000000:3B:00.0`), of the directory named last.
+            if flag == "--proc-gpu" {
+                let bus = it.next().filter(|b| {
+                    !b.is_empty()
+                        && b.bytes()
+                            .all(|c| c.is_ascii_hexdigit() || c == b':' || c == b'.')
+                });
+                let view = out.proc_view.as_mut().ok_or_else(bad)?;
+                view.gpus.push(bus.ok_or_else(bad)?.clone());
                 continue;
             }
             let value = it.next().filter(|v| v.starts_with('/')).ok_or_else(bad)?;
@@ -137,6 +163,12 @@ impl LinkArgs {
                     out.ld_so_confs.push(LdSoConf {
                         path: value.clone(),
                         dirs: Vec::new(),
+                    })
+                }
+                "--proc-driver" if out.proc_view.is_none() => {
+                    out.proc_view = Some(ProcOverlay {
+                        host_dir: value.into(),
+                        gpus: Vec::new(),
                     })
                 }
                 // The directories of the file named last.
@@ -188,6 +220,12 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
         cache_entries = if has_cache { args.ldcache.len() } else { 0 },
         "links and loader cache done"
     );
+    if let Some(view) = &args.proc_view {
+        // The runtime has mounted the container's procfs on the rootfs by now.
+        if !procfs::apply(&rootfs, procfs::prepare(view)?)? {
+            tracing::info!("the container's procfs has no /proc/driver/nvidia: view skipped");
+        }
+    }
     Ok(())
 }
 
@@ -234,6 +272,10 @@ mod tests {
                 },
             ],
             cuda_compat_host: Some("550.54.15".into()),
+            proc_view: Some(ProcOverlay {
+                host_dir: "/proc/driver/nvidia".into(),
+                gpus: strings(&["00000000:3B:00.0", "00000000:86:00.0"]),
+            }),
         };
         assert_eq!(LinkArgs::parse(&args.to_args()).unwrap(), args);
         assert_eq!(LinkArgs::parse(&[]).unwrap(), LinkArgs::default());
@@ -252,6 +294,9 @@ mod tests {
             &["--ld-so-conf", "/a", "--ld-so-conf", "/a"],
             &["--cuda-compat-host", "/550.54.15"],
             &["--cuda-compat-host", "latest"],
+            &["--proc-gpu", "00000000:3B:00.0"],
+            &["--proc-driver", "/proc/driver/nvidia", "--proc-gpu", "../x"],
+            &["--proc-driver", "proc/driver/nvidia"],
             &[
                 "--cuda-compat-host",
                 "550.54.15",

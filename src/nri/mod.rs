@@ -33,6 +33,8 @@ const ENGINE_CONFIG_COPY: &str = "/run/nvhook/nri-config.toml";
 #[derive(Debug, thiserror::Error)]
 pub enum NriPluginError {
     #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
     Request(#[from] RequestError),
     #[error(transparent)]
     Inventory(#[from] InventoryError),
@@ -40,18 +42,20 @@ pub enum NriPluginError {
     Planning(#[from] PlanningError),
 }
 
-/// The plugin: the config it was started with.
+/// The plugin. Like the hook, it reads its config for every container, so a policy change
+/// applies to the next container without a restart.
 pub struct GpuPlugin {
-    config: Config,
     config_path: Option<PathBuf>,
 }
 
 impl GpuPlugin {
-    pub fn new(config: Config, config_path: Option<PathBuf>) -> GpuPlugin {
-        GpuPlugin {
-            config,
-            config_path,
-        }
+    /// A plugin that reads the config at `config_path` (the default path if none).
+    pub fn new(config_path: Option<PathBuf>) -> GpuPlugin {
+        GpuPlugin { config_path }
+    }
+
+    fn config(&self) -> Result<Config, NriPluginError> {
+        Ok(Config::load(self.config_path.as_deref(), None)?)
     }
 
     /// What `container` gets: `None` for a container that asked for no GPU, which is left
@@ -61,20 +65,21 @@ impl GpuPlugin {
         pod: &PodSandbox,
         container: &Container,
     ) -> Result<Option<ContainerAdjustment>, NriPluginError> {
+        let config = self.config()?;
         let mut spec = container::spec_of(container);
         let annotated =
-            container::annotated_devices(pod, container, &self.config.nri_annotation_namespaces);
+            container::annotated_devices(pod, container, &config.nri_annotation_namespaces);
         if !annotated.is_empty() {
             spec = container::with_device_mounts(spec, &annotated);
         }
-        let Some(request) = Request::from_spec(&spec, &self.config)? else {
+        let Some(request) = Request::from_spec(&spec, &config)? else {
             return Ok(None);
         };
         let scope = inventory::Scope::for_capabilities(&request.capabilities);
-        let (inventory, source) = inventory::isolated::load(&self.config, scope)?;
-        let plan = plan_for_host(&request, inventory, source, &self.config, Target::AnyImage)?;
-        crate::dev_char::ensure_for_plan(&self.config, &plan);
-        let hook = HookBinary::new(&self.config, self.config_path.as_deref());
+        let (inventory, source) = inventory::isolated::load(&config, scope)?;
+        let plan = plan_for_host(&request, inventory, source, &config, Target::AnyImage)?;
+        crate::dev_char::ensure_for_plan(&config, &plan);
+        let hook = HookBinary::new(&config, self.config_path.as_deref());
         Ok(Some(adjust::adjustment(&container_edits(&plan, &hook))))
     }
 }
@@ -90,8 +95,8 @@ impl Plugin for GpuPlugin {
         // A pre-registered plugin's config file (NN-nvhook.conf in the engine's plugin config
         // directory) is nvhook's config: a bad one fails the registration, in the engine's log.
         if !config.config.trim().is_empty() {
-            self.config = Config::parse(&config.config, Path::new(ENGINE_CONFIG))?;
-            // The createContainer hook reads it from a file, as every hook entry does.
+            Config::parse(&config.config, Path::new(ENGINE_CONFIG))?;
+            // Read from a file for every container, as every hook entry reads it.
             let path = Path::new(ENGINE_CONFIG_COPY);
             std::fs::create_dir_all(path.parent().unwrap_or(Path::new("/")))
                 .and_then(|()| write_atomic(path, config.config.as_bytes(), NewFile::mode(0o644)))

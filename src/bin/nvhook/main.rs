@@ -744,7 +744,7 @@ fn nri(config_path: Option<&Path>, socket: &Path, index: &str) -> Result<()> {
     nvhook::logging::init_service(&config);
     let stub = nvhook_nri::Stub::from_env(nvhook::nri::PLUGIN_NAME, index, socket)?;
     tracing::info!(plugin = %stub.qualified_name(), endpoint = ?stub.endpoint(), "NRI plugin starting");
-    let mut plugin = nvhook::nri::GpuPlugin::new(config, named);
+    let mut plugin = nvhook::nri::GpuPlugin::new(named);
     stub.run(&mut plugin)?;
     Ok(())
 }
