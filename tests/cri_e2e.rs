@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use cri::{ContainerRequest, Cri, PodRun};
 use support::engines::{
-    Containerd, EngineDir, ImageConfig, assert_containerd_handler, cri_containerd_config,
-    mount_points_below, nvhook_runtime_bin, remove_cgroup, unique_name, write_oci_archive,
+    CgroupParent, Containerd, EngineDir, ImageConfig, PAUSE_IMAGE, assert_containerd_handler,
+    cri_containerd_config, mount_points_below, nvhook_runtime_bin, unique_name,
 };
 use support::{
     Output, SimNode, busybox_image, glibc_image, host_mounts_referencing, nvhook_bin, require_root,
@@ -77,14 +77,6 @@ fn assert_no_gpu(what: &str, output: &Output) {
     );
 }
 
-/// Imports `rootfs` as `name` into containerd's k8s.io namespace.
-fn import(containerd: &Containerd, dir: &Path, rootfs: &Path, name: &str, image: &ImageConfig) {
-    let tar = dir.join(format!("{}.tar", name.replace(['/', ':'], "_")));
-    write_oci_archive(rootfs, name, image, dir, &tar);
-    containerd.import(&tar);
-    fs::remove_file(&tar).expect("remove the image archive");
-}
-
 /// `nvhook configure containerd [EXTRA...]` on the test's files, as an admin
 /// would run it on the node (with the runtime built for this test run).
 fn configure(engine_config: &Path, extra: &[&str]) -> String {
@@ -104,15 +96,6 @@ fn configure(engine_config: &Path, extra: &[&str]) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     stdout
-}
-
-/// Removes the pods' cgroup parent, even when the test failed.
-struct CgroupParent(String);
-
-impl Drop for CgroupParent {
-    fn drop(&mut self) {
-        remove_cgroup(&self.0);
-    }
 }
 
 struct Timings(Vec<(&'static str, Duration, Duration)>);
@@ -158,41 +141,24 @@ fn cri_pods_get_exactly_the_gpu_the_device_plugin_allocated() {
         &[("NVHOOK_CONFIG", &node.config())],
     );
     containerd.set_namespace("k8s.io");
-    // The pause image: anything that sleeps until the pod is stopped.
-    let sleep = ImageConfig {
-        cmd: &["/bin/busybox", "sleep", "2147483647"],
-        env: &[],
-    };
-    import(
-        &containerd,
-        dir.path(),
-        busybox_image().rootfs(),
-        &pause,
-        &sleep,
-    );
+    containerd.import_rootfs(dir.path(), busybox_image().rootfs(), &pause, &PAUSE_IMAGE);
     // An image that asks for every GPU by itself, as CUDA base images do.
     let greedy = ImageConfig {
         cmd: &["/gpucheck"],
         env: &["NVIDIA_VISIBLE_DEVICES=all"],
     };
-    import(
-        &containerd,
-        dir.path(),
-        glibc_image().rootfs(),
-        &app,
-        &greedy,
-    );
+    containerd.import_rootfs(dir.path(), glibc_image().rootfs(), &app, &greedy);
 
     let mut cri = Cri::connect(containerd.socket());
     assert!(cri.has_image(&pause) && cri.has_image(&app));
-    let cgroups = CgroupParent(unique_name("nvhook-cri"));
+    let cgroups = CgroupParent::new("nvhook-cri");
     let logs = dir.path().join("pods");
     let mut timings = Timings(vec![]);
     let mut run = |what: &'static str, name: &str, container: ContainerRequest| {
         let pod = cri.run_pod(
             &unique_name(name),
             HANDLER,
-            &format!("/{}", cgroups.0),
+            &cgroups.path(),
             &logs,
             &container,
         );
@@ -281,6 +247,7 @@ fn gpucheck_pod<'a>(
         env,
         mounts,
         privileged,
+        ..Default::default()
     }
 }
 

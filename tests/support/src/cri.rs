@@ -2,6 +2,7 @@
 //! containers, over containerd's gRPC socket (k8s-cri's generated tonic client,
 //! runtime API v1). Blocking, so that tests stay plain functions.
 
+use std::collections::HashMap;
 use std::fs;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
+    CdiDevice, ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
     CreateContainerRequest, ImageSpec, ImageStatusRequest, KeyValue, LinuxContainerConfig,
     LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount,
     NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest,
@@ -34,10 +35,12 @@ pub struct Cri {
     rt: tokio::runtime::Runtime,
     runtime: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
+    /// `NAME VERSION` from the CRI Version call.
+    runtime_name: String,
 }
 
 /// One container of a pod, as the kubelet hands it to the runtime after the
-/// device plugin's Allocate: env vars and mounts.
+/// device plugin's Allocate: env vars, mounts, annotations and CDI devices.
 #[derive(Default)]
 pub struct ContainerRequest<'a> {
     pub image: &'a str,
@@ -47,6 +50,14 @@ pub struct ContainerRequest<'a> {
     pub mounts: &'a [(&'a str, &'a str)],
     /// securityContext.privileged (the pod is then privileged too).
     pub privileged: bool,
+    /// The container's annotations (CreateContainer's config.annotations).
+    pub annotations: &'a [(&'a str, &'a str)],
+    /// The pod's annotations (RunPodSandbox's config.annotations), what NRI plugins see as
+    /// the pod's.
+    pub pod_annotations: &'a [(&'a str, &'a str)],
+    /// Fully qualified CDI device names (`vendor.com/class=name`), the CRI's CDI_devices
+    /// (what a device plugin's Allocate returns as CDIDevices).
+    pub cdi_devices: &'a [&'a str],
 }
 
 /// What a pod's one container printed, and how long the kubelet's calls took.
@@ -80,6 +91,7 @@ impl Cri {
             rt,
             runtime: RuntimeServiceClient::new(channel.clone()),
             images: ImageServiceClient::new(channel),
+            runtime_name: String::new(),
         };
         let version = cri
             .rt
@@ -90,7 +102,13 @@ impl Cri {
             "CRI: {} {} (API {})",
             version.runtime_name, version.runtime_version, version.runtime_api_version
         );
+        cri.runtime_name = format!("{} {}", version.runtime_name, version.runtime_version);
         cri
+    }
+
+    /// The runtime's name and version, as CRI Version says them (`containerd 2.1.9+unknown` for sid's build).
+    pub fn runtime_name(&self) -> &str {
+        &self.runtime_name
     }
 
     /// Whether the CRI plugin sees `image` (imported into the k8s.io namespace).
@@ -122,7 +140,7 @@ impl Cri {
     ) -> PodRun {
         let log_dir = log_dir.join(name);
         fs::create_dir_all(&log_dir).expect("create the pod's log directory");
-        let sandbox_config = sandbox_config(name, cgroup_parent, &log_dir, container.privileged);
+        let sandbox_config = sandbox_config(name, cgroup_parent, &log_dir, container);
         let started = Instant::now();
         let sandbox_id = self
             .rt
@@ -268,7 +286,7 @@ fn sandbox_config(
     name: &str,
     cgroup_parent: &str,
     log_dir: &Path,
-    privileged: bool,
+    container: &ContainerRequest,
 ) -> PodSandboxConfig {
     PodSandboxConfig {
         metadata: Some(PodSandboxMetadata {
@@ -280,6 +298,7 @@ fn sandbox_config(
         // None of its own: a host-network pod shares the node's UTS namespace.
         hostname: String::new(),
         log_directory: log_dir.display().to_string(),
+        annotations: string_map(container.pod_annotations),
         linux: Some(LinuxPodSandboxConfig {
             cgroup_parent: cgroup_parent.to_owned(),
             security_context: Some(LinuxSandboxSecurityContext {
@@ -287,13 +306,20 @@ fn sandbox_config(
                     network: NamespaceMode::Node as i32,
                     ..Default::default()
                 }),
-                privileged,
+                privileged: container.privileged,
                 ..Default::default()
             }),
             ..Default::default()
         }),
         ..Default::default()
     }
+}
+
+fn string_map(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect()
 }
 
 fn container_config(container: &ContainerRequest, log_path: &str) -> ContainerConfig {
@@ -323,6 +349,14 @@ fn container_config(container: &ContainerRequest, log_path: &str) -> ContainerCo
             })
             .collect(),
         log_path: log_path.to_owned(),
+        annotations: string_map(container.annotations),
+        cdi_devices: container
+            .cdi_devices
+            .iter()
+            .map(|name| CdiDevice {
+                name: name.to_string(),
+            })
+            .collect(),
         linux: Some(LinuxContainerConfig {
             security_context: Some(LinuxContainerSecurityContext {
                 privileged: container.privileged,

@@ -152,6 +152,27 @@ pub fn remove_cgroup(name: &str) {
     }
 }
 
+/// A cgroup parent of a unique name for a test's pods (the CRI's cgroup_parent), removed
+/// on drop, also when the test failed.
+pub struct CgroupParent(String);
+
+impl CgroupParent {
+    pub fn new(prefix: &str) -> CgroupParent {
+        CgroupParent(unique_name(prefix))
+    }
+
+    /// `/NAME`, what RunPodSandbox takes.
+    pub fn path(&self) -> String {
+        format!("/{}", self.0)
+    }
+}
+
+impl Drop for CgroupParent {
+    fn drop(&mut self) {
+        remove_cgroup(&self.0);
+    }
+}
+
 fn collect_dirs(dir: &Path, out: &mut Vec<PathBuf>) {
     out.push(dir.to_owned());
     for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -300,6 +321,13 @@ pub struct ImageConfig<'a> {
     pub env: &'a [&'a str],
 }
 
+/// A pod sandbox's (pause) image made of busybox_image(): anything that sleeps until the pod
+/// is stopped.
+pub const PAUSE_IMAGE: ImageConfig = ImageConfig {
+    cmd: &["/bin/busybox", "sleep", "2147483647"],
+    env: &[],
+};
+
 /// glibc_image()'s program.
 pub const GPUCHECK_IMAGE: ImageConfig = ImageConfig {
     cmd: &["/gpucheck"],
@@ -410,18 +438,97 @@ fn add_blob(blobs: &Path, file: &Path) -> (String, u64) {
 
 // ---------------------------------------------------------------- containerd
 
-/// `containerd config default` with every host path moved under `dir`.
+/// A containerd build: Debian 12's on PATH (1.6), or Debian sid's containerd 2 that
+/// `scripts/sid-engines.sh` unpacked into `.engines/sid` (see [`ContainerdBuild::sid`]).
+#[derive(Clone, Debug)]
+pub struct ContainerdBuild {
+    /// Where the package is unpacked (containerd, ctr and containerd-shim-runc-v2 in its
+    /// usr/bin, its Debian version in `version`); None: PATH.
+    root: Option<PathBuf>,
+}
+
+impl ContainerdBuild {
+    /// Debian 12's containerd 1.6 (`apt-get install containerd`), found on PATH.
+    pub fn debian() -> ContainerdBuild {
+        ContainerdBuild { root: None }
+    }
+
+    /// Debian sid's containerd 2 in `.engines/sid`, which `scripts/test.sh` fetches through
+    /// `scripts/sid-engines.sh`. Panics with that fix when it is missing: the tests never skip.
+    pub fn sid() -> ContainerdBuild {
+        let root = sid_engine_root();
+        assert!(
+            root.join("version").is_file() && root.join("usr/bin/containerd").is_file(),
+            "containerd 2 from Debian sid is missing ({} has no version stamp): run scripts/sid-engines.sh",
+            root.display()
+        );
+        ContainerdBuild { root: Some(root) }
+    }
+
+    /// `name` (containerd, ctr, containerd-shim-runc-v2) of this build.
+    pub fn program(&self, name: &str) -> PathBuf {
+        match &self.root {
+            Some(root) => root.join("usr/bin").join(name),
+            None => require_program(name),
+        }
+    }
+
+    /// The Debian package version (sid's), or `containerd --version`'s words.
+    pub fn version(&self) -> String {
+        match &self.root {
+            Some(root) => fs::read_to_string(root.join("version"))
+                .expect("read the sid engine's version stamp")
+                .trim()
+                .to_owned(),
+            None => stdout_of(Command::new(self.program("containerd")).arg("--version"))
+                .trim()
+                .to_owned(),
+        }
+    }
+
+    /// `containerd` for this build, its shims looked up in the build's own directory first
+    /// (the runtime, runc, is Debian 12's on PATH in both builds).
+    fn daemon(&self) -> Command {
+        let mut cmd = Command::new(self.program("containerd"));
+        if let Some(root) = &self.root {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let dirs = std::iter::once(root.join("usr/bin")).chain(std::env::split_paths(&path));
+            cmd.env(
+                "PATH",
+                std::env::join_paths(dirs).expect("PATH entries join"),
+            );
+        }
+        cmd
+    }
+
+    /// `containerd config default` of this build with every host path moved under `dir`.
+    pub fn config(&self, dir: &Path) -> toml_edit::DocumentMut {
+        let text = stdout_of(Command::new(self.program("containerd")).args(["config", "default"]));
+        let mut doc: toml_edit::DocumentMut =
+            text.parse().expect("containerd default config is TOML");
+        let at = |name: &str| dir.join(name).display().to_string();
+        doc["root"] = toml_edit::value(at("root"));
+        doc["state"] = toml_edit::value(at("state"));
+        doc["grpc"]["address"] = toml_edit::value(at("containerd.sock"));
+        doc["ttrpc"]["address"] = toml_edit::value(at("containerd.sock.ttrpc"));
+        doc["debug"]["address"] = toml_edit::value("");
+        doc["plugins"]["io.containerd.internal.v1.opt"]["path"] = toml_edit::value(at("opt"));
+        doc
+    }
+}
+
+/// `.engines/sid` in the workspace root (this crate is tests/support).
+fn sid_engine_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("tests/support has a workspace root")
+        .join(".engines/sid")
+}
+
+/// `containerd config default` (Debian 12's containerd) with every host path moved under `dir`.
 pub fn containerd_config(dir: &Path) -> String {
-    let text = stdout_of(Command::new(require_program("containerd")).args(["config", "default"]));
-    let mut doc: toml_edit::DocumentMut = text.parse().expect("containerd default config is TOML");
-    let at = |name: &str| dir.join(name).display().to_string();
-    doc["root"] = toml_edit::value(at("root"));
-    doc["state"] = toml_edit::value(at("state"));
-    doc["grpc"]["address"] = toml_edit::value(at("containerd.sock"));
-    doc["ttrpc"]["address"] = toml_edit::value(at("containerd.sock.ttrpc"));
-    doc["debug"]["address"] = toml_edit::value("");
-    doc["plugins"]["io.containerd.internal.v1.opt"]["path"] = toml_edit::value(at("opt"));
-    doc.to_string()
+    ContainerdBuild::debian().config(dir).to_string()
 }
 
 /// `containerd_config(dir)` with the CRI plugin set up for a pod sandbox on the
@@ -476,6 +583,8 @@ pub fn assert_containerd_handler(config: &Path, name: &str, binary: &str) {
 /// A private containerd: own root, state and sockets under an EngineDir.
 pub struct Containerd {
     daemon: Daemon,
+    /// This build's ctr.
+    ctr: PathBuf,
     socket: PathBuf,
     runc_root: PathBuf,
     fifo_dir: PathBuf,
@@ -486,14 +595,24 @@ impl Containerd {
     /// Starts `containerd --config CONFIG` with `env` added to its (and so its
     /// shims' and runtimes') environment, and waits until it answers.
     pub fn start(dir: &Path, config: &Path, env: &[(&str, &Path)]) -> Containerd {
-        let mut cmd = Command::new(require_program("containerd"));
+        Containerd::start_with(&ContainerdBuild::debian(), dir, config, env)
+    }
+
+    /// [`Containerd::start`] of `build`'s containerd (ctr is then that build's too).
+    pub fn start_with(
+        build: &ContainerdBuild,
+        dir: &Path,
+        config: &Path,
+        env: &[(&str, &Path)],
+    ) -> Containerd {
+        let mut cmd = build.daemon();
         cmd.arg("--config").arg(config);
         for (key, value) in env {
             cmd.env(key, value);
         }
         let mut daemon = Daemon::spawn("containerd", cmd, dir.join("containerd.log"));
         let socket = dir.join("containerd.sock");
-        let ctr = require_program("ctr");
+        let ctr = build.program("ctr");
         daemon.wait_ready(&socket, || {
             Command::new(&ctr)
                 .arg("--address")
@@ -506,6 +625,7 @@ impl Containerd {
         });
         Containerd {
             daemon,
+            ctr,
             socket,
             runc_root: dir.join("runc"),
             fifo_dir: dir.join("fifo"),
@@ -530,7 +650,7 @@ impl Containerd {
     /// runc's `--root` for this daemon's containers (instead of the shared
     /// /run/containerd/runc). ctr's stdio fifos go beside it (`--fifo-dir`,
     /// instead of /run/containerd/fifo). Only the shims' sockets land in the
-    /// shared /run/containerd/s: containerd 1.6 hard-codes that directory.
+    /// shared /run/containerd/s: containerd 1.6 and 2.1 hard-code that directory.
     pub fn runc_root(&self) -> &Path {
         &self.runc_root
     }
@@ -545,7 +665,7 @@ impl Containerd {
 
     /// `ctr --address SOCK --namespace NS ARGS...`, with a timeout.
     pub fn ctr(&self) -> Command {
-        let mut cmd = timed(&require_program("ctr"));
+        let mut cmd = timed(&self.ctr);
         cmd.arg("--address")
             .arg(&self.socket)
             .arg("--namespace")
@@ -564,21 +684,22 @@ impl Containerd {
     /// Imports the glibc gpucheck image, its archive written in `work`; returns its name.
     pub fn import_gpucheck_image(&self, work: &Path) -> String {
         let image = format!("docker.io/nvhook-test/{}:latest", unique_name("glibc"));
-        let tar = work.join("glibc-oci.tar");
-        write_oci_archive(
-            super::glibc_image().rootfs(),
-            &image,
-            &GPUCHECK_IMAGE,
-            work,
-            &tar,
-        );
+        self.import_rootfs(work, super::glibc_image().rootfs(), &image, &GPUCHECK_IMAGE);
+        image
+    }
+
+    /// Imports `rootfs` as image `name` (running what `image` says) into the namespace, its
+    /// archive written in `work` and removed after.
+    pub fn import_rootfs(&self, work: &Path, rootfs: &Path, name: &str, image: &ImageConfig) {
+        let tar = work.join(format!("{}.tar", name.replace(['/', ':'], "_")));
+        write_oci_archive(rootfs, name, image, work, &tar);
         self.import(&tar);
+        fs::remove_file(&tar).expect("remove the image archive");
         let listed = self.ctr_checked(&["image", "ls", "-q"]);
         assert!(
-            listed.lines().any(|l| l == image),
-            "{image} not in:\n{listed}"
+            listed.lines().any(|l| l == name),
+            "{name} not in:\n{listed}"
         );
-        image
     }
 
     /// Kills and removes every task and container of the namespace, then

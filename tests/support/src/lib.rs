@@ -8,6 +8,7 @@
 
 mod bundle;
 mod cmd;
+pub mod containerd2;
 pub mod cri;
 pub mod engines;
 mod gpucheck;
