@@ -50,8 +50,12 @@
 //!   frames of a multiplexer (`pkg/net/multiplex`): an 8-byte header, the sub-connection's id
 //!   (u32, big-endian) and the payload's length (u32, big-endian), then the payload. Id 1
 //!   carries the Plugin service, id 2 the Runtime service; id 0 is reserved, and frames for an
-//!   id nobody opened are dropped. A frame carries at most 10 bytes plus 4 MiB, and the bytes of
-//!   one sub-connection form a stream: a ttrpc message may be split across frames.
+//!   id nobody opened are dropped. The bytes of one sub-connection form a stream: a ttrpc
+//!   message may be split across frames. But the engine's multiplexer hands each frame whole to
+//!   one read of its ttrpc connection, which reads through a 4 KiB buffer, and a frame larger
+//!   than that read's buffer closes the connection (`ttrpc: closed` in the engine's log, and
+//!   the container is created without the plugin's adjustment). So a plugin sends frames of at
+//!   most 4096 bytes; it accepts any size up to a whole message.
 //! - **ttrpc inside.** Each message has a 10-byte header: payload length (u32, big-endian, at
 //!   most 4 MiB), stream id (u32, big-endian), type (1 request, 2 response, 3 data) and flags.
 //!   A request's payload is ttrpc's `Request {service, method, payload, timeout_nano,

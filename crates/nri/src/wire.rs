@@ -14,7 +14,12 @@ const MUX_HEADER: usize = 8;
 const TTRPC_HEADER: usize = 10;
 /// ttrpc's own limit on one message's payload.
 pub const MAX_MESSAGE: usize = 4 << 20;
-/// The multiplexer never sends more in one frame than a whole ttrpc message.
+/// The most a frame we send carries. The engine's multiplexer hands each frame whole to one
+/// read of its ttrpc connection, and fails the connection when that read's buffer is smaller;
+/// ttrpc reads through a 4 KiB buffer, so no frame may be larger.
+const SEND_FRAME: usize = 4096;
+/// The most a frame we accept carries: the engine's multiplexer sends at most a whole ttrpc
+/// message in one.
 const MAX_FRAME: usize = TTRPC_HEADER + MAX_MESSAGE;
 
 /// ttrpc's message types.
@@ -54,8 +59,9 @@ pub fn encode(conn: u32, stream: u32, kind: Kind, payload: &[u8]) -> Result<Vec<
     message.push(kind as u8);
     message.push(0);
     message.extend_from_slice(payload);
-    let mut out = Vec::with_capacity(MUX_HEADER + message.len());
-    for chunk in message.chunks(MAX_FRAME) {
+    let frames = message.len().div_ceil(SEND_FRAME);
+    let mut out = Vec::with_capacity(frames * MUX_HEADER + message.len());
+    for chunk in message.chunks(SEND_FRAME) {
         out.extend_from_slice(&conn.to_be_bytes());
         out.extend_from_slice(&(chunk.len() as u32).to_be_bytes());
         out.extend_from_slice(chunk);
@@ -191,6 +197,23 @@ mod tests {
         assert_eq!((second.conn, second.stream), (RUNTIME_SERVICE, 1));
         assert_eq!(second.payload, b"abcdef");
         assert!(demux.pop().is_none());
+    }
+
+    #[test]
+    fn frames_we_send_fit_the_engines_read_buffer() {
+        let payload: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        let bytes = encode(PLUGIN_SERVICE, 5, Kind::Response, &payload).unwrap();
+        let mut at = 0;
+        let mut sizes = Vec::new();
+        while at < bytes.len() {
+            let len = be32(&bytes[at + 4..]) as usize;
+            sizes.push(len);
+            at += MUX_HEADER + len;
+        }
+        assert_eq!(sizes, [4096, 4096, 10 + 10_000 - 8192]);
+        let mut demux = Demux::default();
+        demux.push(&bytes).unwrap();
+        assert_eq!(demux.pop().unwrap().payload, payload);
     }
 
     #[test]

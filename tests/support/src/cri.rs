@@ -172,7 +172,14 @@ impl Cri {
         );
         let container_id = match container_id {
             Ok(response) => response.container_id,
-            Err(message) => panic!("CreateContainer in pod {name}: {message}"),
+            // The engine's refusal (an NRI plugin's error among them) is the result.
+            Err(message) => {
+                return PodRun {
+                    output: output(1, String::new(), message),
+                    sandbox,
+                    container_start: started.elapsed(),
+                };
+            }
         };
         if let Err(message) = pod.cri.call(
             "StartContainer",

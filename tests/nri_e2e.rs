@@ -1,0 +1,345 @@
+//! NRI plugin mode, end to end: Debian sid's containerd 2.1.9 with its default runtime runc
+//! and no nvhook runtime registered, `nvhook nri` connected to its NRI socket, and pods made
+//! through the CRI calls the kubelet makes. A pod gets exactly the GPU the kubelet allocated
+//! (the device plugin's env or volume mounts, or a CRI CDI device), the driver's files and
+//! the loader cache; a pod that was allocated nothing gets
+//! nothing, whatever its image or its annotations say; a refusal is one line in the engine's
+//! error; the plugin follows the engine across restarts. Run as root after
+//! `cargo build --workspace` (and `scripts/sid-engines.sh`): `cargo test --test nri_e2e`.
+
+use nvhook_test_support as support;
+use support::{containerd2, cri};
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use containerd2::{Containerd2Cri, DEFAULT_HANDLER};
+use cri::{ContainerRequest, Cri};
+use support::engines::{
+    CgroupParent, Containerd, EngineDir, ImageConfig, mount_points_below, unique_name,
+};
+use support::{Output, SimNode, glibc_image, host_mounts_referencing, nvhook_bin, require_root};
+
+const GPUS: u32 = 4;
+/// The GPU the kubelet allocates to the GPU pods here.
+const ALLOCATED: u32 = 2;
+const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
+/// gpucheck: every GPU node, then the nvidia entries of /dev, and libcuda through the loader.
+const GPUCHECK: &[&str] = &[
+    "/gpucheck",
+    "--dev",
+    "/dev/nvidia0",
+    "--dev",
+    "/dev/nvidia1",
+    "--dev",
+    "/dev/nvidia2",
+    "--dev",
+    "/dev/nvidia3",
+    "--ls",
+    "/dev",
+];
+
+/// `nvhook nri` beside the engine, as nvhook-nri.service runs it; killed on drop.
+struct Plugin {
+    child: Child,
+    stderr: PathBuf,
+}
+
+impl Plugin {
+    fn start(node: &SimNode, socket: &Path, dir: &Path) -> Plugin {
+        let stderr = dir.join(format!("{}.stderr", unique_name("nri")));
+        let child = Command::new(nvhook_bin())
+            .arg("--config")
+            .arg(node.config())
+            .arg("nri")
+            .arg("--socket")
+            .arg(socket)
+            .env_remove("NVHOOK_CONFIG")
+            .stdin(Stdio::null())
+            .stderr(fs::File::create(&stderr).expect("create the plugin's stderr file"))
+            .spawn()
+            .expect("start nvhook nri");
+        Plugin { child, stderr }
+    }
+
+    fn stderr(&self) -> String {
+        fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits until the node's log has said `what` `times` times in all.
+fn wait_logged(node: &SimNode, what: &str, times: usize, containerd: &Containerd) {
+    let start = Instant::now();
+    while node.log().matches(what).count() < times {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "nvhook nri never logged {what:?} ({times}×)\n(node log)\n{}\n(containerd log)\n{}",
+            node.log(),
+            containerd.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn assert_allocated_gpu_only(what: &str, output: &Output) {
+    output.assert_success();
+    for gpu in 0..GPUS {
+        let expected = if gpu == ALLOCATED { "ENXIO" } else { "absent" };
+        let line = format!("dev /dev/nvidia{gpu} {expected}");
+        assert!(output.has_line(&line), "{what}: missing {line:?}\n{output}");
+    }
+    assert_eq!(
+        output.gpu_nodes_in_dev(),
+        [format!("nvidia{ALLOCATED}")],
+        "{what}\n{output}"
+    );
+    assert!(
+        output.has_line("dlopen libcuda.so.1 ok"),
+        "{what}: libcuda not loadable\n{output}"
+    );
+}
+
+#[track_caller]
+fn assert_no_gpu(what: &str, output: &Output) {
+    output.assert_success();
+    assert!(output.gpu_nodes_in_dev().is_empty(), "{what}\n{output}");
+    assert!(
+        !output.has_line("dlopen libcuda.so.1 ok"),
+        "{what}: driver library injected into a pod that was allocated no GPU\n{output}"
+    );
+}
+
+/// Where the pods of a test run: their cgroup parent and logs.
+struct Pods {
+    cgroups: CgroupParent,
+    logs: PathBuf,
+}
+
+impl Pods {
+    /// Runs a pod of one container through the CRI, its output carrying both logs.
+    fn run(
+        &self,
+        cri: &mut Cri,
+        containerd: &Containerd,
+        node: &SimNode,
+        name: &str,
+        request: ContainerRequest,
+    ) -> Output {
+        let mut output = cri
+            .run_pod(
+                &unique_name(name),
+                DEFAULT_HANDLER,
+                &self.cgroups.path(),
+                &self.logs,
+                &request,
+            )
+            .output;
+        output.hook_log = Some(format!(
+            "{}\n(containerd log)\n{}",
+            node.log(),
+            containerd.log()
+        ));
+        output
+    }
+}
+
+#[test]
+fn nri_gives_pods_exactly_what_the_kubelet_allocated() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("nri");
+    let setup = Containerd2Cri::under(dir.path());
+    let uuid = node.gpu_uuid(ALLOCATED as usize);
+
+    // nvhook's own CDI spec, for the kubelet's CDI request: containerd injects it itself.
+    fs::create_dir_all(&setup.cdi_spec_dirs[0]).expect("create the CDI spec dir");
+    let spec = setup.cdi_spec_dirs[0].join("nvidia.yaml");
+    let generated = Command::new(nvhook_bin())
+        .arg("--config")
+        .arg(node.config())
+        .args(["cdi", "generate", "--output"])
+        .arg(&spec)
+        .output()
+        .expect("run nvhook cdi generate");
+    assert!(
+        generated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&generated.stderr)
+    );
+
+    let mut containerd = setup.start(dir.path(), &[]);
+    // An image that asks for every GPU by itself, as CUDA base images do.
+    let app = format!("docker.io/nvhook-test/{}:latest", unique_name("cuda-app"));
+    let greedy = ImageConfig {
+        cmd: &["/gpucheck"],
+        env: &["NVIDIA_VISIBLE_DEVICES=all"],
+    };
+    containerd.import_rootfs(dir.path(), glibc_image().rootfs(), &app, &greedy);
+    let mut plugin = Plugin::start(&node, &setup.nri.socket, dir.path());
+    wait_logged(&node, "registered and configured", 1, &containerd);
+
+    let mut cri = Cri::connect(containerd.socket());
+    let pods = Pods {
+        cgroups: CgroupParent::new("nvhook-nri"),
+        logs: dir.path().join("pods"),
+    };
+    let run = |cri: &mut Cri, containerd: &Containerd, name: &str, request| {
+        pods.run(cri, containerd, &node, name, request)
+    };
+    let pod = |env, mounts, cdi_devices, pod_annotations| ContainerRequest {
+        image: &app,
+        args: GPUCHECK,
+        env,
+        mounts,
+        cdi_devices,
+        pod_annotations,
+        ..Default::default()
+    };
+    let env_allocation = [("NVIDIA_VISIBLE_DEVICES", uuid.as_str())];
+    let mount_point = format!("{DEVICE_MOUNT_ROOT}/{uuid}");
+    let mount_allocation = [(mount_point.as_str(), "/dev/null")];
+    let cdi_allocation = [format!("nvidia.com/gpu={ALLOCATED}")];
+    let cdi_allocation: Vec<&str> = cdi_allocation.iter().map(String::as_str).collect();
+    let annotation = [(
+        "nvidia.cdi.k8s.io/container.main",
+        &*format!("nvidia.com/gpu={ALLOCATED}"),
+    )];
+    let annotation = annotation.map(|(k, v)| (k, v.to_string()));
+    let annotation: Vec<(&str, &str)> = annotation.iter().map(|(k, v)| (*k, v.as_str())).collect();
+
+    // The device plugin's default deviceListStrategy=envvar, nvhook's default policy.
+    let output = run(
+        &mut cri,
+        &containerd,
+        "env",
+        pod(&env_allocation, &[], &[], &[]),
+    );
+    assert_allocated_gpu_only("envvar allocation, default policy", &output);
+
+    // The hardened policy, read for the next container without a restart.
+    node.configure("accept-env-when-unprivileged = false");
+    let output = run(
+        &mut cri,
+        &containerd,
+        "mounts",
+        pod(&[], &mount_allocation, &[], &[]),
+    );
+    assert_allocated_gpu_only("volume-mount allocation, hardened policy", &output);
+    let output = run(
+        &mut cri,
+        &containerd,
+        "envignored",
+        pod(&env_allocation, &[], &[], &[]),
+    );
+    assert_no_gpu("env of a pod, hardened policy", &output);
+    let output = run(&mut cri, &containerd, "nogpu", pod(&[], &[], &[], &[]));
+    assert_no_gpu("no allocation, image says all, hardened policy", &output);
+
+    // The kubelet's CDI request (cdi-cri strategy, DRA): containerd applies nvhook's spec, and
+    // the plugin leaves the container alone (its NVIDIA_VISIBLE_DEVICES says void).
+    let output = run(
+        &mut cri,
+        &containerd,
+        "cdi",
+        pod(&[], &[], &cdi_allocation, &[]),
+    );
+    assert_allocated_gpu_only("CRI CDI device", &output);
+
+    // NVIDIA's pod annotation: nothing in a namespace the config does not list...
+    let output = run(
+        &mut cri,
+        &containerd,
+        "annotated",
+        pod(&[], &[], &[], &annotation),
+    );
+    assert_no_gpu("pod annotation, namespace not listed", &output);
+    // ...and the device it names in one that is.
+    node.configure("nri-annotation-namespaces = [\"default\"]");
+    let output = run(
+        &mut cri,
+        &containerd,
+        "trusted",
+        pod(&[], &[], &[], &annotation),
+    );
+    assert_allocated_gpu_only("pod annotation, listed namespace", &output);
+
+    // A GPU the node lacks: this container's creation fails with nvhook's one line.
+    let missing = format!("{DEVICE_MOUNT_ROOT}/7");
+    let missing_gpu = [(missing.as_str(), "/dev/null")];
+    let output = run(
+        &mut cri,
+        &containerd,
+        "nosuchgpu",
+        pod(&[], &missing_gpu, &[], &[]),
+    );
+    assert!(!output.status.success(), "{output}");
+    let refusal = output
+        .stderr
+        .lines()
+        .find(|l| l.contains("nvhook: "))
+        .unwrap_or_else(|| panic!("no nvhook line in the engine's error\n{output}"));
+    assert!(refusal.contains('7'), "{refusal}");
+    // The next pod is not affected.
+    let output = run(
+        &mut cri,
+        &containerd,
+        "after",
+        pod(&[], &mount_allocation, &[], &[]),
+    );
+    assert_allocated_gpu_only("after a refused container", &output);
+
+    // containerd restarts under the running plugin: it connects again by itself.
+    drop(cri);
+    assert!(
+        containerd.shutdown(),
+        "containerd ignored SIGTERM:\n{}",
+        containerd.log()
+    );
+    let mut containerd = setup.start(dir.path(), &[]);
+    wait_logged(&node, "registered and configured", 2, &containerd);
+    let mut cri = Cri::connect(containerd.socket());
+    let output = run(
+        &mut cri,
+        &containerd,
+        "restarted",
+        pod(&[], &mount_allocation, &[], &[]),
+    );
+    assert_allocated_gpu_only("after containerd restarted", &output);
+
+    // The plugin stops: pods without a GPU start as before; a GPU pod starts without its GPU
+    // (the engine does not know a plugin it never met), which doctor and the docs warn of.
+    plugin.kill();
+    let output = run(&mut cri, &containerd, "stopped", pod(&[], &[], &[], &[]));
+    assert_no_gpu("no plugin, no allocation", &output);
+    let output = run(
+        &mut cri,
+        &containerd,
+        "stoppedgpu",
+        pod(&[], &mount_allocation, &[], &[]),
+    );
+    assert_no_gpu("no plugin, GPU allocated", &output);
+    eprintln!("plugin stderr:\n{}", plugin.stderr());
+
+    drop(cri);
+    assert!(
+        containerd.shutdown(),
+        "containerd ignored SIGTERM:\n{}",
+        containerd.log()
+    );
+    let leaked = host_mounts_referencing(&[dir.path(), node.root()]);
+    assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
+    assert!(mount_points_below(dir.path()).is_empty());
+}
