@@ -70,7 +70,7 @@ pub fn generate(
     // Library paths are canonical, and so must be the root they are made relative to.
     let driver_root =
         std::fs::canonicalize(&config.driver_root).unwrap_or_else(|_| config.driver_root.clone());
-    let layout = Layout::host_paths(driver_root);
+    let layout = Layout::host_paths(driver_root, inventory.arch);
     let dev_root = config.dev_root.display().to_string();
     let capabilities = capabilities(config, inventory);
     let plan_for = |devices: DeviceSelection| -> Result<Plan, CdiError> {
