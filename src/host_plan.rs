@@ -40,11 +40,11 @@ pub enum Target<'a> {
 
 /// Libraries at their host paths, relative to the canonical driver root: the layout of plans
 /// made for any image.
-pub fn any_image_layout(config: &Config) -> Layout {
+pub fn any_image_layout(config: &Config, arch: nvhook_ldcache::Arch) -> Layout {
     // Library paths are canonical, and so must be the root they are made relative to.
     let driver_root =
         std::fs::canonicalize(&config.driver_root).unwrap_or_else(|_| config.driver_root.clone());
-    Layout::host_paths(driver_root)
+    Layout::host_paths(driver_root, arch)
 }
 
 /// [`plan_for`] the host's inventory. A plan that fails on NVML's cached answer is made again
@@ -92,9 +92,12 @@ pub fn plan_for(
     let dev_root = config.dev_root.display().to_string();
     Ok(match target {
         Target::Image(image) => plan::build(request, inventory, &dev_root, image.clone())?,
-        Target::AnyImage => {
-            plan::build_with_layout(request, inventory, &dev_root, any_image_layout(config))?
-        }
+        Target::AnyImage => plan::build_with_layout(
+            request,
+            inventory,
+            &dev_root,
+            any_image_layout(config, inventory.arch),
+        )?,
     })
 }
 

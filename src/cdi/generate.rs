@@ -67,7 +67,7 @@ pub fn generate(
     if inventory.gpus.is_empty() {
         return Err(CdiError::NoGpu);
     }
-    let layout = crate::host_plan::any_image_layout(config);
+    let layout = crate::host_plan::any_image_layout(config, inventory.arch);
     let dev_root = config.dev_root.display().to_string();
     let capabilities = capabilities(config, inventory);
     let plan_for = |devices: DeviceSelection| -> Result<Plan, CdiError> {

@@ -13,7 +13,7 @@ use crate::oci::{Spec, State};
 use crate::plan::{CacheEntry, LdSoConf, Plan, ProcOverlay, Symlink, compat};
 use crate::request::CUDA_VERSION;
 use crate::rootfs::{Rootfs, loader};
-use nvhook_ldcache::ElfClass;
+use nvhook_ldcache::{Arch, ElfClass};
 
 /// The part of a plan the hook applies.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -72,8 +72,8 @@ impl LinkArgs {
         for entry in &self.ldcache {
             out.push(
                 match entry.class {
-                    ElfClass::X86_64 => "--lib64",
-                    ElfClass::I386 => "--lib32",
+                    ElfClass::Lib64 => "--lib64",
+                    ElfClass::Lib32 => "--lib32",
                 }
                 .into(),
             );
@@ -153,9 +153,9 @@ impl LinkArgs {
                         soname: soname.into(),
                         path: path.into(),
                         class: if flag == "--lib64" {
-                            ElfClass::X86_64
+                            ElfClass::Lib64
                         } else {
-                            ElfClass::I386
+                            ElfClass::Lib32
                         },
                     });
                 }
@@ -211,6 +211,8 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
     loader::link_and_cache(
         &rootfs,
         &args.symlinks,
+        // The spec was generated on this host, for its architecture.
+        Arch::HOST,
         &args.ldcache,
         &args.ld_so_confs,
         has_cache,
@@ -248,17 +250,17 @@ mod tests {
                 CacheEntry {
                     soname: "libcuda.so.1".into(),
                     path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
-                    class: ElfClass::X86_64,
+                    class: ElfClass::Lib64,
                 },
                 CacheEntry {
                     soname: "libcuda.so.1".into(),
                     path: "/usr/lib/i386-linux-gnu/libcuda.so.1".into(),
-                    class: ElfClass::I386,
+                    class: ElfClass::Lib32,
                 },
                 CacheEntry {
                     soname: "libnvidia-ptxjitcompiler.so.1".into(),
                     path: "/usr/local/cuda/compat/libnvidia-ptxjitcompiler.so.580.95.05".into(),
-                    class: ElfClass::X86_64,
+                    class: ElfClass::Lib64,
                 },
             ],
             ld_so_confs: vec![

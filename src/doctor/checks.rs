@@ -163,7 +163,7 @@ pub fn driver_files(inv: &Inventory, heads: &[(Library, LibraryHead)]) -> Vec<Ch
             .files
             .libraries
             .iter()
-            .any(|l| l.soname == soname && l.class == ElfClass::X86_64);
+            .any(|l| l.soname == soname && l.class == ElfClass::Lib64);
         if !found {
             out.push(Check::fail(
                 &format!("driver {soname}"),
@@ -183,8 +183,8 @@ pub fn driver_files(inv: &Inventory, heads: &[(Library, LibraryHead)]) -> Vec<Ch
                 Ok(h) if h.len() < 5 || h[..4] != *b"\x7fELF" => "not an ELF file".into(),
                 Ok(h) => {
                     let class = match lib.class {
-                        ElfClass::X86_64 => 2,
-                        ElfClass::I386 => 1,
+                        ElfClass::Lib64 => 2,
+                        ElfClass::Lib32 => 1,
                     };
                     if h[4] == class {
                         return None;
@@ -750,7 +750,7 @@ mod tests {
             .libraries
             .iter()
             .map(|l| {
-                let class = if l.class == ElfClass::X86_64 { 2 } else { 1 };
+                let class = if l.class == ElfClass::Lib64 { 2 } else { 1 };
                 (l.clone(), elf(class))
             })
             .collect();
@@ -758,7 +758,7 @@ mod tests {
 
         let mut bad = heads.clone();
         bad[0].1 = Ok(b"#!/bin/sh\n".to_vec());
-        bad[1].1 = elf(if bad[1].0.class == ElfClass::X86_64 {
+        bad[1].1 = elf(if bad[1].0.class == ElfClass::Lib64 {
             1
         } else {
             2

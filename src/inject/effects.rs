@@ -149,6 +149,7 @@ impl ContainerEffects for SystemInside {
         loader::link_and_cache(
             &self.rootfs,
             &plan.symlinks,
+            plan.layout.arch,
             &plan.ldcache,
             &plan.ld_so_confs,
             plan.layout.ldcache,

@@ -6,7 +6,7 @@ use super::graphics::{self, ConfigLibraryPath};
 use super::host_file::{DriverRoot, HostFile, is_elf};
 use crate::capability::Capability;
 use crate::config::Config;
-use nvhook_ldcache::{self as ldcache, ElfClass, LdCache};
+use nvhook_ldcache::{self as ldcache, Arch, ElfClass, LdCache};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -154,6 +154,8 @@ pub struct DriverFiles {
 pub struct HostCache {
     path: PathBuf,
     cache: LdCache,
+    /// Whose entries are taken: the loader of this architecture's (the build target's).
+    arch: Arch,
 }
 
 impl HostCache {
@@ -167,13 +169,22 @@ impl HostCache {
             path: path.clone(),
             source,
         })?;
-        Ok(HostCache { path, cache })
+        Ok(HostCache {
+            path,
+            cache,
+            arch: Arch::HOST,
+        })
+    }
+
+    /// The architecture whose libraries this cache's entries are taken for.
+    pub fn arch(&self) -> Arch {
+        self.arch
     }
 
     /// The host path of `libnvidia-ml.so.1`, where NVML is loaded from by default.
     pub fn nvml_library(&self, config: &Config) -> Result<PathBuf, DriverError> {
         self.cache
-            .lookup("libnvidia-ml.so.1", ElfClass::X86_64)
+            .lookup("libnvidia-ml.so.1", self.arch, ElfClass::Lib64)
             .map(|e| config.driver_path(&e.path))
             .ok_or_else(|| DriverError::NoNvml {
                 cache: self.path.clone(),
@@ -212,7 +223,7 @@ impl DriverFiles {
                 .collect(),
             configs,
             xorg_modules: match scope.graphics {
-                true => graphics::find_xorg_modules(&root, version),
+                true => graphics::find_xorg_modules(&root, version, cache.arch),
                 false => Vec::new(),
             },
             config_library_paths,
@@ -224,7 +235,7 @@ fn find_libraries(root: &DriverRoot, cache: &HostCache, version: &str) -> Vec<Li
     let mut out: Vec<Library> = Vec::new();
     for entry in cache.cache.entries() {
         for (stem, cap) in stems_of(&entry.soname) {
-            if let Some(lib) = library(root, entry, stem, cap, version)
+            if let Some(lib) = library(root, cache.arch, entry, stem, cap, version)
                 && !out
                     .iter()
                     .any(|l| l.soname == lib.soname && l.class == lib.class && l.capability == cap)
@@ -240,6 +251,7 @@ fn find_libraries(root: &DriverRoot, cache: &HostCache, version: &str) -> Vec<Li
 /// The library a cache entry names, when it is this driver's file.
 fn library(
     root: &DriverRoot,
+    arch: Arch,
     entry: &ldcache::Entry,
     stem: &str,
     capability: Capability,
@@ -251,7 +263,8 @@ fn library(
     if entry.soname.len() == stem.len() + ".so".len() {
         return None;
     }
-    let class = ElfClass::from_flags(entry.flags)?;
+    // Another architecture's library (an armhf copy on arm64, say) is no class of ours.
+    let class = arch.class_of(entry.flags)?;
     // A cache entry names the SONAME link; the versioned file behind it is what we mount.
     let host_path = root.canonical(&entry.path)?;
     let file_name = host_path.file_name()?.to_str()?.to_string();
@@ -364,16 +377,69 @@ mod tests {
         for name in ["libcuda.so", "libcuda.so.1"] {
             std::os::unix::fs::symlink(real, lib_dir.join(name)).unwrap();
             let path = format!("/usr/local/nvidia/lib64/{name}");
-            cache.insert(ldcache::Entry::new(name, path, ElfClass::X86_64));
+            cache.insert(ldcache::Entry::new(
+                name,
+                path,
+                Arch::X86_64,
+                ElfClass::Lib64,
+            ));
         }
         let cache = HostCache {
             path: root.path().join("etc/ld.so.cache"),
             cache,
+            arch: Arch::X86_64,
         };
         let found = find_libraries(&DriverRoot::new(root.path()), &cache, "580.159.04");
         let names: Vec<&str> = found.iter().map(|l| l.soname.as_str()).collect();
         assert_eq!(names, ["libcuda.so.1"]);
         assert_eq!(found[0].file_name, real);
+    }
+
+    #[test]
+    fn each_architecture_takes_its_own_libraries_from_the_cache() {
+        // A driver root with the same driver for x86_64 and aarch64 (as a multiarch host
+        // could have): each architecture's loader takes only its own entries.
+        let root = tempfile::tempdir().unwrap();
+        let mut cache = LdCache::default();
+        for arch in [Arch::X86_64, Arch::Aarch64] {
+            let dir = format!("/usr/lib/{}", arch.multiarch(ElfClass::Lib64));
+            std::fs::create_dir_all(root.path().join(&dir[1..])).unwrap();
+            for stem in ["libcuda", "libnvidia-ml"] {
+                let real = format!("{stem}.so.580.1");
+                std::fs::write(root.path().join(&dir[1..]).join(&real), b"").unwrap();
+                let link = format!("{dir}/{stem}.so.1");
+                std::os::unix::fs::symlink(&real, root.path().join(&link[1..])).unwrap();
+                cache.insert(ldcache::Entry::new(
+                    format!("{stem}.so.1"),
+                    link,
+                    arch,
+                    ElfClass::Lib64,
+                ));
+            }
+        }
+        let config = Config {
+            driver_root: root.path().to_path_buf(),
+            ..Config::default()
+        };
+        for arch in [Arch::X86_64, Arch::Aarch64] {
+            let host = HostCache {
+                path: root.path().join("etc/ld.so.cache"),
+                cache: cache.clone(),
+                arch,
+            };
+            let found = find_libraries(&DriverRoot::new(root.path()), &host, "580.1");
+            let tuple = arch.multiarch(ElfClass::Lib64);
+            let dir = root.path().join(format!("usr/lib/{tuple}"));
+            assert_eq!(found.len(), 2, "{arch:?}: {found:?}");
+            for lib in &found {
+                assert_eq!(lib.class, ElfClass::Lib64);
+                assert_eq!(lib.host_path.parent(), Some(dir.as_path()), "{lib:?}");
+            }
+            assert_eq!(
+                host.nvml_library(&config).unwrap(),
+                config.driver_path(&format!("/usr/lib/{tuple}/libnvidia-ml.so.1"))
+            );
+        }
     }
 
     #[test]
@@ -394,6 +460,7 @@ mod tests {
         let cache = HostCache {
             path: root.path().join("etc/ld.so.cache"),
             cache: LdCache::default(),
+            arch: Arch::HOST,
         };
         let files = DriverFiles::find(&config, &cache, "580.159.04", Scope::ALL);
         let found: Vec<(&str, &Path)> = files

@@ -6,6 +6,7 @@
 use super::Scope;
 use super::host_file::{DriverRoot, HostFile, is_elf};
 use crate::capability::Capability;
+use nvhook_ldcache::{Arch, ElfClass};
 use serde::{Deserialize, Serialize};
 
 /// Where the graphics loaders read configs from on a host, in their order of precedence.
@@ -86,9 +87,9 @@ const CONFIG_DIRS: &[ConfigDir] = &[
     },
 ];
 
-/// Where Xorg's modules live on the distributions the driver supports, searched in order.
+/// Where Xorg's modules live on the distributions the driver supports, searched in order,
+/// after Debian's multiarch directory of the architecture ([`xorg_dirs`]).
 const XORG_DIRS: &[&str] = &[
-    "/usr/lib/x86_64-linux-gnu/nvidia/xorg",
     "/usr/lib/nvidia/xorg",
     "/usr/lib64/nvidia/xorg",
     "/usr/lib/xorg/modules/drivers",
@@ -155,12 +156,21 @@ pub(super) fn find_configs(root: &DriverRoot, scope: Scope) -> Vec<HostFile> {
 }
 
 /// `nvidia_drv.so` and the GLX server module of this driver, at their host paths.
-pub(super) fn find_xorg_modules(root: &DriverRoot, version: &str) -> Vec<HostFile> {
+/// Xorg's module directories for `arch`: Debian's `/usr/lib/<tuple>/nvidia/xorg` first.
+fn xorg_dirs(arch: Arch) -> Vec<String> {
+    let debian = format!("/usr/lib/{}/nvidia/xorg", arch.multiarch(ElfClass::Lib64));
+    std::iter::once(debian)
+        .chain(XORG_DIRS.iter().map(|d| d.to_string()))
+        .collect()
+}
+
+pub(super) fn find_xorg_modules(root: &DriverRoot, version: &str, arch: Arch) -> Vec<HostFile> {
     let glx_server = format!("{GLX_SERVER}.{version}");
+    let dirs = xorg_dirs(arch);
     ["nvidia_drv.so", glx_server.as_str()]
         .iter()
         .filter_map(|name| {
-            XORG_DIRS.iter().find_map(|dir| {
+            dirs.iter().find_map(|dir| {
                 root.existing(&format!("{dir}/{name}"), Some(Capability::Graphics))
                     .filter(|f| is_elf(&f.host_path))
             })
@@ -380,7 +390,7 @@ mod tests {
             "usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.580.95.05",
             "\x7fELF",
         );
-        let found = find_xorg_modules(&DriverRoot::new(root), "580.95.05");
+        let found = find_xorg_modules(&DriverRoot::new(root), "580.95.05", Arch::X86_64);
         let paths: Vec<&str> = found.iter().map(|f| f.container_path.as_str()).collect();
         assert_eq!(
             paths,
@@ -389,5 +399,29 @@ mod tests {
                 "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.580.95.05"
             ]
         );
+    }
+
+    #[test]
+    fn debian_xorg_modules_are_found_in_the_architectures_own_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for tuple in ["x86_64-linux-gnu", "aarch64-linux-gnu"] {
+            write(
+                root,
+                &format!("usr/lib/{tuple}/nvidia/xorg/nvidia_drv.so"),
+                "\x7fELF",
+            );
+        }
+        for (arch, tuple) in [
+            (Arch::X86_64, "x86_64-linux-gnu"),
+            (Arch::Aarch64, "aarch64-linux-gnu"),
+        ] {
+            let found = find_xorg_modules(&DriverRoot::new(root), "580.95.05", arch);
+            let paths: Vec<&str> = found.iter().map(|f| f.container_path.as_str()).collect();
+            assert_eq!(
+                paths,
+                [format!("/usr/lib/{tuple}/nvidia/xorg/nvidia_drv.so")]
+            );
+        }
     }
 }

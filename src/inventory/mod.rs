@@ -17,6 +17,7 @@ mod resolve;
 
 use crate::capability::Capability;
 use crate::config::Config;
+use nvhook_ldcache::Arch;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -44,6 +45,9 @@ pub struct Inventory {
     /// Each GPU's DRM nodes, where nvidia-drm is loaded.
     #[serde(default)]
     pub drm_nodes: Vec<drm::DrmNode>,
+    /// The architecture of the driver's libraries and of the containers: the build target's.
+    #[serde(default)]
+    pub arch: Arch,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -162,6 +166,7 @@ impl Inventory {
             mig_config_minor: caps.config_minor,
             mig_monitor_minor: caps.monitor_minor,
             proc_driver: Some(config.proc_path("driver/nvidia")).filter(|p| p.is_dir()),
+            arch: cache.arch(),
         })
     }
 

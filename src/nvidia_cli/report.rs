@@ -65,7 +65,7 @@ pub fn list_text(inventory: &Inventory, list: List) -> String {
         lines.extend(inventory.files.binaries.iter().map(|f| shown(&f.host_path)));
     }
     if list.libraries {
-        let wanted = |class: ElfClass| class == ElfClass::X86_64 || list.compat32;
+        let wanted = |class: ElfClass| class == ElfClass::Lib64 || list.compat32;
         lines.extend(
             inventory
                 .files

@@ -175,7 +175,7 @@ fn list_gives_host_paths_by_kind() {
         .files
         .libraries
         .iter()
-        .filter(|l| l.class == nvhook_ldcache::ElfClass::I386);
+        .filter(|l| l.class == nvhook_ldcache::ElfClass::Lib32);
     assert!(libs32.clone().count() > 0);
     for lib in libs32 {
         assert!(text.contains(&lib.host_path.display().to_string()));
@@ -196,7 +196,7 @@ fn list_gives_host_paths_by_kind() {
             .files
             .libraries
             .iter()
-            .filter(|l| l.class == nvhook_ldcache::ElfClass::X86_64)
+            .filter(|l| l.class == nvhook_ldcache::ElfClass::Lib64)
             .count()
     );
 }

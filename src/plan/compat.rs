@@ -171,7 +171,7 @@ pub fn apply(
     let redirected: Vec<(usize, String)> = entries
         .iter()
         .enumerate()
-        .filter(|(_, e)| e.class == ElfClass::X86_64)
+        .filter(|(_, e)| e.class == ElfClass::Lib64)
         .filter_map(|(i, e)| {
             let (_, file) = host_files.iter().find(|(soname, _)| *soname == e.soname)?;
             let (stem, _) = stem_and_version(file)?;
@@ -247,7 +247,7 @@ mod tests {
             .map(|(soname, _)| CacheEntry {
                 soname: soname.to_string(),
                 path: format!("/usr/lib/x86_64-linux-gnu/{soname}"),
-                class: ElfClass::X86_64,
+                class: ElfClass::Lib64,
             })
             .collect()
     }

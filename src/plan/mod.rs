@@ -13,7 +13,7 @@ use crate::request::{
     VISIBLE_DEVICES, Version,
 };
 use nvhook_cgroup::DeviceRule;
-use nvhook_ldcache::ElfClass;
+use nvhook_ldcache::{Arch, ElfClass};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -65,7 +65,7 @@ impl Plan {
             .files
             .libraries
             .iter()
-            .filter(|l| l.class == ElfClass::X86_64)
+            .filter(|l| l.class == ElfClass::Lib64)
             .map(|l| (l.soname.as_str(), l.file_name.as_str()))
             .collect();
         let (decision, conf) = compat::apply(
@@ -124,6 +124,10 @@ pub struct Selected {
 /// Where the image's loader looks for libraries.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Layout {
+    /// The architecture of the image's loader (the host's): Debian's directory names and the
+    /// loader cache's flags follow it.
+    #[serde(default)]
+    pub arch: Arch,
     pub lib64_dir: String,
     pub lib32_dir: String,
     /// The image has a glibc loader cache to update.
@@ -146,18 +150,24 @@ pub struct ImageInfo {
 }
 
 impl Layout {
-    pub fn for_image(image: &ImageInfo) -> Layout {
+    /// The directories of an image probed as `image`, whose loader is `arch`'s.
+    pub fn for_image(image: &ImageInfo, arch: Arch) -> Layout {
         let (lib64, lib32) = if image.debian {
-            ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu")
+            (
+                format!("/usr/lib/{}", arch.multiarch(ElfClass::Lib64)),
+                format!("/usr/lib/{}", arch.multiarch(ElfClass::Lib32)),
+            )
         } else if image.has_usr_lib64 {
-            ("/usr/lib64", "/usr/lib")
+            // Fedora, RHEL, SUSE: the same on x86_64 and aarch64.
+            ("/usr/lib64".into(), "/usr/lib".into())
         } else {
             // musl and static images: the loader's default path.
-            ("/usr/lib", "/usr/lib32")
+            ("/usr/lib".into(), "/usr/lib32".into())
         };
         Layout {
-            lib64_dir: lib64.into(),
-            lib32_dir: lib32.into(),
+            arch,
+            lib64_dir: lib64,
+            lib32_dir: lib32,
             ldcache: image.has_ldcache,
             host_driver_root: None,
         }
@@ -165,13 +175,16 @@ impl Layout {
 
     /// Libraries at their host paths under `driver_root` (canonical), for an image not known
     /// yet; the cache entries are written when the image turns out to have a cache.
-    pub fn host_paths(driver_root: PathBuf) -> Layout {
+    pub fn host_paths(driver_root: PathBuf, arch: Arch) -> Layout {
         Layout {
             host_driver_root: Some(driver_root),
-            ..Layout::for_image(&ImageInfo {
-                has_ldcache: true,
-                ..ImageInfo::default()
-            })
+            ..Layout::for_image(
+                &ImageInfo {
+                    has_ldcache: true,
+                    ..ImageInfo::default()
+                },
+                arch,
+            )
         }
     }
 
@@ -186,8 +199,8 @@ impl Layout {
 
     fn dir(&self, class: ElfClass) -> &str {
         match class {
-            ElfClass::X86_64 => &self.lib64_dir,
-            ElfClass::I386 => &self.lib32_dir,
+            ElfClass::Lib64 => &self.lib64_dir,
+            ElfClass::Lib32 => &self.lib32_dir,
         }
     }
 }
@@ -340,7 +353,8 @@ pub fn build(
     dev_root: &str,
     image: ImageInfo,
 ) -> Result<Plan, PlanError> {
-    let mut plan = build_with_layout(request, inventory, dev_root, Layout::for_image(&image))?;
+    let layout = Layout::for_image(&image, inventory.arch);
+    let mut plan = build_with_layout(request, inventory, dev_root, layout)?;
     if let Some(found) = &image.cuda_compat {
         plan.apply_cuda_compat(found, inventory);
     }
@@ -361,8 +375,9 @@ pub fn build_with_layout(
         dev_root,
     };
     let mut devices = device_nodes(request, inventory, &choices, &nodes)?;
-    let (extra, skipped) = extra::nodes(request, inventory)?;
+    let (extra, mut skipped) = extra::nodes(request, inventory)?;
     devices.extend(extra);
+    skipped.extend(compat32_skipped(request, layout.arch));
     let mut builder = FileBuilder {
         layout: &layout,
         mounts: Vec::new(),
@@ -638,7 +653,9 @@ impl FileBuilder<'_> {
         any_gpu: bool,
     ) -> Result<(), PlanError> {
         let caps = &request.capabilities;
-        let compat32 = caps.contains(&Capability::Compat32);
+        // Where the architecture has no 32-bit driver libraries, compat32 was skipped (see
+        // [`compat32_skipped`]) and only the 64-bit ones go in.
+        let compat32 = caps.contains(&Capability::Compat32) && self.layout.arch.has_compat32();
         for &cap in caps {
             // Display brings the graphics stack; compat32 only adds 32-bit copies of the others.
             let lib_cap = if cap == Capability::Display {
@@ -647,7 +664,7 @@ impl FileBuilder<'_> {
                 cap
             };
             for lib in inventory.libraries(lib_cap) {
-                if lib.class == ElfClass::I386 && !compat32 {
+                if lib.class == ElfClass::Lib32 && !compat32 {
                     continue;
                 }
                 self.add_library(lib);
@@ -674,7 +691,7 @@ impl FileBuilder<'_> {
                 && !self
                     .ldcache
                     .iter()
-                    .any(|e| e.soname == soname && e.class == ElfClass::X86_64)
+                    .any(|e| e.soname == soname && e.class == ElfClass::Lib64)
             {
                 return Err(PlanError::MissingLibrary {
                     capability: cap,
@@ -699,7 +716,7 @@ impl FileBuilder<'_> {
         let allocator = self
             .ldcache
             .iter()
-            .find(|e| e.soname == "libnvidia-allocator.so.1" && e.class == ElfClass::X86_64);
+            .find(|e| e.soname == "libnvidia-allocator.so.1" && e.class == ElfClass::Lib64);
         if let Some((dir, soname)) = allocator.and_then(|e| e.path.rsplit_once('/')) {
             self.symlinks.push(Symlink {
                 path: format!("{dir}/gbm/nvidia-drm_gbm.so"),
@@ -723,7 +740,7 @@ impl FileBuilder<'_> {
             let name = wanted.library_path.rsplit('/').next().unwrap_or_default();
             let library =
                 inventory.files.libraries.iter().find(|l| {
-                    l.class == ElfClass::X86_64 && (l.soname == name || l.file_name == name)
+                    l.class == ElfClass::Lib64 && (l.soname == name || l.file_name == name)
                 });
             match library {
                 Some(lib) => self.add_file_at(&lib.host_path, &wanted.library_path),
@@ -807,6 +824,24 @@ fn required_library(cap: Capability) -> Option<&'static str> {
         Capability::Utility => Some("libnvidia-ml.so.1"),
         _ => None,
     }
+}
+
+/// compat32 (32-bit copies of the driver libraries) on an architecture whose driver has
+/// none, arm64's: images ask for `all` capabilities wherever they land, so it is an optional
+/// extra that is left out with a log line, never a failed start.
+fn compat32_skipped(request: &Request, arch: Arch) -> Option<Skipped> {
+    if !request.capabilities.contains(&Capability::Compat32) || arch.has_compat32() {
+        return None;
+    }
+    let skipped = Skipped {
+        what: "capability compat32".into(),
+        why: format!(
+            "the NVIDIA driver for {} has no 32-bit libraries; the 64-bit ones are mounted",
+            arch.name()
+        ),
+    };
+    tracing::info!(what = %skipped.what, why = %skipped.why, "skipped");
+    Some(skipped)
 }
 
 /// Directories every loader searches without configuration.

@@ -61,9 +61,9 @@ pub(crate) fn node(path: &str, major: u32, minor: u32) -> HostNode {
 }
 
 fn library(capability: Capability, soname: &str, file_name: &str, lib32: bool) -> Vec<Library> {
-    let mut out = vec![(ElfClass::X86_64, HOST_LIB64)];
+    let mut out = vec![(ElfClass::Lib64, HOST_LIB64)];
     if lib32 {
-        out.push((ElfClass::I386, HOST_LIB32));
+        out.push((ElfClass::Lib32, HOST_LIB32));
     }
     out.into_iter()
         .map(|(class, dir)| Library {
@@ -202,6 +202,8 @@ pub(crate) fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
         mig_monitor_minor: Some(MIG_MONITOR_MINOR),
         proc_driver: Some("/node/proc/driver/nvidia".into()),
         drm_nodes: Vec::new(),
+        // The paths above are x86_64's, whatever machine runs the tests.
+        arch: Arch::X86_64,
     }
 }
 
@@ -767,15 +769,15 @@ fn ldcache_entries_point_at_the_sonames_in_the_layout() {
             .map(|e| e.path.clone())
     };
     assert_eq!(
-        entry("libcuda.so.1", ElfClass::X86_64),
+        entry("libcuda.so.1", ElfClass::Lib64),
         Some(format!("{DEBIAN_LIB64}/libcuda.so.1"))
     );
     assert_eq!(
-        entry("libcuda.so.1", ElfClass::I386),
+        entry("libcuda.so.1", ElfClass::Lib32),
         Some(format!("{DEBIAN_LIB32}/libcuda.so.1"))
     );
     assert_eq!(
-        entry("libnvidia-ml.so.1", ElfClass::X86_64),
+        entry("libnvidia-ml.so.1", ElfClass::Lib64),
         Some(format!("{DEBIAN_LIB64}/libnvidia-ml.so.1"))
     );
     // Every cache entry names a mounted file or one of the plan's symlinks.
@@ -783,6 +785,135 @@ fn ldcache_entries_point_at_the_sonames_in_the_layout() {
         let provided = has_mount(&p, &e.path) || p.symlinks.iter().any(|l| l.path == e.path);
         assert!(provided, "{e:?} points at nothing");
     }
+}
+
+// ---------------------------------------------------------------- aarch64
+
+const ARM_HOST_LIB64: &str = "/drv/usr/lib/aarch64-linux-gnu";
+const ARM_DEBIAN_LIB64: &str = "/usr/lib/aarch64-linux-gnu";
+
+/// The standard node as an arm64 one (Grace Hopper, Grace Blackwell): its driver libraries in
+/// Debian's aarch64 directory, and no 32-bit copies (the arm64 driver has none).
+fn arm64_node() -> Inventory {
+    let mut inv = standard();
+    inv.arch = Arch::Aarch64;
+    inv.files.libraries.retain(|l| l.class == ElfClass::Lib64);
+    for lib in &mut inv.files.libraries {
+        lib.host_path = Path::new(ARM_HOST_LIB64).join(&lib.file_name);
+    }
+    inv
+}
+
+#[test]
+fn an_arm64_node_mounts_its_libraries_in_the_images_aarch64_directories() {
+    let inv = arm64_node();
+    let env = [visible("0"), caps("compute,utility")];
+    let p = plan_on(&inv, &env_of(&env), DEBIAN);
+    assert_eq!(p.layout.arch, Arch::Aarch64);
+    assert_eq!(p.layout.lib64_dir, ARM_DEBIAN_LIB64);
+    let cuda = format!("{ARM_DEBIAN_LIB64}/libcuda.so.{VERSION}");
+    let mount = p.mounts.iter().find(|m| m.destination == cuda).unwrap();
+    assert_eq!(
+        mount.source,
+        Path::new(ARM_HOST_LIB64).join(format!("libcuda.so.{VERSION}"))
+    );
+    assert!(
+        p.symlinks
+            .iter()
+            .any(|l| l.path == format!("{ARM_DEBIAN_LIB64}/libcuda.so.1"))
+    );
+    assert!(!p.mounts.iter().any(|m| m.destination.contains("x86_64")));
+    for e in &p.ldcache {
+        assert_eq!(e.class, ElfClass::Lib64, "{e:?}");
+        assert!(e.path.starts_with(ARM_DEBIAN_LIB64), "{e:?}");
+    }
+    assert_eq!(
+        p.ld_so_confs[0].dirs,
+        [ARM_DEBIAN_LIB64],
+        "{:?}",
+        p.ld_so_confs
+    );
+    // Fedora, RHEL and SUSE use /usr/lib64 on arm64 too.
+    let rpm = ImageInfo {
+        debian: false,
+        has_usr_lib64: true,
+        ..DEBIAN
+    };
+    let p = plan_on(&inv, &env_of(&env), rpm);
+    assert_eq!(p.layout.lib64_dir, "/usr/lib64");
+    assert!(has_mount(&p, &format!("/usr/lib64/libcuda.so.{VERSION}")));
+    // The plan carries the architecture to the hook, which writes the cache's flags by it.
+    let json = serde_json::to_value(&p).unwrap();
+    assert_eq!(json["layout"]["arch"], "aarch64");
+    assert_eq!(serde_json::from_value::<Plan>(json).unwrap(), p);
+}
+
+#[test]
+fn compat32_on_an_arm64_node_is_skipped_not_a_failed_start() {
+    let inv = arm64_node();
+    for value in ["compute,utility,compat32", "all"] {
+        let env = [visible("0"), caps(value)];
+        let p = plan_on(&inv, &env_of(&env), DEBIAN);
+        assert_eq!(
+            p.skipped,
+            [Skipped {
+                what: "capability compat32".into(),
+                why: "the NVIDIA driver for aarch64 has no 32-bit libraries; the 64-bit ones are mounted".into(),
+            }],
+            "{value}"
+        );
+        assert!(has_mount(
+            &p,
+            &format!("{ARM_DEBIAN_LIB64}/libcuda.so.{VERSION}")
+        ));
+        assert!(
+            p.ldcache.iter().all(|e| e.class == ElfClass::Lib64),
+            "{value}"
+        );
+        assert!(
+            !destinations(&p).iter().any(|d| d.contains("arm-linux")),
+            "{value}"
+        );
+    }
+    // Even a 32-bit library in the host's cache (an armhf copy) stays out.
+    let mut armhf = arm64_node();
+    armhf.files.libraries.extend(
+        library(
+            Capability::Compute,
+            "libcuda.so.1",
+            &format!("libcuda.so.{VERSION}"),
+            true,
+        )
+        .into_iter()
+        .filter(|l| l.class == ElfClass::Lib32),
+    );
+    let env = [visible("0"), caps("compute,utility,compat32")];
+    let p = plan_on(&armhf, &env_of(&env), DEBIAN);
+    assert!(p.ldcache.iter().all(|e| e.class == ElfClass::Lib64));
+    assert_eq!(p.skipped.len(), 1);
+    // x86_64 has it, and skips nothing.
+    let p = plan_on(&standard(), &env_of(&env), DEBIAN);
+    assert!(p.skipped.is_empty());
+    assert!(p.ldcache.iter().any(|e| e.class == ElfClass::Lib32));
+}
+
+#[test]
+fn layouts_name_each_architectures_debian_directories() {
+    let layout = |arch| Layout::for_image(&DEBIAN, arch);
+    assert_eq!(layout(Arch::X86_64).lib64_dir, DEBIAN_LIB64);
+    assert_eq!(layout(Arch::X86_64).lib32_dir, DEBIAN_LIB32);
+    assert_eq!(layout(Arch::Aarch64).lib64_dir, ARM_DEBIAN_LIB64);
+    assert_eq!(
+        layout(Arch::Aarch64).lib32_dir,
+        "/usr/lib/arm-linux-gnueabihf"
+    );
+    // A plan written before the field existed is the build target's.
+    let mut json = serde_json::to_value(layout(Arch::HOST)).unwrap();
+    json.as_object_mut().unwrap().remove("arch");
+    assert_eq!(
+        serde_json::from_value::<Layout>(json).unwrap(),
+        layout(Arch::HOST)
+    );
 }
 
 // ---------------------------------------------------------------- errors

@@ -3,15 +3,17 @@
 
 use super::{Existing, Rootfs, RootfsError};
 use crate::plan::{CacheEntry, LdSoConf, Symlink};
-use nvhook_ldcache::{Entry, LdCache, MAX_CACHE_LEN};
+use nvhook_ldcache::{Arch, Entry, LdCache, MAX_CACHE_LEN};
 
 const CACHE_PATH: &str = "/etc/ld.so.cache";
 
-/// Creates `symlinks`, then, when the image has a loader cache, adds `entries` to it and
-/// writes `confs`. Shared by the prestart hook and the CDI createContainer hook.
+/// Creates `symlinks`, then, when the image has a loader cache, adds `entries` (libraries of
+/// `arch`) to it and writes `confs`. Shared by the prestart hook and the CDI createContainer
+/// hook.
 pub fn link_and_cache(
     rootfs: &Rootfs,
     symlinks: &[Symlink],
+    arch: Arch,
     entries: &[CacheEntry],
     confs: &[LdSoConf],
     image_has_cache: bool,
@@ -22,7 +24,7 @@ pub fn link_and_cache(
         }
     }
     if image_has_cache {
-        let n = update_cache(rootfs, entries)?;
+        let n = update_cache(rootfs, arch, entries)?;
         for conf in confs {
             match write_conf(rootfs, conf) {
                 // The cache just written is what the loader reads; the file only tells an
@@ -39,10 +41,15 @@ pub fn link_and_cache(
     Ok(())
 }
 
-/// Adds `entries` to the image's /etc/ld.so.cache, replacing same-name entries, and writes
-/// it back atomically. A cache that does not parse is rebuilt from the entries alone: glibc
-/// then finds the image's own libraries in its default directories.
-pub fn update_cache(rootfs: &Rootfs, entries: &[CacheEntry]) -> Result<usize, RootfsError> {
+/// Adds `entries` (flagged as `arch`'s libraries) to the image's /etc/ld.so.cache, replacing
+/// same-name entries, and writes it back atomically. A cache that does not parse is rebuilt
+/// from the entries alone: glibc then finds the image's own libraries in its default
+/// directories.
+pub fn update_cache(
+    rootfs: &Rootfs,
+    arch: Arch,
+    entries: &[CacheEntry],
+) -> Result<usize, RootfsError> {
     let mut cache = match rootfs.read_file(CACHE_PATH, MAX_CACHE_LEN)? {
         Some(bytes) => LdCache::parse(&bytes).unwrap_or_else(|e| {
             tracing::warn!(error = %e, "the image's {CACHE_PATH} does not parse; writing a new one");
@@ -51,7 +58,7 @@ pub fn update_cache(rootfs: &Rootfs, entries: &[CacheEntry]) -> Result<usize, Ro
         None => LdCache::default(),
     };
     for e in entries {
-        cache.insert(Entry::new(e.soname.clone(), e.path.clone(), e.class));
+        cache.insert(Entry::new(e.soname.clone(), e.path.clone(), arch, e.class));
     }
     let bytes = cache.to_bytes().map_err(|e| RootfsError::Op {
         op: "encode",

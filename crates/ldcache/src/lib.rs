@@ -17,6 +17,10 @@ use std::io::Read;
 const FLAG_ELF_LIBC6: i32 = 0x0003;
 /// `FLAG_X8664_LIB64` from glibc's dl-cache.h: built for x86-64.
 const FLAG_X8664_LIB64: i32 = 0x0300;
+/// `FLAG_ARM_LIBHF`: 32-bit ARM, hard-float ABI.
+const FLAG_ARM_LIBHF: i32 = 0x0900;
+/// `FLAG_AARCH64_LIB64`: built for AArch64 (LP64).
+const FLAG_AARCH64_LIB64: i32 = 0x0a00;
 
 const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
 /// `struct cache_file`: the magic padded to 12 bytes, then `nlibs`.
@@ -99,30 +103,90 @@ pub enum LdCacheError {
 
 type Result<T> = std::result::Result<T, LdCacheError>;
 
-/// The library classes nvhook injects (the `flags` of a cache entry); named in plans and
-/// CDI hook arguments by the directory kind they go to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum ElfClass {
-    /// `libc6,x86-64`: 64-bit x86 libraries.
-    #[serde(rename = "lib64")]
+/// The architectures whose loader caches nvhook reads and writes: the flags of a cache
+/// entry name the architecture and ABI of its library, and the loader takes only its own.
+/// A value, not only the build target, so that every machine tests every architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Arch {
+    #[serde(rename = "x86_64")]
     X86_64,
-    /// `libc6`: 32-bit x86 libraries (the compat32 capability).
-    #[serde(rename = "lib32")]
-    I386,
+    #[serde(rename = "aarch64")]
+    Aarch64,
 }
 
-impl ElfClass {
-    pub const fn flags(self) -> i32 {
+impl Arch {
+    /// The architecture this program was built for.
+    pub const HOST: Arch = if cfg!(target_arch = "aarch64") {
+        Arch::Aarch64
+    } else {
+        Arch::X86_64
+    };
+
+    /// The name `uname -m` and Rust's `target_arch` give it.
+    pub const fn name(self) -> &'static str {
         match self {
-            ElfClass::X86_64 => FLAG_ELF_LIBC6 | FLAG_X8664_LIB64,
-            ElfClass::I386 => FLAG_ELF_LIBC6,
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
         }
     }
 
-    pub fn from_flags(flags: i32) -> Option<ElfClass> {
-        [ElfClass::X86_64, ElfClass::I386]
+    /// The Debian multiarch tuple of `class` libraries (`/usr/lib/<tuple>`).
+    pub const fn multiarch(self, class: ElfClass) -> &'static str {
+        match (self, class) {
+            (Arch::X86_64, ElfClass::Lib64) => "x86_64-linux-gnu",
+            (Arch::X86_64, ElfClass::Lib32) => "i386-linux-gnu",
+            (Arch::Aarch64, ElfClass::Lib64) => "aarch64-linux-gnu",
+            (Arch::Aarch64, ElfClass::Lib32) => "arm-linux-gnueabihf",
+        }
+    }
+
+    /// Whether NVIDIA's drivers for this architecture ship 32-bit libraries (the compat32
+    /// capability): x86_64's come with i386 copies; arm64's have none (and Grace's cores
+    /// cannot run 32-bit code at all).
+    pub const fn has_compat32(self) -> bool {
+        matches!(self, Arch::X86_64)
+    }
+
+    /// The class of a cache entry's `flags` on this architecture; None for another
+    /// architecture's libraries (which the loader here would not take either).
+    pub fn class_of(self, flags: i32) -> Option<ElfClass> {
+        [ElfClass::Lib64, ElfClass::Lib32]
             .into_iter()
-            .find(|c| c.flags() == flags)
+            .find(|&c| c.flags(self) == flags)
+    }
+}
+
+impl Default for Arch {
+    fn default() -> Arch {
+        Arch::HOST
+    }
+}
+
+/// The library classes nvhook injects: the architecture's own 64-bit libraries and its 32-bit
+/// ones (the compat32 capability). Named in plans and CDI hook arguments by the directory
+/// kind they go to; the cache flags also need the [`Arch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum ElfClass {
+    /// `libc6,x86-64` on x86_64, `libc6,AArch64` on aarch64.
+    #[serde(rename = "lib64")]
+    Lib64,
+    /// `libc6` (i386) on x86_64, `libc6,hard-float` (armhf) on aarch64.
+    #[serde(rename = "lib32")]
+    Lib32,
+}
+
+impl ElfClass {
+    /// The `flags` of a cache entry for a library of this class on `arch`, as glibc's
+    /// ldconfig writes them (dl-cache.h; aarch64's loader takes `FLAG_AARCH64_LIB64 |
+    /// FLAG_ELF_LIBC6`, its `_DL_CACHE_DEFAULT_ID`).
+    pub const fn flags(self, arch: Arch) -> i32 {
+        FLAG_ELF_LIBC6
+            | match (arch, self) {
+                (Arch::X86_64, ElfClass::Lib64) => FLAG_X8664_LIB64,
+                (Arch::X86_64, ElfClass::Lib32) => 0,
+                (Arch::Aarch64, ElfClass::Lib64) => FLAG_AARCH64_LIB64,
+                (Arch::Aarch64, ElfClass::Lib32) => FLAG_ARM_LIBHF,
+            }
     }
 }
 
@@ -140,11 +204,16 @@ pub struct Entry {
 
 impl Entry {
     /// A generic (hwcap 0) entry, what nvhook adds for an injected driver library.
-    pub fn new(soname: impl Into<String>, path: impl Into<String>, class: ElfClass) -> Entry {
+    pub fn new(
+        soname: impl Into<String>,
+        path: impl Into<String>,
+        arch: Arch,
+        class: ElfClass,
+    ) -> Entry {
         Entry {
             soname: soname.into(),
             path: path.into(),
-            flags: class.flags(),
+            flags: class.flags(arch),
             osversion: 0,
             hwcap: 0,
         }
@@ -202,13 +271,14 @@ impl LdCache {
         &self.entries
     }
 
-    /// The generic (hwcap 0) entry the loader would pick for `soname` and `class`.
+    /// The generic (hwcap 0) entry the loader of `arch` would pick for `soname` and `class`.
     /// Entries for CPU-specific subdirectories are skipped: which one the loader takes
     /// depends on the CPU, and driver libraries never have them.
-    pub fn lookup(&self, soname: &str, class: ElfClass) -> Option<&Entry> {
+    pub fn lookup(&self, soname: &str, arch: Arch, class: ElfClass) -> Option<&Entry> {
+        let flags = class.flags(arch);
         self.entries
             .iter()
-            .find(|e| e.soname == soname && e.flags == class.flags() && e.hwcap == 0)
+            .find(|e| e.soname == soname && e.flags == flags && e.hwcap == 0)
     }
 
     /// Adds `entry`, replacing every entry with the same soname, flags and hwcap, so that an
@@ -622,17 +692,23 @@ mod tests {
         let mut cache = LdCache::default();
         cache.insert(Entry {
             hwcap: 1 << 3,
-            ..Entry::new("libz.so.1", "/hw/libz.so.1", ElfClass::X86_64)
+            ..Entry::new("libz.so.1", "/hw/libz.so.1", Arch::X86_64, ElfClass::Lib64)
         });
         cache.insert(Entry {
             hwcap: HWCAP_EXTENSION,
-            ..Entry::new("libz.so.1", "/v3/libz.so.1", ElfClass::X86_64)
+            ..Entry::new("libz.so.1", "/v3/libz.so.1", Arch::X86_64, ElfClass::Lib64)
         });
-        cache.insert(Entry::new("libz.so.1", "/lib32/libz.so.1", ElfClass::I386));
+        cache.insert(Entry::new(
+            "libz.so.1",
+            "/lib32/libz.so.1",
+            Arch::X86_64,
+            ElfClass::Lib32,
+        ));
         cache.insert(Entry::new(
             "libz.so.1",
             "/lib64/libz.so.1",
-            ElfClass::X86_64,
+            Arch::X86_64,
+            ElfClass::Lib64,
         ));
         let paths: Vec<&str> = cache.entries().iter().map(|e| e.path.as_str()).collect();
         assert_eq!(
@@ -644,9 +720,21 @@ mod tests {
                 "/lib32/libz.so.1"
             ]
         );
-        let found = |class| cache.lookup("libz.so.1", class).map(|e| e.path.as_str());
-        assert_eq!(found(ElfClass::X86_64), Some("/lib64/libz.so.1"));
-        assert_eq!(found(ElfClass::I386), Some("/lib32/libz.so.1"));
+        let found = |arch, class| {
+            cache
+                .lookup("libz.so.1", arch, class)
+                .map(|e| e.path.as_str())
+        };
+        assert_eq!(
+            found(Arch::X86_64, ElfClass::Lib64),
+            Some("/lib64/libz.so.1")
+        );
+        assert_eq!(
+            found(Arch::X86_64, ElfClass::Lib32),
+            Some("/lib32/libz.so.1")
+        );
+        // The same names on aarch64 are other libraries, which its loader would not take.
+        assert_eq!(found(Arch::Aarch64, ElfClass::Lib64), None);
     }
 
     #[test]
@@ -655,22 +743,29 @@ mod tests {
         cache.insert(Entry::new(
             "libcuda.so.1",
             "/image/libcuda.so.1",
-            ElfClass::X86_64,
+            Arch::X86_64,
+            ElfClass::Lib64,
         ));
         cache.insert(Entry::new(
             "libcuda.so.1",
             "/image32/libcuda.so.1",
-            ElfClass::I386,
+            Arch::X86_64,
+            ElfClass::Lib32,
         ));
         cache.insert(Entry::new(
             "libcuda.so.1",
             "/drv/libcuda.so.1",
-            ElfClass::X86_64,
+            Arch::X86_64,
+            ElfClass::Lib64,
         ));
         assert_eq!(cache.entries().len(), 2);
-        let found = cache.lookup("libcuda.so.1", ElfClass::X86_64).unwrap();
+        let found = cache
+            .lookup("libcuda.so.1", Arch::X86_64, ElfClass::Lib64)
+            .unwrap();
         assert_eq!(found.path, "/drv/libcuda.so.1");
-        let found = cache.lookup("libcuda.so.1", ElfClass::I386).unwrap();
+        let found = cache
+            .lookup("libcuda.so.1", Arch::X86_64, ElfClass::Lib32)
+            .unwrap();
         assert_eq!(found.path, "/image32/libcuda.so.1");
     }
 
@@ -679,16 +774,27 @@ mod tests {
             hwcap_subdirs: vec!["x86-64-v3".into()],
             ..LdCache::default()
         };
-        cache.insert(Entry::new("libc.so.6", "/lib/libc.so.6", ElfClass::X86_64));
+        cache.insert(Entry::new(
+            "libc.so.6",
+            "/lib/libc.so.6",
+            Arch::X86_64,
+            ElfClass::Lib64,
+        ));
         cache.insert(Entry {
             hwcap: HWCAP_EXTENSION,
             ..Entry::new(
                 "libm.so.6",
                 "/lib/glibc-hwcaps/x86-64-v3/libm.so.6",
-                ElfClass::X86_64,
+                Arch::X86_64,
+                ElfClass::Lib64,
             )
         });
-        cache.insert(Entry::new("libm.so.6", "/lib/libm.so.6", ElfClass::X86_64));
+        cache.insert(Entry::new(
+            "libm.so.6",
+            "/lib/libm.so.6",
+            Arch::X86_64,
+            ElfClass::Lib64,
+        ));
         cache
     }
 
@@ -729,7 +835,7 @@ mod tests {
         assert!(matches!(parse(&patched(32, 4)), E::BadExtension(_)));
 
         let mut one = LdCache::default();
-        one.insert(Entry::new("liba.so", "/a", ElfClass::X86_64));
+        one.insert(Entry::new("liba.so", "/a", Arch::X86_64, ElfClass::Lib64));
         let mut unterminated = one.to_bytes().unwrap();
         unterminated.truncate(NEW_HEADER_LEN + NEW_ENTRY_LEN + "liba.so\0/a".len());
         unterminated[32..36].copy_from_slice(&0u32.to_le_bytes());
@@ -741,7 +847,12 @@ mod tests {
         assert!(matches!(parse(&latin1), E::NonUtf8 { .. }));
 
         let mut bad = LdCache::default();
-        bad.insert(Entry::new("libx.so\0.1", "/x", ElfClass::X86_64));
+        bad.insert(Entry::new(
+            "libx.so\0.1",
+            "/x",
+            Arch::X86_64,
+            ElfClass::Lib64,
+        ));
         assert!(matches!(bad.to_bytes(), Err(E::InteriorNul(_))));
     }
 
@@ -762,7 +873,7 @@ mod tests {
             let path = format!("/usr/lib/x86_64-linux-gnu/{soname}");
             cache
                 .entries
-                .push(Entry::new(soname, path, ElfClass::X86_64));
+                .push(Entry::new(soname, path, Arch::X86_64, ElfClass::Lib64));
         }
         let bytes = cache.to_bytes().unwrap();
         let rounds = 200;
@@ -778,7 +889,8 @@ mod tests {
             c.insert(Entry::new(
                 "libcuda.so.1",
                 "/drv/libcuda.so.1",
-                ElfClass::X86_64,
+                Arch::X86_64,
+                ElfClass::Lib64,
             ));
             std::hint::black_box(c.to_bytes().unwrap());
         }

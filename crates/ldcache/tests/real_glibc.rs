@@ -1,8 +1,9 @@
 //! The cache format against the real glibc on this machine: the host's own cache, glibc's
 //! `ldconfig` reading what we write and writing what we read, and the real loader finding a
 //! library through a cache we wrote. Needs `ldconfig`, `cc`, and root for `unshare -m`.
+//! Entries are the build target's (`Arch::HOST`), which is what this machine's loader takes.
 
-use nvhook_ldcache::{ElfClass, Entry, GENERATOR, HWCAP_EXTENSION, LdCache};
+use nvhook_ldcache::{Arch, ElfClass, Entry, GENERATOR, HWCAP_EXTENSION, LdCache};
 use std::path::Path;
 use std::process::Command;
 
@@ -82,20 +83,34 @@ fn compile_library(dir: &Path, soname: &str) {
 fn host_cache_has_libc() {
     let cache = host_cache();
     let libc = cache
-        .lookup("libc.so.6", ElfClass::X86_64)
+        .lookup("libc.so.6", Arch::HOST, ElfClass::Lib64)
         .expect("libc.so.6 in the host cache");
+    let tuple = Arch::HOST.multiarch(ElfClass::Lib64);
     assert!(
         [
-            "/lib/x86_64-linux-gnu/libc.so.6",
-            "/usr/lib/x86_64-linux-gnu/libc.so.6"
+            format!("/lib/{tuple}/libc.so.6"),
+            format!("/usr/lib/{tuple}/libc.so.6")
         ]
-        .contains(&libc.path.as_str()),
+        .contains(&libc.path),
         "{libc:?}"
     );
-    assert_eq!(ElfClass::from_flags(libc.flags), Some(ElfClass::X86_64));
-    assert_eq!(libc.flags, 0x0303);
-    assert!(cache.lookup("libc.so.6", ElfClass::I386).is_none());
-    assert!(cache.lookup("libnosuch.so.1", ElfClass::X86_64).is_none());
+    assert_eq!(Arch::HOST.class_of(libc.flags), Some(ElfClass::Lib64));
+    let flags = if cfg!(target_arch = "aarch64") {
+        0x0a03
+    } else {
+        0x0303
+    };
+    assert_eq!(libc.flags, flags);
+    assert!(
+        cache
+            .lookup("libc.so.6", Arch::HOST, ElfClass::Lib32)
+            .is_none()
+    );
+    assert!(
+        cache
+            .lookup("libnosuch.so.1", Arch::HOST, ElfClass::Lib64)
+            .is_none()
+    );
 }
 
 #[test]
@@ -124,20 +139,26 @@ fn ldconfig_reads_written_cache() {
     let host_len = cache.entries().len();
     cache.set_hwcap_subdirs(vec!["x86-64-v2".into(), "x86-64-v3".into()]);
     for (soname, dir, class) in [
-        ("libcuda.so.1", "drv32", ElfClass::I386),
-        ("libcuda.so.1", "drv", ElfClass::X86_64),
-        ("libnvidia-ml.so.1", "drv", ElfClass::X86_64),
-        ("libnvx.so.10", "drv", ElfClass::X86_64),
-        ("libnvx.so.2", "drv", ElfClass::X86_64),
+        ("libcuda.so.1", "drv32", ElfClass::Lib32),
+        ("libcuda.so.1", "drv", ElfClass::Lib64),
+        ("libnvidia-ml.so.1", "drv", ElfClass::Lib64),
+        ("libnvx.so.10", "drv", ElfClass::Lib64),
+        ("libnvx.so.2", "drv", ElfClass::Lib64),
     ] {
-        cache.insert(Entry::new(soname, format!("/{dir}/{soname}"), class));
+        cache.insert(Entry::new(
+            soname,
+            format!("/{dir}/{soname}"),
+            Arch::HOST,
+            class,
+        ));
     }
     cache.insert(Entry {
         hwcap: HWCAP_EXTENSION | 1,
         ..Entry::new(
             "libnvx.so.2",
             "/opt/x86-64-v3/libnvx.so.2",
-            ElfClass::X86_64,
+            Arch::HOST,
+            ElfClass::Lib64,
         )
     });
     let file = write_cache(dir.path(), "ld.so.cache", &cache);
@@ -202,7 +223,8 @@ fn order_and_formats_match_real_ldconfig() {
         ours.insert(Entry::new(
             *soname,
             format!("/lib/{soname}"),
-            ElfClass::X86_64,
+            Arch::HOST,
+            ElfClass::Lib64,
         ));
     }
     for format in ["old", "compat", "new"] {
@@ -270,7 +292,8 @@ return 0;
     cache.insert(Entry::new(
         "libnvhooktest.so.1",
         lib.to_str().unwrap(),
-        ElfClass::X86_64,
+        Arch::HOST,
+        ElfClass::Lib64,
     ));
     let with = write_cache(dir.path(), "with.cache", &cache);
 

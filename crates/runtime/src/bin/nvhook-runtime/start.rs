@@ -1,12 +1,12 @@
-//! What a libc would give nvhook-runtime: the ELF entry point, the static-pie self-relocation,
-//! the memory functions the compiler calls, and a panic handler.
+//! What a libc would give nvhook-runtime: the start after the ELF entry point (the arch
+//! module's `_start`), the static-pie self-relocation, the memory functions the compiler calls,
+//! and a panic handler.
 
-use core::arch::naked_asm;
+use crate::arch;
 
 const DT_NULL: usize = 0;
 const DT_RELA: usize = 7;
 const DT_RELASZ: usize = 8;
-const R_X86_64_RELATIVE: usize = 8;
 
 #[repr(C)]
 struct Dyn {
@@ -21,21 +21,8 @@ struct Rela {
     addend: usize,
 }
 
-/// The kernel enters here with argc, argv and envp on the stack.
-#[unsafe(naked)]
-#[unsafe(no_mangle)]
-unsafe extern "C" fn _start() -> ! {
-    naked_asm!(
-        "xor ebp, ebp",
-        "mov rdi, rsp",
-        "and rsp, -16",
-        "call {start}",
-        "ud2",
-        start = sym start,
-    )
-}
-
-unsafe extern "C" fn start(sp: *const usize) -> ! {
+/// Called by the architecture's `_start` with the kernel's initial stack pointer.
+pub(crate) unsafe extern "C" fn start(sp: *const usize) -> ! {
     // SAFETY: runs first, before anything reads a pointer stored in the image.
     unsafe { relocate() };
     // SAFETY: the kernel's initial stack: argc, then argc argv pointers and a NULL, then
@@ -54,19 +41,9 @@ unsafe extern "C" fn start(sp: *const usize) -> ! {
 /// Once, before any relocated data is read.
 #[inline(never)]
 unsafe fn relocate() {
-    let base: usize;
-    let dynamic: *const Dyn;
     // PC-relative, so right before any relocation is applied.
-    // SAFETY: the linker defines both symbols for every ELF image.
-    unsafe {
-        core::arch::asm!(
-            "lea {b}, [rip + __ehdr_start]",
-            "lea {d}, [rip + _DYNAMIC]",
-            b = out(reg) base,
-            d = out(reg) dynamic,
-            options(nostack, pure, nomem)
-        );
-    }
+    let (base, dynamic) = arch::image_base_and_dynamic();
+    let dynamic = dynamic as *const Dyn;
     let (mut rela, mut size) = (0, 0);
     let mut d = dynamic;
     // SAFETY: _DYNAMIC is an array ending with DT_NULL.
@@ -86,7 +63,7 @@ unsafe fn relocate() {
         // name writable places inside the image.
         unsafe {
             let r = &*first.add(i);
-            if r.info & 0xffff_ffff != R_X86_64_RELATIVE {
+            if r.info & 0xffff_ffff != arch::R_RELATIVE {
                 crate::sys::exit(127);
             }
             *(base.wrapping_add(r.offset) as *mut usize) = base.wrapping_add(r.addend);
@@ -100,49 +77,8 @@ fn panic(_: &core::panic::PanicInfo) -> ! {
     crate::sys::exit(127)
 }
 
-// The compiler lowers copies and comparisons to these; string instructions, so that the
-// compiler cannot turn them back into calls to themselves.
-
-/// # Safety
-/// As C's memcpy.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memcpy(dst: *mut u8, src: *const u8, n: usize) -> *mut u8 {
-    // SAFETY: as C's memcpy.
-    unsafe {
-        core::arch::asm!("rep movsb", inout("rcx") n => _, inout("rdi") dst => _,
-            inout("rsi") src => _, options(nostack, preserves_flags));
-    }
-    dst
-}
-
-/// # Safety
-/// As C's memmove.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memmove(dst: *mut u8, src: *const u8, n: usize) -> *mut u8 {
-    if (dst as usize).wrapping_sub(src as usize) >= n {
-        // SAFETY: forward copying is safe when dst does not start inside src.
-        return unsafe { memcpy(dst, src, n) };
-    }
-    // SAFETY: backward copy from the last byte, direction flag restored.
-    unsafe {
-        core::arch::asm!("std", "rep movsb", "cld", inout("rcx") n => _,
-            inout("rdi") dst.add(n).wrapping_sub(1) => _, inout("rsi") src.add(n).wrapping_sub(1) => _,
-            options(nostack));
-    }
-    dst
-}
-
-/// # Safety
-/// As C's memset.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memset(dst: *mut u8, c: i32, n: usize) -> *mut u8 {
-    // SAFETY: as C's memset.
-    unsafe {
-        core::arch::asm!("rep stosb", inout("rcx") n => _, inout("rdi") dst => _,
-            in("al") c as u8, options(nostack, preserves_flags));
-    }
-    dst
-}
+// The compiler lowers comparisons to these (copies and fills: the arch module); volatile
+// reads, so that the compiler cannot turn the loops back into calls to themselves.
 
 /// # Safety
 /// As C's memcmp.

@@ -1,7 +1,12 @@
-//! The few Linux system calls nvhook-runtime makes, on x86_64, with no libc.
+//! The few Linux system calls nvhook-runtime makes, with no libc; the numbers, `struct stat`
+//! and the instruction are the arch module's. Only calls aarch64 has too: openat, newfstatat,
+//! readlinkat (no open, stat, readlink).
 
-use core::arch::asm;
+use crate::arch::{self, nr, syscall6};
 
+pub use arch::{Stat, exit};
+
+// The same values on x86_64 and aarch64 (asm-generic).
 const AT_FDCWD: isize = -100;
 const O_RDONLY_CLOEXEC: usize = 0o2_000_000;
 const O_RDWR: usize = 2;
@@ -14,47 +19,18 @@ const F_GETFD: usize = 1;
 const SIGPIPE: usize = 13;
 pub const EBADF: isize = 9;
 
-/// `struct stat` on x86_64; only the mode and size are read.
-#[repr(C)]
-pub struct Stat {
-    _dev: u64,
-    _ino: u64,
-    _nlink: u64,
-    pub mode: u32,
-    _uid: u32,
-    _gid: u32,
-    _pad: u32,
-    _rdev: u64,
-    pub size: i64,
-    _rest: [u64; 12],
-}
-
 pub const S_IFMT: u32 = 0o170000;
 pub const S_IFREG: u32 = 0o100000;
-
-unsafe fn syscall6(n: usize, a: [usize; 6]) -> isize {
-    let ret: isize;
-    // SAFETY: the caller passes arguments valid for system call `n`; the kernel clobbers
-    // only rcx and r11.
-    unsafe {
-        asm!("syscall", inlateout("rax") n as isize => ret,
-            in("rdi") a[0], in("rsi") a[1], in("rdx") a[2], in("r10") a[3], in("r8") a[4], in("r9") a[5],
-            lateout("rcx") _, lateout("r11") _, options(nostack));
-    }
-    ret
-}
-
-pub fn exit(code: i32) -> ! {
-    // SAFETY: exit_group takes a plain integer and does not return.
-    unsafe {
-        asm!("syscall", in("rax") 231, in("rdi") code as isize, options(noreturn, nostack));
-    }
-}
 
 pub fn write_all(fd: usize, mut bytes: &[u8]) {
     while !bytes.is_empty() {
         // SAFETY: the pointer and length describe a live slice.
-        let n = unsafe { syscall6(1, [fd, bytes.as_ptr() as usize, bytes.len(), 0, 0, 0]) };
+        let n = unsafe {
+            syscall6(
+                nr::WRITE,
+                [fd, bytes.as_ptr() as usize, bytes.len(), 0, 0, 0],
+            )
+        };
         if n <= 0 {
             return;
         }
@@ -70,7 +46,7 @@ pub unsafe fn execve(path: &[u8], argv: *const *const u8, envp: *const *const u8
     // SAFETY: as the caller promises.
     unsafe {
         syscall6(
-            59,
+            nr::EXECVE,
             [
                 path.as_ptr() as usize,
                 argv as usize,
@@ -90,7 +66,7 @@ pub fn stat(path: &[u8]) -> Option<Stat> {
     // enough for the kernel's struct stat.
     let r = unsafe {
         syscall6(
-            262,
+            nr::NEWFSTATAT,
             [
                 AT_FDCWD as usize,
                 path.as_ptr() as usize,
@@ -111,7 +87,7 @@ pub fn map_file(path: &[u8]) -> Result<&'static [u8], isize> {
     // SAFETY: `path` is NUL-terminated.
     let fd = unsafe {
         syscall6(
-            257,
+            nr::OPENAT,
             [
                 AT_FDCWD as usize,
                 path.as_ptr() as usize,
@@ -128,7 +104,7 @@ pub fn map_file(path: &[u8]) -> Result<&'static [u8], isize> {
     let fd = fd as usize;
     let mut st = core::mem::MaybeUninit::<Stat>::uninit();
     // SAFETY: `st` is large enough for the kernel's struct stat.
-    let r = unsafe { syscall6(5, [fd, st.as_mut_ptr() as usize, 0, 0, 0, 0]) };
+    let r = unsafe { syscall6(nr::FSTAT, [fd, st.as_mut_ptr() as usize, 0, 0, 0, 0]) };
     let out = if r < 0 {
         Err(-r)
     } else {
@@ -140,7 +116,12 @@ pub fn map_file(path: &[u8]) -> Result<&'static [u8], isize> {
             Ok(&[][..])
         } else {
             // SAFETY: a fresh private read-only mapping of an open regular file.
-            let addr = unsafe { syscall6(9, [0, st.size as usize, PROT_READ, MAP_PRIVATE, fd, 0]) };
+            let addr = unsafe {
+                syscall6(
+                    nr::MMAP,
+                    [0, st.size as usize, PROT_READ, MAP_PRIVATE, fd, 0],
+                )
+            };
             mapped(addr).map(|p| {
                 // SAFETY: the kernel mapped `size` readable bytes there, never unmapped.
                 unsafe { core::slice::from_raw_parts(p as *const u8, st.size as usize) }
@@ -148,7 +129,7 @@ pub fn map_file(path: &[u8]) -> Result<&'static [u8], isize> {
         }
     };
     // SAFETY: closing our own descriptor.
-    unsafe { syscall6(3, [fd, 0, 0, 0, 0, 0]) };
+    unsafe { syscall6(nr::CLOSE, [fd, 0, 0, 0, 0, 0]) };
     out
 }
 
@@ -158,7 +139,7 @@ pub fn map_pointers(n: usize) -> Option<&'static mut [*const u8]> {
     // SAFETY: a fresh private anonymous mapping.
     let addr = unsafe {
         syscall6(
-            9,
+            nr::MMAP,
             [
                 0,
                 len,
@@ -189,7 +170,7 @@ pub fn own_exe(buf: &mut [u8]) -> Option<&[u8]> {
     // SAFETY: the path is NUL-terminated and `buf` is writable for its length.
     let n = unsafe {
         syscall6(
-            267,
+            nr::READLINKAT,
             [
                 AT_FDCWD as usize,
                 c"/proc/self/exe".as_ptr() as usize,
@@ -206,7 +187,7 @@ pub fn own_exe(buf: &mut [u8]) -> Option<&[u8]> {
 /// Whether descriptor `fd` is closed.
 pub fn is_closed(fd: usize) -> bool {
     // SAFETY: F_GETFD only reads the descriptor's flags.
-    unsafe { syscall6(72, [fd, F_GETFD, 0, 0, 0, 0]) == -EBADF }
+    unsafe { syscall6(nr::FCNTL, [fd, F_GETFD, 0, 0, 0, 0]) == -EBADF }
 }
 
 /// Opens /dev/null read-write; the lowest free descriptor is returned.
@@ -214,7 +195,7 @@ pub fn open_dev_null() -> isize {
     // SAFETY: the path is NUL-terminated.
     unsafe {
         syscall6(
-            257,
+            nr::OPENAT,
             [
                 AT_FDCWD as usize,
                 c"/dev/null".as_ptr() as usize,
@@ -233,5 +214,10 @@ pub fn default_sigpipe() {
     // struct kernel_sigaction: handler SIG_DFL, flags, restorer, mask.
     let action = [0usize; 4];
     // SAFETY: a valid kernel_sigaction with an 8-byte mask.
-    unsafe { syscall6(13, [SIGPIPE, action.as_ptr() as usize, 0, 8, 0, 0]) };
+    unsafe {
+        syscall6(
+            nr::RT_SIGACTION,
+            [SIGPIPE, action.as_ptr() as usize, 0, 8, 0, 0],
+        )
+    };
 }

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A cross toolchain for aarch64-unknown-linux-gnu (issue 29): a Debian sid root under
+# .cross/sid-root with Debian's rustc and cargo, the arm64 std (libstd-rust-dev:arm64), the
+# aarch64 cross gcc and the arm64 glibc (libc6-dev:arm64, static archives included).
+# rustup's aarch64 std is not needed: Debian's rustc carries the target itself.
+#
+# Idempotent: a root that is complete (its stamp file names the package set) is left alone, so
+# a second run takes well under a second. Run as root (debootstrap and chroot need it).
+# scripts/build-arm64.sh builds the workspace in it.
+#
+#   NVHOOK_CROSS_ROOT   where the root lives (default: .cross/sid-root, ignored by git)
+#   NVHOOK_CROSS_MIRROR Debian mirror (default: http://deb.debian.org/debian)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=${NVHOOK_CROSS_ROOT:-$PWD/.cross/sid-root}
+MIRROR=${NVHOOK_CROSS_MIRROR:-http://deb.debian.org/debian}
+PACKAGES="rustc cargo libstd-rust-dev:arm64 gcc-aarch64-linux-gnu libc6-dev:arm64"
+STAMP=$ROOT/.nvhook-toolchain
+
+[ "$(id -u)" = 0 ] || { echo "arm64-toolchain.sh: run as root (debootstrap and chroot need it)" >&2; exit 1; }
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PACKAGES" ]; then
+  echo "arm64-toolchain.sh: $ROOT is ready ($(chroot "$ROOT" rustc --version))"
+  exit 0
+fi
+
+command -v debootstrap >/dev/null || {
+  echo "arm64-toolchain.sh: missing debootstrap: apt-get install -y debootstrap" >&2
+  exit 1
+}
+
+mkdir -p "$(dirname "$ROOT")"
+if [ ! -x "$ROOT/usr/bin/apt-get" ] || [ ! -f "$ROOT/.nvhook-debootstrap" ]; then
+  rm -rf "$ROOT"
+  debootstrap --variant=minbase sid "$ROOT" "$MIRROR" >/dev/null
+  touch "$ROOT/.nvhook-debootstrap"
+fi
+
+# The host's resolver, for apt in the root.
+cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
+chroot "$ROOT" dpkg --add-architecture arm64
+export DEBIAN_FRONTEND=noninteractive
+APT="-o Acquire::Check-Valid-Until=false -o APT::Install-Recommends=false -qq"
+chroot "$ROOT" apt-get $APT update
+chroot "$ROOT" apt-get $APT install -y $PACKAGES >/dev/null
+chroot "$ROOT" apt-get $APT clean
+echo "$PACKAGES" >"$STAMP"
+echo "arm64-toolchain.sh: $ROOT is ready ($(chroot "$ROOT" rustc --version))"
