@@ -11,11 +11,10 @@ use nvhook_test_support as support;
 use support::{containerd2, cri};
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::Command;
 
-use containerd2::{Containerd2Cri, DEFAULT_HANDLER};
+use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin};
 use cri::{ContainerRequest, Cri};
 use support::engines::{
     CgroupParent, Containerd, EngineDir, ImageConfig, mount_points_below, unique_name,
@@ -40,59 +39,6 @@ const GPUCHECK: &[&str] = &[
     "--ls",
     "/dev",
 ];
-
-/// `nvhook nri` beside the engine, as nvhook-nri.service runs it; killed on drop.
-struct Plugin {
-    child: Child,
-    stderr: PathBuf,
-}
-
-impl Plugin {
-    fn start(node: &SimNode, socket: &Path, dir: &Path) -> Plugin {
-        let stderr = dir.join(format!("{}.stderr", unique_name("nri")));
-        let child = Command::new(nvhook_bin())
-            .arg("--config")
-            .arg(node.config())
-            .arg("nri")
-            .arg("--socket")
-            .arg(socket)
-            .env_remove("NVHOOK_CONFIG")
-            .stdin(Stdio::null())
-            .stderr(fs::File::create(&stderr).expect("create the plugin's stderr file"))
-            .spawn()
-            .expect("start nvhook nri");
-        Plugin { child, stderr }
-    }
-
-    fn stderr(&self) -> String {
-        fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Waits until the node's log has said `what` `times` times in all.
-fn wait_logged(node: &SimNode, what: &str, times: usize, containerd: &Containerd) {
-    let start = Instant::now();
-    while node.log().matches(what).count() < times {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "nvhook nri never logged {what:?} ({times}×)\n(node log)\n{}\n(containerd log)\n{}",
-            node.log(),
-            containerd.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 fn assert_allocated_gpu_only(what: &str, output: &Output) {
     output.assert_success();
@@ -188,8 +134,9 @@ fn nri_gives_pods_exactly_what_the_kubelet_allocated() {
         env: &["NVIDIA_VISIBLE_DEVICES=all"],
     };
     containerd.import_rootfs(dir.path(), glibc_image().rootfs(), &app, &greedy);
-    let mut plugin = Plugin::start(&node, &setup.nri.socket, dir.path());
-    wait_logged(&node, "registered and configured", 1, &containerd);
+    let log = node.log_file();
+    let mut plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
+    plugin.wait_registered(&log, 1, &containerd);
 
     let mut cri = Cri::connect(containerd.socket());
     let pods = Pods {
@@ -309,7 +256,7 @@ fn nri_gives_pods_exactly_what_the_kubelet_allocated() {
         containerd.log()
     );
     let mut containerd = setup.start(dir.path(), &[]);
-    wait_logged(&node, "registered and configured", 2, &containerd);
+    plugin.wait_registered(&log, 2, &containerd);
     let mut cri = Cri::connect(containerd.socket());
     let output = run(
         &mut cri,
@@ -339,6 +286,90 @@ fn nri_gives_pods_exactly_what_the_kubelet_allocated() {
         "containerd ignored SIGTERM:\n{}",
         containerd.log()
     );
+    let leaked = host_mounts_referencing(&[dir.path(), node.root()]);
+    assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
+    assert!(mount_points_below(dir.path()).is_empty());
+}
+
+/// A hundred GPU pods created at once through the CRI on a 50-GPU node, pod `i` allocated GPU
+/// `i % 50` by the device plugin's volume mounts: every one gets exactly its GPU, and once
+/// all are gone nothing of them is left on the host.
+#[test]
+fn a_hundred_gpu_pods_at_once_each_get_their_allocated_gpu() {
+    const NODE_GPUS: usize = 50;
+    const PODS: usize = 100;
+    require_root();
+    let node = SimNode::create(NODE_GPUS as u32);
+    node.configure("accept-env-when-unprivileged = false");
+    let dir = EngineDir::new("nri-load");
+    let setup = Containerd2Cri::under(dir.path());
+    let mut containerd = setup.start(dir.path(), &[]);
+    let image = containerd.import_gpucheck_image(dir.path());
+    let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
+    plugin.wait_registered(&node.log_file(), 1, &containerd);
+    let pods = Pods {
+        cgroups: CgroupParent::new("nvhook-nri-load"),
+        logs: dir.path().join("pods"),
+    };
+    let mount_points: Vec<String> = (0..NODE_GPUS)
+        .map(|g| format!("{DEVICE_MOUNT_ROOT}/{}", node.gpu_uuid(g)))
+        .collect();
+    let mut args = vec!["/gpucheck".to_owned()];
+    for g in 0..NODE_GPUS {
+        args.extend(["--dev".to_owned(), format!("/dev/nvidia{g}")]);
+    }
+    args.extend(["--ls".to_owned(), "/dev".to_owned()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    let started = std::time::Instant::now();
+    let all_ready = std::sync::Barrier::new(PODS);
+    let outputs: Vec<Output> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..PODS)
+            .map(|i| {
+                let (pods, containerd, node, all_ready) = (&pods, &containerd, &node, &all_ready);
+                let (image, args, mount_point) = (&image, &args, &mount_points[i % NODE_GPUS]);
+                s.spawn(move || {
+                    let mut cri = Cri::connect(containerd.socket());
+                    let allocation = [(mount_point.as_str(), "/dev/null")];
+                    all_ready.wait();
+                    let request = ContainerRequest {
+                        image,
+                        args,
+                        mounts: &allocation,
+                        ..Default::default()
+                    };
+                    pods.run(&mut cri, containerd, node, "load", request)
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().expect("pod thread"))
+            .collect()
+    });
+    eprintln!(
+        "{PODS} GPU pods at once through NRI: {:.2} s to the last exit",
+        started.elapsed().as_secs_f64()
+    );
+    let mut broken = Vec::new();
+    for (i, output) in outputs.iter().enumerate() {
+        let gpu = i % NODE_GPUS;
+        let own = format!("nvidia{gpu}");
+        if !output.status.success()
+            || output.gpu_nodes_in_dev() != [own.as_str()]
+            || !output.has_line(&format!("dev /dev/{own} ENXIO"))
+        {
+            broken.push(format!("pod {i} (GPU {gpu}):\n{output}"));
+        }
+    }
+    broken.truncate(3);
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+    drop(plugin);
+    assert!(
+        containerd.shutdown(),
+        "containerd ignored SIGTERM:\n{}",
+        containerd.log()
+    );
+    drop(pods);
     let leaked = host_mounts_referencing(&[dir.path(), node.root()]);
     assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
     assert!(mount_points_below(dir.path()).is_empty());

@@ -6,12 +6,14 @@
 //! nvhook-runtime against runc, the shim's cost for a non-GPU container, peak memory,
 //! growth per GPU and per mounted file, and the slow-NVML case. Targets are printed beside
 //! the numbers. `NVHOOK_BENCH_ROUNDS` sets the starts per variant (default 60);
-//! `NVHOOK_BENCH_ONLY=hooks` or `=starts` runs one part.
+//! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst` or `=cri` runs one part (cri: pods over
+//! containerd 2.1.9's CRI, RuntimeClass against NRI; it needs `scripts/sid-engines.sh`).
 //! Run by `cargo test` (no `--bench` flag) it makes 2 rounds, as a smoke test of itself.
 
 use nvhook_test_support as support;
 
 mod burst;
+mod cri;
 mod cycle;
 mod hook_timer;
 mod setup;
@@ -33,12 +35,14 @@ struct Plan {
     /// Starts at once in each burst, and bursts of each size.
     burst_sizes: Vec<usize>,
     burst_rounds: usize,
+    /// Pods per variant over CRI.
+    cri_rounds: usize,
 }
 
 fn main() {
     hook_timer::run_if_wrapper();
     let full = std::env::args().any(|a| a == "--bench");
-    // `NVHOOK_BENCH_ONLY=hooks|starts|burst`: one part, for iterating on a profile.
+    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri`: one part, for iterating on a profile.
     let only = std::env::var("NVHOOK_BENCH_ONLY").ok();
     let only = only.as_deref();
     let plan = if full {
@@ -52,6 +56,7 @@ fn main() {
             exec_rounds: rounds * 4,
             burst_sizes: vec![8, 32],
             burst_rounds: (rounds / 20).max(3),
+            cri_rounds: (rounds * 2 / 3).max(3),
         }
     } else {
         Plan {
@@ -60,6 +65,7 @@ fn main() {
             exec_rounds: 2,
             burst_sizes: vec![4],
             burst_rounds: 1,
+            cri_rounds: 2,
         }
     };
     support::require_root();
@@ -262,6 +268,10 @@ fn main() {
     if only.is_none_or(|o| o == "burst") {
         // 7: many starts at once on a cold cache share one NVML query.
         burst::run(&slow, w, &plan.burst_sizes, plan.burst_rounds);
+    }
+
+    if only.is_none_or(|o| o == "cri") {
+        cri::run(plan.cri_rounds);
     }
 }
 

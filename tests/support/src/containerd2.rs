@@ -54,6 +54,9 @@ pub struct Containerd2Cri {
     pub cdi_spec_dirs: Vec<PathBuf>,
     /// The pod sandbox image (`pinned_images.sandbox`), imported by `start`.
     pub sandbox_image: String,
+    /// More runtime handlers beside runc: (handler, the program the runc shim runs), as
+    /// `nvhook configure containerd` registers nvhook-runtime.
+    pub handlers: Vec<(String, PathBuf)>,
 }
 
 impl Containerd2Cri {
@@ -64,6 +67,7 @@ impl Containerd2Cri {
             nri: Nri::under(dir),
             cdi_spec_dirs: vec![dir.join("cdi")],
             sandbox_image: format!("docker.io/nvhook-test/{}:latest", unique_name("pause")),
+            handlers: Vec::new(),
         }
     }
 
@@ -94,6 +98,12 @@ impl Containerd2Cri {
         runc["runtime_path"] = path(&build.program("containerd-shim-runc-v2"));
         runc["options"]["BinaryName"] = path(&require_program("runc"));
         runc["options"]["Root"] = path(&dir.join("runc"));
+        let runc = runc.clone();
+        for (handler, program) in &self.handlers {
+            let runtime = &mut containerd["runtimes"][handler.as_str()];
+            *runtime = runc.clone();
+            runtime["options"]["BinaryName"] = path(program);
+        }
         let nri = &mut plugins["io.containerd.nri.v1.nri"];
         nri["disable"] = toml_edit::value(false);
         nri["socket_path"] = path(&self.nri.socket);
@@ -137,4 +147,68 @@ impl Containerd2Cri {
 /// A Go duration string (`time.ParseDuration`).
 fn go_duration(duration: Duration) -> String {
     format!("{}ms", duration.as_millis())
+}
+
+/// `nvhook nri` beside the engine, as nvhook-nri.service runs it, reading `config`; killed
+/// on drop.
+pub struct NriPlugin {
+    child: std::process::Child,
+    stderr: PathBuf,
+    config: PathBuf,
+}
+
+impl NriPlugin {
+    /// Starts it against `socket`, its stderr kept in a file under `dir`.
+    pub fn start(config: &Path, socket: &Path, dir: &Path) -> NriPlugin {
+        let stderr = dir.join(format!("{}.stderr", unique_name("nri")));
+        let child = std::process::Command::new(super::nvhook_bin())
+            .arg("--config")
+            .arg(config)
+            .arg("nri")
+            .arg("--socket")
+            .arg(socket)
+            .env_remove("NVHOOK_CONFIG")
+            .stdin(std::process::Stdio::null())
+            .stderr(fs::File::create(&stderr).expect("create the plugin's stderr file"))
+            .spawn()
+            .expect("start nvhook nri");
+        NriPlugin {
+            child,
+            stderr,
+            config: config.to_path_buf(),
+        }
+    }
+
+    /// Waits until the plugin has registered `times` times in all, as its log (the config's
+    /// log-file) says.
+    pub fn wait_registered(&self, log: &Path, times: usize, containerd: &Containerd) {
+        let start = std::time::Instant::now();
+        let read = || fs::read_to_string(log).unwrap_or_default();
+        while read().matches("registered and configured").count() < times {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "nvhook nri ({}) did not register {times}×\n(its log)\n{}\n(its stderr)\n{}\n(containerd log)\n{}",
+                self.config.display(),
+                read(),
+                self.stderr(),
+                containerd.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for NriPlugin {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

@@ -141,8 +141,13 @@ impl SimNode {
 
     /// The hook's log so far, or an empty string before it wrote one; tests
     /// print it when they fail.
+    /// The config's log-file.
+    pub fn log_file(&self) -> PathBuf {
+        self.root().join("nvhook.log")
+    }
+
     pub fn log(&self) -> String {
-        fs::read_to_string(self.root().join("nvhook.log")).unwrap_or_default()
+        fs::read_to_string(self.log_file()).unwrap_or_default()
     }
 
     /// The UUID of GPU `index`, as the node's mock NVML reports it.
