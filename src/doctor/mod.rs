@@ -281,6 +281,7 @@ fn engine_configs(options: &Options) -> Vec<EngineConfig> {
                 remove: false,
                 dry_run: true,
                 kubernetes_policy: None,
+                nri: false,
             });
             EngineConfig {
                 engine: engine.name(),

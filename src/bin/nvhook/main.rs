@@ -165,6 +165,11 @@ struct ConfigureArgs {
     /// /etc/nvhook/config.toml].
     #[arg(long, value_name = "FILE", requires = "kubernetes")]
     nvhook_config: Option<PathBuf>,
+    /// NRI plugin mode (containerd, crio): instead of a runtime, turn the engine's NRI on where
+    /// its config leaves it off (containerd 1.7; containerd 2 runs it by default), for
+    /// `nvhook nri` (nvhook-nri.service). With --remove: give back what that changed.
+    #[arg(long, conflicts_with_all = ["set_as_default", "runtime_name", "runtime_path", "allow_missing"])]
+    nri: bool,
 }
 
 #[derive(Subcommand)]
@@ -456,6 +461,7 @@ fn configure(config: Option<&Path>, args: ConfigureArgs) -> Result<()> {
         kubernetes_policy: args
             .kubernetes
             .then(|| nvhook_config.unwrap_or_else(|| PathBuf::from(nvhook::config::DEFAULT_PATH))),
+        nri: args.nri,
     })?;
     println!("{outcome}");
     Ok(())
