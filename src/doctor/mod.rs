@@ -9,6 +9,7 @@
 //! command names on that PATH too, and on each running dockerd's.
 
 mod checks;
+mod nri;
 mod nvidia_names;
 mod runtimes;
 
@@ -208,11 +209,19 @@ pub fn run(config: &Config, options: &Options) -> Report {
             &options.nvhook(),
         ));
     }
+    let engines = engine_configs(options);
+    // Docker has no NRI: its runtime is no double of the plugin's work.
+    let runtime_configured = engines
+        .iter()
+        .any(|e| matches!(e.engine, "containerd" | "crio") && e.configured == Ok(true));
+    let nri = nri::gather(&options.root, runtime_configured);
     out.extend(checks::engines(
-        &engine_configs(options),
+        &engines,
         &options.runtime_name,
         &options.runtime_path,
+        nri.nri_mode(),
     ));
+    out.extend(nri::checks(&nri, &options.runtime_name));
     out.extend(checks::hooks(&hooks_dirs(&options.root)));
     out.extend(checks::runtimes(&runtime_search(config)));
     // NVIDIA's names are judged against the nvhook they should lead to: this one.
