@@ -45,6 +45,21 @@ fn about_a_running_dockerd(line: &str) -> bool {
     line.split_whitespace().nth(1) == Some("dockerd")
 }
 
+/// `nvhook configure ENGINE --engine-config FILE` with the workspace's nvhook-runtime, which
+/// must succeed.
+fn configure_runtime(engine: &str, file: &Path) {
+    let runtime = workspace_bin("nvhook-runtime");
+    let out = run_nvhook(&[
+        "configure",
+        engine,
+        "--engine-config",
+        file.to_str().unwrap(),
+        "--runtime-path",
+        runtime.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+}
+
 const FLAGS: [&str; 4] = ["--gpus", "2", "--mig", "1:2"];
 
 impl Node {
@@ -79,16 +94,7 @@ impl Node {
         let daemon_json = node.host("etc/docker/daemon.json");
         fs::create_dir_all(daemon_json.parent().unwrap()).unwrap();
         fs::write(&daemon_json, "{}\n").unwrap();
-        let runtime = workspace_bin("nvhook-runtime");
-        let out = run_nvhook(&[
-            "configure",
-            "docker",
-            "--engine-config",
-            daemon_json.to_str().unwrap(),
-            "--runtime-path",
-            runtime.to_str().unwrap(),
-        ]);
-        assert!(out.status.success(), "{out:?}");
+        configure_runtime("docker", &daemon_json);
         node
     }
 
@@ -446,17 +452,8 @@ fn containerd_2_and_k3s_configs_are_read_as_configure_reads_them() {
     node.expect(1, "FAIL engine containerd: ", &["no runtime nvidia"]);
     node.expect(1, "FAIL engine k3s: ", &["nvhook configure k3s"]);
 
-    let runtime = workspace_bin("nvhook-runtime");
     for (engine, file) in [("containerd", &main), ("k3s", &template)] {
-        let out = run_nvhook(&[
-            "configure",
-            engine,
-            "--engine-config",
-            file.to_str().unwrap(),
-            "--runtime-path",
-            runtime.to_str().unwrap(),
-        ]);
-        assert!(out.status.success(), "{out:?}");
+        configure_runtime(engine, file);
     }
     node.expect(0, "ok   engine containerd: ", &["runtime nvidia is"]);
     node.expect(0, "ok   engine k3s: ", &["runtime nvidia is"]);
@@ -573,6 +570,16 @@ fn nri_mode_is_checked_engine_socket_plugin_and_double_work() {
     fs::create_dir_all(main.parent().unwrap()).unwrap();
     fs::copy(golden.join("containerd-1.7-default.toml"), &main).unwrap();
     node.expect(1, "FAIL engine containerd: ", &["no runtime nvidia"]);
+    let (_, text) = node.doctor();
+    assert!(
+        !text.contains(" NRI "),
+        "no NRI lines outside NRI mode:\n{text}"
+    );
+    // `--nri`, as the Kubernetes installer's NRI mode runs doctor: NRI lines, no runtime needed.
+    let out = node.run_doctor(node.bin.path().as_os_str(), &["--nri"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("\nFAIL NRI containerd: off in "), "{text}");
+    assert!(text.contains("GPUs come through NRI"), "{text}");
 
     // The link as an operator makes it, to the host's nvhook.
     let nvhook = node.host("usr/bin/nvhook");
@@ -629,16 +636,7 @@ fn nri_mode_is_checked_engine_socket_plugin_and_double_work() {
     );
 
     // The runtime too: both work, NRI first.
-    let runtime = workspace_bin("nvhook-runtime");
-    let out = run_nvhook(&[
-        "configure",
-        "containerd",
-        "--engine-config",
-        main.to_str().unwrap(),
-        "--runtime-path",
-        runtime.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{out:?}");
+    configure_runtime("containerd", &main);
     node.expect(
         0,
         "warn NRI and runtime: ",

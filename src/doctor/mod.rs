@@ -133,6 +133,8 @@ pub struct Options {
     pub runtime_path: String,
     /// The config file doctor was named (`--config`), which the commands it suggests name too.
     pub config_file: Option<PathBuf>,
+    /// `--nri`: nvhook runs as an NRI plugin here, started where doctor cannot see it set up.
+    pub nri: bool,
 }
 
 impl Options {
@@ -214,7 +216,7 @@ pub fn run(config: &Config, options: &Options) -> Report {
     let runtime_configured = engines
         .iter()
         .any(|e| matches!(e.engine, "containerd" | "crio") && e.configured == Ok(true));
-    let nri = nri::gather(&options.root, runtime_configured);
+    let nri = nri::gather(&options.root, runtime_configured, options.nri);
     out.extend(checks::engines(
         &engines,
         &options.runtime_name,

@@ -45,23 +45,27 @@ pub struct Facts {
     pub socket: PathBuf,
     pub socket_exists: bool,
     pub setup: Vec<Setup>,
-    /// The process ids of running nvhook NRI plugins.
+    /// `doctor --nri`: the plugin is started by something else (the Kubernetes installer).
+    pub declared: bool,
+    /// The process ids of running nvhook NRI plugins (on this machine: not necessarily this
+    /// root's).
     pub running: Vec<u32>,
     /// An engine config registers nvhook's runtime too.
     pub runtime_configured: bool,
 }
 
 impl Facts {
-    /// Whether this node means to give GPUs through NRI: nvhook is set up as a plugin, or one
-    /// runs (the Kubernetes installer's NRI mode runs it itself).
+    /// Whether this node means to give GPUs through NRI: nvhook is set up as a plugin, or
+    /// doctor was told so (`--nri`). A running plugin alone does not say it: it may be another
+    /// root's (a test's, a chroot's).
     pub fn nri_mode(&self) -> bool {
-        !self.setup.is_empty() || !self.running.is_empty()
+        !self.setup.is_empty() || self.declared
     }
 }
 
 /// The facts under `root` (engine configs, socket, plugin directory, systemd links); running
 /// plugins are looked for in this host's /proc.
-pub fn gather(root: &Path, runtime_configured: bool) -> Facts {
+pub fn gather(root: &Path, runtime_configured: bool, declared: bool) -> Facts {
     let mut engines = Vec::new();
     for file in Engine::Containerd.existing_configs(root) {
         engines.push(engine_nri(Engine::Containerd, file));
@@ -85,6 +89,7 @@ pub fn gather(root: &Path, runtime_configured: bool) -> Facts {
         socket_exists: socket.exists(),
         socket,
         setup: setup(root),
+        declared,
         running: running_plugins(Path::new("/proc")),
         runtime_configured,
     }
@@ -322,6 +327,7 @@ mod tests {
             setup: vec![Setup::Service(
                 "/etc/systemd/system/multi-user.target.wants/nvhook-nri.service".into(),
             )],
+            declared: false,
             running: vec![42],
             runtime_configured: false,
         }
@@ -332,11 +338,18 @@ mod tests {
     }
 
     #[test]
-    fn no_plugin_set_up_or_running_means_no_nri_lines() {
+    fn no_plugin_set_up_means_no_nri_lines_whatever_runs() {
         let mut f = facts(NriSetting::Off);
         f.setup.clear();
-        f.running.clear();
         assert!(checks(&f, "nvidia").is_empty());
+        // `doctor --nri`: the Kubernetes installer runs it.
+        f.declared = true;
+        let out = checks(&f, "nvidia");
+        assert_eq!(out[2].level, Level::Ok, "{}", out[2]);
+        f.running.clear();
+        let out = checks(&f, "nvidia");
+        assert_eq!(out[2].level, Level::Warn);
+        assert!(out[2].detail.contains("NRI fails open"), "{}", out[2]);
     }
 
     #[test]
