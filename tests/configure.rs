@@ -830,3 +830,199 @@ fn nvhook_config_without_kubernetes_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--kubernetes"));
 }
+
+// ---- --nri: the engine's NRI on, for `nvhook nri`; no runtime ----
+
+/// `nvhook configure ENGINE --nri --engine-config FILE EXTRA...`: its exit status, stdout
+/// and stderr.
+fn configure_nri(engine: &str, file: &Path, extra: &[&str]) -> (i32, String, String) {
+    let file = file.to_str().unwrap();
+    let args = [
+        &["configure", engine, "--nri", "--engine-config", file],
+        extra,
+    ]
+    .concat();
+    let out = run_nvhook(&args);
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (
+        out.status.code().unwrap(),
+        text(&out.stdout),
+        text(&out.stderr),
+    )
+}
+
+/// containerd 1.7 ships NRI off (`disable = true`): `--nri` turns it on in place, with no
+/// runtime, says to restart containerd once and to start the plugin; `--remove` gives back
+/// the original bytes.
+#[test]
+fn nri_turns_containerd_1_7_nri_on_and_remove_gives_back_the_file() {
+    let (dir, file) = copy_of("containerd-1.7-default.toml", "config.toml");
+    let (code, dry, _) = configure_nri("containerd", &file, &["--dry-run"]);
+    assert_eq!(code, 0);
+    assert!(
+        dry.contains("-    disable = true\n+    disable = false # nvhook: was true\n"),
+        "{dry}"
+    );
+    assert!(dry.contains("dry run: "), "{dry}");
+    assert_eq!(read(&file), golden("containerd-1.7-default.toml"));
+
+    let (code, said, _) = configure_nri("containerd", &file, &[]);
+    assert_eq!(code, 0);
+    assert_golden(&read(&file), "containerd-1.7-default.nri.toml");
+    assert!(!read(&file).contains("runtimes.nvidia"));
+    assert!(said.starts_with("enabled NRI in "), "{said}");
+    assert!(
+        said.contains("to apply it: systemctl restart containerd (once)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("systemctl enable --now nvhook-nri.service"),
+        "{said}"
+    );
+
+    let (_, again, _) = configure_nri("containerd", &file, &[]);
+    assert!(again.starts_with("NRI already enabled: "), "{again}");
+    assert!(!again.contains("restart"), "{again}");
+
+    let (code, removed, _) = configure_nri("containerd", &file, &["--remove"]);
+    assert_eq!(code, 0);
+    assert!(
+        removed.contains("systemctl disable --now nvhook-nri.service"),
+        "{removed}"
+    );
+    assert_eq!(read(&file), golden("containerd-1.7-default.toml"));
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        2,
+        "config and backup only"
+    );
+}
+
+/// containerd 1.x's packaged config has no NRI section: one is added, and taken out again.
+#[test]
+fn nri_adds_the_section_a_containerd_1_config_lacks() {
+    let (_dir, file) = copy_of("containerd-debian.toml", "config.toml");
+    configure_nri("containerd", &file, &[]);
+    assert_golden(&read(&file), "containerd-debian.nri.toml");
+    configure_nri("containerd", &file, &["--remove"]);
+    assert_eq!(read(&file), golden("containerd-debian.toml"));
+}
+
+/// containerd 2 runs NRI by default: `--nri` says so and writes nothing, drop-in included;
+/// `--remove` leaves containerd 2's own `disable = false` alone. A config that turns NRI off
+/// itself is turned on in place, and given back.
+#[test]
+fn nri_on_containerd_2_changes_nothing_unless_the_config_turns_it_off() {
+    for (input, import) in DROP_IN_INPUTS {
+        let node = Containerd2::new(input, import);
+        for extra in [&[][..], &["--remove"]] {
+            let (code, said, _) = configure_nri("containerd", &node.main, extra);
+            assert_eq!(code, 0, "{input}");
+            assert!(said.contains("unchanged"), "{input}: {said}");
+            assert!(!said.contains("restart"), "{input}: {said}");
+            assert_eq!(read(&node.main), node.original, "{input}");
+            assert_eq!(fs::read_dir(node.dir.path()).unwrap().count(), 1, "{input}");
+        }
+    }
+    let node = Containerd2::new("containerd-v3.toml", "abs");
+    let (_, said, _) = configure_nri("containerd", &node.main, &[]);
+    assert!(said.contains("containerd 2 runs it by default"), "{said}");
+
+    let off = golden("containerd-2.3-default.toml").replace(
+        "[plugins.'io.containerd.nri.v1.nri']\n    disable = false",
+        "[plugins.'io.containerd.nri.v1.nri']\n    disable = true",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    fs::write(&file, &off).unwrap();
+    let (_, said, _) = configure_nri("containerd", &file, &[]);
+    assert!(said.starts_with("enabled NRI in "), "{said}");
+    assert_eq!(
+        read(&file),
+        off.replace(
+            "    disable = true\n    socket_path",
+            "    disable = false # nvhook: was true\n    socket_path"
+        )
+    );
+    assert!(!dir.path().join("conf.d").exists());
+    configure_nri("containerd", &file, &["--remove"]);
+    assert_eq!(read(&file), off);
+}
+
+/// CRI-O: `[crio.nri] enable_nri = true` in nvhook's drop-in, gone again with --remove.
+#[test]
+fn nri_crio_drop_in_is_created_and_retired() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("99-nvidia.conf");
+    let (code, said, _) = configure_nri("crio", &file, &[]);
+    assert_eq!(code, 0);
+    assert!(said.contains("systemctl restart crio"), "{said}");
+    assert_golden(&read(&file), "crio-99-nvidia.nri.conf");
+    configure_nri("crio", &file, &["--remove"]);
+    assert!(!file.exists());
+}
+
+/// An engine without NRI, a runtime flag beside --nri: usage errors; a broken file: one line,
+/// and nothing written.
+#[test]
+fn nri_bad_input_is_one_line_and_writes_nothing() {
+    let (dir, file) = copy_of("containerd-1.7-default.toml", "config.toml");
+    for (engine, extra, words) in [
+        ("docker", &[][..], "NRI is for containerd and CRI-O"),
+        ("k3s", &[][..], "NRI is for containerd and CRI-O"),
+        (
+            "containerd",
+            &["--runtime-path", "/x"][..],
+            "cannot be used with",
+        ),
+        (
+            "containerd",
+            &["--set-as-default"][..],
+            "cannot be used with",
+        ),
+    ] {
+        let (code, _, stderr) = configure_nri(engine, &file, extra);
+        assert_eq!(code, 2, "{engine} {extra:?}: {stderr}");
+        assert!(stderr.contains(words), "{stderr}");
+    }
+    let broken = "version = 2\n[plugins.\"io.containerd.nri.v1.nri\"]\ndisable = \"yes\"\n";
+    fs::write(&file, broken).unwrap();
+    let (code, _, stderr) = configure_nri("containerd", &file, &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("is not true or false"), "{stderr}");
+    assert_eq!(read(&file), broken);
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+}
+
+/// containerd 2.1.9 itself reads NRI as on in what `--nri` wrote for a config that had it off.
+#[test]
+fn real_containerd_2_reads_nri_as_on() {
+    let containerd = support::engines::ContainerdBuild::sid().program("containerd");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.toml");
+    for text in [
+        golden("containerd-1.7-default.toml"),
+        "version = 3\n[plugins.'io.containerd.nri.v1.nri']\n  disable = true\n".to_owned(),
+    ] {
+        fs::write(&file, &text).unwrap();
+        configure_nri("containerd", &file, &[]);
+        let out = Command::new(&containerd)
+            .arg("--config")
+            .arg(&file)
+            .args(["config", "dump"])
+            .output()
+            .unwrap();
+        let dump = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let nri = dump
+            .split("[plugins.'io.containerd.nri.v1.nri']")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no NRI section:\n{dump}"));
+        assert!(nri.trim_start().starts_with("disable = false"), "{nri}");
+    }
+}

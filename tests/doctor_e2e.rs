@@ -45,6 +45,21 @@ fn about_a_running_dockerd(line: &str) -> bool {
     line.split_whitespace().nth(1) == Some("dockerd")
 }
 
+/// `nvhook configure ENGINE --engine-config FILE` with the workspace's nvhook-runtime, which
+/// must succeed.
+fn configure_runtime(engine: &str, file: &Path) {
+    let runtime = workspace_bin("nvhook-runtime");
+    let out = run_nvhook(&[
+        "configure",
+        engine,
+        "--engine-config",
+        file.to_str().unwrap(),
+        "--runtime-path",
+        runtime.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+}
+
 const FLAGS: [&str; 4] = ["--gpus", "2", "--mig", "1:2"];
 
 impl Node {
@@ -79,16 +94,7 @@ impl Node {
         let daemon_json = node.host("etc/docker/daemon.json");
         fs::create_dir_all(daemon_json.parent().unwrap()).unwrap();
         fs::write(&daemon_json, "{}\n").unwrap();
-        let runtime = workspace_bin("nvhook-runtime");
-        let out = run_nvhook(&[
-            "configure",
-            "docker",
-            "--engine-config",
-            daemon_json.to_str().unwrap(),
-            "--runtime-path",
-            runtime.to_str().unwrap(),
-        ]);
-        assert!(out.status.success(), "{out:?}");
+        configure_runtime("docker", &daemon_json);
         node
     }
 
@@ -446,17 +452,8 @@ fn containerd_2_and_k3s_configs_are_read_as_configure_reads_them() {
     node.expect(1, "FAIL engine containerd: ", &["no runtime nvidia"]);
     node.expect(1, "FAIL engine k3s: ", &["nvhook configure k3s"]);
 
-    let runtime = workspace_bin("nvhook-runtime");
     for (engine, file) in [("containerd", &main), ("k3s", &template)] {
-        let out = run_nvhook(&[
-            "configure",
-            engine,
-            "--engine-config",
-            file.to_str().unwrap(),
-            "--runtime-path",
-            runtime.to_str().unwrap(),
-        ]);
-        assert!(out.status.success(), "{out:?}");
+        configure_runtime(engine, file);
     }
     node.expect(0, "ok   engine containerd: ", &["runtime nvidia is"]);
     node.expect(0, "ok   engine k3s: ", &["runtime nvidia is"]);
@@ -559,4 +556,96 @@ fn runtimes_are_looked_for_as_nvhook_runtime_looks() {
         "warn runtimes: none of runc, ",
         &[crun.to_str().unwrap(), "nvhook-runtime has nothing to exec"],
     );
+}
+
+/// NRI plugin mode: nvhook pre-registered in the plugin directory of a containerd 1.7 whose
+/// NRI is off fails with `configure --nri`'s fix, and needs no runtime; a running plugin is
+/// named by its pid; NRI on is ok; the runtime registered beside it is double work, and the
+/// line says which wins.
+#[test]
+fn nri_mode_is_checked_engine_socket_plugin_and_double_work() {
+    let node = Node::ready();
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/configure");
+    let main = node.host("etc/containerd/config.toml");
+    fs::create_dir_all(main.parent().unwrap()).unwrap();
+    fs::copy(golden.join("containerd-1.7-default.toml"), &main).unwrap();
+    node.expect(1, "FAIL engine containerd: ", &["no runtime nvidia"]);
+    let (_, text) = node.doctor();
+    assert!(
+        !text.contains(" NRI "),
+        "no NRI lines outside NRI mode:\n{text}"
+    );
+    // `--nri`, as the Kubernetes installer's NRI mode runs doctor: NRI lines, no runtime needed.
+    let out = node.run_doctor(node.bin.path().as_os_str(), &["--nri"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("\nFAIL NRI containerd: off in "), "{text}");
+    assert!(text.contains("GPUs come through NRI"), "{text}");
+
+    // The link as an operator makes it, to the host's nvhook.
+    let nvhook = node.host("usr/bin/nvhook");
+    fs::create_dir_all(nvhook.parent().unwrap()).unwrap();
+    fs::copy(nvhook_bin(), &nvhook).unwrap();
+    let plugins = node.host("opt/nri/plugins");
+    fs::create_dir_all(&plugins).unwrap();
+    std::os::unix::fs::symlink("/usr/bin/nvhook", plugins.join("10-nvhook")).unwrap();
+    node.expect(1, "ok   engine containerd: ", &["GPUs come through NRI"]);
+    node.expect(
+        1,
+        "FAIL NRI containerd: ",
+        &["off in ", "nvhook configure containerd --nri", "once"],
+    );
+    node.expect(1, "warn NRI socket: ", &["/var/run/nri/nri.sock"]);
+    // Set up; running or not depends on what else this machine runs: the line names the link.
+    let (_, text) = node.doctor();
+    let plugin = text.lines().find(|l| l.contains(" NRI plugin: ")).unwrap();
+    assert!(
+        plugin.contains("10-nvhook (started by the engine at its start)"),
+        "{plugin}"
+    );
+
+    let out = run_nvhook(&[
+        "configure",
+        "containerd",
+        "--nri",
+        "--engine-config",
+        main.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    node.expect(0, "ok   NRI containerd: ", &["on in "]);
+
+    // A plugin that runs: its pid is on the line. A socket that listens, for it to connect to.
+    let socket = node.host("var/run/nri/nri.sock");
+    fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let mut plugin = Command::new(&nvhook)
+        .args([
+            "--config",
+            node.sim.config().to_str().unwrap(),
+            "nri",
+            "--socket",
+        ])
+        .arg(&socket)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    node.expect(0, "ok   NRI socket: ", &[]);
+    node.expect(
+        0,
+        "ok   NRI plugin: ",
+        &[&format!("{}", plugin.id()), "10-nvhook"],
+    );
+
+    // The runtime too: both work, NRI first.
+    configure_runtime("containerd", &main);
+    node.expect(
+        0,
+        "warn NRI and runtime: ",
+        &[
+            "NVIDIA_VISIBLE_DEVICES=void",
+            "NRI wins",
+            "nvhook configure containerd --remove",
+        ],
+    );
+    let _ = plugin.kill();
+    let _ = plugin.wait();
 }

@@ -133,6 +133,7 @@ fn check_configure(engine: Engine, text: &[u8]) {
         remove,
         dry_run: false,
         kubernetes_policy: None,
+        nri: false,
     };
     match configure::run(&options(false)) {
         Err(e) => {

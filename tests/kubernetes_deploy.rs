@@ -100,6 +100,8 @@ fn assert_known_fields(file: &str, path: &str, written: &Value, typed: &Value) {
 struct Manifests {
     runtime_class: RuntimeClass,
     daemon_set: DaemonSet,
+    /// nvhook-installer-nri.yaml's: NRI plugin mode.
+    nri_daemon_set: DaemonSet,
     pods: Vec<Pod>,
 }
 
@@ -122,11 +124,21 @@ fn manifests() -> Manifests {
             }
         }
     }
-    assert_eq!((runtime_classes.len(), daemon_sets.len()), (1, 1));
+    assert_eq!((runtime_classes.len(), daemon_sets.len()), (1, 2));
     assert!(!pods.is_empty());
+    let nri = daemon_sets
+        .iter()
+        .position(|d| d.metadata.name.as_deref() == Some("nvhook-nri"))
+        .expect("a DaemonSet nvhook-nri");
+    let nri_daemon_set = daemon_sets.remove(nri);
+    assert_eq!(
+        daemon_sets[0].metadata.name.as_deref(),
+        Some("nvhook-installer")
+    );
     Manifests {
         runtime_class: runtime_classes.remove(0),
         daemon_set: daemon_sets.remove(0),
+        nri_daemon_set,
         pods,
     }
 }
@@ -357,22 +369,7 @@ impl Host {
     /// install.sh with the DaemonSet's environment, but this host root, and
     /// a restart that only counts.
     fn install(&self, daemon_set: &DaemonSet) -> String {
-        let mut cmd = Command::new(deploy_dir().join("install.sh"));
-        cmd.env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
-        for (name, value) in env_of(installer(daemon_set)) {
-            cmd.env(name, value);
-        }
-        let restarts = self.dir.path().join("restarts");
-        let output = cmd
-            .env("HOST_ROOT", self.root())
-            .env("NVHOOK_SOURCE", self.dir.path().join("image-bin"))
-            .env(
-                "RESTART_CONTAINERD",
-                format!("echo restart >> {}", restarts.display()),
-            )
-            .output()
-            .expect("run install.sh");
+        let output = self.install_output(daemon_set);
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         assert!(
             output.status.success(),
@@ -380,6 +377,25 @@ impl Host {
             String::from_utf8_lossy(&output.stderr)
         );
         stdout
+    }
+
+    /// [`Host::install`], succeeding or not.
+    fn install_output(&self, daemon_set: &DaemonSet) -> std::process::Output {
+        let mut cmd = Command::new(deploy_dir().join("install.sh"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+        for (name, value) in env_of(installer(daemon_set)) {
+            cmd.env(name, value);
+        }
+        let restarts = self.dir.path().join("restarts");
+        cmd.env("HOST_ROOT", self.root())
+            .env("NVHOOK_SOURCE", self.dir.path().join("image-bin"))
+            .env(
+                "RESTART_CONTAINERD",
+                format!("echo restart >> {}", restarts.display()),
+            )
+            .output()
+            .expect("run install.sh")
     }
 }
 
@@ -686,4 +702,186 @@ fn the_installer_image_builds_with_one_command_and_installs_nvhook() {
         ["bin", "install.sh", "refresh.sh"]
     );
     assert!(dockerd.shutdown(), "{}", dockerd.log());
+}
+
+// ---- NRI plugin mode: nvhook-installer-nri.yaml ----
+
+/// The NRI DaemonSet: install.sh in NRI mode, with no hostPID (it restarts nothing), and a
+/// long-running container that runs the installed nvhook as the plugin in the host's root.
+#[test]
+fn nri_daemon_set_installs_then_runs_the_plugin_and_restarts_nothing() {
+    let m = manifests();
+    let spec = pod_spec(&m.nri_daemon_set);
+    assert_ne!(spec.host_pid, Some(true), "NRI mode restarts no engine");
+    assert_eq!(
+        spec.node_selector,
+        pod_spec(&m.daemon_set).node_selector,
+        "the same GPU nodes"
+    );
+    let install = installer(&m.nri_daemon_set);
+    assert_eq!(env_value(install, "NVHOOK_MODE"), "nri");
+    let host_root = env_value(install, "HOST_ROOT");
+    let nri = spec
+        .containers
+        .iter()
+        .find(|c| c.name == "nri")
+        .expect("a container named nri");
+    let command = nri.command.clone().unwrap();
+    let nvhook = format!("{}/bin/nvhook", env_value(install, "NVHOOK_DIR"));
+    assert_eq!(
+        command,
+        ["chroot", host_root.as_str(), nvhook.as_str(), "nri"]
+    );
+    assert_eq!(
+        nri.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+    let mount = &nri.volume_mounts.as_ref().unwrap()[0];
+    assert_eq!(mount.mount_path, host_root);
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    assert_eq!(volume.host_path.as_ref().unwrap().path, "/");
+    refresher(&m.nri_daemon_set);
+}
+
+/// containerd 1.7 ships NRI off: NRI mode stops with the one-time fix, and changes nothing.
+#[test]
+fn install_sh_nri_mode_stops_where_containerd_runs_no_nri() {
+    let m = manifests();
+    let host = Host::with_containerd_config("containerd-1.7-default.toml");
+    let config = host.at("/etc/containerd/config.toml");
+    let before = fs::read(&config).unwrap();
+    let out = host.install_output(&m.nri_daemon_set);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("nvhook configure containerd --nri"),
+        "{stderr}"
+    );
+    assert_eq!(fs::read(&config).unwrap(), before);
+    assert_eq!(host.restarts(), 0);
+    assert_eq!(fs::read_dir(config.parent().unwrap()).unwrap().count(), 1);
+}
+
+/// NRI mode end to end, with Debian sid's containerd 2.1.9 as a node runs it: install.sh
+/// (NVHOOK_MODE=nri, as the DaemonSet sets it) installs nvhook and its Kubernetes policy and
+/// leaves containerd's config byte for byte as it was, with no restart and no runtime
+/// handler; the DaemonSet's nri container's command (here without its chroot: the test's
+/// host root is not this machine's) connects the installed nvhook to containerd's NRI socket;
+/// a pod of the default runtime that the device plugin allocated GPU 2 (volume-mount list,
+/// the hardened policy's way) gets GPU 2 and the driver, and no other GPU.
+#[test]
+fn install_sh_nri_mode_gives_a_pod_its_gpu_with_containerd_unchanged() {
+    use std::time::{Duration, Instant};
+    use support::containerd2::{Containerd2Cri, DEFAULT_HANDLER};
+    use support::cri::{ContainerRequest, Cri};
+    use support::engines::{CgroupParent, ImageConfig};
+
+    support::require_root();
+    let m = manifests();
+    let node = support::SimNode::create(4);
+    let dir = EngineDir::new("k8s-nri");
+    let setup = Containerd2Cri::under(dir.path());
+    let containerd = setup.start(dir.path(), &[]);
+    let app = format!("docker.io/nvhook-test/{}:latest", unique_name("cuda-app"));
+    let image = ImageConfig {
+        cmd: &["/gpucheck"],
+        env: &["NVIDIA_VISIBLE_DEVICES=all"],
+    };
+    containerd.import_rootfs(dir.path(), support::glibc_image().rootfs(), &app, &image);
+
+    // The host root: containerd's own config file (the same file: a hard link), and nvhook's
+    // config an admin wrote for this node (the simulated node's paths and its hook-path).
+    let host = Host::new();
+    let config = host.at("/etc/containerd/config.toml");
+    fs::remove_file(&config).unwrap();
+    fs::hard_link(dir.path().join("containerd.toml"), &config).unwrap();
+    let before = fs::read(&config).unwrap();
+    let nvhook_config = host.at(nvhook::config::DEFAULT_PATH);
+    fs::create_dir_all(nvhook_config.parent().unwrap()).unwrap();
+    fs::copy(node.config(), &nvhook_config).unwrap();
+
+    let said = host.install(&m.nri_daemon_set);
+    assert!(said.contains("no restart"), "{said}");
+    assert_eq!(host.restarts(), 0, "{said}");
+    assert_eq!(fs::read(&config).unwrap(), before, "{said}");
+    assert!(!String::from_utf8_lossy(&before).contains("nvhook-runtime"));
+    assert_eq!(fs::read_dir(config.parent().unwrap()).unwrap().count(), 1);
+    let installed = Config::from_file(&host.at(nvhook::config::DEFAULT_PATH)).unwrap();
+    assert!(!installed.accept_env_when_unprivileged, "{said}");
+
+    // The nri container's command, its program the installed nvhook.
+    let spec = pod_spec(&m.nri_daemon_set);
+    let nri = spec.containers.iter().find(|c| c.name == "nri").unwrap();
+    let command = nri.command.as_ref().unwrap();
+    let stderr = dir.path().join("nri.stderr");
+    let mut plugin = Command::new(host.at(&command[2]))
+        .args(&command[3..])
+        .arg("--socket")
+        .arg(&setup.nri.socket)
+        .env_clear()
+        .env("NVHOOK_CONFIG", host.at(nvhook::config::DEFAULT_PATH))
+        .stderr(fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !node.log().contains("registered and configured") {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the plugin never registered\n{}\n{}",
+            fs::read_to_string(&stderr).unwrap_or_default(),
+            containerd.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let mut cri = Cri::connect(containerd.socket());
+    let cgroups = CgroupParent::new("nvhook-k8s-nri");
+    let mount_point = format!("/var/run/nvidia-container-devices/{}", node.gpu_uuid(2));
+    let request = |mounts| ContainerRequest {
+        image: &app,
+        args: &[
+            "/gpucheck",
+            "--dev",
+            "/dev/nvidia0",
+            "--dev",
+            "/dev/nvidia2",
+            "--ls",
+            "/dev",
+        ],
+        mounts,
+        ..Default::default()
+    };
+    let run = |cri: &mut Cri, name: &str, mounts| {
+        let logs = dir.path().join("pods");
+        let output = cri
+            .run_pod(
+                &unique_name(name),
+                DEFAULT_HANDLER,
+                &cgroups.path(),
+                &logs,
+                &request(mounts),
+            )
+            .output;
+        let context = format!("{output}\n{}\n{}", node.log(), containerd.log());
+        (output, context)
+    };
+    let allocated = [(mount_point.as_str(), "/dev/null")];
+    let (gpu, context) = run(&mut cri, "gpu", &allocated);
+    gpu.assert_success();
+    assert!(gpu.has_line("dev /dev/nvidia2 ENXIO"), "{context}");
+    assert!(gpu.has_line("dev /dev/nvidia0 absent"), "{context}");
+    assert_eq!(gpu.gpu_nodes_in_dev(), ["nvidia2"], "{context}");
+    assert!(gpu.has_line("dlopen libcuda.so.1 ok"), "{context}");
+    // The image's own NVIDIA_VISIBLE_DEVICES=all counts for nothing under the policy.
+    let (none, context) = run(&mut cri, "nogpu", &[]);
+    none.assert_success();
+    assert!(none.gpu_nodes_in_dev().is_empty(), "{context}");
+    assert_eq!(fs::read(&config).unwrap(), before);
+    let _ = plugin.kill();
+    let _ = plugin.wait();
 }

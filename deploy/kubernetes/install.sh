@@ -12,6 +12,12 @@
 #                               passing it no NVHOOK_CONFIG
 # $RESTART_CONTAINERD is run with sh -c on a change (default: systemctl on the host, entered
 # through PID 1, which needs hostPID).
+#
+# NVHOOK_MODE=nri (nvhook-installer-nri.yaml): NRI plugin mode. Steps 1 and 2 as above, then
+# only nvhook's Kubernetes policy: containerd's config is neither edited nor restarted, and no
+# runtime handler or RuntimeClass is made. The DaemonSet's long-running container then runs
+# `nvhook nri`, which connects to containerd's NRI socket. containerd 2 runs NRI by default; a
+# containerd 1.7 whose NRI is off stops the install here with the one-time fix.
 set -eu
 
 host=${HOST_ROOT:-/host}
@@ -20,6 +26,14 @@ nvhook_dir=${NVHOOK_DIR:-/usr/local/nvhook}
 containerd_config=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
 restart=${RESTART_CONTAINERD:-nsenter --target 1 --mount --uts --ipc --net --pid -- systemctl restart containerd}
 nvhook_config=/etc/nvhook/config.toml
+mode=${NVHOOK_MODE:-runtime}
+case $mode in
+    runtime | nri) ;;
+    *)
+        echo "nvhook-install: NVHOOK_MODE=$mode: expected runtime or nri" >&2
+        exit 2
+        ;;
+esac
 
 say() { echo "nvhook-install: $*"; }
 
@@ -47,6 +61,22 @@ elif ! grep -q '^[[:space:]]*hook-path[[:space:]]*=' "$host$nvhook_config"; then
     printf 'hook-path = "%s"\n' "$hook_path" >>"$host$nvhook_config"
 elif ! grep -q "^[[:space:]]*hook-path[[:space:]]*=[[:space:]]*\"$hook_path\"" "$host$nvhook_config"; then
     say "warning: $nvhook_config sets its own hook-path; GPU containers run that nvhook, not $hook_path"
+fi
+
+# 3 (NRI mode). NRI must be on already: turning it on in containerd 1.7 takes a restart,
+#    which this mode never does. Then the policy alone: with NRI on, configure --nri leaves
+#    containerd's config as it is.
+if [ "$mode" = nri ]; then
+    if chroot "$host" "$nvhook_dir/bin/nvhook" configure containerd --nri --dry-run \
+        --engine-config "$containerd_config" | grep -q '^dry run: '; then
+        say "containerd's NRI is off in $containerd_config (containerd 1.7 ships it off): turn it on once on the node (nvhook configure containerd --nri, then systemctl restart containerd), or use nvhook-installer.yaml (runtime mode)" >&2
+        exit 1
+    fi
+    chroot "$host" "$nvhook_dir/bin/nvhook" configure containerd --nri --kubernetes \
+        --nvhook-config "$nvhook_config" \
+        --engine-config "$containerd_config" | grep -v '^then start '
+    say "NRI mode: containerd's config unchanged, no restart; this DaemonSet's nri container runs the plugin"
+    exit 0
 fi
 
 # 3. Policy and runtime handler, by the nvhook just installed, run in the host's root (it is

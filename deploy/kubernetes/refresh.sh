@@ -13,6 +13,8 @@
 #   $NVHOOK_DIR    where install.sh put the binaries (default /usr/local/nvhook)
 #   $MIG_STRATEGY  the device plugin's MIG strategy, for the labels: none, single or mixed
 #                  (default none)
+#   $NVHOOK_MODE   nri in nvhook-installer-nri.yaml: doctor checks the node as an NRI plugin
+#                  node (`nvhook doctor --nri`)
 set -eu
 
 host=${HOST_ROOT:-/host}
@@ -37,7 +39,9 @@ case $interval in
 esac
 refresh
 # Once a start: whether the node is ready, each problem with its fix, in the pod's log.
-chroot "$host" "$nvhook" doctor || say "warning: nvhook doctor: this node is not ready (the FAIL lines above say why)"
+doctor_mode=
+[ "${NVHOOK_MODE:-runtime}" != nri ] || doctor_mode=--nri
+chroot "$host" "$nvhook" doctor $doctor_mode || say "warning: nvhook doctor: this node is not ready (the FAIL lines above say why)"
 while [ "$interval" -gt 0 ]; do
     sleep "$interval"
     refresh

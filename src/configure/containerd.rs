@@ -8,7 +8,7 @@
 //! whole plugin section with an imported one: there the main file is edited.
 
 use super::toml::{self as edit, dotted};
-use super::{Change, Invalid};
+use super::{Change, Invalid, NriSetting};
 use std::path::{Component, Path, PathBuf};
 use toml_edit::{DocumentMut, Item, Table};
 
@@ -116,6 +116,61 @@ pub(super) fn apply_drop_in(
     Ok((!only_version_left).then(|| doc.to_string()))
 }
 
+/// Where each config version keeps the NRI plugin's section: containerd 1.x reads a version
+/// 1 file's plugins by their short id.
+fn nri_path(version: i64) -> [&'static str; 2] {
+    match version {
+        1 => ["plugins", "nri"],
+        _ => ["plugins", "io.containerd.nri.v1.nri"],
+    }
+}
+
+/// What `current` says about NRI. Versions 1 and 2 are containerd 1.x's (1.7 ships NRI off);
+/// containerd 2 (versions 3 and 4) runs it unless told not to.
+pub(super) fn nri_setting(current: Option<&str>) -> Result<NriSetting, Invalid> {
+    let doc = edit::parse(current)?;
+    let version = version(&doc)?;
+    let disable = item_at(doc.as_item(), &nri_path(version)).and_then(|nri| nri.get("disable"));
+    Ok(match disable.map(|d| d.as_bool()) {
+        None if version >= 3 => NriSetting::DefaultOn,
+        None => NriSetting::DefaultOff,
+        Some(Some(false)) => NriSetting::On,
+        Some(Some(true)) => NriSetting::Off,
+        Some(None) => {
+            return Err(Invalid(format!(
+                "`{}.disable` is not true or false",
+                dotted(&nri_path(version))
+            )));
+        }
+    })
+}
+
+/// `--nri`: NRI on where the config leaves it off (`disable = false`, noting what was there);
+/// `--nri --remove`: what that changed, given back.
+pub(super) fn apply_nri(current: Option<&str>, on: bool) -> Result<Option<String>, Invalid> {
+    let setting = nri_setting(current)?;
+    let mut doc = edit::parse(current)?;
+    if on && doc.as_table().is_empty() {
+        doc.insert("version", toml_edit::value(2));
+    }
+    let path = nri_path(version(&doc)?);
+    if on && !setting.enabled() {
+        edit::set_noted(
+            edit::table_mut(doc.as_table_mut(), &path)?,
+            "disable",
+            false,
+        );
+    } else if !on {
+        edit::remove_tidily(doc.as_table_mut(), &path, |root| {
+            if let Some(nri) = edit::existing_table_mut(root, &path) {
+                edit::unset_noted(nri, "disable");
+            }
+        });
+    }
+    let text = doc.to_string();
+    Ok((current.is_some() || !text.trim().is_empty()).then_some(text))
+}
+
 /// The config format version. containerd 1.x reads a file without `version` as version 1.
 fn version(doc: &DocumentMut) -> Result<i64, Invalid> {
     let Some(item) = doc.get("version") else {
@@ -217,6 +272,7 @@ fn change_runtime(
             remove(doc, containerd, name);
             Ok(())
         }
+        Change::Nri { .. } => unreachable!("Engine::apply takes NRI changes"),
     }
 }
 
@@ -460,5 +516,39 @@ mod tests {
         let text = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  default_runtime_name = \"crun\"\n";
         let configured = add_nvidia(Some(text), false);
         assert_eq!(remove_nvidia(&configured), text);
+    }
+
+    #[test]
+    fn nri_is_turned_on_where_containerd_leaves_it_off_and_given_back() {
+        let v2 = "version = 2\n\n[plugins]\n  [plugins.\"io.containerd.grpc.v1.cri\"]\n    sandbox_image = \"pause\"\n";
+        let v1 = "[plugins.cri]\n  sandbox_image = \"pause\"\n";
+        let off_v3 =
+            "version = 3\n[plugins.'io.containerd.nri.v1.nri']\n  disable = true # not yet\n";
+        for (text, section) in [
+            (v2, "[plugins.\"io.containerd.nri.v1.nri\"]"),
+            (v1, "[plugins.nri]"),
+            (off_v3, "[plugins.'io.containerd.nri.v1.nri']"),
+        ] {
+            assert!(!nri_setting(Some(text)).unwrap().enabled(), "{text}");
+            let on = apply_nri(Some(text), true).unwrap().unwrap();
+            assert!(on.contains(section), "{on}");
+            assert_eq!(nri_setting(Some(&on)).unwrap(), NriSetting::On, "{on}");
+            assert_eq!(apply_nri(Some(&on), true).unwrap().unwrap(), on);
+            assert_eq!(apply_nri(Some(&on), false).unwrap().unwrap(), text);
+        }
+        // containerd 2 runs NRI by default: nothing to change, nothing to take out.
+        let v3 = "version = 3\n";
+        assert_eq!(nri_setting(Some(v3)).unwrap(), NriSetting::DefaultOn);
+        assert_eq!(apply_nri(Some(v3), true).unwrap().unwrap(), v3);
+        assert_eq!(apply_nri(Some(v3), false).unwrap().unwrap(), v3);
+        // No file: containerd 1.x's defaults, so a version 2 file that turns NRI on.
+        let new = apply_nri(None, true).unwrap().unwrap();
+        assert_eq!(nri_setting(Some(&new)).unwrap(), NriSetting::On, "{new}");
+        assert_eq!(apply_nri(None, false).unwrap(), None);
+        let Invalid(message) = nri_setting(Some(
+            "version = 2\n[plugins.\"io.containerd.nri.v1.nri\"]\ndisable = 1\n",
+        ))
+        .unwrap_err();
+        assert!(message.contains("not true or false"), "{message}");
     }
 }

@@ -19,6 +19,7 @@ pub(super) fn apply(current: Option<&str>, change: &Change) -> Result<Option<Str
             set_as_default,
         } => add(&mut after, name, path, set_as_default)?,
         Change::Remove { name } => remove(&mut after, name),
+        Change::Nri { .. } => unreachable!("Engine::apply takes NRI changes"),
     }
     if after == before {
         // Re-serializing would normalize the user's formatting for no reason.

@@ -121,8 +121,16 @@ impl Engine {
         current: Option<&str>,
         change: &Change,
     ) -> Result<Option<String>, Invalid> {
-        if current.is_none() && matches!(change, Change::Remove { .. }) {
+        if current.is_none() && matches!(change, Change::Remove { .. } | Change::Nri { on: false })
+        {
             return Ok(None);
+        }
+        if let Change::Nri { on } = *change {
+            match self {
+                Engine::Containerd => return containerd::apply_nri(current, on),
+                Engine::Crio => {}
+                _ => return Err(Invalid(format!("{} has no NRI", self.name()))),
+            }
         }
         match self {
             Engine::Docker => docker::apply(current, change),
@@ -131,6 +139,35 @@ impl Engine {
             Engine::K3s | Engine::Rke2 => template::apply(file, current, change),
         }
     }
+}
+
+/// What an engine's config says about NRI (the Node Resource Interface, through which
+/// `nvhook nri` gives containers their GPUs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NriSetting {
+    /// Not set, and on by default: containerd 2 (config versions 3 and 4), CRI-O 1.30 on.
+    DefaultOn,
+    /// Not set, and off by default: containerd 1.x (config versions 1 and 2; 1.7 has NRI).
+    DefaultOff,
+    On,
+    Off,
+}
+
+impl NriSetting {
+    pub fn enabled(self) -> bool {
+        matches!(self, NriSetting::DefaultOn | NriSetting::On)
+    }
+}
+
+/// What the config text `current` of `engine` says about NRI; `Err` for a file that cannot be
+/// read as the engine's config, or an engine without NRI.
+pub fn nri_setting(engine: Engine, current: &str) -> Result<NriSetting, String> {
+    let setting = match engine {
+        Engine::Containerd => containerd::nri_setting(Some(current)),
+        Engine::Crio => crio::nri_setting(Some(current)),
+        _ => Err(Invalid(format!("{} has no NRI", engine.name()))),
+    };
+    setting.map_err(|Invalid(message)| message)
 }
 
 /// Where k3s and RKE2 keep their containerd config and its templates.
@@ -174,6 +211,9 @@ pub struct Options {
     /// policy ([`KUBERNETES_POLICY`]). `--remove` leaves that policy alone: loosening a
     /// node's security is for the admin to decide, and without the runtime it has no effect.
     pub kubernetes_policy: Option<PathBuf>,
+    /// `--nri`: instead of a runtime, turn the engine's NRI on (or, with `remove`, give back
+    /// what that changed), for `nvhook nri`.
+    pub nri: bool,
 }
 
 pub const DEFAULT_RUNTIME_NAME: &str = "nvidia";
@@ -217,6 +257,10 @@ pub enum ConfigureError {
     #[error("{}: {message}; left untouched, and so is the engine's config: fix it, or name another file with --nvhook-config", file.display())]
     InvalidPolicy { file: PathBuf, message: String },
     #[error(
+        "--nri with {0}: NRI is for containerd and CRI-O; for {0} use nvhook configure {0} (a runtime)"
+    )]
+    NoNri(&'static str),
+    #[error(
         "--remove with --kubernetes: --remove takes out the runtime and leaves the hardened policy in nvhook's config; to loosen it, set accept-env-when-unprivileged = true there"
     )]
     RemoveKubernetes,
@@ -230,6 +274,7 @@ impl ConfigureError {
             ConfigureError::RelativeRuntimePath(_)
                 | ConfigureError::BadRuntimeName(_)
                 | ConfigureError::RemoveKubernetes
+                | ConfigureError::NoNri(_)
         )
     }
 }
@@ -248,6 +293,10 @@ enum Change<'a> {
     },
     Remove {
         name: &'a str,
+    },
+    /// `--nri`: NRI on (`on`), or what turning it on changed given back.
+    Nri {
+        on: bool,
     },
 }
 
@@ -293,6 +342,8 @@ pub struct Outcome {
     pub replaced: Option<String>,
     /// `--kubernetes`: what happened to nvhook's config.
     pub policy: Option<PolicyOutcome>,
+    /// `--nri`: what the engine's config said about NRI before.
+    pub nri: Option<NriSetting>,
 }
 
 #[derive(Debug)]
@@ -325,7 +376,11 @@ pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
         Some(file) => file.clone(),
         None => options.engine.default_config()?,
     };
-    let change = if options.remove {
+    let change = if options.nri {
+        Change::Nri {
+            on: !options.remove,
+        }
+    } else if options.remove {
         Change::Remove {
             name: &options.runtime_name,
         }
@@ -343,7 +398,20 @@ pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
             .filter_map(|(_, edit)| edit.current.as_deref())
             .find_map(|text| options.engine.runtime_program(text, name))
             .filter(|program| program != path),
-        Change::Remove { .. } => None,
+        Change::Remove { .. } | Change::Nri { .. } => None,
+    };
+    let nri = match options.nri {
+        true => {
+            let (_, edit) = &engine_edits[0];
+            let current = edit.current.as_deref().unwrap_or("");
+            Some(nri_setting(options.engine, current).map_err(|message| {
+                ConfigureError::Invalid {
+                    file: file.clone(),
+                    message,
+                }
+            })?)
+        }
+        false => None,
     };
     let policy_edit = match &options.kubernetes_policy {
         Some(policy_file) => {
@@ -387,6 +455,7 @@ pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
         remove: options.remove,
         replaced,
         policy,
+        nri,
     })
 }
 
@@ -403,8 +472,10 @@ fn engine_edits(
         move |Invalid(message)| ConfigureError::Invalid { file, message }
     };
     let current = file::read(file)?;
-    let drop_in = match engine {
-        Engine::Containerd => {
+    let drop_in = match (engine, change) {
+        // NRI's switch stays where it is read first: the main file.
+        (_, Change::Nri { .. }) => None,
+        (Engine::Containerd, _) => {
             containerd::drop_in(current.as_deref(), file).map_err(invalid(file))?
         }
         _ => None,
@@ -433,7 +504,7 @@ fn engine_edits(
         Change::Remove { .. } => engine
             .apply(file, current.as_deref(), change)
             .map_err(invalid(file))?,
-        Change::Add { .. } => current.clone(),
+        Change::Add { .. } | Change::Nri { .. } => current.clone(),
     };
     Ok(vec![
         (
@@ -494,6 +565,12 @@ fn validate(options: &Options) -> Result<(), ConfigureError> {
     if options.remove && options.kubernetes_policy.is_some() {
         return Err(ConfigureError::RemoveKubernetes);
     }
+    if options.nri {
+        return match options.engine {
+            Engine::Containerd | Engine::Crio => Ok(()),
+            other => Err(ConfigureError::NoNri(other.name())),
+        };
+    }
     if !options.remove && !options.runtime_path.starts_with('/') {
         return Err(ConfigureError::RelativeRuntimePath(
             options.runtime_path.clone(),
@@ -510,6 +587,9 @@ impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(policy) = &self.policy {
             writeln!(f, "{policy}")?;
+        }
+        if let Some(setting) = self.nri {
+            return self.fmt_nri(f, setting);
         }
         let name = &self.runtime_name;
         // A file that only had to stay as it was is not worth a line beside one that changed.
@@ -562,6 +642,71 @@ impl fmt::Display for Outcome {
             write!(f, "\nto apply it: {}", self.engine.restart_command())?;
         }
         Ok(())
+    }
+}
+
+/// How nvhook's plugin is started where the engine's NRI is on.
+const NRI_PLUGIN_START: &str = "systemctl enable --now nvhook-nri.service (on Kubernetes: deploy/kubernetes/nvhook-installer-nri.yaml)";
+
+impl Outcome {
+    /// `--nri`'s lines: what happened to the switch, what to restart, how the plugin starts.
+    fn fmt_nri(&self, f: &mut fmt::Formatter<'_>, before: NriSetting) -> fmt::Result {
+        let on = !self.remove;
+        let engine = self.engine.name();
+        for outcome in &self.files {
+            let file = outcome.file.display();
+            match (&outcome.applied, before) {
+                (Applied::Unchanged, NriSetting::DefaultOn) if engine == "containerd" => write!(
+                    f,
+                    "NRI is on: containerd 2 runs it by default and {file} does not turn it off; {file} unchanged"
+                ),
+                (Applied::Unchanged, NriSetting::DefaultOn) => write!(
+                    f,
+                    "NRI is on by default (CRI-O 1.30 and later); {file} unchanged"
+                ),
+                (Applied::Unchanged, _) if on => {
+                    write!(f, "NRI already enabled: {file} unchanged")
+                }
+                (Applied::Unchanged, _) => write!(
+                    f,
+                    "nvhook did not enable NRI in {file}: unchanged (NRI stays as the file says)"
+                ),
+                (Applied::WouldChange { diff }, _) => {
+                    write!(f, "{diff}dry run: {file} not written")
+                }
+                (Applied::Written { backup }, _) => {
+                    match on {
+                        true => write!(f, "enabled NRI in {file}")?,
+                        false => write!(f, "gave back the NRI setting nvhook changed in {file}")?,
+                    }
+                    if let Some(backup) = backup {
+                        write!(f, " (previous version: {})", backup.display())?;
+                    }
+                    Ok(())
+                }
+                (Applied::Retired { backup }, _) => write!(
+                    f,
+                    "took NRI out of {file}; nothing else was left in it, so it was moved to {}",
+                    backup.display()
+                ),
+            }?;
+        }
+        let dry_run = self
+            .files
+            .iter()
+            .any(|o| matches!(o.applied, Applied::WouldChange { .. }));
+        if self.changed() {
+            // containerd 1.7 reads the switch at start only; plugins then come and go freely.
+            write!(f, "\nto apply it: {} (once)", self.engine.restart_command())?;
+        }
+        match on {
+            true if !dry_run => write!(f, "\nthen start nvhook's NRI plugin: {NRI_PLUGIN_START}"),
+            false if !dry_run => write!(
+                f,
+                "\nstop nvhook's NRI plugin too (GPU pods start without GPUs while the engine runs NRI without it): systemctl disable --now nvhook-nri.service"
+            ),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -72,6 +72,7 @@ pub(super) fn apply(
             )
         }
         Change::Remove { .. } => format!("{before}{after}"),
+        Change::Nri { .. } => unreachable!("Engine::apply takes NRI changes"),
     };
     Ok((new != BASE).then_some(new))
 }

@@ -133,19 +133,45 @@ fn last_line(prefix: &str) -> &str {
     &prefix[prefix.rfind('\n').map_or(0, |i| i + 1)..]
 }
 
-/// The comment that records the value `set_default` replaced.
+/// The comment that records the value `set_default` or `set_noted` replaced.
 const WAS: &str = " # nvhook: was ";
+/// What `set_noted` records for a key that was not there.
+const UNSET: &str = "unset";
+
+/// The trailing comment that records `old`, after the comment it had.
+fn was_note(old: &Value) -> String {
+    let bare = old.clone().decorated("", "").to_string();
+    let suffix = old.decor().suffix().and_then(|s| s.as_str()).unwrap_or("");
+    format!("{suffix}{WAS}{bare}")
+}
+
+/// What a note of [`was_note`] (or `set_noted`'s for a new key) on `value` records.
+enum Noted {
+    /// The value it replaced, decorated as it was.
+    Value(Value),
+    /// The key was not there.
+    Unset,
+}
+
+fn noted(value: &Value) -> Option<Noted> {
+    let suffix = value.decor().suffix().and_then(|s| s.as_str())?;
+    let (kept, was) = suffix.split_once(WAS)?;
+    if was.trim() == UNSET {
+        return Some(Noted::Unset);
+    }
+    let old = was.trim().parse::<Value>().ok()?;
+    Some(Noted::Value(old.decorated(
+        value.decor().prefix().cloned().unwrap_or_default(),
+        kept,
+    )))
+}
 
 /// Makes `key` name our runtime. A value it replaces is kept in a trailing comment, so
 /// that `unset_default` can put it back byte for byte.
 pub(super) fn set_default(table: &mut Table, key: &str, name: &str) {
     let note = match table.get(key).and_then(Item::as_value) {
         Some(old) if old.as_str() == Some(name) => return,
-        Some(old) => {
-            let bare = old.clone().decorated("", "").to_string();
-            let suffix = old.decor().suffix().and_then(|s| s.as_str()).unwrap_or("");
-            Some(format!("{suffix}{WAS}{bare}"))
-        }
+        Some(old) => Some(was_note(old)),
         None => None,
     };
     set_str(table, key, name);
@@ -162,20 +188,40 @@ pub(super) fn unset_default(table: &mut Table, key: &str, name: &str) {
     if value.as_str() != Some(name) {
         return;
     }
-    let suffix = value
-        .decor()
-        .suffix()
-        .and_then(|s| s.as_str())
-        .unwrap_or("");
-    let previous = suffix.split_once(WAS).and_then(|(kept, was)| {
-        let old = was.trim().parse::<Value>().ok()?;
-        Some(old.decorated(value.decor().prefix().cloned().unwrap_or_default(), kept))
-    });
-    match previous {
-        Some(old) => *value = old,
-        None => {
+    match noted(value) {
+        Some(Noted::Value(old)) => *value = old,
+        _ => {
             table.remove(key);
         }
+    }
+}
+
+/// Sets `key` to the boolean `value`, noting in a trailing comment what was there (`# nvhook:
+/// was true`, `# nvhook: was unset`), so that `unset_noted` gives it back byte for byte. An
+/// equal value is left alone, and stays the user's.
+pub(super) fn set_noted(table: &mut Table, key: &str, value: bool) {
+    let note = match table.get(key).and_then(Item::as_value) {
+        Some(old) if old.as_bool() == Some(value) => return,
+        Some(old) => was_note(old),
+        None => format!("{WAS}{UNSET}"),
+    };
+    set_bool(table, key, value);
+    if let Some(value) = table.get_mut(key).and_then(Item::as_value_mut) {
+        value.decor_mut().set_suffix(note);
+    }
+}
+
+/// Undoes `set_noted`: a value without its note is the user's and stays.
+pub(super) fn unset_noted(table: &mut Table, key: &str) {
+    let Some(value) = table.get_mut(key).and_then(Item::as_value_mut) else {
+        return;
+    };
+    match noted(value) {
+        Some(Noted::Value(old)) => *value = old,
+        Some(Noted::Unset) => {
+            table.remove(key);
+        }
+        None => {}
     }
 }
 
@@ -333,5 +379,23 @@ mod tests {
         assert_eq!(doc.to_string(), "[c]\ndefault = \"nvidia\"\n");
         unset_default(doc["c"].as_table_mut().unwrap(), "default", "nvidia");
         assert_eq!(doc.to_string(), "[c]\n");
+    }
+
+    #[test]
+    fn unset_noted_gives_back_what_set_noted_changed_and_only_that() {
+        for text in ["[t]\n  disable = true  # off here\n", "[t]\n  other = 1\n"] {
+            let mut doc: DocumentMut = text.parse().unwrap();
+            set_noted(doc["t"].as_table_mut().unwrap(), "disable", false);
+            assert!(doc.to_string().contains("disable = false"), "{doc}");
+            assert!(doc.to_string().contains("# nvhook: was "), "{doc}");
+            unset_noted(doc["t"].as_table_mut().unwrap(), "disable");
+            assert_eq!(doc.to_string(), text);
+        }
+        // The user's own `false`: left alone both ways.
+        let text = "[t]\ndisable = false\n";
+        let mut doc: DocumentMut = text.parse().unwrap();
+        set_noted(doc["t"].as_table_mut().unwrap(), "disable", false);
+        unset_noted(doc["t"].as_table_mut().unwrap(), "disable");
+        assert_eq!(doc.to_string(), text);
     }
 }

@@ -265,7 +265,13 @@ pub struct EngineConfig {
     pub configured: Result<bool, String>,
 }
 
-pub fn engines(configs: &[EngineConfig], runtime_name: &str, runtime_path: &str) -> Vec<Check> {
+/// `nri_mode`: nvhook gives GPUs through NRI here, so containerd and CRI-O need no runtime.
+pub fn engines(
+    configs: &[EngineConfig],
+    runtime_name: &str,
+    runtime_path: &str,
+    nri_mode: bool,
+) -> Vec<Check> {
     if configs.is_empty() {
         return vec![Check::warn(
             "engines",
@@ -282,6 +288,10 @@ pub fn engines(configs: &[EngineConfig], runtime_name: &str, runtime_path: &str)
                 Ok(true) => Check::ok(
                     &name,
                     format!("{file}: runtime {runtime_name} is {runtime_path}"),
+                ),
+                Ok(false) if nri_mode && matches!(c.engine, "containerd" | "crio") => Check::ok(
+                    &name,
+                    format!("{file}: no runtime {runtime_name}: GPUs come through NRI (see the NRI lines)"),
                 ),
                 Ok(false) => Check::fail(
                     &name,

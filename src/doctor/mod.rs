@@ -9,6 +9,7 @@
 //! command names on that PATH too, and on each running dockerd's.
 
 mod checks;
+mod nri;
 mod nvidia_names;
 mod runtimes;
 
@@ -132,6 +133,8 @@ pub struct Options {
     pub runtime_path: String,
     /// The config file doctor was named (`--config`), which the commands it suggests name too.
     pub config_file: Option<PathBuf>,
+    /// `--nri`: nvhook runs as an NRI plugin here, started where doctor cannot see it set up.
+    pub nri: bool,
 }
 
 impl Options {
@@ -208,11 +211,19 @@ pub fn run(config: &Config, options: &Options) -> Report {
             &options.nvhook(),
         ));
     }
+    let engines = engine_configs(options);
+    // Docker has no NRI: its runtime is no double of the plugin's work.
+    let runtime_configured = engines
+        .iter()
+        .any(|e| matches!(e.engine, "containerd" | "crio") && e.configured == Ok(true));
+    let nri = nri::gather(&options.root, runtime_configured, options.nri);
     out.extend(checks::engines(
-        &engine_configs(options),
+        &engines,
         &options.runtime_name,
         &options.runtime_path,
+        nri.nri_mode(),
     ));
+    out.extend(nri::checks(&nri, &options.runtime_name));
     out.extend(checks::hooks(&hooks_dirs(&options.root)));
     out.extend(checks::runtimes(&runtime_search(config)));
     // NVIDIA's names are judged against the nvhook they should lead to: this one.
@@ -281,6 +292,7 @@ fn engine_configs(options: &Options) -> Vec<EngineConfig> {
                 remove: false,
                 dry_run: true,
                 kubernetes_policy: None,
+                nri: false,
             });
             EngineConfig {
                 engine: engine.name(),

@@ -72,6 +72,10 @@ enum Command {
         /// The nvhook-runtime the engines should run [default: the one beside this nvhook].
         #[arg(long, value_name = "PATH")]
         runtime_path: Option<String>,
+        /// This node gives GPUs through `nvhook nri`, started by something doctor cannot see
+        /// set up (the Kubernetes installer's NRI mode): check NRI as for a set-up plugin.
+        #[arg(long)]
+        nri: bool,
     },
     /// Run as an NRI plugin of containerd 2.x or CRI-O until stopped: GPU containers get
     /// their devices from the engine itself, with no engine config and no RuntimeClass.
@@ -165,6 +169,11 @@ struct ConfigureArgs {
     /// /etc/nvhook/config.toml].
     #[arg(long, value_name = "FILE", requires = "kubernetes")]
     nvhook_config: Option<PathBuf>,
+    /// NRI plugin mode (containerd, crio): instead of a runtime, turn the engine's NRI on where
+    /// its config leaves it off (containerd 1.7; containerd 2 runs it by default), for
+    /// `nvhook nri` (nvhook-nri.service). With --remove: give back what that changed.
+    #[arg(long, conflicts_with_all = ["set_as_default", "runtime_name", "runtime_path", "allow_missing"])]
+    nri: bool,
 }
 
 #[derive(Subcommand)]
@@ -313,13 +322,17 @@ fn run(cli: Cli) -> Result<()> {
             root,
             runtime_name,
             runtime_path,
+            nri,
         } => doctor(
             &config,
             cli.config.as_deref(),
             format,
-            root,
-            runtime_name,
-            runtime_path,
+            DoctorArgs {
+                root,
+                runtime_name,
+                runtime_path,
+                nri,
+            },
         ),
         Command::Labels {
             format,
@@ -456,6 +469,7 @@ fn configure(config: Option<&Path>, args: ConfigureArgs) -> Result<()> {
         kubernetes_policy: args
             .kubernetes
             .then(|| nvhook_config.unwrap_or_else(|| PathBuf::from(nvhook::config::DEFAULT_PATH))),
+        nri: args.nri,
     })?;
     println!("{outcome}");
     Ok(())
@@ -603,14 +617,26 @@ fn dev_char_links(config: &Config) -> Result<()> {
     Ok(())
 }
 
+/// doctor's own flags.
+struct DoctorArgs {
+    root: PathBuf,
+    runtime_name: String,
+    runtime_path: Option<String>,
+    nri: bool,
+}
+
 fn doctor(
     config: &Config,
     config_file: Option<&Path>,
     format: Format,
-    root: PathBuf,
-    runtime_name: String,
-    runtime_path: Option<String>,
+    args: DoctorArgs,
 ) -> Result<()> {
+    let DoctorArgs {
+        root,
+        runtime_name,
+        runtime_path,
+        nri,
+    } = args;
     // Read under a root that is not there, every engine and hooks.d check would say "none".
     if !root.is_dir() {
         return Err(Usage(format!(
@@ -632,6 +658,7 @@ fn doctor(
             runtime_name,
             runtime_path,
             config_file: config_file.map(Path::to_path_buf),
+            nri,
         },
     );
     match format {
