@@ -374,3 +374,104 @@ fn a_hundred_gpu_pods_at_once_each_get_their_allocated_gpu() {
     assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
     assert!(mount_points_below(dir.path()).is_empty());
 }
+
+/// The same pod through the RuntimeClass path (nvhook-runtime, the prestart hook) and through
+/// NRI sees the same thing: the same entries in the driver's directories, the same device
+/// nodes with the same numbers, the same nodes reachable, libcuda from the same file.
+#[test]
+fn nri_and_the_hook_give_a_container_the_same_view() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("nri-same");
+    let mut setup = Containerd2Cri::under(dir.path());
+    setup
+        .handlers
+        .push(("nvidia".into(), support::workspace_bin("nvhook-runtime")));
+    let mut containerd = setup.start(dir.path(), &[("NVHOOK_CONFIG", &node.config())]);
+    let image = containerd.import_gpucheck_image(dir.path());
+    let pods = Pods {
+        cgroups: CgroupParent::new("nvhook-nri-same"),
+        logs: dir.path().join("pods"),
+    };
+    let mut args = vec!["/gpucheck"];
+    let nodes = [
+        "/dev/nvidia0",
+        "/dev/nvidia1",
+        "/dev/nvidia2",
+        "/dev/nvidia3",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-modeset",
+    ];
+    for n in nodes {
+        args.extend(["--dev", n, "--stat", n]);
+    }
+    for d in [
+        "/dev",
+        "/usr/bin",
+        "/usr/lib/x86_64-linux-gnu",
+        "/etc/ld.so.conf.d",
+        "/lib/firmware/nvidia",
+    ] {
+        args.extend(["--ls", d]);
+    }
+    let uuid = node.gpu_uuid(ALLOCATED as usize);
+    let mount_point = format!("{DEVICE_MOUNT_ROOT}/{uuid}");
+    let allocation = [(mount_point.as_str(), "/dev/null")];
+    let request = || ContainerRequest {
+        image: &image,
+        args: &args,
+        mounts: &allocation,
+        ..Default::default()
+    };
+    let mut cri = Cri::connect(containerd.socket());
+    let by = |handler: &str, cri: &mut Cri| {
+        let mut output = cri
+            .run_pod(
+                &unique_name("same"),
+                handler,
+                &pods.cgroups.path(),
+                &pods.logs,
+                &request(),
+            )
+            .output;
+        output.hook_log = Some(node.log());
+        output.assert_success();
+        let mut lines: Vec<String> = output.stdout.lines().map(str::to_owned).collect();
+        lines.sort();
+        lines
+    };
+    // The hook first, while no plugin is connected to adjust the container as well.
+    let hook = by("nvidia", &mut cri);
+    let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
+    plugin.wait_registered(&node.log_file(), 1, &containerd);
+    let nri = by(DEFAULT_HANDLER, &mut cri);
+    let diff: Vec<String> = hook
+        .iter()
+        .filter(|l| !nri.contains(l))
+        .map(|l| format!("- {l}"))
+        .chain(
+            nri.iter()
+                .filter(|l| !hook.contains(l))
+                .map(|l| format!("+ {l}")),
+        )
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "the hook's view (-) and NRI's (+) differ:\n{}\n(node log)\n{}",
+        diff.join("\n"),
+        node.log()
+    );
+    assert!(
+        hook.iter().any(|l| l == "dlopen libcuda.so.1 ok"),
+        "{hook:#?}"
+    );
+    drop(plugin);
+    drop(cri);
+    assert!(
+        containerd.shutdown(),
+        "containerd ignored SIGTERM:\n{}",
+        containerd.log()
+    );
+}
