@@ -15,8 +15,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use nvhook::nvidia_cli::{CLI_NAME, NAMES, RUNTIME_HOOK_NAME};
+use support::containerd2::Containerd2Cri;
 use support::engines::{
-    Containerd, Dockerd, EngineDir, assert_no_mounts_left, containerd_config, unique_name,
+    Containerd, ContainerdBuild, Dockerd, EngineDir, assert_no_mounts_left, containerd_config,
+    unique_name,
 };
 use support::{Output, SimNode, gpucheck_args, nvhook_bin, require_program, require_root};
 
@@ -246,13 +248,38 @@ fn ctr_run_gpus_with_nvidia_container_cli_on_ctrs_path() {
     require_root();
     // ctr's hook runs `containerd oci-hook`, found on ctr's PATH.
     require_program("containerd");
+    ctr_run_gpus("gpus-ctrd", |dir| {
+        let config = dir.join("containerd.toml");
+        fs::write(&config, containerd_config(dir)).expect("write containerd config");
+        (Containerd::start(dir, &config, &[]), None)
+    });
+}
+
+/// containerd 2.1 (Debian sid's) still maps `ctr run --gpus` onto nvidia-container-cli's
+/// prestart hook (CDI comes with 2.2): the same flags, the same answers.
+#[test]
+fn ctr_run_gpus_on_containerd_2_1() {
+    require_root();
+    ctr_run_gpus("gpus-ctrd2", |dir| {
+        let containerd = Containerd2Cri::under(dir).start(dir, &[]);
+        // Its own `containerd oci-hook`, ahead of Debian 12's on ctr's PATH.
+        let sid = ContainerdBuild::sid().program("containerd");
+        (containerd, sid.parent().map(Path::to_path_buf))
+    });
+}
+
+/// `ctr run --gpus` against the containerd `start` makes in a directory of its own (with the
+/// directory of that containerd's programs, to put first on ctr's PATH, if not the system's).
+fn ctr_run_gpus(name: &str, start: impl FnOnce(&Path) -> (Containerd, Option<PathBuf>)) {
     let node = SimNode::create(GPUS);
-    let dir = EngineDir::new("gpus-ctrd");
+    let dir = EngineDir::new(name);
     let (bin, path) = names_dir(&dir);
     link_names(&bin);
-    let config = dir.path().join("containerd.toml");
-    fs::write(&config, containerd_config(dir.path())).expect("write containerd config");
-    let mut containerd = Containerd::start(dir.path(), &config, &[]);
+    let (mut containerd, programs) = start(dir.path());
+    let path = match programs {
+        Some(programs) => format!("{}:{path}", programs.display()),
+        None => path,
+    };
     let image = containerd.import_gpucheck_image(dir.path());
 
     let ctr = |flags: &[&str]| ctr_run(&containerd, &image, &path, &node, flags);
