@@ -12,18 +12,57 @@ pub enum Sink {
     Stderr,
 }
 
-/// For a long-running command (`nvhook nri`): the configured log file, else stderr at the
-/// configured level, which systemd's journal or the engine keeps.
-pub fn init_service(config: &Config) -> Sink {
-    if config.log_file.is_some() {
-        return init(config);
+/// The file a long-running command logs to, if any; stderr otherwise.
+static SERVICE_LOG: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
+/// Writes to [`SERVICE_LOG`], or to stderr while there is none.
+struct ServiceWriter;
+
+impl std::io::Write for ServiceWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match SERVICE_LOG
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            Some(file) => file.write(buf),
+            None => std::io::stderr().write(buf),
+        }
     }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// For a long-running command (`nvhook nri`): the configured log file, else stderr (which
+/// systemd's journal keeps), at the configured level. [`redirect_service`] moves it to
+/// another config's log file later.
+pub fn init_service(config: &Config) {
+    redirect_service(config);
     tracing_subscriber::fmt()
         .with_ansi(false)
-        .with_writer(std::io::stderr)
+        .with_writer(|| ServiceWriter)
         .with_max_level(level(config))
         .init();
-    Sink::Stderr
+}
+
+/// From now on, the log goes to `config`'s log file (if it names one that opens).
+pub fn redirect_service(config: &Config) {
+    let Some(path) = &config.log_file else {
+        return;
+    };
+    match std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        Ok(file) => *SERVICE_LOG.lock().unwrap_or_else(|e| e.into_inner()) = Some(file),
+        Err(e) => eprintln!(
+            "nvhook: warning: cannot open log file {}: {e} (logging to stderr)",
+            path.display()
+        ),
+    }
 }
 
 fn level(config: &Config) -> tracing::Level {

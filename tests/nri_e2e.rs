@@ -475,3 +475,80 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
         containerd.log()
     );
 }
+
+/// The pre-registered form: containerd starts `10-nvhook` from its plugin directory at its
+/// own start, with the socket passed and nvhook's config from its plugin config directory;
+/// a GPU pod gets its GPU, and when containerd stops the plugin ends with it.
+#[test]
+fn containerd_starts_nvhook_from_its_plugin_directory() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("nri-pre");
+    let setup = Containerd2Cri::under(dir.path());
+    fs::create_dir_all(&setup.nri.plugin_dir).expect("make the plugin dir");
+    fs::create_dir_all(&setup.nri.plugin_config_dir).expect("make the plugin config dir");
+    let plugin = setup.nri.plugin_dir.join("10-nvhook");
+    std::os::unix::fs::symlink(nvhook_bin(), &plugin).expect("link nvhook as a plugin");
+    // The node's config, handed over by the engine: the plugin runs with no arguments and an
+    // empty environment.
+    fs::copy(
+        node.config(),
+        setup.nri.plugin_config_dir.join("10-nvhook.conf"),
+    )
+    .expect("write the plugin's config");
+    let mut containerd = setup.start(dir.path(), &[]);
+    let image = containerd.import_gpucheck_image(dir.path());
+    let started = std::time::Instant::now();
+    while !node.log().contains("using the config the engine passed") {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "containerd did not start nvhook as a plugin\n(node log)\n{}\n(containerd log)\n{}",
+            node.log(),
+            containerd.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let pods = Pods {
+        cgroups: CgroupParent::new("nvhook-nri-pre"),
+        logs: dir.path().join("pods"),
+    };
+    let mut cri = Cri::connect(containerd.socket());
+    let uuid = node.gpu_uuid(ALLOCATED as usize);
+    let env = [("NVIDIA_VISIBLE_DEVICES", uuid.as_str())];
+    let request = ContainerRequest {
+        image: &image,
+        args: GPUCHECK,
+        env: &env,
+        ..Default::default()
+    };
+    let output = pods.run(&mut cri, &containerd, &node, "pre", request);
+    assert_allocated_gpu_only("pre-registered plugin", &output);
+    drop(cri);
+    assert!(
+        containerd.shutdown(),
+        "containerd ignored SIGTERM:\n{}",
+        containerd.log()
+    );
+    // The plugin's process ends with the engine's connection.
+    let started = std::time::Instant::now();
+    while plugin_running(&plugin) {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "nvhook stayed running after containerd stopped\n{}",
+            node.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Whether a process runs from `program` (by its argv[0], as containerd starts plugins).
+fn plugin_running(program: &std::path::Path) -> bool {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        fs::read(e.path().join("cmdline")).is_ok_and(|c| {
+            c.split(|b| *b == 0).next() == Some(program.as_os_str().as_encoded_bytes())
+        })
+    })
+}

@@ -28,7 +28,8 @@ pub const PLUGIN_INDEX: &str = "10";
 
 /// How the config the engine passes is named in errors, and where the hook entries find it.
 const ENGINE_CONFIG: &str = "(the engine's NRI plugin config for nvhook)";
-const ENGINE_CONFIG_COPY: &str = "/run/nvhook/nri-config.toml";
+const ENGINE_CONFIG_COPY: &str = "nri-config.toml";
+const DEFAULT_STATE_DIR: &str = "/run/nvhook";
 
 #[derive(Debug, thiserror::Error)]
 pub enum NriPluginError {
@@ -95,9 +96,15 @@ impl Plugin for GpuPlugin {
         // A pre-registered plugin's config file (NN-nvhook.conf in the engine's plugin config
         // directory) is nvhook's config: a bad one fails the registration, in the engine's log.
         if !config.config.trim().is_empty() {
-            Config::parse(&config.config, Path::new(ENGINE_CONFIG))?;
-            // Read from a file for every container, as every hook entry reads it.
-            let path = Path::new(ENGINE_CONFIG_COPY);
+            let parsed = Config::parse(&config.config, Path::new(ENGINE_CONFIG))?;
+            crate::logging::redirect_service(&parsed);
+            // Read from a file for every container, as every hook entry reads it: beside
+            // nvhook's other runtime state (NVML's cached answer).
+            let dir = parsed
+                .nvml_cache()
+                .and_then(Path::parent)
+                .unwrap_or(Path::new(DEFAULT_STATE_DIR));
+            let path = &dir.join(ENGINE_CONFIG_COPY);
             std::fs::create_dir_all(path.parent().unwrap_or(Path::new("/")))
                 .and_then(|()| write_atomic(path, config.config.as_bytes(), NewFile::mode(0o644)))
                 .map_err(|e| {
