@@ -60,6 +60,8 @@ build() {
   cd /src
   export CARGO_HOME=/root/.cargo CARGO_TARGET_DIR=/src/.cross/target
   export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+  # As packaging/build-packages.sh builds amd64's: packages ship the binaries as they are.
+  export CARGO_PROFILE_RELEASE_STRIP=symbols
   cargo build --offline --locked --profile "$PROFILE" --target "$TARGET" \
     -p nvhook --bin nvhook -p nvhook-runtime --bin nvhook-runtime -p nvhook-nvml --bin nvhook-nvml
   if [ "$TESTS" = 1 ]; then
