@@ -51,6 +51,7 @@ if [ "$ARCH" = amd64 ]; then
     # The host's own build: the tools read target/release/.
     release=$target/release
     target_args=()
+    variant_args=()
     # cargo-generate-rpm ships the binaries as they are: have the linker strip them.
     CARGO_PROFILE_RELEASE_STRIP=symbols cargo build --release --locked --bins -p nvhook -p nvhook-runtime -p nvhook-nvml
 else
@@ -58,6 +59,9 @@ else
     # (stripped by build-arm64.sh's release build) are copied there.
     release=$target/$triple/release
     target_args=(--target "$triple")
+    # Cargo.toml's [package.metadata.deb.variants.arm64]: its libc dependency, named. The host's
+    # strip cannot read aarch64 files: build-arm64.sh's release build is stripped already.
+    variant_args=(--variant arm64 --no-strip)
     from=${NVHOOK_ARM64_OUT:-$PWD/.cross/aarch64}
     mkdir -p "$release"
     for bin in "${binaries[@]}"; do
@@ -98,7 +102,7 @@ deb=nvhook_${version}_$ARCH.deb
 rpm=nvhook-${version}-1.$rpm_arch.rpm
 mkdir -p "$out"
 rm -f "$out/$deb" "$out/$rpm"
-cargo deb --no-build --quiet "${target_args[@]}" --output "$out/$deb" >/dev/null
+cargo deb --no-build --quiet "${target_args[@]}" "${variant_args[@]}" --output "$out/$deb" >/dev/null
 cargo generate-rpm "${target_args[@]}" --output "$out/$rpm"
 
 for package in "$deb" "$rpm"; do

@@ -12,9 +12,9 @@
 #   NVHOOK_ARM64_PROFILE release (default: what packages ship), dev, or arm64-check (Cargo.toml:
 #                        release's panic = "abort" without fat LTO or debug info; what every test
 #                        run builds, a fraction of release's time)
-#   NVHOOK_ARM64_TESTS   1: then run the workspace's unit tests (--lib --bins) for aarch64 in the
-#                        root, under qemu-aarch64 (qemu-user-static, registered in binfmt_misc
-#                        with the F flag, so that it runs inside the chroot)
+#   NVHOOK_ARM64_TESTS   1: then run the workspace's unit tests (the libraries' and nvhook-nvml's)
+#                        for aarch64 in the root, under qemu-aarch64 (qemu-user-static,
+#                        registered in binfmt_misc with the F flag, so that it runs in the chroot)
 #   CARGO_HOME           the host's cargo home, for its registry (default: ~/.cargo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,7 +67,11 @@ build() {
   if [ "$TESTS" = 1 ]; then
     # The kernel hands each aarch64 test binary to qemu-aarch64 (binfmt_misc); its loader and
     # libc are the root's libc6:arm64.
-    cargo test --offline --locked --profile "$PROFILE" --target "$TARGET" --workspace --lib --bins
+    # Every library's unit tests and nvhook-nvml's; not nvhook's and nvhook-runtime's bins
+    # (`test = false`: no harness), nor simnode's (test tooling that builds C with the host's
+    # cc), nor the integration tests (x86_64 end-to-end containers).
+    cargo test --offline --locked --profile "$PROFILE" --target "$TARGET" --workspace --lib \
+      --bin nvhook-nvml
   fi
 }
 

@@ -31,8 +31,9 @@ packaging/build-packages.sh
 # arm64 (issue 29), every run: the cross toolchain (a Debian sid root in .cross/, kept between
 # runs), the aarch64 build with the workspace's unit tests run under qemu-user (the arm64-check
 # profile: no fat LTO), and the arm64 .deb and .rpm that tests/packages.rs reads. The cross
-# build is offline: fetch every platform's crates first.
-step "cargo fetch (the crates the offline arm64 build needs)" cargo fetch --locked
+# build is offline: fetch aarch64's crates first.
+step "cargo fetch (the crates the offline arm64 build needs)" \
+  cargo fetch --locked --target aarch64-unknown-linux-gnu
 step "the arm64 toolchain (scripts/arm64-toolchain.sh)" scripts/arm64-toolchain.sh
 step "the arm64 build and unit tests (scripts/build-arm64.sh)" \
   env NVHOOK_ARM64_PROFILE=arm64-check NVHOOK_ARM64_TESTS=1 scripts/build-arm64.sh

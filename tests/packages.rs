@@ -569,12 +569,42 @@ fn arm64_deb_is_the_amd64_one_with_aarch64_programs() {
             "{program} in the arm64 .deb"
         );
     }
+
+    // Depends is named in Cargo.toml (dpkg-shlibdeps cannot read aarch64 programs here): it
+    // must ask for at least the newest glibc symbol version nvhook-nvml uses.
+    let depends = deb_field(&arm64, "Depends");
+    let named = depends
+        .strip_prefix("libc6 (>= ")
+        .and_then(|v| v.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("Depends: {depends}"));
+    let helper = unpacked.path().join("usr/bin/nvhook-nvml");
+    let needs = support::readelf("-V", &helper);
+    let version = |v: &str| -> Vec<u32> { v.split('.').map(|p| p.parse().unwrap()).collect() };
+    let newest = needs
+        .split(|c: char| c.is_whitespace())
+        .filter_map(|word| word.strip_prefix("GLIBC_"))
+        .filter(|v| v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+        .map(version)
+        .max()
+        .expect("nvhook-nvml needs glibc symbols");
+    assert!(
+        version(named) >= newest,
+        "Depends: {depends}, but nvhook-nvml needs GLIBC_{newest:?}"
+    );
 }
 
 #[test]
 fn aarch64_rpm_holds_the_arm64_debs_programs() {
     let rpm = rpm_aarch64();
     assert_eq!(rpm_query_of(&rpm, &["--queryformat", "%{ARCH}"]), "aarch64");
+    // Read from the aarch64 nvhook-nvml itself: its loader and libc.
+    let requires = rpm_query_of(&rpm, &["--requires"]);
+    for needed in ["libc.so.6()(64bit)", "ld-linux-aarch64.so.1()(64bit)"] {
+        assert!(
+            requires.lines().any(|l| l == needed),
+            "{needed}\n{requires}"
+        );
+    }
     assert_eq!(
         lines(&rpm_query_of(&rpm, &["--list"])),
         lines(&rpm_query(&["--list"]))
