@@ -3,6 +3,7 @@
 # .cross/sid-root with Debian's rustc and cargo, the arm64 std (libstd-rust-dev:arm64), the
 # aarch64 cross gcc and the arm64 glibc (libc6-dev:arm64, static archives included).
 # rustup's aarch64 std is not needed: Debian's rustc carries the target itself.
+# protobuf-compiler: protoc, for the NRI API (crates/nri/build.rs) and the CRI client the tests use.
 #
 # Idempotent: a root that is complete (its stamp file names the package set) is left alone, so
 # a second run takes well under a second. Run as root (debootstrap and chroot need it).
@@ -14,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${NVHOOK_CROSS_ROOT:-$PWD/.cross/sid-root}
 MIRROR=${NVHOOK_CROSS_MIRROR:-http://deb.debian.org/debian}
-PACKAGES="rustc cargo libstd-rust-dev:arm64 gcc-aarch64-linux-gnu libc6-dev:arm64"
+PACKAGES="rustc cargo libstd-rust-dev:arm64 gcc-aarch64-linux-gnu libc6-dev:arm64 protobuf-compiler"
 STAMP=$ROOT/.nvhook-toolchain
 
 [ "$(id -u)" = 0 ] || { echo "arm64-toolchain.sh: run as root (debootstrap and chroot need it)" >&2; exit 1; }

@@ -9,7 +9,12 @@
 #
 #   NVHOOK_CROSS_ROOT    the toolchain root (default: .cross/sid-root)
 #   NVHOOK_ARM64_OUT     where the three binaries are copied (default: .cross/aarch64)
-#   NVHOOK_ARM64_PROFILE release (default) or dev
+#   NVHOOK_ARM64_PROFILE release (default: what packages ship), dev, or arm64-check (Cargo.toml:
+#                        release's panic = "abort" without fat LTO or debug info; what every test
+#                        run builds, a fraction of release's time)
+#   NVHOOK_ARM64_TESTS   1: then run the workspace's unit tests (the libraries' and nvhook-nvml's)
+#                        for aarch64 in the root, under qemu-aarch64 (qemu-user-static,
+#                        registered in binfmt_misc with the F flag, so that it runs in the chroot)
 #   CARGO_HOME           the host's cargo home, for its registry (default: ~/.cargo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,19 +35,44 @@ BINARIES=(nvhook nvhook-runtime nvhook-nvml)
   echo "build-arm64.sh: no cargo registry at $REGISTRY: run cargo fetch on the host first" >&2
   exit 1
 }
+TESTS=${NVHOOK_ARM64_TESTS:-0}
 case $PROFILE in
-  release) dir=release ;;
+  release | arm64-check) dir=$PROFILE ;;
   dev) dir=debug ;;
-  *) echo "build-arm64.sh: NVHOOK_ARM64_PROFILE is release or dev, not $PROFILE" >&2; exit 1 ;;
+  *) echo "build-arm64.sh: NVHOOK_ARM64_PROFILE is release, dev or arm64-check, not $PROFILE" >&2; exit 1 ;;
 esac
+if [ "$TESTS" = 1 ]; then
+  binfmt=/proc/sys/fs/binfmt_misc
+  # qemu-user-static's package registers the format when binfmt_misc is mounted at install time;
+  # on a machine (or CI container) where it was not, mount it and register the format here.
+  if [ ! -e "$binfmt/qemu-aarch64" ] && command -v update-binfmts >/dev/null; then
+    [ -e "$binfmt/register" ] || mount -t binfmt_misc binfmt_misc "$binfmt" 2>/dev/null || true
+    update-binfmts --enable qemu-aarch64 2>/dev/null || true
+  fi
+  grep -qx enabled "$binfmt/qemu-aarch64" 2>/dev/null && grep -q '^flags:.*F' "$binfmt/qemu-aarch64" || {
+    echo "build-arm64.sh: aarch64 unit tests need qemu-aarch64 enabled in binfmt_misc with the F flag: apt-get install -y qemu-user-static binfmt-support" >&2
+    exit 1
+  }
+fi
 
 # Inside the chroot; the target directory is ignored by git (.cross/).
 build() {
   cd /src
   export CARGO_HOME=/root/.cargo CARGO_TARGET_DIR=/src/.cross/target
   export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+  # As packaging/build-packages.sh builds amd64's: packages ship the binaries as they are.
+  export CARGO_PROFILE_RELEASE_STRIP=symbols
   cargo build --offline --locked --profile "$PROFILE" --target "$TARGET" \
     -p nvhook --bin nvhook -p nvhook-runtime --bin nvhook-runtime -p nvhook-nvml --bin nvhook-nvml
+  if [ "$TESTS" = 1 ]; then
+    # The kernel hands each aarch64 test binary to qemu-aarch64 (binfmt_misc); its loader and
+    # libc are the root's libc6:arm64.
+    # Every library's unit tests and nvhook-nvml's; not nvhook's and nvhook-runtime's bins
+    # (`test = false`: no harness), nor simnode's (test tooling that builds C with the host's
+    # cc), nor the integration tests (x86_64 end-to-end containers).
+    cargo test --offline --locked --profile "$PROFILE" --target "$TARGET" --workspace --lib \
+      --bin nvhook-nvml
+  fi
 }
 
 mkdir -p "$ROOT/src" "$ROOT/root/.cargo/registry" "$ROOT/proc" "$ROOT/dev"
@@ -51,8 +81,8 @@ unshare -m --propagation private bash -euo pipefail -c '
   mount --bind "$3" "$2/root/.cargo/registry"
   mount -t proc proc "$2/proc"
   mount --rbind /dev "$2/dev"
-  chroot "$2" env -i PATH=/usr/bin:/bin HOME=/root PROFILE="$4" TARGET="$5" bash -euo pipefail -c "$6"
-' unshare "$PROJECT" "$ROOT" "$REGISTRY" "$PROFILE" "$TARGET" "$(declare -f build); build"
+  chroot "$2" env -i PATH=/usr/bin:/bin HOME=/root PROFILE="$4" TARGET="$5" TESTS="$6" bash -euo pipefail -c "$7"
+' unshare "$PROJECT" "$ROOT" "$REGISTRY" "$PROFILE" "$TARGET" "$TESTS" "$(declare -f build); build"
 
 mkdir -p "$OUT"
 for bin in "${BINARIES[@]}"; do

@@ -26,7 +26,8 @@ declare -A NVHOOK_PACKAGE=(
   [runc]=runc [crun]=crun [cc]=gcc [ld]=binutils [python3]=python3 [/bin/busybox]=busybox-static
   [containerd]=containerd [ctr]=containerd [dockerd]=docker.io [podman]=podman [newuidmap]=uidmap
   [ip]=iproute2 [unshare]=util-linux [protoc]=protobuf-compiler [rpm]=rpm [dpkg-architecture]=dpkg-dev
-  [musl-gcc]=musl-tools [systemd-run]=systemd
+  [musl-gcc]=musl-tools [systemd-run]=systemd [debootstrap]=debootstrap
+  [qemu-aarch64-static]=qemu-user-static [update-binfmts]=binfmt-support
 )
 
 require_programs() {

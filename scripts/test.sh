@@ -7,7 +7,20 @@ cd "$(dirname "$0")/.."
 require_root test "device nodes, cgroups, runc"
 require_rust test
 require_programs test runc crun cc ld python3 /bin/busybox containerd ctr dockerd podman newuidmap \
-  ip unshare protoc rpm dpkg-architecture musl-gcc systemd-run
+  ip unshare protoc rpm dpkg-architecture musl-gcc systemd-run debootstrap qemu-aarch64-static \
+  update-binfmts
+
+# step WHAT COMMAND...: runs a step whose failure (after its own output) ends the run with one
+# line naming the step.
+step() {
+  local what=$1 rc
+  shift
+  "$@" || {
+    rc=$?
+    echo "test.sh: $what failed (exit $rc): $*" >&2
+    exit 1
+  }
+}
 # containerd 2 (Debian sid's) for tests/containerd2_e2e.rs, fetched into .engines/sid once.
 scripts/sid-engines.sh
 # Test binaries locate simnode and the mock NVML in target/debug: build every member first.
@@ -15,4 +28,14 @@ cargo build --workspace
 # tests/packages.rs reads the .deb and .rpm from target/packages/ (cargo test cannot run a nested
 # cargo build: it holds the target directory lock).
 packaging/build-packages.sh
+# arm64 (issue 29), every run: the cross toolchain (a Debian sid root in .cross/, kept between
+# runs), the aarch64 build with the workspace's unit tests run under qemu-user (the arm64-check
+# profile: no fat LTO), and the arm64 .deb and .rpm that tests/packages.rs reads. The cross
+# build is offline: fetch aarch64's crates first.
+step "cargo fetch (the crates the offline arm64 build needs)" \
+  cargo fetch --locked --target aarch64-unknown-linux-gnu
+step "the arm64 toolchain (scripts/arm64-toolchain.sh)" scripts/arm64-toolchain.sh
+step "the arm64 build and unit tests (scripts/build-arm64.sh)" \
+  env NVHOOK_ARM64_PROFILE=arm64-check NVHOOK_ARM64_TESTS=1 scripts/build-arm64.sh
+step "the arm64 packages (packaging/build-packages.sh arm64)" packaging/build-packages.sh arm64
 cargo test --workspace

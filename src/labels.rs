@@ -5,6 +5,13 @@
 //!
 //! Product, memory, family and compute capability are the first GPU's, as GPU feature
 //! discovery reports them: a node's GPUs are one model in practice.
+//!
+//! Mixed fleets (x86_64 and Grace's aarch64 nodes): GPU feature discovery labels no CPU
+//! architecture, and neither does nvhook. The kubelet labels every node `kubernetes.io/arch`
+//! (`amd64`, `arm64`), which is what a node selector for an architecture names; NFD's local
+//! source would drop a `kubernetes.io/` label anyway. What GPU feature discovery does say about
+//! the machine is `gpu.machine`, the DMI product name (`/sys/class/dmi/id/product_name`), which
+//! tells a Grace Hopper system from an x86_64 server: nvhook labels it the same way.
 
 use crate::inventory::{Gpu, System};
 use std::collections::BTreeMap;
@@ -12,6 +19,10 @@ use std::fmt::Write as _;
 
 /// The namespace GPU feature discovery labels in.
 pub const DEFAULT_PREFIX: &str = "nvidia.com";
+
+/// Where GPU feature discovery reads `gpu.machine` (its `--machine-type-file`), under the
+/// sys root.
+pub const MACHINE_TYPE_FILE: &str = "class/dmi/id/product_name";
 
 /// The most characters of a label's name (after the prefix) and of its value.
 const MAX_LEN: usize = 63;
@@ -63,9 +74,11 @@ pub enum MigStrategy {
 pub struct Labels(BTreeMap<String, String>);
 
 impl Labels {
-    /// The labels for what NVML reports, under `prefix` (`nvidia.com`).
+    /// The labels for what NVML reports and the machine type (the text of
+    /// [`MACHINE_TYPE_FILE`], None where it cannot be read), under `prefix` (`nvidia.com`).
     pub fn for_system(
         system: &System,
+        machine_type: Option<&str>,
         prefix: &str,
         strategy: MigStrategy,
     ) -> Result<Labels, LabelError> {
@@ -87,6 +100,9 @@ impl Labels {
             },
         );
         set("gpu.count", &system.gpus.len().to_string());
+        // As GPU feature discovery: the trimmed file, `unknown` where there is none.
+        let machine = machine_type.map(str::trim).filter(|m| !m.is_empty());
+        set("gpu.machine", machine.unwrap_or("unknown"));
         let driver: Vec<&str> = system.driver_version.split('.').collect();
         let driver_part = |i: usize| driver.get(i).copied().filter(|p| !p.is_empty());
         for (i, (old, new)) in [("major", "major"), ("minor", "minor"), ("rev", "revision")]
@@ -282,7 +298,7 @@ mod tests {
     }
 
     fn labels(system: &System) -> BTreeMap<String, String> {
-        Labels::for_system(system, DEFAULT_PREFIX, MigStrategy::Mixed)
+        Labels::for_system(system, Some("DGX A100"), DEFAULT_PREFIX, MigStrategy::Mixed)
             .unwrap()
             .0
     }
@@ -296,6 +312,7 @@ mod tests {
         ]));
         let want = [
             ("nvidia.com/gpu.count", "3"),
+            ("nvidia.com/gpu.machine", "DGX-A100"),
             ("nvidia.com/gpu.present", "true"),
             ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-80GB"),
             ("nvidia.com/gpu.family", "ampere"),
@@ -331,7 +348,7 @@ mod tests {
     fn the_mig_strategy_decides_the_mig_labels() {
         let split = system(vec![gpu(0, &["1g.10gb"; 7]), gpu(1, &["1g.10gb"; 7])]);
         let with = |system: &System, strategy| {
-            Labels::for_system(system, DEFAULT_PREFIX, strategy).map(|l| l.0)
+            Labels::for_system(system, None, DEFAULT_PREFIX, strategy).map(|l| l.0)
         };
         let none = with(&split, MigStrategy::None).unwrap();
         assert!(
@@ -363,6 +380,31 @@ mod tests {
             let err = with(&odd, MigStrategy::Single).unwrap_err().to_string();
             assert!(err.starts_with("--mig-strategy single: "), "{err}");
         }
+    }
+
+    #[test]
+    fn the_machine_type_is_gpu_feature_discovery_s() {
+        let on = |machine: Option<&str>| {
+            Labels::for_system(
+                &system(vec![gpu(0, &[])]),
+                machine,
+                DEFAULT_PREFIX,
+                MigStrategy::None,
+            )
+            .unwrap()
+            .0["nvidia.com/gpu.machine"]
+                .clone()
+        };
+        // A Grace Hopper system's DMI product name, as the file holds it (newline included).
+        assert_eq!(
+            on(Some("GH200 Grace Hopper Superchip\n")),
+            "GH200-Grace-Hopper-Superchip"
+        );
+        assert_eq!(on(Some("  \n")), "unknown");
+        assert_eq!(on(None), "unknown");
+        // No label names a CPU architecture: the kubelet's kubernetes.io/arch does.
+        let labels = labels(&system(vec![gpu(0, &[])]));
+        assert!(!labels.keys().any(|k| k.contains("arch")), "{labels:?}");
     }
 
     #[test]
@@ -402,7 +444,7 @@ mod tests {
         let mut odd = gpu(0, &[]);
         odd.name = format!("Ünïcode GPU/{}", "x".repeat(80));
         for (name, value) in
-            Labels::for_system(&system(vec![odd]), "example.org", MigStrategy::None)
+            Labels::for_system(&system(vec![odd]), None, "example.org", MigStrategy::None)
                 .unwrap()
                 .iter()
         {
@@ -424,12 +466,18 @@ mod tests {
     fn a_prefix_must_be_a_dns_subdomain() {
         for bad in ["", "Nvidia.com", "nvidia.com/", "-a.com", "a..b", "a_b.com"] {
             assert!(
-                Labels::for_system(&system(vec![]), bad, MigStrategy::None).is_err(),
+                Labels::for_system(&system(vec![]), None, bad, MigStrategy::None).is_err(),
                 "{bad:?} accepted"
             );
         }
         assert!(
-            Labels::for_system(&system(vec![]), "gpu.example-1.org", MigStrategy::None).is_ok()
+            Labels::for_system(
+                &system(vec![]),
+                None,
+                "gpu.example-1.org",
+                MigStrategy::None
+            )
+            .is_ok()
         );
     }
 
@@ -437,6 +485,7 @@ mod tests {
     fn the_nfd_file_is_comment_then_name_value_lines() {
         let labels = Labels::for_system(
             &system(vec![gpu(0, &[])]),
+            None,
             DEFAULT_PREFIX,
             MigStrategy::None,
         )

@@ -11,6 +11,7 @@ pub mod configure;
 pub mod dev_char;
 pub mod doctor;
 pub mod echo;
+pub mod elf_machine;
 pub mod entry;
 pub mod extra_devices;
 mod file_id;

@@ -1,15 +1,18 @@
 //! Human-readable text for `nvhook info` and `nvhook plan`.
 
+use crate::elf_machine::DriverArch;
 use crate::inventory::Inventory;
 use crate::plan::Plan;
 use crate::request::Decision;
 use std::fmt::Write;
 
 /// Like `nvidia-container-cli info`: driver, then one block per GPU, then the files found.
-pub fn inventory_text(inv: &Inventory) -> String {
+/// `driver` is the architecture of the driver's libraries ([`crate::elf_machine::driver_arch`]).
+pub fn inventory_text(inv: &Inventory, driver: Option<&DriverArch>) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "NVRM version:   {}", inv.driver_version);
     let _ = writeln!(s, "CUDA version:   {}", inv.cuda_version);
+    let _ = writeln!(s, "Driver arch:    {}", driver_arch_text(driver));
     for g in &inv.gpus {
         let _ = writeln!(s);
         let _ = writeln!(s, "Device Index:   {}", g.index);
@@ -84,6 +87,23 @@ pub fn inventory_text(inv: &Inventory) -> String {
     s
 }
 
+/// `aarch64 (/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1)`, or why it is unknown.
+fn driver_arch_text(driver: Option<&DriverArch>) -> String {
+    match driver {
+        None => "unknown (no libnvidia-ml.so.1 or libcuda.so.1 found)".to_string(),
+        Some(d) => {
+            let library = d.library.display();
+            match (&d.machine, &d.error) {
+                (Some(machine), _) => format!("{machine} ({library})"),
+                (None, why) => format!(
+                    "unknown ({library}: {})",
+                    why.as_deref().unwrap_or("no machine")
+                ),
+            }
+        }
+    }
+}
+
 pub fn plan_text(plan: &Plan) -> String {
     let mut s = String::new();
     let _ = writeln!(
@@ -149,5 +169,38 @@ pub fn no_gpu_text(decision: &Decision) -> &'static str {
         _ => {
             "empty plan: the container asks for no GPU (NVIDIA_VISIBLE_DEVICES unset, empty or void)"
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn info_names_the_driver_architecture_or_why_not() {
+        let inv = crate::plan::tests::standard();
+        let arm = DriverArch {
+            machine: Some("aarch64".into()),
+            error: None,
+            library: PathBuf::from("/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1"),
+        };
+        let text = inventory_text(&inv, Some(&arm));
+        assert_eq!(
+            text.lines().nth(2),
+            Some("Driver arch:    aarch64 (/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1)")
+        );
+        let damaged = DriverArch {
+            machine: None,
+            error: Some("not an ELF file".into()),
+            ..arm
+        };
+        assert!(inventory_text(&inv, Some(&damaged)).contains(
+            "Driver arch:    unknown (/usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1: not an ELF file)"
+        ));
+        assert!(
+            inventory_text(&inv, None)
+                .contains("Driver arch:    unknown (no libnvidia-ml.so.1 or libcuda.so.1 found)")
+        );
     }
 }

@@ -226,6 +226,17 @@ fn info_json_lists_the_gpus_of_the_topology() {
     assert_eq!(strings(gpus, "pci_bus_id"), want);
     let migs = strings(&gpus[3]["mig_devices"], "uuid");
     assert_eq!(migs, vec![node.mig_uuid(3, 0), node.mig_uuid(3, 1)]);
+    // The architecture of the driver found: its NVML library's ELF header (the mock NVML, built
+    // for this machine).
+    let driver_arch = &inv["driver_arch"];
+    assert_eq!(
+        driver_arch["machine"],
+        std::env::consts::ARCH,
+        "{driver_arch}"
+    );
+    let library = driver_arch["library"].as_str().unwrap();
+    assert!(library.contains("libnvidia-ml.so"), "{driver_arch}");
+    assert!(driver_arch.get("error").is_none(), "{driver_arch}");
     assert!(stderr(&node.run(&["info", "--format", "json"])).is_empty());
 }
 
@@ -249,6 +260,12 @@ fn info_text_describes_driver_gpus_and_mig_devices() {
             "{text}"
         );
         assert!(text.contains("Persistence:    on"), "{text}");
+        let arch = format!("Driver arch:    {} (", std::env::consts::ARCH);
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&arch) && l.contains("libnvidia-ml.so")),
+            "{text}"
+        );
     }
 }
 

@@ -11,7 +11,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use support::{SimNode, nvhook_bin, run_nvhook, workspace_bin};
+use support::{SimNode, nvhook_bin, output_of_copied_binary, run_nvhook, workspace_bin};
 
 /// A node ready for GPU containers: 2 GPUs, GPU 1 split into 2 MIG devices; the engine
 /// configs and CDI specs in a host root of their own, which survives changes to the node;
@@ -212,6 +212,7 @@ fn a_node_set_up_as_documented_is_ready() {
     }
     for start in [
         "ok   kernel module: nvidia loaded, driver 550.54.15",
+        "ok   nvhook binaries: ",
         "ok   NVML: answered in ",
         "ok   persistence mode GPU 1: on",
         "ok   device /dev/nvidia1: 195:1",
@@ -345,6 +346,81 @@ fn an_unreadable_library_fails() {
     fs::remove_file(&lib).unwrap();
     fs::create_dir(&lib).unwrap();
     node.expect(1, "FAIL driver files: ", &[lib.to_str().unwrap()]);
+}
+
+/// The first bytes of a 64-bit ELF file for another architecture than this machine's (the
+/// tests' build target): aarch64 (EM_AARCH64 183) on x86_64, x86_64 (62) elsewhere.
+fn foreign_elf() -> (Vec<u8>, &'static str) {
+    let (machine, name) = match std::env::consts::ARCH {
+        "x86_64" => (183u16, "aarch64"),
+        _ => (62, "x86_64"),
+    };
+    let mut head = vec![0u8; 64];
+    head[..7].copy_from_slice(b"\x7fELF\x02\x01\x01");
+    head[16] = 3;
+    head[18..20].copy_from_slice(&machine.to_le_bytes());
+    (head, name)
+}
+
+#[test]
+fn a_driver_library_of_another_architecture_fails() {
+    let node = Node::ready();
+    let lib = driver_lib(&node, "libnvidia-ptxjitcompiler");
+    let (head, foreign) = foreign_elf();
+    fs::write(&lib, head).unwrap();
+    let arch = std::env::consts::ARCH;
+    node.expect(
+        1,
+        "FAIL driver files: ",
+        &[
+            lib.to_str().unwrap(),
+            &format!("built for {foreign} on this {arch} node"),
+            &format!("install the NVIDIA driver for {arch}"),
+        ],
+    );
+}
+
+/// An nvhook-nvml of another architecture beside nvhook (a package of the wrong architecture,
+/// copied by hand): doctor names it before NVML's failure, which it explains.
+#[test]
+fn an_nvhook_binary_of_another_architecture_fails() {
+    let node = Node::ready();
+    let alone = tempfile::Builder::new()
+        .prefix("nvhook-doctor-arch-")
+        .tempdir()
+        .unwrap();
+    let nvhook = alone.path().join("nvhook");
+    fs::copy(nvhook_bin(), &nvhook).unwrap();
+    let helper = alone.path().join("nvhook-nvml");
+    let (head, foreign) = foreign_elf();
+    fs::write(&helper, head).unwrap();
+    fs::set_permissions(&helper, fs::Permissions::from_mode(0o755)).unwrap();
+    let config = node.sim.config();
+    let out = output_of_copied_binary(
+        Command::new(&nvhook)
+            .args(["--config", config.to_str().unwrap(), "doctor"])
+            .args(["--root", node.host.path().to_str().unwrap()])
+            .env_remove("NVHOOK_CONFIG")
+            .env("PATH", node.bin.path()),
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("FAIL nvhook binaries: "))
+        .unwrap_or_else(|| panic!("no nvhook binaries line:\n{text}"));
+    let arch = std::env::consts::ARCH;
+    assert!(
+        line.contains(&format!(
+            "{}: built for {foreign} (this node runs {arch})",
+            helper.display()
+        )),
+        "{line}"
+    );
+    assert!(line.contains("-> fix: install nvhook's "), "{line}");
+    // nvhook itself, of this machine's architecture, is not named.
+    assert!(!line.contains(&format!("{}:", nvhook.display())), "{line}");
+    assert!(text.lines().any(|l| l.starts_with("FAIL NVML")), "{text}");
 }
 
 #[test]

@@ -40,6 +40,20 @@ fn labels_name_the_nodes_gpus_as_gpu_feature_discovery_does() {
         lines
     );
 
+    // The machine type is GPU feature discovery's gpu.machine: `unknown` without DMI (a VM, a
+    // container without /sys/class/dmi). No label names the CPU architecture: on a mixed fleet
+    // the kubelet's kubernetes.io/arch does.
+    assert!(!got.keys().any(|k| k.contains("arch")), "{got:?}");
+    fs::remove_file(node.root().join("sys/class/dmi/id/product_name")).unwrap();
+    let out = labels(&node, &["--format", "json"]);
+    let got: BTreeMap<String, String> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["nvidia.com/gpu.machine"], "unknown");
+    fs::write(
+        node.root().join("sys/class/dmi/id/product_name"),
+        "nvhook simulated GPU node\n",
+    )
+    .unwrap();
+
     // Split unlike, the node cannot be offered under the single strategy: one line, exit 1.
     let single = labels(&node, &["--mig-strategy", "single"]);
     assert_eq!(single.status.code(), Some(1));

@@ -61,7 +61,7 @@ fn package(name: &str) -> PathBuf {
     let path = target.join("packages").join(name);
     assert!(
         path.is_file(),
-        "{} is missing: run packaging/build-packages.sh (scripts/test.sh does) before the package tests",
+        "{} is missing: run packaging/build-packages.sh, and for arm64 scripts/arm64-toolchain.sh, scripts/build-arm64.sh and packaging/build-packages.sh arm64 (scripts/test.sh does all) before the package tests",
         path.display()
     );
     path
@@ -73,6 +73,15 @@ fn deb() -> PathBuf {
 
 fn rpm() -> PathBuf {
     package(&format!("nvhook-{VERSION}-1.x86_64.rpm"))
+}
+
+/// The arm64 .deb and aarch64 .rpm, packed from the cross build (issue 29).
+fn deb_arm64() -> PathBuf {
+    package(&format!("nvhook_{VERSION}_arm64.deb"))
+}
+
+fn rpm_aarch64() -> PathBuf {
+    package(&format!("nvhook-{VERSION}-1.aarch64.rpm"))
 }
 
 /// The maintainer script both packages carry.
@@ -193,21 +202,25 @@ impl ScratchRoot {
 
 // ---- the .deb ----
 
-#[test]
-fn deb_holds_the_programs_config_hook_and_docs_with_their_dependencies() {
-    let deb = deb();
+/// `dpkg-deb --contents` of `deb`: its listing and the files (not directories) in it.
+fn deb_contents(deb: &Path) -> (String, BTreeSet<String>) {
     let listing = stdout_of(
         Command::new(require_program("dpkg-deb"))
             .arg("--contents")
-            .arg(&deb),
+            .arg(deb),
     );
-    let files: BTreeSet<&str> = listing
+    let files = listing
         .lines()
         .filter(|line| !line.ends_with('/'))
         .map(|line| line.split(" -> ").next().unwrap_or(line))
         .filter_map(|line| line.split_whitespace().last())
-        .map(|path| path.trim_start_matches('.'))
+        .map(|path| path.trim_start_matches('.').to_owned())
         .collect();
+    (listing, files)
+}
+
+/// What the .deb holds: the programs, NVIDIA's names for nvhook and the docs.
+fn deb_files() -> BTreeSet<String> {
     let docs = [
         "/usr/share/doc/nvhook/README.md",
         "/usr/share/doc/nvhook/copyright",
@@ -215,7 +228,26 @@ fn deb_holds_the_programs_config_hook_and_docs_with_their_dependencies() {
     ];
     let mut expected = with_docs(&docs);
     expected.extend(NVIDIA_NAME_LINKS);
-    assert_eq!(files, expected, "{listing}");
+    expected.into_iter().map(str::to_owned).collect()
+}
+
+/// `dpkg-deb --field deb NAME`.
+fn deb_field(deb: &Path, name: &str) -> String {
+    stdout_of(
+        Command::new(require_program("dpkg-deb"))
+            .arg("--field")
+            .arg(deb)
+            .arg(name),
+    )
+    .trim()
+    .to_owned()
+}
+
+#[test]
+fn deb_holds_the_programs_config_hook_and_docs_with_their_dependencies() {
+    let deb = deb();
+    let (listing, files) = deb_contents(&deb);
+    assert_eq!(files, deb_files(), "{listing}");
     for link in NVIDIA_NAME_LINKS {
         assert!(
             listing
@@ -240,16 +272,8 @@ fn deb_holds_the_programs_config_hook_and_docs_with_their_dependencies() {
         );
     }
 
-    let field = |name: &str| {
-        stdout_of(
-            Command::new(require_program("dpkg-deb"))
-                .arg("--field")
-                .arg(&deb)
-                .arg(name),
-        )
-        .trim()
-        .to_owned()
-    };
+    let field = |name: &str| deb_field(&deb, name);
+    assert_eq!(field("Architecture"), "amd64");
     assert_eq!(field("Version"), VERSION);
     assert!(
         field("Depends").starts_with("libc6 (>="),
@@ -407,10 +431,15 @@ fn assert_units_run_nvhook(root: &ScratchRoot) {
         path.contains("\nUnit=nvhook-cdi-refresh.service\n"),
         "{path}"
     );
-    assert!(
-        path.contains("PathChanged=/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"),
-        "{path}"
-    );
+    // Both architectures' library directories, on the host and in the GPU operator's driver
+    // root: one unit file for amd64 and arm64 nodes.
+    for arch in ["x86_64", "aarch64"] {
+        for root in ["", "/run/nvidia/driver"] {
+            let watched =
+                format!("PathChanged={root}/usr/lib/{arch}-linux-gnu/libnvidia-ml.so.1\n");
+            assert!(path.contains(&watched), "{watched}{path}");
+        }
+    }
     let links = read("/usr/lib/systemd/system/nvhook-dev-char-links.service");
     assert!(
         links.contains("\nExecStart=/usr/bin/nvhook dev-char-links\n"),
@@ -437,12 +466,16 @@ fn assert_units_run_nvhook(root: &ScratchRoot) {
 // ---- the .rpm (read with Debian's rpm; its scripts are the .deb's) ----
 
 fn rpm_query(args: &[&str]) -> String {
+    rpm_query_of(&rpm(), args)
+}
+
+fn rpm_query_of(rpm: &Path, args: &[&str]) -> String {
     stdout_of(
         Command::new(require_program("rpm"))
             .arg("--query")
             .arg("--package")
             .args(args)
-            .arg(rpm()),
+            .arg(rpm),
     )
 }
 
@@ -480,6 +513,118 @@ fn rpm_holds_the_same_files_with_a_noreplace_config_and_license() {
         lines(&rpm_query(&["--conflicts"])),
         BTreeSet::from(["libnvidia-container-tools", "nvidia-container-toolkit"])
     );
+}
+
+// ---- arm64 (issue 29): packed from scripts/build-arm64.sh's aarch64 binaries ----
+
+const PROGRAMS: [&str; 3] = [
+    "/usr/bin/nvhook",
+    "/usr/bin/nvhook-runtime",
+    "/usr/bin/nvhook-nvml",
+];
+
+/// `readelf -h`'s class and machine of `path`: the ELF header's EI_CLASS and e_machine.
+fn elf_class_and_machine(path: &Path) -> (String, String) {
+    let header = support::readelf("-h", path);
+    let field = |name: &str| {
+        header
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in readelf -h {}:\n{header}", path.display()))
+            .trim()
+            .to_owned()
+    };
+    (field("Class:"), field("Machine:"))
+}
+
+/// The files of `deb`, unpacked into a directory of their own.
+fn unpack(deb: &Path) -> TempDir {
+    let unpacked = TempDir::new().expect("create a directory");
+    stdout_of(
+        Command::new(require_program("dpkg-deb"))
+            .arg("--extract")
+            .arg(deb)
+            .arg(unpacked.path()),
+    );
+    unpacked
+}
+
+#[test]
+fn arm64_deb_is_the_amd64_one_with_aarch64_programs() {
+    let arm64 = deb_arm64();
+    assert_eq!(deb_field(&arm64, "Architecture"), "arm64");
+    assert_eq!(deb_field(&arm64, "Version"), VERSION);
+    for same in ["Package", "Recommends", "Conflicts"] {
+        assert_eq!(deb_field(&arm64, same), deb_field(&deb(), same), "{same}");
+    }
+    let (listing, files) = deb_contents(&arm64);
+    assert_eq!(files, deb_files(), "{listing}");
+
+    let unpacked = unpack(&arm64);
+    for program in PROGRAMS {
+        let path = unpacked.path().join(program.trim_start_matches('/'));
+        assert_eq!(
+            elf_class_and_machine(&path),
+            ("ELF64".to_owned(), "AArch64".to_owned()),
+            "{program} in the arm64 .deb"
+        );
+    }
+
+    // Depends is named in Cargo.toml (dpkg-shlibdeps cannot read aarch64 programs here): it
+    // must ask for at least the newest glibc symbol version nvhook-nvml uses.
+    let depends = deb_field(&arm64, "Depends");
+    let named = depends
+        .strip_prefix("libc6 (>= ")
+        .and_then(|v| v.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("Depends: {depends}"));
+    let helper = unpacked.path().join("usr/bin/nvhook-nvml");
+    let needs = support::readelf("-V", &helper);
+    let version = |v: &str| -> Vec<u32> { v.split('.').map(|p| p.parse().unwrap()).collect() };
+    let newest = needs
+        .split(|c: char| c.is_whitespace())
+        .filter_map(|word| word.strip_prefix("GLIBC_"))
+        .filter(|v| v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+        .map(version)
+        .max()
+        .expect("nvhook-nvml needs glibc symbols");
+    assert!(
+        version(named) >= newest,
+        "Depends: {depends}, but nvhook-nvml needs GLIBC_{newest:?}"
+    );
+}
+
+#[test]
+fn aarch64_rpm_holds_the_arm64_debs_programs() {
+    let rpm = rpm_aarch64();
+    assert_eq!(rpm_query_of(&rpm, &["--queryformat", "%{ARCH}"]), "aarch64");
+    // Read from the aarch64 nvhook-nvml itself: its loader and libc.
+    let requires = rpm_query_of(&rpm, &["--requires"]);
+    for needed in ["libc.so.6()(64bit)", "ld-linux-aarch64.so.1()(64bit)"] {
+        assert!(
+            requires.lines().any(|l| l == needed),
+            "{needed}\n{requires}"
+        );
+    }
+    assert_eq!(
+        lines(&rpm_query_of(&rpm, &["--list"])),
+        lines(&rpm_query(&["--list"]))
+    );
+    // The .rpm's file digests (SHA-256) are those of the arm64 .deb's programs, which the test
+    // above reads as aarch64 ELF files: the same cross-built binaries.
+    let digests = rpm_query_of(&rpm, &["--queryformat", "[%{FILENAMES} %{FILEDIGESTS}\n]"]);
+    let unpacked = unpack(&deb_arm64());
+    for program in PROGRAMS {
+        let path = unpacked.path().join(program.trim_start_matches('/'));
+        let sum = stdout_of(Command::new(require_program("sha256sum")).arg(&path));
+        let sum = sum
+            .split_whitespace()
+            .next()
+            .expect("sha256sum prints a sum");
+        assert!(
+            digests.lines().any(|l| l == format!("{program} {sum}")),
+            "{program} (sha256 {sum}) is not the arm64 .deb's\n{digests}"
+        );
+    }
 }
 
 #[test]

@@ -5,8 +5,9 @@ use super::Check;
 use super::runtimes::{self, Version};
 use crate::config::Config;
 use crate::dev_char::CharLink;
+use crate::elf_machine::{ElfHead, mismatch};
 use crate::inventory::{DeviceMajors, HostNode, Inventory, Library};
-use nvhook_ldcache::ElfClass;
+use nvhook_ldcache::{Arch, ElfClass};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -155,8 +156,9 @@ fn node_check(nodes: &[HostNode], path: &str, major: u32, minor: Option<u32>, fi
 pub type LibraryHead = Result<Vec<u8>, String>;
 
 /// The libraries nvhook would mount: the two every GPU container needs are there, and each
-/// one is a readable ELF file of the class the loader cache says.
-pub fn driver_files(inv: &Inventory, heads: &[(Library, LibraryHead)]) -> Vec<Check> {
+/// one is a readable ELF file of the class the loader cache says, built for `node`, the
+/// architecture the kernel runs.
+pub fn driver_files(inv: &Inventory, node: Arch, heads: &[(Library, LibraryHead)]) -> Vec<Check> {
     let mut out = Vec::new();
     for soname in ["libcuda.so.1", "libnvidia-ml.so.1"] {
         let found = inv
@@ -175,24 +177,29 @@ pub fn driver_files(inv: &Inventory, heads: &[(Library, LibraryHead)]) -> Vec<Ch
             ));
         }
     }
+    let mut foreign = false;
     let bad: Vec<String> = heads
         .iter()
         .filter_map(|(lib, head)| {
-            let problem = match head {
+            let problem = match head.as_deref().map(ElfHead::parse) {
                 Err(e) => format!("unreadable ({e})"),
-                Ok(h) if h.len() < 5 || h[..4] != *b"\x7fELF" => "not an ELF file".into(),
-                Ok(h) => {
+                Ok(Err(why)) => why,
+                Ok(Ok(elf)) => {
                     let class = match lib.class {
                         ElfClass::Lib64 => 2,
                         ElfClass::Lib32 => 1,
                     };
-                    if h[4] == class {
+                    if elf.class != class {
+                        format!(
+                            "ELF class {} where the loader cache says {:?}",
+                            elf.class, lib.class
+                        )
+                    } else if elf.arch() == Some((node, lib.class)) {
                         return None;
+                    } else {
+                        foreign = true;
+                        format!("built for {} on this {} node", elf.name(), node.name())
                     }
-                    format!(
-                        "ELF class {} where the loader cache says {:?}",
-                        h[4], lib.class
-                    )
                 }
             };
             Some(format!("{}: {problem}", lib.host_path.display()))
@@ -207,6 +214,14 @@ pub fn driver_files(inv: &Inventory, heads: &[(Library, LibraryHead)]) -> Vec<Ch
                 inv.driver_version
             ),
         ),
+        _ if foreign => Check::fail(
+            "driver files",
+            bad.join("; "),
+            format!(
+                "install the NVIDIA driver for {} (the driver root holds another architecture's)",
+                node.name()
+            ),
+        ),
         _ => Check::fail(
             "driver files",
             bad.join("; "),
@@ -214,6 +229,54 @@ pub fn driver_files(inv: &Inventory, heads: &[(Library, LibraryHead)]) -> Vec<Ch
         ),
     });
     out
+}
+
+/// nvhook's own programs (nvhook, the nvhook-runtime engines run, nvhook-nvml), each with the
+/// first bytes of its file: every one must be built for `machine`, the architecture the kernel
+/// runs (`uname -m`). On a mixed fleet an x86_64 package on an arm64 node fails only when a
+/// GPU container starts, or runs nvhook slowly under binfmt_misc's qemu.
+pub fn binaries(machine: &str, files: &[(PathBuf, LibraryHead)]) -> Check {
+    const NAME: &str = "nvhook binaries";
+    let Some(node) = Arch::from_name(machine) else {
+        return Check::fail(
+            NAME,
+            format!("this node runs {machine:?}, an architecture nvhook is not built for"),
+            "run nvhook on an x86_64 or aarch64 node",
+        );
+    };
+    let bad: Vec<String> = files
+        .iter()
+        .filter_map(|(path, head)| {
+            let problem = match head {
+                Err(e) => format!("unreadable ({e})"),
+                Ok(head) => mismatch(head, node)?,
+            };
+            Some(format!("{}: {problem}", path.display()))
+        })
+        .collect();
+    if bad.is_empty() {
+        let names: Vec<String> = files
+            .iter()
+            .map(|(path, _)| path.display().to_string())
+            .collect();
+        return Check::ok(
+            NAME,
+            format!(
+                "{} built for {}, as this node",
+                names.join(", "),
+                node.name()
+            ),
+        );
+    }
+    let package = match node {
+        Arch::X86_64 => "amd64 .deb or x86_64 .rpm",
+        Arch::Aarch64 => "arm64 .deb or aarch64 .rpm",
+    };
+    Check::fail(
+        NAME,
+        format!("{} (this node runs {})", bad.join("; "), node.name()),
+        format!("install nvhook's {package}"),
+    )
 }
 
 /// NVML's cached answer against the host now.
@@ -678,6 +741,7 @@ mod tests {
     use super::*;
     use crate::doctor::Level;
     use crate::doctor::runtimes::recorded;
+    use crate::elf_machine::tests::elf_head;
     use crate::plan::tests::{inventory, standard};
 
     fn levels(checks: &[Check]) -> Vec<Level> {
@@ -754,41 +818,145 @@ mod tests {
     #[test]
     fn libraries_must_be_elf_of_their_class() {
         let inv = standard();
-        let elf = |class: u8| Ok(vec![0x7f, b'E', b'L', b'F', class]);
-        let heads: Vec<(Library, LibraryHead)> = inv
-            .files
-            .libraries
-            .iter()
-            .map(|l| {
-                let class = if l.class == ElfClass::Lib64 { 2 } else { 1 };
-                (l.clone(), elf(class))
-            })
-            .collect();
-        assert_eq!(levels(&driver_files(&inv, &heads)), [Level::Ok]);
+        let elf = |class: u8, machine: u16| Ok(elf_head(class, machine));
+        let heads_for = |arch: Arch| -> Vec<(Library, LibraryHead)> {
+            inv.files
+                .libraries
+                .iter()
+                .map(|l| {
+                    let class = if l.class == ElfClass::Lib64 { 2 } else { 1 };
+                    (l.clone(), elf(class, arch.elf_machine(l.class)))
+                })
+                .collect()
+        };
+        let heads = heads_for(Arch::X86_64);
+        assert_eq!(
+            levels(&driver_files(&inv, Arch::X86_64, &heads)),
+            [Level::Ok]
+        );
 
         let mut bad = heads.clone();
         bad[0].1 = Ok(b"#!/bin/sh\n".to_vec());
-        bad[1].1 = elf(if bad[1].0.class == ElfClass::Lib64 {
-            1
+        bad[1].1 = if bad[1].0.class == ElfClass::Lib64 {
+            elf(1, 3)
         } else {
-            2
-        });
+            elf(2, 62)
+        };
         bad[2].1 = Err("Permission denied".into());
-        let check = driver_files(&inv, &bad).pop().unwrap();
+        let check = driver_files(&inv, Arch::X86_64, &bad).pop().unwrap();
         assert_eq!(check.level, Level::Fail);
         assert_eq!(check.detail.matches("; ").count(), 2, "{}", check.detail);
         assert!(check.detail.contains("not an ELF file"));
         assert!(check.detail.contains("ELF class"));
         assert!(check.detail.contains("unreadable (Permission denied)"));
+        assert!(
+            check
+                .fix
+                .unwrap()
+                .starts_with("reinstall the NVIDIA driver")
+        );
 
         let mut no_cuda = inv.clone();
         no_cuda
             .files
             .libraries
             .retain(|l| l.soname != "libcuda.so.1");
-        let checks = driver_files(&no_cuda, &heads);
+        let checks = driver_files(&no_cuda, Arch::X86_64, &heads);
         assert_eq!(checks[0].name, "driver libcuda.so.1");
         assert_eq!(checks[0].level, Level::Fail);
+    }
+
+    #[test]
+    fn driver_libraries_of_another_architecture_fail() {
+        let inv = standard();
+        let heads = |machine: u16| -> Vec<(Library, LibraryHead)> {
+            inv.files
+                .libraries
+                .iter()
+                .filter(|l| l.class == ElfClass::Lib64)
+                .map(|l| (l.clone(), Ok(elf_head(2, machine))))
+                .collect()
+        };
+        // x86_64 libraries (EM_X86_64) on a Grace node, and aarch64 ones on an x86_64 node.
+        let check = driver_files(&inv, Arch::Aarch64, &heads(62)).pop().unwrap();
+        assert_eq!(check.level, Level::Fail);
+        assert!(
+            check
+                .detail
+                .contains("built for x86_64 on this aarch64 node"),
+            "{}",
+            check.detail
+        );
+        assert_eq!(
+            check.fix.as_deref(),
+            Some(
+                "install the NVIDIA driver for aarch64 (the driver root holds another architecture's)"
+            )
+        );
+        let check = driver_files(&inv, Arch::X86_64, &heads(183)).pop().unwrap();
+        assert!(
+            check
+                .detail
+                .contains("built for aarch64 on this x86_64 node")
+        );
+        // The 64-bit libraries of the node's own architecture pass.
+        let check = driver_files(&inv, Arch::Aarch64, &heads(183))
+            .pop()
+            .unwrap();
+        assert_eq!(check.level, Level::Ok, "{}", check.detail);
+    }
+
+    #[test]
+    fn nvhook_binaries_of_another_architecture_fail() {
+        let files = |machine: u16| -> Vec<(PathBuf, LibraryHead)> {
+            [
+                "/usr/bin/nvhook",
+                "/usr/bin/nvhook-runtime",
+                "/usr/bin/nvhook-nvml",
+            ]
+            .into_iter()
+            .map(|p| (PathBuf::from(p), Ok(elf_head(2, machine))))
+            .collect()
+        };
+        let ok = binaries("aarch64", &files(183));
+        assert_eq!(ok.level, Level::Ok);
+        assert_eq!(
+            ok.detail,
+            "/usr/bin/nvhook, /usr/bin/nvhook-runtime, /usr/bin/nvhook-nvml built for aarch64, as this node"
+        );
+        assert_eq!(binaries("x86_64", &files(62)).level, Level::Ok);
+
+        // An amd64 package installed on a Grace node: every binary is named.
+        let wrong = binaries("aarch64", &files(62));
+        assert_eq!(wrong.level, Level::Fail);
+        assert_eq!(wrong.detail.matches("built for x86_64").count(), 3);
+        assert!(wrong.detail.ends_with("(this node runs aarch64)"));
+        assert_eq!(
+            wrong.fix.as_deref(),
+            Some("install nvhook's arm64 .deb or aarch64 .rpm")
+        );
+
+        // One x86_64 helper among aarch64 binaries, and an unreadable one.
+        let mut mixed = files(183);
+        mixed[2].1 = Ok(elf_head(2, 62));
+        mixed[1].1 = Err("Permission denied".into());
+        let check = binaries("aarch64", &mixed);
+        assert_eq!(check.level, Level::Fail);
+        assert!(
+            check
+                .detail
+                .starts_with("/usr/bin/nvhook-runtime: unreadable (Permission denied); /usr/bin/nvhook-nvml: built for x86_64"),
+            "{}",
+            check.detail
+        );
+        assert_eq!(
+            binaries("x86_64", &files(183)).fix.as_deref(),
+            Some("install nvhook's amd64 .deb or x86_64 .rpm")
+        );
+
+        let other = binaries("ppc64le", &files(21));
+        assert_eq!(other.level, Level::Fail);
+        assert!(other.detail.contains("\"ppc64le\""), "{}", other.detail);
     }
 
     #[test]

@@ -166,6 +166,11 @@ pub fn run(config: &Config, options: &Options) -> Report {
         config.nvml_timeout(),
     ));
     let nodes = DeviceMajors::read(config).and_then(|m| Ok((m, scan_nodes(config)?)));
+    // The kernel's architecture, not this build's: an nvhook of another one may run under qemu.
+    let machine = crate::elf_machine::kernel_machine();
+    let node_arch = nvhook_ldcache::Arch::from_name(&machine).unwrap_or_default();
+    // Before the NVML answer: an nvhook-nvml of another architecture is why NVML failed.
+    out.push(checks::binaries(&machine, &own_binaries(options)));
     if let Ok(inventory) = &answer {
         out.extend(checks::persistence(inventory));
         match &nodes {
@@ -187,7 +192,7 @@ pub fn run(config: &Config, options: &Options) -> Report {
             .iter()
             .map(|l| (l.clone(), head(&l.host_path)))
             .collect();
-        out.extend(checks::driver_files(inventory, &heads));
+        out.extend(checks::driver_files(inventory, node_arch, &heads));
         out.extend(cdi_checks(config, options, inventory));
     }
     if let Ok((_, nodes)) = &nodes {
@@ -261,13 +266,29 @@ fn cache_state(config: &Config, inventory: &Inventory) -> CacheState {
     }
 }
 
-/// The first bytes of a file: enough for the ELF magic and class.
+/// The first bytes of a file: enough for the ELF magic, class and machine.
 fn head(path: &Path) -> checks::LibraryHead {
-    let mut buf = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(5).read_to_end(&mut buf))
-        .map_err(|e| e.to_string())?;
-    Ok(buf)
+    crate::elf_machine::read_head(path).map_err(|e| e.to_string())
+}
+
+/// nvhook (this program), the nvhook-runtime the engines should run and the nvhook-nvml
+/// beside nvhook, with their first bytes; those that are not there are left to the checks
+/// that need them (NVML's, the engines').
+fn own_binaries(options: &Options) -> Vec<(PathBuf, checks::LibraryHead)> {
+    let mut paths = vec![
+        crate::install::this_nvhook(),
+        PathBuf::from(&options.runtime_path),
+        crate::install::beside_nvhook(isolated::HELPER),
+    ];
+    paths.dedup();
+    paths
+        .into_iter()
+        .filter(|path| path.is_absolute() && path.exists())
+        .map(|path| {
+            let head = head(&path);
+            (path, head)
+        })
+        .collect()
 }
 
 /// Each engine config that exists, judged by `nvhook configure --dry-run`: nvhook's runtime

@@ -140,6 +140,35 @@ impl Arch {
         }
     }
 
+    /// The architecture `uname -m` names (`arm64` is what some kernels and Kubernetes call
+    /// aarch64); None for one nvhook is not built for.
+    pub fn from_name(name: &str) -> Option<Arch> {
+        match name {
+            "x86_64" | "amd64" => Some(Arch::X86_64),
+            "aarch64" | "arm64" => Some(Arch::Aarch64),
+            _ => None,
+        }
+    }
+
+    /// The `e_machine` of an ELF header for this architecture's `class` files: EM_X86_64 (62)
+    /// and EM_386 (3); EM_AARCH64 (183) and EM_ARM (40).
+    pub const fn elf_machine(self, class: ElfClass) -> u16 {
+        match (self, class) {
+            (Arch::X86_64, ElfClass::Lib64) => 62,
+            (Arch::X86_64, ElfClass::Lib32) => 3,
+            (Arch::Aarch64, ElfClass::Lib64) => 183,
+            (Arch::Aarch64, ElfClass::Lib32) => 40,
+        }
+    }
+
+    /// The architecture and class whose files carry `e_machine`; None for any other machine.
+    pub fn of_elf_machine(e_machine: u16) -> Option<(Arch, ElfClass)> {
+        [Arch::X86_64, Arch::Aarch64]
+            .into_iter()
+            .flat_map(|arch| [(arch, ElfClass::Lib64), (arch, ElfClass::Lib32)])
+            .find(|&(arch, class)| arch.elf_machine(class) == e_machine)
+    }
+
     /// Whether NVIDIA's drivers for this architecture ship 32-bit libraries (the compat32
     /// capability): x86_64's come with i386 copies; arm64's have none (and Grace's cores
     /// cannot run 32-bit code at all).
@@ -685,6 +714,26 @@ mod tests {
         // Bytes above 0x7f are negative as C chars on x86, so they sort before the end.
         #[cfg(target_arch = "x86_64")]
         assert_eq!(cmp("libé", "lib"), Ordering::Less);
+    }
+
+    #[test]
+    fn elf_machines_and_uname_names_of_each_architecture() {
+        for arch in [Arch::X86_64, Arch::Aarch64] {
+            assert_eq!(Arch::from_name(arch.name()), Some(arch));
+            for class in [ElfClass::Lib64, ElfClass::Lib32] {
+                assert_eq!(
+                    Arch::of_elf_machine(arch.elf_machine(class)),
+                    Some((arch, class))
+                );
+            }
+        }
+        assert_eq!(Arch::X86_64.elf_machine(ElfClass::Lib64), 62);
+        assert_eq!(Arch::Aarch64.elf_machine(ElfClass::Lib64), 183);
+        assert_eq!(Arch::from_name("arm64"), Some(Arch::Aarch64));
+        assert_eq!(Arch::from_name("ppc64le"), None);
+        // EM_PPC64, EM_RISCV: no architecture of nvhook's.
+        assert_eq!(Arch::of_elf_machine(21), None);
+        assert_eq!(Arch::of_elf_machine(243), None);
     }
 
     #[test]

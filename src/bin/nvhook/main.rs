@@ -686,7 +686,14 @@ fn labels(
     // NVML's cached answer serves while the host is as it was: labelling on a timer asks
     // NVML nothing on an unchanged node.
     let (inventory, _) = nvhook::inventory::isolated::load(config, nvhook::inventory::Scope::ALL)?;
-    let labels = nvhook::labels::Labels::for_system(&inventory.system(), prefix, mig_strategy)?;
+    let machine_type =
+        std::fs::read_to_string(config.sys_path(nvhook::labels::MACHINE_TYPE_FILE)).ok();
+    let labels = nvhook::labels::Labels::for_system(
+        &inventory.system(),
+        machine_type.as_deref(),
+        prefix,
+        mig_strategy,
+    )?;
     let text = match format {
         LabelFormat::Text => labels.to_text(),
         LabelFormat::Json => serde_json::to_string_pretty(&labels)? + "\n",
@@ -711,9 +718,27 @@ fn labels(
 
 fn info(config: &Config, format: Format) -> Result<()> {
     let inventory = Inventory::load(config)?;
+    // The architecture the driver's libraries are built for: on a mixed fleet, the first
+    // thing to know about a node's driver.
+    let driver_arch = nvhook::elf_machine::driver_arch(&inventory);
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&inventory)?),
-        Format::Text => print!("{}", nvhook::report::inventory_text(&inventory)),
+        Format::Json => {
+            #[derive(serde::Serialize)]
+            struct Info<'a> {
+                #[serde(flatten)]
+                inventory: &'a Inventory,
+                driver_arch: Option<nvhook::elf_machine::DriverArch>,
+            }
+            let info = Info {
+                inventory: &inventory,
+                driver_arch,
+            };
+            println!("{}", serde_json::to_string_pretty(&info)?)
+        }
+        Format::Text => print!(
+            "{}",
+            nvhook::report::inventory_text(&inventory, driver_arch.as_ref())
+        ),
     }
     // GPUs without their nodes can be given to no container: a wrong dev-root, or no driver.
     if !inventory.gpus.is_empty() && inventory.nodes.is_empty() {

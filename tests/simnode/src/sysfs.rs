@@ -1,11 +1,14 @@
 //! The node's sysfs: what the kernel publishes there that nvhook reads, the DRM nodes under
-//! each GPU's PCI device and the custom firmware path.
+//! each GPU's PCI device, the custom firmware path and the machine's DMI product name.
 
 use crate::devices::{DRM_MAJOR, drm_nodes};
 use crate::procfs::put;
 use crate::spec::Gpu;
 use anyhow::Result;
 use std::path::Path;
+
+/// The simulated machine's DMI product name (`/sys/class/dmi/id/product_name`).
+pub const PRODUCT_NAME: &str = "nvhook simulated GPU node";
 
 pub fn write(sys_root: &Path, gpus: &[Gpu], drm: bool, firmware_path: Option<&str>) -> Result<()> {
     if drm {
@@ -19,6 +22,11 @@ pub fn write(sys_root: &Path, gpus: &[Gpu], drm: bool, firmware_path: Option<&st
             }
         }
     }
+    // What `nvhook labels` (as GPU feature discovery) gives as nvidia.com/gpu.machine.
+    put(
+        &sys_root.join("class/dmi/id/product_name"),
+        &format!("{PRODUCT_NAME}\n"),
+    )?;
     // The kernel's parameter file exists whether or not a path is set: empty by default.
     put(
         &sys_root.join("module/firmware_class/parameters/path"),

@@ -183,6 +183,8 @@ impl SimNode {
         let mut want: BTreeMap<String, String> = [
             ("gpu.count", gpus.len().to_string()),
             ("gpu.present", "true".into()),
+            // simnode's /sys/class/dmi/id/product_name, as GPU feature discovery labels it.
+            ("gpu.machine", "nvhook-simulated-GPU-node".into()),
             (
                 "gpu.product",
                 first["name"].as_str().unwrap().replace(' ', "-"),
