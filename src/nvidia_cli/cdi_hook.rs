@@ -127,7 +127,7 @@ pub fn parse(args: &[String]) -> Result<CdiHook, CdiHookError> {
                     cache: hook == "update-ldcache",
                 });
             }
-            if let Some(ldconfig) = values("ldconfig-path").last() {
+            if let Some(ldconfig) = values("ldconfig-path").next_back() {
                 tracing::debug!(
                     ldconfig,
                     "--ldconfig-path ignored: nvhook writes the loader cache itself"
@@ -147,12 +147,13 @@ pub fn parse(args: &[String]) -> Result<CdiHook, CdiHookError> {
                     "--cuda-compat-container-root ignored: nvhook looks in /usr/local/cuda/compat"
                 );
             }
-            let version = values("host-driver-version")
-                .last()
-                .ok_or(CdiHookError::Missing {
-                    hook,
-                    what: "--host-driver-version",
-                })?;
+            let version =
+                values("host-driver-version")
+                    .next_back()
+                    .ok_or(CdiHookError::Missing {
+                        hook,
+                        what: "--host-driver-version",
+                    })?;
             if compat::DriverVersion::parse(version).is_none() {
                 return Err(bad("host-driver-version", version, "not a driver version"));
             }
