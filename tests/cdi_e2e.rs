@@ -483,7 +483,7 @@ fn nvidia_shaped_cdi_spec_runs_with_nvhook_as_nvidia_cdi_hook() {
     let daemon_json = dir.path().join("daemon.json");
     let config = serde_json::json!({ "cdi-spec-dirs": [spec_dir] });
     fs::write(&daemon_json, config.to_string()).expect("write daemon.json");
-    let mut dockerd = Dockerd::start_build(&DockerdBuild::sid(), dir.path(), &daemon_json, &[]);
+    let mut dockerd = Dockerd::start_with(&DockerdBuild::sid(), dir.path(), &daemon_json, &[]);
     let image = dockerd.import_gpucheck_image(dir.path());
 
     let checks = gpucheck_args(GPUS, &["--write", NVIDIA_SMI]);

@@ -265,7 +265,7 @@ fn docker_28_run_gpus_takes_the_hook_route_and_cdi_devices_work_too() {
     let config = serde_json::json!({ "cdi-spec-dirs": [cdi_dir] });
     fs::write(&daemon_json, config.to_string()).expect("write daemon.json");
     let env = [("PATH", Path::new(&path)), (NVHOOK_CONFIG, &node.config())];
-    let mut dockerd = Dockerd::start_build(&build, dir.path(), &daemon_json, &env);
+    let mut dockerd = Dockerd::start_with(&build, dir.path(), &daemon_json, &env);
     let image = dockerd.import_gpucheck_image(dir.path());
 
     docker_run_gpus_flags(&dockerd, &image, dir.path());

@@ -471,15 +471,7 @@ impl ContainerdBuild {
 
     /// The Debian package version (sid's), or `containerd --version`'s words.
     pub fn version(&self) -> String {
-        match &self.root {
-            Some(root) => fs::read_to_string(root.join("version"))
-                .expect("read the sid engine's version stamp")
-                .trim()
-                .to_owned(),
-            None => stdout_of(Command::new(self.program("containerd")).arg("--version"))
-                .trim()
-                .to_owned(),
-        }
+        build_version(self.root.as_deref(), "version", &self.program("containerd"))
     }
 
     /// `containerd` for this build, its shims looked up in the build's own directory first
@@ -530,6 +522,18 @@ fn sid_engine(what: &str, stamp: &str, program: &str) -> PathBuf {
     root
 }
 
+/// The Debian package version in the `stamp` of a sid build in `root`, or what `daemon
+/// --version` says.
+fn build_version(root: Option<&Path>, stamp: &str, daemon: &Path) -> String {
+    match root {
+        Some(root) => fs::read_to_string(root.join(stamp))
+            .unwrap_or_else(|e| panic!("read the sid engines' {stamp} stamp: {e}")),
+        None => stdout_of(Command::new(daemon).arg("--version")),
+    }
+    .trim()
+    .to_owned()
+}
+
 /// A dockerd build: Debian 12's on PATH (20.10), or Debian sid's (28) that
 /// `scripts/sid-engines.sh` unpacked into `.engines/sid`, with its own docker client; sid's
 /// dockerd starts sid's containerd 2 from the same tree (runc is Debian 12's on PATH).
@@ -568,15 +572,11 @@ impl DockerdBuild {
 
     /// The Debian package version (sid's), or `dockerd --version`'s words.
     pub fn version(&self) -> String {
-        match &self.root {
-            Some(root) => fs::read_to_string(root.join("docker-version"))
-                .expect("read the sid engine's docker version stamp")
-                .trim()
-                .to_owned(),
-            None => stdout_of(Command::new(self.program("dockerd")).arg("--version"))
-                .trim()
-                .to_owned(),
-        }
+        build_version(
+            self.root.as_deref(),
+            "docker-version",
+            &self.program("dockerd"),
+        )
     }
 
     /// `PATH` for this build's dockerd, given the one the test set (or the inherited one):
@@ -852,12 +852,12 @@ pub struct Dockerd {
 impl Dockerd {
     /// Debian 12's dockerd.
     pub fn start(dir: &Path, daemon_json: &Path, env: &[(&str, &Path)]) -> Dockerd {
-        Dockerd::start_build(&DockerdBuild::debian(), dir, daemon_json, env)
+        Dockerd::start_with(&DockerdBuild::debian(), dir, daemon_json, env)
     }
 
-    /// The dockerd of `build`, with `env` (a `PATH` there is the one dockerd looks its
+    /// [`Dockerd::start`] of `build`'s dockerd (docker is then that build's too), with `env` (a `PATH` there is the one dockerd looks its
     /// programs up on, after the build's own directory).
-    pub fn start_build(
+    pub fn start_with(
         build: &DockerdBuild,
         dir: &Path,
         daemon_json: &Path,
