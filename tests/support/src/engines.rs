@@ -855,8 +855,8 @@ impl Dockerd {
         Dockerd::start_with(&DockerdBuild::debian(), dir, daemon_json, env)
     }
 
-    /// [`Dockerd::start`] of `build`'s dockerd (docker is then that build's too), with `env` (a `PATH` there is the one dockerd looks its
-    /// programs up on, after the build's own directory).
+    /// [`Dockerd::start`] of `build`'s dockerd (docker is then that build's too); a `PATH`
+    /// in `env` is where dockerd looks its programs up, after the build's own directory.
     pub fn start_with(
         build: &DockerdBuild,
         dir: &Path,
