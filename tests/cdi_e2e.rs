@@ -14,7 +14,10 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
-use support::engines::{mount_points_below, nvhook_runtime_bin, unique_name};
+use support::engines::{
+    Dockerd, DockerdBuild, EngineDir, assert_no_mounts_left, mount_points_below,
+    nvhook_runtime_bin, unique_name,
+};
 use support::podman::{CdiSpecFile, Podman};
 use support::rootless::{RootlessPodman, processes_of};
 use support::{
@@ -450,4 +453,70 @@ fn podman_runs_imex_channel_and_family_cdi_devices() {
         "{out}"
     );
     assert!(!imex_spec.exists() && gdr_spec.exists());
+}
+
+/// A CDI spec in the shape of NVIDIA's toolkit (tests/fixtures/nvidia-toolkit-cdi.yaml: its
+/// createContainer hooks run `nvidia-cdi-hook create-symlinks`, `update-ldcache`,
+/// `enable-cuda-compat`, `disable-device-node-modification`), with nvhook linked as
+/// `nvidia-cdi-hook` the only hook program, run by Debian sid's dockerd 28 from a private spec
+/// directory (`docker run --device nvidia.com/gpu=1`): the container gets its GPU, and libcuda
+/// loads from a directory glibc does not search, through the SONAME link and loader cache
+/// nvhook wrote (no ldconfig runs).
+#[test]
+fn nvidia_shaped_cdi_spec_runs_with_nvhook_as_nvidia_cdi_hook() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("nvidia-cdi-spec");
+    let hook = dir.path().join("nvidia-cdi-hook");
+    std::os::unix::fs::symlink(nvhook_bin(), &hook).expect("link nvidia-cdi-hook");
+    let spec_dir = dir.path().join("cdi");
+    fs::create_dir(&spec_dir).expect("make the CDI spec directory");
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/nvidia-toolkit-cdi.yaml");
+    let spec = fs::read_to_string(&fixture)
+        .expect("read the fixture")
+        .replace("@NODE@", &node.root().display().to_string())
+        .replace("@DRIVER_VERSION@", &node.driver_version())
+        .replace("@HOOK@", &hook.display().to_string())
+        .replace("@CONFIG@", &node.config().display().to_string());
+    fs::write(spec_dir.join("nvidia.yaml"), spec).expect("write the spec");
+    let daemon_json = dir.path().join("daemon.json");
+    let config = serde_json::json!({ "cdi-spec-dirs": [spec_dir] });
+    fs::write(&daemon_json, config.to_string()).expect("write daemon.json");
+    let mut dockerd = Dockerd::start_with(&DockerdBuild::sid(), dir.path(), &daemon_json, &[]);
+    let image = dockerd.import_gpucheck_image(dir.path());
+
+    let checks = gpucheck_args(GPUS, &["--write", NVIDIA_SMI]);
+    let run = |device: &str| {
+        let mut args = vec!["--rm", "--network", "none", "--device", device, &image];
+        args.extend(checks.iter().map(String::as_str));
+        let mut output = dockerd.run(&args);
+        output.hook_log = Some(node.log());
+        output
+    };
+    let output = run("nvidia.com/gpu=1");
+    output.assert_success();
+    output.assert_gpus(GPUS, &[1]);
+    output.assert_control_nodes_allowed();
+    output.assert_lines(&[
+        "dlopen libcuda.so.1 ok",
+        "cuInit 0",
+        &format!("write {NVIDIA_SMI} EROFS"),
+    ]);
+    let log = node.log();
+    assert!(
+        log.contains("libraries of a folder") && log.contains("/usr/local/nvidia/lib64"),
+        "{log}"
+    );
+    let output = run("nvidia.com/gpu=all");
+    output.assert_success();
+    output.assert_gpus(GPUS, &[0, 1, 2, 3]);
+    output.assert_lines(&["dlopen libcuda.so.1 ok"]);
+
+    assert!(
+        dockerd.shutdown(),
+        "dockerd ignored SIGTERM:\n{}",
+        dockerd.log()
+    );
+    assert_no_mounts_left(dir.path(), node.root());
 }

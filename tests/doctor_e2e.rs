@@ -37,7 +37,11 @@ fn fake_runtime(dir: &Path, name: &str, output: &str) -> PathBuf {
     path
 }
 
-const NVIDIA_NAMES: [&str; 2] = ["nvidia-container-runtime-hook", "nvidia-container-cli"];
+const NVIDIA_NAMES: [&str; 3] = [
+    "nvidia-container-runtime-hook",
+    "nvidia-container-cli",
+    "nvidia-cdi-hook",
+];
 
 /// Whether a line is about a dockerd this machine runs: doctor names every running one, and
 /// this test starts none, so they are not the node's.
@@ -225,6 +229,7 @@ fn a_node_set_up_as_documented_is_ready() {
         "ok   runtime runc: runc 1.3.6 at ",
         "ok   name nvidia-container-runtime-hook: ",
         "ok   name nvidia-container-cli: ",
+        "ok   name nvidia-cdi-hook: ",
         "ok   cgroup",
         "ok   policy: ",
     ] {

@@ -1,6 +1,8 @@
 //! The GPU flags people type, with nvhook alone: Debian 12's dockerd 20.10 `docker run --gpus`
 //! (which runs `nvidia-container-runtime-hook prestart`) and containerd 1.6's `ctr run --gpus`
-//! (which runs `nvidia-container-cli configure` through `containerd oci-hook`), each with no
+//! (which runs `nvidia-container-cli configure` through `containerd oci-hook`), Debian sid's
+//! dockerd 28.5.2 (still the hook for `--gpus`; CDI devices by `--device`) and containerd
+//! 2.1.9 (`scripts/sid-engines.sh` fetches them), each with no
 //! runtime configured and no NVIDIA program anywhere: the only NVIDIA names are links to the
 //! nvhook cargo built, in a directory on the engine's PATH, as the packages install them.
 //! Run as root after `cargo build --workspace`: `cargo test --test gpu_flags_e2e`.
@@ -17,8 +19,8 @@ use std::path::{Path, PathBuf};
 use nvhook::nvidia_cli::{CLI_NAME, NAMES, RUNTIME_HOOK_NAME};
 use support::containerd2::Containerd2Cri;
 use support::engines::{
-    Containerd, ContainerdBuild, Dockerd, EngineDir, assert_no_mounts_left, containerd_config,
-    unique_name,
+    Containerd, ContainerdBuild, Dockerd, DockerdBuild, EngineDir, assert_no_mounts_left,
+    containerd_config, unique_name,
 };
 use support::{Output, SimNode, gpucheck_args, nvhook_bin, require_program, require_root};
 
@@ -184,6 +186,19 @@ fn docker_run_gpus_with_the_runtime_hook_name_on_dockerds_path() {
     let line = doctor_on_dockerd(&node, &path, dockerd.pid());
     assert!(line.starts_with("ok   dockerd"), "{line}");
 
+    docker_run_gpus_flags(&dockerd, &image, dir.path());
+    assert!(
+        dockerd.shutdown(),
+        "dockerd ignored SIGTERM:\n{}",
+        dockerd.log()
+    );
+    assert_no_mounts_left(dir.path(), node.root());
+}
+
+/// The `--gpus` values people type, each giving exactly its GPUs through
+/// `nvidia-container-runtime-hook prestart`; a GPU the node lacks is refused with nvhook's
+/// line; a container without `--gpus` gets none; a volume over /dev gets no node.
+fn docker_run_gpus_flags(dockerd: &Dockerd, image: &str, dir: &Path) {
     for (gpus, visible) in [
         ("all", &[0, 1, 2, 3][..]),
         ("device=2", &[2]),
@@ -193,21 +208,94 @@ fn docker_run_gpus_with_the_runtime_hook_name_on_dockerds_path() {
         ("all,\"capabilities=compute,utility\"", &[0, 1, 2, 3]),
     ] {
         eprintln!("docker run --gpus {gpus}");
-        assert_exactly(&docker_run(&dockerd, &image, &["--gpus", gpus]), visible);
+        assert_exactly(&docker_run(dockerd, image, &["--gpus", gpus]), visible);
     }
     assert_refused(
-        &docker_run(&dockerd, &image, &["--gpus", "device=7"]),
+        &docker_run(dockerd, image, &["--gpus", "device=7"]),
         "nvhook (as nvidia-container-runtime-hook): NVIDIA_VISIBLE_DEVICES=7: no such GPU (this node has 0-3)",
     );
-    let plain = docker_run(&dockerd, &image, &[]);
+    let plain = docker_run(dockerd, image, &[]);
     plain.assert_success();
     plain.assert_gpus(GPUS, &[]);
     // A host directory over the runtime's own /dev tmpfs is a volume: no node is made in it.
-    let volume = dir.path().join("volume");
+    let volume = dir.join("volume");
     fs::create_dir(&volume).expect("make the volume");
     let bind = format!("{}:/dev", volume.display());
-    let over_dev = docker_run(&dockerd, &image, &["--gpus", "1", "-v", &bind]);
+    let over_dev = docker_run(dockerd, image, &["--gpus", "1", "-v", &bind]);
     assert_volume_refused(&over_dev, &volume, "/dev");
+}
+
+// ---- dockerd 28 (Debian sid's): --gpus still runs the hook; CDI devices by name ----
+
+/// Docker 28.5.2's `--gpus` takes the hook route whatever else is there: its nvidia device
+/// driver is registered when `nvidia-container-runtime-hook` is on dockerd's PATH at start-up,
+/// and sets NVIDIA_VISIBLE_DEVICES plus that prestart hook. Mapping `--gpus` onto CDI when
+/// `nvidia-cdi-hook` is on the PATH (moby #50228) came with Docker 29. So here every NVIDIA
+/// name is on the PATH, `nvidia-cdi-hook` included, and nvhook's CDI spec is in the spec
+/// directory dockerd reads (CDI is on by default in 28): `--gpus` is answered by the hook, and
+/// the CDI devices by `--device nvidia.com/gpu=N`, through nvhook's createContainer hook.
+#[test]
+fn docker_28_run_gpus_takes_the_hook_route_and_cdi_devices_work_too() {
+    require_root();
+    let build = DockerdBuild::sid();
+    eprintln!("dockerd of Debian sid {}", build.version());
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("gpus-dockerd28");
+    let (bin, path) = names_dir(&dir);
+    link_names(&bin);
+    assert!(
+        bin.join("nvidia-cdi-hook").exists(),
+        "NAMES has nvidia-cdi-hook"
+    );
+    let cdi_dir = dir.path().join("cdi");
+    fs::create_dir(&cdi_dir).expect("make the CDI spec directory");
+    let out = std::process::Command::new(nvhook_bin())
+        .arg("--config")
+        .arg(node.config())
+        .args(["cdi", "generate", "--output"])
+        .arg(cdi_dir.join("nvhook.yaml"))
+        .output()
+        .expect("run nvhook cdi generate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let daemon_json = dir.path().join("daemon.json");
+    let config = serde_json::json!({ "cdi-spec-dirs": [cdi_dir] });
+    fs::write(&daemon_json, config.to_string()).expect("write daemon.json");
+    let env = [("PATH", Path::new(&path)), (NVHOOK_CONFIG, &node.config())];
+    let mut dockerd = Dockerd::start_with(&build, dir.path(), &daemon_json, &env);
+    let image = dockerd.import_gpucheck_image(dir.path());
+
+    docker_run_gpus_flags(&dockerd, &image, dir.path());
+    for (devices, visible) in [
+        (&["nvidia.com/gpu=all"][..], &[0, 1, 2, 3][..]),
+        (&["nvidia.com/gpu=2"], &[2]),
+        (&["nvidia.com/gpu=1", "nvidia.com/gpu=3"], &[1, 3]),
+    ] {
+        eprintln!("docker run --device {devices:?}");
+        let flags: Vec<&str> = devices.iter().flat_map(|d| ["--device", d]).collect();
+        assert_exactly(&docker_run(&dockerd, &image, &flags), visible);
+    }
+    let uuid = format!("nvidia.com/gpu={}", node.gpu_uuid(0));
+    assert_exactly(&docker_run(&dockerd, &image, &["--device", &uuid]), &[0]);
+    // A CDI device the spec lacks: dockerd refuses it, in one line, before any hook runs.
+    let missing = docker_run(&dockerd, &image, &["--device", "nvidia.com/gpu=7"]);
+    assert!(!missing.status.success(), "{missing}");
+    // (The docker client adds its `Run 'docker run --help'` hint.)
+    let said: Vec<&str> = missing
+        .stderr
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with("Run 'docker run --help'"))
+        .collect();
+    assert_eq!(
+        said,
+        [
+            "docker: Error response from daemon: CDI device injection failed: unresolvable CDI devices nvidia.com/gpu=7"
+        ],
+        "{missing}"
+    );
 
     assert!(
         dockerd.shutdown(),

@@ -39,9 +39,10 @@ const PROGRAM_FILES: [&str; 10] = [
 ];
 
 /// NVIDIA's command names, links to nvhook: files of the .deb; the .rpm's %post makes them.
-const NVIDIA_NAME_LINKS: [&str; 2] = [
+const NVIDIA_NAME_LINKS: [&str; 3] = [
     "/usr/bin/nvidia-container-runtime-hook",
     "/usr/bin/nvidia-container-cli",
+    "/usr/bin/nvidia-cdi-hook",
 ];
 
 /// The links `systemctl enable` makes for the units a first install enables.
@@ -283,7 +284,7 @@ fn deb_holds_the_programs_config_hook_and_docs_with_their_dependencies() {
     assert_eq!(field("Recommends"), "runc | crun");
     assert_eq!(
         field("Conflicts"),
-        "nvidia-container-toolkit, libnvidia-container-tools"
+        "nvidia-container-toolkit, nvidia-container-toolkit-base, libnvidia-container-tools"
     );
 
     let conffiles = stdout_of(
@@ -511,7 +512,11 @@ fn rpm_holds_the_same_files_with_a_noreplace_config_and_license() {
     );
     assert_eq!(
         lines(&rpm_query(&["--conflicts"])),
-        BTreeSet::from(["libnvidia-container-tools", "nvidia-container-toolkit"])
+        BTreeSet::from([
+            "libnvidia-container-tools",
+            "nvidia-container-toolkit",
+            "nvidia-container-toolkit-base"
+        ])
     );
 }
 

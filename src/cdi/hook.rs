@@ -27,6 +27,20 @@ pub struct LinkArgs {
     /// The container's own `/proc/driver/nvidia` view, for a plan made for one container (the
     /// shim's cdi mode, NRI); a static spec serves any set of devices and has none.
     pub proc_view: Option<ProcOverlay>,
+    /// Directories whose libraries get their SONAME links, and with `cache` loader-cache
+    /// entries, found when the container starts (NVIDIA's `update-ldcache --folder` and
+    /// `create-soname-symlinks --folder`, run as `nvidia-cdi-hook`).
+    pub folders: Vec<LibFolder>,
+    /// The container's `/proc/driver/nvidia/params` says `ModifyDeviceFiles: 0`, every GPU's
+    /// directory kept (NVIDIA's `disable-device-node-modification`).
+    pub params_view: bool,
+}
+
+/// A directory of the container whose libraries are linked and, with `cache`, cached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibFolder {
+    pub dir: String,
+    pub cache: bool,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -53,6 +67,8 @@ impl LinkArgs {
                 .is_some()
                 .then(|| plan.driver_version.clone()),
             proc_view: plan.proc_overlay.clone(),
+            folders: Vec::new(),
+            params_view: false,
         }
     }
 
@@ -61,6 +77,8 @@ impl LinkArgs {
             && self.ldcache.is_empty()
             && self.ld_so_confs.is_empty()
             && self.proc_view.is_none()
+            && self.folders.is_empty()
+            && !self.params_view
     }
 
     pub fn to_args(&self) -> Vec<String> {
@@ -193,6 +211,9 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
     // Which images have a glibc cache is only known now: a static spec serves them all.
     let has_cache = rootfs.probe().has_ldcache;
     let mut args = args.clone();
+    for folder in &args.folders.clone() {
+        add_folder(&rootfs, folder, &mut args);
+    }
     if let Some(host) = &args.cuda_compat_host
         && config.cuda_compat == CudaCompatMode::Auto
         && let Some(found) = rootfs.cuda_compat(spec.env(CUDA_VERSION))
@@ -222,13 +243,55 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
         cache_entries = if has_cache { args.ldcache.len() } else { 0 },
         "links and loader cache done"
     );
-    if let Some(view) = &args.proc_view {
-        // The runtime has mounted the container's procfs on the rootfs by now.
-        if !procfs::apply(&rootfs, procfs::prepare(view)?)? {
+    let params_view = (args.params_view && args.proc_view.is_none()).then(|| {
+        let host_dir = config.proc_path("driver/nvidia");
+        let gpus = std::fs::read_dir(host_dir.join("gpus"))
+            .map(|dir| {
+                dir.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ProcOverlay { host_dir, gpus }
+    });
+    if let Some(view) = args.proc_view.as_ref().or(params_view.as_ref()) {
+        // The runtime has mounted the container's procfs on the rootfs by now. On a node with
+        // no kernel module loaded it has no /proc/driver/nvidia, and there is nothing to hide.
+        if rootfs.resolve(procfs::TARGET).is_none()
+            || !procfs::apply(&rootfs, procfs::prepare(view)?)?
+        {
             tracing::info!("the container's procfs has no /proc/driver/nvidia: view skipped");
         }
     }
     Ok(())
+}
+
+/// The SONAME links, and with `folder.cache` the loader-cache entries, of the libraries in
+/// `folder`, added to `args`: what ldconfig would have made of the directory.
+fn add_folder(rootfs: &Rootfs, folder: &LibFolder, args: &mut LinkArgs) {
+    let dir = folder.dir.trim_end_matches('/');
+    let libraries = rootfs.libraries_in(&folder.dir);
+    tracing::info!(
+        dir,
+        libraries = libraries.len(),
+        cache = folder.cache,
+        "libraries of a folder"
+    );
+    for lib in libraries {
+        let path = format!("{dir}/{}", lib.soname);
+        if lib.soname != lib.file {
+            args.symlinks.push(Symlink {
+                path: path.clone(),
+                target: lib.file,
+            });
+        }
+        if folder.cache {
+            args.ldcache.push(CacheEntry {
+                soname: lib.soname,
+                path,
+                class: lib.class,
+            });
+        }
+    }
 }
 
 #[cfg(test)]
@@ -278,6 +341,7 @@ mod tests {
                 host_dir: "/proc/driver/nvidia".into(),
                 gpus: strings(&["00000000:3B:00.0", "00000000:86:00.0"]),
             }),
+            ..LinkArgs::default()
         };
         assert_eq!(LinkArgs::parse(&args.to_args()).unwrap(), args);
         assert_eq!(LinkArgs::parse(&[]).unwrap(), LinkArgs::default());

@@ -1,4 +1,5 @@
-//! Doctor's view of NVIDIA's command names, which docker's and ctr's `--gpus` run by name:
+//! Doctor's view of NVIDIA's command names, which docker's and ctr's `--gpus` run by name (and
+//! `nvidia-cdi-hook`, which NVIDIA's CDI specs name and Docker 29's `--gpus` looks for):
 //! where each resolves on doctor's PATH, and whether each running dockerd found the runtime
 //! hook. dockerd looks `nvidia-container-runtime-hook` up once, when it starts, on its own
 //! PATH: a hook installed after that start is not used until dockerd restarts.
@@ -6,7 +7,7 @@
 //! The judgements are pure functions of the facts (tested below); `gather` reads them.
 
 use super::Check;
-use crate::nvidia_cli::{NAMES, RUNTIME_HOOK_NAME};
+use crate::nvidia_cli::{CDI_HOOK_NAME, NAMES, RUNTIME_HOOK_NAME};
 use crate::shim;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -58,6 +59,11 @@ fn name_check(name: &str, resolved: Option<&Resolved>, nvhook: &Path) -> Check {
         nvhook.display()
     );
     match resolved {
+        None if name == CDI_HOOK_NAME => Check::warn(
+            &check,
+            "not on PATH: the hooks of NVIDIA's CDI specs (nvidia-ctk cdi generate) that name it fail, and Docker 29's --gpus does not use CDI".to_string(),
+            link,
+        ),
         None => Check::warn(
             &check,
             "not on PATH: an engine's --gpus that runs it fails".to_string(),

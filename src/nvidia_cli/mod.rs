@@ -1,12 +1,16 @@
 //! NVIDIA's command names, which engines run by name: Docker 19.03 to 27's `--gpus` runs
 //! `nvidia-container-runtime-hook prestart`, containerd's (to 2.1) and nerdctl's `--gpus` run
-//! `nvidia-container-cli ... configure ...`. nvhook answers both when run under them.
+//! `nvidia-container-cli ... configure ...`. nvhook answers both when run under them, and
+//! `nvidia-cdi-hook` (the hook program of NVIDIA's CDI specs, see [`cdi_hook`]).
 //!
 //! This module reads `nvidia-container-cli`'s command line, the subset those engines and
 //! scripts use (libnvidia-container's option names), into typed commands; `report` writes
 //! `info` and `list` in libnvidia-container's shapes. Pure: the binary applies them.
 
+pub mod cdi_hook;
 pub mod report;
+
+pub use cdi_hook::CDI_HOOK_NAME;
 
 use crate::capability::Capability;
 use crate::echo::Echo;
@@ -18,7 +22,7 @@ pub const RUNTIME_HOOK_NAME: &str = "nvidia-container-runtime-hook";
 /// The program containerd's and nerdctl's `--gpus` hook runs through `containerd oci-hook`.
 pub const CLI_NAME: &str = "nvidia-container-cli";
 /// Every NVIDIA name nvhook answers to, as the packages link them.
-pub const NAMES: [&str; 2] = [RUNTIME_HOOK_NAME, CLI_NAME];
+pub const NAMES: [&str; 3] = [RUNTIME_HOOK_NAME, CLI_NAME, CDI_HOOK_NAME];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CliError {

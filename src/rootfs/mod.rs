@@ -8,6 +8,7 @@
 
 mod boundary;
 pub mod compat;
+pub mod folder;
 pub mod loader;
 pub mod sys;
 
@@ -446,6 +447,25 @@ impl Rootfs {
     /// The content of a regular file, or None when absent or not a regular file; at most
     /// `limit` bytes are accepted.
     pub fn read_file(&self, path: &str, limit: u64) -> Result<Option<Vec<u8>>, RootfsError> {
+        let Some((file, st)) = self.open_regular(path)? else {
+            return Ok(None);
+        };
+        if st.st_size as u64 > limit {
+            return Err(op_err("read", path, format!("larger than {limit} bytes")));
+        }
+        let mut out = Vec::with_capacity(st.st_size as usize);
+        file.take(limit)
+            .read_to_end(&mut out)
+            .map_err(|e| op_err("read", path, e))?;
+        Ok(Some(out))
+    }
+
+    /// A regular file opened for reading, with its status, or None when absent or not a
+    /// regular file (a link in its place counts as no file).
+    pub(crate) fn open_regular(
+        &self,
+        path: &str,
+    ) -> Result<Option<(std::fs::File, libc::stat)>, RootfsError> {
         let (dir, name) = split(path)?;
         let Ok(dir) = self.dir_if_exists(dir) else {
             return Ok(None);
@@ -460,9 +480,6 @@ impl Rootfs {
         if sys::file_type(&st) != libc::S_IFREG {
             return Ok(None);
         }
-        if st.st_size as u64 > limit {
-            return Err(op_err("read", path, format!("larger than {limit} bytes")));
-        }
         // The same inode, now known to be a regular file, opened for reading: through the
         // host's /proc (5 system calls), else through pathrs's own verified procfs (~70).
         let file = match sys::reopen_through_proc(handle.as_fd(), &st, libc::O_RDONLY) {
@@ -474,15 +491,11 @@ impl Rootfs {
                     .map_err(|e| op_err("open", path, e))?
             }
         };
-        let mut out = Vec::with_capacity(st.st_size as usize);
-        file.take(limit)
-            .read_to_end(&mut out)
-            .map_err(|e| op_err("read", path, e))?;
-        Ok(Some(out))
+        Ok(Some((file, st)))
     }
 
     /// An existing directory, without creating it.
-    fn dir_if_exists(&self, dir: &str) -> Result<Rc<pathrs::Handle>, RootfsError> {
+    pub(crate) fn dir_if_exists(&self, dir: &str) -> Result<Rc<pathrs::Handle>, RootfsError> {
         let fail = |e: &dyn std::fmt::Display| op_err("open directory", dir, e);
         let parts = components(dir).map_err(|e| fail(&e))?;
         match self.walk(&parts).map_err(|e| fail(&e))? {

@@ -395,6 +395,16 @@ fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()>
         }
         _ => None,
     };
+    run_hook(config_path, stage, links)
+}
+
+/// The hook at `stage`, with the createContainer hook's work in `links`; the OCI state is read
+/// from stdin.
+fn run_hook(
+    config_path: Option<&Path>,
+    stage: Stage,
+    links: Option<nvhook::cdi::hook::LinkArgs>,
+) -> Result<()> {
     let started = Instant::now();
     let (config, sink) = hook_process(config_path)?;
     // A state is a few hundred bytes; a runtime never sends more than this.

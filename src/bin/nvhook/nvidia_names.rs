@@ -4,10 +4,11 @@
 //! engines that give the hook their own environment (dockerd's and ctr's), never the image's,
 //! and their command lines have no room for nvhook's `--config`.
 
-use crate::{Stage, hook, hook_process};
+use crate::{Stage, hook, hook_process, run_hook};
 use nvhook::inventory::{Scope, isolated};
 use nvhook::logging::Sink;
-use nvhook::nvidia_cli::{self, CLI_NAME, Command, RUNTIME_HOOK_NAME};
+use nvhook::nvidia_cli::cdi_hook::{self, CdiHook};
+use nvhook::nvidia_cli::{self, CDI_HOOK_NAME, CLI_NAME, Command, RUNTIME_HOOK_NAME};
 use nvhook::request::Request;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -40,6 +41,16 @@ pub fn run(name: &Path, args: &[OsString]) -> Option<i32> {
         },
         CLI_NAME => match nvidia_cli::parse(&args) {
             Ok(command) => cli(config.as_deref(), command),
+            Err(e) => return Some(usage(name, &e.to_string())),
+        },
+        // A createContainer hook of NVIDIA's CDI specs: nvhook's own createContainer hook.
+        CDI_HOOK_NAME => match cdi_hook::parse(&args) {
+            Ok(CdiHook::Links(links)) => {
+                run_hook(config.as_deref(), Stage::CreateContainer, Some(links))
+            }
+            Ok(CdiHook::Nothing(why)) => hook_process(config.as_deref()).map(|_| {
+                tracing::info!("as {CDI_HOOK_NAME}: {why}");
+            }),
             Err(e) => return Some(usage(name, &e.to_string())),
         },
         _ => unreachable!("one of NAMES"),

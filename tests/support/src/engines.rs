@@ -456,13 +456,9 @@ impl ContainerdBuild {
     /// Debian sid's containerd 2 in `.engines/sid`, which `scripts/test.sh` fetches through
     /// `scripts/sid-engines.sh`. Panics with that fix when it is missing: the tests never skip.
     pub fn sid() -> ContainerdBuild {
-        let root = sid_engine_root();
-        assert!(
-            root.join("version").is_file() && root.join("usr/bin/containerd").is_file(),
-            "containerd 2 from Debian sid is missing ({} has no version stamp): run scripts/sid-engines.sh",
-            root.display()
-        );
-        ContainerdBuild { root: Some(root) }
+        ContainerdBuild {
+            root: Some(sid_engine("containerd 2", "version", "usr/bin/containerd")),
+        }
     }
 
     /// `name` (containerd, ctr, containerd-shim-runc-v2) of this build.
@@ -475,15 +471,7 @@ impl ContainerdBuild {
 
     /// The Debian package version (sid's), or `containerd --version`'s words.
     pub fn version(&self) -> String {
-        match &self.root {
-            Some(root) => fs::read_to_string(root.join("version"))
-                .expect("read the sid engine's version stamp")
-                .trim()
-                .to_owned(),
-            None => stdout_of(Command::new(self.program("containerd")).arg("--version"))
-                .trim()
-                .to_owned(),
-        }
+        build_version(self.root.as_deref(), "version", &self.program("containerd"))
     }
 
     /// `containerd` for this build, its shims looked up in the build's own directory first
@@ -517,13 +505,89 @@ impl ContainerdBuild {
     }
 }
 
-/// `.engines/sid` in the workspace root (this crate is tests/support).
-fn sid_engine_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+/// `.engines/sid` in the workspace root (this crate is tests/support), checked to hold the
+/// `stamp` and `program` of `what`. Panics with the fix when they are missing: the tests
+/// never skip.
+fn sid_engine(what: &str, stamp: &str, program: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .nth(2)
         .expect("tests/support has a workspace root")
-        .join(".engines/sid")
+        .join(".engines/sid");
+    assert!(
+        root.join(stamp).is_file() && root.join(program).is_file(),
+        "{what} from Debian sid is missing ({} has no {stamp} stamp): run scripts/sid-engines.sh",
+        root.display()
+    );
+    root
+}
+
+/// The Debian package version in the `stamp` of a sid build in `root`, or what `daemon
+/// --version` says.
+fn build_version(root: Option<&Path>, stamp: &str, daemon: &Path) -> String {
+    match root {
+        Some(root) => fs::read_to_string(root.join(stamp))
+            .unwrap_or_else(|e| panic!("read the sid engines' {stamp} stamp: {e}")),
+        None => stdout_of(Command::new(daemon).arg("--version")),
+    }
+    .trim()
+    .to_owned()
+}
+
+/// A dockerd build: Debian 12's on PATH (20.10), or Debian sid's (28) that
+/// `scripts/sid-engines.sh` unpacked into `.engines/sid`, with its own docker client; sid's
+/// dockerd starts sid's containerd 2 from the same tree (runc is Debian 12's on PATH).
+#[derive(Clone, Debug)]
+pub struct DockerdBuild {
+    /// Where the packages are unpacked (dockerd in usr/sbin; docker and containerd in usr/bin;
+    /// the docker.io version in `docker-version`); None: PATH.
+    root: Option<PathBuf>,
+}
+
+impl DockerdBuild {
+    /// Debian 12's dockerd 20.10 (`apt-get install docker.io`), found on PATH.
+    pub fn debian() -> DockerdBuild {
+        DockerdBuild { root: None }
+    }
+
+    /// Debian sid's dockerd 28 in `.engines/sid`.
+    pub fn sid() -> DockerdBuild {
+        DockerdBuild {
+            root: Some(sid_engine(
+                "dockerd 28",
+                "docker-version",
+                "usr/sbin/dockerd",
+            )),
+        }
+    }
+
+    /// `dockerd` or `docker` of this build.
+    pub fn program(&self, name: &str) -> PathBuf {
+        match &self.root {
+            Some(root) if name == "dockerd" => root.join("usr/sbin").join(name),
+            Some(root) => root.join("usr/bin").join(name),
+            None => require_program(name),
+        }
+    }
+
+    /// The Debian package version (sid's), or `dockerd --version`'s words.
+    pub fn version(&self) -> String {
+        build_version(
+            self.root.as_deref(),
+            "docker-version",
+            &self.program("dockerd"),
+        )
+    }
+
+    /// `PATH` for this build's dockerd, given the one the test set (or the inherited one):
+    /// sid's containerd and shim first, so that dockerd starts them and not Debian 12's.
+    fn path(&self, path: Option<&std::ffi::OsStr>) -> Option<std::ffi::OsString> {
+        let root = self.root.as_ref()?;
+        let inherited = std::env::var_os("PATH").unwrap_or_default();
+        let rest = path.unwrap_or(&inherited);
+        let dirs = std::iter::once(root.join("usr/bin")).chain(std::env::split_paths(rest));
+        Some(std::env::join_paths(dirs).expect("PATH entries join"))
+    }
 }
 
 /// `containerd config default` (Debian 12's containerd) with every host path moved under `dir`.
@@ -781,15 +845,29 @@ pub struct Dockerd {
     daemon: Daemon,
     host: String,
     cgroup_parent: String,
+    /// The docker client of the same build.
+    client: PathBuf,
 }
 
 impl Dockerd {
+    /// Debian 12's dockerd.
     pub fn start(dir: &Path, daemon_json: &Path, env: &[(&str, &Path)]) -> Dockerd {
+        Dockerd::start_with(&DockerdBuild::debian(), dir, daemon_json, env)
+    }
+
+    /// [`Dockerd::start`] of `build`'s dockerd (docker is then that build's too); a `PATH`
+    /// in `env` is where dockerd looks its programs up, after the build's own directory.
+    pub fn start_with(
+        build: &DockerdBuild,
+        dir: &Path,
+        daemon_json: &Path,
+        env: &[(&str, &Path)],
+    ) -> Dockerd {
         let socket = dir.join("docker.sock");
         let host = format!("unix://{}", socket.display());
         // Not the shared default `docker`, so that it can be removed after.
         let cgroup_parent = unique_name("nvhook-docker");
-        let mut cmd = Command::new(require_program("dockerd"));
+        let mut cmd = Command::new(build.program("dockerd"));
         cmd.arg("--config-file")
             .arg(daemon_json)
             .arg("--data-root")
@@ -804,8 +882,12 @@ impl Dockerd {
         for (key, value) in env {
             cmd.env(key, value);
         }
+        let path = env.iter().find(|(key, _)| *key == "PATH");
+        if let Some(path) = build.path(path.map(|(_, value)| value.as_os_str())) {
+            cmd.env("PATH", path);
+        }
         let mut daemon = Daemon::spawn("dockerd", cmd, dir.join("dockerd.log"));
-        let docker = require_program("docker");
+        let docker = build.program("docker");
         daemon.wait_ready(&socket, || {
             Command::new(&docker)
                 .args(["-H", &host, "version"])
@@ -818,6 +900,7 @@ impl Dockerd {
             daemon,
             host,
             cgroup_parent,
+            client: docker,
         }
     }
 
@@ -836,7 +919,7 @@ impl Dockerd {
 
     /// `docker -H unix://SOCK ARGS...`, with a timeout.
     pub fn docker(&self) -> Command {
-        let mut cmd = timed(&require_program("docker"));
+        let mut cmd = timed(&self.client);
         cmd.args(["-H", &self.host]);
         cmd
     }
