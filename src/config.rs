@@ -63,6 +63,10 @@ pub struct Config {
     /// (`nvidia.cdi.k8s.io/container.<name>`) through `nvhook nri`. Any pod can annotate
     /// itself, so none by default: GPUs come from what the kubelet allocated.
     pub nri_annotation_namespaces: Vec<String>,
+    /// What `nvhook nri` hands the engine for a GPU container: as `runtime-mode`, `hook` (the
+    /// device nodes and the prestart hook, which mounts the rest) or `cdi` (everything as
+    /// edits for the runtime, and a createContainer hook for the links and the cache).
+    pub nri_mode: RuntimeMode,
 }
 
 /// `auto`: the image's `/usr/local/cuda/compat` libraries load when their driver version is
@@ -117,6 +121,7 @@ impl Default for Config {
             cuda_compat: CudaCompatMode::Auto,
             device_families: Vec::new(),
             nri_annotation_namespaces: Vec::new(),
+            nri_mode: RuntimeMode::Hook,
         }
     }
 }

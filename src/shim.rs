@@ -4,7 +4,7 @@
 //! hands the plan to the hook through the bundle so NVML is initialised once per start.
 
 use crate::atomic_file::{NewFile, write_atomic};
-use crate::cdi::{self, ContainerEdits, HookBinary};
+use crate::cdi::{self, HookBinary};
 use crate::config::{Config, RuntimeMode};
 use crate::dev_char;
 use crate::host_plan::{PlanningError, Target, plan_for_host, probe_image};
@@ -122,7 +122,7 @@ pub fn prepare_bundle(
     dev_char::ensure_for_plan(config, &plan);
     let mut value: Value = serde_json::from_str(&text).map_err(json_err)?;
     match config.runtime_mode {
-        RuntimeMode::Hook => edit_spec(&mut value, &plan, &hook_entry(config, config_path)),
+        RuntimeMode::Hook => edit_spec(&mut value, &plan, &HookBinary::new(config, config_path)),
         // The same edits a CDI spec would make, for this container's image and request.
         RuntimeMode::Cdi => cdi::config_json::apply(
             &mut value,
@@ -140,20 +140,10 @@ pub fn prepare_bundle(
     Ok(true)
 }
 
-/// The prestart hook entry: absolute path, explicit non-empty env, a timeout.
-pub fn hook_entry(config: &Config, config_path: Option<&Path>) -> cdi::spec::Hook {
-    HookBinary::new(config, config_path).hook("prestart", Vec::new())
-}
-
 /// Adds the hook (unless one with the same path is there), the device nodes to
 /// `linux.devices` and their allow rules to `linux.resources.devices`. Unknown fields stay.
-pub fn edit_spec(spec: &mut Value, plan: &Plan, hook: &cdi::spec::Hook) {
-    let edits = ContainerEdits {
-        device_nodes: cdi::edits::device_nodes(plan),
-        hooks: vec![hook.clone()],
-        ..ContainerEdits::default()
-    };
-    cdi::config_json::apply(spec, &edits);
+pub fn edit_spec(spec: &mut Value, plan: &Plan, hook: &HookBinary) {
+    cdi::config_json::apply(spec, &cdi::edits::hook_mode_edits(plan, hook));
 }
 
 #[cfg(test)]
@@ -169,7 +159,9 @@ mod tests {
             serde_json::from_str(include_str!("../hooks/oci-nvhook-hook.json")).unwrap();
         assert_eq!(hook["hook"]["timeout"], HOOK_TIMEOUT_S);
         assert_eq!(
-            hook_entry(&Config::default(), None).timeout,
+            HookBinary::new(&Config::default(), None)
+                .hook("prestart", Vec::new())
+                .timeout,
             Some(HOOK_TIMEOUT_S)
         );
     }
@@ -183,7 +175,7 @@ mod tests {
             "linux": {"resources": {"devices": [{"allow": false, "access": "rwm"}]}}
         });
         let plan = one_gpu_plan();
-        let hook = hook_entry(&Config::default(), Some(Path::new("/etc/n.toml")));
+        let hook = HookBinary::new(&Config::default(), Some(Path::new("/etc/n.toml")));
         edit_spec(&mut spec, &plan, &hook);
         edit_spec(&mut spec, &plan, &hook);
         assert_eq!(spec["x-unknown"], json!({"keep": [1, 2]}));

@@ -376,7 +376,7 @@ fn a_hundred_gpu_pods_at_once_each_get_their_allocated_gpu() {
 }
 
 /// The same pod through the RuntimeClass path (nvhook-runtime, the prestart hook) and through
-/// NRI sees the same thing: the same entries in the driver's directories, the same device
+/// NRI, in both of its modes, sees the same thing: the same entries in the driver's directories, the same device
 /// nodes with the same numbers, the same nodes reachable, libcuda from the same file.
 #[test]
 fn nri_and_the_hook_give_a_container_the_same_view() {
@@ -446,23 +446,30 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
     let hook = by("nvidia", &mut cri);
     let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
     plugin.wait_registered(&node.log_file(), 1, &containerd);
-    let nri = by(DEFAULT_HANDLER, &mut cri);
-    let diff: Vec<String> = hook
-        .iter()
-        .filter(|l| !nri.contains(l))
-        .map(|l| format!("- {l}"))
-        .chain(
-            nri.iter()
-                .filter(|l| !hook.contains(l))
-                .map(|l| format!("+ {l}")),
-        )
-        .collect();
-    assert!(
-        diff.is_empty(),
-        "the hook's view (-) and NRI's (+) differ:\n{}\n(node log)\n{}",
-        diff.join("\n"),
-        node.log()
-    );
+    // nri-mode = "hook" (the default): the nodes and the prestart hook; then "cdi": every
+    // edit for runc, and the createContainer hook.
+    for mode in ["hook", "cdi"] {
+        if mode == "cdi" {
+            node.configure("nri-mode = \"cdi\"");
+        }
+        let nri = by(DEFAULT_HANDLER, &mut cri);
+        let diff: Vec<String> = hook
+            .iter()
+            .filter(|l| !nri.contains(l))
+            .map(|l| format!("- {l}"))
+            .chain(
+                nri.iter()
+                    .filter(|l| !hook.contains(l))
+                    .map(|l| format!("+ {l}")),
+            )
+            .collect();
+        assert!(
+            diff.is_empty(),
+            "nri-mode = {mode}: the hook's view (-) and NRI's (+) differ:\n{}\n(node log)\n{}",
+            diff.join("\n"),
+            node.log()
+        );
+    }
     assert!(
         hook.iter().any(|l| l == "dlopen libcuda.so.1 ok"),
         "{hook:#?}"

@@ -1,9 +1,9 @@
 //! 8: a pod's container start over CRI on containerd 2.1.9 (Debian sid), by the way it gets
 //! its GPU: none (plain runc), the RuntimeClass path (nvhook-runtime as the handler's runtime)
-//! and the NRI plugin (`nvhook nri`, runc as the default runtime). What is timed is what the
-//! kubelet waits for: CreateContainer + StartContainer. Two containerds run side by side, one
-//! with the plugin connected and one without, and the variants take turns round by round, so
-//! that the machine's drift hits them alike. Needs `scripts/sid-engines.sh`.
+//! and the NRI plugin (`nvhook nri`, runc as the default runtime) in both of its modes. What is
+//! timed is what the kubelet waits for: CreateContainer + StartContainer. Three containerds run
+//! side by side, one without the plugin and two with it (one per mode), and the variants take
+//! turns round by round, so that the machine's drift hits them alike. Needs `scripts/sid-engines.sh`.
 
 use crate::stats::Samples;
 use crate::support::containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin};
@@ -41,21 +41,31 @@ pub fn run(rounds: usize) {
     let mount_point = format!("{DEVICE_MOUNT_ROOT}/{uuid}");
     let allocation = [(mount_point.as_str(), "/dev/null")];
 
-    let dirs = [EngineDir::new("cri-bench"), EngineDir::new("nri-bench")];
+    // The same node's config with the other NRI mode, for a third engine's plugin.
+    let cdi_config = node.root().join("nri-cdi.toml");
+    let text = std::fs::read_to_string(node.config()).expect("read the node's config");
+    std::fs::write(&cdi_config, format!("{text}\nnri-mode = \"cdi\"\n"))
+        .expect("write the cdi-mode config");
+    // Engine 0: no plugin, nvhook-runtime as a handler; 1 and 2: the plugin, in each mode.
+    let plugins = [None, Some(node.config()), Some(cdi_config)];
     let runtime: PathBuf = workspace_bin("nvhook-runtime");
+    let dirs: Vec<EngineDir> = plugins
+        .iter()
+        .map(|_| EngineDir::new("cri-bench"))
+        .collect();
     let mut engines = Vec::new();
-    let mut plugin = None;
-    for (i, dir) in dirs.iter().enumerate() {
+    let mut running = Vec::new();
+    for (dir, plugin) in dirs.iter().zip(&plugins) {
         let mut setup = Containerd2Cri::under(dir.path());
-        if i == 0 {
+        if plugin.is_none() {
             setup.handlers.push((HANDLER.into(), runtime.clone()));
         }
         let containerd = setup.start(dir.path(), &[("NVHOOK_CONFIG", &node.config())]);
         let image = containerd.import_gpucheck_image(dir.path());
-        if i == 1 {
-            let p = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
-            p.wait_registered(&node.log_file(), 1, &containerd);
-            plugin = Some(p);
+        if let Some(config) = plugin {
+            let p = NriPlugin::start(config, &setup.nri.socket, dir.path());
+            p.wait_registered(&node.log_file(), running.len() + 1, &containerd);
+            running.push(p);
         }
         let cri = Cri::connect(containerd.socket());
         engines.push(Engine {
@@ -74,7 +84,18 @@ pub fn run(rounds: usize) {
     let mut variants = [
         variant("plain runc, no GPU", 0, DEFAULT_HANDLER, false),
         variant("RuntimeClass (nvhook-runtime), 1 GPU", 0, HANDLER, true),
-        variant("NRI plugin, 1 GPU", 1, DEFAULT_HANDLER, true),
+        variant(
+            "NRI plugin, nri-mode = hook, 1 GPU",
+            1,
+            DEFAULT_HANDLER,
+            true,
+        ),
+        variant(
+            "NRI plugin, nri-mode = cdi, 1 GPU",
+            2,
+            DEFAULT_HANDLER,
+            true,
+        ),
         variant("NRI plugin connected, no GPU", 1, DEFAULT_HANDLER, false),
     ];
     let cgroups = CgroupParent::new("nvhook-cri-bench");
@@ -111,7 +132,7 @@ pub fn run(rounds: usize) {
             }
         }
     }
-    drop(plugin);
+    drop(running);
     report(&variants, rounds);
     for mut engine in engines {
         drop(engine.cri);

@@ -82,6 +82,16 @@ pub fn container_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
     }
 }
 
+/// The edits of `runtime-mode = "hook"`: the plan's device nodes (so that their rules are the
+/// runtime's, and survive `runc update`) and nvhook's prestart hook, which does the rest.
+pub fn hook_mode_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
+    ContainerEdits {
+        device_nodes: device_nodes(plan),
+        hooks: vec![hook.hook("prestart", Vec::new())],
+        ..ContainerEdits::default()
+    }
+}
+
 /// The plan's device nodes, each with the cgroup access the plan grants it.
 pub fn device_nodes(plan: &Plan) -> Vec<DeviceNode> {
     plan.devices

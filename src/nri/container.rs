@@ -5,6 +5,7 @@
 //! privileged container, and treats every container as unprivileged (the environment counts
 //! only where `accept-env-when-unprivileged` lets it).
 
+use crate::cdi::spec::Mount;
 use crate::oci::{self, Spec};
 use crate::request::DEVICE_MOUNT_ROOT;
 use nvhook_nri::api::{Container, PodSandbox};
@@ -82,13 +83,26 @@ pub fn annotated_devices(
 /// `spec` with `devices` asked for the way the device plugin asks: a host `/dev/null` mounted
 /// at `/var/run/nvidia-container-devices/<id>`, the form only the node's own agents can write.
 pub fn with_device_mounts(mut spec: Spec, devices: &[String]) -> Spec {
-    spec.mounts.extend(devices.iter().map(|id| oci::Mount {
-        destination: format!("{DEVICE_MOUNT_ROOT}/{id}").into(),
-        source: Some("/dev/null".into()),
-        kind: Some("bind".into()),
-        options: vec!["bind".into(), "ro".into()],
+    spec.mounts.extend(devices.iter().map(|id| {
+        let m = device_mount(id);
+        oci::Mount {
+            destination: m.container_path.into(),
+            source: Some(m.host_path.into()),
+            kind: m.kind,
+            options: m.options,
+        }
     }));
     spec
+}
+
+/// The device plugin's mount for device `id`.
+pub fn device_mount(id: &str) -> Mount {
+    Mount {
+        host_path: "/dev/null".into(),
+        container_path: format!("{DEVICE_MOUNT_ROOT}/{id}"),
+        kind: Some("bind".into()),
+        options: vec!["bind".into(), "ro".into()],
+    }
 }
 
 #[cfg(test)]

@@ -3,15 +3,17 @@
 //! adjustment, with no engine config, no restart and no RuntimeClass.
 //!
 //! The request is read by the hook's own code ([`Request::from_spec`]) from the container's
-//! fields, the plan is the one a CDI spec holds for those devices (libraries at their host
-//! paths, for any image), and the edits are the shim's cdi mode's, handed to the engine.
+//! fields, and the edits are nvhook-runtime's, handed to the engine: in `nri-mode = "hook"`
+//! the device nodes and the prestart hook; in `"cdi"` the plan a CDI spec holds for those
+//! devices (libraries at their host paths, for any image) as edits for the runtime.
 
 pub mod adjust;
 pub mod container;
 
 use crate::atomic_file::{NewFile, write_atomic};
-use crate::cdi::{HookBinary, container_edits};
-use crate::config::Config;
+use crate::cdi::edits::hook_mode_edits;
+use crate::cdi::{ContainerEdits, HookBinary, container_edits};
+use crate::config::{Config, RuntimeMode};
 use crate::host_plan::{PlanningError, Target, plan_for_host};
 use crate::inventory::{self, InventoryError};
 use crate::request::{Request, RequestError};
@@ -81,7 +83,19 @@ impl GpuPlugin {
         let plan = plan_for_host(&request, inventory, source, &config, Target::AnyImage)?;
         crate::dev_char::ensure_for_plan(&config, &plan);
         let hook = HookBinary::new(&config, self.config_path.as_deref());
-        Ok(Some(adjust::adjustment(&container_edits(&plan, &hook))))
+        let edits = match config.nri_mode {
+            // The hook reads the request from config.json as the engine wrote it, so devices
+            // an annotation asked for reach it the way the device plugin's do.
+            RuntimeMode::Hook => ContainerEdits {
+                mounts: annotated
+                    .iter()
+                    .map(|id| container::device_mount(id))
+                    .collect(),
+                ..hook_mode_edits(&plan, &hook)
+            },
+            RuntimeMode::Cdi => container_edits(&plan, &hook),
+        };
+        Ok(Some(adjust::adjustment(&edits)))
     }
 }
 
