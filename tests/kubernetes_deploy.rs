@@ -579,6 +579,7 @@ fn refresh_sh_keeps_the_hosts_cdi_spec_and_dev_char_links() {
         "\nwarn runtimes: none of runc, crun",
         "\nwarn name nvidia-container-runtime-hook: not on PATH",
         "\nwarn name nvidia-container-cli: not on PATH",
+        "\nwarn name nvidia-cdi-hook: not on PATH",
     ] {
         assert!(said.contains(warning), "{warning:?} missing: {said}");
     }
@@ -587,7 +588,7 @@ fn refresh_sh_keeps_the_hosts_cdi_spec_and_dev_char_links() {
         .filter(|l| l.starts_with("warn dockerd "))
         .count();
     assert!(
-        said.contains(&format!("\nready (warn: {})\n", 3 + dockerds)),
+        said.contains(&format!("\nready (warn: {})\n", 4 + dockerds)),
         "{said}"
     );
     let spec = host.at(nvhook::cdi::REFRESHED_SPEC);
