@@ -416,6 +416,11 @@ fn install_sh_installs_nvhook_on_a_host_root() {
         let mode = fs::metadata(&installed).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o755, "{name}");
     }
+    // NVIDIA's command names, beside nvhook and leading to it.
+    for name in nvhook::nvidia_cli::NAMES {
+        let link = host.at(&format!("{bin}/{name}"));
+        assert_eq!(fs::read_link(&link).unwrap(), Path::new("nvhook"), "{name}");
+    }
     let config = Config::from_file(&host.at(nvhook::config::DEFAULT_PATH)).unwrap();
     assert_eq!(config.hook_path, Some(format!("{bin}/nvhook").into()));
     assert!(!config.accept_env_when_unprivileged);

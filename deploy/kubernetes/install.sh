@@ -6,7 +6,8 @@
 # alone, containerd included.
 #
 # Host paths are seen under $HOST_ROOT (the DaemonSet mounts the host's root there):
-#   $NVHOOK_DIR/bin             the binaries           (default /usr/local/nvhook)
+#   $NVHOOK_DIR/bin             the binaries           (default /usr/local/nvhook), and
+#                               NVIDIA's command names as links to nvhook
 #   $CONTAINERD_CONFIG          containerd's config    (default /etc/containerd/config.toml)
 #   /etc/nvhook/config.toml     nvhook's config: where nvhook-runtime looks, containerd
 #                               passing it no NVHOOK_CONFIG
@@ -47,6 +48,12 @@ for name in nvhook nvhook-runtime nvhook-nvml; do
     mv -f "$new" "$host$nvhook_dir/bin/$name"
 done
 say "installed nvhook, nvhook-runtime and nvhook-nvml in $nvhook_dir/bin"
+# NVIDIA's command names beside nvhook, which answers to them: for CDI specs written by NVIDIA's
+# tools (point the device plugin's --nvidia-cdi-hook-path here) and engines' --gpus (put this
+# directory on the engine's PATH). Links, so they follow each new nvhook.
+for name in nvidia-container-runtime-hook nvidia-container-cli nvidia-cdi-hook; do
+    ln -sfn nvhook "$host$nvhook_dir/bin/$name"
+done
 
 # 2. nvhook-runtime writes hook-path into every GPU container's hooks: it must name the
 #    nvhook installed above. An admin's own hook-path is kept.
