@@ -40,32 +40,14 @@ const GPUCHECK: &[&str] = &[
     "/dev",
 ];
 
+#[track_caller]
 fn assert_allocated_gpu_only(what: &str, output: &Output) {
-    output.assert_success();
-    for gpu in 0..GPUS {
-        let expected = if gpu == ALLOCATED { "ENXIO" } else { "absent" };
-        let line = format!("dev /dev/nvidia{gpu} {expected}");
-        assert!(output.has_line(&line), "{what}: missing {line:?}\n{output}");
-    }
-    assert_eq!(
-        output.gpu_nodes_in_dev(),
-        [format!("nvidia{ALLOCATED}")],
-        "{what}\n{output}"
-    );
-    assert!(
-        output.has_line("dlopen libcuda.so.1 ok"),
-        "{what}: libcuda not loadable\n{output}"
-    );
+    output.assert_allocated_gpu_only(what, GPUS, ALLOCATED);
 }
 
 #[track_caller]
 fn assert_no_gpu(what: &str, output: &Output) {
-    output.assert_success();
-    assert!(output.gpu_nodes_in_dev().is_empty(), "{what}\n{output}");
-    assert!(
-        !output.has_line("dlopen libcuda.so.1 ok"),
-        "{what}: driver library injected into a pod that was allocated no GPU\n{output}"
-    );
+    output.assert_no_gpu_given(what);
 }
 
 /// Where the pods of a test run: their cgroup parent and logs.

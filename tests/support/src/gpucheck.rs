@@ -37,6 +37,39 @@ impl Output {
         }
     }
 
+    /// A container given GPU `allocated` of a `gpus`-GPU node and nothing else (gpucheck run
+    /// with `--dev` for each GPU node and `--ls /dev`): that node usable, the others absent,
+    /// only it in `/dev`, and libcuda loadable.
+    #[track_caller]
+    pub fn assert_allocated_gpu_only(&self, what: &str, gpus: u32, allocated: u32) {
+        self.assert_success();
+        for gpu in 0..gpus {
+            let expected = if gpu == allocated { "ENXIO" } else { "absent" };
+            let line = format!("dev {} {expected}", gpu_node(gpu));
+            assert!(self.has_line(&line), "{what}: missing {line:?}\n{self}");
+        }
+        assert_eq!(
+            self.gpu_nodes_in_dev(),
+            [format!("nvidia{allocated}")],
+            "{what}\n{self}"
+        );
+        assert!(
+            self.has_line("dlopen libcuda.so.1 ok"),
+            "{what}: libcuda not loadable\n{self}"
+        );
+    }
+
+    /// A container given no GPU: no GPU node in `/dev`, and no driver library to load.
+    #[track_caller]
+    pub fn assert_no_gpu_given(&self, what: &str) {
+        self.assert_success();
+        assert!(self.gpu_nodes_in_dev().is_empty(), "{what}\n{self}");
+        assert!(
+            !self.has_line("dlopen libcuda.so.1 ok"),
+            "{what}: driver library injected into a pod that was allocated no GPU\n{self}"
+        );
+    }
+
     #[track_caller]
     pub fn assert_control_nodes_allowed(&self) {
         for node in CONTROL_NODES {
