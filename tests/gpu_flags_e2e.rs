@@ -454,4 +454,30 @@ fn nvidia_container_cli_info_and_list_describe_the_node() {
     );
     let unique: std::collections::BTreeSet<&PathBuf> = list.iter().collect();
     assert_eq!(unique.len(), list.len(), "a path listed twice: {list:?}");
+
+    // `--device` by index and by UUID: the control nodes and those GPUs' nodes, nothing else.
+    let uuid = node.gpu_uuid(3);
+    let chosen = run(&["list", "--device=1", "-d", &uuid]);
+    let gpu_nodes: Vec<&str> = chosen
+        .lines()
+        .filter_map(|l| l.rsplit_once("/dev/nvidia").map(|(_, n)| n))
+        .filter(|n| n.parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(gpu_nodes, ["1", "3"], "{chosen}");
+    assert!(chosen.starts_with(&format!(
+        "{}\n",
+        node.dev_root().join("dev/nvidiactl").display()
+    )));
+    assert!(!chosen.contains("nvidia-smi"), "{chosen}");
+
+    // A GPU the node does not have: one line, a failure, nothing on stdout.
+    let out = std::process::Command::new(&link)
+        .args(["list", "--device=9"])
+        .env(NVHOOK_CONFIG, node.config())
+        .output()
+        .expect("run nvidia-container-cli");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && out.stdout.is_empty(), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains('9'), "{stderr}");
 }

@@ -63,9 +63,13 @@ pub struct Configure {
 }
 
 /// `list`: what a container would get, by kind. With no option, everything.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct List {
-    pub devices: bool,
+    /// Every device node of the node (`list` with no option).
+    pub all_nodes: bool,
+    /// `--device=LIST`, `--mig-config=LIST`, `--mig-monitor=LIST`: the driver's control nodes
+    /// and the nodes a container given these devices gets.
+    pub devices: Flags,
     pub libraries: bool,
     pub binaries: bool,
     pub ipcs: bool,
@@ -123,29 +127,17 @@ fn configure(args: &[&str]) -> Result<Configure, CliError> {
     let mut args = args.iter().copied();
     while let Some(arg) = args.next() {
         let (name, inline) = split(arg);
-        let mut value = |option: &'static str| {
-            inline
-                .or_else(|| args.next())
-                .filter(|v| !v.is_empty())
-                .map(str::to_string)
-                .ok_or(CliError::NoValue { option })
-        };
+        let mut value = |option| value_of(inline, &mut args, option);
         match name {
-            "--device" | "-d" => {
-                let list = value("--device")?;
-                flags.devices = Some(match flags.devices.take() {
-                    Some(earlier) => format!("{earlier},{list}"),
-                    None => list,
-                });
-            }
+            "--device" | "-d" => join(&mut flags.devices, value("--device")?),
             "--require" | "-r" => flags.requirements.push(value("--require")?),
             "--pid" | "-p" => {
                 let text = value("--pid")?;
                 let parsed = text.parse().ok().filter(|p: &i32| *p > 0);
                 pid = Some(parsed.ok_or_else(|| CliError::BadPid(text.as_str().into()))?);
             }
-            "--mig-config" => flags.mig_config = Some(value("--mig-config")?),
-            "--mig-monitor" => flags.mig_monitor = Some(value("--mig-monitor")?),
+            "--mig-config" => join(&mut flags.mig_config, value("--mig-config")?),
+            "--mig-monitor" => join(&mut flags.mig_monitor, value("--mig-monitor")?),
             // nvhook writes the loader cache itself and never runs an ldconfig.
             "--ldconfig" | "-l" => drop(value("--ldconfig")?),
             "--no-cgroups" => no_cgroups = true,
@@ -173,9 +165,15 @@ fn configure(args: &[&str]) -> Result<Configure, CliError> {
 
 fn list(args: &[&str]) -> Result<List, CliError> {
     let mut list = List::default();
-    for arg in args {
-        match split(arg) {
-            ("--device" | "-d", Some("all")) => list.devices = true,
+    let mut args = args.iter().copied();
+    while let Some(arg) = args.next() {
+        let (name, inline) = split(arg);
+        let mut value = |option| value_of(inline, &mut args, option);
+        let selection = &mut list.devices;
+        match (name, inline) {
+            ("--device" | "-d", _) => join(&mut selection.devices, value("--device")?),
+            ("--mig-config", _) => join(&mut selection.mig_config, value("--mig-config")?),
+            ("--mig-monitor", _) => join(&mut selection.mig_monitor, value("--mig-monitor")?),
             ("--libraries" | "-l", None) => list.libraries = true,
             ("--binaries" | "-b", None) => list.binaries = true,
             ("--ipcs" | "-i", None) => list.ipcs = true,
@@ -183,9 +181,10 @@ fn list(args: &[&str]) -> Result<List, CliError> {
             _ => return Err(CliError::Unsupported(unsupported(arg, "list"))),
         }
     }
-    if args.is_empty() {
+    if list == List::default() {
         return Ok(List {
-            devices: true,
+            all_nodes: true,
+            devices: Flags::default(),
             libraries: true,
             binaries: true,
             ipcs: true,
@@ -193,6 +192,27 @@ fn list(args: &[&str]) -> Result<List, CliError> {
         });
     }
     Ok(list)
+}
+
+/// An option's value: inline (`--name=value`) or the next argument, never empty.
+fn value_of<'a>(
+    inline: Option<&'a str>,
+    args: &mut impl Iterator<Item = &'a str>,
+    option: &'static str,
+) -> Result<String, CliError> {
+    inline
+        .or_else(|| args.next())
+        .filter(|v| !v.is_empty())
+        .map(str::to_string)
+        .ok_or(CliError::NoValue { option })
+}
+
+/// A repeated list option adds to the lists before it, as libnvidia-container joins them.
+fn join(list: &mut Option<String>, more: String) {
+    *list = Some(match list.take() {
+        Some(earlier) => format!("{earlier},{more}"),
+        None => more,
+    });
 }
 
 /// `--name=value` as (`--name`, `value`); anything else as itself.

@@ -4,6 +4,7 @@
 
 use super::List;
 use crate::inventory::Inventory;
+use crate::plan::DeviceNode;
 use nvhook_ldcache::ElfClass;
 use std::fmt::Write as _;
 
@@ -54,12 +55,28 @@ fn field(out: &mut String, name: &str, value: &dyn std::fmt::Display) {
     let _ = writeln!(out, "{:<15} {value}", format!("{name}:"));
 }
 
-/// `list`: the host paths a container given every GPU would get, by the kinds asked for.
-pub fn list_text(inventory: &Inventory, list: List) -> String {
+/// The driver's own nodes, which libnvidia-container lists before any GPU's, where they exist.
+const CONTROL_NODES: [&str; 4] = [
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+];
+
+/// `list`: host paths by the kinds asked for. `selected` is what the plan of a container given
+/// `list.devices` holds (its GPUs' nodes and MIG access files), listed after the driver's
+/// control nodes; with no `--device`, `selected` is empty and `list.all_nodes` lists every node.
+pub fn list_text(inventory: &Inventory, list: &List, selected: &[DeviceNode]) -> String {
     let mut lines: Vec<String> = Vec::new();
     let shown = |path: &std::path::Path| path.display().to_string();
-    if list.devices {
+    if list.all_nodes {
         lines.extend(inventory.nodes.iter().map(|n| shown(&n.host_path)));
+    } else if !selected.is_empty() {
+        let control = CONTROL_NODES
+            .iter()
+            .filter_map(|path| inventory.nodes.iter().find(|n| n.path == *path));
+        lines.extend(control.map(|n| shown(&n.host_path)));
+        lines.extend(selected.iter().map(|n| shown(&n.host_path)));
     }
     if list.binaries {
         lines.extend(inventory.files.binaries.iter().map(|f| shown(&f.host_path)));

@@ -109,7 +109,7 @@ fn what_nvhook_does_not_do_is_refused_in_one_line() {
             "configure option --imex-channel=0",
         ),
         ("info --json", "info option --json"),
-        ("list --device=0", "list option --device=0"),
+        ("list --device=0 --firmwares", "list option --firmwares"),
         ("--version", "--version"),
         ("mig", "command mig"),
     ] {
@@ -162,7 +162,7 @@ fn list_gives_host_paths_by_kind() {
         Ok(Command::List(list)) => list,
         other => panic!("{other:?}"),
     };
-    let text = list_text(&inventory, everything);
+    let text = list_text(&inventory, &everything, &[]);
     assert!(
         text.lines().next().unwrap().ends_with("/dev/nvidiactl"),
         "{text}"
@@ -185,7 +185,7 @@ fn list_gives_host_paths_by_kind() {
         Ok(Command::List(list)) => list,
         other => panic!("{other:?}"),
     };
-    let text = list_text(&inventory, libraries);
+    let text = list_text(&inventory, &libraries, &[]);
     assert!(
         !text.contains("/dev/") && !text.contains("nvidia-smi"),
         "{text}"
@@ -198,5 +198,38 @@ fn list_gives_host_paths_by_kind() {
             .iter()
             .filter(|l| l.class == nvhook_ldcache::ElfClass::Lib64)
             .count()
+    );
+}
+
+#[test]
+fn list_device_gives_the_control_nodes_and_the_plans_nodes() {
+    let inventory = inventory(4, &[]);
+    let list = match parse(&args("list -d 1 --device=3")) {
+        Ok(Command::List(list)) => list,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(list.devices.devices.as_deref(), Some("1,3"));
+    assert!(!list.all_nodes && !list.libraries);
+    // The binary plans the request configure would make of the same --device.
+    let request = Request::from_flags(&list.devices, &Config::default()).unwrap();
+    let plan = crate::plan::build_with_layout(
+        &request,
+        &inventory,
+        "",
+        crate::plan::Layout::host_paths("/".into(), inventory.arch),
+    )
+    .unwrap();
+    let text = list_text(&inventory, &list, &plan.devices);
+    let nodes: Vec<&str> = text
+        .lines()
+        .map(|l| &l[l.find("/dev/").unwrap()..])
+        .collect();
+    assert_eq!(nodes[0], "/dev/nvidiactl", "{text}");
+    assert!(nodes.contains(&"/dev/nvidia-uvm"), "{text}");
+    assert!(nodes.contains(&"/dev/nvidia1") && nodes.contains(&"/dev/nvidia3"));
+    assert!(!nodes.contains(&"/dev/nvidia0") && !nodes.contains(&"/dev/nvidia2"));
+    assert_eq!(
+        nodes.len(),
+        nodes.iter().collect::<std::collections::HashSet<_>>().len()
     );
 }

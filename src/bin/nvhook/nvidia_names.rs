@@ -5,11 +5,12 @@
 //! and their command lines have no room for nvhook's `--config`.
 
 use crate::{Stage, hook, hook_process, run_hook};
+use nvhook::host_plan::{self, Target};
 use nvhook::inventory::{Scope, isolated};
 use nvhook::logging::Sink;
 use nvhook::nvidia_cli::cdi_hook::{self, CdiHook};
 use nvhook::nvidia_cli::{self, CDI_HOOK_NAME, CLI_NAME, Command, RUNTIME_HOOK_NAME};
-use nvhook::request::Request;
+use nvhook::request::{Flags, Request};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -92,12 +93,24 @@ fn cli(config_path: Option<&Path>, command: Command) -> anyhow::Result<()> {
     let config = nvhook::config::Config::load(config_path, None)?;
     nvhook::logging::init(&config);
     // NVML's cached answer serves while the host is as it was.
-    let (inventory, _) = isolated::load(&config, Scope::ALL)?;
+    let (inventory, source) = isolated::load(&config, Scope::ALL)?;
     print!(
         "{}",
         match command {
             Command::Info { csv } => nvidia_cli::report::info_text(&inventory, csv),
-            Command::List(list) => nvidia_cli::report::list_text(&inventory, list),
+            Command::List(list) => {
+                // The nodes of `--device`'s GPUs are those configure would give them: the
+                // same request and plan, so an unknown device gets the same one line.
+                let selected = if list.devices == Flags::default() {
+                    Vec::new()
+                } else {
+                    let request = Request::from_flags(&list.devices, &config)?;
+                    let target = Target::AnyImage;
+                    host_plan::plan_for_host(&request, inventory.clone(), source, &config, target)?
+                        .devices
+                };
+                nvidia_cli::report::list_text(&inventory, &list, &selected)
+            }
             Command::Configure(_) => unreachable!("handled above"),
         }
     );
