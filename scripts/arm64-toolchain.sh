@@ -4,6 +4,9 @@
 # aarch64 cross gcc and the arm64 glibc (libc6-dev:arm64, static archives included).
 # rustup's aarch64 std is not needed: Debian's rustc carries the target itself.
 # protobuf-compiler: protoc, for the NRI API (crates/nri/build.rs) and the CRI client the tests use.
+# libc-bin:arm64, unpacked under /opt/arm64-libc-bin (it cannot be installed beside the root's
+# own libc-bin): its static aarch64 ldconfig, run under qemu-aarch64, writes the arm64 simulated
+# node's loader cache (tests/arm64_e2e.rs), as the real ldconfig of an arm64 host would.
 #
 # Idempotent: a root that is complete (its stamp file names the package set) is left alone, so
 # a second run takes well under a second. Run as root (debootstrap and chroot need it).
@@ -17,10 +20,11 @@ ROOT=${NVHOOK_CROSS_ROOT:-$PWD/.cross/sid-root}
 MIRROR=${NVHOOK_CROSS_MIRROR:-http://deb.debian.org/debian}
 PACKAGES="rustc cargo libstd-rust-dev:arm64 gcc-aarch64-linux-gnu libc6-dev:arm64 protobuf-compiler"
 STAMP=$ROOT/.nvhook-toolchain
+ARM64_LDCONFIG=/opt/arm64-libc-bin/usr/sbin/ldconfig
 
 [ "$(id -u)" = 0 ] || { echo "arm64-toolchain.sh: run as root (debootstrap and chroot need it)" >&2; exit 1; }
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PACKAGES" ]; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PACKAGES $ARM64_LDCONFIG" ]; then
   echo "arm64-toolchain.sh: $ROOT is ready ($(chroot "$ROOT" rustc --version))"
   exit 0
 fi
@@ -44,6 +48,13 @@ export DEBIAN_FRONTEND=noninteractive
 APT="-o Acquire::Check-Valid-Until=false -o APT::Install-Recommends=false -qq"
 chroot "$ROOT" apt-get $APT update
 chroot "$ROOT" apt-get $APT install -y $PACKAGES >/dev/null
+chroot "$ROOT" sh -euc "
+  rm -rf /opt/arm64-libc-bin /tmp/arm64-libc-bin && mkdir -p /tmp/arm64-libc-bin && cd /tmp/arm64-libc-bin
+  apt-get $APT download libc-bin:arm64
+  dpkg -x libc-bin_*_arm64.deb /opt/arm64-libc-bin
+  cd / && rm -rf /tmp/arm64-libc-bin
+  test -x $ARM64_LDCONFIG
+"
 chroot "$ROOT" apt-get $APT clean
-echo "$PACKAGES" >"$STAMP"
+echo "$PACKAGES $ARM64_LDCONFIG" >"$STAMP"
 echo "arm64-toolchain.sh: $ROOT is ready ($(chroot "$ROOT" rustc --version))"

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Builds nvhook, nvhook-runtime and nvhook-nvml for aarch64-unknown-linux-gnu (issue 29), in
 # the Debian sid root that scripts/arm64-toolchain.sh makes (run it first; it is fast once
-# done). The binaries land in .cross/aarch64/ (or $NVHOOK_ARM64_OUT).
+# done). The binaries land in .cross/aarch64/ (or $NVHOOK_ARM64_OUT), with what the emulated
+# arm64 node of tests/arm64_e2e.rs needs besides: the mock NVML (libmock_nvml.so) and the
+# container probe (gpucheck), both aarch64, and glibc/: the arm64 glibc (Debian's libc6:arm64
+# and libgcc-s1:arm64 from the root, their loader at /lib as on an arm64 host) that the
+# emulated node's host side (qemu's QEMU_LD_PREFIX) and its arm64 image are made of.
 #
 # The build runs in a private mount namespace: the project is bound at /src in the root, the
 # host's cargo registry at /root/.cargo/registry (the build is offline: `cargo fetch` on the
@@ -64,6 +68,10 @@ build() {
   export CARGO_PROFILE_RELEASE_STRIP=symbols
   cargo build --offline --locked --profile "$PROFILE" --target "$TARGET" \
     -p nvhook --bin nvhook -p nvhook-runtime --bin nvhook-runtime -p nvhook-nvml --bin nvhook-nvml
+  # Apart: with --bin above, cargo would build only binaries of every package named.
+  cargo build --offline --locked --profile "$PROFILE" --target "$TARGET" -p mock-nvml --lib
+  aarch64-linux-gnu-gcc -O1 -Wall -Wextra -Werror -o "/src/.cross/target/$TARGET/gpucheck" \
+    /src/tests/gpucheck.c
   if [ "$TESTS" = 1 ]; then
     # The kernel hands each aarch64 test binary to qemu-aarch64 (binfmt_misc); its loader and
     # libc are the root's libc6:arm64.
@@ -85,7 +93,22 @@ unshare -m --propagation private bash -euo pipefail -c '
 ' unshare "$PROJECT" "$ROOT" "$REGISTRY" "$PROFILE" "$TARGET" "$TESTS" "$(declare -f build); build"
 
 mkdir -p "$OUT"
-for bin in "${BINARIES[@]}"; do
+for bin in "${BINARIES[@]}" libmock_nvml.so; do
   cp "$PROJECT/.cross/target/$TARGET/$dir/$bin" "$OUT/$bin"
 done
-echo "build-arm64.sh: ${BINARIES[*]} for $TARGET in $OUT"
+cp "$PROJECT/.cross/target/$TARGET/gpucheck" "$OUT/gpucheck"
+rm -rf "$OUT/glibc.new"
+mkdir -p "$OUT/glibc.new"
+chroot "$ROOT" dpkg -L libc6:arm64 libgcc-s1:arm64 | while read -r path; do
+  if [ -L "$ROOT$path" ] || [ -f "$ROOT$path" ]; then
+    printf '%s\n' "${path#/}"
+  fi
+done | (cd "$ROOT" && tar -cf - --no-recursion -T -) | tar -xf - -C "$OUT/glibc.new"
+ln -s usr/lib "$OUT/glibc.new/lib"
+[ -e "$OUT/glibc.new/lib/ld-linux-aarch64.so.1" ] || {
+  echo "build-arm64.sh: libc6:arm64 in $ROOT has no /usr/lib/ld-linux-aarch64.so.1" >&2
+  exit 1
+}
+rm -rf "$OUT/glibc"
+mv "$OUT/glibc.new" "$OUT/glibc"
+echo "build-arm64.sh: ${BINARIES[*]}, libmock_nvml.so, gpucheck and glibc/ for $TARGET in $OUT"

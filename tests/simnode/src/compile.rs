@@ -2,10 +2,11 @@
 //! stdin, spread over the machine's cores because ~50 gcc runs one after
 //! another would make `create` take seconds.
 
+use crate::machine::{self, Toolchain, Written};
 use anyhow::{Context, Result, anyhow, bail};
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Mutex;
 use std::thread;
 
@@ -19,7 +20,7 @@ pub struct Job {
 }
 
 /// Compiles every job; returns the first failure after all workers stop.
-pub fn run_all(jobs: Vec<Job>) -> Result<()> {
+pub fn run_all(toolchain: &Toolchain, jobs: Vec<Job>) -> Result<()> {
     let workers = thread::available_parallelism().map_or(2, |n| n.get());
     let queue = Mutex::new(jobs);
     let next = || queue.lock().expect("compile queue poisoned").pop();
@@ -28,7 +29,7 @@ pub fn run_all(jobs: Vec<Job>) -> Result<()> {
             .map(|_| {
                 scope.spawn(|| -> Result<()> {
                     while let Some(job) = next() {
-                        compile(&job)?;
+                        compile(toolchain, &job)?;
                     }
                     Ok(())
                 })
@@ -46,18 +47,19 @@ pub fn run_all(jobs: Vec<Job>) -> Result<()> {
     })
 }
 
-fn compile(job: &Job) -> Result<()> {
+fn compile(toolchain: &Toolchain, job: &Job) -> Result<()> {
     if let Some(dir) = job.output.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let mut child = Command::new("cc")
-        // `-x none` ends the C source language before inputs in `flags`
-        // (e.g. a shared object to link against).
-        .args(["-x", "c", "-", "-x", "none", "-O1", "-o"])
-        .arg(&job.output)
-        .args(&job.flags)
+    // `-x none` (in the command) ends the C source language before inputs in `flags` (e.g. a
+    // shared object to link against).
+    let (mut cc, written) = toolchain.cc(&job.flags, &job.output);
+    let mut child = cc
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(match written {
+            Written::InPlace => Stdio::null(),
+            Written::OnStdout => Stdio::piped(),
+        })
         .stderr(Stdio::piped())
         .spawn()
         .context("cannot run cc: install gcc and libc6-dev (apt-get install gcc libc6-dev)")?;
@@ -76,5 +78,8 @@ fn compile(job: &Job) -> Result<()> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    Ok(())
+    match written {
+        Written::InPlace => Ok(()),
+        Written::OnStdout => machine::write_output(&job.output, &out.stdout),
+    }
 }

@@ -1,7 +1,8 @@
 //! The driver root: what an NVIDIA driver installation puts on a host's `/`.
 
 use crate::compile;
-use crate::libs::{self, LIB_DIR_32, LIB_DIR_64, LIBRARIES, NVML};
+use crate::libs::{self, LIBRARIES, NVML};
+use crate::machine::Toolchain;
 use crate::spec::{Gpu, Params, cuda_driver_version};
 use crate::{tools, topology};
 use anyhow::{Context, Result, bail};
@@ -11,20 +12,25 @@ use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::process::Command;
 
-/// The glibc ldconfig, by absolute path: the cache must be a genuine one.
-const LDCONFIG: &str = "/sbin/ldconfig";
-
 const SOCKETS: &[&str] = &["run/nvidia-persistenced", "run/nvidia-fabricmanager"];
 
 pub fn build(
     root: &Path,
+    toolchain: &Toolchain,
     params: &Params,
     gpus: &[Gpu],
     mock_nvml: &Path,
     firmware_path: Option<&str>,
 ) -> Result<()> {
     let version = &params.driver_version;
-    for dir in [LIB_DIR_64, LIB_DIR_32, tools::BIN_DIR, "etc"] {
+    let arch = toolchain.arch;
+    let dirs = [
+        Some(arch.lib_dir()),
+        arch.lib_dir_32(),
+        Some(tools::BIN_DIR),
+        Some("etc"),
+    ];
+    for dir in dirs.into_iter().flatten() {
         mkdir(&root.join(dir))?;
     }
     let smi = tools::smi_source(version, &params.cuda_version, gpus);
@@ -32,18 +38,20 @@ pub fn build(
     let scratch = root.join(".build");
     mkdir(&scratch)?;
     let libc32_stub = scratch.join("libc.so.6");
-    compile::run_all(vec![libs::libc32_stub_job(&libc32_stub)])?;
-    let mut jobs = libs::jobs(root, version, cuda, &libc32_stub);
+    if arch.lib_dir_32().is_some() {
+        compile::run_all(toolchain, vec![libs::libc32_stub_job(&libc32_stub)])?;
+    }
+    let mut jobs = libs::jobs(root, version, cuda, arch, &libc32_stub);
     jobs.extend(libs::xorg_jobs(root, version));
     jobs.extend(tools::jobs(root, version, &smi));
-    compile::run_all(jobs)?;
+    compile::run_all(toolchain, jobs)?;
     fs::remove_dir_all(&scratch).with_context(|| format!("cannot remove {}", scratch.display()))?;
 
     let nvml_lib = LIBRARIES
         .iter()
         .find(|l| l.name == NVML)
         .expect("NVML is in the table");
-    let lib64 = root.join(LIB_DIR_64);
+    let lib64 = root.join(arch.lib_dir());
     fs::copy(mock_nvml, lib64.join(nvml_lib.file_name(version))).with_context(|| {
         format!(
             "cannot copy the mock NVML from {}: build it with `cargo build -p mock-nvml` or pass --mock-nvml",
@@ -61,7 +69,7 @@ pub fn build(
     for dir in SOCKETS {
         socket(&root.join(dir))?;
     }
-    loader_cache(root, version)
+    loader_cache(root, toolchain, version)
 }
 
 fn mkdir(dir: &Path) -> Result<()> {
@@ -143,31 +151,37 @@ fn socket(dir: &Path) -> Result<()> {
 }
 
 /// ld.so.conf, SONAME links and a host-style ld.so.cache made by the real
-/// ldconfig, then a check that the cache finds the libraries nvhook needs.
-fn loader_cache(root: &Path, version: &str) -> Result<()> {
-    write(
-        &root.join("etc/ld.so.conf"),
-        &format!("/{LIB_DIR_64}\n/{LIB_DIR_32}\n"),
-    )?;
-    let out = Command::new(LDCONFIG)
+/// ldconfig (of the node's architecture), then a check that the cache finds the libraries
+/// nvhook needs.
+fn loader_cache(root: &Path, toolchain: &Toolchain, version: &str) -> Result<()> {
+    let arch = toolchain.arch;
+    let conf: String = [Some(arch.lib_dir()), arch.lib_dir_32()]
+        .into_iter()
+        .flatten()
+        .map(|dir| format!("/{dir}\n"))
+        .collect();
+    write(&root.join("etc/ld.so.conf"), &conf)?;
+    let ldconfig = toolchain.ldconfig();
+    let out = Command::new(&ldconfig)
         .arg("-r")
         .arg(root)
         .output()
-        .with_context(|| format!("cannot run {LDCONFIG}: install libc-bin"))?;
+        .with_context(|| format!("cannot run {}: install libc-bin", ldconfig.display()))?;
     if !out.status.success() {
         bail!(
-            "{LDCONFIG} -r {} failed: {}",
+            "{} -r {} failed: {}",
+            ldconfig.display(),
             root.display(),
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
     let cache = root.join("etc/ld.so.cache");
-    let listing = Command::new(LDCONFIG)
+    let listing = Command::new(&ldconfig)
         .arg("-C")
         .arg(&cache)
         .arg("-p")
         .output()
-        .with_context(|| format!("cannot run {LDCONFIG} -p"))?;
+        .with_context(|| format!("cannot run {} -p", ldconfig.display()))?;
     let listing = String::from_utf8_lossy(&listing.stdout);
     for lib in ["nvidia-ml", "cuda"] {
         let soname = LIBRARIES
@@ -175,7 +189,7 @@ fn loader_cache(root: &Path, version: &str) -> Result<()> {
             .find(|l| l.name == lib)
             .expect("in table")
             .soname(version);
-        let entry = format!("\t{soname} (libc6,x86-64)");
+        let entry = format!("\t{soname} ({})", arch.cache_tag());
         if !listing.lines().any(|l| l.starts_with(&entry)) {
             bail!(
                 "{} has no 64-bit {soname}: the library (for NVML: the --mock-nvml file) lacks that SONAME",

@@ -3,10 +3,8 @@
 //! exactly like the real driver's files.
 
 use crate::compile::Job;
+use crate::machine::Arch;
 use std::path::Path;
-
-pub const LIB_DIR_64: &str = "usr/lib/x86_64-linux-gnu";
-pub const LIB_DIR_32: &str = "usr/lib/i386-linux-gnu";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cap {
@@ -167,12 +165,13 @@ pub fn xorg_jobs(driver_root: &Path, driver_version: &str) -> Vec<Job> {
 }
 
 /// Compile jobs for every library under `driver_root`, except the 64-bit
-/// NVML, which is the mock copied in by the caller. The compat32 ones link
-/// against `libc32_stub` (see `libc32_stub_job`).
+/// NVML, which is the mock copied in by the caller. Where `arch` has compat32
+/// libraries, they link against `libc32_stub` (see `libc32_stub_job`).
 pub fn jobs(
     driver_root: &Path,
     driver_version: &str,
     cuda_version: u32,
+    arch: Arch,
     libc32_stub: &Path,
 ) -> Vec<Job> {
     let mut jobs = Vec::new();
@@ -184,10 +183,13 @@ pub fn jobs(
                 source: source.clone(),
                 flags: vec!["-shared".into(), "-fPIC".into(), soname_flag.clone()],
                 output: driver_root
-                    .join(LIB_DIR_64)
+                    .join(arch.lib_dir())
                     .join(lib.file_name(driver_version)),
             });
         }
+        let Some(lib_dir_32) = arch.lib_dir_32() else {
+            continue;
+        };
         if lib.has_compat32() {
             // -nostdlib: no 32-bit libc is installed, and these need none.
             let mut flags: Vec<String> = ["-m32", "-shared", "-nostdlib", "-fPIC", &soname_flag]
@@ -199,7 +201,7 @@ pub fn jobs(
                 source,
                 flags,
                 output: driver_root
-                    .join(LIB_DIR_32)
+                    .join(lib_dir_32)
                     .join(lib.file_name(driver_version)),
             });
         }
@@ -236,6 +238,7 @@ mod tests {
             Path::new("/d"),
             "550.54.15",
             12040,
+            Arch::X86_64,
             Path::new("/s/libc.so.6"),
         );
         let built64 = jobs
@@ -253,5 +256,22 @@ mod tests {
             .find(|j| j.output.ends_with("libcuda.so.550.54.15"))
             .unwrap();
         assert!(cuda.source.contains("*v = 12040"));
+    }
+
+    #[test]
+    fn an_aarch64_driver_has_no_compat32_libraries() {
+        let jobs = jobs(
+            Path::new("/d"),
+            "580.95.05",
+            13000,
+            Arch::Aarch64,
+            Path::new("/s/libc.so.6"),
+        );
+        assert_eq!(jobs.len(), LIBRARIES.len() - 1);
+        assert!(
+            jobs.iter()
+                .all(|j| j.output.starts_with("/d/usr/lib/aarch64-linux-gnu")
+                    && !j.flags.contains(&"-m32".to_string()))
+        );
     }
 }

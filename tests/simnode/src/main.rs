@@ -6,6 +6,7 @@ mod devices;
 mod driver;
 mod fabric;
 mod libs;
+mod machine;
 mod node;
 mod procfs;
 mod spec;
@@ -80,6 +81,13 @@ struct CreateArgs {
     /// firmware goes under DIR/nvidia/<version> in the driver root instead of /lib/firmware.
     #[arg(long, value_name = "DIR")]
     firmware_path: Option<String>,
+    /// The CPU architecture of the driver's libraries and tools (and of the --mock-nvml file).
+    #[arg(long, value_enum, default_value = "x86_64")]
+    arch: machine::Arch,
+    /// For --arch aarch64: the Debian sid root of scripts/arm64-toolchain.sh, whose aarch64
+    /// gcc and ldconfig build the driver.
+    #[arg(long, value_name = "DIR")]
+    cross_root: Option<PathBuf>,
     /// IMEX channels /dev/nvidia-caps-imex-channels/channel0..N.
     #[arg(long, default_value_t = 0)]
     imex_channels: u32,
@@ -149,7 +157,9 @@ fn create(args: CreateArgs) -> Result<()> {
             .map_or_else(|| beside_self("libmock_nvml.so"), Ok)?,
     )?;
     let hook_path = absolute(args.hook_path.map_or_else(|| beside_self("nvhook"), Ok)?)?;
+    let toolchain = machine::Toolchain::new(args.arch, args.cross_root)?;
     let inputs = node::Inputs {
+        toolchain: &toolchain,
         params: &params,
         mock_nvml: &mock_nvml,
         hook_path: &hook_path,

@@ -2,6 +2,7 @@
 //! deletes what carries its marker, and never descends into a mount.
 
 use crate::devices::{self, Majors};
+use crate::machine::Toolchain;
 use crate::spec::{Gpu, Params};
 use crate::{driver, procfs, sysfs};
 use anyhow::{Context, Result, bail};
@@ -47,6 +48,7 @@ struct HookConfig {
 }
 
 pub struct Inputs<'a> {
+    pub toolchain: &'a Toolchain,
     pub params: &'a Params,
     pub mock_nvml: &'a Path,
     pub hook_path: &'a Path,
@@ -133,6 +135,7 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
     let firmware_path = inputs.display.firmware_path.as_deref();
     driver::build(
         &driver_root,
+        inputs.toolchain,
         inputs.params,
         &gpus,
         inputs.mock_nvml,
@@ -149,6 +152,7 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
     let proc_root = dir.join("proc");
     procfs::write(
         &proc_root,
+        inputs.toolchain.arch,
         &inputs.params.driver_version,
         &gpus,
         majors,

@@ -3,6 +3,7 @@
 
 use crate::devices::{Capability, DRM_MAJOR, GPU_MAJOR, Majors};
 use crate::fabric::Fabric;
+use crate::machine::Arch;
 use crate::spec::{Gpu, gpu_major_name};
 use anyhow::{Context, Result};
 use std::fs;
@@ -11,6 +12,7 @@ use std::path::Path;
 /// Writes the whole tree under `proc_root`.
 pub fn write(
     proc_root: &Path,
+    arch: Arch,
     driver_version: &str,
     gpus: &[Gpu],
     majors: Majors,
@@ -23,7 +25,7 @@ pub fn write(
         &proc_root.join("devices"),
         &devices(gpu_major_name(driver_version)?, majors, fabric, drm),
     )?;
-    put(&nv.join("version"), &version(driver_version))?;
+    put(&nv.join("version"), &version(arch, driver_version))?;
     put(&nv.join("params"), PARAMS)?;
     put(&nv.join("registry"), "Binary: \"\"\n")?;
     for gpu in gpus {
@@ -77,10 +79,11 @@ fn devices(gpu_major_name: &str, majors: Majors, fabric: &Fabric, drm: bool) -> 
     text
 }
 
-fn version(driver_version: &str) -> String {
+fn version(arch: Arch, driver_version: &str) -> String {
     format!(
-        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver_version}  Tue Mar  5 22:23:56 UTC 2024\n\
-         GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
+        "NVRM version: NVIDIA UNIX {} Kernel Module  {driver_version}  Tue Mar  5 22:23:56 UTC 2024\n\
+         GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n",
+        arch.uname()
     )
 }
 
