@@ -7,6 +7,8 @@
 # libc-bin:arm64, unpacked under /opt/arm64-libc-bin (it cannot be installed beside the root's
 # own libc-bin): its static aarch64 ldconfig, run under qemu-aarch64, writes the arm64 simulated
 # node's loader cache (tests/arm64_e2e.rs), as the real ldconfig of an arm64 host would.
+# qemu-aarch64 from sid's qemu-user (static), unpacked under /opt/qemu: scripts/arm64-binfmt.sh
+# registers it for the emulated node (Debian 12's qemu-user-static 7.2 lacks the new mount API).
 #
 # Idempotent: a root that is complete (its stamp file names the package set) is left alone, so
 # a second run takes well under a second. Run as root (debootstrap and chroot need it).
@@ -21,10 +23,11 @@ MIRROR=${NVHOOK_CROSS_MIRROR:-http://deb.debian.org/debian}
 PACKAGES="rustc cargo libstd-rust-dev:arm64 gcc-aarch64-linux-gnu libc6-dev:arm64 protobuf-compiler"
 STAMP=$ROOT/.nvhook-toolchain
 ARM64_LDCONFIG=/opt/arm64-libc-bin/usr/sbin/ldconfig
+QEMU=/opt/qemu/qemu-aarch64
 
 [ "$(id -u)" = 0 ] || { echo "arm64-toolchain.sh: run as root (debootstrap and chroot need it)" >&2; exit 1; }
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PACKAGES $ARM64_LDCONFIG" ]; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PACKAGES $ARM64_LDCONFIG $QEMU" ]; then
   echo "arm64-toolchain.sh: $ROOT is ready ($(chroot "$ROOT" rustc --version))"
   exit 0
 fi
@@ -45,16 +48,21 @@ fi
 cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
 chroot "$ROOT" dpkg --add-architecture arm64
 export DEBIAN_FRONTEND=noninteractive
-APT="-o Acquire::Check-Valid-Until=false -o APT::Install-Recommends=false -qq"
+APT="-o Acquire::Check-Valid-Until=false -o APT::Install-Recommends=false -o APT::Sandbox::User=root -qq"
 chroot "$ROOT" apt-get $APT update
 chroot "$ROOT" apt-get $APT install -y $PACKAGES >/dev/null
 chroot "$ROOT" sh -euc "
   rm -rf /opt/arm64-libc-bin /tmp/arm64-libc-bin && mkdir -p /tmp/arm64-libc-bin && cd /tmp/arm64-libc-bin
   apt-get $APT download libc-bin:arm64
   dpkg -x libc-bin_*_arm64.deb /opt/arm64-libc-bin
+  apt-get $APT download qemu-user
+  rm -rf /opt/qemu && mkdir -p /opt/qemu
+  dpkg-deb --fsys-tarfile qemu-user_*.deb | tar -xf - -O ./usr/bin/qemu-aarch64 >$QEMU
+  chmod 755 $QEMU
   cd / && rm -rf /tmp/arm64-libc-bin
   test -x $ARM64_LDCONFIG
+  $QEMU --version >/dev/null
 "
 chroot "$ROOT" apt-get $APT clean
-echo "$PACKAGES $ARM64_LDCONFIG" >"$STAMP"
+echo "$PACKAGES $ARM64_LDCONFIG $QEMU" >"$STAMP"
 echo "arm64-toolchain.sh: $ROOT is ready ($(chroot "$ROOT" rustc --version))"

@@ -30,11 +30,14 @@ cargo build --workspace
 packaging/build-packages.sh
 # arm64 (issue 29), every run: the cross toolchain (a Debian sid root in .cross/, kept between
 # runs), the aarch64 build with the workspace's unit tests run under qemu-user (the arm64-check
-# profile: no fat LTO), and the arm64 .deb and .rpm that tests/packages.rs reads. The cross
-# build is offline: fetch aarch64's crates first.
+# profile: no fat LTO), the emulated arm64 node's kit (tests/arm64_e2e.rs: sid's qemu-aarch64
+# registered in binfmt_misc, the aarch64 mock NVML, gpucheck and glibc), and the arm64 .deb and
+# .rpm that tests/packages.rs reads. The cross build is offline: fetch aarch64's crates first.
 step "cargo fetch (the crates the offline arm64 build needs)" \
   cargo fetch --locked --target aarch64-unknown-linux-gnu
 step "the arm64 toolchain (scripts/arm64-toolchain.sh)" scripts/arm64-toolchain.sh
+step "sid's qemu-aarch64 in binfmt_misc, for the emulated arm64 node (scripts/arm64-binfmt.sh)" \
+  scripts/arm64-binfmt.sh
 step "the arm64 build and unit tests (scripts/build-arm64.sh)" \
   env NVHOOK_ARM64_PROFILE=arm64-check NVHOOK_ARM64_TESTS=1 scripts/build-arm64.sh
 step "the arm64 packages (packaging/build-packages.sh arm64)" packaging/build-packages.sh arm64

@@ -354,9 +354,17 @@ pub fn mount_id(fd: BorrowedFd) -> io::Result<u64> {
     Ok(stx.stx_mnt_id)
 }
 
-/// Enters the mount namespace of `pid`. Needs a single-threaded process.
+/// Enters the mount namespace of `pid`.
+///
+/// setns(CLONE_NEWNS) refuses a thread whose filesystem context (root, cwd) other threads
+/// share. nvhook starts none, but it may not be alone: qemu-user, which runs an aarch64 hook
+/// on an x86_64 machine (and the other way round), keeps a thread of its own in every process
+/// it runs. Unsharing the context first makes it this thread's alone, and changes nothing for
+/// a single-threaded process.
 pub fn enter_mount_ns(ns: &impl AsFd) -> io::Result<()> {
-    nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNS).map_err(io::Error::from)
+    use nix::sched::CloneFlags;
+    nix::sched::unshare(CloneFlags::CLONE_FS).map_err(io::Error::from)?;
+    nix::sched::setns(ns, CloneFlags::CLONE_NEWNS).map_err(io::Error::from)
 }
 
 pub fn file_type(st: &libc::stat) -> libc::mode_t {

@@ -15,6 +15,11 @@ pub struct Image {
 }
 
 impl Image {
+    /// An image already assembled at `rootfs`.
+    pub(crate) fn at(rootfs: PathBuf) -> Image {
+        Image { rootfs }
+    }
+
     pub fn rootfs(&self) -> &Path {
         &self.rootfs
     }
@@ -182,7 +187,7 @@ pub fn busybox_image() -> &'static Image {
 }
 
 /// A fresh directory for one image, under this process's build directory.
-fn image_dir(name: &str) -> PathBuf {
+pub(crate) fn image_dir(name: &str) -> PathBuf {
     let dir = process_build_dir().join(name);
     fs::create_dir_all(&dir).expect("create image dir");
     dir

@@ -13,9 +13,10 @@ use super::runc::RuntimeEnv;
 /// Everything private first (cut off from the machine), then shared again, so that it is
 /// laid out as on a systemd host: a mount that propagated out of a container would show
 /// here. For cgroup v2, the hierarchy is mounted as in support/runc.rs.
+/// `$2`: more set-up, a shell command line.
 const SETUP: &str = "mount --make-rprivate / && mount --make-rshared / && \
      if [ \"$1\" = v2 ]; then mount -t cgroup2 none /sys/fs/cgroup; fi && \
-     echo ready && exec sleep 1000000";
+     eval \"$2\" && echo ready && exec sleep 1000000";
 
 /// A process holding the namespace; killed when dropped, which ends the namespace.
 pub struct MountNs {
@@ -25,12 +26,18 @@ pub struct MountNs {
 
 impl MountNs {
     pub fn new(env: RuntimeEnv) -> MountNs {
+        MountNs::with_setup(env, "true")
+    }
+
+    /// A namespace where the shell command line `setup` (mounts, say) ran after the usual
+    /// set-up.
+    pub fn with_setup(env: RuntimeEnv, setup: &str) -> MountNs {
         let cgroup = match env {
             RuntimeEnv::CgroupV1 => "v1",
             RuntimeEnv::CgroupV2 => "v2",
         };
         let mut holder = Command::new(require_program("unshare"))
-            .args(["-m", "sh", "-c", SETUP, "sh", cgroup])
+            .args(["-m", "sh", "-c", SETUP, "sh", cgroup, setup])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Registers Debian sid's static qemu-aarch64 (unpacked by scripts/arm64-toolchain.sh) in
+# binfmt_misc as `nvhook-qemu-aarch64`, for the emulated arm64 node of tests/arm64_e2e.rs.
+#
+# Why not Debian 12's qemu-user-static (7.2): it does not translate open_tree and move_mount
+# (ENOSYS), with which nvhook mounts the driver's files; sid's qemu (11.x) does. The F flag makes
+# the kernel open the interpreter now, so that it serves in chroots and containers too. The
+# newest registration of a format is tried first: while this one is registered, every aarch64
+# program on the machine runs under sid's qemu. It does not survive a reboot; to remove it:
+#   echo -1 > /proc/sys/fs/binfmt_misc/nvhook-qemu-aarch64
+# Idempotent: a registration of the same interpreter, enabled, is left alone.
+#
+#   NVHOOK_CROSS_ROOT   the toolchain root (default: .cross/sid-root)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=${NVHOOK_CROSS_ROOT:-$PWD/.cross/sid-root}
+QEMU=$ROOT/opt/qemu/qemu-aarch64
+BINFMT=/proc/sys/fs/binfmt_misc
+NAME=nvhook-qemu-aarch64
+ENTRY=$BINFMT/$NAME
+# An aarch64 ELF executable's header (machine 0xb7), and which of its bits count: qemu's own.
+MAGIC='\x7f\x45\x4c\x46\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00'
+MASK='\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff'
+
+fail() {
+  echo "arm64-binfmt.sh: $*" >&2
+  exit 1
+}
+[ "$(id -u)" = 0 ] || fail "run as root (binfmt_misc registrations are the kernel's)"
+[ -x "$QEMU" ] || fail "no $QEMU: run scripts/arm64-toolchain.sh first"
+if [ ! -e "$BINFMT/register" ]; then
+  mount -t binfmt_misc binfmt_misc "$BINFMT" || fail "cannot mount binfmt_misc at $BINFMT"
+fi
+if [ -e "$ENTRY" ]; then
+  if grep -qx enabled "$ENTRY" && grep -qx "interpreter $QEMU" "$ENTRY"; then
+    echo "arm64-binfmt.sh: $NAME is registered ($("$QEMU" --version | head -1))"
+    exit 0
+  fi
+  echo -1 >"$ENTRY"
+fi
+printf ':%s:M::%s:%s:%s:PF\n' "$NAME" "$MAGIC" "$MASK" "$QEMU" >"$BINFMT/register" ||
+  fail "the kernel refused the registration of $QEMU"
+echo "arm64-binfmt.sh: $NAME registered ($("$QEMU" --version | head -1))"
