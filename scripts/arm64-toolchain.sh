@@ -9,6 +9,8 @@
 # node's loader cache (tests/arm64_e2e.rs), as the real ldconfig of an arm64 host would.
 # qemu-aarch64 from sid's qemu-user (static), unpacked under /opt/qemu: scripts/arm64-binfmt.sh
 # registers it for the emulated node (Debian 12's qemu-user-static 7.2 lacks the new mount API).
+# busybox-static:arm64's busybox under /opt/arm64-busybox: the shell of the arm64 installer image
+# that tests/kubernetes_deploy.rs builds (no registry is reachable for a Debian arm64 base).
 #
 # Idempotent: a root that is complete (its stamp file names the package set) is left alone, so
 # a second run takes well under a second. Run as root (debootstrap and chroot need it).
@@ -24,10 +26,11 @@ PACKAGES="rustc cargo libstd-rust-dev:arm64 gcc-aarch64-linux-gnu libc6-dev:arm6
 STAMP=$ROOT/.nvhook-toolchain
 ARM64_LDCONFIG=/opt/arm64-libc-bin/usr/sbin/ldconfig
 QEMU=/opt/qemu/qemu-aarch64
+BUSYBOX=/opt/arm64-busybox/usr/bin/busybox
 
 [ "$(id -u)" = 0 ] || { echo "arm64-toolchain.sh: run as root (debootstrap and chroot need it)" >&2; exit 1; }
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PACKAGES $ARM64_LDCONFIG $QEMU" ]; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PACKAGES $ARM64_LDCONFIG $QEMU $BUSYBOX" ]; then
   echo "arm64-toolchain.sh: $ROOT is ready ($(chroot "$ROOT" rustc --version))"
   exit 0
 fi
@@ -59,10 +62,13 @@ chroot "$ROOT" sh -euc "
   rm -rf /opt/qemu && mkdir -p /opt/qemu
   dpkg-deb --fsys-tarfile qemu-user_*.deb | tar -xf - -O ./usr/bin/qemu-aarch64 >$QEMU
   chmod 755 $QEMU
+  apt-get $APT download busybox-static:arm64
+  rm -rf /opt/arm64-busybox && dpkg -x busybox-static_*_arm64.deb /opt/arm64-busybox
+  test -x $BUSYBOX
   cd / && rm -rf /tmp/arm64-libc-bin
   test -x $ARM64_LDCONFIG
   $QEMU --version >/dev/null
 "
 chroot "$ROOT" apt-get $APT clean
-echo "$PACKAGES $ARM64_LDCONFIG $QEMU" >"$STAMP"
+echo "$PACKAGES $ARM64_LDCONFIG $QEMU $BUSYBOX" >"$STAMP"
 echo "arm64-toolchain.sh: $ROOT is ready ($(chroot "$ROOT" rustc --version))"

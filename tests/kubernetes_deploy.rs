@@ -18,8 +18,8 @@ use nvhook::config::Config;
 use serde::Deserialize;
 use serde_json::Value;
 use support::engines::{
-    Dockerd, EngineDir, assert_containerd_handler, nvhook_nvml_bin, nvhook_runtime_bin,
-    unique_name, write_rootfs_tar,
+    Dockerd, DockerdBuild, EngineDir, assert_containerd_handler, nvhook_nvml_bin,
+    nvhook_runtime_bin, unique_name, write_rootfs_tar,
 };
 use support::nvhook_bin;
 
@@ -630,24 +630,66 @@ fn refresh_sh_keeps_the_hosts_cdi_spec_and_dev_char_links() {
 #[test]
 fn the_installer_image_builds_with_one_command_and_installs_nvhook() {
     support::require_root();
+    let busybox = support::require_program("busybox");
+    let docker = DockerdBuild::debian();
+    installer_image_installs(
+        &docker,
+        "amd64",
+        &busybox,
+        support::profile_dir(),
+        nvhook_bin(),
+    );
+}
+
+/// The arm64 installer image (`ARCH=arm64`): the aarch64 binaries scripts/build-arm64.sh
+/// built, on an arm64 base (Debian's arm64 busybox), a linux/arm64 image; run here under
+/// qemu-aarch64 (binfmt_misc), its install.sh installs the aarch64 nvhook. Debian sid's
+/// dockerd 28 builds it: Debian 12's dockerd 20.10 takes `docker import --platform` and
+/// `docker build --platform` and still labels the image amd64.
+#[test]
+fn the_arm64_installer_image_builds_with_one_command_and_installs_nvhook() {
+    support::require_root();
+    let arm64 = support::arm64::Arm64::require();
+    let bin_dir = arm64.nvhook().parent().expect("the kit").to_owned();
+    let docker = DockerdBuild::sid();
+    installer_image_installs(&docker, "arm64", &arm64.busybox(), bin_dir, &arm64.nvhook());
+}
+
+/// Builds the installer image for `arch` with `docker`'s engine and client, its binaries from
+/// `bin_dir`, on a base of `busybox` and its applets, runs it as the init container does, and
+/// checks that the host got `nvhook` (these very bytes) and a containerd configured for
+/// nvhook-runtime.
+fn installer_image_installs(
+    docker: &DockerdBuild,
+    arch: &str,
+    busybox: &Path,
+    bin_dir: PathBuf,
+    nvhook: &Path,
+) {
     let dir = EngineDir::new("image-build");
     let daemon_json = dir.path().join("daemon.json");
     fs::write(&daemon_json, "{}").unwrap();
-    let mut dockerd = Dockerd::start(dir.path(), &daemon_json, &[]);
+    let mut dockerd = Dockerd::start_with(docker, dir.path(), &daemon_json, &[]);
 
     // A base with a shell, coreutils and chroot: busybox and every applet it has.
     let base = dir.path().join("base");
     fs::create_dir_all(base.join("bin")).unwrap();
-    let busybox = support::require_program("busybox");
-    fs::copy(&busybox, base.join("bin/busybox")).unwrap();
-    let applets = support::stdout_of(Command::new(&busybox).arg("--list"));
+    fs::copy(busybox, base.join("bin/busybox")).unwrap();
+    let applets = support::stdout_of(Command::new(busybox).arg("--list"));
     for applet in applets.lines().filter(|a| *a != "busybox") {
         std::os::unix::fs::symlink("busybox", base.join("bin").join(applet)).unwrap();
     }
     let tar = dir.path().join("base.tar");
     write_rootfs_tar(&base, &tar);
     let base_image = format!("nvhook-test/base:{}", unique_name("b"));
-    dockerd.docker_checked(&["import", tar.to_str().unwrap(), &base_image]);
+    let platform = format!("linux/{arch}");
+    dockerd.docker_checked(&[
+        "import",
+        "--platform",
+        &platform,
+        tar.to_str().unwrap(),
+        &base_image,
+    ]);
 
     let image = format!("nvhook-test/installer:{}", unique_name("i"));
     let out = Command::new(
@@ -655,7 +697,10 @@ fn the_installer_image_builds_with_one_command_and_installs_nvhook() {
     )
     .arg(&image)
     .env("DOCKER_HOST", dockerd.host())
-    .env("BIN_DIR", support::profile_dir())
+    // The script runs the docker on PATH: this build's client first.
+    .env("PATH", client_first(&docker.program("docker")))
+    .env("ARCH", arch)
+    .env("BIN_DIR", bin_dir)
     .env("BASE", &base_image)
     .output()
     .unwrap();
@@ -667,6 +712,9 @@ fn the_installer_image_builds_with_one_command_and_installs_nvhook() {
         dockerd.log()
     );
     assert_eq!(said.trim(), image);
+    let inspected =
+        dockerd.docker_checked(&["image", "inspect", "--format", "{{.Architecture}}", &image]);
+    assert_eq!(inspected.trim(), arch);
 
     let host = Host::new();
     let bind = format!("{}:/host", host.root().display());
@@ -686,7 +734,7 @@ fn the_installer_image_builds_with_one_command_and_installs_nvhook() {
     assert!(installed.contains("restarting containerd"), "{installed}");
     assert_eq!(
         fs::read(host.at("/usr/local/nvhook/bin/nvhook")).unwrap(),
-        fs::read(nvhook_bin()).unwrap()
+        fs::read(nvhook).unwrap()
     );
     assert_containerd_handler(
         &host.at("/etc/containerd/config.toml"),
@@ -708,6 +756,14 @@ fn the_installer_image_builds_with_one_command_and_installs_nvhook() {
         ["bin", "install.sh", "refresh.sh"]
     );
     assert!(dockerd.shutdown(), "{}", dockerd.log());
+}
+
+/// PATH with `client`'s directory first.
+fn client_first(client: &Path) -> std::ffi::OsString {
+    let dir = client.parent().expect("a program lives in a directory");
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(dir.to_owned()).chain(std::env::split_paths(&rest)))
+        .expect("PATH entries hold no ':'")
 }
 
 // ---- NRI plugin mode: nvhook-installer-nri.yaml ----

@@ -61,11 +61,13 @@ impl Arm64 {
                 let path = kit.join(name);
                 assert!(path.exists(), "{} is missing: {make}", path.display());
             }
-            assert!(
-                cross_root.join(LDCONFIG).is_file(),
-                "{} has no arm64 ldconfig: {make}",
-                cross_root.display()
-            );
+            for tool in [LDCONFIG, "opt/arm64-busybox/usr/bin/busybox"] {
+                assert!(
+                    cross_root.join(tool).is_file(),
+                    "{} has no {tool}: {make}",
+                    cross_root.display()
+                );
+            }
             let binfmt = fs::read_to_string(BINFMT).unwrap_or_default();
             assert!(
                 binfmt.starts_with("enabled")
@@ -81,6 +83,11 @@ impl Arm64 {
 
     pub fn nvhook(&self) -> PathBuf {
         self.kit.join("nvhook")
+    }
+
+    /// Debian's arm64 busybox (static), from the toolchain root.
+    pub fn busybox(&self) -> PathBuf {
+        self.cross_root.join("opt/arm64-busybox/usr/bin/busybox")
     }
 
     pub fn runtime(&self) -> PathBuf {
