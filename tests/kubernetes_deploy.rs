@@ -644,8 +644,8 @@ fn the_installer_image_builds_with_one_command_and_installs_nvhook() {
 /// The arm64 installer image (`ARCH=arm64`): the aarch64 binaries scripts/build-arm64.sh
 /// built, on an arm64 base (Debian's arm64 busybox), a linux/arm64 image; run here under
 /// qemu-aarch64 (binfmt_misc), its install.sh installs the aarch64 nvhook. Debian sid's
-/// dockerd 28 builds it: Debian 12's dockerd 20.10 takes `docker import --platform` and
-/// `docker build --platform` and still labels the image amd64.
+/// dockerd 28 builds it: Debian 12's dockerd 20.10 ignores `docker import --platform` (the
+/// base, and so the image, stays amd64).
 #[test]
 fn the_arm64_installer_image_builds_with_one_command_and_installs_nvhook() {
     support::require_root();
