@@ -63,10 +63,18 @@ pub struct Config {
     /// (`nvidia.cdi.k8s.io/container.<name>`) through `nvhook nri`. Any pod can annotate
     /// itself, so none by default: GPUs come from what the kubelet allocated.
     pub nri_annotation_namespaces: Vec<String>,
-    /// What `nvhook nri` hands the engine for a GPU container: as `runtime-mode`, `hook` (the
-    /// device nodes and the prestart hook, which mounts the rest) or `cdi` (everything as
-    /// edits for the runtime, and a createContainer hook for the links and the cache).
-    pub nri_mode: RuntimeMode,
+    /// What `nvhook nri` hands the engine for a GPU container.
+    pub nri_mode: NriMode,
+}
+
+/// `hook` and `cdi`: as `runtime-mode`. `mounts`: no hook at all, every file a bind mount for
+/// the runtime, libraries under their SONAMEs in the loaders' default directories.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NriMode {
+    Hook,
+    Cdi,
+    Mounts,
 }
 
 /// `auto`: the image's `/usr/local/cuda/compat` libraries load when their driver version is
@@ -121,7 +129,7 @@ impl Default for Config {
             cuda_compat: CudaCompatMode::Auto,
             device_families: Vec::new(),
             nri_annotation_namespaces: Vec::new(),
-            nri_mode: RuntimeMode::Hook,
+            nri_mode: NriMode::Hook,
         }
     }
 }

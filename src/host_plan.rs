@@ -36,6 +36,9 @@ pub enum PlanningError {
 pub enum Target<'a> {
     Image(&'a ImageInfo),
     AnyImage,
+    /// Any image, and no nvhook process at all (NRI's hookless mode): libraries under their
+    /// SONAMEs in the loaders' default directories ([`Layout::at_sonames`]).
+    AnyImageNoHook,
 }
 
 /// Libraries at their host paths, relative to the canonical driver root: the layout of plans
@@ -97,6 +100,12 @@ pub fn plan_for(
             inventory,
             &dev_root,
             any_image_layout(config, inventory.arch),
+        )?,
+        Target::AnyImageNoHook => plan::build_with_layout(
+            request,
+            inventory,
+            &dev_root,
+            Layout::at_sonames(inventory.arch),
         )?,
     })
 }

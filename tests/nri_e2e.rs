@@ -465,6 +465,88 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
     );
 }
 
+/// `nri-mode = "mounts"`: no hook process at all. runc makes the device nodes and every bind
+/// mount; the libraries sit under their SONAMEs in the image's multiarch directory, where a
+/// Debian-family loader finds them with no cache entry; the image's own loader cache is not
+/// touched, and nothing of nvhook runs in the container's start.
+#[test]
+fn nri_mode_mounts_gives_the_gpu_with_no_hook_process() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    node.configure("nri-mode = \"mounts\"");
+    let dir = EngineDir::new("nri-mounts");
+    let setup = Containerd2Cri::under(dir.path());
+    let mut containerd = setup.start(dir.path(), &[]);
+    let image = containerd.import_gpucheck_image(dir.path());
+    let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
+    plugin.wait_registered(&node.log_file(), 1, &containerd);
+    let pods = Pods {
+        cgroups: CgroupParent::new("nvhook-nri-mounts"),
+        logs: dir.path().join("pods"),
+    };
+    let libcuda = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
+    let mut args = GPUCHECK.to_vec();
+    args.extend([
+        "--exec",
+        "/usr/bin/nvidia-smi",
+        "--write",
+        libcuda,
+        "--ls",
+        "/usr/lib64",
+    ]);
+    let uuid = node.gpu_uuid(ALLOCATED as usize);
+    let mount_point = format!("{DEVICE_MOUNT_ROOT}/{uuid}");
+    let allocation = [(mount_point.as_str(), "/dev/null")];
+    let mut cri = Cri::connect(containerd.socket());
+    let request = ContainerRequest {
+        image: &image,
+        args: &args,
+        mounts: &allocation,
+        ..Default::default()
+    };
+    let output = pods.run(&mut cri, &containerd, &node, "mounts", request);
+    assert_allocated_gpu_only("nri-mode = mounts", &output);
+    output.assert_lines(&[
+        // Found by the loader's own search, whose first directory is /lib/<multiarch> (a link
+        // to /usr/lib on a usr-merged image): a cache entry would have named /usr/lib/...
+        "dlopen libcuda.so.1 path /lib/x86_64-linux-gnu/libcuda.so.1",
+        &format!("dlopen libcuda.so.1 file {libcuda}"),
+        "cuInit 0",
+        "exec /usr/bin/nvidia-smi rc=0",
+        &format!("write {libcuda} EROFS"),
+        // The Fedora family's directory has the same libraries under the same names.
+        "ls /usr/lib64 libcuda.so.1",
+        "ls /usr/lib64 libnvidia-ml.so.1",
+    ]);
+    let log = node.log();
+    assert!(log.contains("NRI: GPU container adjusted"), "{log}");
+    assert!(
+        !log.contains("nvhook::inject"),
+        "a hook ran in nri-mode = mounts:\n{log}"
+    );
+    let output = pods.run(
+        &mut cri,
+        &containerd,
+        &node,
+        "nogpu",
+        ContainerRequest {
+            image: &image,
+            args: GPUCHECK,
+            ..Default::default()
+        },
+    );
+    assert_no_gpu("no allocation, nri-mode = mounts", &output);
+    drop(plugin);
+    drop(cri);
+    assert!(
+        containerd.shutdown(),
+        "containerd ignored SIGTERM:\n{}",
+        containerd.log()
+    );
+    let leaked = host_mounts_referencing(&[node.root()]);
+    assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+}
+
 /// The pre-registered form: containerd starts `10-nvhook` from its plugin directory at its
 /// own start, with the socket passed and nvhook's config from its plugin config directory;
 /// a GPU pod gets its GPU, and when containerd stops the plugin ends with it.

@@ -63,23 +63,45 @@ pub fn container_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
         // NVIDIA's legacy one) may act on the container again.
         env: vec![format!("{VISIBLE_DEVICES}=void")],
         device_nodes: device_nodes(plan),
-        mounts: plan
-            .mounts
-            .iter()
-            .map(|m| Mount {
-                host_path: m.source.display().to_string(),
-                container_path: m.destination.clone(),
-                // Untyped, as in NVIDIA's specs: `rbind` makes it a bind mount, and the spec
-                // stays readable by engines whose CDI library predates 0.4.0.
-                kind: None,
-                options: MOUNT_OPTIONS.iter().map(|o| o.to_string()).collect(),
-            })
-            .collect(),
+        mounts: mounts(plan),
         hooks: (!links.is_empty())
             .then(|| hook.hook("createContainer", links.to_args()))
             .into_iter()
             .collect(),
     }
+}
+
+/// The edits of a plan made for no hook ([`crate::plan::Layout::at_sonames`]): the device
+/// nodes and the bind mounts, all of it for the runtime to make. What only a process in the
+/// container's mount namespace could add is logged as left out: links a plan still asks for
+/// and the `/proc/driver/nvidia` view (runtimes mount nothing under /proc).
+pub fn hookless_edits(plan: &Plan) -> ContainerEdits {
+    for link in &plan.symlinks {
+        tracing::info!(link = %link.path, "left out without a hook: a link");
+    }
+    if plan.proc_overlay.is_some() {
+        tracing::info!("left out without a hook: the /proc/driver/nvidia view of the given GPUs");
+    }
+    ContainerEdits {
+        env: vec![format!("{VISIBLE_DEVICES}=void")],
+        device_nodes: device_nodes(plan),
+        mounts: mounts(plan),
+        hooks: Vec::new(),
+    }
+}
+
+fn mounts(plan: &Plan) -> Vec<Mount> {
+    plan.mounts
+        .iter()
+        .map(|m| Mount {
+            host_path: m.source.display().to_string(),
+            container_path: m.destination.clone(),
+            // Untyped, as in NVIDIA's specs: `rbind` makes it a bind mount, and the spec
+            // stays readable by engines whose CDI library predates 0.4.0.
+            kind: None,
+            options: MOUNT_OPTIONS.iter().map(|o| o.to_string()).collect(),
+        })
+        .collect()
 }
 
 /// The edits of `runtime-mode = "hook"`: the plan's device nodes (so that their rules are the

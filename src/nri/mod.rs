@@ -5,15 +5,17 @@
 //! The request is read by the hook's own code ([`Request::from_spec`]) from the container's
 //! fields, and the edits are nvhook-runtime's, handed to the engine: in `nri-mode = "hook"`
 //! the device nodes and the prestart hook; in `"cdi"` the plan a CDI spec holds for those
-//! devices (libraries at their host paths, for any image) as edits for the runtime.
+//! devices (libraries at their host paths, for any image) as edits for the runtime; in
+//! `"mounts"` no hook: every file a bind mount, libraries under their SONAMEs where the
+//! loader looks without a cache entry.
 
 pub mod adjust;
 pub mod container;
 
 use crate::atomic_file::{NewFile, write_atomic};
-use crate::cdi::edits::hook_mode_edits;
+use crate::cdi::edits::{hook_mode_edits, hookless_edits};
 use crate::cdi::{ContainerEdits, HookBinary, container_edits};
-use crate::config::{Config, RuntimeMode};
+use crate::config::{Config, NriMode};
 use crate::host_plan::{PlanningError, Target, plan_for_host};
 use crate::inventory::{self, InventoryError};
 use crate::request::{Request, RequestError};
@@ -80,20 +82,25 @@ impl GpuPlugin {
         };
         let scope = inventory::Scope::for_capabilities(&request.capabilities);
         let (inventory, source) = inventory::isolated::load(&config, scope)?;
-        let plan = plan_for_host(&request, inventory, source, &config, Target::AnyImage)?;
+        let target = match config.nri_mode {
+            NriMode::Hook | NriMode::Cdi => Target::AnyImage,
+            NriMode::Mounts => Target::AnyImageNoHook,
+        };
+        let plan = plan_for_host(&request, inventory, source, &config, target)?;
         crate::dev_char::ensure_for_plan(&config, &plan);
         let hook = HookBinary::new(&config, self.config_path.as_deref());
         let edits = match config.nri_mode {
             // The hook reads the request from config.json as the engine wrote it, so devices
             // an annotation asked for reach it the way the device plugin's do.
-            RuntimeMode::Hook => ContainerEdits {
+            NriMode::Hook => ContainerEdits {
                 mounts: annotated
                     .iter()
                     .map(|id| container::device_mount(id))
                     .collect(),
                 ..hook_mode_edits(&plan, &hook)
             },
-            RuntimeMode::Cdi => container_edits(&plan, &hook),
+            NriMode::Cdi => container_edits(&plan, &hook),
+            NriMode::Mounts => hookless_edits(&plan),
         };
         Ok(Some(adjust::adjustment(&edits)))
     }

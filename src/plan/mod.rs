@@ -137,6 +137,11 @@ pub struct Layout {
     /// hook's cache and ld.so.conf.d entries make the loader find them there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_driver_root: Option<PathBuf>,
+    /// Set for containers no nvhook process will see (NRI's hookless mode): each library is
+    /// mounted under its SONAME in the loader's default directories of both image families,
+    /// so that neither a link nor a cache entry is needed (see [`Layout::at_sonames`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub at_sonames: bool,
 }
 
 /// What the plan needs to know about the image, probed safely by the caller.
@@ -170,6 +175,29 @@ impl Layout {
             lib32_dir: lib32,
             ldcache: image.has_ldcache,
             host_driver_root: None,
+            at_sonames: false,
+        }
+    }
+
+    /// Libraries under their SONAMEs where glibc's loader looks with no cache entry: the
+    /// Debian family's multiarch directory (`/usr/lib/x86_64-linux-gnu`) and the Fedora
+    /// family's `/usr/lib64` (`/usr/lib` for 32-bit), each library in both, as the image is
+    /// not known. No link, no cache entry, no ld.so.conf.d file: nothing for a hook to do.
+    pub fn at_sonames(arch: Arch) -> Layout {
+        Layout {
+            lib64_dir: format!("/usr/lib/{}", arch.multiarch(ElfClass::Lib64)),
+            lib32_dir: format!("/usr/lib/{}", arch.multiarch(ElfClass::Lib32)),
+            ldcache: false,
+            at_sonames: true,
+            ..Layout::for_image(&ImageInfo::default(), arch)
+        }
+    }
+
+    /// The directories a library of `class` is mounted in by an [`Layout::at_sonames`] layout.
+    fn soname_dirs(&self, class: ElfClass) -> [&str; 2] {
+        match class {
+            ElfClass::Lib64 => [&self.lib64_dir, "/usr/lib64"],
+            ElfClass::Lib32 => [&self.lib32_dir, "/usr/lib"],
         }
     }
 
@@ -688,10 +716,9 @@ impl FileBuilder<'_> {
                 self.add_file(f, kind);
             }
             if let Some(soname) = required_library(cap)
-                && !self
-                    .ldcache
-                    .iter()
-                    .any(|e| e.soname == soname && e.class == ElfClass::Lib64)
+                && !inventory
+                    .libraries(lib_cap)
+                    .any(|l| l.soname == soname && l.class == ElfClass::Lib64)
             {
                 return Err(PlanError::MissingLibrary {
                     capability: cap,
@@ -754,6 +781,12 @@ impl FileBuilder<'_> {
     }
 
     fn add_library(&mut self, lib: &crate::inventory::Library) {
+        if self.layout.at_sonames {
+            for dir in self.layout.soname_dirs(lib.class) {
+                self.add_file_at(&lib.host_path, &format!("{dir}/{}", lib.soname));
+            }
+            return;
+        }
         let dir = self.layout.lib_dir(lib);
         let destination = format!("{dir}/{}", lib.file_name);
         // One file may carry several names (`libcuda.so.1` and a second cache entry): it is

@@ -1395,3 +1395,33 @@ fn compute_alone_gets_no_graphics_extras_and_mig_no_drm_nodes() {
             .any(|d| d.starts_with("/dev/dri/"))
     );
 }
+
+#[test]
+fn an_at_sonames_plan_mounts_each_library_under_its_soname_in_both_families_dirs() {
+    let inv = standard();
+    let request = request(&[&visible("1"), &caps("compute,utility,graphics,compat32")]);
+    let layout = Layout::at_sonames(inv.arch);
+    let plan = build_with_layout(&request, &inv, DEV_ROOT, layout).unwrap();
+    for dir in ["/usr/lib/x86_64-linux-gnu", "/usr/lib64"] {
+        let at = format!("{dir}/libcuda.so.1");
+        let mount = plan.mounts.iter().find(|m| m.destination == at);
+        let mount = mount.unwrap_or_else(|| panic!("no {at} in {:?}", destinations(&plan)));
+        assert!(mount.source.ends_with("libcuda.so.550.54.15"), "{mount:?}");
+        assert!(has_mount(&plan, &format!("{dir}/libnvidia-ml.so.1")));
+    }
+    // 32-bit copies where each family's 32-bit loader looks.
+    for dir in ["/usr/lib/i386-linux-gnu", "/usr/lib"] {
+        assert!(has_mount(&plan, &format!("{dir}/libcuda.so.1")), "{dir}");
+    }
+    // Nothing is left for a hook: no library under a file name that is not its SONAME, no
+    // link, no cache.
+    assert!(
+        !destinations(&plan)
+            .iter()
+            .any(|d| d.ends_with("libcuda.so.550.54.15"))
+    );
+    assert!(plan.symlinks.is_empty(), "{:?}", plan.symlinks);
+    assert!(plan.ldcache.is_empty() && plan.ld_so_confs.is_empty());
+    assert!(has_mount(&plan, "/usr/bin/nvidia-smi"));
+    assert!(device_paths(&plan).contains(&"/dev/nvidia1"));
+}
