@@ -1,8 +1,8 @@
 //! 8: a pod's container start over CRI on containerd 2.1.9 (Debian sid), by the way it gets
 //! its GPU: none (plain runc), the RuntimeClass path (nvhook-runtime as the handler's runtime)
-//! and the NRI plugin (`nvhook nri`, runc as the default runtime) in both of its modes. What is
-//! timed is what the kubelet waits for: CreateContainer + StartContainer. Three containerds run
-//! side by side, one without the plugin and two with it (one per mode), and the variants take
+//! and the NRI plugin (`nvhook nri`, runc as the default runtime) in each of its modes. What is
+//! timed is what the kubelet waits for: CreateContainer + StartContainer. Four containerds run
+//! side by side, one without the plugin and three with it (one per mode), and the variants take
 //! turns round by round, so that the machine's drift hits them alike. Needs `scripts/sid-engines.sh`.
 
 use crate::stats::Samples;
@@ -15,6 +15,32 @@ use std::path::PathBuf;
 const GPUS: u32 = 8;
 const HANDLER: &str = "nvidia";
 const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
+
+/// The floor variant's CDI device: GPU 3's node and the control nodes, nothing else, which is
+/// the least any way of giving the GPU asks of the runtime.
+const NODES_ONLY_DEVICE: &str = "nvhook-bench.example/gpu=3";
+
+/// A CDI spec of kind `nvhook-bench.example/gpu` in `dir` whose one device is the node's GPU 3
+/// and control nodes, without a file or a hook.
+fn nodes_only_spec(dir: &std::path::Path, node: &SimNode) {
+    let dev = node.dev_root().join("dev");
+    let nodes: Vec<serde_json::Value> = ["nvidia3", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+        .iter()
+        .map(|name| {
+            serde_json::json!({
+                "path": format!("/dev/{name}"),
+                "hostPath": dev.join(name),
+            })
+        })
+        .collect();
+    let spec = serde_json::json!({
+        "cdiVersion": "0.6.0",
+        "kind": "nvhook-bench.example/gpu",
+        "devices": [{ "name": "3", "containerEdits": { "deviceNodes": nodes } }],
+    });
+    std::fs::create_dir_all(dir).expect("create the CDI spec directory");
+    std::fs::write(dir.join("nodes-only.json"), spec.to_string()).expect("write the spec");
+}
 
 /// One way of starting the pod, and its samples (ms).
 struct Variant {
@@ -41,13 +67,21 @@ pub fn run(rounds: usize) {
     let mount_point = format!("{DEVICE_MOUNT_ROOT}/{uuid}");
     let allocation = [(mount_point.as_str(), "/dev/null")];
 
-    // The same node's config with the other NRI mode, for a third engine's plugin.
-    let cdi_config = node.root().join("nri-cdi.toml");
+    // The same node's config with each other NRI mode, for the other engines' plugins.
     let text = std::fs::read_to_string(node.config()).expect("read the node's config");
-    std::fs::write(&cdi_config, format!("{text}\nnri-mode = \"cdi\"\n"))
-        .expect("write the cdi-mode config");
-    // Engine 0: no plugin, nvhook-runtime as a handler; 1 and 2: the plugin, in each mode.
-    let plugins = [None, Some(node.config()), Some(cdi_config)];
+    let with_mode = |mode: &str| {
+        let config = node.root().join(format!("nri-{mode}.toml"));
+        std::fs::write(&config, format!("{text}\nnri-mode = \"{mode}\"\n"))
+            .expect("write an NRI mode's config");
+        Some(config)
+    };
+    // Engine 0: no plugin, nvhook-runtime as a handler; 1 to 3: the plugin, one mode each.
+    let plugins = [
+        None,
+        Some(node.config()),
+        with_mode("cdi"),
+        with_mode("mounts"),
+    ];
     let runtime: PathBuf = workspace_bin("nvhook-runtime");
     let dirs: Vec<EngineDir> = plugins
         .iter()
@@ -59,6 +93,7 @@ pub fn run(rounds: usize) {
         let mut setup = Containerd2Cri::under(dir.path());
         if plugin.is_none() {
             setup.handlers.push((HANDLER.into(), runtime.clone()));
+            nodes_only_spec(&setup.cdi_spec_dirs[0], &node);
         }
         let containerd = setup.start(dir.path(), &[("NVHOOK_CONFIG", &node.config())]);
         let image = containerd.import_gpucheck_image(dir.path());
@@ -96,19 +131,42 @@ pub fn run(rounds: usize) {
             DEFAULT_HANDLER,
             true,
         ),
+        variant(
+            "NRI plugin, nri-mode = mounts (no hook), 1 GPU",
+            3,
+            DEFAULT_HANDLER,
+            true,
+        ),
         variant("NRI plugin connected, no GPU", 1, DEFAULT_HANDLER, false),
+        variant(
+            "floor: the GPU's 4 device nodes alone (a CDI spec), no file",
+            0,
+            DEFAULT_HANDLER,
+            true,
+        ),
     ];
+    let floor = variants.len() - 1;
     let cgroups = CgroupParent::new("nvhook-cri-bench");
     let logs = dirs[0].path().join("pods");
     let args = ["/gpucheck", "--dev", "/dev/nvidia3"];
     // One warm-up pod each, not counted.
     for round in 0..=rounds {
-        for v in variants.iter_mut() {
+        for (index, v) in variants.iter_mut().enumerate() {
             let engine = &mut engines[v.engine];
+            let nodes_only = index == floor;
             let request = ContainerRequest {
                 image: &engine.image,
                 args: &args,
-                mounts: if v.gpu { &allocation } else { &[] },
+                mounts: if v.gpu && !nodes_only {
+                    &allocation
+                } else {
+                    &[]
+                },
+                cdi_devices: if nodes_only {
+                    &[NODES_ONLY_DEVICE]
+                } else {
+                    &[]
+                },
                 ..Default::default()
             };
             let run = engine.cri.run_pod(
@@ -134,6 +192,7 @@ pub fn run(rounds: usize) {
     }
     drop(running);
     report(&variants, rounds);
+    plugin_share(&node.log());
     for mut engine in engines {
         drop(engine.cri);
         engine.containerd.shutdown();
@@ -158,5 +217,41 @@ fn report(variants: &[Variant], rounds: usize) {
             p50 - base
         );
     }
+    // Issue 24's goal: NRI adds at most 1 ms over plain, and less than the RuntimeClass path.
+    let runtime_class = variants[1].samples.p50() - base;
+    for v in variants.iter().filter(|v| v.gpu && v.engine > 0) {
+        let added = v.samples.p50() - base;
+        let met = added <= 1.0 && added < runtime_class;
+        println!(
+            "- {}: {added:+.2} ms over plain (goal ≤ +1.00 and below RuntimeClass's {runtime_class:+.2}): {}",
+            v.label,
+            if met { "met" } else { "MISSED" }
+        );
+    }
     println!();
+}
+
+/// The plugin's own share of a start: its `NRI: planned` log lines' times (config read, the
+/// inventory, the plan, the adjustment), by mode.
+fn plugin_share(log: &str) {
+    let mut by_mode: std::collections::BTreeMap<String, Samples> = Default::default();
+    for line in log.lines().filter(|l| l.contains("NRI: planned")) {
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .map(str::to_owned)
+        };
+        if let (Some(mode), Some(us)) = (field("mode="), field("us=")) {
+            let us: f64 = us.parse().expect("us= is a number");
+            by_mode.entry(mode).or_default().push(us / 1e3);
+        }
+    }
+    for (mode, samples) in &by_mode {
+        println!(
+            "- the plugin's planning, nri-mode = {}: p50 {:.2} ms, p95 {:.2} ms",
+            mode.to_lowercase(),
+            samples.p50(),
+            samples.p95()
+        );
+    }
 }

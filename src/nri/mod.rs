@@ -70,6 +70,7 @@ impl GpuPlugin {
         pod: &PodSandbox,
         container: &Container,
     ) -> Result<Option<ContainerAdjustment>, NriPluginError> {
+        let started = std::time::Instant::now();
         let config = self.config()?;
         let mut spec = container::spec_of(container);
         let annotated =
@@ -102,7 +103,9 @@ impl GpuPlugin {
             NriMode::Cdi => container_edits(&plan, &hook),
             NriMode::Mounts => hookless_edits(&plan),
         };
-        Ok(Some(adjust::adjustment(&edits)))
+        let adjustment = adjust::adjustment(&edits);
+        tracing::debug!(mode = ?config.nri_mode, us = started.elapsed().as_micros(), "NRI: planned");
+        Ok(Some(adjustment))
     }
 }
 
