@@ -38,13 +38,20 @@ pub const KEPT: &[(Capability, &str)] = &[
     ),
 ];
 
+/// Kept in the permitted set only, never effective until used: the hook sets its filesystem
+/// ids to those of a user-namespaced container's root before it writes in that container
+/// ([`act_as`]), and gives both up when it enters any container ([`give_up_id_changes`]).
+const ID_CHANGES: [Capability; 2] = [Capability::CAP_SETUID, Capability::CAP_SETGID];
+
 #[derive(Debug, thiserror::Error)]
 #[error("cannot drop the capabilities the hook does not need: {0}")]
 pub struct PrivilegeError(#[source] caps::errors::CapsError);
 
-/// Keeps only [`KEPT`] (of what the process has), in every set, and sets no_new_privs.
+/// Keeps only [`KEPT`] (of what the process has), in every set, and [`ID_CHANGES`] in the
+/// permitted set, and sets no_new_privs.
 pub fn keep_only_what_the_hook_needs() -> Result<(), PrivilegeError> {
-    let kept: CapsHashSet = KEPT.iter().map(|(cap, _)| *cap).collect();
+    let effective: CapsHashSet = KEPT.iter().map(|(cap, _)| *cap).collect();
+    let kept: CapsHashSet = effective.iter().chain(&ID_CHANGES).copied().collect();
     // The bounding set first: dropping from it takes CAP_SETPCAP, which goes below.
     for cap in caps::read(None, CapSet::Bounding).map_err(PrivilegeError)? {
         if !kept.contains(&cap) {
@@ -59,7 +66,8 @@ pub fn keep_only_what_the_hook_needs() -> Result<(), PrivilegeError> {
         .copied()
         .collect();
     // Effective must stay within permitted at each step.
-    caps::set(None, CapSet::Effective, &permitted).map_err(PrivilegeError)?;
+    let in_effect = permitted.intersection(&effective).copied().collect();
+    caps::set(None, CapSet::Effective, &in_effect).map_err(PrivilegeError)?;
     caps::set(None, CapSet::Permitted, &permitted).map_err(PrivilegeError)?;
     // SAFETY: PR_SET_NO_NEW_PRIVS takes integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
@@ -68,6 +76,29 @@ pub fn keep_only_what_the_hook_needs() -> Result<(), PrivilegeError> {
         ));
     }
     Ok(())
+}
+
+/// Makes `uid` and `gid` the filesystem ids of this thread (what it creates is theirs), then
+/// gives up changing ids again.
+pub fn act_as(uid: u32, gid: u32) -> std::io::Result<()> {
+    for cap in ID_CHANGES {
+        // Not permitted when the start could not drop capabilities: then root has them all.
+        let _ = caps::raise(None, CapSet::Effective, cap);
+    }
+    let set = crate::rootfs::sys::set_fs_ids(uid, gid);
+    give_up_id_changes();
+    set
+}
+
+/// Drops [`ID_CHANGES`] from the effective and permitted sets, for good.
+pub fn give_up_id_changes() {
+    for cap in ID_CHANGES {
+        for set in [CapSet::Effective, CapSet::Permitted] {
+            if let Err(e) = caps::drop(None, set, cap) {
+                tracing::warn!("cannot drop {cap}: {e}");
+            }
+        }
+    }
 }
 
 /// The kernel's view of the process's capabilities, for the log: `CapEff`, `CapBnd` and

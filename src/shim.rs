@@ -143,7 +143,20 @@ pub fn prepare_bundle(
 /// Adds the hook (unless one with the same path is there), the device nodes to
 /// `linux.devices` and their allow rules to `linux.resources.devices`. Unknown fields stay.
 pub fn edit_spec(spec: &mut Value, plan: &Plan, hook: &HookBinary) {
-    cdi::config_json::apply(spec, &cdi::edits::hook_mode_edits(plan, hook));
+    let mut edits = cdi::edits::hook_mode_edits(plan, hook);
+    // In a user namespace of its own runc binds each listed node from the same path on the
+    // host: one that lives elsewhere there (a dev root other than /) is left to the hook,
+    // which binds it from where it is.
+    if has_user_namespace(spec) {
+        edits.device_nodes.retain(|n| n.host_path.is_none());
+    }
+    cdi::config_json::apply(spec, &edits);
+}
+
+fn has_user_namespace(spec: &Value) -> bool {
+    spec["linux"]["namespaces"]
+        .as_array()
+        .is_some_and(|all| all.iter().any(|ns| ns["type"] == "user"))
 }
 
 #[cfg(test)]
@@ -193,5 +206,30 @@ mod tests {
         // The default deny stays first; the allow rule comes after it.
         assert_eq!(spec["linux"]["resources"]["devices"][0]["allow"], false);
         assert_eq!(spec["linux"]["resources"]["devices"][1]["major"], 195);
+    }
+
+    #[test]
+    fn in_a_user_namespace_a_node_from_another_dev_root_is_left_to_the_hook() {
+        let hook = HookBinary::new(&Config::default(), None);
+        let userns = json!({"linux": {"namespaces": [{"type": "pid"}, {"type": "user"}]}});
+        // The node at the same path on the host: runc binds it itself.
+        let mut spec = userns.clone();
+        edit_spec(&mut spec, &one_gpu_plan(), &hook);
+        assert_eq!(spec["linux"]["devices"].as_array().unwrap().len(), 1);
+        // Under a dev root: runc would look for it at /dev/nvidia0 on the host.
+        let mut plan = one_gpu_plan();
+        plan.devices[0].host_path = "/run/nvidia/driver/dev/nvidia0".into();
+        let mut spec = userns;
+        edit_spec(&mut spec, &plan, &hook);
+        assert!(
+            spec["linux"]["devices"]
+                .as_array()
+                .is_none_or(|d| d.is_empty())
+        );
+        assert_eq!(spec["hooks"]["prestart"].as_array().unwrap().len(), 1);
+        // Without a user namespace runc makes it by its numbers, wherever it lives.
+        let mut spec = json!({});
+        edit_spec(&mut spec, &plan, &hook);
+        assert_eq!(spec["linux"]["devices"].as_array().unwrap().len(), 1);
     }
 }

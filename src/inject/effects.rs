@@ -8,6 +8,7 @@
 
 use super::HookError;
 use super::procfs;
+use super::userns::ContainerRoot;
 use crate::plan::{DeviceNode, Mount, MountKind, Plan, ProcOverlay};
 use crate::rootfs::{Existing, Rootfs, RootfsError, loader, sys};
 use nvhook_cgroup::{self as cgroup, DeviceRule};
@@ -22,6 +23,9 @@ pub trait HostEffects {
     /// Lets the container's cgroup open the device nodes in `rules`.
     fn allow_devices(&mut self, rules: &[DeviceRule]) -> Result<(), HookError>;
     fn open_source(&mut self, mount: &Mount) -> Result<Self::Source, HookError>;
+    /// The host's node to bind in place of `node`, for a container whose device nodes cannot
+    /// be made (one in a user namespace of its own); None where they can.
+    fn open_node(&mut self, node: &DeviceNode) -> Result<Option<Self::Source>, HookError>;
     /// Readies the `/proc/driver/nvidia` overlay, when the host's driver has that directory.
     fn prepare_proc(&mut self, overlay: &ProcOverlay) -> Result<(), HookError>;
     fn enter_container(self) -> Result<Self::Inside, HookError>;
@@ -30,7 +34,12 @@ pub trait HostEffects {
 /// The hook's effects in the container's mount namespace, on its rootfs.
 pub trait ContainerEffects {
     type Source;
-    fn make_node(&mut self, node: &DeviceNode) -> Result<(), HookError>;
+    /// Makes `node`, or binds `host` (see [`HostEffects::open_node`]) on a file in its place.
+    fn make_node(
+        &mut self,
+        node: &DeviceNode,
+        host: Option<&Self::Source>,
+    ) -> Result<(), HookError>;
     fn attach(&mut self, source: &Self::Source, mount: &Mount) -> Result<(), HookError>;
     /// The SONAME and development links, then the image's loader cache.
     fn link_and_cache(&mut self, plan: &Plan) -> Result<(), HookError>;
@@ -45,14 +54,17 @@ pub struct System {
     /// only once the hook is in it.
     rootfs: Rootfs,
     proc: Option<procfs::Prepared>,
+    /// The container's root, where it is not the host's (see [`super::userns`]).
+    root: Option<ContainerRoot>,
 }
 
 impl System {
-    pub fn new(pid: i32, rootfs: Rootfs) -> System {
+    pub fn new(pid: i32, rootfs: Rootfs, root: Option<ContainerRoot>) -> System {
         System {
             pid,
             rootfs,
             proc: None,
+            root,
         }
     }
 }
@@ -101,6 +113,30 @@ impl HostEffects for System {
         Ok(tree)
     }
 
+    /// In a user namespace of its own, the host's node as a detached bind mount (nosuid, and
+    /// not nodev: it is a device).
+    fn open_node(&mut self, node: &DeviceNode) -> Result<Option<OwnedFd>, HookError> {
+        if self.root.is_none() {
+            return Ok(None);
+        }
+        let fail = |source| HookError::Source {
+            path: node.host_path.clone(),
+            source,
+        };
+        let tree = sys::clone_tree(&node.host_path, false).map_err(fail)?;
+        let st = sys::fstat(tree.as_fd()).map_err(fail)?;
+        if sys::file_type(&st) != libc::S_IFCHR
+            || (libc::major(st.st_rdev), libc::minor(st.st_rdev)) != (node.major, node.minor)
+        {
+            return Err(HookError::SourceKind {
+                path: node.host_path.clone(),
+                kind: "the planned char device",
+            });
+        }
+        sys::set_attrs(tree.as_fd(), sys::MOUNT_ATTR_NOSUID).map_err(fail)?;
+        Ok(Some(tree))
+    }
+
     fn prepare_proc(&mut self, overlay: &ProcOverlay) -> Result<(), HookError> {
         // /proc/driver/nvidia is the kernel module's, the same in every procfs instance:
         // without it here the container's procfs lacks it too, and trees cloned for the
@@ -116,6 +152,12 @@ impl HostEffects for System {
         let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
             .map_err(|source| HookError::Namespace { pid, source })?;
         sys::enter_mount_ns(&ns).map_err(|source| HookError::Namespace { pid, source })?;
+        // What the hook creates from here on is the container root's (see super::userns).
+        match self.root {
+            Some(ContainerRoot { uid, gid }) => crate::privileges::act_as(uid, gid)
+                .map_err(|source| HookError::ActAsRoot { uid, gid, source })?,
+            None => crate::privileges::give_up_id_changes(),
+        }
         Ok(SystemInside {
             rootfs: self.rootfs,
             proc: self.proc,
@@ -126,19 +168,23 @@ impl HostEffects for System {
 impl ContainerEffects for SystemInside {
     type Source = OwnedFd;
 
-    fn make_node(&mut self, node: &DeviceNode) -> Result<(), HookError> {
-        self.rootfs
-            .make_node(&node.path, node.major, node.minor, node.mode)?;
+    fn make_node(&mut self, node: &DeviceNode, host: Option<&OwnedFd>) -> Result<(), HookError> {
+        match host {
+            None => {
+                self.rootfs
+                    .make_node(&node.path, node.major, node.minor, node.mode)?;
+            }
+            Some(host) => {
+                let (target, _) = self.rootfs.mount_target(&node.path, MountKind::File)?;
+                attach(host, &target, &node.path)?;
+            }
+        }
         Ok(())
     }
 
     fn attach(&mut self, source: &OwnedFd, mount: &Mount) -> Result<(), HookError> {
         let (target, existing) = self.rootfs.mount_target(&mount.destination, mount.kind)?;
-        sys::attach(source.as_fd(), target.as_fd()).map_err(|e| RootfsError::Op {
-            op: "mount",
-            path: mount.destination.clone(),
-            message: e.to_string(),
-        })?;
+        attach(source, &target, &mount.destination)?;
         if existing == Existing::Replaced {
             tracing::info!(path = %mount.destination, "covered the image's own file with the host's");
         }
@@ -163,4 +209,12 @@ impl ContainerEffects for SystemInside {
             None => Ok(false),
         }
     }
+}
+
+fn attach(source: &OwnedFd, target: &OwnedFd, path: &str) -> Result<(), RootfsError> {
+    sys::attach(source.as_fd(), target.as_fd()).map_err(|e| RootfsError::Op {
+        op: "mount",
+        path: path.to_string(),
+        message: e.to_string(),
+    })
 }

@@ -10,6 +10,7 @@
 pub mod container_mounts;
 pub mod effects;
 pub mod procfs;
+pub mod userns;
 
 use crate::config::Config;
 use crate::echo::Echo;
@@ -60,6 +61,18 @@ pub enum HookError {
         "cannot see the container's rootfs through /proc/{pid}/root: {source} (is the container still running?)"
     )]
     ContainerGone { pid: i32, source: std::io::Error },
+    #[error("cannot read the user namespace of pid {pid}: {source}")]
+    UserNamespace { pid: i32, source: std::io::Error },
+    #[error(
+        "the user namespace of pid {pid} maps no host id to its root: map the container's id 0 (uidMappings and gidMappings)"
+    )]
+    UnmappedRoot { pid: i32 },
+    #[error("cannot act as the container's root (host uid {uid}, gid {gid}): {source}")]
+    ActAsRoot {
+        uid: u32,
+        gid: u32,
+        source: std::io::Error,
+    },
 }
 
 /// What the hook did, for the caller's log line.
@@ -188,7 +201,7 @@ fn configure(
     };
     step.done("plan");
     apply(
-        effects::System::new(pid, rootfs),
+        effects::System::new(pid, rootfs, userns::container_root(pid)?),
         &container.listed,
         container.cgroups,
         &plan,
@@ -216,13 +229,17 @@ fn apply<H: HostEffects>(
         .iter()
         .map(|m| host.open_source(m))
         .collect::<Result<Vec<_>, _>>()?;
+    let node_sources = nodes
+        .iter()
+        .map(|n| host.open_node(n))
+        .collect::<Result<Vec<_>, _>>()?;
     if let Some(overlay) = &plan.proc_overlay {
         host.prepare_proc(overlay)?;
     }
     step.done("sources");
     let mut inside = host.enter_container()?;
-    for node in &nodes {
-        inside.make_node(node)?;
+    for (node, source) in nodes.iter().zip(&node_sources) {
+        inside.make_node(node, source.as_ref())?;
     }
     step.done("devices");
     for (mount, source) in plan.mounts.iter().zip(&sources) {

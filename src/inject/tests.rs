@@ -67,6 +67,10 @@ impl HostEffects for Recorder {
         Ok(source)
     }
 
+    fn open_node(&mut self, _: &DeviceNode) -> Result<Option<String>, HookError> {
+        Ok(None)
+    }
+
     fn prepare_proc(&mut self, _: &ProcOverlay) -> Result<(), HookError> {
         self.record(Op::PrepareProc)?;
         self.proc_prepared = true;
@@ -82,7 +86,7 @@ impl HostEffects for Recorder {
 impl ContainerEffects for Recorder {
     type Source = String;
 
-    fn make_node(&mut self, node: &DeviceNode) -> Result<(), HookError> {
+    fn make_node(&mut self, node: &DeviceNode, _: Option<&String>) -> Result<(), HookError> {
         self.record(Op::Node(node.path.clone()))
     }
 

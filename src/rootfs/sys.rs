@@ -354,6 +354,21 @@ pub fn mount_id(fd: BorrowedFd) -> io::Result<u64> {
     Ok(stx.stx_mnt_id)
 }
 
+/// Makes this thread's filesystem ids (those the kernel checks and gives new files) `uid`
+/// and `gid`. setfsuid(2) reports no error: the ids are read back to tell.
+pub fn set_fs_ids(uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: setfsgid and setfsuid take plain integers and touch no memory.
+    unsafe {
+        libc::setfsgid(gid);
+        libc::setfsuid(uid);
+        // With an id that cannot be valid, each returns the current one and changes nothing.
+        if libc::setfsgid(u32::MAX) as u32 != gid || libc::setfsuid(u32::MAX) as u32 != uid {
+            return Err(io::Error::from(io::ErrorKind::PermissionDenied));
+        }
+    }
+    Ok(())
+}
+
 /// Enters the mount namespace of `pid`.
 ///
 /// setns(CLONE_NEWNS) refuses a thread whose filesystem context (root, cwd) other threads

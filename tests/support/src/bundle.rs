@@ -198,6 +198,27 @@ impl Bundle {
         self
     }
 
+    /// Runs the container in a user namespace whose ids 0..`size` are the host's
+    /// `host_id`..`host_id + size` (uid and gid alike), the shape Kubernetes `hostUsers:
+    /// false`, Docker's `userns-remap` and Podman's `--userns=auto` give runc, with the rootfs
+    /// owned by the container's root as those engines leave it.
+    pub fn user_namespace(&mut self, host_id: u32, size: u32) -> &mut Self {
+        push(
+            &mut self.spec["linux"]["namespaces"],
+            json!({ "type": "user" }),
+        );
+        let mapping = json!([{ "containerID": 0, "hostID": host_id, "size": size }]);
+        self.spec["linux"]["uidMappings"] = mapping.clone();
+        self.spec["linux"]["gidMappings"] = mapping;
+        let owner = format!("{host_id}:{host_id}");
+        run_checked(
+            Command::new(require_program("chown"))
+                .args(["-R", "-h", &owner])
+                .arg(&self.rootfs),
+        );
+        self
+    }
+
     /// Writes the spec as edited so far; run_container calls this.
     pub fn write_config(&self) {
         let text = serde_json::to_string_pretty(&self.spec).expect("serialize config.json");
