@@ -52,9 +52,10 @@ pub struct PrivilegeError(#[source] caps::errors::CapsError);
 pub fn keep_only_what_the_hook_needs() -> Result<(), PrivilegeError> {
     let effective: CapsHashSet = KEPT.iter().map(|(cap, _)| *cap).collect();
     let kept: CapsHashSet = effective.iter().chain(&ID_CHANGES).copied().collect();
-    // The bounding set first: dropping from it takes CAP_SETPCAP, which goes below.
+    // The bounding set first: dropping from it takes CAP_SETPCAP, which goes below. It holds
+    // no ID_CHANGES either: the NVML helper, the one program the hook runs, gets none.
     for cap in caps::read(None, CapSet::Bounding).map_err(PrivilegeError)? {
-        if !kept.contains(&cap) {
+        if !effective.contains(&cap) {
             caps::drop(None, CapSet::Bounding, cap).map_err(PrivilegeError)?;
         }
     }
