@@ -5,7 +5,7 @@
  * ld.so.cache, which is exactly the path nvhook's library injection must serve.
  *
  * Usage: gpucheck [--dev PATH] [--stat PATH] [--write PATH] [--exec PATH]
- *                 [--ls DIR] [--kernel COUNT] [--dlopen NAME] ...
+ *                 [--ls DIR] [--kernel COUNT] [--dlopen NAME] [--owner PATH] ...
  * The dlopen check always runs first; the other checks run in argument order.
  */
 #define _GNU_SOURCE
@@ -124,6 +124,17 @@ static void check_stat(const char *path)
                        : S_ISDIR(st.st_mode) ? "dir"
                                              : "other";
     printf("stat %s %s %u:%u\n", path, kind, major(st.st_rdev), minor(st.st_rdev));
+}
+
+/* Whose a file is, as the container sees it (its own user namespace's ids). */
+static void check_owner(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        print_errno("owner", path, errno);
+        return;
+    }
+    printf("owner %s %u:%u\n", path, (unsigned)st.st_uid, (unsigned)st.st_gid);
 }
 
 /* O_WRONLY without O_TRUNC: probes writability without changing the file. */
@@ -314,7 +325,7 @@ struct check {
 static const struct check checks[] = {
     {"--dev", check_dev},     {"--stat", check_stat}, {"--write", check_write},
     {"--exec", check_exec},   {"--ls", check_ls},     {"--kernel", check_kernel},
-    {"--dlopen", check_dlopen_name},
+    {"--dlopen", check_dlopen_name}, {"--owner", check_owner},
 };
 
 static const struct check *find_check(const char *flag)

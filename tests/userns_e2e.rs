@@ -7,6 +7,8 @@ use nvhook_test_support as support;
 
 use std::os::unix::fs::MetadataExt;
 
+use support::engines::unique_name;
+use support::podman::{CdiSpecFile, Podman};
 use support::{
     Bundle, MountNs, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args,
     host_mounts_referencing, host_snapshot, require_root, run_clean, run_in_ns, table_diff,
@@ -106,4 +108,70 @@ fn nvhook_runtime_gives_a_user_namespaced_container_its_gpu_cgroup_v1() {
 #[test]
 fn nvhook_runtime_gives_a_user_namespaced_container_its_gpu_cgroup_v2() {
     runtime_gives_a_user_namespaced_container_its_gpu(RuntimeEnv::CgroupV2);
+}
+
+/// Rootful Podman with the container's ids mapped to 100000.. (`--uidmap`/`--gidmap`, the
+/// mapping `--userns=auto` picks from /etc/subuid) and nvhook's CDI spec: runc binds the nodes
+/// from their host paths (so Podman runs where the node's are at /dev, as on a GPU host), and
+/// nvhook's createContainer hook makes the links and the cache.
+#[test]
+fn podman_runs_a_cdi_device_in_a_user_namespace() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let scratch = tempfile::tempdir().expect("a scratch directory");
+    let ns = node.dev_at_host_paths(RuntimeEnv::CgroupV1, scratch.path());
+    let spec = CdiSpecFile::new("yaml");
+    let out = std::process::Command::new(support::nvhook_bin())
+        .arg("--config")
+        .arg(node.config())
+        .args(["cdi", "generate", "--output"])
+        .arg(spec.path())
+        .output()
+        .expect("run nvhook cdi generate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let podman = Podman::inside(&ns);
+    let image = format!("localhost/{}:latest", unique_name("nvhook-userns"));
+    podman.import(glibc_image().rootfs(), &image);
+    let args = gpucheck_args(
+        GPUS,
+        &[
+            "--write",
+            LIBCUDA,
+            "--owner",
+            "/etc/ld.so.cache",
+            "--owner",
+            LIBCUDA,
+        ],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let map = format!("0:{HOST_ID}:{IDS}");
+    let host = host_snapshot();
+    let mut output = podman.run(
+        &[
+            "--uidmap",
+            &map,
+            "--gidmap",
+            &map,
+            "--device",
+            "nvidia.com/gpu=1",
+        ],
+        &image,
+        &args,
+    );
+    output.hook_log = Some(node.log());
+    assert_gpu_1_only(&output);
+    // The cache and the SONAME link nvhook's createContainer hook wrote are the container's
+    // root's (a file of the host's root would show as 65534, the overflow id).
+    output.assert_lines(&[
+        "owner /etc/ld.so.cache 0:0",
+        &format!("owner {LIBCUDA} 0:0"),
+    ]);
+    let diff = host.diff(&host_snapshot());
+    assert!(diff.is_empty(), "the host changed: {diff:#?}");
+    let leaked = host_mounts_referencing(&[node.root()]);
+    assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
 }

@@ -92,6 +92,22 @@ impl SimNode {
         SimNode { dir, hook }
     }
 
+    /// A mount namespace where the node's device nodes are at `/dev/...` as on a real GPU host
+    /// (an overlay of the host's `/dev` and the node's, read-only, with the host's `/dev/shm`
+    /// and `/dev/pts` back on top, from a private copy: a shared one would get the overlay
+    /// too): for engines that take a node from the host's own path,
+    /// as runc does in a user namespace. `scratch` is an empty directory of the caller's.
+    pub fn dev_at_host_paths(&self, env: super::RuntimeEnv, scratch: &Path) -> super::MountNs {
+        let setup = format!(
+            "mount --rbind /dev {save} && mount --make-rprivate {save} && \
+             mount -t overlay -o ro,lowerdir=/dev:{node} overlay /dev && \
+             for d in shm pts; do mount --rbind {save}/$d /dev/$d; done",
+            save = scratch.display(),
+            node = self.dev_root().join("dev").display(),
+        );
+        super::MountNs::with_setup(env, &setup)
+    }
+
     /// Changes the node in place as a live host changes (`simnode create --keep-state`):
     /// `flags` are the whole node's flags after the change (`--gpus 4 --driver-version ...`);
     /// nvhook's config, log, NVML cache and /dev/char links stay.

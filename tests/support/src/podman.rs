@@ -27,6 +27,8 @@ pub(crate) const RUN_FLAGS: &[&str] = &[
 pub struct Podman {
     dir: EngineDir,
     cgroup_parent: String,
+    /// A command line prefix every podman runs behind (`nsenter` into a mount namespace).
+    prefix: Vec<OsString>,
 }
 
 impl Default for Podman {
@@ -45,7 +47,15 @@ impl Podman {
         Podman {
             dir,
             cgroup_parent: unique_name("nvhook-podman"),
+            prefix: Vec::new(),
         }
+    }
+
+    /// Like `new`, every podman run inside the mount namespace `ns`.
+    pub fn inside(ns: &super::MountNs) -> Podman {
+        let mut podman = Podman::new();
+        podman.prefix = ns.nsenter();
+        podman
     }
 
     pub fn dir(&self) -> &Path {
@@ -54,7 +64,15 @@ impl Podman {
 
     /// `podman` with every global path private, wrapped in a timeout.
     pub fn command(&self) -> Command {
-        let mut cmd = timed(&require_program("podman"));
+        let podman = require_program("podman");
+        let mut cmd = match self.prefix.split_first() {
+            None => timed(&podman),
+            Some((program, args)) => {
+                let mut cmd = timed(Path::new(program));
+                cmd.args(args).arg(podman);
+                cmd
+            }
+        };
         cmd.args(global_flags(self.dir()));
         cmd
     }
