@@ -274,6 +274,23 @@ impl Drop for Daemon {
 }
 
 /// A command wrapped in `timeout`, so that a hung engine fails the test.
+/// `program` run behind `prefix` (`nsenter --mount=... --`), or alone where it is empty; the
+/// first program of the two is run by `command` (`Command::new`, [`timed`]).
+pub(crate) fn behind(
+    prefix: &[std::ffi::OsString],
+    program: &Path,
+    command: impl FnOnce(&Path) -> Command,
+) -> Command {
+    match prefix.split_first() {
+        None => command(program),
+        Some((first, rest)) => {
+            let mut cmd = command(Path::new(first));
+            cmd.args(rest).arg(program);
+            cmd
+        }
+    }
+}
+
 pub fn timed(program: &Path) -> Command {
     let mut cmd = Command::new(require_program("timeout"));
     cmd.args(["--kill-after=5", COMMAND_TIMEOUT_S]).arg(program);
@@ -863,11 +880,38 @@ impl Dockerd {
         daemon_json: &Path,
         env: &[(&str, &Path)],
     ) -> Dockerd {
+        Dockerd::spawn(build, dir, daemon_json, env, &[])
+    }
+
+    /// [`Dockerd::start`] inside the mount namespace `ns` (its containerd, shims, runc and
+    /// hooks with it).
+    pub fn start_in(
+        ns: &super::MountNs,
+        dir: &Path,
+        daemon_json: &Path,
+        env: &[(&str, &Path)],
+    ) -> Dockerd {
+        Dockerd::spawn(
+            &DockerdBuild::debian(),
+            dir,
+            daemon_json,
+            env,
+            &ns.nsenter(),
+        )
+    }
+
+    fn spawn(
+        build: &DockerdBuild,
+        dir: &Path,
+        daemon_json: &Path,
+        env: &[(&str, &Path)],
+        prefix: &[std::ffi::OsString],
+    ) -> Dockerd {
         let socket = dir.join("docker.sock");
         let host = format!("unix://{}", socket.display());
         // Not the shared default `docker`, so that it can be removed after.
         let cgroup_parent = unique_name("nvhook-docker");
-        let mut cmd = Command::new(build.program("dockerd"));
+        let mut cmd = behind(prefix, &build.program("dockerd"), |p| Command::new(p));
         cmd.arg("--config-file")
             .arg(daemon_json)
             .arg("--data-root")

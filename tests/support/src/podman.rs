@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::cmd::{require_program, run_checked};
-use super::engines::{EngineDir, output_of, remove_cgroup, timed, unique_name, write_rootfs_tar};
+use super::engines::{
+    EngineDir, behind, output_of, remove_cgroup, timed, unique_name, write_rootfs_tar,
+};
 use super::runc::Output;
 
 /// Flags every `podman run` of these tests needs on this machine: runc (Debian's default
@@ -64,15 +66,7 @@ impl Podman {
 
     /// `podman` with every global path private, wrapped in a timeout.
     pub fn command(&self) -> Command {
-        let podman = require_program("podman");
-        let mut cmd = match self.prefix.split_first() {
-            None => timed(&podman),
-            Some((program, args)) => {
-                let mut cmd = timed(Path::new(program));
-                cmd.args(args).arg(podman);
-                cmd
-            }
-        };
+        let mut cmd = behind(&self.prefix, &require_program("podman"), timed);
         cmd.args(global_flags(self.dir()));
         cmd
     }
