@@ -220,7 +220,9 @@ fn a_node_set_up_as_documented_is_ready() {
         "ok   NVML: answered in ",
         "ok   persistence mode GPU 1: on",
         "ok   device /dev/nvidia1: 195:1",
-        "ok   device /dev/nvidia-uvm",
+        "ok   device /dev/nvidia-uvm: ",
+        "ok   device /dev/nvidia-uvm-tools: ",
+        "ok   driver versions: libraries and kernel module are both 550.54.15",
         "ok   /dev/char links",
         "ok   NVML cache",
         "ok   driver files",
@@ -279,6 +281,29 @@ fn no_nvidia_uvm_fails() {
     let node = Node::ready();
     fs::remove_file(node.path("dev/nvidia-uvm")).unwrap();
     node.expect(1, "FAIL device /dev/nvidia-uvm: missing", &["nvidia-uvm"]);
+}
+
+/// Two causes of cuInit's CUDA_ERROR_UNKNOWN while nvidia-smi works: nvidia-uvm-tools' node
+/// missing, and a kernel module of another release than the libraries (a driver upgraded
+/// without a reboot).
+#[test]
+fn the_causes_of_cuinit_unknown_fail() {
+    let node = Node::ready();
+    fs::remove_file(node.path("dev/nvidia-uvm-tools")).unwrap();
+    node.expect(
+        1,
+        "FAIL device /dev/nvidia-uvm-tools: missing (want ",
+        &["nvidia-modprobe -u"],
+    );
+    let node = Node::ready();
+    let version = node.path("proc/driver/nvidia/version");
+    let text = fs::read_to_string(&version).unwrap();
+    fs::write(&version, text.replace("550.54.15", "550.90.07")).unwrap();
+    node.expect(
+        1,
+        "FAIL driver versions: the kernel module loaded is 550.90.07, but libcuda.so.550.54.15 is 550.54.15, libnvidia-ml.so.550.54.15 is 550.54.15: cuInit fails",
+        &["reboot", "modprobe nvidia nvidia-uvm"],
+    );
 }
 
 #[test]

@@ -12,14 +12,17 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// The loaded module's driver version, from `/proc/driver/nvidia/version`'s text.
+pub fn module_version(text: &str) -> Option<&str> {
+    // `NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ...`
+    let line = text.lines().find(|l| l.starts_with("NVRM version:"))?;
+    line.split_whitespace()
+        .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()) && w.contains('.'))
+}
+
 /// `/proc/driver/nvidia/version`'s text, when it could be read.
 pub fn kernel_module(version_file: &str, text: Option<&str>) -> Check {
-    let version = text.and_then(|t| {
-        // `NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ...`
-        let line = t.lines().find(|l| l.starts_with("NVRM version:"))?;
-        line.split_whitespace()
-            .find(|w| w.chars().next().is_some_and(|c| c.is_ascii_digit()) && w.contains('.'))
-    });
+    let version = text.and_then(module_version);
     match (text, version) {
         (Some(_), Some(v)) => Check::ok("kernel module", format!("nvidia loaded, driver {v}")),
         (Some(_), None) => Check::ok("kernel module", format!("nvidia loaded ({version_file})")),
@@ -112,21 +115,70 @@ pub fn device_nodes(inv: &Inventory, majors: &DeviceMajors, nodes: &[HostNode]) 
         .iter()
         .map(|(path, major, minor)| node_check(nodes, path, *major, Some(*minor), fix))
         .collect();
-    out.push(match majors.uvm {
-        None => Check::fail(
+    // Without nvidia-uvm, or with its nodes missing or numbered for a module loaded before,
+    // nvidia-smi works and cuInit fails with CUDA_ERROR_UNKNOWN.
+    match majors.uvm {
+        None => out.push(Check::fail(
             "device /dev/nvidia-uvm",
-            "nvidia-uvm is not in /proc/devices: the module is not loaded (CUDA needs it)",
+            "nvidia-uvm is not in /proc/devices: the module is not loaded (cuInit fails with CUDA_ERROR_UNKNOWN)",
             "modprobe nvidia-uvm",
-        ),
-        Some(uvm) => node_check(
-            nodes,
-            "/dev/nvidia-uvm",
-            uvm,
-            None,
-            "nvidia-modprobe -u -c 0 as root, which makes nvidia-uvm's nodes",
-        ),
-    });
+        )),
+        Some(uvm) => {
+            for (path, minor) in [("/dev/nvidia-uvm", 0), ("/dev/nvidia-uvm-tools", 1)] {
+                out.push(node_check(
+                    nodes,
+                    path,
+                    uvm,
+                    Some(minor),
+                    "nvidia-modprobe -u -c 0 as root, which makes nvidia-uvm's nodes",
+                ));
+            }
+        }
+    }
     out
+}
+
+/// The driver's user-space libraries and the loaded kernel module are one release: a driver
+/// upgraded without a reboot leaves the old module loaded, and then nvidia-smi may still
+/// answer while CUDA's cuInit fails (CUDA_ERROR_UNKNOWN, or "system not yet initialized").
+pub fn library_versions(module: Option<&str>, inv: &Inventory) -> Option<Check> {
+    let module = module?;
+    let versions: BTreeSet<(&str, &str)> = inv
+        .files
+        .libraries
+        .iter()
+        .filter(|l| l.class == ElfClass::Lib64)
+        .filter(|l| matches!(l.soname.as_str(), "libcuda.so.1" | "libnvidia-ml.so.1"))
+        // A file named by its SONAME says no version.
+        .filter(|l| l.file_name != l.soname)
+        .filter_map(|l| {
+            let version = l.file_name.strip_prefix(l.soname.trim_end_matches(".1"))?;
+            Some((l.file_name.as_str(), version.strip_prefix('.')?))
+        })
+        .collect();
+    if versions.is_empty() {
+        return None;
+    }
+    let differing: Vec<String> = versions
+        .iter()
+        .filter(|(_, version)| *version != module)
+        .map(|(file, version)| format!("{file} is {version}"))
+        .collect();
+    Some(if differing.is_empty() {
+        Check::ok(
+            "driver versions",
+            format!("libraries and kernel module are both {module}"),
+        )
+    } else {
+        Check::fail(
+            "driver versions",
+            format!(
+                "the kernel module loaded is {module}, but {}: cuInit fails (CUDA_ERROR_UNKNOWN) while nvidia-smi may still work",
+                differing.join(", ")
+            ),
+            "reboot, or reload the modules of the installed driver (rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia, then modprobe nvidia nvidia-uvm)",
+        )
+    })
 }
 
 fn node_check(nodes: &[HostNode], path: &str, major: u32, minor: Option<u32>, fix: &str) -> Check {
@@ -760,6 +812,23 @@ mod tests {
     }
 
     #[test]
+    fn libraries_of_another_release_than_the_module_fail() {
+        let inv = standard();
+        assert_eq!(library_versions(None, &inv), None);
+        let same = library_versions(Some("550.54.15"), &inv).unwrap();
+        assert_eq!(same.level, Level::Ok, "{same:?}");
+        let other = library_versions(Some("535.104.05"), &inv).unwrap();
+        assert_eq!(other.level, Level::Fail);
+        assert!(other.detail.contains("libcuda.so.550.54.15 is 550.54.15"), "{other:?}");
+        // A library file named by its SONAME says no version: nothing to compare.
+        let mut unversioned = standard();
+        for lib in &mut unversioned.files.libraries {
+            lib.file_name = lib.soname.clone();
+        }
+        assert_eq!(library_versions(Some("535.104.05"), &unversioned), None);
+    }
+
+    #[test]
     fn nvml_is_slow_past_half_its_timeout() {
         let inv = standard();
         let timeout = Duration::from_millis(1000);
@@ -789,8 +858,8 @@ mod tests {
         assert!(all.iter().all(|c| c.level == Level::Ok), "{all:?}");
         assert_eq!(
             all.len(),
-            8,
-            "two GPUs, nvidiactl, 2 MIG devices' 2 caps each, nvidia-uvm"
+            9,
+            "two GPUs, nvidiactl, 2 MIG devices' 2 caps each, nvidia-uvm and nvidia-uvm-tools"
         );
 
         let mut nodes = inv.nodes.clone();

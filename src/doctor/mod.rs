@@ -193,6 +193,10 @@ pub fn run(config: &Config, options: &Options) -> Report {
             .map(|l| (l.clone(), head(&l.host_path)))
             .collect();
         out.extend(checks::driver_files(inventory, node_arch, &heads));
+        out.extend(checks::library_versions(
+            version.as_deref().and_then(checks::module_version),
+            inventory,
+        ));
         out.extend(cdi_checks(config, options, inventory));
     }
     if let Ok((_, nodes)) = &nodes {
