@@ -819,7 +819,10 @@ mod tests {
         assert_eq!(same.level, Level::Ok, "{same:?}");
         let other = library_versions(Some("535.104.05"), &inv).unwrap();
         assert_eq!(other.level, Level::Fail);
-        assert!(other.detail.contains("libcuda.so.550.54.15 is 550.54.15"), "{other:?}");
+        assert!(
+            other.detail.contains("libcuda.so.550.54.15 is 550.54.15"),
+            "{other:?}"
+        );
         // A library file named by its SONAME says no version: nothing to compare.
         let mut unversioned = standard();
         for lib in &mut unversioned.files.libraries {
