@@ -835,15 +835,25 @@ impl Containerd {
     ) -> Output {
         let mut cmd = self.ctr();
         cmd.envs(env.iter().copied());
+        // The container's output goes to a file the shim writes and closes before it reports
+        // the exit: ctr's own copying from its FIFOs can lose the output of a process that
+        // exits at once (seen: status 0, nothing on stdout, under load).
+        let log = self.fifo_dir.join(format!("{id}.log"));
         cmd.args(["run", "--rm", "--runc-root"])
             .arg(&self.runc_root)
             .arg("--fifo-dir")
             .arg(&self.fifo_dir)
+            .arg("--log-uri")
+            .arg(format!("file://{}", log.display()))
             .args(extra)
             .arg(image)
             .arg(id)
             .args(args);
         let mut output = output_of(&mut cmd);
+        if let Ok(text) = fs::read_to_string(&log) {
+            output.stdout.push_str(&text);
+            let _ = fs::remove_file(&log);
+        }
         output.hook_log = Some(format!("(containerd log)\n{}", self.log()));
         output
     }
