@@ -91,13 +91,20 @@ pub fn act_as(uid: u32, gid: u32) -> std::io::Result<()> {
     set
 }
 
-/// Drops [`ID_CHANGES`] from the effective and permitted sets, for good.
+/// Drops [`ID_CHANGES`] from the effective and permitted sets, for good. Every container start
+/// pays this: one read and one write of each set, not one per capability.
 pub fn give_up_id_changes() {
-    for cap in ID_CHANGES {
-        for set in [CapSet::Effective, CapSet::Permitted] {
-            if let Err(e) = caps::drop(None, set, cap) {
-                tracing::warn!("cannot drop {cap}: {e}");
-            }
+    let without = |set| -> Result<CapsHashSet, caps::errors::CapsError> {
+        let mut caps = caps::read(None, set)?;
+        for cap in ID_CHANGES {
+            caps.remove(&cap);
+        }
+        Ok(caps)
+    };
+    // Effective first: it must stay within permitted.
+    for set in [CapSet::Effective, CapSet::Permitted] {
+        if let Err(e) = without(set).and_then(|caps| caps::set(None, set, &caps)) {
+            tracing::warn!("cannot drop CAP_SETUID and CAP_SETGID: {e}");
         }
     }
 }

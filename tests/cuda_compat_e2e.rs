@@ -160,14 +160,7 @@ fn a_generated_cdi_spec_loads_the_compat_libcuda_through_podman() {
     require_root();
     let node = node(OLDER_HOST);
     let spec = CdiSpecFile::new("yaml");
-    let status = std::process::Command::new(nvhook_bin())
-        .arg("--config")
-        .arg(node.config())
-        .args(["cdi", "generate", "--output"])
-        .arg(spec.path())
-        .status()
-        .expect("run nvhook cdi generate");
-    assert!(status.success());
+    node.generate_cdi_spec(spec.path());
     let podman = Podman::new();
     let image = format!("localhost/{}:latest", unique_name("nvhook-cuda-compat"));
     podman.import(compat_image().rootfs(), &image);

@@ -249,18 +249,7 @@ fn docker_28_run_gpus_takes_the_hook_route_and_cdi_devices_work_too() {
     );
     let cdi_dir = dir.path().join("cdi");
     fs::create_dir(&cdi_dir).expect("make the CDI spec directory");
-    let out = std::process::Command::new(nvhook_bin())
-        .arg("--config")
-        .arg(node.config())
-        .args(["cdi", "generate", "--output"])
-        .arg(cdi_dir.join("nvhook.yaml"))
-        .output()
-        .expect("run nvhook cdi generate");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    node.generate_cdi_spec(&cdi_dir.join("nvhook.yaml"));
     let daemon_json = dir.path().join("daemon.json");
     let config = serde_json::json!({ "cdi-spec-dirs": [cdi_dir] });
     fs::write(&daemon_json, config.to_string()).expect("write daemon.json");

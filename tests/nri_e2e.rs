@@ -12,7 +12,6 @@ use support::{containerd2, cri};
 
 use std::fs;
 use std::path::PathBuf;
-use std::process::Command;
 
 use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin};
 use cri::{ContainerRequest, Cri};
@@ -84,6 +83,48 @@ impl Pods {
     }
 }
 
+/// Debian sid's containerd 2.1.9 (runc only) with the gpucheck image imported and
+/// `nvhook nri` registered with it for `node`, and where its pods run.
+struct Connected {
+    dir: EngineDir,
+    containerd: Containerd,
+    image: String,
+    plugin: NriPlugin,
+    pods: Pods,
+}
+
+fn connected(node: &SimNode, name: &str) -> Connected {
+    let dir = EngineDir::new(name);
+    let setup = Containerd2Cri::under(dir.path());
+    let containerd = setup.start(dir.path(), &[]);
+    let image = containerd.import_gpucheck_image(dir.path());
+    let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
+    plugin.wait_registered(&node.log_file(), 1, &containerd);
+    let pods = Pods {
+        cgroups: CgroupParent::new(&format!("nvhook-{name}")),
+        logs: dir.path().join("pods"),
+    };
+    Connected {
+        dir,
+        containerd,
+        image,
+        plugin,
+        pods,
+    }
+}
+
+/// Ends a test's engine in order: the plugin, the CRI client, then containerd, which must stop
+/// on SIGTERM.
+fn stop(plugin: NriPlugin, cri: Cri, mut containerd: Containerd) {
+    drop(plugin);
+    drop(cri);
+    assert!(
+        containerd.shutdown(),
+        "containerd ignored SIGTERM:\n{}",
+        containerd.log()
+    );
+}
+
 #[test]
 fn nri_gives_pods_exactly_what_the_kubelet_allocated() {
     require_root();
@@ -95,18 +136,7 @@ fn nri_gives_pods_exactly_what_the_kubelet_allocated() {
     // nvhook's own CDI spec, for the kubelet's CDI request: containerd injects it itself.
     fs::create_dir_all(&setup.cdi_spec_dirs[0]).expect("create the CDI spec dir");
     let spec = setup.cdi_spec_dirs[0].join("nvidia.yaml");
-    let generated = Command::new(nvhook_bin())
-        .arg("--config")
-        .arg(node.config())
-        .args(["cdi", "generate", "--output"])
-        .arg(&spec)
-        .output()
-        .expect("run nvhook cdi generate");
-    assert!(
-        generated.status.success(),
-        "{}",
-        String::from_utf8_lossy(&generated.stderr)
-    );
+    node.generate_cdi_spec(&spec);
 
     let mut containerd = setup.start(dir.path(), &[]);
     // An image that asks for every GPU by itself, as CUDA base images do.
@@ -283,16 +313,13 @@ fn a_hundred_gpu_pods_at_once_each_get_their_allocated_gpu() {
     require_root();
     let node = SimNode::create(NODE_GPUS as u32);
     node.configure("accept-env-when-unprivileged = false");
-    let dir = EngineDir::new("nri-load");
-    let setup = Containerd2Cri::under(dir.path());
-    let mut containerd = setup.start(dir.path(), &[]);
-    let image = containerd.import_gpucheck_image(dir.path());
-    let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
-    plugin.wait_registered(&node.log_file(), 1, &containerd);
-    let pods = Pods {
-        cgroups: CgroupParent::new("nvhook-nri-load"),
-        logs: dir.path().join("pods"),
-    };
+    let Connected {
+        dir,
+        mut containerd,
+        image,
+        plugin,
+        pods,
+    } = connected(&node, "nri-load");
     let mount_points: Vec<String> = (0..NODE_GPUS)
         .map(|g| format!("{DEVICE_MOUNT_ROOT}/{}", node.gpu_uuid(g)))
         .collect();
@@ -369,7 +396,7 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
     setup
         .handlers
         .push(("nvidia".into(), support::workspace_bin("nvhook-runtime")));
-    let mut containerd = setup.start(dir.path(), &[("NVHOOK_CONFIG", &node.config())]);
+    let containerd = setup.start(dir.path(), &[("NVHOOK_CONFIG", &node.config())]);
     let image = containerd.import_gpucheck_image(dir.path());
     let pods = Pods {
         cgroups: CgroupParent::new("nvhook-nri-same"),
@@ -456,13 +483,7 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
         hook.iter().any(|l| l == "dlopen libcuda.so.1 ok"),
         "{hook:#?}"
     );
-    drop(plugin);
-    drop(cri);
-    assert!(
-        containerd.shutdown(),
-        "containerd ignored SIGTERM:\n{}",
-        containerd.log()
-    );
+    stop(plugin, cri, containerd);
 }
 
 /// `nri-mode = "mounts"`: no hook process at all. runc makes the device nodes and every bind
@@ -474,16 +495,13 @@ fn nri_mode_mounts_gives_the_gpu_with_no_hook_process() {
     require_root();
     let node = SimNode::create(GPUS);
     node.configure("nri-mode = \"mounts\"");
-    let dir = EngineDir::new("nri-mounts");
-    let setup = Containerd2Cri::under(dir.path());
-    let mut containerd = setup.start(dir.path(), &[]);
-    let image = containerd.import_gpucheck_image(dir.path());
-    let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
-    plugin.wait_registered(&node.log_file(), 1, &containerd);
-    let pods = Pods {
-        cgroups: CgroupParent::new("nvhook-nri-mounts"),
-        logs: dir.path().join("pods"),
-    };
+    let Connected {
+        dir: _dir,
+        containerd,
+        image,
+        plugin,
+        pods,
+    } = connected(&node, "nri-mounts");
     let libcuda = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
     let mut args = GPUCHECK.to_vec();
     args.extend([
@@ -536,13 +554,7 @@ fn nri_mode_mounts_gives_the_gpu_with_no_hook_process() {
         },
     );
     assert_no_gpu("no allocation, nri-mode = mounts", &output);
-    drop(plugin);
-    drop(cri);
-    assert!(
-        containerd.shutdown(),
-        "containerd ignored SIGTERM:\n{}",
-        containerd.log()
-    );
+    stop(plugin, cri, containerd);
     let leaked = host_mounts_referencing(&[node.root()]);
     assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
 }

@@ -125,18 +125,7 @@ fn podman_runs_a_cdi_device_in_a_user_namespace() {
     let scratch = tempfile::tempdir().expect("a scratch directory");
     let ns = node.dev_at_host_paths(RuntimeEnv::CgroupV1, scratch.path());
     let spec = CdiSpecFile::new("yaml");
-    let out = std::process::Command::new(support::nvhook_bin())
-        .arg("--config")
-        .arg(node.config())
-        .args(["cdi", "generate", "--output"])
-        .arg(spec.path())
-        .output()
-        .expect("run nvhook cdi generate");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    node.generate_cdi_spec(spec.path());
     let podman = Podman::inside(&ns);
     let image = format!("localhost/{}:latest", unique_name("nvhook-userns"));
     podman.import(glibc_image().rootfs(), &image);

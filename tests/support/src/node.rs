@@ -92,6 +92,23 @@ impl SimNode {
         SimNode { dir, hook }
     }
 
+    /// `nvhook cdi generate --output OUTPUT` for this node, with the nvhook cargo built.
+    pub fn generate_cdi_spec(&self, output: &Path) {
+        let out = Command::new(nvhook_bin())
+            .arg("--config")
+            .arg(self.config())
+            .args(["cdi", "generate", "--output"])
+            .arg(output)
+            .output()
+            .expect("run nvhook cdi generate");
+        assert!(
+            out.status.success(),
+            "nvhook cdi generate: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+    }
+
     /// A mount namespace where the node's device nodes are at `/dev/...` as on a real GPU host
     /// (an overlay of the host's `/dev` and the node's, read-only, with the host's `/dev/shm`
     /// and `/dev/pts` back on top, from a private copy: a shared one would get the overlay
