@@ -153,11 +153,10 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
     procfs::write(
         &proc_root,
         inputs.toolchain.arch,
-        &inputs.params.driver_version,
+        inputs.params,
         &gpus,
         majors,
         &caps,
-        fabric,
         inputs.display.drm,
     )?;
     let hook_config = HookConfig {

@@ -4,7 +4,7 @@
 use crate::devices::{Capability, DRM_MAJOR, GPU_MAJOR, Majors};
 use crate::fabric::Fabric;
 use crate::machine::Arch;
-use crate::spec::{Gpu, gpu_major_name};
+use crate::spec::{Gpu, Params, gpu_major_name};
 use anyhow::{Context, Result};
 use std::fs;
 use std::path::Path;
@@ -13,13 +13,14 @@ use std::path::Path;
 pub fn write(
     proc_root: &Path,
     arch: Arch,
-    driver_version: &str,
+    params: &Params,
     gpus: &[Gpu],
     majors: Majors,
     caps: &[Capability],
-    fabric: &Fabric,
     drm: bool,
 ) -> Result<()> {
+    let driver_version = params.driver_version.as_str();
+    let fabric = &params.fabric;
     let nv = proc_root.join("driver/nvidia");
     put(
         &proc_root.join("devices"),
