@@ -6,6 +6,7 @@
 #                                        # rootfs with gpucheck (the e2e tests' probe)
 #   DIR/gpu-node-check.sh run OUT        # there, as root: results and logs go to OUT
 #   DIR/gpu-node-check.sh compat OUT     # there: only the CUDA forward-compat check
+#   DIR/gpu-node-check.sh nested OUT     # there: only the nested-sandbox check
 #
 # `run` lists the driver's device nodes (GPUs, caps, IMEX channels, NVSwitch, NVLink) and asks
 # for GPU 0 with every capability through each path nvhook offers (runc + the prestart hook,
@@ -20,6 +21,11 @@
 # into a copy of the kit's rootfs at /usr/local/cuda/compat, as CUDA images carry it, and shows
 # nvhook's choice: `nvhook plan`'s CUDA compat lines (host driver vs compat driver, which
 # libraries), then the file the container's loader resolves libcuda.so.1 to, and a kernel run.
+# The nested-sandbox check (part of `run`, or alone) runs, as uid 1000 in a GPU container,
+# `unshare -Urpf --mount-proc` (what bubblewrap and Slurm's containers do): with runc's default
+# masked paths, and with /proc unmasked (Kubernetes `procMount: Unmasked`) under
+# proc-driver-view = "always" (nvhook's /proc/driver/nvidia view mounted) and "auto" (left out
+# for unmasked containers), and lists the /proc/driver/nvidia/gpus each container sees.
 # NVHOOK_EXTRA_CONFIG: lines added to every config (e.g. driver-root for a driver elsewhere).
 set -euo pipefail
 
@@ -55,6 +61,11 @@ spec = json.load(open(f"{kit}/spec.json"))
 spec["process"].update(terminal=False, args=json.loads(args))
 spec["process"]["env"] += json.loads(env)
 spec["root"] = {"path": os.environ.get("ROOTFS", f"{kit}/rootfs"), "readonly": False}
+if os.environ.get("AS_USER"):
+    spec["process"]["user"] = {"uid": int(os.environ["AS_USER"]), "gid": int(os.environ["AS_USER"])}
+if os.environ.get("UNMASKED"):
+    spec["linux"]["maskedPaths"] = []
+    spec["linux"]["readonlyPaths"] = []
 if hook:
     spec["hooks"] = {"prestart": [{"path": f"{kit}/bin/nvhook",
         "args": ["nvhook", "--config", hook, "hook", "prestart"],
@@ -115,6 +126,21 @@ compat() {
   [ "$found" = 1 ] || echo "== CUDA compat: no CUDA compat directory on this host"
 }
 
+# nested: a nested procfs mount in GPU containers, masked and unmasked, with and without the view.
+nested() {
+  local runc="$KIT/bin/runc --root /run/nvhook-check" view unmasked
+  local probe='["/bin/sh","-c","echo gpus: $(busybox ls /proc/driver/nvidia/gpus); busybox unshare -Urpf --mount-proc true && echo nested procfs ok || echo nested procfs refused"]'
+  local env='["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_DRIVER_CAPABILITIES=utility"]'
+  for view in always auto; do
+    config "nested-$view" "proc-driver-view = \"$view\""
+    for unmasked in "" 1; do
+      echo "== nested sandbox: proc-driver-view = $view, /proc ${unmasked:+un}masked"
+      AS_USER=1000 UNMASKED=$unmasked bundle nested "$probe" "$env" "$KIT/nested-$view.toml"
+      $runc run --bundle "$KIT/b-nested" nested 2>&1 || true
+    done
+  done
+}
+
 run() {
   OUT=$1
   mkdir -p "$OUT"
@@ -163,6 +189,7 @@ run() {
     echo "$mode $(grep -h 'step="inventory"' "$OUT/$mode.log" | sed 's/.*us=//' | p50)"
   done
   compat
+  nested
 }
 
 case "${1:-}" in
@@ -174,5 +201,11 @@ case "${1:-}" in
     export LD_LIBRARY_PATH=$KIT/bin
     compat
     ;;
-  *) echo "usage: $0 pack DIR | run OUT | compat OUT" >&2; exit 2 ;;
+  nested)
+    KIT=$(cd "$(dirname "$0")" && pwd) OUT=$(realpath -m "${2:?nested OUT}")
+    mkdir -p "$OUT"
+    export LD_LIBRARY_PATH=$KIT/bin
+    nested
+    ;;
+  *) echo "usage: $0 pack DIR | run OUT | compat OUT | nested OUT" >&2; exit 2 ;;
 esac

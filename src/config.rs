@@ -65,6 +65,19 @@ pub struct Config {
     pub nri_annotation_namespaces: Vec<String>,
     /// What `nvhook nri` hands the engine for a GPU container.
     pub nri_mode: NriMode,
+    /// When a GPU container's `/proc/driver/nvidia` is replaced by the view of its own GPUs.
+    pub proc_driver_view: ProcDriverView,
+}
+
+/// `auto`: the view, except in a container whose `/proc` is unmasked (its spec masks nothing
+/// under `/proc`), which nested sandboxes need and the view's mount would lock (see
+/// [`crate::proc_view`]). `always`: every GPU container. `never`: no container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcDriverView {
+    Auto,
+    Always,
+    Never,
 }
 
 /// `hook` and `cdi`: as `runtime-mode`. `mounts`: no hook at all, every file a bind mount for
@@ -130,6 +143,7 @@ impl Default for Config {
             device_families: Vec::new(),
             nri_annotation_namespaces: Vec::new(),
             nri_mode: NriMode::Hook,
+            proc_driver_view: ProcDriverView::Auto,
         }
     }
 }

@@ -27,6 +27,7 @@ pub mod oci;
 pub mod plan;
 pub mod plan_file;
 pub mod privileges;
+pub mod proc_view;
 pub mod report;
 pub mod request;
 pub mod rootfs;

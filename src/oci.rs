@@ -105,6 +105,10 @@ pub struct Linux {
     pub devices: Vec<LinuxDevice>,
     #[serde(default, rename = "rootfsPropagation")]
     pub rootfs_propagation: Option<String>,
+    #[serde(default, rename = "maskedPaths")]
+    pub masked_paths: Vec<String>,
+    #[serde(default, rename = "readonlyPaths")]
+    pub readonly_paths: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -173,6 +177,19 @@ impl Spec {
 
     pub fn rootfs_propagation(&self) -> Option<&str> {
         self.linux.as_ref()?.rootfs_propagation.as_deref()
+    }
+
+    /// Whether the runtime leaves the container's procfs whole: no masked or read-only path
+    /// under `/proc` (an absent list masks nothing, as the runtime spec says).
+    pub fn proc_unmasked(&self) -> bool {
+        let Some(linux) = &self.linux else {
+            return true;
+        };
+        !linux
+            .masked_paths
+            .iter()
+            .chain(&linux.readonly_paths)
+            .any(|p| Path::new(p).starts_with("/proc"))
     }
 
     pub fn devices(&self) -> &[LinuxDevice] {

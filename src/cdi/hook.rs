@@ -11,6 +11,7 @@ use crate::config::{Config, CudaCompatMode};
 use crate::inject::{HookError, procfs};
 use crate::oci::{Spec, State};
 use crate::plan::{CacheEntry, LdSoConf, Plan, ProcOverlay, Symlink, compat};
+use crate::proc_view;
 use crate::request::CUDA_VERSION;
 use crate::rootfs::{Rootfs, loader};
 use nvhook_ldcache::{Arch, ElfClass};
@@ -253,7 +254,10 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
             .unwrap_or_default();
         ProcOverlay { host_dir, gpus }
     });
-    if let Some(view) = args.proc_view.as_ref().or(params_view.as_ref()) {
+    let view = args.proc_view.as_ref().or(params_view.as_ref());
+    if let Some(view) =
+        view.filter(|_| proc_view::choose(config.proc_driver_view, Some(&spec)).view())
+    {
         // The runtime has mounted the container's procfs on the rootfs by now. On a node with
         // no kernel module loaded it has no /proc/driver/nvidia, and there is nothing to hide.
         if rootfs.resolve(procfs::TARGET).is_none()

@@ -19,6 +19,7 @@ use crate::inventory;
 use crate::oci::{MountPoint, OciError, Spec, State};
 use crate::plan::{ImageInfo, ListedNode, Plan};
 use crate::plan_file;
+use crate::proc_view;
 use crate::request::{Request, RequestError};
 use crate::rootfs::{Rootfs, RootfsError};
 use effects::{ContainerEffects, HostEffects};
@@ -114,6 +115,8 @@ struct Container<'a> {
     /// Whether nvhook sets the device cgroup rules (nvidia-container-cli's `--no-cgroups`
     /// leaves them to the caller).
     cgroups: bool,
+    /// Whether its /proc/driver/nvidia is replaced by the view of its GPUs.
+    proc_view: proc_view::Choice,
 }
 
 /// Runs the whole prestart hook for the container described by `state`.
@@ -138,6 +141,7 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
             .map(|d| (d.path.as_path(), d.major, d.minor))
             .collect(),
         cgroups: true,
+        proc_view: proc_view::choose(config.proc_driver_view, Some(&spec)),
     };
     step.done("request");
     // nvhook-runtime already queried NVML for this start and left its plan in the bundle.
@@ -167,6 +171,7 @@ pub fn configure_process(
         mounts: found.mounts,
         listed: Vec::new(),
         cgroups,
+        proc_view: proc_view::choose(config.proc_driver_view, None),
     };
     configure(config, request, &container, step, |_| None)
 }
@@ -189,7 +194,7 @@ fn configure(
     let rootfs =
         Rootfs::open(&container_view(pid, &container.rootfs))?.with_mounts(&container.mounts);
     let image = probe(request, config, &rootfs);
-    let plan = match planned(&image) {
+    let mut plan = match planned(&image) {
         Some(plan) => plan,
         None => {
             let scope = inventory::Scope::for_capabilities(&request.capabilities);
@@ -199,6 +204,9 @@ fn configure(
             plan_for_host(request, inventory, source, config, Target::Image(&image))?
         }
     };
+    if plan.proc_overlay.is_some() && !container.proc_view.view() {
+        plan.proc_overlay = None;
+    }
     step.done("plan");
     apply(
         effects::System::new(pid, rootfs, userns::container_root(pid)?),

@@ -219,6 +219,30 @@ impl Bundle {
         self
     }
 
+    /// Runs the process as `uid`:`gid`, with no capabilities, as a pod's unprivileged user.
+    pub fn user(&mut self, uid: u32, gid: u32) -> &mut Self {
+        self.spec["process"]["user"] = json!({ "uid": uid, "gid": gid });
+        self
+    }
+
+    /// Masks nothing under /proc: Kubernetes `procMount: Unmasked`, Docker
+    /// `--security-opt systempaths=unconfined`.
+    pub fn unmask_proc(&mut self) -> &mut Self {
+        self.spec["linux"]["maskedPaths"] = json!([]);
+        self.spec["linux"]["readonlyPaths"] = json!([]);
+        self
+    }
+
+    /// A read-only tmpfs of the runtime's at `destination`.
+    pub fn tmpfs(&mut self, destination: &str) -> &mut Self {
+        let mount = json!({
+            "destination": destination, "type": "tmpfs", "source": "tmpfs",
+            "options": ["nosuid", "nodev", "noexec", "ro"],
+        });
+        push(&mut self.spec["mounts"], mount);
+        self
+    }
+
     /// Writes the spec as edited so far; run_container calls this.
     pub fn write_config(&self) {
         let text = serde_json::to_string_pretty(&self.spec).expect("serialize config.json");
