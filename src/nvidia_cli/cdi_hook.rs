@@ -9,7 +9,7 @@
 
 use crate::cdi::hook::{LibFolder, LinkArgs};
 use crate::echo::Echo;
-use crate::plan::{Symlink, compat};
+use crate::plan::{Symlink, compat, ld_so_conf_listing};
 
 /// NVIDIA's CDI hook program, named in the hooks of its CDI specs; Docker 29 maps `--gpus` onto
 /// CDI when it is on dockerd's PATH.
@@ -126,6 +126,13 @@ pub fn parse(args: &[String]) -> Result<CdiHook, CdiHookError> {
                     dir: absolute("folder", dir)?,
                     cache: hook == "update-ldcache",
                 });
+            }
+            // As NVIDIA's hook does, and nvhook's own specs: the folders stay in the cache of
+            // an ldconfig the image runs later.
+            if hook == "update-ldcache" {
+                links.ld_so_confs.extend(ld_so_conf_listing(
+                    links.folders.iter().map(|f| f.dir.as_str()),
+                ));
             }
             if let Some(ldconfig) = values("ldconfig-path").next_back() {
                 tracing::debug!(
@@ -276,7 +283,12 @@ mod tests {
                 },
             ]
         );
+        // The folders an ldconfig in the image must keep; /usr/lib64 it searches anyway.
+        let confs = links("update-ldcache --folder /usr/lib64 --folder /opt/nv").ld_so_confs;
+        assert_eq!(confs.len(), 1);
+        assert_eq!(confs[0].dirs, ["/opt/nv"]);
         let got = links("create-soname-symlinks --folder /usr/lib64");
+        assert!(got.ld_so_confs.is_empty());
         assert_eq!(
             got.folders,
             vec![LibFolder {

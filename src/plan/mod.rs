@@ -811,11 +811,10 @@ impl FileBuilder<'_> {
                 target: lib.file_name.clone(),
             });
         }
-        // Applications and CUDA runtimes that link at build time look for the unversioned name.
-        if lib.soname == "libcuda.so.1" {
+        if let Some((name, target)) = other_name(lib) {
             self.symlinks.push(Symlink {
-                path: format!("{dir}/libcuda.so"),
-                target: lib.soname.clone(),
+                path: format!("{dir}/{name}"),
+                target: target.to_string(),
             });
         }
         self.ldcache.push(CacheEntry {
@@ -845,6 +844,28 @@ impl FileBuilder<'_> {
             destination: file.container_path.clone(),
             kind,
         });
+    }
+}
+
+/// A second name some driver libraries are looked up by, and what it links to; the names
+/// NVIDIA's toolkit makes too, so that images built for it find them: the unversioned name
+/// programs link against at build time (`libcuda.so`) or dlopen (the optical flow SDK's
+/// `libnvidia-opticalflow.so`, `libnvidia-vulkan-producer.so`), and glvnd's indirect-GLX
+/// vendor library (`libGLX_indirect.so.0`).
+fn other_name(lib: &crate::inventory::Library) -> Option<(&'static str, &str)> {
+    let versioned = |stem: &str| {
+        lib.file_name
+            .strip_prefix(stem)
+            .is_some_and(|v| v.starts_with(".so."))
+    };
+    match lib.soname.as_str() {
+        "libcuda.so.1" => Some(("libcuda.so", &lib.soname)),
+        "libnvidia-opticalflow.so.1" => Some(("libnvidia-opticalflow.so", &lib.soname)),
+        _ if versioned("libnvidia-vulkan-producer") => {
+            Some(("libnvidia-vulkan-producer.so", &lib.file_name))
+        }
+        _ if versioned("libGLX_nvidia") => Some(("libGLX_indirect.so.0", &lib.file_name)),
+        _ => None,
     }
 }
 
@@ -884,16 +905,25 @@ fn ld_so_conf(layout: &Layout, entries: &[CacheEntry]) -> Option<LdSoConf> {
     if !layout.ldcache {
         return None;
     }
-    let mut dirs: Vec<String> = Vec::new();
-    for e in entries {
-        let dir = e.path.rsplit_once('/').map_or("/", |(d, _)| d).to_string();
-        if !DEFAULT_LIB_DIRS.contains(&dir.as_str()) && !dirs.contains(&dir) {
-            dirs.push(dir);
+    ld_so_conf_listing(
+        entries
+            .iter()
+            .map(|e| e.path.rsplit_once('/').map_or("/", |(d, _)| d)),
+    )
+}
+
+/// nvhook's `ld.so.conf.d` file naming `dirs` but the loaders' defaults, so that an
+/// `ldconfig` run later in the image keeps finding what nvhook's cache lists there.
+pub fn ld_so_conf_listing<'a>(dirs: impl IntoIterator<Item = &'a str>) -> Option<LdSoConf> {
+    let mut listed: Vec<String> = Vec::new();
+    for dir in dirs {
+        if !DEFAULT_LIB_DIRS.contains(&dir) && !listed.iter().any(|d| d == dir) {
+            listed.push(dir.to_string());
         }
     }
-    (!dirs.is_empty()).then(|| LdSoConf {
+    (!listed.is_empty()).then(|| LdSoConf {
         path: "/etc/ld.so.conf.d/000-nvhook.conf".into(),
-        dirs,
+        dirs: listed,
     })
 }
 

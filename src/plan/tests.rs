@@ -107,6 +107,18 @@ fn driver_files() -> DriverFiles {
             false,
         ),
         (Ngx, "libnvidia-ngx.so.1", v("libnvidia-ngx"), false),
+        (
+            Video,
+            "libnvidia-opticalflow.so.1",
+            v("libnvidia-opticalflow"),
+            false,
+        ),
+        (
+            Graphics,
+            &v("libnvidia-vulkan-producer"),
+            v("libnvidia-vulkan-producer"),
+            false,
+        ),
     ]
     .iter()
     .flat_map(|(cap, soname, file, lib32)| library(*cap, soname, file, *lib32))
@@ -631,6 +643,38 @@ fn libcuda_gets_soname_and_development_symlinks() {
     assert!(
         p.symlinks.iter().all(|l| !l.target.contains('/')),
         "{links:?}"
+    );
+}
+
+/// The other names NVIDIA's specs give these libraries, which images built for its toolkit
+/// look up.
+#[test]
+fn libraries_get_the_other_names_nvidias_toolkit_gives_them() {
+    let p = plan(&[&visible("0"), &caps("video,graphics")]);
+    let links: Vec<(&str, &str)> = p
+        .symlinks
+        .iter()
+        .map(|l| (l.path.as_str(), l.target.as_str()))
+        .collect();
+    for (name, target) in [
+        ("libnvidia-opticalflow.so", "libnvidia-opticalflow.so.1".into()),
+        (
+            "libnvidia-vulkan-producer.so",
+            format!("libnvidia-vulkan-producer.so.{VERSION}"),
+        ),
+        ("libGLX_indirect.so.0", format!("libGLX_nvidia.so.{VERSION}")),
+    ] {
+        let path = format!("{DEBIAN_LIB64}/{name}");
+        assert!(links.contains(&(&path, &target)), "{name}: {links:?}");
+    }
+    // Not without their capability.
+    let p = plan(&[&visible("0"), &caps("compute")]);
+    assert!(
+        !p.symlinks
+            .iter()
+            .any(|l| l.path.ends_with("/libGLX_indirect.so.0")),
+        "{:?}",
+        p.symlinks
     );
 }
 
