@@ -13,7 +13,8 @@ use std::sync::OnceLock;
 
 use nvhook_test_support::{
     Bundle, GlibcImageOptions, Image, LoaderCache, OLD_DRIVER_VERSION, Output, RuntimeEnv, SimNode,
-    build_glibc_image, build_musl_image, glibc_image, run_clean, target_tmp_dir,
+    build_glibc_image, build_musl_image, glibc_image, glibc_image_with_fake_libcuda, run_clean,
+    run_nvhook, target_tmp_dir,
 };
 
 const GPUS: u32 = 2;
@@ -166,4 +167,57 @@ fn an_image_whose_loader_cache_is_in_the_new_format_only() {
     );
     let (_node, output) = start(image, &[], |_| {});
     assert_host_driver(&output);
+}
+
+/// The cuInit-unknown class (issue 25 §5): an image whose `LD_LIBRARY_PATH` leads the loader
+/// to a libcuda.so.1 of its own (a stale copy, a stub made loadable) before the cache where
+/// nvhook lists the host's. The real loader takes the image's (cuInit 999 here, the fake's
+/// answer); `nvhook plan` names the file and the directory, and once the directory is off
+/// `LD_LIBRARY_PATH` the host's loads and the warning is gone.
+#[test]
+fn an_images_libcuda_on_ld_library_path_is_named_by_nvhook_plan() {
+    let stale = "/opt/stale";
+    let warning = format!(
+        "Warning: the image's own {stale}/libcuda.so.1 is loaded instead of the host's libcuda: LD_LIBRARY_PATH lists {stale}"
+    );
+    for (ld_library_path, shadowed) in [
+        (format!("/usr/local/nvidia/lib64:{stale}/"), true),
+        ("/usr/local/nvidia/lib64".to_string(), false),
+    ] {
+        let node = SimNode::create(GPUS);
+        let mut bundle = Bundle::new(glibc_image(), &["/gpucheck"]);
+        let dir = bundle.rootfs().join(stale.trim_start_matches('/'));
+        fs::create_dir_all(&dir).expect("make the image's directory");
+        let fake = glibc_image_with_fake_libcuda()
+            .rootfs()
+            .join("usr/lib/x86_64-linux-gnu/libcuda.so.1");
+        fs::copy(fake, dir.join("libcuda.so.1")).expect("the image's own libcuda");
+        bundle
+            .env("NVIDIA_VISIBLE_DEVICES=1")
+            .env(&format!("LD_LIBRARY_PATH={ld_library_path}"))
+            .prestart_hook(&node);
+        // The plan of the bundle, as an operator asks for it before the start.
+        bundle.write_config();
+        let config = node.config();
+        let bundle_dir = bundle.dir().to_str().expect("UTF-8 path");
+        let plan = run_nvhook(&[
+            "--config",
+            config.to_str().expect("UTF-8 path"),
+            "plan",
+            "--bundle",
+            bundle_dir,
+        ]);
+        let text = String::from_utf8_lossy(&plan.stdout);
+        assert!(
+            plan.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&plan.stderr)
+        );
+        assert_eq!(text.contains(&warning), shadowed, "{text}");
+        // What the real loader does with it.
+        let output = run_clean(&bundle, Some(&node), RuntimeEnv::CgroupV1);
+        output.assert_success();
+        let cuinit = if shadowed { "cuInit 999" } else { "cuInit 0" };
+        output.assert_lines(&["dlopen libcuda.so.1 ok", cuinit]);
+    }
 }

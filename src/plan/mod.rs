@@ -19,6 +19,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
 pub mod compat;
+pub mod shadow;
 pub use compat::{CompatDir, CudaCompat};
 
 /// Every mount nvhook makes is a read-only, private bind that cannot carry setuid or devices.

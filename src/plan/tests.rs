@@ -657,12 +657,18 @@ fn libraries_get_the_other_names_nvidias_toolkit_gives_them() {
         .map(|l| (l.path.as_str(), l.target.as_str()))
         .collect();
     for (name, target) in [
-        ("libnvidia-opticalflow.so", "libnvidia-opticalflow.so.1".into()),
+        (
+            "libnvidia-opticalflow.so",
+            "libnvidia-opticalflow.so.1".into(),
+        ),
         (
             "libnvidia-vulkan-producer.so",
             format!("libnvidia-vulkan-producer.so.{VERSION}"),
         ),
-        ("libGLX_indirect.so.0", format!("libGLX_nvidia.so.{VERSION}")),
+        (
+            "libGLX_indirect.so.0",
+            format!("libGLX_nvidia.so.{VERSION}"),
+        ),
     ] {
         let path = format!("{DEBIAN_LIB64}/{name}");
         assert!(links.contains(&(&path, &target)), "{name}: {links:?}");
@@ -1468,4 +1474,47 @@ fn an_at_sonames_plan_mounts_each_library_under_its_soname_in_both_families_dirs
     assert!(plan.ldcache.is_empty() && plan.ld_so_confs.is_empty());
     assert!(has_mount(&plan, "/usr/bin/nvidia-smi"));
     assert!(device_paths(&plan).contains(&"/dev/nvidia1"));
+}
+
+mod shadow {
+    use super::*;
+    use crate::plan::shadow::{Shadow, shadowing_libcuda};
+
+    fn found_in<'a>(files: &'a [&'a str]) -> impl Fn(&str) -> bool + 'a {
+        move |p| files.contains(&p)
+    }
+
+    #[test]
+    fn an_image_libcuda_before_the_hosts_is_named() {
+        let p = plan(&[&visible("0"), &caps("compute")]);
+        let got = shadowing_libcuda(
+            &p,
+            Some("/usr/local/nvidia/lib64::relative:/opt/$LIB:/opt/stale/"),
+            found_in(&["/opt/stale/libcuda.so.1", "/opt/later/libcuda.so.1"]),
+        );
+        assert_eq!(
+            got,
+            Some(Shadow {
+                path: "/opt/stale/libcuda.so.1".into(),
+                dir: "/opt/stale".into()
+            })
+        );
+        let line = got.unwrap().to_string();
+        assert!(line.contains("LD_LIBRARY_PATH lists /opt/stale"), "{line}");
+    }
+
+    #[test]
+    fn the_plans_own_libcuda_first_is_no_shadow() {
+        let p = plan(&[&visible("0"), &caps("compute")]);
+        let ld = format!("{DEBIAN_LIB64};/opt/stale");
+        assert_eq!(
+            shadowing_libcuda(&p, Some(&ld), found_in(&["/opt/stale/libcuda.so.1"])),
+            None
+        );
+        assert_eq!(shadowing_libcuda(&p, None, |_| true), None);
+        assert_eq!(
+            shadowing_libcuda(&p, Some("/opt/empty"), found_in(&[])),
+            None
+        );
+    }
 }

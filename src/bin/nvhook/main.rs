@@ -11,7 +11,6 @@ use nvhook::config::Config;
 use nvhook::configure::{ConfigureError, DEFAULT_RUNTIME_NAME, Engine, RUNTIME_BINARY};
 use nvhook::inventory::Inventory;
 use nvhook::oci::{Spec, State};
-use nvhook::plan::Plan;
 use nvhook::request::{Decision, Request};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -764,29 +763,46 @@ fn info(config: &Config, format: Format) -> Result<()> {
 fn plan(config: &Config, bundle: &Path, format: Format) -> Result<()> {
     let spec = Spec::load(bundle)?;
     let decision = Request::decide(&spec, config)?;
-    let plan: Option<Plan> = match &decision {
+    let planned = match &decision {
         Decision::Gpu(request) => {
-            let rootfs = spec
+            let rootfs_path = spec
                 .rootfs(bundle)
                 .context("the bundle's config.json has no root.path")?;
+            let rootfs = nvhook::rootfs::Rootfs::open(&rootfs_path)?;
             let inventory = Inventory::load(config)?;
-            let image = nvhook::host_plan::probe_image(request, config, &rootfs)?;
-            Some(nvhook::host_plan::plan_for(
+            let image = nvhook::host_plan::probe(request, config, &rootfs);
+            let plan = nvhook::host_plan::plan_for(
                 request,
                 &inventory,
                 config,
                 nvhook::host_plan::Target::Image(&image),
-            )?)
+            )?;
+            let shadow = nvhook::plan::shadow::shadowing_libcuda(
+                &plan,
+                spec.env("LD_LIBRARY_PATH"),
+                |path| rootfs.resolve(path).is_some(),
+            );
+            Some((plan, shadow))
         }
         Decision::NotRequested | Decision::EnvIgnored => None,
     };
     match format {
         Format::Json => {
-            let out = serde_json::json!({ "gpu_requested": plan.is_some(), "plan": plan });
+            let (plan, shadow) = planned.unzip();
+            let out = serde_json::json!({
+                "gpu_requested": plan.is_some(),
+                "plan": plan,
+                "shadowing_libcuda": shadow.flatten(),
+            });
             println!("{}", serde_json::to_string_pretty(&out)?);
         }
-        Format::Text => match &plan {
-            Some(p) => print!("{}", nvhook::report::plan_text(p)),
+        Format::Text => match &planned {
+            Some((plan, shadow)) => {
+                print!("{}", nvhook::report::plan_text(plan));
+                if let Some(shadow) = shadow {
+                    println!("Warning: {shadow}");
+                }
+            }
             None => println!("{}", nvhook::report::no_gpu_text(&decision)),
         },
     }
