@@ -789,11 +789,11 @@ fn plan(config: &Config, bundle: &Path, format: Format) -> Result<()> {
     match format {
         Format::Json => {
             let (plan, shadow) = planned.unzip();
-            let out = serde_json::json!({
-                "gpu_requested": plan.is_some(),
-                "plan": plan,
-                "shadowing_libcuda": shadow.flatten(),
-            });
+            let mut out = serde_json::json!({ "gpu_requested": plan.is_some(), "plan": plan });
+            // Only when there is one: the document stays as it was for every other image.
+            if let Some(shadow) = shadow.flatten() {
+                out["shadowing_libcuda"] = serde_json::to_value(shadow)?;
+            }
             println!("{}", serde_json::to_string_pretty(&out)?);
         }
         Format::Text => match &planned {
