@@ -8,7 +8,7 @@ require_root test "device nodes, cgroups, runc"
 require_rust test
 require_programs test runc crun cc ld python3 /bin/busybox containerd ctr dockerd podman newuidmap \
   ip unshare protoc rpm dpkg-architecture musl-gcc systemd-run debootstrap qemu-aarch64-static \
-  update-binfmts
+  update-binfmts make pkg-config
 
 # step WHAT COMMAND...: runs a step whose failure (after its own output) ends the run with one
 # line naming the step.
@@ -23,6 +23,8 @@ step() {
 }
 # containerd 2 (Debian sid's) for tests/containerd2_e2e.rs, fetched into .engines/sid once.
 scripts/sid-engines.sh
+# youki for tests/youki_e2e.rs, built from crates.io into .engines/youki once.
+step "youki (scripts/youki.sh)" scripts/youki.sh
 # Test binaries locate simnode and the mock NVML in target/debug: build every member first.
 cargo build --workspace
 # tests/packages.rs reads the .deb and .rpm from target/packages/ (cargo test cannot run a nested

@@ -33,6 +33,26 @@ pub fn nvhook_runtime_bin() -> &'static Path {
     BIN.get_or_init(|| super::workspace_bin("nvhook-runtime"))
 }
 
+/// youki from `scripts/youki.sh` (`.engines/youki`), run through its wrapper that lets it
+/// load its cgroup v2 device program under this machine's memlock limit (the script says why).
+/// Panics with the fix when it is missing: the tests never skip.
+pub fn youki_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .ancestors()
+            .nth(2)
+            .expect("tests/support has a workspace root")
+            .join(".engines/youki/bin/youki-memlock");
+        assert!(
+            bin.is_file(),
+            "youki is missing ({}): run scripts/youki.sh",
+            bin.display()
+        );
+        bin
+    })
+}
+
 /// The NVML helper cargo built for this test run (nvhook runs it from beside itself).
 pub fn nvhook_nvml_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();

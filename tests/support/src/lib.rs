@@ -36,6 +36,8 @@ pub use mountns::{MountNs, table_diff};
 pub use mounts::{host_mounts_referencing, tree_listing};
 pub use node::{NodeOptions, SimNode, profile_dir, simnode_bin, target_tmp_dir, workspace_bin};
 pub use run::run_clean;
-pub use runc::{Output, RuntimeEnv, run_container, run_container_with, run_in_ns};
+pub use runc::{
+    Output, RuntimeEnv, run_container, run_container_with, run_detached_with, run_in_ns,
+};
 pub use snapshot::{Snapshot, host_snapshot};
 pub use watch::OpenWatch;

@@ -31,6 +31,8 @@ pub struct Podman {
     cgroup_parent: String,
     /// A command line prefix every podman runs behind (`nsenter` into a mount namespace).
     prefix: Vec<OsString>,
+    /// The OCI runtime in runc's place (`--runtime`).
+    runtime: Option<PathBuf>,
 }
 
 impl Default for Podman {
@@ -50,6 +52,7 @@ impl Podman {
             dir,
             cgroup_parent: unique_name("nvhook-podman"),
             prefix: Vec::new(),
+            runtime: None,
         }
     }
 
@@ -57,6 +60,13 @@ impl Podman {
     pub fn inside(ns: &super::MountNs) -> Podman {
         let mut podman = Podman::new();
         podman.prefix = ns.nsenter();
+        podman
+    }
+
+    /// Like `new`, with `runtime` (a path: youki) in runc's place.
+    pub fn with_runtime(runtime: &Path) -> Podman {
+        let mut podman = Podman::new();
+        podman.runtime = Some(runtime.to_path_buf());
         podman
     }
 
@@ -68,6 +78,10 @@ impl Podman {
     pub fn command(&self) -> Command {
         let mut cmd = behind(&self.prefix, &require_program("podman"), timed);
         cmd.args(global_flags(self.dir()));
+        // The last --runtime wins.
+        if let Some(runtime) = &self.runtime {
+            cmd.arg("--runtime").arg(runtime);
+        }
         cmd
     }
 

@@ -135,6 +135,39 @@ pub fn run_container_with(
     }
 }
 
+/// Like [`run_container_with`], as `RUNTIME run --detach`, then the container's output read
+/// until it exits, and `RUNTIME delete -f`: for youki, whose foreground `run` can miss the exit
+/// of a container that ends at once and wait for ever. The status is the runtime's (the
+/// container made and started, its hooks passed), not the container's exit code.
+pub fn run_detached_with(
+    bundle: &Bundle,
+    env: RuntimeEnv,
+    runtime: &Path,
+    vars: &[(&str, &Path)],
+) -> Output {
+    bundle.write_config();
+    let mut cmd = runtime_command(bundle, env, runtime);
+    for (key, value) in vars {
+        cmd.env(key, value);
+    }
+    // The container keeps the pipes: output() returns when it has exited.
+    let output = cmd
+        .args(["run", "--detach", "--bundle"])
+        .arg(bundle.dir())
+        .arg(bundle.id())
+        .output()
+        .expect("spawn the runtime's run");
+    let _ = runtime_command(bundle, env, runtime)
+        .args(["delete", "-f", bundle.id()])
+        .output();
+    Output {
+        status: output.status,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        hook_log: None,
+    }
+}
+
 /// `RUNTIME --root <state> run` inside `ns`, where RUNTIME is runc or a drop-in for it
 /// (nvhook-runtime) and `vars` its only additions to the environment; then `runc delete -f`.
 pub fn run_in_ns(bundle: &Bundle, ns: &MountNs, runtime: &Path, vars: &[(&str, &str)]) -> Output {
