@@ -114,8 +114,8 @@ fn nvhook_runtime_gives_a_user_namespaced_container_its_gpu_cgroup_v2() {
     runtime_gives_a_user_namespaced_container_its_gpu(RuntimeEnv::CgroupV2);
 }
 
-/// Rootful Podman with the container's ids mapped to 100000.. (`--uidmap`/`--gidmap`, the
-/// mapping `--userns=auto` picks from /etc/subuid) and nvhook's CDI spec: runc binds the nodes
+/// Rootful Podman with `--userns=auto` (the container's ids mapped into the `containers`
+/// user's range in /etc/subuid, 100000..) and nvhook's CDI spec: runc binds the nodes
 /// from their host paths (so Podman runs where the node's are at /dev, as on a GPU host), and
 /// nvhook's createContainer hook makes the links and the cache.
 #[test]
@@ -123,12 +123,29 @@ fn podman_runs_a_cdi_device_in_a_user_namespace() {
     require_root();
     let node = SimNode::create(GPUS);
     let scratch = tempfile::tempdir().expect("a scratch directory");
-    let ns = node.dev_at_host_paths(RuntimeEnv::CgroupV1, scratch.path());
+    // `--userns=auto` takes its ranges from the `containers` user's in /etc/subuid and
+    // /etc/subgid: the test's, bound over the host's in the namespace.
+    let ids = scratch.path().join("subids");
+    std::fs::write(&ids, format!("containers:{HOST_ID}:{IDS}\n")).expect("write the id ranges");
+    let dev = scratch.path().join("dev");
+    std::fs::create_dir(&dev).expect("a directory for the host's /dev");
+    let ns = node.dev_at_host_paths_and(
+        RuntimeEnv::CgroupV1,
+        &dev,
+        &format!(
+            "mount --bind {ids} /etc/subuid && mount --bind {ids} /etc/subgid",
+            ids = ids.display()
+        ),
+    );
     let spec = CdiSpecFile::new("yaml");
     node.generate_cdi_spec(spec.path());
     let podman = Podman::inside(&ns);
     let image = format!("localhost/{}:latest", unique_name("nvhook-userns"));
     podman.import(glibc_image().rootfs(), &image);
+    let driver_libcuda = format!(
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.{}",
+        node.driver_version()
+    );
     let args = gpucheck_args(
         GPUS,
         &[
@@ -138,20 +155,14 @@ fn podman_runs_a_cdi_device_in_a_user_namespace() {
             "/etc/ld.so.cache",
             "--owner",
             LIBCUDA,
+            "--owner",
+            &driver_libcuda,
         ],
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let map = format!("0:{HOST_ID}:{IDS}");
     let host = host_snapshot();
     let mut output = podman.run(
-        &[
-            "--uidmap",
-            &map,
-            "--gidmap",
-            &map,
-            "--device",
-            "nvidia.com/gpu=1",
-        ],
+        &["--userns=auto", "--device", "nvidia.com/gpu=1"],
         &image,
         &args,
     );
@@ -162,6 +173,9 @@ fn podman_runs_a_cdi_device_in_a_user_namespace() {
     output.assert_lines(&[
         "owner /etc/ld.so.cache 0:0",
         &format!("owner {LIBCUDA} 0:0"),
+        // The driver's own file, the host root's: proof that the container has a user
+        // namespace (the id it cannot map shows as the overflow id).
+        &format!("owner {driver_libcuda} 65534:65534"),
     ]);
     let diff = host.diff(&host_snapshot());
     assert!(diff.is_empty(), "the host changed: {diff:#?}");

@@ -115,10 +115,20 @@ impl SimNode {
     /// too): for engines that take a node from the host's own path,
     /// as runc does in a user namespace. `scratch` is an empty directory of the caller's.
     pub fn dev_at_host_paths(&self, env: super::RuntimeEnv, scratch: &Path) -> super::MountNs {
+        self.dev_at_host_paths_and(env, scratch, "true")
+    }
+
+    /// Like [`SimNode::dev_at_host_paths`], then the shell commands `more` in the namespace.
+    pub fn dev_at_host_paths_and(
+        &self,
+        env: super::RuntimeEnv,
+        scratch: &Path,
+        more: &str,
+    ) -> super::MountNs {
         let setup = format!(
             "mount --rbind /dev {save} && mount --make-rprivate {save} && \
              mount -t overlay -o ro,lowerdir=/dev:{node} overlay /dev && \
-             for d in shm pts; do mount --rbind {save}/$d /dev/$d; done",
+             for d in shm pts; do mount --rbind {save}/$d /dev/$d; done && {more}",
             save = scratch.display(),
             node = self.dev_root().join("dev").display(),
         );
