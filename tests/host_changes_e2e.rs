@@ -49,13 +49,6 @@ fn sleeping_on_gpu_1(node: &SimNode) -> (Bundle, DetachedContainer) {
     (bundle, container)
 }
 
-fn nvml_inits(node: &SimNode) -> usize {
-    fs::read_to_string(node.root().join("nvml-inits"))
-        .unwrap_or_default()
-        .lines()
-        .count()
-}
-
 #[test]
 fn a_driver_upgrade_gives_the_next_start_the_new_libraries_and_leaves_running_ones_be() {
     let node = SimNode::create(GPUS);
@@ -64,7 +57,7 @@ fn a_driver_upgrade_gives_the_next_start_the_new_libraries_and_leaves_running_on
     before.assert_success();
     before.assert_lines(&[&format!("ls {LIB_DIR} libcuda.so.{OLD}")]);
     let (_bundle, running) = sleeping_on_gpu_1(&node);
-    let inits = nvml_inits(&node);
+    let inits = node.nvml_inits();
 
     node.change(&["--gpus", "4", "--driver-version", NEW]);
     let after = start(&node, "0", &ls);
@@ -78,7 +71,7 @@ fn a_driver_upgrade_gives_the_next_start_the_new_libraries_and_leaves_running_on
         !after.stdout.contains(&format!("libcuda.so.{OLD}")),
         "an old library reached the new container\n{after}"
     );
-    assert_eq!(nvml_inits(&node), inits + 1, "NVML was not asked again");
+    assert_eq!(node.nvml_inits(), inits + 1, "NVML was not asked again");
     let log = node.log();
     assert!(
         log.contains(&format!(

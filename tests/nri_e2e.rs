@@ -306,6 +306,61 @@ fn nri_gives_pods_exactly_what_the_kubelet_allocated() {
 /// A hundred GPU pods created at once through the CRI on a 50-GPU node, pod `i` allocated GPU
 /// `i % 50` by the device plugin's volume mounts: every one gets exactly its GPU, and once
 /// all are gone nothing of them is left on the host.
+/// The plugin keeps NVML's answer in memory (issue 24 §3): with no file cache and
+/// `nri-mode = "cdi"` (no hook process, which would ask NVML itself), three GPU pods cost one
+/// NVML initialisation. When a GPU leaves the bus, the next pod is planned from a new answer:
+/// the lost GPU is refused, and the pods after it cost nothing more.
+#[test]
+fn the_plugin_keeps_nvmls_answer_in_memory_and_follows_the_host() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    node.set("nvml-cache-file", "\"\"")
+        .set("nri-mode", "\"cdi\"");
+    let Connected {
+        dir: _dir,
+        containerd,
+        image,
+        plugin,
+        pods,
+    } = connected(&node, "nri-memory");
+    let mut cri = Cri::connect(containerd.socket());
+    let allocated = ALLOCATED.to_string();
+    let asking = |gpu: &str| [("NVIDIA_VISIBLE_DEVICES", gpu.to_string())];
+    let run = |cri: &mut Cri, name: &str, gpu: &str| {
+        let env = asking(gpu);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let request = ContainerRequest {
+            image: &image,
+            args: GPUCHECK,
+            env: &env,
+            ..Default::default()
+        };
+        pods.run(cri, &containerd, &node, name, request)
+    };
+    let before = node.nvml_inits();
+    for i in 0..3 {
+        let output = run(&mut cri, &format!("memory{i}"), &allocated);
+        assert_allocated_gpu_only("a pod planned from memory", &output);
+    }
+    assert_eq!(node.nvml_inits() - before, 1, "{}", node.log());
+
+    // GPU 3 falls off the bus.
+    node.change(&["--gpus", &(GPUS - 1).to_string()]);
+    let output = run(&mut cri, "lost", "3");
+    assert!(!output.status.success(), "{output}");
+    assert!(
+        output
+            .stderr
+            .contains("nvhook: NVIDIA_VISIBLE_DEVICES=3: no such GPU"),
+        "{output}"
+    );
+    assert_eq!(node.nvml_inits() - before, 2, "{}", node.log());
+    let output = run(&mut cri, "after", &allocated);
+    assert_allocated_gpu_only("a pod after the change", &output);
+    assert_eq!(node.nvml_inits() - before, 2, "{}", node.log());
+    stop(plugin, cri, containerd);
+}
+
 #[test]
 fn a_hundred_gpu_pods_at_once_each_get_their_allocated_gpu() {
     const NODE_GPUS: usize = 50;

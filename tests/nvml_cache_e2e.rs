@@ -38,15 +38,6 @@ fn cache_file(node: &SimNode) -> std::path::PathBuf {
     node.root().join("run/nvml-inventory.json")
 }
 
-/// The processes that initialised the node's mock NVML, one line each.
-fn nvml_inits(node: &SimNode) -> usize {
-    let record = node.root().join("nvml-inits");
-    std::fs::read_to_string(record)
-        .unwrap_or_default()
-        .lines()
-        .count()
-}
-
 /// A burst of starts on a node whose NVML answer is not cached yet (after a boot or a driver
 /// upgrade) asks NVML once: the first start queries, the others wait and read its answer.
 #[test]
@@ -71,7 +62,7 @@ fn a_burst_of_cold_starts_asks_nvml_once() {
             });
         }
     });
-    assert_eq!(nvml_inits(&node), 1, "{}", node.log());
+    assert_eq!(node.nvml_inits(), 1, "{}", node.log());
     let log = node.log();
     assert_eq!(log.matches("source=Nvml").count(), 1, "{log}");
     assert_eq!(
@@ -150,11 +141,11 @@ fn a_corrupt_truncated_or_linked_cache_is_asked_again_and_replaced() {
     ];
     for (i, (what, damage)) in damages.iter().enumerate() {
         damage(&path, &good, &target);
-        let inits = nvml_inits(&node);
+        let inits = node.nvml_inits();
         let gpu = (i as u32 + 1) % GPUS;
         start_with_gpu(&node, &gpu.to_string()).assert_gpus(GPUS, &[gpu]);
         assert_eq!(
-            nvml_inits(&node),
+            node.nvml_inits(),
             inits + 1,
             "{what}: NVML was not asked again"
         );

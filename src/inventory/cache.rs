@@ -41,6 +41,11 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
+    /// The host's state now, in this boot; None as for [`Fingerprint::read`].
+    pub fn now(config: &Config, library: &Path) -> Option<Fingerprint> {
+        Self::read(config, library, Path::new(BOOT_ID))
+    }
+
     /// The host's state now, or None when part of it cannot be read (then nothing is kept).
     pub fn read(config: &Config, library: &Path, boot_id_file: &Path) -> Option<Fingerprint> {
         let library = std::fs::canonicalize(library).ok()?;

@@ -9,7 +9,7 @@
 //! nvmlShutdown, or the driver's clean-up when the process exits without it, is time the
 //! container start need not pay (docs/performance.md).
 
-use super::cache::NvmlCache;
+use super::cache::{Fingerprint, NvmlCache};
 use super::change::HostChange;
 use super::driver::HostCache;
 use super::nvml::{Reply, System};
@@ -35,6 +35,41 @@ pub enum Source {
 /// or an error once `nvml-timeout-ms` has passed without an answer.
 pub fn load(config: &Config, scope: Scope) -> Result<(Inventory, Source), InventoryError> {
     load_from(config, true, scope)
+}
+
+/// NVML's answer kept in memory by a process that serves many containers (`nvhook nri`),
+/// with the state of the host it was given for: used while the host is in that state, and
+/// asked again (through [`load`], so the file cache serves when it can) once it is not.
+#[derive(Debug, Default)]
+pub struct Remembered(Option<(Fingerprint, System)>);
+
+impl Remembered {
+    /// Like [`load`], from memory when the host is as it was.
+    pub fn load(
+        &mut self,
+        config: &Config,
+        scope: Scope,
+    ) -> Result<(Inventory, Source), InventoryError> {
+        let host_cache = HostCache::read(config)?;
+        // Taken before any query: a host that changes during one leaves the answer stale at
+        // once, never wrongly fresh.
+        let now = Fingerprint::now(config, &nvml_library(config, &host_cache)?);
+        if let (Some(now), Some((then, system))) = (&now, &self.0)
+            && now == then
+        {
+            tracing::debug!("NVML's answer from memory");
+            let inventory = Inventory::around(config, &host_cache, system.clone(), scope)?;
+            return Ok((inventory, Source::Cache));
+        }
+        let (inventory, source) = load(config, scope)?;
+        self.0 = now.map(|f| (f, inventory.system()));
+        Ok((inventory, source))
+    }
+
+    /// Forgets the answer: a plan failed on it.
+    pub fn forget(&mut self) {
+        self.0 = None;
+    }
 }
 
 /// The inventory from NVML itself (a cached answer failed a plan); the cache gets the new one.

@@ -17,6 +17,7 @@ use crate::cdi::edits::{hook_mode_edits, hookless_edits};
 use crate::cdi::{ContainerEdits, HookBinary, container_edits};
 use crate::config::{Config, NriMode};
 use crate::host_plan::{PlanningError, Target, plan_for_host};
+use crate::inventory::isolated::Remembered;
 use crate::inventory::{self, InventoryError};
 use crate::request::{Request, RequestError};
 use nvhook_nri::api::{
@@ -24,6 +25,7 @@ use nvhook_nri::api::{
 };
 use nvhook_nri::{Configuration, HandlerError, Plugin};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// The name nvhook registers under, and its default index: early, so that plugins after it
 /// see the GPUs it gave.
@@ -51,12 +53,17 @@ pub enum NriPluginError {
 /// applies to the next container without a restart.
 pub struct GpuPlugin {
     config_path: Option<PathBuf>,
+    /// NVML's answer for the host as it is: asked once, not per container.
+    nvml: Mutex<Remembered>,
 }
 
 impl GpuPlugin {
     /// A plugin that reads the config at `config_path` (the default path if none).
     pub fn new(config_path: Option<PathBuf>) -> GpuPlugin {
-        GpuPlugin { config_path }
+        GpuPlugin {
+            config_path,
+            nvml: Mutex::new(Remembered::default()),
+        }
     }
 
     fn config(&self) -> Result<Config, NriPluginError> {
@@ -82,12 +89,23 @@ impl GpuPlugin {
             return Ok(None);
         };
         let scope = inventory::Scope::for_capabilities(&request.capabilities);
-        let (inventory, source) = inventory::isolated::load(&config, scope)?;
+        // A plugin thread that panicked left the answer as a whole value: still usable.
+        let mut nvml = self.nvml.lock().unwrap_or_else(|e| e.into_inner());
+        let (inventory, source) = nvml.load(&config, scope)?;
         let target = match config.nri_mode {
             NriMode::Hook | NriMode::Cdi => Target::AnyImage,
             NriMode::Mounts => Target::AnyImageNoHook,
         };
-        let plan = plan_for_host(&request, inventory, source, &config, target)?;
+        let kept = source == inventory::isolated::Source::Cache;
+        let plan =
+            plan_for_host(&request, inventory, source, &config, target).inspect_err(|_| {
+                // A kept answer the plan failed on may be stale: the next container asks again.
+                // A fresh one stays: the request was at fault.
+                if kept {
+                    nvml.forget()
+                }
+            })?;
+        drop(nvml);
         crate::dev_char::ensure_for_plan(&config, &plan);
         let hook = HookBinary::new(&config, self.config_path.as_deref());
         let edits = match config.nri_mode {

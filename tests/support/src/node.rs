@@ -165,6 +165,22 @@ impl SimNode {
         self
     }
 
+    /// Sets one key of the node's config to `value` (TOML), replacing the line simnode wrote
+    /// for it, or adding one.
+    pub fn set(&self, key: &str, value: &str) -> &Self {
+        let path = self.config();
+        let text = fs::read_to_string(&path).expect("read node config");
+        let is_key = |line: &str| line.split('=').next().is_some_and(|k| k.trim() == key);
+        let mut lines: Vec<String> = text
+            .lines()
+            .filter(|l| !is_key(l))
+            .map(String::from)
+            .collect();
+        lines.push(format!("{key} = {value}"));
+        fs::write(&path, lines.join("\n") + "\n").expect("write node config");
+        self
+    }
+
     /// The dev root: the node's `dev/nvidia*` nodes live under it.
     pub fn dev_root(&self) -> &Path {
         self.root()
@@ -202,6 +218,15 @@ impl SimNode {
     }
 
     /// The driver version the node's files carry (`libcuda.so.<version>`).
+    /// The processes that initialised the node's mock NVML so far, one line each in its
+    /// record.
+    pub fn nvml_inits(&self) -> usize {
+        fs::read_to_string(self.root().join("nvml-inits"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
     pub fn driver_version(&self) -> String {
         self.topology()["driver_version"]
             .as_str()
