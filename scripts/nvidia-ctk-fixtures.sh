@@ -21,6 +21,7 @@
 # Any failure stops it with one line that names the cause.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/sid-apt.sh
 
 fail() {
   echo "nvidia-ctk-fixtures: $*" >&2
@@ -38,8 +39,6 @@ GO_DEST=$ENGINES/go-sid
 GO_PACKAGE=${NVHOOK_SID_GO:-golang-1.26}
 OUT=$PWD/tests/fixtures/nvidia-ctk
 WORK=$ENGINES/nvctk
-KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
-MIRROR=http://deb.debian.org/debian
 HOOK=/usr/bin/nvidia-cdi-hook
 started=$(date +%s)
 
@@ -51,29 +50,16 @@ mkdir -p "$ENGINES" "$WORK"
 # --- Go from Debian sid --------------------------------------------------------------------
 go_bin=$GO_DEST/usr/lib/go-${GO_PACKAGE#golang-}/bin/go
 if ! { [ -x "$go_bin" ] && [ -s "$GO_DEST/version" ]; }; then
-  [ -r "$KEYRING" ] || fail "$KEYRING is missing: apt-get install -y debian-archive-keyring"
   APT=$ENGINES/go-sid-apt
-  rm -rf "$APT" "$GO_DEST.new"
-  mkdir -p "$APT/lists/partial" "$APT/archives/partial" "$APT/cache" "$GO_DEST.new"
-  arch=$(dpkg --print-architecture)
-  echo "deb [arch=$arch signed-by=$KEYRING target=Packages] $MIRROR sid main" >"$APT/sources.list"
-  : >"$APT/status"
-  apt_options=(
-    -o "Dir::Etc::sourcelist=$APT/sources.list" -o Dir::Etc::sourceparts=-
-    -o "Dir::State::lists=$APT/lists" -o "Dir::State::status=$APT/status"
-    -o "Dir::Cache=$APT/cache" -o "Dir::Cache::archives=$APT/archives"
-    -o APT::Sandbox::User=root -o Debug::NoLocking=true
-  )
-  apt-get "${apt_options[@]}" -qq update >"$APT/update.log" 2>&1 ||
-    fail "apt-get update of $MIRROR sid failed (network? see $APT/update.log): $(grep -m1 -E '^(E|W):' "$APT/update.log" || tail -1 "$APT/update.log")"
-  compgen -G "$APT/lists/*_Packages*" >/dev/null ||
-    fail "apt-get update of $MIRROR sid fetched no package list (network? see $APT/update.log)"
-  version=$(apt-cache "${apt_options[@]}" policy "$GO_PACKAGE-go" | awk '/Candidate:/ { print $2 }')
+  rm -rf "$GO_DEST.new"
+  mkdir -p "$GO_DEST.new"
+  sid_apt "$APT"
+  version=$(apt-cache "${sid_apt_options[@]}" policy "$GO_PACKAGE-go" | awk '/Candidate:/ { print $2 }')
   [ -n "$version" ] && [ "$version" != "(none)" ] ||
     fail "Debian sid has no $GO_PACKAGE-go package (any more): set NVHOOK_SID_GO to one it has (apt-cache search golang-1)"
   wanted=("$GO_PACKAGE-go=$version" "$GO_PACKAGE-src=$version")
-  (cd "$APT/archives" && apt-get "${apt_options[@]}" -qq download "${wanted[@]}") >"$APT/download.log" 2>&1 ||
-    fail "apt-get download ${wanted[*]} from $MIRROR sid failed: $(grep -m1 -E '^(E|W):' "$APT/download.log" || tail -1 "$APT/download.log")"
+  (cd "$APT/archives" && apt-get "${sid_apt_options[@]}" -qq download "${wanted[@]}") >"$APT/download.log" 2>&1 ||
+    fail "apt-get download ${wanted[*]} from $SID_MIRROR sid failed: $(grep -m1 -E '^(E|W):' "$APT/download.log" || tail -1 "$APT/download.log")"
   for deb in "$APT"/archives/*.deb; do
     dpkg -x "$deb" "$GO_DEST.new" || fail "dpkg -x $deb failed"
   done

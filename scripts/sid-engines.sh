@@ -17,6 +17,7 @@
 # Any failure stops it with one line that names the cause: the tests never skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/sid-apt.sh
 
 ENGINES=$PWD/.engines
 DEST=$ENGINES/sid
@@ -24,8 +25,6 @@ STAMP=$DEST/version
 DOCKER_STAMP=$DEST/docker-version
 PIN=${NVHOOK_SID_CONTAINERD_VERSION:-}
 DOCKER_PIN=${NVHOOK_SID_DOCKER_VERSION:-}
-KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
-MIRROR=http://deb.debian.org/debian
 
 fail() {
   echo "sid-engines: $*" >&2
@@ -47,32 +46,16 @@ current && exit 0
 for program in apt-get apt-cache dpkg dpkg-deb; do
   command -v $program >/dev/null || fail "$program is missing: this script needs Debian's apt and dpkg"
 done
-[ -r "$KEYRING" ] || fail "$KEYRING is missing: apt-get install -y debian-archive-keyring"
 started=$(date +%s)
 APT=$ENGINES/sid-apt
-rm -rf "$APT" "$DEST.new"
-mkdir -p "$APT/lists/partial" "$APT/archives/partial" "$APT/cache" "$DEST.new"
-arch=$(dpkg --print-architecture)
-echo "deb [arch=$arch signed-by=$KEYRING target=Packages] $MIRROR sid main" >"$APT/sources.list"
-: >"$APT/status"
-# The system's apt.conf.d still applies (a proxy, for instance); every path apt writes is ours.
-# As root apt downloads as _apt, which may not reach the project directory: stay root.
-apt_options=(
-  -o "Dir::Etc::sourcelist=$APT/sources.list" -o Dir::Etc::sourceparts=-
-  -o "Dir::State::lists=$APT/lists" -o "Dir::State::status=$APT/status"
-  -o "Dir::Cache=$APT/cache" -o "Dir::Cache::archives=$APT/archives"
-  -o APT::Sandbox::User=root -o Debug::NoLocking=true
-)
-apt-get "${apt_options[@]}" -qq update >"$APT/update.log" 2>&1 ||
-  fail "apt-get update of $MIRROR sid failed (network? see $APT/update.log): $(grep -m1 -E '^(E|W):' "$APT/update.log" || tail -1 "$APT/update.log")"
-# apt-get update says only a warning, and succeeds, when it fetched nothing.
-compgen -G "$APT/lists/*_Packages*" >/dev/null ||
-  fail "apt-get update of $MIRROR sid fetched no package list (network? see $APT/update.log): $(grep -m1 -E '^(E|W):' "$APT/update.log" || tail -1 "$APT/update.log")"
+rm -rf "$DEST.new"
+mkdir -p "$DEST.new"
+sid_apt "$APT"
 # The version of `package` to fetch: sid's candidate, which must match the pin if one is set
 # and start with `major`.
 version_of() {
   local package=$1 pin=$2 pin_name=$3 major=$4 candidate
-  candidate=$(apt-cache "${apt_options[@]}" policy "$package" | awk '/Candidate:/ { print $2 }')
+  candidate=$(apt-cache "${sid_apt_options[@]}" policy "$package" | awk '/Candidate:/ { print $2 }')
   [ -n "$candidate" ] && [ "$candidate" != "(none)" ] || fail "Debian sid has no $package package any more"
   if [ -n "$pin" ] && [ "$pin" != "$candidate" ]; then
     fail "Debian sid has $package $candidate, not the pinned $pin_name=$pin (deb.debian.org keeps only sid's current version): unset the pin or set it to $candidate"
@@ -87,8 +70,8 @@ version=$(version_of containerd "$PIN" NVHOOK_SID_CONTAINERD_VERSION 2)
 docker_version=$(version_of docker.io "$DOCKER_PIN" NVHOOK_SID_DOCKER_VERSION 28)
 # docker-cli is built from the same source package, at the same version.
 wanted=("containerd=$version" "docker.io=$docker_version" "docker-cli=$docker_version")
-(cd "$APT/archives" && apt-get "${apt_options[@]}" -qq download "${wanted[@]}") >"$APT/download.log" 2>&1 ||
-  fail "apt-get download ${wanted[*]} from $MIRROR sid failed: $(grep -m1 -E '^(E|W):' "$APT/download.log" || tail -1 "$APT/download.log")"
+(cd "$APT/archives" && apt-get "${sid_apt_options[@]}" -qq download "${wanted[@]}") >"$APT/download.log" 2>&1 ||
+  fail "apt-get download ${wanted[*]} from $SID_MIRROR sid failed: $(grep -m1 -E '^(E|W):' "$APT/download.log" || tail -1 "$APT/download.log")"
 for deb in "$APT"/archives/*.deb; do
   dpkg -x "$deb" "$DEST.new" || fail "dpkg -x $deb failed"
 done

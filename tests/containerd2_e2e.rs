@@ -15,9 +15,7 @@ use std::time::Instant;
 
 use containerd2::{Containerd2Cri, DEFAULT_HANDLER};
 use cri::{ContainerRequest, Cri};
-use support::engines::{
-    CgroupParent, ContainerdBuild, EngineDir, ImageConfig, assert_no_mounts_left, unique_name,
-};
+use support::engines::{CgroupParent, ContainerdBuild, EngineDir, ImageConfig, unique_name};
 use support::{busybox_image, require_root};
 
 /// A CDI spec of one device whose only edit is an environment variable.
@@ -41,7 +39,7 @@ fn containerd2_runs_a_cri_pod_with_runc_cdi_and_an_nri_socket() {
     fs::write(&host_file, "from the host\n").expect("write the mounted file");
 
     let started = Instant::now();
-    let mut containerd = setup.start(dir.path(), &[]);
+    let containerd = setup.start(dir.path(), &[]);
     let start_time = started.elapsed();
 
     let socket = fs::symlink_metadata(&setup.nri.socket).unwrap_or_else(|e| {
@@ -99,12 +97,7 @@ fn containerd2_runs_a_cri_pod_with_runc_cdi_and_an_nri_socket() {
     }
 
     drop(cri);
-    assert!(
-        containerd.shutdown(),
-        "containerd ignored SIGTERM:\n{}",
-        containerd.log()
-    );
-    assert_no_mounts_left(dir.path(), dir.path());
+    containerd.stop_leaving_nothing(dir.path());
     eprintln!(
         "timing: containerd 2 start + pause image import {start_time:.2?}, \
          RunPodSandbox {:.2?}, CreateContainer+StartContainer {:.2?}",

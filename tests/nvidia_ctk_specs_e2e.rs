@@ -15,9 +15,7 @@ use std::process::Command;
 
 use support::containerd2::{Containerd2Cri, DEFAULT_HANDLER};
 use support::cri::{ContainerRequest, Cri};
-use support::engines::{
-    CgroupParent, ContainerdBuild, EngineDir, ImageConfig, assert_no_mounts_left, unique_name,
-};
+use support::engines::{CgroupParent, ContainerdBuild, EngineDir, ImageConfig, unique_name};
 use support::podman::{CdiSpecFile, Podman};
 use support::{SimNode, glibc_image, nvhook_bin, require_program, require_root, stdout_of};
 
@@ -98,7 +96,7 @@ fn seen_through_containerd(rootfs: &Path, spec_text: &str, device: &str) -> Seen
     let setup = Containerd2Cri::under(dir.path());
     fs::create_dir_all(&setup.cdi_spec_dirs[0]).expect("create the CDI spec dir");
     fs::write(setup.cdi_spec_dirs[0].join("nvidia.yaml"), spec_text).expect("write the spec");
-    let mut containerd = setup.start(dir.path(), &[]);
+    let containerd = setup.start(dir.path(), &[]);
     let image = format!("docker.io/nvhook-test/{}:latest", unique_name("glibc"));
     let shell = ImageConfig {
         cmd: &["/usr/bin/busybox", "sh"],
@@ -123,12 +121,7 @@ fn seen_through_containerd(rootfs: &Path, spec_text: &str, device: &str) -> Seen
     output.hook_log = Some(format!("(containerd log)\n{}", containerd.log()));
     output.assert_success();
     drop(cri);
-    assert!(
-        containerd.shutdown(),
-        "containerd ignored SIGTERM:\n{}",
-        containerd.log()
-    );
-    assert_no_mounts_left(dir.path(), dir.path());
+    containerd.stop_leaving_nothing(dir.path());
     Seen::read(&output.stdout)
 }
 

@@ -803,6 +803,18 @@ impl Containerd {
         );
     }
 
+    /// Stops containerd, which must stop on SIGTERM, and checks that nothing under `dir` (its
+    /// state, and what its containers had) is left mounted.
+    #[track_caller]
+    pub fn stop_leaving_nothing(mut self, dir: &Path) {
+        assert!(
+            self.shutdown(),
+            "containerd ignored SIGTERM:\n{}",
+            self.log()
+        );
+        assert_no_mounts_left(dir, dir);
+    }
+
     /// Kills and removes every task and container of the namespace, then
     /// stops the daemon. Returns whether it stopped on SIGTERM.
     pub fn shutdown(&mut self) -> bool {

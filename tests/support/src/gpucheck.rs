@@ -70,6 +70,24 @@ impl Output {
         );
     }
 
+    /// GPU `gpu` alone of `gpus` with the control nodes, the host's libcuda loaded (cuInit 0),
+    /// and the driver's `libcuda` (a gpucheck `--write` of it) not writable: refused by the
+    /// read-only mount, or before it is looked at where the file is not the container's
+    /// root's to write (a user namespace; which comes first depends on the runtime).
+    #[track_caller]
+    pub fn assert_only_gpu_with_read_only_driver(&self, gpus: u32, gpu: u32, libcuda: &str) {
+        self.assert_success();
+        self.assert_gpus(gpus, &[gpu]);
+        self.assert_control_nodes_allowed();
+        self.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
+        assert!(
+            ["EROFS", "EACCES"]
+                .iter()
+                .any(|e| self.has_line(&format!("write {libcuda} {e}"))),
+            "the driver's libcuda is writable\n{self}"
+        );
+    }
+
     #[track_caller]
     pub fn assert_control_nodes_allowed(&self) {
         for node in CONTROL_NODES {

@@ -114,19 +114,31 @@ pub fn run_container_with(
     runtime: &Path,
     vars: &[(&str, &Path)],
 ) -> Output {
+    let output = run_with(bundle, env, runtime, vars, &["run"]);
+    delete(bundle, env);
+    output
+}
+
+/// `RUNTIME --root <state> RUN_ARGS --bundle B ID` with `vars` added to its environment.
+fn run_with(
+    bundle: &Bundle,
+    env: RuntimeEnv,
+    runtime: &Path,
+    vars: &[(&str, &Path)],
+    run_args: &[&str],
+) -> Output {
     bundle.write_config();
     let mut cmd = runtime_command(bundle, env, runtime);
     for (key, value) in vars {
         cmd.env(key, value);
     }
     let output = cmd
-        .arg("run")
+        .args(run_args)
         .arg("--bundle")
         .arg(bundle.dir())
         .arg(bundle.id())
         .output()
-        .expect("spawn runc run");
-    delete(bundle, env);
+        .expect("spawn the runtime's run");
     Output {
         status: output.status,
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -145,27 +157,12 @@ pub fn run_detached_with(
     runtime: &Path,
     vars: &[(&str, &Path)],
 ) -> Output {
-    bundle.write_config();
-    let mut cmd = runtime_command(bundle, env, runtime);
-    for (key, value) in vars {
-        cmd.env(key, value);
-    }
-    // The container keeps the pipes: output() returns when it has exited.
-    let output = cmd
-        .args(["run", "--detach", "--bundle"])
-        .arg(bundle.dir())
-        .arg(bundle.id())
-        .output()
-        .expect("spawn the runtime's run");
+    // The container keeps the pipes: the output is read until it has exited.
+    let output = run_with(bundle, env, runtime, vars, &["run", "--detach"]);
     let _ = runtime_command(bundle, env, runtime)
         .args(["delete", "-f", bundle.id()])
         .output();
-    Output {
-        status: output.status,
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        hook_log: None,
-    }
+    output
 }
 
 /// `RUNTIME --root <state> run` inside `ns`, where RUNTIME is runc or a drop-in for it
