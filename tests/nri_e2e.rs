@@ -325,14 +325,11 @@ fn the_plugin_keeps_nvmls_answer_in_memory_and_follows_the_host() {
     } = connected(&node, "nri-memory");
     let mut cri = Cri::connect(containerd.socket());
     let allocated = ALLOCATED.to_string();
-    let asking = |gpu: &str| [("NVIDIA_VISIBLE_DEVICES", gpu.to_string())];
     let run = |cri: &mut Cri, name: &str, gpu: &str| {
-        let env = asking(gpu);
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let request = ContainerRequest {
             image: &image,
             args: GPUCHECK,
-            env: &env,
+            env: &[("NVIDIA_VISIBLE_DEVICES", gpu)],
             ..Default::default()
         };
         pods.run(cri, &containerd, &node, name, request)
