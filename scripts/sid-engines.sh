@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetches containerd 2 and Docker 28 from Debian sid into .engines/sid/ (ignored by git) for
+# Fetches containerd 2 and Docker (28 or 29) from Debian sid into .engines/sid/ (ignored by git) for
 # the tests that need a containerd with NRI (tests/containerd2_e2e.rs; Debian 12's containerd is
 # 1.6) and a current dockerd (tests/gpu_flags_e2e.rs; Debian 12's is 20.10). The system's
 # packages are left alone: apt runs with a private sources list, lists, cache and (empty) dpkg
@@ -8,7 +8,8 @@
 # not fetched. sid's dockerd runs sid's containerd (the tests put it first on dockerd's PATH).
 #
 # Which versions: the containerd and docker.io that sid has now, as long as they are a 2.x and
-# a 28.x (printed and written to .engines/sid/version and .engines/sid/docker-version).
+# a 28.x or 29.x (tests/gpu_flags_e2e.rs expects the `--gpus` route moby's source gives each
+# release; printed and written to .engines/sid/version and .engines/sid/docker-version).
 # deb.debian.org keeps only sid's current upload, so an exact pin would fail CI at sid's next
 # upload for no fault of the code. To pin anyway: NVHOOK_SID_CONTAINERD_VERSION=2.1.9+ds1-5,
 # NVHOOK_SID_DOCKER_VERSION=28.5.2+dfsg4-5.
@@ -52,22 +53,26 @@ rm -rf "$DEST.new"
 mkdir -p "$DEST.new"
 sid_apt "$APT"
 # The version of `package` to fetch: sid's candidate, which must match the pin if one is set
-# and start with `major`.
+# and start with one of `majors` (a space-separated list).
 version_of() {
-  local package=$1 pin=$2 pin_name=$3 major=$4 candidate
+  local package=$1 pin=$2 pin_name=$3 majors=$4 candidate major
   candidate=$(apt-cache "${sid_apt_options[@]}" policy "$package" | awk '/Candidate:/ { print $2 }')
   [ -n "$candidate" ] && [ "$candidate" != "(none)" ] || fail "Debian sid has no $package package any more"
   if [ -n "$pin" ] && [ "$pin" != "$candidate" ]; then
     fail "Debian sid has $package $candidate, not the pinned $pin_name=$pin (deb.debian.org keeps only sid's current version): unset the pin or set it to $candidate"
   fi
-  case $candidate in
-    "$major".*) ;;
-    *) fail "Debian sid has $package $candidate, not a $major.x: the tests are written for it (set $pin_name and adapt tests/support/src/engines.rs)" ;;
-  esac
-  echo "$candidate"
+  for major in $majors; do
+    case $candidate in
+      "$major".*)
+        echo "$candidate"
+        return
+        ;;
+    esac
+  done
+  fail "Debian sid has $package $candidate, not a ${majors// /.x or }.x: the tests are written for those (set $pin_name and adapt tests/support/src/engines.rs)"
 }
 version=$(version_of containerd "$PIN" NVHOOK_SID_CONTAINERD_VERSION 2)
-docker_version=$(version_of docker.io "$DOCKER_PIN" NVHOOK_SID_DOCKER_VERSION 28)
+docker_version=$(version_of docker.io "$DOCKER_PIN" NVHOOK_SID_DOCKER_VERSION "28 29")
 # docker-cli is built from the same source package, at the same version.
 wanted=("containerd=$version" "docker.io=$docker_version" "docker-cli=$docker_version")
 (cd "$APT/archives" && apt-get "${sid_apt_options[@]}" -qq download "${wanted[@]}") >"$APT/download.log" 2>&1 ||
@@ -89,7 +94,7 @@ esac
 docker_said=$("$DEST.new/usr/sbin/dockerd" --version 2>&1) ||
   fail "sid's dockerd $docker_version does not run here: $docker_said"
 case $docker_said in
-  "Docker version 28."*) ;;
+  "Docker version 28."* | "Docker version 29."*) ;;
   *) fail "sid's dockerd $docker_version says it is: $docker_said" ;;
 esac
 echo "$version" >"$DEST.new/version"

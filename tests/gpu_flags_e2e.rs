@@ -1,8 +1,8 @@
 //! The GPU flags people type, with nvhook alone: Debian 12's dockerd 20.10 `docker run --gpus`
 //! (which runs `nvidia-container-runtime-hook prestart`) and containerd 1.6's `ctr run --gpus`
 //! (which runs `nvidia-container-cli configure` through `containerd oci-hook`), Debian sid's
-//! dockerd 28.5.2 (still the hook for `--gpus`; CDI devices by `--device`) and containerd
-//! 2.1.9 (`scripts/sid-engines.sh` fetches them), each with no
+//! dockerd (28: still the hook for `--gpus`; 29.2 on: CDI names; CDI devices by `--device`
+//! in both) and containerd 2.1.9 (`scripts/sid-engines.sh` fetches them), each with no
 //! runtime configured and no NVIDIA program anywhere: the only NVIDIA names are links to the
 //! nvhook cargo built, in a directory on the engine's PATH, as the packages install them.
 //! Run as root after `cargo build --workspace`: `cargo test --test gpu_flags_e2e`.
@@ -120,15 +120,21 @@ fn assert_refused(output: &Output, message: &str) {
     );
 }
 
+/// Nothing was written in the host directory `volume` by the start that gave `output`.
+#[track_caller]
+fn assert_volume_empty(output: &Output, volume: &Path) {
+    let written: Vec<_> = fs::read_dir(volume).expect("list the volume").collect();
+    assert!(
+        written.is_empty(),
+        "something was written in the volume: {written:?}\n{output}"
+    );
+}
+
 /// A start refused because nvhook would have written in the host directory `volume`, bound
 /// at `destination`, which is left empty.
 #[track_caller]
 fn assert_volume_refused(output: &Output, volume: &Path, destination: &str) {
-    let written: Vec<_> = fs::read_dir(volume).expect("list the volume").collect();
-    assert!(
-        written.is_empty(),
-        "nvhook wrote in the volume: {written:?}\n{output}"
-    );
+    assert_volume_empty(output, volume);
     let hook = output.hook_stderr().unwrap_or_default();
     let line = format!("the volume mounted at {destination}: nvhook will not write into a volume");
     assert!(
@@ -137,7 +143,44 @@ fn assert_volume_refused(output: &Output, volume: &Path, destination: &str) {
     );
 }
 
-// ---- dockerd 20.10: --gpus runs nvidia-container-runtime-hook prestart ----
+// ---- dockerd: --gpus runs nvidia-container-runtime-hook prestart, or (29.2 on) CDI ----
+
+/// How a dockerd with every NVIDIA name on its PATH serves `--gpus`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum GpusRoute {
+    /// NVIDIA_VISIBLE_DEVICES and the prestart hook `nvidia-container-runtime-hook prestart`
+    /// (Docker 19.03 to 29.1).
+    Hook,
+    /// CDI names of kind `nvidia.com/gpu` (`all`, the ids, or `0`..`N-1` for a count), taken
+    /// when `nvidia-cdi-hook` is on dockerd's PATH at start-up (moby #50228, Docker 29.2 on);
+    /// a request no spec resolves falls back to the hook.
+    Cdi,
+}
+
+impl GpusRoute {
+    /// The route moby's source gives the release of `build`.
+    fn of(build: &DockerdBuild) -> GpusRoute {
+        if build.release() >= (29, 2) {
+            GpusRoute::Cdi
+        } else {
+            GpusRoute::Hook
+        }
+    }
+}
+
+/// How many of nvhook's hooks its log says finished: (prestart, createContainer).
+fn finished_hooks(node: &SimNode) -> (usize, usize) {
+    let log = node.log();
+    let finished = |stage: &str| {
+        log.lines()
+            .filter(|l| l.contains("hook finished") && l.contains(stage))
+            .count()
+    };
+    (
+        finished("stage=Prestart"),
+        finished("stage=CreateContainer"),
+    )
+}
 
 /// `docker run --rm FLAGS IMAGE` of gpucheck.
 fn docker_run(dockerd: &Dockerd, image: &str, flags: &[&str]) -> Output {
@@ -164,6 +207,9 @@ fn docker_run_gpus_with_the_runtime_hook_name_on_dockerds_path() {
     // is not used, and doctor says so, until dockerd restarts.
     let mut dockerd = Dockerd::start(dir.path(), &daemon_json, &env);
     let image = dockerd.import_gpucheck_image(dir.path());
+    // Doctor reads dockerd's start from /proc, to the second, and gives a name made within two
+    // seconds of it the benefit of the doubt: make the links clearly later.
+    std::thread::sleep(std::time::Duration::from_secs(3));
     link_names(&bin);
     let early = docker_run(&dockerd, &image, &["--gpus", "all"]);
     assert!(
@@ -186,7 +232,7 @@ fn docker_run_gpus_with_the_runtime_hook_name_on_dockerds_path() {
     let line = doctor_on_dockerd(&node, &path, dockerd.pid());
     assert!(line.starts_with("ok   dockerd"), "{line}");
 
-    docker_run_gpus_flags(&dockerd, &image, dir.path());
+    docker_run_gpus_flags(&dockerd, &image, dir.path(), &node, GpusRoute::Hook);
     assert!(
         dockerd.shutdown(),
         "dockerd ignored SIGTERM:\n{}",
@@ -195,10 +241,17 @@ fn docker_run_gpus_with_the_runtime_hook_name_on_dockerds_path() {
     assert_no_mounts_left(dir.path(), node.root());
 }
 
-/// The `--gpus` values people type, each giving exactly its GPUs through
-/// `nvidia-container-runtime-hook prestart`; a GPU the node lacks is refused with nvhook's
-/// line; a container without `--gpus` gets none; a volume over /dev gets no node.
-fn docker_run_gpus_flags(dockerd: &Dockerd, image: &str, dir: &Path) {
+/// The `--gpus` values people type, each giving exactly its GPUs by `route` (read from
+/// nvhook's log: the prestart hook, or the createContainer hook of nvhook's CDI spec); a GPU
+/// the node lacks is refused with nvhook's line (by the hook, which the CDI route falls back
+/// to); a container without `--gpus` gets none; a volume over /dev gets no node.
+fn docker_run_gpus_flags(
+    dockerd: &Dockerd,
+    image: &str,
+    dir: &Path,
+    node: &SimNode,
+    route: GpusRoute,
+) {
     for (gpus, visible) in [
         ("all", &[0, 1, 2, 3][..]),
         ("device=2", &[2]),
@@ -207,8 +260,16 @@ fn docker_run_gpus_flags(dockerd: &Dockerd, image: &str, dir: &Path) {
         ("\"device=1,3\"", &[1, 3]),
         ("all,\"capabilities=compute,utility\"", &[0, 1, 2, 3]),
     ] {
-        eprintln!("docker run --gpus {gpus}");
-        assert_exactly(&docker_run(dockerd, image, &["--gpus", gpus]), visible);
+        eprintln!("docker run --gpus {gpus} ({route:?})");
+        let (prestart, create) = finished_hooks(node);
+        let output = docker_run(dockerd, image, &["--gpus", gpus]);
+        assert_exactly(&output, visible);
+        let (prestart_after, create_after) = finished_hooks(node);
+        let by_hook = (prestart_after - prestart, create_after - create);
+        match route {
+            GpusRoute::Hook => assert_eq!(by_hook, (1, 0), "{output}"),
+            GpusRoute::Cdi => assert!(by_hook.0 == 0 && by_hook.1 >= 1, "{output}"),
+        }
     }
     assert_refused(
         &docker_run(dockerd, image, &["--gpus", "device=7"]),
@@ -222,25 +283,41 @@ fn docker_run_gpus_flags(dockerd: &Dockerd, image: &str, dir: &Path) {
     fs::create_dir(&volume).expect("make the volume");
     let bind = format!("{}:/dev", volume.display());
     let over_dev = docker_run(dockerd, image, &["--gpus", "1", "-v", &bind]);
-    assert_volume_refused(&over_dev, &volume, "/dev");
+    match route {
+        GpusRoute::Hook => assert_volume_refused(&over_dev, &volume, "/dev"),
+        // runc makes no device node in a /dev the container brought, CDI's included, and
+        // fails on the missing /dev/null before any createContainer hook runs.
+        GpusRoute::Cdi => {
+            assert!(
+                !over_dev.status.success() && over_dev.stderr.contains("/dev/null"),
+                "{over_dev}"
+            );
+            assert_volume_empty(&over_dev, &volume);
+        }
+    }
 }
 
-// ---- dockerd 28 (Debian sid's): --gpus still runs the hook; CDI devices by name ----
+// ---- Debian sid's dockerd (28 or 29): --gpus by its release's route; CDI devices by name ----
 
-/// Docker 28.5.2's `--gpus` takes the hook route whatever else is there: its nvidia device
-/// driver is registered when `nvidia-container-runtime-hook` is on dockerd's PATH at start-up,
-/// and sets NVIDIA_VISIBLE_DEVICES plus that prestart hook. Mapping `--gpus` onto CDI when
-/// `nvidia-cdi-hook` is on the PATH (moby #50228) came with Docker 29. So here every NVIDIA
-/// name is on the PATH, `nvidia-cdi-hook` included, and nvhook's CDI spec is in the spec
-/// directory dockerd reads (CDI is on by default in 28): `--gpus` is answered by the hook, and
-/// the CDI devices by `--device nvidia.com/gpu=N`, through nvhook's createContainer hook.
+/// Debian sid's dockerd with every NVIDIA name on its PATH, `nvidia-cdi-hook` included, and
+/// nvhook's CDI spec in the spec directory it reads (CDI is on by default from 28). Docker
+/// 28's `--gpus` takes the hook route whatever else is there (its nvidia device driver,
+/// registered when `nvidia-container-runtime-hook` is on dockerd's PATH at start-up, sets
+/// NVIDIA_VISIBLE_DEVICES and that prestart hook); from 29.2 (moby #50228) it becomes CDI names
+/// because `nvidia-cdi-hook` is on the PATH. Either way each `--gpus` form gives exactly its
+/// GPUs, and `--device nvidia.com/gpu=N` gives CDI devices through nvhook's createContainer
+/// hook.
 #[test]
-fn docker_28_run_gpus_takes_the_hook_route_and_cdi_devices_work_too() {
+fn sids_dockerd_serves_gpus_by_its_route_and_cdi_devices_by_name() {
     require_root();
     let build = DockerdBuild::sid();
-    eprintln!("dockerd of Debian sid {}", build.version());
+    let route = GpusRoute::of(&build);
+    eprintln!(
+        "dockerd of Debian sid {}: --gpus by {route:?}",
+        build.version()
+    );
     let node = SimNode::create(GPUS);
-    let dir = EngineDir::new("gpus-dockerd28");
+    let dir = EngineDir::new("gpus-dockerd-sid");
     let (bin, path) = names_dir(&dir);
     link_names(&bin);
     assert!(
@@ -251,13 +328,24 @@ fn docker_28_run_gpus_takes_the_hook_route_and_cdi_devices_work_too() {
     fs::create_dir(&cdi_dir).expect("make the CDI spec directory");
     node.generate_cdi_spec(&cdi_dir.join("nvhook.yaml"));
     let daemon_json = dir.path().join("daemon.json");
-    let config = serde_json::json!({ "cdi-spec-dirs": [cdi_dir] });
+    // Docker 29.5 on gives containers a time namespace of their own, which Debian 12's runc
+    // (1.1) does not know: the daemon's own switch turns that off (earlier releases ignore it).
+    let config = serde_json::json!({
+        "cdi-spec-dirs": [cdi_dir],
+        "features": { "time-namespaces": false },
+    });
     fs::write(&daemon_json, config.to_string()).expect("write daemon.json");
     let env = [("PATH", Path::new(&path)), (NVHOOK_CONFIG, &node.config())];
     let mut dockerd = Dockerd::start_with(&build, dir.path(), &daemon_json, &env);
     let image = dockerd.import_gpucheck_image(dir.path());
+    // Doctor names both names this dockerd found, and the route from 29.2.
+    let line = doctor_on_dockerd(&node, &path, dockerd.pid());
+    assert!(
+        line.starts_with("ok   dockerd") && line.contains(" and nvidia-cdi-hook on its PATH"),
+        "{line}"
+    );
 
-    docker_run_gpus_flags(&dockerd, &image, dir.path());
+    docker_run_gpus_flags(&dockerd, &image, dir.path(), &node, route);
     for (devices, visible) in [
         (&["nvidia.com/gpu=all"][..], &[0, 1, 2, 3][..]),
         (&["nvidia.com/gpu=2"], &[2]),

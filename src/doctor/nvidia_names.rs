@@ -1,8 +1,9 @@
 //! Doctor's view of NVIDIA's command names, which docker's and ctr's `--gpus` run by name (and
 //! `nvidia-cdi-hook`, which NVIDIA's CDI specs name and Docker 29's `--gpus` looks for):
 //! where each resolves on doctor's PATH, and whether each running dockerd found the runtime
-//! hook. dockerd looks `nvidia-container-runtime-hook` up once, when it starts, on its own
-//! PATH: a hook installed after that start is not used until dockerd restarts.
+//! hook. dockerd looks `nvidia-container-runtime-hook` (and, from Docker 29.2, `nvidia-cdi-hook`)
+//! up once, when it starts, on its own PATH: a name installed after that start is not used
+//! until dockerd restarts.
 //!
 //! The judgements are pure functions of the facts (tested below); `gather` reads them.
 
@@ -22,13 +23,31 @@ pub struct Resolved {
     pub leads_to: PathBuf,
 }
 
-/// A running dockerd and what its PATH gives for the runtime hook.
+/// A running dockerd and what its PATH gives for the names its `--gpus` looks up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dockerd {
     pub pid: u32,
     pub started: Option<SystemTime>,
-    /// The hook on dockerd's PATH, and when that entry was made.
+    /// The runtime hook on dockerd's PATH, and when that entry was made.
     pub hook: Option<(PathBuf, Option<SystemTime>)>,
+    /// `nvidia-cdi-hook` on dockerd's PATH, and when that entry was made.
+    pub cdi_hook: Option<(PathBuf, Option<SystemTime>)>,
+}
+
+/// How far [`start_time`] may fall before the real start: `/proc/stat`'s boot time is in whole
+/// seconds, a process's start in clock ticks after it. A name made within this of dockerd's
+/// start counts as seen, as it most likely was (installed, then dockerd restarted).
+const START_TIME_SLACK: Duration = Duration::from_secs(2);
+
+impl Dockerd {
+    /// Whether dockerd saw `entry` when it started: on its PATH, and not made after the start
+    /// (times that cannot be read do not make a warning up).
+    fn saw(&self, entry: Option<&(PathBuf, Option<SystemTime>)>) -> bool {
+        entry.is_some_and(|(_, made)| match (made, self.started) {
+            (Some(made), Some(started)) => *made <= started + START_TIME_SLACK,
+            _ => true,
+        })
+    }
 }
 
 /// The facts the checks judge.
@@ -90,7 +109,17 @@ fn dockerd_check(d: &Dockerd) -> Check {
     let check = format!("dockerd {}", d.pid);
     let restart =
         "restart dockerd (systemctl restart docker): it looks the hook up only when it starts";
+    let cdi = d.saw(d.cdi_hook.as_ref());
     match &d.hook {
+        None if cdi => Check::warn(
+            &check,
+            format!(
+                "only {CDI_HOOK_NAME} is on dockerd's PATH: Docker 29.2 on serves `docker run --gpus` from CDI specs of nvidia.com/gpu alone (nvhook cdi refresh keeps nvhook's current), earlier releases fail it (could not select device driver)"
+            ),
+            format!(
+                "link {RUNTIME_HOOK_NAME} into a directory on dockerd's PATH (/usr/bin), then {restart}"
+            ),
+        ),
         None => Check::warn(
             &check,
             format!(
@@ -98,13 +127,20 @@ fn dockerd_check(d: &Dockerd) -> Check {
             ),
             format!("link it into a directory on dockerd's PATH (/usr/bin), then {restart}"),
         ),
-        Some((path, Some(made))) if d.started.is_some_and(|s| *made > s) => Check::warn(
+        Some((path, _)) if !d.saw(d.hook.as_ref()) => Check::warn(
             &check,
             format!(
                 "started before {} was made, so it did not register the hook: `docker run --gpus` fails (could not select device driver)",
                 path.display()
             ),
             restart,
+        ),
+        Some((path, _)) if cdi => Check::ok(
+            &check,
+            format!(
+                "finds {} and {CDI_HOOK_NAME} on its PATH (docker run --gpus: Docker 29.2 on asks CDI specs of nvidia.com/gpu first, which nvhook cdi refresh keeps current, then the hook)",
+                path.display()
+            ),
         ),
         Some((path, _)) => Check::ok(
             &check,
@@ -177,16 +213,23 @@ fn dockerds() -> Vec<Dockerd> {
             let dirs: Vec<PathBuf> = path_of(&environ)
                 .map(|p| std::env::split_paths(p).collect())
                 .unwrap_or_default();
-            let hook = shim::locate_runtime(RUNTIME_HOOK_NAME, &dirs).map(|path| {
-                let made = std::fs::symlink_metadata(&path)
-                    .and_then(|m| m.modified())
-                    .ok();
-                (path, made)
-            });
+            let on_path = |name| {
+                shim::locate_runtime(name, &dirs).map(|path| {
+                    let made = std::fs::symlink_metadata(&path)
+                        .and_then(|m| m.modified())
+                        .ok();
+                    (path, made)
+                })
+            };
             let started = std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .ok()
                 .and_then(|stat| start_time(&stat, &proc_stat, ticks));
-            Dockerd { pid, started, hook }
+            Dockerd {
+                pid,
+                started,
+                hook: on_path(RUNTIME_HOOK_NAME),
+                cdi_hook: on_path(CDI_HOOK_NAME),
+            }
         })
         .collect();
     out.sort_by_key(|d| d.pid);
@@ -265,7 +308,14 @@ mod tests {
             pid: 42,
             started,
             hook: Some((hook.clone(), made)),
+            cdi_hook: None,
         };
+        // Made a moment after the start as read from /proc, which may be a second early:
+        // seen.
+        assert_eq!(
+            dockerd_check(&dockerd(Some(at(100)), Some(at(101)))).level,
+            Level::Ok
+        );
         let found = dockerd_check(&dockerd(Some(at(200)), Some(at(100))));
         assert_eq!(found.level, Level::Ok, "{found}");
         assert_eq!(
@@ -282,11 +332,53 @@ mod tests {
             pid: 42,
             started: Some(at(1)),
             hook: None,
+            cdi_hook: None,
         });
         assert_eq!(missing.level, Level::Warn);
         assert!(
             missing.detail.contains("not on dockerd's PATH"),
             "{missing}"
+        );
+    }
+
+    #[test]
+    fn a_dockerd_that_saw_nvidia_cdi_hook_is_told_docker_29s_cdi_route() {
+        let cdi_hook = Some((PathBuf::from("/usr/bin/nvidia-cdi-hook"), Some(at(100))));
+        let both = Dockerd {
+            pid: 7,
+            started: Some(at(200)),
+            hook: Some((
+                PathBuf::from("/usr/bin/nvidia-container-runtime-hook"),
+                Some(at(100)),
+            )),
+            cdi_hook: cdi_hook.clone(),
+        };
+        let check = dockerd_check(&both);
+        assert_eq!(check.level, Level::Ok, "{check}");
+        assert!(
+            check.detail.contains("and nvidia-cdi-hook") && check.detail.contains("CDI"),
+            "{check}"
+        );
+        // Made after dockerd started: not seen, so no CDI route to speak of.
+        let late = Dockerd {
+            started: Some(at(50)),
+            ..both.clone()
+        };
+        assert!(!dockerd_check(&late).detail.contains("CDI"));
+        // The CDI name alone serves Docker 29.2 on and no earlier release.
+        let cdi_only = dockerd_check(&Dockerd { hook: None, ..both });
+        assert_eq!(cdi_only.level, Level::Warn);
+        assert!(
+            cdi_only.detail.starts_with("only nvidia-cdi-hook")
+                && cdi_only.detail.contains("earlier releases fail"),
+            "{cdi_only}"
+        );
+        assert!(
+            cdi_only
+                .fix
+                .as_deref()
+                .unwrap()
+                .starts_with("link nvidia-container-runtime-hook")
         );
     }
 

@@ -571,7 +571,7 @@ fn build_version(root: Option<&Path>, stamp: &str, daemon: &Path) -> String {
     .to_owned()
 }
 
-/// A dockerd build: Debian 12's on PATH (20.10), or Debian sid's (28) that
+/// A dockerd build: Debian 12's on PATH (20.10), or Debian sid's (28 or 29) that
 /// `scripts/sid-engines.sh` unpacked into `.engines/sid`, with its own docker client; sid's
 /// dockerd starts sid's containerd 2 from the same tree (runc is Debian 12's on PATH).
 #[derive(Clone, Debug)]
@@ -587,14 +587,10 @@ impl DockerdBuild {
         DockerdBuild { root: None }
     }
 
-    /// Debian sid's dockerd 28 in `.engines/sid`.
+    /// Debian sid's dockerd in `.engines/sid`.
     pub fn sid() -> DockerdBuild {
         DockerdBuild {
-            root: Some(sid_engine(
-                "dockerd 28",
-                "docker-version",
-                "usr/sbin/dockerd",
-            )),
+            root: Some(sid_engine("dockerd", "docker-version", "usr/sbin/dockerd")),
         }
     }
 
@@ -614,6 +610,18 @@ impl DockerdBuild {
             "docker-version",
             &self.program("dockerd"),
         )
+    }
+
+    /// The release as (major, minor), read from [`version`](Self::version): sid's package
+    /// version (`28.5.2+dfsg4-5`) or `dockerd --version`'s words (`Docker version 20.10.24...`).
+    pub fn release(&self) -> (u32, u32) {
+        let version = self.version();
+        let number = version.strip_prefix("Docker version ").unwrap_or(&version);
+        let mut parts = number.split(['.', '+', '-', ' ', ',']).map(str::parse);
+        match (parts.next(), parts.next()) {
+            (Some(Ok(major)), Some(Ok(minor))) => (major, minor),
+            _ => panic!("dockerd's version {version:?} does not start with MAJOR.MINOR"),
+        }
     }
 
     /// `PATH` for this build's dockerd, given the one the test set (or the inherited one):
