@@ -28,6 +28,8 @@ const GPUS: u32 = 4;
 const NVHOOK_CONFIG: &str = "NVHOOK_CONFIG";
 /// The system's directories, where no NVIDIA program may be.
 const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Where the image's libraries are, and the driver's go.
+const LIBRARY_DIR: &str = "/usr/lib/x86_64-linux-gnu";
 /// NVIDIA's toolkit programs an engine could otherwise find.
 const NVIDIA_PROGRAMS: [&str; 5] = [
     RUNTIME_HOOK_NAME,
@@ -130,6 +132,44 @@ fn assert_volume_empty(output: &Output, volume: &Path) {
     );
 }
 
+/// Nothing but mount points in the host directory `volume`: empty files and directories,
+/// which runc makes where a mount of the container's spec falls in the volume, before any
+/// hook and whatever the mount is (the spec's binds of a CDI device, as with NVIDIA's specs;
+/// `/dev/pts` and the like where CDI's edits sorted the mounts so that the volume at `/dev`
+/// comes first).
+#[track_caller]
+fn assert_only_mount_points(output: &Output, volume: &Path) {
+    let written: Vec<(PathBuf, fs::Metadata)> = fs::read_dir(volume)
+        .expect("list the volume")
+        .map(|e| {
+            let path = e.expect("a volume entry").path();
+            let meta = fs::symlink_metadata(&path).expect("stat a volume entry");
+            (path, meta)
+        })
+        .collect();
+    let mount_point = |path: &Path, meta: &fs::Metadata| {
+        meta.is_file() && meta.len() == 0
+            || meta.is_dir() && fs::read_dir(path).is_ok_and(|mut d| d.next().is_none())
+    };
+    assert!(
+        written.iter().all(|(path, meta)| mount_point(path, meta)),
+        "more than the runtime's mount points in the volume: {written:?}\n{output}"
+    );
+}
+
+/// A CDI start refused by nvhook's createContainer hook, which would have written in the host
+/// directory `volume`, bound at `destination`, where the runtime left only its mount points.
+#[track_caller]
+fn assert_cdi_volume_refused(output: &Output, volume: &Path, destination: &str) {
+    assert_only_mount_points(output, volume);
+    let hook = output.hook_stderr().unwrap_or_default();
+    let line = format!("the volume mounted at {destination}: nvhook will not write into a volume");
+    assert!(
+        !output.status.success() && hook.starts_with("nvhook: ") && hook.contains(&line),
+        "{output}"
+    );
+}
+
 /// A start refused because nvhook would have written in the host directory `volume`, bound
 /// at `destination`, which is left empty.
 #[track_caller]
@@ -145,22 +185,34 @@ fn assert_volume_refused(output: &Output, volume: &Path, destination: &str) {
 
 // ---- dockerd: --gpus runs nvidia-container-runtime-hook prestart, or (29.2 on) CDI ----
 
-/// How a dockerd with every NVIDIA name on its PATH serves `--gpus`.
+/// How an engine with every NVIDIA name on its PATH serves `--gpus`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum GpusRoute {
-    /// NVIDIA_VISIBLE_DEVICES and the prestart hook `nvidia-container-runtime-hook prestart`
-    /// (Docker 19.03 to 29.1).
+    /// nvhook as NVIDIA's hook: dockerd's `nvidia-container-runtime-hook prestart` with
+    /// NVIDIA_VISIBLE_DEVICES (Docker 19.03 to 29.1), ctr's `nvidia-container-cli configure`
+    /// (containerd to 2.2).
     Hook,
-    /// CDI names of kind `nvidia.com/gpu` (`all`, the ids, or `0`..`N-1` for a count), taken
-    /// when `nvidia-cdi-hook` is on dockerd's PATH at start-up (moby #50228, Docker 29.2 on);
-    /// a request no spec resolves falls back to the hook.
+    /// CDI names of kind `nvidia.com/gpu`, which the engine applies from the CDI spec (whose
+    /// createContainer hook is nvhook's). Docker 29.2 on, when `nvidia-cdi-hook` is on
+    /// dockerd's PATH at start-up (moby #50228): `all`, the ids, or `0`..`N-1` for a count, and
+    /// a request no spec resolves falls back to the hook. ctr from containerd 2.3 (containerd
+    /// #12537): `nvidia.com/gpu=N` from the specs in /etc/cdi and /var/run/cdi, no fallback.
     Cdi,
 }
 
 impl GpusRoute {
-    /// The route moby's source gives the release of `build`.
-    fn of(build: &DockerdBuild) -> GpusRoute {
+    /// The route moby's source gives the dockerd of `build`.
+    fn of_dockerd(build: &DockerdBuild) -> GpusRoute {
         if build.release() >= (29, 2) {
+            GpusRoute::Cdi
+        } else {
+            GpusRoute::Hook
+        }
+    }
+
+    /// The route containerd's source gives the ctr of `containerd`.
+    fn of_ctr(containerd: &Containerd) -> GpusRoute {
+        if containerd.ctr_release() >= (2, 3) {
             GpusRoute::Cdi
         } else {
             GpusRoute::Hook
@@ -168,18 +220,32 @@ impl GpusRoute {
     }
 }
 
-/// How many of nvhook's hooks its log says finished: (prestart, createContainer).
-fn finished_hooks(node: &SimNode) -> (usize, usize) {
+/// How many containers nvhook's log says it served: (as NVIDIA's hook, prestart or
+/// `configure`; as the createContainer hook of a CDI spec).
+fn served(node: &SimNode) -> (usize, usize) {
     let log = node.log();
-    let finished = |stage: &str| {
-        log.lines()
-            .filter(|l| l.contains("hook finished") && l.contains(stage))
-            .count()
-    };
+    let count = |served: &dyn Fn(&str) -> bool| log.lines().filter(|l| served(l)).count();
     (
-        finished("stage=Prestart"),
-        finished("stage=CreateContainer"),
+        count(&|l| {
+            l.contains(&format!("configured as {CLI_NAME}"))
+                || l.contains("hook finished") && l.contains("stage=Prestart")
+        }),
+        count(&|l| l.contains("hook finished") && l.contains("stage=CreateContainer")),
     )
+}
+
+/// The output of `start`, a container start that nvhook served by `route` (read from its log).
+#[track_caller]
+fn started_by(node: &SimNode, route: GpusRoute, start: impl FnOnce() -> Output) -> Output {
+    let (hook, cdi) = served(node);
+    let output = start();
+    let (hook_after, cdi_after) = served(node);
+    let by = (hook_after - hook, cdi_after - cdi);
+    match route {
+        GpusRoute::Hook => assert_eq!(by, (1, 0), "served (hook, cdi)\n{output}"),
+        GpusRoute::Cdi => assert!(by.0 == 0 && by.1 >= 1, "served {by:?}\n{output}"),
+    }
+    output
 }
 
 /// `docker run --rm FLAGS IMAGE` of gpucheck.
@@ -261,15 +327,10 @@ fn docker_run_gpus_flags(
         ("all,\"capabilities=compute,utility\"", &[0, 1, 2, 3]),
     ] {
         eprintln!("docker run --gpus {gpus} ({route:?})");
-        let (prestart, create) = finished_hooks(node);
-        let output = docker_run(dockerd, image, &["--gpus", gpus]);
+        let output = started_by(node, route, || {
+            docker_run(dockerd, image, &["--gpus", gpus])
+        });
         assert_exactly(&output, visible);
-        let (prestart_after, create_after) = finished_hooks(node);
-        let by_hook = (prestart_after - prestart, create_after - create);
-        match route {
-            GpusRoute::Hook => assert_eq!(by_hook, (1, 0), "{output}"),
-            GpusRoute::Cdi => assert!(by_hook.0 == 0 && by_hook.1 >= 1, "{output}"),
-        }
     }
     assert_refused(
         &docker_run(dockerd, image, &["--gpus", "device=7"]),
@@ -283,16 +344,23 @@ fn docker_run_gpus_flags(
     fs::create_dir(&volume).expect("make the volume");
     let bind = format!("{}:/dev", volume.display());
     let over_dev = docker_run(dockerd, image, &["--gpus", "1", "-v", &bind]);
+    assert_dev_volume_refused(&over_dev, &volume, route);
+}
+
+/// A start with the host directory `volume` bound over the runtime's /dev tmpfs, refused
+/// with no device node in `volume`: by nvhook on the hook route (the volume left empty); on
+/// the CDI route by runc, which makes no device node in a /dev the container brought (CDI's
+/// included) and fails on the missing /dev/null before any createContainer hook runs.
+#[track_caller]
+fn assert_dev_volume_refused(output: &Output, volume: &Path, route: GpusRoute) {
     match route {
-        GpusRoute::Hook => assert_volume_refused(&over_dev, &volume, "/dev"),
-        // runc makes no device node in a /dev the container brought, CDI's included, and
-        // fails on the missing /dev/null before any createContainer hook runs.
+        GpusRoute::Hook => assert_volume_refused(output, volume, "/dev"),
         GpusRoute::Cdi => {
             assert!(
-                !over_dev.status.success() && over_dev.stderr.contains("/dev/null"),
-                "{over_dev}"
+                !output.status.success() && output.stderr.contains("/dev/null"),
+                "{output}"
             );
-            assert_volume_empty(&over_dev, &volume);
+            assert_only_mount_points(output, volume);
         }
     }
 }
@@ -311,7 +379,7 @@ fn docker_run_gpus_flags(
 fn sids_dockerd_serves_gpus_by_its_route_and_cdi_devices_by_name() {
     require_root();
     let build = DockerdBuild::sid();
-    let route = GpusRoute::of(&build);
+    let route = GpusRoute::of_dockerd(&build);
     eprintln!(
         "dockerd of Debian sid {}: --gpus by {route:?}",
         build.version()
@@ -421,9 +489,10 @@ fn ctr_run_gpus_with_nvidia_container_cli_on_ctrs_path() {
 }
 
 /// containerd 2.1 (Debian sid's) still maps `ctr run --gpus` onto nvidia-container-cli's
-/// prestart hook (CDI comes with 2.2): the same flags, the same answers.
+/// prestart hook, as 2.2 does; from 2.3 ctr asks CDI for `nvidia.com/gpu=N`: the same flags,
+/// the same answers, by the route its release takes.
 #[test]
-fn ctr_run_gpus_on_containerd_2_1() {
+fn ctr_run_gpus_on_containerd_2() {
     require_root();
     ctr_run_gpus("gpus-ctrd2", |dir| {
         let containerd = Containerd2Cri::under(dir).start(dir, &[]);
@@ -435,6 +504,8 @@ fn ctr_run_gpus_on_containerd_2_1() {
 
 /// `ctr run --gpus` against the containerd `start` makes in a directory of its own (with the
 /// directory of that containerd's programs, to put first on ctr's PATH, if not the system's).
+/// ctr sees nvhook's CDI spec as the host's /var/run/cdi, which only 2.3 on reads for
+/// `--gpus`.
 fn ctr_run_gpus(name: &str, start: impl FnOnce(&Path) -> (Containerd, Option<PathBuf>)) {
     let node = SimNode::create(GPUS);
     let dir = EngineDir::new(name);
@@ -445,35 +516,58 @@ fn ctr_run_gpus(name: &str, start: impl FnOnce(&Path) -> (Containerd, Option<Pat
         Some(programs) => format!("{}:{path}", programs.display()),
         None => path,
     };
+    let cdi_dir = dir.path().join("ctr-cdi");
+    fs::create_dir(&cdi_dir).expect("make the CDI spec directory");
+    node.generate_cdi_spec(&cdi_dir.join("nvhook.yaml"));
+    containerd.set_ctr_cdi_dir(&cdi_dir);
+    let route = GpusRoute::of_ctr(&containerd);
+    eprintln!("ctr run --gpus by {route:?}");
     let image = containerd.import_gpucheck_image(dir.path());
 
     let ctr = |flags: &[&str]| ctr_run(&containerd, &image, &path, &node, flags);
-    assert_exactly(&ctr(&["--gpus", "1"]), &[1]);
-    assert_exactly(&ctr(&["--gpus", "0", "--gpus", "2"]), &[0, 2]);
-    assert_refused(
-        &ctr(&["--gpus", "7"]),
-        "nvhook (as nvidia-container-cli): --device=7: no such GPU (this node has 0-3)",
-    );
+    let gpus = |flags: &[&str]| started_by(&node, route, || ctr(flags));
+    assert_exactly(&gpus(&["--gpus", "1"]), &[1]);
+    assert_exactly(&gpus(&["--gpus", "0", "--gpus", "2"]), &[0, 2]);
+    let missing = ctr(&["--gpus", "7"]);
+    match route {
+        GpusRoute::Hook => assert_refused(
+            &missing,
+            "nvhook (as nvidia-container-cli): --device=7: no such GPU (this node has 0-3)",
+        ),
+        // ctr resolves the CDI names itself, before it asks containerd for anything.
+        GpusRoute::Cdi => assert!(
+            !missing.status.success()
+                && missing
+                    .stderr
+                    .contains("unresolvable CDI devices nvidia.com/gpu=7"),
+            "{missing}"
+        ),
+    }
     let plain = ctr(&[]);
     plain.assert_success();
     plain.assert_gpus(GPUS, &[]);
-    // With no bundle, the volumes are read from the container's mount table: a host
-    // directory bound where the libraries go is refused, and gets nothing.
+    // A host directory bound where the libraries go is refused (with no bundle, the volumes
+    // are read from the container's mount table), and gets nothing.
     let volume = dir.path().join("volume");
     fs::create_dir(&volume).expect("make the volume");
     let bind = format!(
-        "type=bind,src={},dst=/usr/lib/x86_64-linux-gnu,options=rbind:rw",
+        "type=bind,src={},dst={LIBRARY_DIR},options=rbind:rw",
         volume.display()
     );
     let on_volume = ctr(&["--gpus", "1", "--mount", &bind]);
-    assert_volume_refused(&on_volume, &volume, "/usr/lib/x86_64-linux-gnu");
+    match route {
+        GpusRoute::Hook => assert_volume_refused(&on_volume, &volume, LIBRARY_DIR),
+        GpusRoute::Cdi => assert_cdi_volume_refused(&on_volume, &volume, LIBRARY_DIR),
+    }
     // A host directory over the runtime's own /dev tmpfs: the later mount is the one there.
+    let volume = dir.path().join("dev-volume");
+    fs::create_dir(&volume).expect("make the volume");
     let bind = format!(
         "type=bind,src={},dst=/dev,options=rbind:rw",
         volume.display()
     );
     let over_dev = ctr(&["--gpus", "1", "--mount", &bind]);
-    assert_volume_refused(&over_dev, &volume, "/dev");
+    assert_dev_volume_refused(&over_dev, &volume, route);
 
     assert!(
         containerd.shutdown(),

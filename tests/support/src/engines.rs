@@ -559,6 +559,15 @@ fn sid_engine(what: &str, stamp: &str, program: &str) -> PathBuf {
     root
 }
 
+/// The (major, minor) a version starts with (`28.5.2+dfsg4-5`, `2.1.9+unknown`).
+fn major_minor(version: &str) -> Option<(u32, u32)> {
+    let mut parts = version.split(['.', '+', '-', ' ', ',']).map(str::parse);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => Some((major, minor)),
+        _ => None,
+    }
+}
+
 /// The Debian package version in the `stamp` of a sid build in `root`, or what `daemon
 /// --version` says.
 fn build_version(root: Option<&Path>, stamp: &str, daemon: &Path) -> String {
@@ -616,12 +625,9 @@ impl DockerdBuild {
     /// version (`28.5.2+dfsg4-5`) or `dockerd --version`'s words (`Docker version 20.10.24...`).
     pub fn release(&self) -> (u32, u32) {
         let version = self.version();
-        let number = version.strip_prefix("Docker version ").unwrap_or(&version);
-        let mut parts = number.split(['.', '+', '-', ' ', ',']).map(str::parse);
-        match (parts.next(), parts.next()) {
-            (Some(Ok(major)), Some(Ok(minor))) => (major, minor),
-            _ => panic!("dockerd's version {version:?} does not start with MAJOR.MINOR"),
-        }
+        major_minor(version.strip_prefix("Docker version ").unwrap_or(&version)).unwrap_or_else(
+            || panic!("dockerd's version {version:?} does not start with MAJOR.MINOR"),
+        )
     }
 
     /// `PATH` for this build's dockerd, given the one the test set (or the inherited one):
@@ -698,7 +704,14 @@ pub struct Containerd {
     runc_root: PathBuf,
     fifo_dir: PathBuf,
     namespace: String,
+    /// The directory ctr sees as the host's CDI spec directory, if one was set.
+    ctr_cdi_dir: Option<PathBuf>,
 }
+
+/// Runs `$@` in a private mount namespace where `/var/run/cdi` is the directory `$0` (on an
+/// empty tmpfs over /run, so that nothing is made in the host's /run).
+const CDI_DIR_WRAPPER: &str = "mount --make-rprivate / && mount -t tmpfs nvhook-test /var/run && \
+     mkdir /var/run/cdi && mount --bind \"$0\" /var/run/cdi && exec \"$@\"";
 
 impl Containerd {
     /// Starts `containerd --config CONFIG` with `env` added to its (and so its
@@ -739,7 +752,23 @@ impl Containerd {
             runc_root: dir.join("runc"),
             fifo_dir: dir.join("fifo"),
             namespace: unique_name("nvhook-test"),
+            ctr_cdi_dir: None,
         }
+    }
+
+    /// ctr's release as (major, minor), from `ctr --version`
+    /// (`ctr github.com/containerd/containerd/v2 2.1.9+unknown`).
+    pub fn ctr_release(&self) -> (u32, u32) {
+        let said = stdout_of(Command::new(&self.ctr).arg("--version"));
+        major_minor(said.split_whitespace().last().unwrap_or_default())
+            .unwrap_or_else(|| panic!("ctr --version said {said:?}: no MAJOR.MINOR at its end"))
+    }
+
+    /// Makes every later ctr command see `dir` as `/var/run/cdi`, the CDI spec directory
+    /// ctr reads itself (containerd 2.3's `ctr run --gpus` and `--device` make their CDI
+    /// edits on the client side, from /etc/cdi and /var/run/cdi only), and not the host's.
+    pub fn set_ctr_cdi_dir(&mut self, dir: &Path) {
+        self.ctr_cdi_dir = Some(dir.to_path_buf());
     }
 
     pub fn log(&self) -> String {
@@ -774,7 +803,16 @@ impl Containerd {
 
     /// `ctr --address SOCK --namespace NS ARGS...`, with a timeout.
     pub fn ctr(&self) -> Command {
-        let mut cmd = timed(&self.ctr);
+        let mut cmd = match &self.ctr_cdi_dir {
+            None => timed(&self.ctr),
+            Some(dir) => {
+                let mut cmd = timed(&require_program("unshare"));
+                cmd.args(["-m", "sh", "-c", CDI_DIR_WRAPPER])
+                    .arg(dir)
+                    .arg(&self.ctr);
+                cmd
+            }
+        };
         cmd.arg("--address")
             .arg(&self.socket)
             .arg("--namespace")
