@@ -201,24 +201,19 @@ enum GpusRoute {
 }
 
 impl GpusRoute {
-    /// The route moby's source gives the dockerd of `build`.
-    fn of_dockerd(build: &DockerdBuild) -> GpusRoute {
-        if build.release() >= (29, 2) {
-            GpusRoute::Cdi
-        } else {
-            GpusRoute::Hook
-        }
-    }
-
-    /// The route containerd's source gives the ctr of `containerd`.
-    fn of_ctr(containerd: &Containerd) -> GpusRoute {
-        if containerd.ctr_release() >= (2, 3) {
+    /// The route of an engine of `release`, whose `--gpus` is CDI from `first_cdi` on.
+    fn of(release: (u32, u32), first_cdi: (u32, u32)) -> GpusRoute {
+        if release >= first_cdi {
             GpusRoute::Cdi
         } else {
             GpusRoute::Hook
         }
     }
 }
+
+/// The first dockerd and ctr releases whose `--gpus` is CDI, in moby's and containerd's source.
+const DOCKERD_CDI_GPUS: (u32, u32) = (29, 2);
+const CTR_CDI_GPUS: (u32, u32) = (2, 3);
 
 /// How many containers nvhook's log says it served: (as NVIDIA's hook, prestart or
 /// `configure`; as the createContainer hook of a CDI spec).
@@ -379,7 +374,7 @@ fn assert_dev_volume_refused(output: &Output, volume: &Path, route: GpusRoute) {
 fn sids_dockerd_serves_gpus_by_its_route_and_cdi_devices_by_name() {
     require_root();
     let build = DockerdBuild::sid();
-    let route = GpusRoute::of_dockerd(&build);
+    let route = GpusRoute::of(build.release(), DOCKERD_CDI_GPUS);
     eprintln!(
         "dockerd of Debian sid {}: --gpus by {route:?}",
         build.version()
@@ -520,7 +515,7 @@ fn ctr_run_gpus(name: &str, start: impl FnOnce(&Path) -> (Containerd, Option<Pat
     fs::create_dir(&cdi_dir).expect("make the CDI spec directory");
     node.generate_cdi_spec(&cdi_dir.join("nvhook.yaml"));
     containerd.set_ctr_cdi_dir(&cdi_dir);
-    let route = GpusRoute::of_ctr(&containerd);
+    let route = GpusRoute::of(containerd.ctr_release(), CTR_CDI_GPUS);
     eprintln!("ctr run --gpus by {route:?}");
     let image = containerd.import_gpucheck_image(dir.path());
 
