@@ -22,7 +22,9 @@ use support::engines::{
     Containerd, ContainerdBuild, Dockerd, DockerdBuild, EngineDir, assert_no_mounts_left,
     containerd_config, unique_name,
 };
-use support::{Output, SimNode, gpucheck_args, nvhook_bin, require_program, require_root};
+use support::{
+    Output, SimNode, gpucheck_args, link_to_nvhook, nvhook_bin, require_program, require_root,
+};
 
 const GPUS: u32 = 4;
 const NVHOOK_CONFIG: &str = "NVHOOK_CONFIG";
@@ -60,9 +62,7 @@ fn names_dir(dir: &EngineDir) -> (PathBuf, String) {
 
 /// NVIDIA's names in `bin`, as links to nvhook, as the packages install them.
 fn link_names(bin: &Path) {
-    for name in NAMES {
-        std::os::unix::fs::symlink(nvhook_bin(), bin.join(name)).expect("link an NVIDIA name");
-    }
+    link_to_nvhook(bin, &NAMES);
 }
 
 /// `nvhook doctor`'s line about the dockerd `pid`.

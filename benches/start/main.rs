@@ -6,8 +6,9 @@
 //! nvhook-runtime against runc, the shim's cost for a non-GPU container, peak memory,
 //! growth per GPU and per mounted file, and the slow-NVML case. Targets are printed beside
 //! the numbers. `NVHOOK_BENCH_ROUNDS` sets the starts per variant (default 60);
-//! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst` or `=cri` runs one part (cri: pods over
-//! containerd 2.1.9's CRI, RuntimeClass against NRI; it needs `scripts/sid-engines.sh`).
+//! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst`, `=cri` or `=gpus` runs one part (cri: pods
+//! over containerd 2.1.9's CRI, RuntimeClass against NRI; gpus: `docker run --gpus` and `ctr
+//! run --gpus` against the same client's plain start; both need `scripts/sid-engines.sh`).
 //! Run by `cargo test` (no `--bench` flag) it makes 2 rounds, as a smoke test of itself.
 
 use nvhook_test_support as support;
@@ -15,6 +16,7 @@ use nvhook_test_support as support;
 mod burst;
 mod cri;
 mod cycle;
+mod gpus;
 mod hook_timer;
 mod setup;
 mod stats;
@@ -37,12 +39,14 @@ struct Plan {
     burst_rounds: usize,
     /// Pods per variant over CRI.
     cri_rounds: usize,
+    /// Starts per variant through the engines' GPU flags.
+    gpus_rounds: usize,
 }
 
 fn main() {
     hook_timer::run_if_wrapper();
     let full = std::env::args().any(|a| a == "--bench");
-    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri`: one part, for iterating on a profile.
+    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri|gpus`: one part, for iterating on a profile.
     let only = std::env::var("NVHOOK_BENCH_ONLY").ok();
     let only = only.as_deref();
     let plan = if full {
@@ -57,6 +61,7 @@ fn main() {
             burst_sizes: vec![8, 32],
             burst_rounds: (rounds / 20).max(3),
             cri_rounds: (rounds * 2 / 3).max(3),
+            gpus_rounds: (rounds / 2).max(3),
         }
     } else {
         Plan {
@@ -66,6 +71,7 @@ fn main() {
             burst_sizes: vec![4],
             burst_rounds: 1,
             cri_rounds: 2,
+            gpus_rounds: 2,
         }
     };
     support::require_root();
@@ -272,6 +278,10 @@ fn main() {
 
     if only.is_none_or(|o| o == "cri") {
         cri::run(plan.cri_rounds);
+    }
+
+    if only.is_none_or(|o| o == "gpus") {
+        gpus::run(plan.gpus_rounds);
     }
 }
 

@@ -19,6 +19,15 @@ pub fn nvhook_bin() -> &'static Path {
     BIN.get_or_init(|| super::workspace_bin("nvhook"))
 }
 
+/// Links each of `names` (NVIDIA's command names) in the directory `bin` to the nvhook binary,
+/// as the packages install them.
+pub fn link_to_nvhook(bin: &Path, names: &[&str]) {
+    for name in names {
+        std::os::unix::fs::symlink(nvhook_bin(), bin.join(name))
+            .unwrap_or_else(|e| panic!("link {name} in {} to nvhook: {e}", bin.display()));
+    }
+}
+
 /// Runs the nvhook binary with `args`, never reading the caller's `NVHOOK_CONFIG`.
 pub fn run_nvhook(args: &[&str]) -> std::process::Output {
     std::process::Command::new(nvhook_bin())

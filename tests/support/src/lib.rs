@@ -24,7 +24,7 @@ mod runc;
 mod snapshot;
 mod watch;
 
-pub use bundle::{Bundle, nvhook_bin, run_nvhook};
+pub use bundle::{Bundle, link_to_nvhook, nvhook_bin, run_nvhook};
 pub use cmd::{output_of_copied_binary, readelf, require_program, require_root, stdout_of};
 pub use gpucheck::{CONTROL_NODES, gpu_node, gpucheck_args};
 pub use image::{
