@@ -241,6 +241,64 @@ fn podman_runs_a_generated_cdi_device_with_only_that_gpu() {
     assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
 }
 
+/// A spec written before a MIG reconfiguration names devices that are no longer what they
+/// were (Docker 29's `--gpus` asks such a spec too: moby #52704 is about exactly this). A start
+/// through it is refused with nvhook's one line naming the fix, whatever device it asked for,
+/// and leaves nothing mounted; after `nvhook cdi refresh` the same device starts, and the new
+/// MIG device is there.
+#[test]
+fn a_start_through_a_spec_written_before_a_mig_change_is_refused_until_refreshed() {
+    require_root();
+    let node = SimNode::create_with(GPUS, &["--mig", "2:2"]);
+    let spec = CdiSpecFile::new("yaml");
+    let path = spec.path().to_str().expect("UTF-8 path");
+    let refresh = || nvhook(&node, &["cdi", "refresh", "--output", path]);
+    assert!(refresh().starts_with("refreshed "), "{}", node.log());
+    let podman = Podman::new();
+    let image = format!("localhost/{}:latest", unique_name("nvhook-glibc"));
+    podman.import(glibc_image().rootfs(), &image);
+    let checks = gpucheck_args(GPUS, &["--write", LIBCUDA, "--write", NVIDIA_SMI]);
+    let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
+    let run = |device: &str| -> Output {
+        let mut output = podman.run(&["--device", device], &image, &checks);
+        output.hook_log = Some(node.log());
+        output
+    };
+    let before = run("nvidia.com/gpu=1");
+    before.assert_success();
+    assert_gpu_1_usable(&before);
+    assert!(
+        !lines(&nvhook(&node, &["cdi", "list", path])).contains(&"nvidia.com/gpu=2:2".into()),
+        "GPU 2 has two MIG devices, 2:0 and 2:1"
+    );
+
+    // MIG on GPU 2 made anew, with three devices; the spec is not refreshed.
+    node.change(&["--gpus", &GPUS.to_string(), "--mig", "2:3"]);
+    let stale = run("nvidia.com/gpu=1");
+    assert!(
+        !stale.status.success(),
+        "a stale spec's start ran:\n{stale}"
+    );
+    let said = stale
+        .hook_stderr()
+        .unwrap_or_else(|| panic!("no hook error in podman's message:\n{stale}"));
+    let line = said.lines().next().unwrap_or_default();
+    assert!(
+        line.starts_with(
+            "nvhook: the CDI spec that gave this container its GPUs was written for another GPU layout of this host"
+        ) && line.ends_with("run `nvhook cdi refresh` (or `nvhook cdi generate` for a spec kept elsewhere) and start the container again"),
+        "{stale}"
+    );
+    let leaked = host_mounts_referencing(&[node.root()]);
+    assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+
+    assert!(refresh().starts_with("refreshed "), "{}", node.log());
+    let after = run("nvidia.com/gpu=1");
+    after.assert_success();
+    assert_gpu_1_usable(&after);
+    run("nvidia.com/gpu=2:2").assert_success();
+}
+
 /// `podman run --device nvidia.com/gpu=N` by an unprivileged user (see support/rootless.rs):
 /// the runtime bind-mounts the device nodes and driver files, and nvhook's createContainer
 /// hook makes the links and the loader cache as the user namespace's root. With no device

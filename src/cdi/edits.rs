@@ -57,7 +57,11 @@ impl HookBinary {
 
 /// Everything `plan` asks of a container, as CDI container edits.
 pub fn container_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
-    let links = LinkArgs::from_plan(plan);
+    container_edits_with(plan, hook, LinkArgs::from_plan(plan))
+}
+
+/// [`container_edits`] whose createContainer hook does what `links` say.
+pub fn container_edits_with(plan: &Plan, hook: &HookBinary, links: LinkArgs) -> ContainerEdits {
     ContainerEdits {
         // The devices are in: no hook that reads this variable (nvhook's own from hooks.d,
         // NVIDIA's legacy one) may act on the container again.

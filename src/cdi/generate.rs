@@ -6,11 +6,13 @@
 //! and each device keeps only its own nodes.
 
 use super::CdiError;
-use super::edits::{HookBinary, container_edits, device_nodes};
+use super::edits::{HookBinary, container_edits_with, device_nodes};
+use super::hook::LinkArgs;
 use super::spec::{CdiSpec, ContainerEdits, Device, minimum_version, validate};
 use crate::capability::Capability;
 use crate::config::Config;
 use crate::inventory::Inventory;
+use crate::inventory::gpu_layout::GpuLayout;
 use crate::plan::{self, Plan};
 use crate::request::{DeviceId, DeviceSelection, Request, Requirements, SelectionSource};
 use std::collections::{BTreeSet, HashSet};
@@ -96,7 +98,11 @@ pub fn generate(
     let mut all = plan_for(DeviceSelection::All)?;
     // The spec serves any set of its devices: no one container's /proc/driver/nvidia view.
     all.proc_overlay = None;
-    let mut common = container_edits(&all, &hook);
+    let mut links = LinkArgs::from_plan(&all);
+    // Its names stand for the GPUs and MIG instances there are now.
+    let layout = GpuLayout::read(config);
+    links.gpu_layout = layout.has_gpus().then(|| layout.stamp());
+    let mut common = container_edits_with(&all, &hook, links);
     common.device_nodes.retain(|n| shared.contains(&n.path));
 
     let mut devices = Vec::new();

@@ -9,6 +9,7 @@
 
 use crate::config::{Config, CudaCompatMode};
 use crate::inject::{HookError, procfs};
+use crate::inventory::gpu_layout::GpuLayout;
 use crate::oci::{Spec, State};
 use crate::plan::{CacheEntry, LdSoConf, Plan, ProcOverlay, Symlink, compat};
 use crate::proc_view;
@@ -35,6 +36,9 @@ pub struct LinkArgs {
     /// The container's `/proc/driver/nvidia/params` says `ModifyDeviceFiles: 0`, every GPU's
     /// directory kept (NVIDIA's `disable-device-node-modification`).
     pub params_view: bool,
+    /// The [`GpuLayout`] stamp of the host a static spec was written for: a start through
+    /// the spec on a host whose GPUs or MIG instances have changed since is refused.
+    pub gpu_layout: Option<String>,
 }
 
 /// A directory of the container whose libraries are linked and, with `cache`, cached.
@@ -46,7 +50,7 @@ pub struct LibFolder {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
-    "bad createContainer hook argument {0:?} (expected --link PATH=TARGET, --lib64 PATH[=SONAME], --lib32 PATH[=SONAME], --ld-so-conf FILE, --ld-so-dir DIR, --cuda-compat-host VERSION, --proc-driver DIR, --proc-gpu BUS-ID; regenerate the CDI spec with this nvhook)"
+    "bad createContainer hook argument {0:?} (expected --link PATH=TARGET, --lib64 PATH[=SONAME], --lib32 PATH[=SONAME], --ld-so-conf FILE, --ld-so-dir DIR, --cuda-compat-host VERSION, --proc-driver DIR, --proc-gpu BUS-ID, --gpu-layout STAMP; regenerate the CDI spec with this nvhook)"
 )]
 pub struct BadHookArg(pub String);
 
@@ -70,6 +74,7 @@ impl LinkArgs {
             proc_view: plan.proc_overlay.clone(),
             folders: Vec::new(),
             params_view: false,
+            gpu_layout: None,
         }
     }
 
@@ -117,6 +122,10 @@ impl LinkArgs {
             out.push("--cuda-compat-host".into());
             out.push(version.clone());
         }
+        if let Some(stamp) = &self.gpu_layout {
+            out.push("--gpu-layout".into());
+            out.push(stamp.clone());
+        }
         if let Some(view) = &self.proc_view {
             out.push("--proc-driver".into());
             out.push(view.host_dir.display().to_string());
@@ -138,6 +147,11 @@ impl LinkArgs {
                     .next()
                     .filter(|v| compat::DriverVersion::parse(v).is_some());
                 out.cuda_compat_host = Some(version.ok_or_else(bad)?.clone());
+                continue;
+            }
+            if flag == "--gpu-layout" && out.gpu_layout.is_none() {
+                let stamp = it.next().filter(|s| GpuLayout::is_stamp(s));
+                out.gpu_layout = Some(stamp.ok_or_else(bad)?.clone());
                 continue;
             }
             // A PCI bus id (`00000000:3B:00.0`), of the directory named last.
@@ -206,6 +220,9 @@ impl LinkArgs {
 
 /// Applies `args` to the rootfs of the container `state` describes.
 pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Result<(), HookError> {
+    if let Some(written_for) = &args.gpu_layout {
+        check_gpu_layout(config, written_for)?;
+    }
     let spec = Spec::load(&state.bundle)?;
     let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
     let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&spec.mount_points());
@@ -265,6 +282,27 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
         {
             tracing::info!("the container's procfs has no /proc/driver/nvidia: view skipped");
         }
+    }
+    Ok(())
+}
+
+/// Refuses a start through a static spec written for another GPU layout than the host's now:
+/// its device names would give whatever they point at now. A layout that shows no GPU here
+/// (this procfs is not the driver's) cannot be judged, and is logged.
+fn check_gpu_layout(config: &Config, written_for: &str) -> Result<(), HookError> {
+    let now = GpuLayout::read(config);
+    if !now.has_gpus() {
+        tracing::warn!(
+            proc = %config.proc_path("driver/nvidia/gpus").display(),
+            "no GPU in the driver's procfs here: the spec's GPU layout is not checked"
+        );
+        return Ok(());
+    }
+    if now.stamp() != written_for {
+        return Err(HookError::StaleCdiSpec {
+            written_for: written_for.to_owned(),
+            now: now.stamp(),
+        });
     }
     Ok(())
 }
@@ -345,6 +383,7 @@ mod tests {
                 host_dir: "/proc/driver/nvidia".into(),
                 gpus: strings(&["00000000:3B:00.0", "00000000:86:00.0"]),
             }),
+            gpu_layout: Some("0123456789abcdef".into()),
             ..LinkArgs::default()
         };
         assert_eq!(LinkArgs::parse(&args.to_args()).unwrap(), args);
@@ -367,6 +406,14 @@ mod tests {
             &["--proc-gpu", "00000000:3B:00.0"],
             &["--proc-driver", "/proc/driver/nvidia", "--proc-gpu", "../x"],
             &["--proc-driver", "proc/driver/nvidia"],
+            &["--gpu-layout", "0123"],
+            &["--gpu-layout", "/usr/lib/x86_64-l"],
+            &[
+                "--gpu-layout",
+                "0123456789abcdef",
+                "--gpu-layout",
+                "0123456789abcdef",
+            ],
             &[
                 "--cuda-compat-host",
                 "550.54.15",

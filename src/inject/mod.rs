@@ -68,6 +68,10 @@ pub enum HookError {
         "the user namespace of pid {pid} maps no host id to its root: map the container's id 0 (uidMappings and gidMappings)"
     )]
     UnmappedRoot { pid: i32 },
+    #[error(
+        "the CDI spec that gave this container its GPUs was written for another GPU layout of this host (GPU layout {written_for}, now {now}: GPUs or MIG instances changed since): run `nvhook cdi refresh` (or `nvhook cdi generate` for a spec kept elsewhere) and start the container again"
+    )]
+    StaleCdiSpec { written_for: String, now: String },
     #[error("cannot act as the container's root (host uid {uid}, gid {gid}): {source}")]
     ActAsRoot {
         uid: u32,

@@ -10,6 +10,7 @@
 //! The file is root's: it is read only when owned by our effective user and writable by no
 //! one else, from a directory that is the same, and never through a symlink.
 
+use super::gpu_layout::GpuLayout;
 use super::nvml::System;
 use crate::atomic_file::{NewFile, write_atomic};
 use crate::config::Config;
@@ -50,6 +51,7 @@ impl Fingerprint {
     pub fn read(config: &Config, library: &Path, boot_id_file: &Path) -> Option<Fingerprint> {
         let library = std::fs::canonicalize(library).ok()?;
         let nvidia = config.proc_path("driver/nvidia");
+        let layout = GpuLayout::read(config);
         Some(Fingerprint {
             boot_id: std::fs::read_to_string(boot_id_file)
                 .ok()?
@@ -59,31 +61,10 @@ impl Fingerprint {
             library_dir: FileId::of(library.parent()?)?,
             library,
             module_version: std::fs::read_to_string(nvidia.join("version")).ok(),
-            gpus: names_under(&nvidia.join("gpus"), false),
-            capabilities: names_under(&nvidia.join("capabilities"), true),
+            gpus: layout.gpus,
+            capabilities: layout.capabilities,
         })
     }
-}
-
-/// The sorted entry names under `dir` (paths relative to it, the whole tree with `deep`);
-/// none when it does not exist.
-fn names_under(dir: &Path, deep: bool) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut pending = vec![PathBuf::new()];
-    while let Some(rel) = pending.pop() {
-        let Ok(entries) = std::fs::read_dir(dir.join(&rel)) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = rel.join(entry.file_name());
-            if deep && entry.file_type().is_ok_and(|t| t.is_dir()) {
-                pending.push(path.clone());
-            }
-            out.push(path.to_string_lossy().into_owned());
-        }
-    }
-    out.sort();
-    out
 }
 
 #[derive(Serialize, Deserialize)]

@@ -9,6 +9,7 @@ pub mod device_numbers;
 pub mod devices;
 pub mod driver;
 pub mod drm;
+pub mod gpu_layout;
 pub mod graphics;
 mod host_file;
 pub mod isolated;
