@@ -211,21 +211,43 @@ fn assert_gpu_1_usable(output: &Output) {
     ]);
 }
 
+/// Podman with the glibc image, and gpucheck probing every GPU and writing two driver files.
+struct PodmanProbe {
+    podman: Podman,
+    image: String,
+    checks: Vec<String>,
+}
+
+impl PodmanProbe {
+    fn new() -> PodmanProbe {
+        let podman = Podman::new();
+        let image = format!("localhost/{}:latest", unique_name("nvhook-glibc"));
+        podman.import(glibc_image().rootfs(), &image);
+        PodmanProbe {
+            podman,
+            image,
+            checks: gpucheck_args(GPUS, &["--write", LIBCUDA, "--write", NVIDIA_SMI]),
+        }
+    }
+
+    /// `podman run --device DEVICE` of the probe, with `node`'s nvhook log attached.
+    fn run(&self, node: &SimNode, device: &str) -> Output {
+        let checks: Vec<&str> = self.checks.iter().map(String::as_str).collect();
+        let mut output = self.podman.run(&["--device", device], &self.image, &checks);
+        output.hook_log = Some(node.log());
+        output
+    }
+}
+
 #[test]
 fn podman_runs_a_generated_cdi_device_with_only_that_gpu() {
     require_root();
     let node = SimNode::create(GPUS);
     let spec = CdiSpecFile::new("yaml");
     generate(&node, spec.path());
-    let podman = Podman::new();
-    let image = format!("localhost/{}:latest", unique_name("nvhook-glibc"));
-    podman.import(glibc_image().rootfs(), &image);
-
-    let checks = gpucheck_args(GPUS, &["--write", LIBCUDA, "--write", NVIDIA_SMI]);
-    let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
+    let probe = PodmanProbe::new();
     let run = |device: &str| -> Output {
-        let mut output = podman.run(&["--device", device], &image, &checks);
-        output.hook_log = Some(node.log());
+        let output = probe.run(&node, device);
         output.assert_success();
         output
     };
@@ -235,7 +257,7 @@ fn podman_runs_a_generated_cdi_device_with_only_that_gpu() {
     output.assert_gpus(GPUS, &[2]);
     output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
 
-    let left: Vec<_> = mount_points_below(podman.dir());
+    let left: Vec<_> = mount_points_below(probe.podman.dir());
     assert!(left.is_empty(), "podman left mounts: {left:?}");
     let leaked = host_mounts_referencing(&[node.root()]);
     assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
@@ -254,16 +276,8 @@ fn a_start_through_a_spec_written_before_a_mig_change_is_refused_until_refreshed
     let path = spec.path().to_str().expect("UTF-8 path");
     let refresh = || nvhook(&node, &["cdi", "refresh", "--output", path]);
     assert!(refresh().starts_with("refreshed "), "{}", node.log());
-    let podman = Podman::new();
-    let image = format!("localhost/{}:latest", unique_name("nvhook-glibc"));
-    podman.import(glibc_image().rootfs(), &image);
-    let checks = gpucheck_args(GPUS, &["--write", LIBCUDA, "--write", NVIDIA_SMI]);
-    let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
-    let run = |device: &str| -> Output {
-        let mut output = podman.run(&["--device", device], &image, &checks);
-        output.hook_log = Some(node.log());
-        output
-    };
+    let probe = PodmanProbe::new();
+    let run = |device: &str| probe.run(&node, device);
     let before = run("nvidia.com/gpu=1");
     before.assert_success();
     assert_gpu_1_usable(&before);

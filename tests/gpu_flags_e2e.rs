@@ -157,30 +157,32 @@ fn assert_only_mount_points(output: &Output, volume: &Path) {
     );
 }
 
+/// A start that failed with nvhook's refusal, its line starting with `said_by`, to write into
+/// the volume mounted at `destination`.
+#[track_caller]
+fn assert_hook_refused_volume(output: &Output, destination: &str, said_by: &str) {
+    let hook = output.hook_stderr().unwrap_or_default();
+    let line = format!("the volume mounted at {destination}: nvhook will not write into a volume");
+    assert!(
+        !output.status.success() && hook.starts_with(said_by) && hook.contains(&line),
+        "{output}"
+    );
+}
+
 /// A CDI start refused by nvhook's createContainer hook, which would have written in the host
 /// directory `volume`, bound at `destination`, where the runtime left only its mount points.
 #[track_caller]
 fn assert_cdi_volume_refused(output: &Output, volume: &Path, destination: &str) {
     assert_only_mount_points(output, volume);
-    let hook = output.hook_stderr().unwrap_or_default();
-    let line = format!("the volume mounted at {destination}: nvhook will not write into a volume");
-    assert!(
-        !output.status.success() && hook.starts_with("nvhook: ") && hook.contains(&line),
-        "{output}"
-    );
+    assert_hook_refused_volume(output, destination, "nvhook: ");
 }
 
-/// A start refused because nvhook would have written in the host directory `volume`, bound
-/// at `destination`, which is left empty.
+/// A start refused because nvhook, under one of NVIDIA's names, would have written in the host
+/// directory `volume`, bound at `destination`, which is left empty.
 #[track_caller]
 fn assert_volume_refused(output: &Output, volume: &Path, destination: &str) {
     assert_volume_empty(output, volume);
-    let hook = output.hook_stderr().unwrap_or_default();
-    let line = format!("the volume mounted at {destination}: nvhook will not write into a volume");
-    assert!(
-        !output.status.success() && hook.starts_with("nvhook (as ") && hook.contains(&line),
-        "{output}"
-    );
+    assert_hook_refused_volume(output, destination, "nvhook (as ");
 }
 
 // ---- dockerd: --gpus runs nvidia-container-runtime-hook prestart, or (29.2 on) CDI ----

@@ -208,14 +208,7 @@ fn report(variants: &[Variant], rounds: usize) {
     println!("|---|---|---|---|");
     let base = variants[0].samples.p50();
     for v in variants {
-        let p50 = v.samples.p50();
-        println!(
-            "| {} | {:.2} | {:.2} | {:+.2} |",
-            v.label,
-            p50,
-            v.samples.p95(),
-            p50 - base
-        );
+        println!("{}", v.samples.delta_row(v.label, base));
     }
     // Issue 24's goal: NRI adds at most 1 ms over plain, and less than the RuntimeClass path.
     let runtime_class = variants[1].samples.p50() - base;

@@ -152,14 +152,7 @@ fn report(variants: &[Variant], rounds: usize, build: &DockerdBuild, log: &str) 
             .iter()
             .find(|p| p.client == v.client && p.flags.is_empty())
             .expect("each client has a start without a GPU");
-        let p50 = v.samples.p50();
-        println!(
-            "| {} | {:.2} | {:.2} | {:+.2} |",
-            v.label,
-            p50,
-            v.samples.p95(),
-            p50 - plain.samples.p50()
-        );
+        println!("{}", v.samples.delta_row(v.label, plain.samples.p50()));
     }
     // Which route served the GPU starts, from nvhook's log.
     let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();

@@ -28,6 +28,16 @@ impl Samples {
     pub fn p95(&self) -> f64 {
         self.percentile(95.0)
     }
+
+    /// A markdown row `| label | p50 | p95 | Δ p50 |`, Δ against `base_p50`.
+    pub fn delta_row(&self, label: &str, base_p50: f64) -> String {
+        let p50 = self.p50();
+        format!(
+            "| {label} | {p50:.2} | {:.2} | {:+.2} |",
+            self.p95(),
+            p50 - base_p50
+        )
+    }
 }
 
 impl FromIterator<f64> for Samples {
