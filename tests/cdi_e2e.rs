@@ -305,6 +305,24 @@ fn a_start_through_a_spec_written_before_a_mig_change_is_refused_until_refreshed
     );
     let leaked = host_mounts_referencing(&[node.root()]);
     assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+    // doctor says so, and how to mend it.
+    let doctor = Command::new(nvhook_bin())
+        .arg("--config")
+        .arg(node.config())
+        .arg("doctor")
+        .output()
+        .expect("run nvhook doctor");
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    let check = said
+        .lines()
+        .find(|l| l.contains(&format!("CDI {path}: ")))
+        .unwrap_or_else(|| panic!("doctor has no line for {path}:\n{said}"));
+    assert!(
+        check.starts_with("FAIL")
+            && check.contains("written for another GPU layout")
+            && check.contains("cdi refresh"),
+        "{check}"
+    );
 
     assert!(refresh().starts_with("refreshed "), "{}", node.log());
     let after = run("nvidia.com/gpu=1");

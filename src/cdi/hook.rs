@@ -218,6 +218,15 @@ impl LinkArgs {
     }
 }
 
+/// The GPU layout stamp the createContainer hook of `edits` checks, if it has one (a spec
+/// nvhook wrote).
+pub fn gpu_layout_of(edits: &crate::cdi::ContainerEdits) -> Option<&str> {
+    edits.hooks.iter().find_map(|hook| {
+        let at = hook.args.iter().position(|a| a == "--gpu-layout")?;
+        hook.args.get(at + 1).map(String::as_str)
+    })
+}
+
 /// Applies `args` to the rootfs of the container `state` describes.
 pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Result<(), HookError> {
     if let Some(written_for) = &args.gpu_layout {

@@ -461,6 +461,8 @@ pub fn hooks(dirs: &[HooksDir]) -> Vec<Check> {
 pub struct SpecFile {
     pub file: PathBuf,
     pub devices: Result<Vec<(String, Vec<SpecNode>)>, String>,
+    /// The GPU layout stamp its createContainer hook checks (specs nvhook wrote).
+    pub gpu_layout: Option<String>,
 }
 
 /// A device node of a CDI device: its path in the container, and its numbers where the spec
@@ -494,6 +496,8 @@ pub struct CurrentDevices {
     pub ids: Vec<(String, String)>,
     /// name → its device nodes.
     pub nodes: Vec<(String, Vec<SpecNode>)>,
+    /// The GPU layout stamp a spec written now would carry.
+    pub gpu_layout: Option<String>,
 }
 
 pub fn cdi(specs: &[SpecFile], now: &CurrentDevices, nvhook: &str) -> Vec<Check> {
@@ -548,6 +552,13 @@ pub fn cdi(specs: &[SpecFile], now: &CurrentDevices, nvhook: &str) -> Vec<Check>
             }
             if !changed.is_empty() {
                 problems.push(format!("device nodes changed for: {}", changed.join(", ")));
+            }
+            if let (Some(written), Some(now)) = (&spec.gpu_layout, &now.gpu_layout)
+                && written != now
+            {
+                problems.push(format!(
+                    "written for another GPU layout ({written}, now {now}: GPUs or MIG instances changed), so nvhook refuses every start through it"
+                ));
             }
             match problems.is_empty() {
                 true => Check::ok(
@@ -1040,6 +1051,7 @@ mod tests {
         let now = CurrentDevices {
             ids: vec![("0".into(), "GPU-a".into()), ("1".into(), "GPU-b".into())],
             nodes: vec![("0".into(), vec![node(Some(0))])],
+            gpu_layout: Some("00000000000000aa".into()),
         };
         let spec = |names: &[&str], minor: Option<i64>| SpecFile {
             file: "/etc/cdi/nvidia.yaml".into(),
@@ -1047,6 +1059,7 @@ mod tests {
                 .iter()
                 .map(|n| (n.to_string(), vec![node(minor)]))
                 .collect()),
+            gpu_layout: None,
         };
         let checks = cdi(
             &[
@@ -1070,6 +1083,21 @@ mod tests {
         assert_eq!(checks[2].detail, "stale: device nodes changed for: 0");
         let missing = cdi(&[spec(&["0", "all"], Some(0))], &now, "nvhook");
         assert_eq!(missing[0].detail, "stale: lacks this node's devices: 1");
+        // The same names and nodes, written for another GPU layout (MIG remade alike).
+        let stamped = |stamp: &str| SpecFile {
+            gpu_layout: Some(stamp.into()),
+            ..spec(&["0", "1", "all"], Some(0))
+        };
+        let checks = cdi(
+            &[stamped("00000000000000aa"), stamped("00000000000000bb")],
+            &now,
+            "nvhook",
+        );
+        assert_eq!(levels(&checks), [Level::Ok, Level::Fail]);
+        assert_eq!(
+            checks[1].detail,
+            "stale: written for another GPU layout (00000000000000bb, now 00000000000000aa: GPUs or MIG instances changed), so nvhook refuses every start through it"
+        );
     }
 
     fn found(path: &str, execd: bool, version: Result<&str, QueryError>) -> RuntimeSearch {

@@ -13,6 +13,7 @@ mod nri;
 mod nvidia_names;
 mod runtimes;
 
+use crate::cdi::hook::gpu_layout_of;
 use crate::cdi::{self, NameStrategy};
 use crate::config::Config;
 use crate::configure::{self, Applied, Engine};
@@ -370,16 +371,23 @@ fn cdi_checks(config: &Config, options: &Options, inventory: &Inventory) -> Vec<
     let specs: Vec<SpecFile> = cdi::spec_files(&dirs)
         .into_iter()
         .filter_map(|file| {
-            let devices = match cdi::read_spec(&file) {
-                Err(e) => Err(e.to_string()),
+            let (devices, gpu_layout) = match cdi::read_spec(&file) {
+                Err(e) => (Err(e.to_string()), None),
                 Ok(spec) if spec.kind != cdi::KIND => return None,
-                Ok(spec) => Ok(spec
-                    .devices
-                    .iter()
-                    .map(|d| (d.name.clone(), spec_nodes(&d.container_edits)))
-                    .collect()),
+                Ok(spec) => (
+                    Ok(spec
+                        .devices
+                        .iter()
+                        .map(|d| (d.name.clone(), spec_nodes(&d.container_edits)))
+                        .collect()),
+                    gpu_layout_of(&spec.container_edits).map(str::to_owned),
+                ),
             };
-            Some(SpecFile { file, devices })
+            Some(SpecFile {
+                file,
+                devices,
+                gpu_layout,
+            })
         })
         .collect();
     if specs.is_empty() {
@@ -389,20 +397,27 @@ fn cdi_checks(config: &Config, options: &Options, inventory: &Inventory) -> Vec<
         .into_iter()
         .map(|(id, uuid)| (id.to_string(), uuid))
         .collect();
-    let nodes = match cdi::generate(
+    let (nodes, gpu_layout) = match cdi::generate(
         config,
         None,
         inventory,
         &[NameStrategy::Index, NameStrategy::Uuid],
     ) {
-        Ok(spec) => spec
-            .devices
-            .iter()
-            .map(|d| (d.name.clone(), spec_nodes(&d.container_edits)))
-            .collect(),
-        Err(_) => Vec::new(),
+        Ok(spec) => (
+            spec.devices
+                .iter()
+                .map(|d| (d.name.clone(), spec_nodes(&d.container_edits)))
+                .collect(),
+            gpu_layout_of(&spec.container_edits).map(str::to_owned),
+        ),
+        Err(_) => (Vec::new(), None),
     };
-    checks::cdi(&specs, &CurrentDevices { ids, nodes }, &options.nvhook())
+    let now = CurrentDevices {
+        ids,
+        nodes,
+        gpu_layout,
+    };
+    checks::cdi(&specs, &now, &options.nvhook())
 }
 
 /// A device's nodes, as the check compares them.
