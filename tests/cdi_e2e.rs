@@ -131,12 +131,7 @@ fn cdi_refresh_follows_the_host() {
     assert!(refresh().starts_with("refreshed "), "{}", node.log());
     let listed = |node: &SimNode| lines(&nvhook(node, &["cdi", "list", path]));
     assert_eq!(listed(&node), expected_names(&node, true, true));
-    let inits = || {
-        std::fs::read_to_string(node.root().join("nvml-inits"))
-            .unwrap_or_default()
-            .lines()
-            .count()
-    };
+    let inits = || node.nvml_inits();
     let (inode, inits_before) = (std::fs::metadata(&spec).unwrap().ino(), inits());
     assert_eq!(refresh(), format!("unchanged: {path}\n"));
     assert_eq!(

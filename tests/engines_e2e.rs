@@ -260,9 +260,8 @@ fn containerd_and_dockerd_start_gpu_containers_at_the_same_moment() {
             "dlopen libcuda.so.1 ok",
         ]);
     }
-    let inits = fs::read_to_string(node.root().join("nvml-inits")).unwrap_or_default();
     assert_eq!(
-        inits.lines().count(),
+        node.nvml_inits(),
         1,
         "NVML asked more than once:\n{}",
         node.log()

@@ -517,8 +517,7 @@ fn fault_the_cache_directory_is_on_a_full_filesystem() {
         output.assert_success();
         output.assert_lines(&[&format!("dev /dev/nvidia{gpu} ENXIO")]);
     }
-    let inits = fs::read_to_string(node.root().join("nvml-inits")).unwrap_or_default();
-    assert_eq!(inits.lines().count(), 2, "each start asked NVML itself");
+    assert_eq!(node.nvml_inits(), 2, "each start asked NVML itself");
     let mut left: Vec<String> = walk_names(&run.path());
     left.sort();
     let allowed = ["filler", "nvhook", "nvhook/nvml-inventory.json.lock"];

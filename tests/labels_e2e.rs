@@ -65,8 +65,7 @@ fn labels_name_the_nodes_gpus_as_gpu_feature_discovery_does() {
     );
 
     // Asked three times: NVML once, its cached answer after.
-    let inits = fs::read_to_string(node.root().join("nvml-inits")).unwrap();
-    assert_eq!(inits.lines().count(), 1, "{inits}");
+    assert_eq!(node.nvml_inits(), 1, "{}", node.log());
 }
 
 #[test]
