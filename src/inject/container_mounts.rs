@@ -25,6 +25,9 @@ pub struct ContainerMounts {
     pub mounts: Vec<MountPoint>,
     /// The rootfs's own mount propagates to the host (`shared`).
     pub rootfs_shared: bool,
+    /// The rootfs is a mount point of the container's table, as every runtime makes it
+    /// (runc binds it onto itself before pivot_root); a plain directory of the host is not.
+    pub rootfs_is_mount: bool,
 }
 
 /// Reads the mount table of `container` (its mountinfo) against the `host`'s.
@@ -35,6 +38,7 @@ pub fn classify(container: &str, host: &str, rootfs: &Path) -> ContainerMounts {
         .map(|m| m.device)
         .collect();
     let mut rootfs_shared = false;
+    let mut rootfs_is_mount = false;
     let mut mounts = Vec::new();
     for mount in container.lines().filter_map(parse_mount) {
         let Ok(inside) = mount.mount_point.strip_prefix(rootfs) else {
@@ -43,6 +47,7 @@ pub fn classify(container: &str, host: &str, rootfs: &Path) -> ContainerMounts {
         if inside.as_os_str().is_empty() {
             // The last mount on the rootfs is the one the container sees.
             rootfs_shared = mount.is_shared();
+            rootfs_is_mount = true;
             continue;
         }
         let Some(inside) = inside.to_str() else {
@@ -56,6 +61,7 @@ pub fn classify(container: &str, host: &str, rootfs: &Path) -> ContainerMounts {
     ContainerMounts {
         mounts,
         rootfs_shared,
+        rootfs_is_mount,
     }
 }
 
@@ -63,6 +69,15 @@ fn made_for_the_container(mount: &Mount, host_devices: &HashSet<String>) -> bool
     PER_CONTAINER_KINDS.contains(&mount.fstype.as_str())
         && mount.root == "/"
         && !host_devices.contains(&mount.device)
+}
+
+/// Whether the process `pid` shares nvhook's own mount namespace: a process of the host, not a
+/// container's (whose runtime made it a namespace of its own).
+pub fn shares_our_mount_ns(pid: i32) -> Result<bool, std::io::Error> {
+    use std::os::unix::fs::MetadataExt;
+    let theirs = std::fs::metadata(format!("/proc/{pid}/ns/mnt"))?;
+    let ours = std::fs::metadata("/proc/self/ns/mnt")?;
+    Ok(theirs.dev() == ours.dev() && theirs.ino() == ours.ino())
 }
 
 /// [`classify`] for the process `pid`, from the host's `/proc`.
@@ -120,8 +135,16 @@ mod tests {
                     point("/etc/hosts", true),
                 ],
                 rootfs_shared: false,
+                rootfs_is_mount: true,
             }
         );
+    }
+
+    #[test]
+    fn a_host_directory_is_no_rootfs_mount() {
+        let seen = classify(HOST, HOST, Path::new("/srv/data"));
+        assert!(!seen.rootfs_is_mount);
+        assert!(seen.mounts.is_empty());
     }
 
     #[test]

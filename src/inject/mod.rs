@@ -62,6 +62,10 @@ pub enum HookError {
         "cannot see the container's rootfs through /proc/{pid}/root: {source} (is the container still running?)"
     )]
     ContainerGone { pid: i32, source: std::io::Error },
+    #[error(
+        "pid {pid} is not a container's process on that rootfs: it {why} (configure works only on a container its runtime is starting: --pid=PID ROOTFS as the runtime's prestart hook gives them)"
+    )]
+    NotAContainer { pid: i32, why: &'static str },
     #[error("cannot read the user namespace of pid {pid}: {source}")]
     UserNamespace { pid: i32, source: std::io::Error },
     #[error(
@@ -164,8 +168,23 @@ pub fn configure_process(
     cgroups: bool,
 ) -> Result<Outcome, HookError> {
     let step = Step::start();
+    // A host process and a host directory make no container: the writes would be the host's.
+    if container_mounts::shares_our_mount_ns(pid)
+        .map_err(|source| HookError::ContainerGone { pid, source })?
+    {
+        return Err(HookError::NotAContainer {
+            pid,
+            why: "shares the host's mount namespace",
+        });
+    }
     let found = container_mounts::read(pid, &rootfs)
         .map_err(|source| HookError::ContainerGone { pid, source })?;
+    if !found.rootfs_is_mount {
+        return Err(HookError::NotAContainer {
+            pid,
+            why: "has no mount at that rootfs",
+        });
+    }
     if found.rootfs_shared {
         return Err(HookError::SharedRootfs("shared".into()));
     }

@@ -27,6 +27,12 @@ use std::rc::Rc;
 pub enum RootfsError {
     #[error("cannot open the container rootfs {path}: {message}")]
     Open { path: String, message: String },
+    /// root.path names the host's own root (`/`, or a bind of it): every write would land on
+    /// the host, as NVIDIA's hooks once did with such a bundle.
+    #[error(
+        "the container rootfs {path} is the host's own root directory: nvhook writes nothing there (root.path in config.json must name the container's rootfs)"
+    )]
+    HostRoot { path: String },
     #[error("cannot {op} {path} in the container: {message}")]
     Op {
         op: &'static str,
@@ -98,6 +104,12 @@ fn unusable_root(path: &Path, error: &dyn std::error::Error) -> String {
     }
 }
 
+/// Whether `st` is the directory `host` (this mount namespace's `/`), by device and inode.
+fn is_host_root(st: &libc::stat, host: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    st.st_dev == host.dev() && st.st_ino == host.ino()
+}
+
 /// Splits an absolute container path into its directory and last component.
 fn split(path: &str) -> Result<(&str, CString), RootfsError> {
     let (dir, name) = path
@@ -131,6 +143,13 @@ impl Rootfs {
             message,
         };
         let root = Root::open(path).map_err(|e| open_err(unusable_root(path, &e)))?;
+        let st = sys::fstat(root.as_fd()).map_err(|e| open_err(e.to_string()))?;
+        let host = std::fs::metadata("/").map_err(|e| open_err(format!("stat /: {e}")))?;
+        if is_host_root(&st, &host) {
+            return Err(RootfsError::HostRoot {
+                path: path.display().to_string(),
+            });
+        }
         let boundary =
             boundary::Boundary::new(root.as_fd()).map_err(|e| open_err(e.to_string()))?;
         Ok(Rootfs {
@@ -553,6 +572,20 @@ mod tests {
         assert!(split("/usr/..").is_err());
         assert!(split("/usr/").is_err());
         assert!(split("nodir").is_err());
+    }
+
+    #[test]
+    fn the_hosts_root_is_refused_by_any_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        // `/`, a path that resolves to it, and a link to it (Root::open refuses the link).
+        for path in ["/".into(), tmp.path().join("../../../..")] {
+            let e = Rootfs::open(&path)
+                .err()
+                .expect("the host's root is refused");
+            assert!(matches!(e, RootfsError::HostRoot { .. }), "{path:?}: {e}");
+            assert!(e.to_string().contains("root.path"), "{e}");
+        }
+        assert!(Rootfs::open(tmp.path()).is_ok());
     }
 
     #[test]
