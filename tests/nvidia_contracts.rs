@@ -14,13 +14,13 @@ use std::process::{Command, Output, Stdio};
 
 use support::{SimNode, nvhook_bin, require_program, require_root};
 
-/// Runs `program args` in a private mount namespace whose `/etc` and `/usr/lib` are overlays
+/// Runs `program args` in a private mount namespace (its scratch directory in `scratch`) whose `/etc` and `/usr/lib` are overlays
 /// of the host's, `stdin` on its stdin with `@PID@` replaced by a pid in that namespace. The
 /// output's stdout lists what the run wrote there (one path a line, relative to the upper
 /// layer), after a line `exit=N` with the program's exit status; stderr is the program's.
-fn run_guarded(program: &Path, args: &[&str], stdin: &str) -> Output {
+fn run_guarded(scratch: &Path, program: &Path, args: &[&str], stdin: &str) -> Output {
     const SCRIPT: &str = r#"set -e
-upper=$(mktemp -d)
+upper=$(mktemp -d -p "$GUARD_SCRATCH")
 mount -t tmpfs guard "$upper"
 for dir in /etc /usr/lib; do
   name=$(echo "$dir" | tr / _)
@@ -45,6 +45,7 @@ cd "$upper" && find u_etc u_usr_lib -mindepth 1
         .arg(program)
         .args(args)
         .env_remove("NVHOOK_CONFIG")
+        .env("GUARD_SCRATCH", scratch)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -141,7 +142,7 @@ fn a_bundle_whose_root_is_the_hosts_is_refused_by_every_hook() {
         let bundle = bundle_with_root(dir.path(), root);
         for (program, args) in &runs {
             let case = format!("root.path {root}: {} {args:?}", program.display());
-            let out = run_guarded(program, args, &state(&bundle));
+            let out = run_guarded(dir.path(), program, args, &state(&bundle));
             let (exit, stderr, written) = outcome(&out);
             assert_eq!(exit, Some(1), "{case}: {stderr}");
             assert_eq!(stderr.lines().count(), 1, "{case}: {stderr}");
@@ -218,4 +219,112 @@ fn configure_refuses_a_host_process_and_a_host_directory() {
         let _ = child.kill();
         let _ = child.wait();
     }
+}
+
+/// NVIDIA's `disable-device-node-modification` changes the container's
+/// `/proc/driver/nvidia/params` only: the MIG capability files a MIG device's user reads
+/// (`capabilities/gpu*/mig/gi*/ci*/access`) stay, and so does every other file of the
+/// directory. The simulated node's driver procfs stands in for the kernel's: a tmpfs at the
+/// container's `/proc/driver`, filled from it by a createContainer hook that runs before
+/// nvhook's.
+#[test]
+fn disable_device_node_modification_changes_params_alone() {
+    require_root();
+    let node = SimNode::create_with(2, &["--mig", "1:2"]);
+    let host_proc = node.root().join("proc/driver/nvidia");
+    let caps = host_proc.join("capabilities/gpu1/mig");
+    assert!(caps.is_dir(), "the MIG node has {}", caps.display());
+    let dir = tempfile::tempdir().expect("tempdir");
+    support::link_to_nvhook(dir.path(), &["nvidia-cdi-hook"]);
+    let mut bundle = support::Bundle::new(
+        support::busybox_image(),
+        &[
+            "sh",
+            "-c",
+            "cd /proc/driver/nvidia && find . | sort && echo '== params' && cat params && \
+             echo '== access' && cat capabilities/gpu1/mig/gi*/ci*/access | sort -u",
+        ],
+    );
+    let rootfs = bundle.rootfs().to_path_buf();
+    bundle
+        .tmpfs("/proc/driver")
+        .raw_hook(
+            "createContainer",
+            serde_json::json!({
+                "path": require_program("sh"),
+                "args": ["sh", "-c", format!(
+                    "mount -o remount,rw {root}/proc/driver && cp -a {host} {root}/proc/driver/ && mount -o remount,ro {root}/proc/driver",
+                    root = rootfs.display(),
+                    host = host_proc.display(),
+                )],
+                "env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"],
+                "timeout": 30,
+            }),
+        )
+        .raw_hook(
+            "createContainer",
+            serde_json::json!({
+                "path": dir.path().join("nvidia-cdi-hook"),
+                "args": ["nvidia-cdi-hook", "disable-device-node-modification"],
+                "env": [format!("NVHOOK_CONFIG={}", node.config().display())],
+                "timeout": 30,
+            }),
+        );
+    let out = support::run_container(&bundle, support::RuntimeEnv::CgroupV1);
+    out.assert_success();
+    let listing = |root: &Path| -> Vec<String> {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg("find . | sort")
+            .current_dir(root)
+            .output()
+            .expect("find");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(String::from)
+            .collect()
+    };
+    let seen: Vec<&str> = out
+        .stdout
+        .lines()
+        .take_while(|l| *l != "== params")
+        .collect();
+    assert_eq!(
+        seen,
+        listing(&host_proc),
+        "every file of the directory is kept"
+    );
+    let section = |name: &str| -> Vec<&str> {
+        out.stdout
+            .lines()
+            .skip_while(|l| *l != format!("== {name}"))
+            .skip(1)
+            .take_while(|l| !l.starts_with("== "))
+            .collect()
+    };
+    let host_params = fs::read_to_string(host_proc.join("params")).expect("host params");
+    assert!(
+        host_params.contains("ModifyDeviceFiles: 1"),
+        "{host_params}"
+    );
+    let want: Vec<String> = host_params
+        .lines()
+        .map(|l| {
+            if l.starts_with("ModifyDeviceFiles:") {
+                "ModifyDeviceFiles: 0".into()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    assert_eq!(section("params"), want);
+    let host_access = Command::new("sh")
+        .arg("-c")
+        .arg("cat capabilities/gpu1/mig/gi*/ci*/access | sort -u")
+        .current_dir(&host_proc)
+        .output()
+        .expect("cat the host's access files");
+    let host_access = String::from_utf8_lossy(&host_access.stdout);
+    assert!(host_access.contains("DeviceFileMinor: "), "{host_access}");
+    assert_eq!(section("access"), host_access.lines().collect::<Vec<_>>());
 }

@@ -270,27 +270,22 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
         cache_entries = if has_cache { args.ldcache.len() } else { 0 },
         "links and loader cache done"
     );
-    let params_view = (args.params_view && args.proc_view.is_none()).then(|| {
-        let host_dir = config.proc_path("driver/nvidia");
-        let gpus = std::fs::read_dir(host_dir.join("gpus"))
-            .map(|dir| {
-                dir.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        ProcOverlay { host_dir, gpus }
-    });
-    let view = args.proc_view.as_ref().or(params_view.as_ref());
-    if let Some(view) =
-        view.filter(|_| proc_view::choose(config.proc_driver_view, Some(&spec)).view())
-    {
+    let wanted = proc_view::choose(config.proc_driver_view, Some(&spec)).view();
+    let applied = match &args.proc_view {
+        Some(view) if wanted => {
+            rootfs.resolve(procfs::TARGET).is_some()
+                && procfs::apply(&rootfs, procfs::prepare(view)?)?
+        }
+        // NVIDIA's `disable-device-node-modification`: its `params` alone.
+        None if wanted && args.params_view => {
+            procfs::apply_params(&rootfs, &config.proc_path("driver/nvidia/params"))?
+        }
+        _ => true,
+    };
+    if !applied {
         // The runtime has mounted the container's procfs on the rootfs by now. On a node with
         // no kernel module loaded it has no /proc/driver/nvidia, and there is nothing to hide.
-        if rootfs.resolve(procfs::TARGET).is_none()
-            || !procfs::apply(&rootfs, procfs::prepare(view)?)?
-        {
-            tracing::info!("the container's procfs has no /proc/driver/nvidia: view skipped");
-        }
+        tracing::info!("the container's procfs has no /proc/driver/nvidia: view skipped");
     }
     Ok(())
 }

@@ -61,6 +61,22 @@ pub fn clone_tree(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
     fd_result(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, p.as_ptr(), flags) })
 }
 
+/// A detached bind of `name` in the directory `dir` (its mount must be attached: older kernels
+/// clone nothing out of a detached tree).
+pub fn clone_at(dir: BorrowedFd, name: &CStr) -> io::Result<OwnedFd> {
+    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
+    // SAFETY: dir is a valid descriptor and name a NUL-terminated string for the call.
+    fd_result(unsafe { libc::syscall(libc::SYS_open_tree, dir.as_raw_fd(), name.as_ptr(), flags) })
+}
+
+/// Lazily unmounts the mount whose root `root` refers to.
+pub fn detach(root: BorrowedFd) -> io::Result<()> {
+    let path = CString::new(format!("/proc/self/fd/{}", root.as_raw_fd()))
+        .map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: path is a valid NUL-terminated string for the call.
+    unit_result(unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) }.into())
+}
+
 /// Sets mount attributes on a whole detached tree and makes it private, so that nothing
 /// mounted under it later propagates anywhere.
 pub fn set_attrs(tree: BorrowedFd, attrs: u64) -> io::Result<()> {

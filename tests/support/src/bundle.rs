@@ -145,7 +145,12 @@ impl Bundle {
 
     /// Adds a prestart hook entry as given (for hooks wrapped in another program).
     pub fn raw_prestart_hook(&mut self, hook: Value) -> &mut Self {
-        push(&mut self.spec["hooks"]["prestart"], hook);
+        self.raw_hook("prestart", hook)
+    }
+
+    /// Adds `hook` to the hooks of `stage` (`createContainer`, ...), after those there.
+    pub fn raw_hook(&mut self, stage: &str, hook: Value) -> &mut Self {
+        push(&mut self.spec["hooks"][stage], hook);
         self
     }
 
