@@ -35,7 +35,14 @@ echo '== sums'
 $B find / $skip -type f -print | $B sort | $B xargs $B md5sum
 echo '== cache'
 $B hexdump -v -e '/1 "%02x"' /etc/ld.so.cache
+echo
+echo '== profile'
+$B cat /etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf 2>/dev/null
 echo"#;
+
+/// Where NVIDIA's `update-application-profile` (and nvhook under its name) writes the driver's
+/// application profile: NVIDIA's specs only, so left out of the comparison and checked apart.
+const PROFILE_DIR: &str = "/etc/nvidia";
 
 /// Files the engine writes per container (its name, hostname, resolver): they differ between
 /// any two runs, whatever the spec.
@@ -62,6 +69,8 @@ fn listing_image(dir: &Path) -> std::path::PathBuf {
 struct Seen {
     tree: BTreeSet<String>,
     cache: BTreeSet<String>,
+    /// The application profile, if one was written.
+    profile: Option<String>,
 }
 
 fn fixture(name: &str, node: &SimNode, hook: &Path) -> String {
@@ -77,21 +86,44 @@ fn fixture(name: &str, node: &SimNode, hook: &Path) -> String {
 /// Runs [`LIST`] in a container given `device` by the spec `spec_text` (installed where
 /// Podman reads specs, alone under its kind, removed after).
 fn seen_through_podman(podman: &Podman, image: &str, spec_text: &str, device: &str) -> Seen {
-    let spec = CdiSpecFile::new("yaml");
-    fs::write(spec.path(), spec_text).expect("install the spec");
-    let output = podman.run(
-        &["--device", device],
+    Seen::read(&through_podman(
+        podman,
         image,
+        spec_text,
+        device,
         &["/usr/bin/busybox", "sh", "-c", LIST],
-    );
-    output.assert_success();
-    Seen::read(&output.stdout)
+    ))
 }
 
-/// The same through containerd 2.1's CDI (Debian sid's, a fresh one with its own state and
-/// the spec alone in its spec directory): a CRI pod whose container the kubelet gave
-/// `device` (`CDIDevices`), run by runc.
+/// The standard output of `args` in a container given `device` by the spec `spec_text`.
+fn through_podman(
+    podman: &Podman,
+    image: &str,
+    spec_text: &str,
+    device: &str,
+    args: &[&str],
+) -> String {
+    let spec = CdiSpecFile::new("yaml");
+    fs::write(spec.path(), spec_text).expect("install the spec");
+    let output = podman.run(&["--device", device], image, args);
+    output.assert_success();
+    output.stdout
+}
+
+/// [`seen_through_podman`] through containerd 2.1's CDI.
 fn seen_through_containerd(rootfs: &Path, spec_text: &str, device: &str) -> Seen {
+    Seen::read(&through_containerd(
+        rootfs,
+        spec_text,
+        device,
+        &["/usr/bin/busybox", "sh", "-c", LIST],
+    ))
+}
+
+/// [`through_podman`] through containerd 2.1's CDI (Debian sid's, a fresh one with its own
+/// state and the spec alone in its spec directory): a CRI pod whose container the kubelet
+/// gave `device` (`CDIDevices`), run by runc.
+fn through_containerd(rootfs: &Path, spec_text: &str, device: &str, args: &[&str]) -> String {
     let dir = EngineDir::new("ctrd2-nvidia-ctk");
     let setup = Containerd2Cri::under(dir.path());
     fs::create_dir_all(&setup.cdi_spec_dirs[0]).expect("create the CDI spec dir");
@@ -112,7 +144,7 @@ fn seen_through_containerd(rootfs: &Path, spec_text: &str, device: &str) -> Seen
         &dir.path().join("pods"),
         &ContainerRequest {
             image: &image,
-            args: &["/usr/bin/busybox", "sh", "-c", LIST],
+            args,
             cdi_devices: &[device],
             ..Default::default()
         },
@@ -122,7 +154,7 @@ fn seen_through_containerd(rootfs: &Path, spec_text: &str, device: &str) -> Seen
     output.assert_success();
     drop(cri);
     containerd.stop_leaving_nothing(dir.path());
-    Seen::read(&output.stdout)
+    output.stdout
 }
 
 impl Seen {
@@ -140,6 +172,9 @@ impl Seen {
             !PER_CONTAINER
                 .iter()
                 .any(|p| line.starts_with(&format!("{p} ")) || line.ends_with(&format!("  {p}")))
+                && !line.starts_with(&format!("{PROFILE_DIR} "))
+                && !line.starts_with(&format!("{PROFILE_DIR}/"))
+                && !line.contains(&format!("  {PROFILE_DIR}/"))
         };
         let tree = section("tree")
             .chain(section("sums"))
@@ -164,13 +199,28 @@ impl Seen {
         .filter(|l| l.starts_with('\t'))
         .map(|l| l.trim().to_string())
         .collect();
-        Seen { tree, cache }
+        let profile = section("profile").next().map(String::from);
+        Seen {
+            tree,
+            cache,
+            profile,
+        }
     }
 
     /// Asserts that the container is not an empty one: exactly `gpus` of the node's nodes,
-    /// and libcuda in the loader cache.
+    /// libcuda in the loader cache, and (NVIDIA's `update-application-profile`) EGL and Vulkan
+    /// limited to those GPUs (the simulated node's minors are the indexes).
     #[track_caller]
     fn assert_given(&self, gpus: &[u32], what: &str) {
+        let mask: u64 = gpus.iter().map(|g| 1 << g).sum();
+        assert_eq!(
+            self.profile.as_deref(),
+            Some(
+                format!(r#"{{"profiles":[{{"name":"_container_","settings":["EGLVisibleDGPUDevices",{mask:#x}]}}],"rules":[{{"pattern":[],"profile":"_container_"}}]}}"#)
+                    .as_str()
+            ),
+            "{what}: the application profile"
+        );
         for gpu in 0..GPUS {
             let node_line = format!("/dev/nvidia{gpu} character special file ");
             let given = self.tree.iter().any(|l| l.starts_with(&node_line));
@@ -287,4 +337,86 @@ fn an_nvidia_ctk_spec_runs_through_containerd_2_cdi_and_matches_nvhooks_own() {
     theirs.assert_given(&[1], what);
     let ours = seen_through_containerd(&rootfs, &ours, "nvidia.com/gpu=1");
     assert_same(&theirs, &ours, what);
+}
+
+/// NVIDIA's specs run `enable-cuda-compat --host-driver-version=550.54.15` and `update-ldcache`
+/// as two hooks of their own: the first lists the image's compat directory in an ld.so.conf.d
+/// file when NVIDIA's rule says it serves the host (a newer major, without the ELF note), the
+/// second puts that directory's libraries first in the cache. With nvhook as `nvidia-cdi-hook`
+/// the loader must then take the image's compat libcuda where the compat driver is newer, and
+/// the host's where it is older, through Podman and through containerd 2.1's CDI. The spec also
+/// carries a hook of a newer toolkit (`apply-cuda-memory-limits`, after 1.20): a warning, never
+/// a failed start.
+#[test]
+fn forward_compat_through_nvidias_spec_as_nvidia_writes_it() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    assert_eq!(node.driver_version(), FIXTURE_DRIVER);
+    let dir = EngineDir::new("nvidia-ctk-compat");
+    let hook = dir.path().join("nvidia-cdi-hook");
+    std::os::unix::fs::symlink(nvhook_bin(), &hook).expect("link nvidia-cdi-hook");
+    let newer_hook = format!(
+        "    hooks:\n        - hookName: createContainer\n          path: {}\n          args:\n            - nvidia-cdi-hook\n            - apply-cuda-memory-limits\n            - --driver-root\n            - /\n            - --gpu-id\n            - {}\n",
+        hook.display(),
+        node.gpu_uuid(1)
+    );
+    let spec = fixture("nvml-index.yaml", &node, &hook).replacen("    hooks:\n", &newer_hook, 1);
+    assert!(spec.contains("apply-cuda-memory-limits"));
+    let podman = Podman::new();
+    let lib64 = "/usr/lib/x86_64-linux-gnu";
+    for (compat, used) in [("580.95.05", true), ("535.104.05", false)] {
+        let image_dir = dir.path().join(compat);
+        fs::create_dir_all(image_dir.join("build")).expect("mkdir");
+        let rootfs = support::build_glibc_image(
+            &image_dir.join("build"),
+            support::GlibcImageOptions {
+                cuda_compat: Some(compat),
+                ..support::GlibcImageOptions::default()
+            },
+        )
+        .instantiate(&image_dir);
+        let want: Vec<String> = if used {
+            vec![
+                "cuInit 999".into(),
+                "dlopen libcuda.so.1 path /usr/local/cuda/compat/libcuda.so.1".into(),
+                format!(
+                    "dlopen libcuda.so.1 file {}/libcuda.so.{compat}",
+                    support::CUDA_COMPAT_DIR
+                ),
+                "stat /etc/ld.so.conf.d/00-compat-nvhook.conf file 0:0".into(),
+            ]
+        } else {
+            vec![
+                "cuInit 0".into(),
+                format!("dlopen libcuda.so.1 path {lib64}/libcuda.so.1"),
+                format!("dlopen libcuda.so.1 file {lib64}/libcuda.so.{FIXTURE_DRIVER}"),
+                "stat /etc/ld.so.conf.d/00-compat-nvhook.conf absent".into(),
+            ]
+        };
+        let args = [
+            "/gpucheck",
+            "--stat",
+            "/etc/ld.so.conf.d/00-compat-nvhook.conf",
+        ];
+        let image = format!("localhost/{}:latest", unique_name("nvhook-compat"));
+        podman.import(&rootfs, &image);
+        let through = [
+            (
+                "Podman",
+                through_podman(&podman, &image, &spec, "nvidia.com/gpu=1", &args),
+            ),
+            (
+                "containerd 2.1",
+                through_containerd(&rootfs, &spec, "nvidia.com/gpu=1", &args),
+            ),
+        ];
+        for (engine, stdout) in through {
+            for line in &want {
+                assert!(
+                    stdout.lines().any(|l| l == line),
+                    "compat {compat} through {engine}: no {line:?} in\n{stdout}"
+                );
+            }
+        }
+    }
 }

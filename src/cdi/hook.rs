@@ -7,6 +7,7 @@
 //! has entered the namespace. What to do comes in its arguments, because a static spec
 //! cannot point at a per-container plan file, and arguments show in the spec for review.
 
+use super::nvidia_hooks;
 use crate::config::{Config, CudaCompatMode};
 use crate::inject::{HookError, procfs};
 use crate::inventory::gpu_layout::GpuLayout;
@@ -14,7 +15,7 @@ use crate::oci::{Spec, State};
 use crate::plan::{CacheEntry, LdSoConf, Plan, ProcOverlay, Symlink, compat};
 use crate::proc_view;
 use crate::request::CUDA_VERSION;
-use crate::rootfs::{Rootfs, loader};
+use crate::rootfs::{Rootfs, RootfsError, loader};
 use nvhook_ldcache::{Arch, ElfClass};
 
 /// The part of a plan the hook applies.
@@ -39,6 +40,23 @@ pub struct LinkArgs {
     /// The [`GpuLayout`] stamp of the host a static spec was written for: a start through
     /// the spec on a host whose GPUs or MIG instances have changed since is refused.
     pub gpu_layout: Option<String>,
+    /// NVIDIA's `enable-cuda-compat`, run as a hook of its own.
+    pub compat_hook: Option<CompatHook>,
+    /// A loader cache is made for an image without one, and the directories an
+    /// `enable-cuda-compat` hook listed come first in it (NVIDIA's `update-ldcache`, whose
+    /// ldconfig does both).
+    pub makes_cache: bool,
+    /// NVIDIA's `update-application-profile`.
+    pub application_profile: bool,
+}
+
+/// NVIDIA's `enable-cuda-compat` hook's input: the host versions its spec was written for, and
+/// the image's compat directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompatHook {
+    pub host_driver: Option<String>,
+    pub host_cuda: Option<String>,
+    pub dir: String,
 }
 
 /// A directory of the container whose libraries are linked and, with `cache`, cached.
@@ -72,9 +90,7 @@ impl LinkArgs {
                 .is_some()
                 .then(|| plan.driver_version.clone()),
             proc_view: plan.proc_overlay.clone(),
-            folders: Vec::new(),
-            params_view: false,
-            gpu_layout: None,
+            ..LinkArgs::default()
         }
     }
 
@@ -85,6 +101,8 @@ impl LinkArgs {
             && self.proc_view.is_none()
             && self.folders.is_empty()
             && !self.params_view
+            && self.compat_hook.is_none()
+            && !self.application_profile
     }
 
     pub fn to_args(&self) -> Vec<String> {
@@ -236,10 +254,26 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
     let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
     let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&spec.mount_points());
     // Which images have a glibc cache is only known now: a static spec serves them all.
-    let has_cache = rootfs.probe().has_ldcache;
+    let has_cache = rootfs.probe().has_ldcache || args.makes_cache;
     let mut args = args.clone();
     for folder in &args.folders.clone() {
         add_folder(&rootfs, folder, &mut args);
+    }
+    if args.makes_cache && config.cuda_compat == CudaCompatMode::Auto {
+        args.ldcache.extend(nvidia_hooks::compat_entries(&rootfs));
+    }
+    // Written whether or not the image has a cache yet, as NVIDIA's hook does: the
+    // update-ldcache hook after it makes one.
+    if let Some(hook) = &args.compat_hook
+        && config.cuda_compat == CudaCompatMode::Auto
+        && let Some(conf) = nvidia_hooks::enable_cuda_compat(&rootfs, hook)
+    {
+        match loader::write_conf(&rootfs, &conf) {
+            Err(e @ RootfsError::Volume { .. }) => {
+                tracing::info!(path = %conf.path, "not written: {e}");
+            }
+            written => written?,
+        }
     }
     if let Some(host) = &args.cuda_compat_host
         && config.cuda_compat == CudaCompatMode::Auto
@@ -270,6 +304,9 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
         cache_entries = if has_cache { args.ldcache.len() } else { 0 },
         "links and loader cache done"
     );
+    if args.application_profile {
+        nvidia_hooks::application_profile(&rootfs);
+    }
     let wanted = proc_view::choose(config.proc_driver_view, Some(&spec)).view();
     let applied = match &args.proc_view {
         Some(view) if wanted => {
@@ -392,6 +429,95 @@ mod tests {
         };
         assert_eq!(LinkArgs::parse(&args.to_args()).unwrap(), args);
         assert_eq!(LinkArgs::parse(&[]).unwrap(), LinkArgs::default());
+    }
+
+    /// A proc root whose `driver/nvidia` has `gpus` (bus ids) and the paths `capabilities`
+    /// (MIG instances) under `capabilities`: what [`GpuLayout::read`] reads.
+    fn proc_root(gpus: &[&str], capabilities: &[&str]) -> (tempfile::TempDir, Config) {
+        let dir = tempfile::tempdir().expect("a proc root");
+        let nvidia = dir.path().join("driver/nvidia");
+        for bus in gpus {
+            std::fs::create_dir_all(nvidia.join("gpus").join(bus)).unwrap();
+        }
+        for path in capabilities {
+            std::fs::create_dir_all(nvidia.join("capabilities").join(path)).unwrap();
+        }
+        let config = Config {
+            proc_root: dir.path().to_path_buf(),
+            ..Config::default()
+        };
+        (dir, config)
+    }
+
+    const GPUS: [&str; 2] = ["0000:3b:00.0", "0000:86:00.0"];
+    const MIG: [&str; 3] = ["gpu0/mig/gi1/ci0", "gpu0/mig/gi2/ci0", "gpu1/mig"];
+
+    #[test]
+    fn a_spec_stamped_for_another_gpu_layout_is_refused_in_one_line() {
+        // The stamp of the layout the spec was written for: GPU 0 split in two instances.
+        let (_before, config) = proc_root(&GPUS, &MIG);
+        let written_for = GpuLayout::read(&config).stamp();
+        // The same node now, GPU 0's instances remade as one (`nvidia-smi mig -dgi; -cgi`).
+        let (_now, config) = proc_root(&GPUS, &["gpu0/mig/gi3/ci0", "gpu1/mig"]);
+        let now = GpuLayout::read(&config).stamp();
+        assert_ne!(now, written_for);
+        let e = check_gpu_layout(&config, &written_for).unwrap_err();
+        let HookError::StaleCdiSpec {
+            written_for: said_for,
+            now: said_now,
+        } = &e
+        else {
+            panic!("not a stale-spec refusal: {e:?}");
+        };
+        assert_eq!((said_for, said_now), (&written_for, &now));
+        let line = e.to_string();
+        assert!(!line.contains('\n'), "{line}");
+        assert!(
+            line.contains(&format!("GPU layout {written_for}, now {now}")),
+            "{line}"
+        );
+        assert!(line.contains("run `nvhook cdi refresh`"), "{line}");
+        // The start stops there, before the bundle is even read (it does not exist).
+        let state = State {
+            id: "stale".into(),
+            pid: Some(1),
+            bundle: config.proc_root.join("no-such-bundle"),
+        };
+        let args = LinkArgs {
+            gpu_layout: Some(written_for.clone()),
+            ..LinkArgs::default()
+        };
+        let e = create_container(&config, &state, &args).unwrap_err();
+        assert!(matches!(e, HookError::StaleCdiSpec { .. }), "{e:?}");
+        // A GPU gone is another layout too.
+        let (_gone, config) = proc_root(&GPUS[..1], &MIG);
+        assert!(matches!(
+            check_gpu_layout(&config, &written_for),
+            Err(HookError::StaleCdiSpec { .. })
+        ));
+    }
+
+    #[test]
+    fn a_spec_stamped_for_the_gpu_layout_of_now_is_accepted() {
+        let (_root, config) = proc_root(&GPUS, &MIG);
+        let stamp = GpuLayout::read(&config).stamp();
+        check_gpu_layout(&config, &stamp).expect("the layout the spec was written for");
+        // Read again from another directory with the same entries: the stamp is the layout's,
+        // not the directory's.
+        let (_again, config) = proc_root(&GPUS, &MIG);
+        check_gpu_layout(&config, &stamp).expect("the same layout");
+    }
+
+    #[test]
+    fn a_proc_root_with_no_gpu_cannot_judge_a_stamp() {
+        let (_with_gpus, config) = proc_root(&GPUS, &MIG);
+        let stamp = GpuLayout::read(&config).stamp();
+        // No driver procfs at all (a simulated node's host procfs), or one that lists no GPU.
+        for (gpus, capabilities) in [(&[][..], &[][..]), (&[][..], &MIG[..])] {
+            let (_root, config) = proc_root(gpus, capabilities);
+            assert!(!GpuLayout::read(&config).has_gpus());
+            check_gpu_layout(&config, &stamp).expect("no GPU here: not judged");
+        }
     }
 
     #[test]

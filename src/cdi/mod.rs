@@ -11,6 +11,7 @@ pub mod edits;
 pub mod extra;
 pub mod generate;
 pub mod hook;
+pub mod nvidia_hooks;
 pub mod spec;
 
 pub use edits::{HookBinary, container_edits};

@@ -2,38 +2,83 @@
 //! (toolkit 1.17 to 1.20) write it: one hook per entry, `nvidia-cdi-hook HOOK --flag VALUE...`,
 //! the OCI state on stdin. Each hook is read into the work of nvhook's own createContainer hook
 //! ([`LinkArgs`]); nothing here runs a program (no ldconfig, no chmod). NVIDIA's flags parse the
-//! Go way: `--flag VALUE`, `--flag=VALUE`, and the same with one dash.
+//! Go way (urfave/cli): `--flag VALUE`, `--flag=VALUE`, and the same with one dash; arguments
+//! that are not flags are ignored.
 //!
-//! Unlike NVIDIA's, which warns and succeeds, an unknown hook or flag fails with one line that
-//! names it: a spec nvhook cannot honour stops the container rather than start it half-made.
+//! As NVIDIA's does since 1.17, a hook nvhook does not know (a spec from a newer toolkit), or
+//! none, is a warning and success: such a spec never stops a start. An unknown flag of a hook
+//! it knows is an error, as NVIDIA's is.
 
-use crate::cdi::hook::{LibFolder, LinkArgs};
+use crate::cdi::hook::{CompatHook, LibFolder, LinkArgs};
 use crate::echo::Echo;
-use crate::plan::{Symlink, compat, ld_so_conf_listing};
+use crate::plan::{Symlink, ld_so_conf_listing};
 
 /// NVIDIA's CDI hook program, named in the hooks of its CDI specs; Docker 29 maps `--gpus` onto
 /// CDI when it is on dockerd's PATH.
 pub const CDI_HOOK_NAME: &str = "nvidia-cdi-hook";
 
-/// The hooks nvhook answers, for messages.
-const HOOKS: &str = "create-symlinks, update-ldcache, create-soname-symlinks, enable-cuda-compat, disable-device-node-modification, chmod, update-application-profile, noop";
+/// The hooks nvhook answers, each with the flags that take a value, and what it does.
+const HOOKS: [(&str, &[&str], &str); 8] = [
+    (
+        "update-ldcache",
+        &["folder", "ldconfig-path"],
+        "each library in the folders gets its SONAME link and a loader-cache entry, ahead of them those of the directories an enable-cuda-compat hook listed (nvhook writes the cache; no ldconfig runs)",
+    ),
+    (
+        "create-symlinks",
+        &["link"],
+        "makes each --link TARGET::LINK in the container",
+    ),
+    (
+        "chmod",
+        &["path", "mode"],
+        "nothing: nvhook changes no mode (NVIDIA turned this hook off by default: it was for old crun)",
+    ),
+    (
+        "enable-cuda-compat",
+        &[
+            "host-driver-version",
+            "host-cuda-version",
+            "cuda-compat-container-root",
+        ],
+        "lists the image's CUDA compat directory in /etc/ld.so.conf.d/00-compat-nvhook.conf when NVIDIA's rule says it serves this host",
+    ),
+    (
+        "disable-device-node-modification",
+        &[],
+        "binds a params with ModifyDeviceFiles: 0 over the container's /proc/driver/nvidia/params",
+    ),
+    (
+        "update-application-profile",
+        &[],
+        "writes /etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf limiting EGL and Vulkan to the container's GPUs",
+    ),
+    (
+        "create-soname-symlinks",
+        &["folder", "ldconfig-path"],
+        "each library in the folders gets its SONAME link",
+    ),
+    ("noop", &[], "nothing"),
+];
 
 /// What one `nvidia-cdi-hook` command line asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CdiHook {
     /// Work for nvhook's createContainer hook.
-    Links(LinkArgs),
+    Links(Box<LinkArgs>),
     /// A hook that nvhook accepts and has nothing to do for; why, for the log.
     Nothing(&'static str),
+    /// No hook, or one nvhook does not know: NVIDIA's warning, and success.
+    Unsupported(String),
+    /// `--version` (`-v`, `-version`).
+    Version,
+    /// `--help`, `-h`, `help`: the program's, or one hook's.
+    Help(Option<&'static str>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CdiHookError {
-    #[error("no hook named: use one of {HOOKS}")]
-    NoHook,
-    #[error("unknown hook {0} (nvhook answers {HOOKS})")]
-    UnknownHook(Echo),
-    #[error("{hook}: unknown option {option}")]
+    #[error("{hook}: flag provided but not defined: {option}")]
     UnknownOption { hook: &'static str, option: Echo },
     #[error("{hook}: {option} needs a value")]
     NoValue { hook: &'static str, option: Echo },
@@ -44,49 +89,63 @@ pub enum CdiHookError {
         value: Echo,
         why: &'static str,
     },
-    #[error("{hook} needs {what}")]
-    Missing {
-        hook: &'static str,
-        what: &'static str,
-    },
+}
+
+/// Global flags: NVIDIA's logging switches (nvhook logs where its config says), help and
+/// version.
+fn global(flag: &str) -> Option<CdiHook> {
+    let name = flag.strip_prefix("--").or_else(|| flag.strip_prefix('-'))?;
+    let name = name.split_once('=').map_or(name, |(n, _)| n);
+    match name {
+        "debug" | "d" | "quiet" => Some(CdiHook::Nothing("")),
+        "help" | "h" => Some(CdiHook::Help(None)),
+        "version" | "v" => Some(CdiHook::Version),
+        _ => None,
+    }
 }
 
 /// Reads the arguments after the program name.
 pub fn parse(args: &[String]) -> Result<CdiHook, CdiHookError> {
     let mut args = args.iter().map(String::as_str);
-    // Global flags: NVIDIA's logging switches; nvhook logs where its config says.
+    let mut unknown_global = None;
     let hook = loop {
-        match args.next().ok_or(CdiHookError::NoHook)? {
-            "--debug" | "-debug" | "-d" | "--quiet" | "-quiet" => {}
-            flag if flag.starts_with('-') => {
-                return Err(CdiHookError::UnknownOption {
-                    hook: "nvidia-cdi-hook",
-                    option: flag.into(),
-                });
-            }
-            hook => break hook,
+        let Some(arg) = args.next() else {
+            return Ok(match unknown_global {
+                Some(flag) => CdiHook::Unsupported(format!("Unsupported CDI hook: {}", Echo(flag))),
+                None => CdiHook::Unsupported("No CDI hook specified".into()),
+            });
+        };
+        if !arg.starts_with('-') {
+            break arg;
+        }
+        match global(arg) {
+            Some(CdiHook::Nothing(_)) => {}
+            Some(answer) => return Ok(answer),
+            None => unknown_global = unknown_global.or(Some(arg)),
         }
     };
-    let rest: Vec<&str> = args.collect();
-    let (hook, options): (&'static str, &[&str]) = match hook {
-        "create-symlinks" => ("create-symlinks", &["link"]),
-        "update-ldcache" => ("update-ldcache", &["folder", "ldconfig-path"]),
-        "create-soname-symlinks" => ("create-soname-symlinks", &["folder", "ldconfig-path"]),
-        "enable-cuda-compat" => (
-            "enable-cuda-compat",
-            &[
-                "host-driver-version",
-                "host-cuda-version",
-                "cuda-compat-container-root",
-            ],
-        ),
-        "disable-device-node-modification" => ("disable-device-node-modification", &[]),
-        "chmod" => ("chmod", &["path", "mode"]),
-        "update-application-profile" => ("update-application-profile", &[]),
-        "noop" => ("noop", &[]),
-        other => return Err(CdiHookError::UnknownHook(other.into())),
+    if hook == "help" || hook == "h" {
+        let named = args.next().and_then(known);
+        return Ok(CdiHook::Help(named.map(|(name, ..)| name)));
+    }
+    let Some((hook, options, _)) = known(hook) else {
+        // As NVIDIA's: an unknown hook never fails a start.
+        return Ok(CdiHook::Unsupported(format!(
+            "Unsupported CDI hook: {}",
+            Echo(hook)
+        )));
     };
-    let flags = flags(hook, options, &rest)?;
+    if let Some(flag) = unknown_global {
+        // NVIDIA's too: an unknown global flag before a hook it knows is a usage error.
+        return Err(CdiHookError::UnknownOption {
+            hook: CDI_HOOK_NAME,
+            option: flag.into(),
+        });
+    }
+    let rest: Vec<&str> = args.collect();
+    let Some(flags) = flags(hook, options, &rest)? else {
+        return Ok(CdiHook::Help(Some(hook)));
+    };
     let values = |name: &'static str| {
         flags
             .iter()
@@ -110,12 +169,20 @@ pub fn parse(args: &[String]) -> Result<CdiHook, CdiHookError> {
     match hook {
         "create-symlinks" => {
             for link in values("link") {
+                // NVIDIA splits at the first `::`: `a::b::/c` makes `b::/c`, which nvhook,
+                // stricter, refuses as a link path that is not absolute.
                 let (target, path) = link
                     .split_once("::")
                     .filter(|(target, _)| !target.is_empty())
                     .ok_or_else(|| bad("link", link, "not TARGET::LINK"))?;
                 links.symlinks.push(Symlink {
-                    path: absolute("link", path)?,
+                    path: absolute("link", path).map_err(|_| {
+                        bad(
+                            "link",
+                            link,
+                            "its LINK part is not an absolute path in the container",
+                        )
+                    })?,
                     target: target.to_string(),
                 });
             }
@@ -133,6 +200,7 @@ pub fn parse(args: &[String]) -> Result<CdiHook, CdiHookError> {
                 links.ld_so_confs.extend(ld_so_conf_listing(
                     links.folders.iter().map(|f| f.dir.as_str()),
                 ));
+                links.makes_cache = true;
             }
             if let Some(ldconfig) = values("ldconfig-path").next_back() {
                 tracing::debug!(
@@ -142,70 +210,102 @@ pub fn parse(args: &[String]) -> Result<CdiHook, CdiHookError> {
             }
         }
         "enable-cuda-compat" => {
-            for version in values("host-cuda-version") {
-                tracing::debug!(
-                    version,
-                    "--host-cuda-version ignored: nvhook decides by the host driver version"
-                );
+            let last = |name| values(name).next_back().filter(|v| !v.is_empty());
+            let (host_driver, host_cuda) = (last("host-driver-version"), last("host-cuda-version"));
+            if host_driver.is_none() && host_cuda.is_none() {
+                return Ok(CdiHook::Nothing(
+                    "enable-cuda-compat: no host driver or CUDA version given: nothing to do",
+                ));
             }
-            for root in values("cuda-compat-container-root") {
-                tracing::debug!(
-                    root,
-                    "--cuda-compat-container-root ignored: nvhook looks in /usr/local/cuda/compat"
-                );
-            }
-            let version =
-                values("host-driver-version")
-                    .next_back()
-                    .ok_or(CdiHookError::Missing {
-                        hook,
-                        what: "--host-driver-version",
-                    })?;
-            if compat::DriverVersion::parse(version).is_none() {
-                return Err(bad("host-driver-version", version, "not a driver version"));
-            }
-            links.cuda_compat_host = Some(version.to_string());
+            let dir = match last("cuda-compat-container-root") {
+                // NVIDIA joins it to the container's root, so a relative one is from there.
+                Some(dir) => absolute(
+                    "cuda-compat-container-root",
+                    &format!("/{}", dir.trim_start_matches('/')),
+                )?,
+                None => crate::plan::compat::NVIDIA_COMPAT_DIR.to_string(),
+            };
+            links.compat_hook = Some(CompatHook {
+                host_driver: host_driver.map(str::to_string),
+                host_cuda: host_cuda.map(str::to_string),
+                dir,
+            });
         }
         "disable-device-node-modification" => links.params_view = true,
+        "update-application-profile" => links.application_profile = true,
         "chmod" => {
             return Ok(CdiHook::Nothing(
                 "chmod: nvhook changes no mode in the container (NVIDIA turned this hook off by default: it was for old crun)",
             ));
         }
-        "update-application-profile" => {
-            return Ok(CdiHook::Nothing(
-                "update-application-profile: nvhook writes no driver application profile",
-            ));
-        }
         _ => return Ok(CdiHook::Nothing("noop")),
     }
-    Ok(CdiHook::Links(links))
+    Ok(CdiHook::Links(Box::new(links)))
 }
 
-/// The `(name, value)` pairs of `args`, every one of `options` taking a value; plus
-/// `--container-spec`, which may only say stdin (`-` or empty): the state is read there.
+/// The hook named `name`: its name, the flags that take a value, what it does.
+fn known(name: &str) -> Option<(&'static str, &'static [&'static str], &'static str)> {
+    HOOKS.iter().copied().find(|(hook, ..)| *hook == name)
+}
+
+/// `nvidia-cdi-hook --help`, or one hook's.
+pub fn help(hook: Option<&str>) -> String {
+    match hook.and_then(known) {
+        Some((name, options, what)) => {
+            let mut text = format!(
+                "NAME:\n   {CDI_HOOK_NAME} {name} - {what}\n\nUSAGE:\n   {CDI_HOOK_NAME} {name} [options]\n\nOPTIONS:\n"
+            );
+            for option in options.iter().copied().chain(["container-spec"]) {
+                text.push_str(&format!("   --{option} value\n"));
+            }
+            text.push_str("   --help, -h  show help\n");
+            text
+        }
+        None => {
+            let mut text = format!(
+                "NAME:\n   {CDI_HOOK_NAME} - nvhook answering as NVIDIA's CDI hook program: the createContainer hooks of CDI specs NVIDIA's tools write\n\nUSAGE:\n   {CDI_HOOK_NAME} [global options] HOOK [options]\n\nHOOKS:\n"
+            );
+            for (name, _, what) in HOOKS {
+                text.push_str(&format!("   {name}\n      {what}\n"));
+            }
+            text.push_str("\nGLOBAL OPTIONS:\n   --debug, -d  (nvhook logs where its config says)\n   --quiet\n   --help, -h     show help\n   --version, -v  print the version\n\nAny other hook is a warning and success, as with NVIDIA's.\n");
+            text
+        }
+    }
+}
+
+/// The `(name, value)` pairs of `args`, every one of `options` taking a value (arguments that
+/// are not flags are skipped, as urfave/cli leaves them to the hook, which ignores them);
+/// plus `--container-spec`, which may only say stdin (`-` or empty): the state is read there.
+/// None when `--help` is among them.
 fn flags<'a>(
     hook: &'static str,
     options: &[&str],
     args: &[&'a str],
-) -> Result<Vec<(&'a str, &'a str)>, CdiHookError> {
+) -> Result<Option<Vec<(&'a str, &'a str)>>, CdiHookError> {
     let mut out = Vec::new();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        let unknown = || CdiHookError::UnknownOption {
-            hook,
-            option: (*arg).into(),
+        let Some(name) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
+            tracing::debug!(
+                hook,
+                argument = *arg,
+                "argument ignored, as NVIDIA's hook does"
+            );
+            continue;
         };
-        let name = arg
-            .strip_prefix("--")
-            .or_else(|| arg.strip_prefix('-'))
-            .ok_or_else(unknown)?;
         let (name, inline) = match name.split_once('=') {
             Some((name, value)) => (name, Some(value)),
             None => (name, None),
         };
+        if name == "help" || name == "h" {
+            return Ok(None);
+        }
         if !options.contains(&name) && name != "container-spec" {
-            return Err(unknown());
+            return Err(CdiHookError::UnknownOption {
+                hook,
+                option: (*arg).into(),
+            });
         }
         let value = match inline {
             Some(value) => value,
@@ -227,7 +327,7 @@ fn flags<'a>(
         }
         out.push((name, value));
     }
-    Ok(out)
+    Ok(Some(out))
 }
 
 #[cfg(test)]
@@ -241,7 +341,7 @@ mod tests {
 
     fn links(words: &str) -> LinkArgs {
         match parse_words(words) {
-            Ok(CdiHook::Links(links)) => links,
+            Ok(CdiHook::Links(links)) => *links,
             other => panic!("{words}: {other:?}"),
         }
     }
@@ -300,34 +400,101 @@ mod tests {
 
     #[test]
     fn the_other_hooks() {
-        let got = links("--debug enable-cuda-compat --host-driver-version=580.95.05");
-        assert_eq!(got.cuda_compat_host.as_deref(), Some("580.95.05"));
-        let got = links(
-            "enable-cuda-compat --host-driver-version 550.54.15 --host-cuda-version 12.4 --cuda-compat-container-root /usr/local/cuda/compat",
+        let compat = |words: &str| links(words).compat_hook.expect(words);
+        let got = compat("--debug enable-cuda-compat --host-driver-version=580.95.05");
+        assert_eq!(got.host_driver.as_deref(), Some("580.95.05"));
+        assert_eq!(got.dir, "/usr/local/cuda/compat");
+        let got = compat(
+            "enable-cuda-compat --host-driver-version 550.54.15 --host-cuda-version 12.4 --cuda-compat-container-root opt/compat",
         );
-        assert_eq!(got.cuda_compat_host.as_deref(), Some("550.54.15"));
-        assert!(links("disable-device-node-modification --container-spec -").params_view);
+        assert_eq!(
+            (
+                got.host_driver.as_deref(),
+                got.host_cuda.as_deref(),
+                got.dir.as_str()
+            ),
+            (Some("550.54.15"), Some("12.4"), "/opt/compat")
+        );
+        // NVIDIA's hook decides later whether a version parses; with none it does nothing.
+        assert_eq!(
+            compat("enable-cuda-compat --host-driver-version latest")
+                .host_driver
+                .as_deref(),
+            Some("latest")
+        );
         for nothing in [
+            "enable-cuda-compat",
+            "enable-cuda-compat --host-driver-version=",
             "chmod --mode 755 --path /dev/dri",
-            "update-application-profile",
             "noop",
+            "noop stray arguments",
         ] {
             assert!(
                 matches!(parse_words(nothing), Ok(CdiHook::Nothing(_))),
                 "{nothing}"
             );
         }
+        assert!(links("disable-device-node-modification --container-spec -").params_view);
+        assert!(links("update-application-profile").application_profile);
+        assert!(links("update-ldcache --folder /usr/lib64").makes_cache);
+        assert!(!links("create-soname-symlinks --folder /usr/lib64").makes_cache);
+    }
+
+    /// A spec from a newer toolkit never stops a start: no hook, an unknown one, or an unknown
+    /// global flag without a known hook is NVIDIA's warning and success.
+    #[test]
+    fn unknown_hooks_are_a_warning() {
+        for (words, said) in [
+            ("", "No CDI hook specified"),
+            ("--debug", "No CDI hook specified"),
+            (
+                "apply-cuda-memory-limits --driver-root / --gpu-id GPU-x",
+                "Unsupported CDI hook: apply-cuda-memory-limits",
+            ),
+            ("--verbose frobnicate", "Unsupported CDI hook: frobnicate"),
+            ("--verbose", "Unsupported CDI hook: --verbose"),
+        ] {
+            assert_eq!(
+                parse_words(words),
+                Ok(CdiHook::Unsupported(said.into())),
+                "{words}"
+            );
+        }
     }
 
     #[test]
-    fn unknown_or_bad_input_is_named() {
+    fn help_and_version() {
+        for words in ["--version", "-v", "-version", "--debug --version"] {
+            assert_eq!(parse_words(words), Ok(CdiHook::Version), "{words}");
+        }
+        for words in ["--help", "-h", "help", "-help", "h"] {
+            assert_eq!(parse_words(words), Ok(CdiHook::Help(None)), "{words}");
+        }
+        for words in [
+            "update-ldcache --help",
+            "update-ldcache --folder /x -h",
+            "help update-ldcache",
+        ] {
+            assert_eq!(
+                parse_words(words),
+                Ok(CdiHook::Help(Some("update-ldcache"))),
+                "{words}"
+            );
+        }
+        assert!(help(None).contains("enable-cuda-compat"));
+        assert!(help(Some("create-symlinks")).contains("--link value"));
+    }
+
+    #[test]
+    fn bad_input_to_a_known_hook_is_named() {
         for (words, said) in [
-            ("", "no hook named"),
-            ("frobnicate --x 1", "unknown hook frobnicate"),
-            ("--verbose create-symlinks", "unknown option --verbose"),
+            (
+                "--verbose create-symlinks",
+                "nvidia-cdi-hook: flag provided but not defined: --verbose",
+            ),
             (
                 "create-symlinks --folder /x",
-                "create-symlinks: unknown option --folder",
+                "create-symlinks: flag provided but not defined: --folder",
             ),
             (
                 "create-symlinks --link",
@@ -335,17 +502,22 @@ mod tests {
             ),
             ("create-symlinks --link /a", "not TARGET::LINK"),
             ("create-symlinks --link ::/a", "not TARGET::LINK"),
-            ("create-symlinks --link a::b", "not an absolute path"),
+            (
+                "create-symlinks --link a::b",
+                "its LINK part is not an absolute path",
+            ),
+            (
+                "create-symlinks --link a::b::/c",
+                "--link a::b::/c: its LINK part",
+            ),
             (
                 "create-symlinks --link a::/x/../../etc",
-                "not an absolute path",
+                "its LINK part is not an absolute path",
             ),
             ("update-ldcache --folder lib", "not an absolute path"),
-            ("update-ldcache stray", "unknown option stray"),
-            ("enable-cuda-compat", "needs --host-driver-version"),
             (
-                "enable-cuda-compat --host-driver-version latest",
-                "not a driver version",
+                "enable-cuda-compat --host-driver-version 1 --cuda-compat-container-root /a/../..",
+                "not an absolute path",
             ),
             (
                 "update-ldcache --container-spec /tmp/config.json",
@@ -356,5 +528,12 @@ mod tests {
             assert!(e.contains(said), "{words}: {e}");
             assert_eq!(e.lines().count(), 1, "{words}: {e}");
         }
+        // Arguments that are not flags are ignored, as urfave/cli leaves them.
+        assert_eq!(
+            links("update-ldcache stray --folder /usr/lib64")
+                .folders
+                .len(),
+            1
+        );
     }
 }

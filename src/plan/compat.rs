@@ -53,6 +53,10 @@ impl CudaCompat {
 /// SONAME, and this name sorts before nvhook's other file and the distribution's.
 pub const COMPAT_CONF: &str = "/etc/ld.so.conf.d/00-compat-nvhook.conf";
 
+/// Where NVIDIA's toolkit looks for an image's compat libraries (its `enable-cuda-compat`
+/// default), and nvhook first.
+pub const NVIDIA_COMPAT_DIR: &str = "/usr/local/cuda/compat";
+
 /// A driver version, `major.minor[.patch]`, each part a number.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DriverVersion(Vec<u64>);
@@ -202,9 +206,129 @@ pub fn apply(
     (decision, Some(conf))
 }
 
+/// The section of a compat libcuda whose note says which host drivers it serves, and the
+/// note's owner.
+pub const FWD_COMPAT_NOTE: (&str, &str) = (".note.cuda.fwd_compatibility", "NVIDIA Corporation");
+
+/// The JSON description of that note (`{"CUDA Version": "13.0", "Driver": [535, 550], ...}`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct FwdCompatNote {
+    #[serde(rename = "CUDA Version", default)]
+    pub cuda_version: String,
+    #[serde(rename = "Driver", default)]
+    pub driver: Vec<i64>,
+}
+
+impl FwdCompatNote {
+    /// None for a description that is not such JSON: NVIDIA's hook then decides without it.
+    pub fn parse(json: &[u8]) -> Option<FwdCompatNote> {
+        serde_json::from_slice(json).ok()
+    }
+}
+
+/// A version as NVIDIA's hook reads them (Masterminds semver, coercing): an optional `v`, then
+/// one to three numbers, missing ones 0, leading zeros allowed.
+fn loose_version(text: &str) -> Option<[u64; 3]> {
+    let text = text.strip_prefix('v').unwrap_or(text);
+    let mut out = [0; 3];
+    let mut parts = text.split('.');
+    for (i, part) in parts.by_ref().take(3).enumerate() {
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        out[i] = part.parse().ok()?;
+    }
+    parts.next().is_none().then_some(out)
+}
+
+/// Whether NVIDIA's `enable-cuda-compat` hook (toolkit 1.20) puts the compat directory first:
+/// `compat` is the version in the compat `libcuda.so.<version>` file's name, `note` its ELF
+/// note, `host_driver` and `host_cuda` the spec's `--host-driver-version` and
+/// `--host-cuda-version`. With the note: the host driver's major must be one it lists and the
+/// compat driver newer (without both driver versions, the note's CUDA version newer than the
+/// host's). Without: never when a host CUDA version is given, else a newer compat major.
+pub fn nvidia_hook_uses_compat(
+    compat: &str,
+    host_driver: Option<&str>,
+    host_cuda: Option<&str>,
+    note: Option<&FwdCompatNote>,
+) -> bool {
+    let compat = loose_version(compat);
+    let host = host_driver.and_then(loose_version);
+    let host_cuda_text = host_cuda.filter(|v| !v.is_empty());
+    if let Some(note) = note {
+        return match (compat, host) {
+            (Some(compat), Some(host)) => {
+                i64::try_from(host[0]).is_ok_and(|major| note.driver.contains(&major))
+                    && compat > host
+            }
+            _ => host_cuda_text
+                .and_then(loose_version)
+                .zip(loose_version(&note.cuda_version))
+                .is_some_and(|(host, image)| image > host),
+        };
+    }
+    host_cuda_text.is_none() && matches!((compat, host), (Some(c), Some(h)) if h[0] < c[0])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvidias_hook_rule() {
+        let note = |cuda: &str, driver: &[i64]| FwdCompatNote {
+            cuda_version: cuda.into(),
+            driver: driver.to_vec(),
+        };
+        let yes = nvidia_hook_uses_compat;
+        // No note: majors only, and never with a host CUDA version.
+        assert!(yes("580.95.05", Some("550.54.15"), None, None));
+        assert!(!yes("550.90.07", Some("550.54.15"), None, None));
+        assert!(!yes("535.1.1", Some("550.54.15"), None, None));
+        assert!(!yes("580.95.05", Some("550.54.15"), Some("12.4"), None));
+        assert!(yes("580.95.05", Some("550.54.15"), Some(""), None));
+        assert!(!yes("580.95.05", None, None, None));
+        assert!(!yes("580.95.05", Some("latest"), None, None));
+        assert!(yes("v581", Some("580"), None, None));
+        // The note: the host's major listed and the compat driver newer, within a major too.
+        let listed = note("13.0", &[550, 570]);
+        assert!(yes("580.95.05", Some("550.54.15"), None, Some(&listed)));
+        assert!(!yes("580.95.05", Some("535.54.15"), None, Some(&listed)));
+        assert!(yes(
+            "550.90.07",
+            Some("550.54.15"),
+            None,
+            Some(&note("12.4", &[550]))
+        ));
+        assert!(!yes(
+            "550.40.07",
+            Some("550.54.15"),
+            None,
+            Some(&note("12.4", &[550]))
+        ));
+        // Without a usable driver version, the note's CUDA version against the host's.
+        assert!(yes("580.95.05", None, Some("12.4"), Some(&listed)));
+        assert!(!yes("580.95.05", None, Some("13.0"), Some(&listed)));
+        assert!(!yes("580.95.05", Some("x"), None, Some(&listed)));
+        assert_eq!(
+            FwdCompatNote::parse(
+                br#"{"Format":1,"CUDA Version":"13.0","Driver":[550],"Device":[]}"#
+            ),
+            Some(note("13.0", &[550]))
+        );
+        assert_eq!(FwdCompatNote::parse(b"{\"Driver\":\"550\"}"), None);
+        for (text, want) in [
+            ("580.95.05", Some([580, 95, 5])),
+            ("v12", Some([12, 0, 0])),
+            ("12.4", Some([12, 4, 0])),
+            ("", None),
+            ("1.2.3.4", None),
+            ("12.x", None),
+        ] {
+            assert_eq!(loose_version(text), want, "{text}");
+        }
+    }
 
     fn v(text: &str) -> DriverVersion {
         DriverVersion::parse(text).unwrap()

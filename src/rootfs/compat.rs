@@ -10,6 +10,7 @@
 
 use super::{Rootfs, sys};
 use crate::plan::CompatDir;
+use crate::plan::compat::NVIDIA_COMPAT_DIR;
 use std::os::fd::AsFd;
 
 /// More than a compat directory ever holds (about ten files).
@@ -21,9 +22,14 @@ impl Rootfs {
         let versioned = cuda_version
             .and_then(major_minor)
             .map(|v| format!("/usr/local/cuda-{v}/compat"));
-        let (dir, handle) = std::iter::once("/usr/local/cuda/compat".to_string())
+        std::iter::once(NVIDIA_COMPAT_DIR.to_string())
             .chain(versioned)
-            .find_map(|d| self.dir_if_exists(&d).ok().map(|h| (d, h)))?;
+            .find_map(|d| self.compat_dir_at(&d))
+    }
+
+    /// The directory `dir` of the image and the regular files in it, if it exists.
+    pub fn compat_dir_at(&self, dir: &str) -> Option<CompatDir> {
+        let handle = self.dir_if_exists(dir).ok()?;
         let names = match sys::dir_names(handle.as_fd(), MAX_ENTRIES) {
             Ok(names) => names,
             Err(e) => {
@@ -41,7 +47,22 @@ impl Rootfs {
             })
             .filter_map(|name| name.to_str().ok().map(str::to_string))
             .collect();
-        Some(CompatDir { dir, files })
+        Some(CompatDir {
+            dir: dir.to_string(),
+            files,
+        })
+    }
+
+    /// The description of the note owned by `owner` in the ELF section `section` of the
+    /// image's regular file `path`, if it has one.
+    pub fn elf_note(&self, path: &str, (section, owner): (&str, &str)) -> Option<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let (file, _) = self.open_regular(path).ok()??;
+        super::elf_note::note_description(
+            &|offset, buf| file.read_exact_at(buf, offset).is_ok(),
+            section,
+            owner,
+        )
     }
 }
 

@@ -8,8 +8,8 @@ use nvhook_ldcache::{Arch, Entry, LdCache, MAX_CACHE_LEN};
 const CACHE_PATH: &str = "/etc/ld.so.cache";
 
 /// Creates `symlinks`, then, when the image has a loader cache, adds `entries` (libraries of
-/// `arch`) to it and writes `confs`. Shared by the prestart hook and the CDI createContainer
-/// hook.
+/// `arch`) to it (a cache with nothing to add is left as it is) and writes `confs`. Shared by
+/// the prestart hook and the CDI createContainer hook.
 pub fn link_and_cache(
     rootfs: &Rootfs,
     symlinks: &[Symlink],
@@ -24,7 +24,11 @@ pub fn link_and_cache(
         }
     }
     if image_has_cache {
-        let n = update_cache(rootfs, arch, entries)?;
+        let n = if entries.is_empty() {
+            0
+        } else {
+            update_cache(rootfs, arch, entries)?
+        };
         for conf in confs {
             match write_conf(rootfs, conf) {
                 // The cache just written is what the loader reads; the file only tells an

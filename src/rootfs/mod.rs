@@ -8,6 +8,7 @@
 
 mod boundary;
 pub mod compat;
+pub mod elf_note;
 pub mod folder;
 pub mod loader;
 pub mod sys;

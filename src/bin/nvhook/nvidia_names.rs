@@ -47,12 +47,29 @@ pub fn run(name: &Path, args: &[OsString]) -> Option<i32> {
         // A createContainer hook of NVIDIA's CDI specs: nvhook's own createContainer hook.
         CDI_HOOK_NAME => match cdi_hook::parse(&args) {
             Ok(CdiHook::Links(links)) => {
-                run_hook(config.as_deref(), Stage::CreateContainer, Some(links))
+                run_hook(config.as_deref(), Stage::CreateContainer, Some(*links))
             }
             Ok(CdiHook::Nothing(why)) => hook_process(config.as_deref()).map(|_| {
                 tracing::info!("as {CDI_HOOK_NAME}: {why}");
             }),
-            Err(e) => return Some(usage(name, &e.to_string())),
+            // NVIDIA's warning, and success: a spec from a newer toolkit never stops a start.
+            Ok(CdiHook::Unsupported(warning)) => {
+                if let Ok((_, nvhook::logging::Sink::File)) = hook_process(config.as_deref()) {
+                    tracing::warn!("as {CDI_HOOK_NAME}: {warning}: nothing done");
+                }
+                eprintln!("nvhook (as {name}): warning: {warning}: nothing done");
+                Ok(())
+            }
+            Ok(CdiHook::Version) => {
+                print!("{}", version_text(name));
+                Ok(())
+            }
+            Ok(CdiHook::Help(hook)) => {
+                print!("{}", cdi_hook::help(hook));
+                Ok(())
+            }
+            // NVIDIA's hook fails (exit 1) on a bad flag of a hook it knows.
+            Err(e) => Err(e.into()),
         },
         _ => unreachable!("one of NAMES"),
     };
@@ -64,6 +81,21 @@ pub fn run(name: &Path, args: &[OsString]) -> Option<i32> {
             1
         }
     })
+}
+
+/// The NVIDIA release whose programs nvhook answers as, for version probes.
+const NVIDIA_RELEASE: &str = "1.20.0";
+
+/// What `--version` prints under `name`: NVIDIA's shape, the release nvhook answers as, and
+/// nvhook's own version where NVIDIA's names its commit.
+fn version_text(name: &str) -> String {
+    let nvhook = env!("CARGO_PKG_VERSION");
+    match name {
+        CDI_HOOK_NAME => {
+            format!("NVIDIA CDI Hook version {NVIDIA_RELEASE}\ncommit: nvhook {nvhook}\n")
+        }
+        _ => format!("{name} version {NVIDIA_RELEASE}\ncommit: nvhook {nvhook}\n"),
+    }
 }
 
 fn usage(name: &str, message: &str) -> i32 {

@@ -1,0 +1,213 @@
+//! What three of NVIDIA's CDI hooks leave in the image, done by nvhook's createContainer hook
+//! when it runs under their names: `enable-cuda-compat` (an ld.so.conf.d file naming the
+//! compat directory, by NVIDIA's rule), the part of `update-ldcache` that follows it (the
+//! libraries of the directories such files name come first in the cache, as ldconfig would
+//! put them), and `update-application-profile` (the driver's EGL/Vulkan GPU mask). Nothing of
+//! the image is run: names, ELF notes and device numbers are read through the rootfs.
+
+use super::hook::CompatHook;
+use crate::echo::Echo;
+use crate::plan::compat::{COMPAT_CONF, FWD_COMPAT_NOTE, FwdCompatNote, nvidia_hook_uses_compat};
+use crate::plan::{CacheEntry, LdSoConf};
+use crate::rootfs::{Rootfs, sys};
+use std::os::fd::AsFd;
+
+/// Where ldconfig reads its directories from, and the files NVIDIA's `enable-cuda-compat`
+/// writes there (`00-compat-<uuid>.conf`; nvhook's is [`COMPAT_CONF`]).
+const CONF_DIR: &str = "/etc/ld.so.conf.d";
+const COMPAT_PREFIX: &str = "00-compat-";
+/// More than such a file or directory ever holds.
+const MAX_CONF: u64 = 64 << 10;
+const MAX_CONFS: usize = 1024;
+
+/// NVIDIA's `enable-cuda-compat`: the conf file that puts the image's compat directory first,
+/// when NVIDIA's rule says its libraries serve this host; None (with the reason logged) when
+/// it does not.
+pub fn enable_cuda_compat(rootfs: &Rootfs, hook: &CompatHook) -> Option<LdSoConf> {
+    let why_not = |why: String| {
+        tracing::info!(dir = %hook.dir, "CUDA compat (as enable-cuda-compat): {why}: the host's libraries");
+        None
+    };
+    let Some(found) = rootfs.compat_dir_at(&hook.dir) else {
+        return why_not("no such directory in the image".into());
+    };
+    // NVIDIA's glob, `libcuda.so.*.*`.
+    let libcuda: Vec<&str> = found
+        .files
+        .iter()
+        .filter(|f| {
+            f.strip_prefix("libcuda.so.")
+                .is_some_and(|v| v.contains('.'))
+        })
+        .map(String::as_str)
+        .collect();
+    let file = match libcuda[..] {
+        [file] => file,
+        [] => return why_not("it holds no libcuda.so.*.*".into()),
+        _ => return why_not(format!("it holds {} libcuda.so.*.* files", libcuda.len())),
+    };
+    let note = rootfs
+        .elf_note(&format!("{}/{file}", hook.dir), FWD_COMPAT_NOTE)
+        .and_then(|json| FwdCompatNote::parse(&json));
+    let version = &file["libcuda.so.".len()..];
+    if !nvidia_hook_uses_compat(
+        version,
+        hook.host_driver.as_deref(),
+        hook.host_cuda.as_deref(),
+        note.as_ref(),
+    ) {
+        return why_not(format!(
+            "compat {} (ELF note {}) does not serve host driver {} / CUDA {}",
+            Echo(version),
+            if note.is_some() { "read" } else { "absent" },
+            hook.host_driver.as_deref().unwrap_or("-"),
+            hook.host_cuda.as_deref().unwrap_or("-"),
+        ));
+    }
+    tracing::info!(dir = %hook.dir, compat = %Echo(version), "CUDA compat (as enable-cuda-compat): the compat libraries first");
+    Some(LdSoConf {
+        path: COMPAT_CONF.into(),
+        dirs: vec![hook.dir.clone()],
+    })
+}
+
+/// The loader-cache entries of the libraries in the directories the image's
+/// `/etc/ld.so.conf.d/00-compat-*.conf` files name (an `enable-cuda-compat` hook's, NVIDIA's or
+/// nvhook's): added after a folder's, they take the place of its same-named libraries, as
+/// ldconfig keeps the first directory's copy and reads those files first. Each names the
+/// library by its SONAME link where the image has one, as ldconfig does, else by its file.
+pub fn compat_entries(rootfs: &Rootfs) -> Vec<CacheEntry> {
+    let mut entries = Vec::new();
+    for dir in compat_dirs(rootfs) {
+        for lib in rootfs.libraries_in(&dir) {
+            let by_soname = format!("{dir}/{}", lib.soname);
+            let path = if rootfs.resolve(&by_soname).is_some() {
+                by_soname
+            } else {
+                format!("{dir}/{}", lib.file)
+            };
+            entries.push(CacheEntry {
+                soname: lib.soname,
+                path,
+                class: lib.class,
+            });
+        }
+    }
+    entries
+}
+
+/// The directories listed in the image's compat conf files, in the order ldconfig reads them.
+fn compat_dirs(rootfs: &Rootfs) -> Vec<String> {
+    let Some(names) = rootfs
+        .dir_if_exists(CONF_DIR)
+        .ok()
+        .and_then(|dir| sys::dir_names(dir.as_fd(), MAX_CONFS).ok())
+    else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = names
+        .iter()
+        .filter_map(|n| n.to_str().ok())
+        .filter(|n| n.starts_with(COMPAT_PREFIX) && n.ends_with(".conf"))
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    let mut dirs: Vec<String> = Vec::new();
+    for name in names {
+        let path = format!("{CONF_DIR}/{name}");
+        let text = match rootfs.read_file(&path, MAX_CONF) {
+            Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(path, "not read: {e}");
+                continue;
+            }
+        };
+        for dir in text.lines().map(str::trim) {
+            if dir.starts_with('/') && !dirs.iter().any(|d| d == dir) {
+                dirs.push(dir.to_string());
+            }
+        }
+    }
+    dirs
+}
+
+/// The file NVIDIA's `update-application-profile` writes.
+const PROFILE: &str = "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf";
+
+/// NVIDIA's `update-application-profile`: the driver's application profile limiting EGL and
+/// Vulkan to the GPUs whose nodes (`/dev/nvidia<N>`, minors below 64) the container has.
+/// Never fails the start (NVIDIA's 1.20.0 did, on a read-only `/etc/nvidia`): a profile that
+/// cannot be written is logged and skipped.
+pub fn application_profile(rootfs: &Rootfs) {
+    let minors = gpu_minors(rootfs);
+    let mask = minors
+        .iter()
+        .filter(|m| **m < 64)
+        .fold(0u64, |mask, minor| mask | 1 << minor);
+    if mask == 0 {
+        tracing::info!("update-application-profile: no GPU node in the container's /dev");
+        return;
+    }
+    match rootfs.replace_file(PROFILE, profile_text(mask).as_bytes(), 0o444) {
+        Ok(()) => tracing::info!(mask = format!("{mask:#x}"), "application profile written"),
+        Err(e) => tracing::warn!("update-application-profile skipped: {e}"),
+    }
+}
+
+/// NVIDIA's profile text for `mask`, byte for byte.
+fn profile_text(mask: u64) -> String {
+    format!(
+        r#"{{"profiles":[{{"name":"_container_","settings":["EGLVisibleDGPUDevices",{mask:#x}]}}],"rules":[{{"pattern":[],"profile":"_container_"}}]}}"#
+    )
+}
+
+/// The minors of the character devices `/dev/nvidia<N>` of the container.
+fn gpu_minors(rootfs: &Rootfs) -> Vec<u32> {
+    let Ok(dev) = rootfs.dir_if_exists("/dev") else {
+        return Vec::new();
+    };
+    let Ok(names) = sys::dir_names(dev.as_fd(), MAX_CONFS * 8) else {
+        return Vec::new();
+    };
+    names
+        .iter()
+        .filter(|name| {
+            name.to_bytes()
+                .strip_prefix(b"nvidia")
+                .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
+        })
+        .filter_map(|name| sys::lstat_at(dev.as_fd(), name).ok().flatten())
+        .filter(|st| sys::file_type(st) == libc::S_IFCHR)
+        .map(|st| libc::minor(st.st_rdev))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_profile_is_nvidias_text() {
+        assert_eq!(
+            profile_text(0b1010),
+            r#"{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",0xa]}],"rules":[{"pattern":[],"profile":"_container_"}]}"#
+        );
+    }
+
+    #[test]
+    fn compat_confs_are_read_in_name_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let conf = tmp.path().join("etc/ld.so.conf.d");
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::write(
+            conf.join("00-compat-b.conf"),
+            "/opt/b\n# a comment\nrelative\n",
+        )
+        .unwrap();
+        std::fs::write(conf.join("00-compat-a.conf"), "/opt/a\n/opt/b\n").unwrap();
+        std::fs::write(conf.join("10-other.conf"), "/opt/other\n").unwrap();
+        let rootfs = Rootfs::open(tmp.path()).unwrap();
+        assert_eq!(compat_dirs(&rootfs), ["/opt/a", "/opt/b"]);
+    }
+}
