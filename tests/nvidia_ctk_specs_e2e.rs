@@ -378,7 +378,11 @@ fn forward_compat_through_nvidias_spec_as_nvidia_writes_it() {
         let want: Vec<String> = if used {
             vec![
                 "cuInit 999".into(),
-                "dlopen libcuda.so.1 path /usr/local/cuda/compat/libcuda.so.1".into(),
+                // The directory as NVIDIA's hook lists it: its links resolved in the image.
+                format!(
+                    "dlopen libcuda.so.1 path {}/libcuda.so.1",
+                    support::CUDA_COMPAT_DIR
+                ),
                 format!(
                     "dlopen libcuda.so.1 file {}/libcuda.so.{compat}",
                     support::CUDA_COMPAT_DIR

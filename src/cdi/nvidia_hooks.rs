@@ -64,10 +64,12 @@ pub fn enable_cuda_compat(rootfs: &Rootfs, hook: &CompatHook) -> Option<LdSoConf
             hook.host_cuda.as_deref().unwrap_or("-"),
         ));
     }
-    tracing::info!(dir = %hook.dir, compat = %Echo(version), "CUDA compat (as enable-cuda-compat): the compat libraries first");
+    // NVIDIA's hook names the directory with its links resolved in the image.
+    let dir = rootfs.container_path(&hook.dir)?;
+    tracing::info!(dir, compat = %Echo(version), "CUDA compat (as enable-cuda-compat): the compat libraries first");
     Some(LdSoConf {
         path: COMPAT_CONF.into(),
-        dirs: vec![hook.dir.clone()],
+        dirs: vec![dir],
     })
 }
 
@@ -132,7 +134,8 @@ fn compat_dirs(rootfs: &Rootfs) -> Vec<String> {
     dirs
 }
 
-/// The file NVIDIA's `update-application-profile` writes.
+/// The file NVIDIA's `update-application-profile` writes, and its directory.
+const PROFILE_DIR: &str = "/etc/nvidia/nvidia-application-profiles-rc.d";
 const PROFILE: &str = "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf";
 
 /// NVIDIA's `update-application-profile`: the driver's application profile limiting EGL and
@@ -149,7 +152,11 @@ pub fn application_profile(rootfs: &Rootfs) {
         tracing::info!("update-application-profile: no GPU node in the container's /dev");
         return;
     }
-    match rootfs.replace_file(PROFILE, profile_text(mask).as_bytes(), 0o444) {
+    // NVIDIA's modes: new directories 0555, the file 0444.
+    let written = rootfs
+        .create_dirs(PROFILE_DIR, 0o555)
+        .and_then(|()| rootfs.replace_file(PROFILE, profile_text(mask).as_bytes(), 0o444));
+    match written {
         Ok(()) => tracing::info!(mask = format!("{mask:#x}"), "application profile written"),
         Err(e) => tracing::warn!("update-application-profile skipped: {e}"),
     }

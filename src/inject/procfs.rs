@@ -63,9 +63,21 @@ pub fn apply_params(rootfs: &Rootfs, host_params: &std::path::Path) -> Result<bo
     let (Some(dir), Some(target)) = (rootfs.resolve(TARGET), rootfs.resolve(PARAMS)) else {
         return Ok(false);
     };
-    let host = std::fs::read(host_params)
-        .map_err(|e| err("read", &host_params.display().to_string(), e))?;
-    let params = container_params(&String::from_utf8_lossy(&host));
+    // As NVIDIA's hook: a host without the file, or whose driver modifies no device file
+    // already, leaves the container's as it is.
+    let host = match std::fs::read_to_string(host_params) {
+        Ok(text) if text.lines().any(|l| l.starts_with("ModifyDeviceFiles: 1")) => text,
+        Ok(_) => {
+            tracing::info!("the host's params modify no device file: the container's kept");
+            return Ok(true);
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::info!(path = %host_params.display(), "no host params: the container's kept");
+            return Ok(true);
+        }
+        Err(e) => return Err(err("read", &host_params.display().to_string(), e)),
+    };
+    let params = container_params(&host);
     // The file is made on a tmpfs attached over the directory just long enough to clone it:
     // older kernels clone nothing out of a detached tmpfs.
     let tmpfs = sys::new_tmpfs().map_err(|e| err("create tmpfs for", PARAMS, e))?;

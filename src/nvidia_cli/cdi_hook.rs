@@ -5,7 +5,7 @@
 //! Go way (urfave/cli): `--flag VALUE`, `--flag=VALUE`, and the same with one dash; arguments
 //! that are not flags are ignored.
 //!
-//! As NVIDIA's does since 1.17, a hook nvhook does not know (a spec from a newer toolkit), or
+//! As NVIDIA's does since 1.18, a hook nvhook does not know (a spec from a newer toolkit), or
 //! none, is a warning and success: such a spec never stops a start. An unknown flag of a hook
 //! it knows is an error, as NVIDIA's is.
 
@@ -107,13 +107,9 @@ fn global(flag: &str) -> Option<CdiHook> {
 /// Reads the arguments after the program name.
 pub fn parse(args: &[String]) -> Result<CdiHook, CdiHookError> {
     let mut args = args.iter().map(String::as_str);
-    let mut unknown_global = None;
     let hook = loop {
         let Some(arg) = args.next() else {
-            return Ok(match unknown_global {
-                Some(flag) => CdiHook::Unsupported(format!("Unsupported CDI hook: {}", Echo(flag))),
-                None => CdiHook::Unsupported("No CDI hook specified".into()),
-            });
+            return Ok(CdiHook::Unsupported("No CDI hook specified".into()));
         };
         if !arg.starts_with('-') {
             break arg;
@@ -121,7 +117,8 @@ pub fn parse(args: &[String]) -> Result<CdiHook, CdiHookError> {
         match global(arg) {
             Some(CdiHook::Nothing(_)) => {}
             Some(answer) => return Ok(answer),
-            None => unknown_global = unknown_global.or(Some(arg)),
+            // As NVIDIA's: an unknown global flag leaves it with no hook, whatever follows.
+            None => return Ok(CdiHook::Unsupported("No CDI hook specified".into())),
         }
     };
     if hook == "help" || hook == "h" {
@@ -135,13 +132,6 @@ pub fn parse(args: &[String]) -> Result<CdiHook, CdiHookError> {
             Echo(hook)
         )));
     };
-    if let Some(flag) = unknown_global {
-        // NVIDIA's too: an unknown global flag before a hook it knows is a usage error.
-        return Err(CdiHookError::UnknownOption {
-            hook: CDI_HOOK_NAME,
-            option: flag.into(),
-        });
-    }
     let rest: Vec<&str> = args.collect();
     let Some(flags) = flags(hook, options, &rest)? else {
         return Ok(CdiHook::Help(Some(hook)));
@@ -302,9 +292,10 @@ fn flags<'a>(
             return Ok(None);
         }
         if !options.contains(&name) && name != "container-spec" {
+            // Go's flag package names it with one dash.
             return Err(CdiHookError::UnknownOption {
                 hook,
-                option: (*arg).into(),
+                option: format!("-{name}").into(),
             });
         }
         let value = match inline {
@@ -451,8 +442,13 @@ mod tests {
                 "apply-cuda-memory-limits --driver-root / --gpu-id GPU-x",
                 "Unsupported CDI hook: apply-cuda-memory-limits",
             ),
-            ("--verbose frobnicate", "Unsupported CDI hook: frobnicate"),
-            ("--verbose", "Unsupported CDI hook: --verbose"),
+            ("--verbose", "No CDI hook specified"),
+            ("--verbose create-symlinks", "No CDI hook specified"),
+            ("frobnicate --verbose", "Unsupported CDI hook: frobnicate"),
+            (
+                "--debug=false frobnicate",
+                "Unsupported CDI hook: frobnicate",
+            ),
         ] {
             assert_eq!(
                 parse_words(words),
@@ -489,12 +485,12 @@ mod tests {
     fn bad_input_to_a_known_hook_is_named() {
         for (words, said) in [
             (
-                "--verbose create-symlinks",
-                "nvidia-cdi-hook: flag provided but not defined: --verbose",
+                "create-symlinks --folder /x",
+                "create-symlinks: flag provided but not defined: -folder",
             ),
             (
-                "create-symlinks --folder /x",
-                "create-symlinks: flag provided but not defined: --folder",
+                "update-ldcache --bogus=1",
+                "update-ldcache: flag provided but not defined: -bogus",
             ),
             (
                 "create-symlinks --link",

@@ -163,10 +163,19 @@ impl Rootfs {
 
     /// The directory `dir` for writing `path` in it, created (0755) where missing.
     fn dir(&self, path: &str, dir: &str) -> Result<Rc<pathrs::Handle>, RootfsError> {
+        self.dir_with(path, dir, 0o755)
+    }
+
+    fn dir_with(
+        &self,
+        path: &str,
+        dir: &str,
+        mode: u32,
+    ) -> Result<Rc<pathrs::Handle>, RootfsError> {
         if let Some(h) = self.writable.borrow().get(dir) {
             return Ok(Rc::clone(h));
         }
-        let handle = match self.open_or_create_dir(path, dir) {
+        let handle = match self.open_or_create_dir(path, dir, mode) {
             Ok(handle) => handle,
             Err(e @ RootfsError::Volume { .. }) => return Err(e),
             Err(e) => {
@@ -217,7 +226,18 @@ impl Rootfs {
     /// re-open of every directory it makes.
     /// The deepest existing directory must be on a mount nvhook writes on, before anything is
     /// created under it.
-    fn open_or_create_dir(&self, path: &str, dir: &str) -> Result<Rc<pathrs::Handle>, RootfsError> {
+    /// The directory `dir`, its missing components created with `mode` (on mounts nvhook may
+    /// write on, as every write); later writes in it find it made.
+    pub fn create_dirs(&self, dir: &str, mode: u32) -> Result<(), RootfsError> {
+        self.dir_with(dir, dir, mode).map(drop)
+    }
+
+    fn open_or_create_dir(
+        &self,
+        path: &str,
+        dir: &str,
+        mode: u32,
+    ) -> Result<Rc<pathrs::Handle>, RootfsError> {
         let fail = |e: &dyn std::fmt::Display| op_err("create directory", dir, e);
         let parts = components(dir).map_err(|e| fail(&e))?;
         let (mut current, depth) = self.walk(&parts).map_err(|e| fail(&e))?;
@@ -226,7 +246,7 @@ impl Rootfs {
         }
         for (i, part) in parts.iter().enumerate().skip(depth) {
             let name = CString::new(*part).map_err(|e| fail(&e))?;
-            match sys::mkdir_at(current.as_fd(), &name, 0o755) {
+            match sys::mkdir_at(current.as_fd(), &name, mode) {
                 Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(fail(&e)),
                 _ => {}
             }
@@ -556,6 +576,21 @@ impl Rootfs {
     /// An O_PATH handle of an existing path, following symlinks inside the root.
     pub fn resolve(&self, path: &str) -> Option<pathrs::Handle> {
         self.root.resolve(path).ok()
+    }
+
+    /// `path` with every link on it resolved inside the rootfs, as a path of the container.
+    pub fn container_path(&self, path: &str) -> Option<String> {
+        let handle = self.resolve(path)?;
+        let at = |fd: std::os::fd::BorrowedFd| {
+            std::fs::read_link(format!(
+                "/proc/self/fd/{}",
+                std::os::fd::AsRawFd::as_raw_fd(&fd)
+            ))
+            .ok()
+        };
+        let (root, found) = (at(self.root.as_fd())?, at(handle.as_fd())?);
+        let inside = found.strip_prefix(&root).ok()?.to_str()?;
+        Some(format!("/{inside}"))
     }
 }
 
