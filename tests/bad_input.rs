@@ -490,25 +490,41 @@ fn nvidia_names_with_bad_arguments() {
     );
     let config = s.config();
     let env = [("NVHOOK_CONFIG", config.as_path())];
-    let refused = |case: &str, out: &Output, prefix: &str, needle: &str| {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{case}: {stderr:?}");
-        assert_eq!(stderr.lines().count(), 1, "{case}: {stderr:?}");
-        assert!(
-            stderr.starts_with(&format!("{prefix}: ")),
-            "{case}: {stderr:?}"
-        );
-        assert!(stderr.contains(needle), "{case}: {stderr:?}");
-    };
     let hook_prefix = "nvhook (as nvidia-container-runtime-hook)";
     let cli_prefix = "nvhook (as nvidia-container-cli)";
-    let refusals: [(&str, &[&str], &str); 4] = [
-        (&hook_name, &[], "no stage"),
-        (&hook_name, &["create"], "create: use prestart"),
+    // As NVIDIA's programs: the runtime hook (Go's flag package) exits 2 with its usage after
+    // the error line, nvidia-container-cli (argp) exits 1.
+    let refused = |case: &str, out: &Output, prefix: &str, needle: &str| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let (first, rest) = stderr.split_once('\n').unwrap_or((&stderr, ""));
+        if prefix == hook_prefix {
+            assert_eq!(out.status.code(), Some(2), "{case}: {stderr:?}");
+            assert!(
+                rest.starts_with("Usage of nvidia-container-runtime-hook:"),
+                "{case}: {stderr:?}"
+            );
+        } else {
+            assert_eq!(out.status.code(), Some(1), "{case}: {stderr:?}");
+            assert!(rest.is_empty(), "{case}: {stderr:?}");
+        }
+        assert!(
+            first.starts_with(&format!("{prefix}: ")),
+            "{case}: {stderr:?}"
+        );
+        assert!(first.contains(needle), "{case}: {stderr:?}");
+    };
+    let refusals: [(&str, &[&str], &str); 5] = [
+        (&hook_name, &[], "no command"),
+        (&hook_name, &["create"], "unknown command create"),
+        (
+            &hook_name,
+            &["-v", "prestart"],
+            "flag provided but not defined: -v",
+        ),
         (
             &cli_name,
-            &["configure", "--no-devbind", "--pid=1", "/r"],
-            "configure option --no-devbind is not supported",
+            &["configure", "--bogus", "--pid=1", "/r"],
+            "configure option --bogus",
         ),
         (&cli_name, &[], "no command"),
     ];

@@ -9,6 +9,7 @@
 
 pub mod cdi_hook;
 pub mod report;
+pub mod runtime_hook;
 
 pub use cdi_hook::CDI_HOOK_NAME;
 
@@ -26,9 +27,7 @@ pub const NAMES: [&str; 3] = [RUNTIME_HOOK_NAME, CLI_NAME, CDI_HOOK_NAME];
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CliError {
-    #[error(
-        "{0} is not supported by nvhook's nvidia-container-cli (it answers configure, info and list, with the options containerd's and nerdctl's --gpus use)"
-    )]
+    #[error("{0} is not an option of nvidia-container-cli (try nvidia-container-cli --help)")]
     Unsupported(Echo),
     #[error("{option} needs a value ({option}=VALUE)")]
     NoValue { option: &'static str },
@@ -42,14 +41,29 @@ pub enum CliError {
     BadRootfs(Echo),
     #[error("no command: use configure, info or list")]
     NoCommand,
+    #[error("--cuda-compat-mode={0}: use mount, ldconfig or disabled")]
+    BadCompatMode(Echo),
 }
 
 /// One command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     Configure(Configure),
-    Info { csv: bool },
+    Info {
+        csv: bool,
+    },
     List(List),
+    /// `--version`, `-V`.
+    Version,
+    /// `--help`, `-?`, `--usage`: the program's, or one command's.
+    Help(Option<&'static str>),
+}
+
+/// The options of the whole command line that are not the command's.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Global {
+    /// `--root=PATH`: the driver root, which must be the one nvhook's config names.
+    pub root: Option<String>,
 }
 
 /// `configure`: give the container of `pid`, whose rootfs is `rootfs`, what `flags` ask for.
@@ -60,6 +74,9 @@ pub struct Configure {
     pub rootfs: PathBuf,
     /// `--no-cgroups`: the caller sets the device cgroup itself.
     pub no_cgroups: bool,
+    /// `--cuda-compat-mode=disabled` (or `--no-cntlibs`): the image's compat libraries are
+    /// not used. `mount` and `ldconfig` leave the choice to nvhook's rule.
+    pub no_cuda_compat: bool,
 }
 
 /// `list`: what a container would get, by kind. With no option, everything.
@@ -73,31 +90,95 @@ pub struct List {
     pub libraries: bool,
     pub binaries: bool,
     pub ipcs: bool,
+    pub firmwares: bool,
     pub compat32: bool,
 }
 
-/// Global options that change nothing for nvhook: name, whether a value must follow, why.
-const IGNORED_GLOBAL: [(&str, bool, &str); 5] = [
-    ("--load-kmods", false, "nvhook never loads kernel modules"),
-    ("--no-pivot", false, "nvhook never pivots"),
-    ("--user", false, "nvhook runs as the runtime's user"),
-    ("--debug", true, "nvhook logs where its config says"),
+/// Global options that change nothing for nvhook: long name, short name, whether a value
+/// follows (`Some(false)`: optional, attached only), why.
+const IGNORED_GLOBAL: [(&str, &str, Option<bool>, &str); 6] = [
+    (
+        "--load-kmods",
+        "-k",
+        None,
+        "nvhook never loads kernel modules",
+    ),
+    ("--no-pivot", "-n", None, "nvhook never pivots"),
+    (
+        "--user",
+        "-u",
+        Some(false),
+        "nvhook runs as the runtime's user",
+    ),
+    (
+        "--debug",
+        "-d",
+        Some(true),
+        "nvhook logs where its config says",
+    ),
     (
         "--ldcache",
-        true,
+        "-l",
+        Some(true),
         "nvhook reads the driver root's loader cache",
+    ),
+    (
+        "--no-create-imex-channels",
+        "",
+        None,
+        "nvhook creates no IMEX channel node on the host",
     ),
 ];
 
+/// The options of `configure` that nvhook accepts and leaves as they are: NVIDIA's runtime
+/// hook never passes them, and nvhook's plan already leaves out what the host lacks.
+const IGNORED_CONFIGURE: [(&str, &str); 5] = [
+    (
+        "--no-devbind",
+        "the runtime's own nodes are kept; nvhook adds the GPU's",
+    ),
+    (
+        "--no-persistenced",
+        "the persistenced socket is mounted where the host has one",
+    ),
+    (
+        "--no-fabricmanager",
+        "the fabricmanager socket is mounted where the host has one",
+    ),
+    (
+        "--no-gsp-firmware",
+        "the GSP firmware is mounted where the host has it",
+    ),
+    ("--no-cntlibs", "same as --cuda-compat-mode=disabled"),
+];
+
 /// Reads the arguments after the program name.
-pub fn parse(args: &[String]) -> Result<Command, CliError> {
+pub fn parse(args: &[String]) -> Result<(Global, Command), CliError> {
+    let mut global = Global::default();
     let mut args = args.iter().map(String::as_str);
     let command = loop {
         let arg = args.next().ok_or(CliError::NoCommand)?;
         let (name, inline) = split(arg);
-        match IGNORED_GLOBAL.iter().find(|(option, ..)| *option == name) {
-            Some((option, takes_value, why)) => {
-                if *takes_value && inline.is_none() && args.next().is_none() {
+        match name {
+            "--help" | "-?" | "--usage" => return Ok((global, Command::Help(None))),
+            "--version" | "-V" => return Ok((global, Command::Version)),
+            _ => {}
+        }
+        if let Some(attached) = option(name, "--root", "-r") {
+            let root = match attached.or(inline) {
+                Some(root) => root.to_string(),
+                None => value_of(None, &mut args, "--root")?,
+            };
+            global.root = Some(root);
+            continue;
+        }
+        let ignored = IGNORED_GLOBAL
+            .iter()
+            .find_map(|entry| Some((entry, option(name, entry.0, entry.1)?)));
+        match ignored {
+            Some(((option, _, takes_value, why), attached)) => {
+                let given = attached.or(inline).is_some();
+                if *takes_value == Some(true) && !given && args.next().is_none() {
                     return Err(CliError::NoValue { option });
                 }
                 tracing::debug!(option, why, "ignored");
@@ -107,7 +188,16 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
         }
     };
     let rest: Vec<&str> = args.collect();
-    match command {
+    if rest
+        .iter()
+        .any(|a| matches!(*a, "--help" | "-?" | "--usage"))
+    {
+        let known = ["configure", "info", "list"]
+            .into_iter()
+            .find(|c| *c == command);
+        return Ok((global, Command::Help(known)));
+    }
+    let command = match command {
         "configure" => configure(&rest).map(Command::Configure),
         "info" => match rest[..] {
             [] => Ok(Command::Info { csv: false }),
@@ -116,7 +206,82 @@ pub fn parse(args: &[String]) -> Result<Command, CliError> {
         },
         "list" => list(&rest).map(Command::List),
         other => Err(CliError::Unsupported(format!("command {other}").into())),
+    }?;
+    Ok((global, command))
+}
+
+/// `nvidia-container-cli --help`, or one command's, in argp's layout.
+pub fn help(command: Option<&str>) -> String {
+    let (usage, what, options): (&str, &str, &[&str]) = match command {
+        Some("configure") => (
+            "configure [OPTION...] ROOTFS",
+            "Configure a container with GPU support (nvhook: the same plan as its prestart hook)",
+            &[
+                "-p, --pid=PID",
+                "-d, --device=ID",
+                "-r, --require=EXPR",
+                "-l, --ldconfig=PATH",
+                "-c, --compute",
+                "-u, --utility",
+                "-v, --video",
+                "-g, --graphics",
+                "-D, --display",
+                "-n, --ngx",
+                "    --compat32",
+                "    --mig-config=ID",
+                "    --mig-monitor=ID",
+                "    --imex-channel=CHANNEL",
+                "    --no-cgroups",
+                "    --cuda-compat-mode=MODE",
+                "    --no-cntlibs",
+                "    --no-devbind",
+                "    --no-persistenced",
+                "    --no-fabricmanager",
+                "    --no-gsp-firmware",
+            ],
+        ),
+        Some("info") => (
+            "info [OPTION...]",
+            "Report information about the driver and devices",
+            &["    --csv"],
+        ),
+        Some("list") => (
+            "list [OPTION...]",
+            "List driver components",
+            &[
+                "-d, --device=ID",
+                "-l, --libraries",
+                "-b, --binaries",
+                "-i, --ipcs",
+                "-f, --firmwares",
+                "    --compat32",
+                "    --mig-config=ID",
+                "    --mig-monitor=ID",
+                "    --imex-channel=CHANNEL",
+            ],
+        ),
+        _ => (
+            "[OPTION...] COMMAND [ARG...]",
+            "Command line utility for manipulating NVIDIA GPU containers (nvhook answering as nvidia-container-cli).\n\n Commands:\n  configure                  Configure a container with GPU support\n  info                       Report information about the driver and devices\n  list                       List driver components",
+            &[
+                "-?, --help",
+                "-d, --debug=FILE",
+                "-k, --load-kmods",
+                "-l, --ldcache=FILE",
+                "    --no-create-imex-channels",
+                "-n, --no-pivot",
+                "-r, --root=PATH",
+                "    --usage",
+                "-u, --user[=UID[:GID]]",
+                "-V, --version",
+            ],
+        ),
+    };
+    let mut text = format!("Usage: {CLI_NAME} {usage}\n{what}\n\n Options:\n");
+    for option in options {
+        text.push_str(&format!("  {option}\n"));
     }
+    text
 }
 
 fn configure(args: &[&str]) -> Result<Configure, CliError> {
@@ -124,6 +289,7 @@ fn configure(args: &[&str]) -> Result<Configure, CliError> {
     let mut pid = None;
     let mut rootfs = None;
     let mut no_cgroups = false;
+    let mut no_cuda_compat = false;
     let mut args = args.iter().copied();
     while let Some(arg) = args.next() {
         let (name, inline) = split(arg);
@@ -138,9 +304,19 @@ fn configure(args: &[&str]) -> Result<Configure, CliError> {
             }
             "--mig-config" => join(&mut flags.mig_config, value("--mig-config")?),
             "--mig-monitor" => join(&mut flags.mig_monitor, value("--mig-monitor")?),
+            "--imex-channel" => join(&mut flags.imex_channels, value("--imex-channel")?),
             // nvhook writes the loader cache itself and never runs an ldconfig.
             "--ldconfig" | "-l" => drop(value("--ldconfig")?),
             "--no-cgroups" => no_cgroups = true,
+            "--cuda-compat-mode" => match value("--cuda-compat-mode")?.as_str() {
+                "mount" | "ldconfig" => no_cuda_compat = false,
+                "disabled" => no_cuda_compat = true,
+                other => return Err(CliError::BadCompatMode(other.into())),
+            },
+            _ if inline.is_none() && IGNORED_CONFIGURE.iter().any(|(o, _)| *o == name) => {
+                no_cuda_compat |= name == "--no-cntlibs";
+                tracing::debug!(option = name, "ignored");
+            }
             _ if inline.is_none() && capability(name).is_some() => {
                 flags.capabilities.extend(capability(name));
             }
@@ -160,6 +336,7 @@ fn configure(args: &[&str]) -> Result<Configure, CliError> {
         pid: pid.ok_or(CliError::NoPid)?,
         rootfs: PathBuf::from(rootfs),
         no_cgroups,
+        no_cuda_compat,
     })
 }
 
@@ -177,18 +354,30 @@ fn list(args: &[&str]) -> Result<List, CliError> {
             ("--libraries" | "-l", None) => list.libraries = true,
             ("--binaries" | "-b", None) => list.binaries = true,
             ("--ipcs" | "-i", None) => list.ipcs = true,
+            ("--firmwares" | "-f", None) => list.firmwares = true,
             ("--compat32", None) => list.compat32 = true,
+            ("--imex-channel", _) => join(&mut selection.imex_channels, value("--imex-channel")?),
+            ("--no-persistenced" | "--no-fabricmanager" | "--no-gsp-firmware", None) => {}
             _ => return Err(CliError::Unsupported(unsupported(arg, "list"))),
         }
     }
-    if list == List::default() {
+    // No option, or IMEX channels alone: everything, as libnvidia-container lists.
+    let only_imex = List {
+        devices: Flags {
+            imex_channels: list.devices.imex_channels.clone(),
+            ..Flags::default()
+        },
+        ..List::default()
+    };
+    if list == only_imex {
         return Ok(List {
             all_nodes: true,
-            devices: Flags::default(),
             libraries: true,
             binaries: true,
             ipcs: true,
+            firmwares: true,
             compat32: true,
+            ..only_imex
         });
     }
     Ok(list)
@@ -215,6 +404,18 @@ fn join(list: &mut Option<String>, more: String) {
     });
 }
 
+/// Whether `name` (an argument less any `=value`) is the option `long` or `short`: `Some` of
+/// the value attached to the short form (`-r/run/nvidia/driver`), if any.
+fn option<'a>(name: &'a str, long: &str, short: &str) -> Option<Option<&'a str>> {
+    if name == long || (!short.is_empty() && name == short) {
+        return Some(None);
+    }
+    let attached = name
+        .strip_prefix(short)
+        .filter(|_| !short.is_empty() && !name.starts_with("--"))?;
+    (!attached.is_empty()).then_some(Some(attached))
+}
+
 /// `--name=value` as (`--name`, `value`); anything else as itself.
 fn split(arg: &str) -> (&str, Option<&str>) {
     match arg.split_once('=') {
@@ -232,7 +433,7 @@ fn capability(flag: &str) -> Option<Capability> {
         "--graphics" | "-g" => Capability::Graphics,
         "--display" | "-D" => Capability::Display,
         "--compat32" => Capability::Compat32,
-        "--ngx" => Capability::Ngx,
+        "--ngx" | "-n" => Capability::Ngx,
         _ => return None,
     })
 }

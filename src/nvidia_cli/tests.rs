@@ -11,7 +11,7 @@ fn args(line: &str) -> Vec<String> {
 }
 
 fn configure_of(line: &str) -> Configure {
-    match parse(&args(line)) {
+    match parse(&args(line)).map(|(_, c)| c) {
         Ok(Command::Configure(c)) => c,
         other => panic!("{line}: {other:?}"),
     }
@@ -93,31 +93,17 @@ fn capabilities_the_node_does_not_serve_are_left_out() {
 }
 
 #[test]
-fn what_nvhook_does_not_do_is_refused_in_one_line() {
+fn what_nvidia_does_not_take_is_refused_in_one_line() {
     let refused = |line: &str| parse(&args(line)).unwrap_err().to_string();
     for (line, named) in [
-        (
-            "--root=/run/nvidia/driver configure --pid=1 /r",
-            "--root=/run/nvidia/driver",
-        ),
-        (
-            "configure --no-devbind --pid=1 /r",
-            "configure option --no-devbind",
-        ),
-        (
-            "configure --imex-channel=0 --pid=1 /r",
-            "configure option --imex-channel=0",
-        ),
+        ("configure --bogus --pid=1 /r", "configure option --bogus"),
         ("info --json", "info option --json"),
-        ("list --device=0 --firmwares", "list option --firmwares"),
-        ("--version", "--version"),
+        ("list --json", "list option --json"),
+        ("--bogus configure", "--bogus is not an option"),
         ("mig", "command mig"),
     ] {
         let e = refused(line);
-        assert!(
-            e.contains(named) && e.contains("not supported"),
-            "{line}: {e}"
-        );
+        assert!(e.contains(named), "{line}: {e}");
         assert!(!e.contains('\n'), "{e}");
     }
     assert!(refused("configure --device=0 /r").contains("--pid=PID"));
@@ -126,7 +112,81 @@ fn what_nvhook_does_not_do_is_refused_in_one_line() {
     assert!(refused("configure --pid=1 rootfs").contains("absolute path"));
     assert!(refused("configure --pid=1 /a /b").contains("/b"));
     assert!(refused("configure --pid=1 /r --device").contains("--device needs a value"));
+    assert!(
+        refused("configure --cuda-compat-mode=auto --pid=1 /r")
+            .contains("mount, ldconfig or disabled")
+    );
     assert!(refused("--load-kmods").contains("no command"));
+    assert!(refused("--debug").contains("--debug needs a value"));
+}
+
+/// Every option of libnvidia-container's 1.17-1.20 command line, as NVIDIA's runtime hook
+/// and people pass them.
+#[test]
+fn nvidias_whole_option_set_is_taken() {
+    // v1.20's runtime hook, with the default config.
+    let (global, c) = parse(&args(
+        "--load-kmods configure --cuda-compat-mode=ldconfig --ldconfig=@/sbin/ldconfig.real --device=0,1 --imex-channel=0,3 --compat32 --compute --display --graphics --ngx --utility --video --require=cuda>=12.0 --pid=4242 /r",
+    ))
+    .unwrap();
+    assert_eq!(global, Global::default());
+    let Command::Configure(c) = c else {
+        panic!("{c:?}")
+    };
+    assert_eq!(c.flags.imex_channels.as_deref(), Some("0,3"));
+    assert!(!c.no_cuda_compat);
+    assert_eq!(c.flags.capabilities.len(), 7);
+    // Short options, before and after the command (-n and -u mean other things there).
+    let (global, c) = parse(&args(
+        "-k -n -u -d /tmp/log -l /etc/ld.so.cache -r/run/nvidia/driver --no-create-imex-channels configure -c -u -v -g -D -n -d 2 -r cuda>=11 -l /sbin/ldconfig -p 7 /r",
+    ))
+    .unwrap();
+    assert_eq!(global.root.as_deref(), Some("/run/nvidia/driver"));
+    let Command::Configure(c) = c else {
+        panic!("{c:?}")
+    };
+    assert_eq!((c.pid, c.flags.devices.as_deref()), (7, Some("2")));
+    assert_eq!(c.flags.capabilities.len(), 6);
+    assert_eq!(c.flags.requirements, ["cuda>=11"]);
+    for (line, no_compat) in [
+        ("configure --cuda-compat-mode=disabled --pid=1 /r", true),
+        ("configure --no-cntlibs --pid=1 /r", true),
+        ("configure --cuda-compat-mode=mount --pid=1 /r", false),
+        (
+            "configure --no-devbind --no-persistenced --no-fabricmanager --no-gsp-firmware --pid=1 /r",
+            false,
+        ),
+    ] {
+        assert_eq!(configure_of(line).no_cuda_compat, no_compat, "{line}");
+    }
+    assert_eq!(
+        parse(&args("--root /run/nvidia/driver -u1000:1000 info"))
+            .unwrap()
+            .0
+            .root
+            .as_deref(),
+        Some("/run/nvidia/driver")
+    );
+    for (line, want) in [
+        ("--version", Command::Version),
+        ("-V", Command::Version),
+        ("--help", Command::Help(None)),
+        ("-?", Command::Help(None)),
+        ("--usage", Command::Help(None)),
+        ("configure --help", Command::Help(Some("configure"))),
+        ("list -?", Command::Help(Some("list"))),
+    ] {
+        assert_eq!(parse(&args(line)).unwrap().1, want, "{line}");
+    }
+    assert!(help(None).contains("--no-create-imex-channels"));
+    assert!(help(Some("configure")).contains("--cuda-compat-mode=MODE"));
+    let Command::List(list) = parse(&args("list --firmwares --no-persistenced"))
+        .unwrap()
+        .1
+    else {
+        panic!()
+    };
+    assert!(list.firmwares && !list.libraries);
 }
 
 #[test]
@@ -158,7 +218,7 @@ fn info_has_libnvidia_containers_shape() {
 #[test]
 fn list_gives_host_paths_by_kind() {
     let inventory = inventory(2, &[]);
-    let everything = match parse(&args("list")) {
+    let everything = match parse(&args("list")).map(|(_, c)| c) {
         Ok(Command::List(list)) => list,
         other => panic!("{other:?}"),
     };
@@ -181,7 +241,7 @@ fn list_gives_host_paths_by_kind() {
         assert!(text.contains(&lib.host_path.display().to_string()));
     }
 
-    let libraries = match parse(&args("list --libraries")) {
+    let libraries = match parse(&args("list --libraries")).map(|(_, c)| c) {
         Ok(Command::List(list)) => list,
         other => panic!("{other:?}"),
     };
@@ -204,7 +264,7 @@ fn list_gives_host_paths_by_kind() {
 #[test]
 fn list_device_gives_the_control_nodes_and_the_plans_nodes() {
     let inventory = inventory(4, &[]);
-    let list = match parse(&args("list -d 1 --device=3")) {
+    let list = match parse(&args("list -d 1 --device=3")).map(|(_, c)| c) {
         Ok(Command::List(list)) => list,
         other => panic!("{other:?}"),
     };

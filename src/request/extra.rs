@@ -75,7 +75,10 @@ pub enum ExtraError {
 /// The channels `value` names, a list read as every NVIDIA_* list is
 /// ([`super::list_items`]): `None` for no channel (no item, or `none` or `void` among them),
 /// `all`, or decimal channel numbers. A sign, or `all` among numbers, is a mistake, refused.
-fn parse_channels(value: &str, origin: &str) -> Result<Option<ImexChannels>, ExtraError> {
+pub(super) fn parse_channels(
+    value: &str,
+    origin: &str,
+) -> Result<Option<ImexChannels>, ExtraError> {
     let items = super::list_items(value.split(','));
     if items.is_empty() || items.iter().any(|i| matches!(*i, "none" | "void")) {
         return Ok(None);

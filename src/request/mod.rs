@@ -79,6 +79,8 @@ pub struct Flags {
     pub requirements: Vec<String>,
     pub mig_config: Option<String>,
     pub mig_monitor: Option<String>,
+    /// `--imex-channel=LIST`: channel numbers, or `all`.
+    pub imex_channels: Option<String>,
 }
 
 /// The outcome of reading a spec, for callers that log why a container is left alone.
@@ -242,7 +244,12 @@ impl Request {
             privileged: false,
             source: SelectionSource::CliFlag,
             cuda_version: None,
-            imex_channels: None,
+            imex_channels: flags
+                .imex_channels
+                .as_deref()
+                .map(|v| extra::parse_channels(v, &env_origin("--imex-channel", v)))
+                .transpose()?
+                .flatten(),
             // No image environment: the node's defaults.
             families: extra::families(&Spec::default(), config, false)?,
         })

@@ -9,7 +9,8 @@ use nvhook::host_plan::{self, Target};
 use nvhook::inventory::{Scope, isolated};
 use nvhook::logging::Sink;
 use nvhook::nvidia_cli::cdi_hook::{self, CdiHook};
-use nvhook::nvidia_cli::{self, CDI_HOOK_NAME, CLI_NAME, Command, RUNTIME_HOOK_NAME};
+use nvhook::nvidia_cli::runtime_hook::{self, RuntimeHook};
+use nvhook::nvidia_cli::{self, CDI_HOOK_NAME, CLI_NAME, Command, Global, RUNTIME_HOOK_NAME};
 use nvhook::request::{Flags, Request};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -28,21 +29,32 @@ pub fn run(name: &Path, args: &[OsString]) -> Option<i32> {
         .filter(|v| !v.is_empty())
         .map(PathBuf::from);
     let result = match name {
-        RUNTIME_HOOK_NAME => match args.as_slice() {
-            [stage] if stage == "prestart" => hook(config.as_deref(), Stage::Prestart, &[]),
+        RUNTIME_HOOK_NAME => match runtime_hook::parse(&args) {
+            Ok(RuntimeHook::Prestart) => hook(config.as_deref(), Stage::Prestart, &[]),
             // NVIDIA's hook does nothing at these stages either.
-            [stage] if stage == "poststart" || stage == "poststop" => Ok(()),
-            [] => return Some(usage(name, "no stage: use prestart, poststart or poststop")),
-            _ => {
-                return Some(usage(
-                    name,
-                    &format!("{}: use prestart, poststart or poststop", args.join(" ")),
-                ));
+            Ok(RuntimeHook::Nothing) => Ok(()),
+            Ok(RuntimeHook::Version) => {
+                print!("{}", version_text(name));
+                Ok(())
+            }
+            Ok(RuntimeHook::Help) => {
+                eprint!("{}", runtime_hook::USAGE);
+                Ok(())
+            }
+            // Go's flag package: the error, the usage, exit status 2.
+            Err(e) => {
+                eprintln!("nvhook (as {name}): {e}");
+                eprint!("{}", runtime_hook::USAGE);
+                return Some(2);
             }
         },
         CLI_NAME => match nvidia_cli::parse(&args) {
-            Ok(command) => cli(config.as_deref(), command),
-            Err(e) => return Some(usage(name, &e.to_string())),
+            Ok((global, command)) => cli(config.as_deref(), &global, command),
+            // libnvidia-container's argp exits 1 on a bad command line.
+            Err(e) => {
+                eprintln!("nvhook (as {name}): {e}");
+                return Some(1);
+            }
         },
         // A createContainer hook of NVIDIA's CDI specs: nvhook's own createContainer hook.
         CDI_HOOK_NAME => match cdi_hook::parse(&args) {
@@ -83,6 +95,18 @@ pub fn run(name: &Path, args: &[OsString]) -> Option<i32> {
     })
 }
 
+/// `--root=PATH` names the driver root, which nvhook takes from its config: a different one
+/// would be a node set up for another driver than nvhook's config serves.
+fn check_root(config: &nvhook::config::Config, global: &Global) -> anyhow::Result<()> {
+    match &global.root {
+        Some(root) if Path::new(root) != config.driver_root => anyhow::bail!(
+            "--root={root}: nvhook's config names driver root {} (set driver-root in it, or leave --root out)",
+            config.driver_root.display()
+        ),
+        _ => Ok(()),
+    }
+}
+
 /// The NVIDIA release whose programs nvhook answers as, for version probes.
 const NVIDIA_RELEASE: &str = "1.20.0";
 
@@ -103,9 +127,24 @@ fn usage(name: &str, message: &str) -> i32 {
     2
 }
 
-fn cli(config_path: Option<&Path>, command: Command) -> anyhow::Result<()> {
+fn cli(config_path: Option<&Path>, global: &Global, command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Version => {
+            print!("{}", version_text(CLI_NAME));
+            return Ok(());
+        }
+        Command::Help(command) => {
+            print!("{}", nvidia_cli::help(command));
+            return Ok(());
+        }
+        _ => {}
+    }
     if let Command::Configure(configure) = command {
-        let (config, sink) = hook_process(config_path)?;
+        let (mut config, sink) = hook_process(config_path)?;
+        check_root(&config, global)?;
+        if configure.no_cuda_compat {
+            config.cuda_compat = nvhook::config::CudaCompatMode::Off;
+        }
         let request = Request::from_flags(&configure.flags, &config)?;
         let outcome = nvhook::inject::configure_process(
             &config,
@@ -124,6 +163,7 @@ fn cli(config_path: Option<&Path>, command: Command) -> anyhow::Result<()> {
     }
     let config = nvhook::config::Config::load(config_path, None)?;
     nvhook::logging::init(&config);
+    check_root(&config, global)?;
     // NVML's cached answer serves while the host is as it was.
     let (inventory, source) = isolated::load(&config, Scope::ALL)?;
     print!(
@@ -143,7 +183,9 @@ fn cli(config_path: Option<&Path>, command: Command) -> anyhow::Result<()> {
                 };
                 nvidia_cli::report::list_text(&inventory, &list, &selected)
             }
-            Command::Configure(_) => unreachable!("handled above"),
+            Command::Configure(_) | Command::Version | Command::Help(_) => {
+                unreachable!("handled above")
+            }
         }
     );
     Ok(())
