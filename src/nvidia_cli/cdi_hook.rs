@@ -291,6 +291,11 @@ fn flags<'a>(
         if name == "help" || name == "h" {
             return Ok(None);
         }
+        // The global logging switches are accepted after a hook too (urfave's persistent
+        // flags).
+        if matches!(global(arg), Some(CdiHook::Nothing(_))) {
+            continue;
+        }
         if !options.contains(&name) && name != "container-spec" {
             // Go's flag package names it with one dash.
             return Err(CdiHookError::UnknownOption {

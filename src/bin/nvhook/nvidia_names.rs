@@ -69,7 +69,10 @@ pub fn run(name: &Path, args: &[OsString]) -> Option<i32> {
                 if let Ok((_, nvhook::logging::Sink::File)) = hook_process(config.as_deref()) {
                     tracing::warn!("as {CDI_HOOK_NAME}: {warning}: nothing done");
                 }
-                eprintln!("nvhook (as {name}): warning: {warning}: nothing done");
+                // NVIDIA's `--quiet` silences its warnings.
+                if !args.iter().any(|a| a == "--quiet" || a == "-quiet") {
+                    eprintln!("nvhook (as {name}): warning: {warning}: nothing done");
+                }
                 Ok(())
             }
             Ok(CdiHook::Version) => {
