@@ -15,6 +15,24 @@ use std::fmt::{self, Write};
 /// is refused, and a part of that) stays within 400 characters.
 pub const SHOWN_BYTES: usize = 64;
 
+/// A host path a runtime or a command line gave nvhook (a bundle, a rootfs), as messages show
+/// it: whole, with control characters escaped, so that it stays on one line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShownPath<'a>(pub &'a std::path::Path);
+
+impl fmt::Display for ShownPath<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in self.0.to_string_lossy().chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_debug())?;
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A value the container supplied. Displayed escaped (`\n`, `\u{1b}`, `\"`: one line, no
 /// terminal control) and cut after [`SHOWN_BYTES`], whole escapes and characters only, with
 /// the value's length: `GPU-aaaa… (100000 bytes)`. Equality is the value's.
@@ -77,6 +95,18 @@ mod tests {
             Echo(&one_over).to_string(),
             format!("{}… (65 bytes)", "b".repeat(SHOWN_BYTES))
         );
+    }
+
+    #[test]
+    fn a_path_is_shown_whole_on_one_line() {
+        let long = format!("/run/{}/bundle\nrootfs\u{1b}[2J", "x".repeat(200));
+        let shown = ShownPath(std::path::Path::new(&long)).to_string();
+        assert!(
+            !shown.contains('\n') && !shown.contains('\u{1b}'),
+            "{shown}"
+        );
+        assert!(shown.ends_with("/bundle\\nrootfs\\u{1b}[2J"), "{shown}");
+        assert!(shown.contains(&"x".repeat(200)));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! config.json is read through a tolerant struct rather than oci-spec's full model: oci-spec
 //! rejects specs some engines write (a `process` without `user`) and nvhook needs five fields.
 
+use crate::echo::ShownPath;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,12 +12,12 @@ use std::path::{Path, PathBuf};
 pub enum OciError {
     #[error("cannot parse the OCI state on stdin: {0} (nvhook hook must be run by an OCI runtime)")]
     State(String),
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {}: {source}", ShownPath(path))]
     ReadSpec {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("bad OCI spec {path}: {message}")]
+    #[error("bad OCI spec {}: {message}", ShownPath(path))]
     ParseSpec { path: PathBuf, message: String },
 }
 
@@ -35,8 +36,8 @@ impl State {
         let state: State = from_json_object(text).map_err(OciError::State)?;
         if !state.bundle.is_absolute() {
             return Err(OciError::State(format!(
-                "bundle {:?} is not an absolute path",
-                state.bundle
+                "bundle {} is not an absolute path",
+                ShownPath(&state.bundle)
             )));
         }
         Ok(state)

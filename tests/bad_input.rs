@@ -212,6 +212,12 @@ fn missing_or_malformed_bundle() {
             "config.json: No such file",
         ),
         (
+            "a bundle path with a newline and an escape in it",
+            s.path("a\nb\u{1b}[2J"),
+            Some(1),
+            "a\\nb\\u{1b}[2J/config.json: No such file",
+        ),
+        (
             "config.json a directory",
             dir_config_json,
             Some(1),

@@ -13,7 +13,7 @@ pub mod folder;
 pub mod loader;
 pub mod sys;
 
-use crate::echo::Echo;
+use crate::echo::{Echo, ShownPath};
 use crate::plan::{ImageInfo, MountKind};
 use pathrs::Root;
 use std::cell::RefCell;
@@ -140,7 +140,7 @@ impl Rootfs {
     /// [`Rootfs::with_mounts`] adds the runtime's.
     pub fn open(path: &Path) -> Result<Rootfs, RootfsError> {
         let open_err = |message: String| RootfsError::Open {
-            path: path.display().to_string(),
+            path: ShownPath(path).to_string(),
             message,
         };
         let root = Root::open(path).map_err(|e| open_err(unusable_root(path, &e)))?;
@@ -148,7 +148,7 @@ impl Rootfs {
         let host = std::fs::metadata("/").map_err(|e| open_err(format!("stat /: {e}")))?;
         if is_host_root(&st, &host) {
             return Err(RootfsError::HostRoot {
-                path: path.display().to_string(),
+                path: ShownPath(path).to_string(),
             });
         }
         let boundary =
