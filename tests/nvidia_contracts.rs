@@ -328,3 +328,46 @@ fn disable_device_node_modification_changes_params_alone() {
     assert!(host_access.contains("DeviceFileMinor: "), "{host_access}");
     assert_eq!(section("access"), host_access.lines().collect::<Vec<_>>());
 }
+
+/// `nvidia-container-cli`'s probes as install checks and bug-report scripts run them: each
+/// exits 0 with libnvidia-container's shape (its binary could not be built here: its option
+/// table was read from the source, docs/gpu-flags.md).
+#[test]
+fn nvidia_container_cli_answers_version_and_help() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    support::link_to_nvhook(dir.path(), &["nvidia-container-cli"]);
+    let cli = dir.path().join("nvidia-container-cli");
+    let run = |args: &[&str]| {
+        let out = Command::new(&cli)
+            .args(args)
+            .env_remove("NVHOOK_CONFIG")
+            .output()
+            .expect("run nvidia-container-cli");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for flag in ["--version", "-V"] {
+        let text = run(&[flag]);
+        let keys: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.split_once(": ").map(|(k, _)| k))
+            .map(|k| match k {
+                "cli-version" | "lib-version" | "build date" | "build revision"
+                | "build compiler" | "build platform" | "build flags" => k,
+                other => panic!("{flag}: unexpected line {other}"),
+            })
+            .collect();
+        assert_eq!(keys.len(), 7, "{flag}: {keys:?}");
+    }
+    for args in [
+        &["--help"][..],
+        &["-?"],
+        &["--usage"],
+        &["-k", "configure", "--help"],
+    ] {
+        assert!(
+            run(args).starts_with("Usage: nvidia-container-cli "),
+            "{args:?}"
+        );
+    }
+}

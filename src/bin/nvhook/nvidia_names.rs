@@ -8,7 +8,7 @@ use crate::{Stage, hook, hook_process, run_hook};
 use nvhook::host_plan::{self, Target};
 use nvhook::inventory::{Scope, isolated};
 use nvhook::logging::Sink;
-use nvhook::nvidia_cli::cdi_hook::{self, CdiHook};
+use nvhook::nvidia_cli::cdi_hook::{self, CdiHook, CdiHookError};
 use nvhook::nvidia_cli::runtime_hook::{self, RuntimeHook};
 use nvhook::nvidia_cli::{self, CDI_HOOK_NAME, CLI_NAME, Command, Global, RUNTIME_HOOK_NAME};
 use nvhook::request::{Flags, Request};
@@ -83,8 +83,14 @@ pub fn run(name: &Path, args: &[OsString]) -> Option<i32> {
                 print!("{}", cdi_hook::help(hook));
                 Ok(())
             }
-            // NVIDIA's hook fails (exit 1) on a bad flag of a hook it knows.
-            Err(e) => Err(e.into()),
+            // NVIDIA's hook fails (exit 1) on a bad flag of a hook it knows, the hook's help on
+            // stdout.
+            Err(e) => {
+                if let CdiHookError::UnknownOption { hook, .. } = &e {
+                    print!("{}", cdi_hook::help(Some(hook)));
+                }
+                Err(e.into())
+            }
         },
         _ => unreachable!("one of NAMES"),
     };
@@ -121,7 +127,14 @@ fn version_text(name: &str) -> String {
         CDI_HOOK_NAME => {
             format!("NVIDIA CDI Hook version {NVIDIA_RELEASE}\ncommit: nvhook {nvhook}\n")
         }
-        _ => format!("{name} version {NVIDIA_RELEASE}\ncommit: nvhook {nvhook}\n"),
+        RUNTIME_HOOK_NAME => format!(
+            "NVIDIA Container Runtime Hook version {NVIDIA_RELEASE}\ncommit: nvhook {nvhook}\n"
+        ),
+        // libnvidia-container's seven lines.
+        _ => format!(
+            "cli-version: {NVIDIA_RELEASE}\nlib-version: {NVIDIA_RELEASE}\nbuild date: -\nbuild revision: nvhook {nvhook}\nbuild compiler: rustc\nbuild platform: {}\nbuild flags: -\n",
+            std::env::consts::ARCH
+        ),
     }
 }
 
