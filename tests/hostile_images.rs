@@ -29,6 +29,12 @@ use support::{
 const LIBDIR: &str = "/usr/lib/x86_64-linux-gnu";
 /// The hook's refusal to write on a bind mount the image's links lead to.
 const INTO_VOLUME: &str = "nvhook will not write into a volume";
+/// The refusal to write through an image link into a mount inside a volume that the spec
+/// does not list (a host mount within the host directory, carried in by `rbind`).
+const INTO_MOUNT_IN_VOLUME: &str = "the image's /usr/lib/x86_64-linux-gnu is a link to /data/lib, on a mount that is not the container's own filesystem: nvhook will not write into a volume";
+/// The refusal to make device nodes in a host directory bound over the runtime's /dev tmpfs.
+const INTO_DEV_VOLUME: &str =
+    "/dev is the volume mounted at /dev: nvhook will not write into a volume";
 /// How a volume is bound: writable, read-only, and writable with shared propagation.
 const VOLUME_KINDS: [&[&str]; 3] = [&["rw"], &["ro"], &["rw", "rshared"]];
 /// The hook's refusal to create a directory through a link that leads nowhere in the image.
@@ -98,6 +104,9 @@ struct Plant<'a> {
     swaps: RefCell<Vec<(PathBuf, PathBuf)>>,
     /// Host directories bound into the container: (destination, source, mount options).
     volumes: RefCell<Vec<(String, PathBuf, &'static [&'static str])>>,
+    /// Host bind mounts inside a volume's source, made in the namespace runc runs in (the
+    /// host as runc sees it) and ended with it: (mount point, the host directory mounted).
+    nested: RefCell<Vec<(PathBuf, PathBuf)>>,
     /// The node's libcuda, a real library to ship as a volume's compat driver.
     host_libcuda: PathBuf,
     /// The node's nvhook config, for variants of it.
@@ -204,6 +213,11 @@ impl Plant<'_> {
     /// holding what a host directory would that nvhook must not touch: a loader cache, a
     /// `lib/libcuda.so.1` that is nobody's link, and a newer driver's `compat/` libcuda.
     fn volume(&self, at: &str, options: &'static [&'static str]) {
+        self.volume_source(at, options);
+    }
+
+    /// `volume`, returning the host directory bound.
+    fn volume_source(&self, at: &str, options: &'static [&'static str]) -> PathBuf {
         let n = self.volumes.borrow().len();
         let source = self
             .canary
@@ -219,7 +233,23 @@ impl Plant<'_> {
             .expect("volume compat library");
         self.volumes
             .borrow_mut()
-            .push((at.to_string(), source, options));
+            .push((at.to_string(), source.clone(), options));
+        source
+    }
+
+    /// A volume at `at` whose host directory has a bind mount of its own at `sub` (a host
+    /// directory mounted inside the hostPath, not listed in the spec): runc's rbind carries
+    /// it into the container. The host directory mounted there must stay empty.
+    fn volume_with_mount_inside(&self, at: &str, options: &'static [&'static str], sub: &str) {
+        let source = self.volume_source(at, options);
+        let mount_point = source.join(sub);
+        fs::create_dir_all(&mount_point).expect("nested mount point");
+        let inner = source.with_file_name(format!(
+            "{}-inner",
+            source.file_name().expect("volume name").to_string_lossy()
+        ));
+        fs::create_dir(&inner).expect("nested mount source");
+        self.nested.borrow_mut().push((mount_point, inner));
     }
 
     /// nvhook-runtime in `runtime-mode = "cdi"`: runc makes the mounts, and nvhook's
@@ -760,7 +790,8 @@ fn pseudo_random(len: usize) -> Vec<u8> {
 
 /// Each directory nvhook writes in, linked by the image into a host directory bound at
 /// /data, once per kind of volume: the host directory must not change. A volume bound at
-/// /etc/ld.so.conf.d (a Kubernetes ConfigMap) costs the container nothing it needs.
+/// /etc/ld.so.conf.d (a Kubernetes ConfigMap) costs the container nothing it needs. Neither
+/// a host mount inside a volume nor a volume over the runtime's /dev tmpfs is written in.
 fn volumes() -> Vec<Case> {
     fn cases<const K: usize>() -> Vec<Case> {
         vec![
@@ -896,16 +927,20 @@ fn volumes() -> Vec<Case> {
                 },
                 Refused("cannot write /etc/ld.so.cache"),
             ),
+            // nvhook-runtime plans from the bundle, where /data is still empty: no loader cache,
+            // so no cache entries; the createContainer hook then leaves the volume's cache as it
+            // is (a cache with nothing to add is not rewritten) and the container starts with
+            // its GPU (utility asks for no libcuda to load).
             case(
                 "/etc -> /data (volume), utility only, the createContainer hook",
-                Glibc,
+                Busybox,
                 |p| {
                     p.volume("/data", VOLUME_KINDS[K]);
                     p.link("/etc", "/data");
                     p.env("NVIDIA_DRIVER_CAPABILITIES=utility".into());
                     p.via_shim_cdi_mode();
                 },
-                Refused("cannot write /etc/ld.so.cache"),
+                Starts,
             ),
             case(
                 "/etc/ld.so.conf.d is a volume, nvhook-runtime's cdi mode",
@@ -924,6 +959,27 @@ fn volumes() -> Vec<Case> {
                     p.link("/run", "/data");
                 },
                 Refused(INTO_VOLUME),
+            ),
+            // The volume's host directory has a bind mount of its own at lib/, which the
+            // spec does not list: a mount that is no bind of the spec is not the container's
+            // own either. Even `ro` leaves it writable (runc's `ro` is not recursive).
+            case(
+                "libdir -> /data/lib, a host mount inside the volume",
+                Busybox,
+                |p| {
+                    p.volume_with_mount_inside("/data", VOLUME_KINDS[K], "lib");
+                    p.link(LIBDIR, "/data/lib");
+                },
+                Refused(INTO_MOUNT_IN_VOLUME),
+            ),
+            // runc's own /dev tmpfs comes first in the spec, the volume over it last: the last
+            // entry at a place says what is mounted there. runc makes no device node in a /dev
+            // the spec binds (it would fail on the missing /dev/null after the hooks).
+            case(
+                "/dev is a volume, after runc's /dev tmpfs",
+                Busybox,
+                |p| p.volume("/dev", VOLUME_KINDS[K]),
+                Refused(INTO_DEV_VOLUME),
             ),
         ]
         .into_iter()
@@ -989,6 +1045,7 @@ fn run_case(node: &SimNode, c: &Case) -> Result<(Outcome, String), String> {
         shim_env: RefCell::default(),
         swaps: RefCell::default(),
         volumes: RefCell::default(),
+        nested: RefCell::default(),
         host_libcuda: node
             .driver_root()
             .join(format!("usr/lib/x86_64-linux-gnu/libcuda.so.{version}")),
@@ -996,6 +1053,7 @@ fn run_case(node: &SimNode, c: &Case) -> Result<(Outcome, String), String> {
     };
     (c.plant)(&plant);
     let volumes = plant.volumes.take();
+    let nested = plant.nested.take();
     for (at, source, options) in &volumes {
         bundle.volume(at, source, options);
     }
@@ -1034,7 +1092,8 @@ fn run_case(node: &SimNode, c: &Case) -> Result<(Outcome, String), String> {
     };
     let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
 
-    let ns = MountNs::new(RuntimeEnv::CgroupV1);
+    // The nested mounts are made in the namespace only: they end with it, whatever happens.
+    let ns = MountNs::with_setup(RuntimeEnv::CgroupV1, &mount_commands(&nested));
     let (canary_before, host_before, table_before) =
         (Snapshot::tree(&canary), host_snapshot(), ns.table());
     let volumes_before: Vec<Snapshot> = volumes.iter().map(|v| Snapshot::tree(&v.1)).collect();
@@ -1051,6 +1110,28 @@ fn run_case(node: &SimNode, c: &Case) -> Result<(Outcome, String), String> {
                 .into_iter()
                 .map(|d| format!("the volume at {at} changed: {d}")),
         );
+    }
+    for (at, source, _) in &volumes {
+        broken.extend(
+            nvidia_entries(source)
+                .into_iter()
+                .map(|e| format!("nvhook wrote in the volume at {at}: {}", e.display())),
+        );
+    }
+    for (mount_point, inner) in &nested {
+        let written: Vec<PathBuf> = fs::read_dir(inner)
+            .expect("list a nested mount's source")
+            .map(|e| e.expect("a nested mount's entry").path())
+            .collect();
+        if !written.is_empty() {
+            broken.push(format!(
+                "the host directory mounted at {} was written: {} entries, {:?}, ...",
+                mount_point.display(),
+                written.len(),
+                &written[..written.len().min(4)]
+            ));
+        }
+        unmount_in(&ns, mount_point, &mut broken);
     }
     out.hook_log = Some(hook_log_of(node, bundle.id()));
     broken.extend(
@@ -1093,6 +1174,56 @@ fn run_case(node: &SimNode, c: &Case) -> Result<(Outcome, String), String> {
     } else {
         Err(format!("{}\n{out}", broken.join("\n")))
     }
+}
+
+/// The shell commands that make the nested mounts, for `MountNs::with_setup`.
+fn mount_commands(nested: &[(PathBuf, PathBuf)]) -> String {
+    let quoted = |p: &Path| {
+        let p = p.display().to_string();
+        assert!(!p.contains('\''), "a quote in {p}");
+        format!("'{p}'")
+    };
+    nested
+        .iter()
+        .map(|(mount_point, inner)| {
+            format!("mount --bind {} {}", quoted(inner), quoted(mount_point))
+        })
+        .chain(["true".to_string()])
+        .collect::<Vec<_>>()
+        .join(" && ")
+}
+
+/// Unmounts `mount_point` (and whatever is mounted under it) in the namespace `ns`.
+fn unmount_in(ns: &MountNs, mount_point: &Path, broken: &mut Vec<String>) {
+    let out = std::process::Command::new(&ns.nsenter()[0])
+        .args(&ns.nsenter()[1..])
+        .arg(require_program("umount"))
+        .arg("--recursive")
+        .arg(mount_point)
+        .output()
+        .expect("spawn umount");
+    if !out.status.success() {
+        broken.push(format!(
+            "could not unmount the nested mount at {}: {}",
+            mount_point.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+}
+
+/// Every entry under `dir` whose name starts with `nvidia`, links not followed.
+fn nvidia_entries(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_name().to_string_lossy().starts_with("nvidia") {
+            found.push(path.clone());
+        }
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            found.extend(nvidia_entries(&path));
+        }
+    }
+    found
 }
 
 /// Exchanges made by racing threads, over the whole run.

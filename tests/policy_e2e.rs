@@ -138,3 +138,48 @@ fn policy_neither_source_for_unprivileged_containers() {
         accept_volume_mount_devices: false,
     });
 }
+
+/// A legacy CUDA image (`CUDA_VERSION` alone, from before `NVIDIA_REQUIRE_CUDA`) asks for every
+/// GPU through its environment: on a hardened node an unprivileged container of it starts with
+/// no GPU and the log says why, as for `NVIDIA_VISIBLE_DEVICES`; a privileged one, or any on a
+/// node that accepts the environment, gets them all.
+#[test]
+fn policy_hardened_ignores_a_legacy_cuda_image_of_an_unprivileged_container() {
+    let node = SimNode::create(GPUS);
+    let legacy = |privileged: bool| {
+        let args = support::gpucheck_args(GPUS, &["--ls", "/dev"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut bundle = Bundle::new(glibc_image(), &args);
+        // The node's CUDA is 12.4: the implied cuda>=12.4 holds.
+        bundle.env("CUDA_VERSION=12.4.1");
+        if privileged {
+            bundle.privileged();
+        }
+        bundle.prestart_hook(&node);
+        bundle
+    };
+    let all: Vec<u32> = (0..GPUS).collect();
+    for (hardened, privileged) in [(true, false), (true, true), (false, false)] {
+        node.set("accept-env-when-unprivileged", &(!hardened).to_string());
+        let case = format!("hardened={hardened} privileged={privileged}");
+        let logged_before = node.log().matches(IGNORED_LOG).count();
+        let output = run_clean(&legacy(privileged), Some(&node), RuntimeEnv::CgroupV1);
+        let logged = node.log().matches(IGNORED_LOG).count() - logged_before;
+        if hardened && !privileged {
+            output.assert_no_gpu_given(&case);
+            output.assert_gpus(GPUS, &[]);
+            for control in support::CONTROL_NODES {
+                output.assert_lines(&[&format!("dev {control} absent")]);
+            }
+            assert_eq!(
+                logged, 1,
+                "{case}: the ignored environment is logged\n{output}"
+            );
+        } else {
+            output.assert_success();
+            output.assert_gpus(GPUS, &all);
+            output.assert_lines(&["dlopen libcuda.so.1 ok"]);
+            assert_eq!(logged, 0, "{case}\n{output}");
+        }
+    }
+}
