@@ -683,11 +683,33 @@ fn kubernetes_node() -> (tempfile::TempDir, PathBuf, PathBuf) {
 }
 
 fn kubernetes_args(nvhook_config: &Path) -> Vec<&str> {
-    vec![
+    vec!["--kubernetes", "--config", nvhook_config.to_str().unwrap()]
+}
+
+/// With no --config, --kubernetes writes the file `$NVHOOK_CONFIG` names, as every command
+/// reads it; `--nvhook-config` is gone (one flag names nvhook's config).
+#[test]
+fn kubernetes_writes_the_config_nvhook_config_names() {
+    let (_dir, containerd, nvhook_config) = kubernetes_node();
+    let out = std::process::Command::new(nvhook_test_support::nvhook_bin())
+        .args(["configure", "containerd", "--engine-config"])
+        .arg(&containerd)
+        .args(["--kubernetes", "--runtime-path", RUNTIME, "--allow-missing"])
+        .env("NVHOOK_CONFIG", &nvhook_config)
+        .output()
+        .expect("run nvhook");
+    assert!(out.status.success(), "{out:?}");
+    assert_golden(&read(&nvhook_config), "nvhook-config.kubernetes.toml");
+    let old = run_nvhook(&[
+        "configure",
+        "containerd",
+        "--engine-config",
+        containerd.to_str().unwrap(),
         "--kubernetes",
         "--nvhook-config",
         nvhook_config.to_str().unwrap(),
-    ]
+    ]);
+    assert_eq!(old.status.code(), Some(2));
 }
 
 #[test]
@@ -823,7 +845,7 @@ fn nvhook_config_without_kubernetes_is_a_usage_error() {
     let out = run_nvhook(&[
         "configure",
         "containerd",
-        "--nvhook-config",
+        "--config",
         "/etc/nvhook/config.toml",
         "--dry-run",
     ]);

@@ -539,10 +539,9 @@ fn nvhooks_own_argument_checks_exit_2() {
     let engine = dir.path().join("daemon.json");
     let nvhook_config = dir.path().join("nvhook.toml");
     let other = dir.path().join("other.toml");
-    let two_files = format!(
-        "nvhook: --config {} and --nvhook-config {} name two files: give one of them",
-        other.display(),
-        nvhook_config.display()
+    let drop_config = format!(
+        "nvhook: drop --config {}: configure reads no nvhook config (the engine's file is --engine-config; only --kubernetes writes nvhook's)",
+        other.display()
     );
     let cases: [(Vec<&str>, &str); 6] = [
         (
@@ -550,14 +549,11 @@ fn nvhooks_own_argument_checks_exit_2() {
                 "--config",
                 s(&other),
                 "configure",
-                "containerd",
+                "docker",
                 "--engine-config",
                 s(&engine),
-                "--kubernetes",
-                "--nvhook-config",
-                s(&nvhook_config),
             ],
-            &two_files,
+            &drop_config,
         ),
         (
             vec![
@@ -589,7 +585,7 @@ fn nvhooks_own_argument_checks_exit_2() {
                 s(&engine),
                 "--remove",
                 "--kubernetes",
-                "--nvhook-config",
+                "--config",
                 s(&nvhook_config),
             ],
             "nvhook: --remove with --kubernetes: --remove takes out the runtime and leaves the hardened policy in nvhook's config; to loosen it, set accept-env-when-unprivileged = true there",

@@ -79,8 +79,8 @@ if [ "$mode" = nri ]; then
         say "containerd's NRI is off in $containerd_config (containerd 1.7 ships it off): turn it on once on the node (nvhook configure containerd --nri, then systemctl restart containerd), or use nvhook-installer.yaml (runtime mode)" >&2
         exit 1
     fi
-    chroot "$host" "$nvhook_dir/bin/nvhook" configure containerd --nri --kubernetes \
-        --nvhook-config "$nvhook_config" \
+    chroot "$host" "$nvhook_dir/bin/nvhook" --config "$nvhook_config" \
+        configure containerd --nri --kubernetes \
         --engine-config "$containerd_config" | grep -v '^then start '
     say "NRI mode: containerd's config unchanged, no restart; this DaemonSet's nri container runs the plugin"
     exit 0
@@ -89,8 +89,8 @@ fi
 # 3. Policy and runtime handler, by the nvhook just installed, run in the host's root (it is
 #    static): every path it reads or writes, including the drop-in directory a containerd 2
 #    config imports (/etc/containerd/conf.d), is then the host's own.
-said=$(chroot "$host" "$nvhook_dir/bin/nvhook" configure containerd --kubernetes \
-    --nvhook-config "$nvhook_config" \
+said=$(chroot "$host" "$nvhook_dir/bin/nvhook" --config "$nvhook_config" \
+    configure containerd --kubernetes \
     --engine-config "$containerd_config" \
     --runtime-path "$nvhook_dir/bin/nvhook-runtime")
 echo "$said"

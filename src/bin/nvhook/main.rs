@@ -164,10 +164,6 @@ struct ConfigureArgs {
     /// pod gets only the GPUs the device plugin allocated to it.
     #[arg(long)]
     kubernetes: bool,
-    /// nvhook's config that --kubernetes edits, as --config names it [default:
-    /// /etc/nvhook/config.toml].
-    #[arg(long, value_name = "FILE", requires = "kubernetes")]
-    nvhook_config: Option<PathBuf>,
     /// NRI plugin mode (containerd, crio): instead of a runtime, turn the engine's NRI on where
     /// its config leaves it off (containerd 1.7; containerd 2 runs it by default), for
     /// `nvhook nri` (nvhook-nri.service). With --remove: give back what that changed.
@@ -441,27 +437,25 @@ fn run_hook(
 }
 
 fn configure(config: Option<&Path>, args: ConfigureArgs) -> Result<()> {
-    // The global --config is nvhook's own file: it means something only where configure
-    // writes that file, and taking it for the engine's would be a guess.
-    let nvhook_config = match (config, args.nvhook_config) {
-        (Some(file), _) if !args.kubernetes => {
-            return Err(Usage(format!(
-                "drop --config {}: configure reads no nvhook config (the engine's file is \
-                 --engine-config; only --kubernetes writes nvhook's)",
-                file.display()
-            ))
-            .into());
-        }
-        (Some(file), Some(other)) if file != other => {
-            return Err(Usage(format!(
-                "--config {} and --nvhook-config {} name two files: give one of them",
-                file.display(),
-                other.display()
-            ))
-            .into());
-        }
-        (file, other) => other.or_else(|| file.map(Path::to_path_buf)),
-    };
+    // The global --config is nvhook's own file, as everywhere ($NVHOOK_CONFIG, then
+    // /etc/nvhook/config.toml): only --kubernetes writes it, and taking it for the engine's
+    // would be a guess.
+    if let (Some(file), false) = (config, args.kubernetes) {
+        return Err(Usage(format!(
+            "drop --config {}: configure reads no nvhook config (the engine's file is \
+             --engine-config; only --kubernetes writes nvhook's)",
+            file.display()
+        ))
+        .into());
+    }
+    let nvhook_config = config.map(Path::to_path_buf).unwrap_or_else(|| {
+        std::env::var_os(nvhook::config::ENV_VAR)
+            .filter(|v| !v.is_empty())
+            .map_or_else(
+                || PathBuf::from(nvhook::config::DEFAULT_PATH),
+                PathBuf::from,
+            )
+    });
     let outcome = nvhook::configure::run(&nvhook::configure::Options {
         engine: args.engine,
         file: args.engine_config,
@@ -475,9 +469,7 @@ fn configure(config: Option<&Path>, args: ConfigureArgs) -> Result<()> {
         set_as_default: args.set_as_default,
         remove: args.remove,
         dry_run: args.dry_run,
-        kubernetes_policy: args
-            .kubernetes
-            .then(|| nvhook_config.unwrap_or_else(|| PathBuf::from(nvhook::config::DEFAULT_PATH))),
+        kubernetes_policy: args.kubernetes.then_some(nvhook_config),
         nri: args.nri,
     })?;
     println!("{outcome}");
