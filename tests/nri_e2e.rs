@@ -100,6 +100,12 @@ fn connected(node: &SimNode, name: &str) -> Connected {
     let image = containerd.import_gpucheck_image(dir.path());
     let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
     plugin.wait_registered(&node.log_file(), 1, &containerd);
+    // Run by hand or by a unit, the plugin says on stderr that it is attached (its log is a file).
+    let attached = format!(
+        "nvhook nri: registered with the engine at {} as 10-nvhook",
+        setup.nri.socket.display()
+    );
+    wait_for_stderr(&plugin, &attached);
     let pods = Pods {
         cgroups: CgroupParent::new(&format!("nvhook-{name}")),
         logs: dir.path().join("pods"),
@@ -111,6 +117,47 @@ fn connected(node: &SimNode, name: &str) -> Connected {
         plugin,
         pods,
     }
+}
+
+/// Waits (a few seconds at most) until the plugin's stderr has the line `line`.
+#[track_caller]
+fn wait_for_stderr(plugin: &NriPlugin, line: &str) {
+    let start = std::time::Instant::now();
+    while !plugin.stderr().lines().any(|l| l == line) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "no {line:?} on the plugin's stderr:\n{}",
+            plugin.stderr()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// `nvhook nri` pointed at a socket nobody serves says so on stderr at once, in one line, and
+/// keeps trying (a unit started before the engine must not exit); a bad index is a usage error.
+#[test]
+fn nri_says_on_stderr_when_it_cannot_connect() {
+    require_root();
+    let node = SimNode::create(1);
+    let dir = EngineDir::new("nri-absent");
+    let socket = dir.path().join("absent.sock");
+    let plugin = NriPlugin::start(&node.config(), &socket, dir.path());
+    wait_for_stderr(
+        &plugin,
+        &format!(
+            "nvhook nri: cannot connect to the NRI socket {}: No such file or directory (os error 2) (is the engine running, with NRI enabled?); trying again until it answers",
+            socket.display()
+        ),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(plugin.stderr().lines().count(), 1, "{}", plugin.stderr());
+    drop(plugin);
+    let out = nvhook_test_support::run_nvhook(&["nri", "--index", "7"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "nvhook: bad NRI plugin index \"7\": it is two digits, 00 to 99, and orders the plugins\n"
+    );
 }
 
 /// Ends a test's engine in order: the plugin, the CRI client, then containerd, which must stop

@@ -98,4 +98,4 @@ pub mod wire;
 
 pub use error::NriError;
 pub use plugin::{Configuration, HandlerError, Plugin};
-pub use stub::{DEFAULT_SOCKET, Ended, Endpoint, INDEX_ENV, NAME_ENV, SOCKET_ENV, Stub};
+pub use stub::{DEFAULT_SOCKET, Ended, Endpoint, Event, INDEX_ENV, NAME_ENV, SOCKET_ENV, Stub};

@@ -95,6 +95,14 @@ impl Stub {
 
     /// Serves one connection: registers, then answers the engine until it closes.
     pub fn serve<P: Plugin + ?Sized>(&self, plugin: &mut P) -> Result<Ended, NriError> {
+        self.serve_reporting(plugin, &mut |_| {})
+    }
+
+    fn serve_reporting<P: Plugin + ?Sized>(
+        &self,
+        plugin: &mut P,
+        report: &mut dyn FnMut(Event<'_>),
+    ) -> Result<Ended, NriError> {
         let stream = match &self.endpoint {
             Endpoint::Socket(path) => {
                 UnixStream::connect(path).map_err(|source| NriError::Connect {
@@ -104,28 +112,41 @@ impl Stub {
             }
             Endpoint::Inherited(fd) => UnixStream::from(fd.try_clone().map_err(NriError::Io)?),
         };
-        self.serve_stream(stream, plugin)
+        self.serve_stream(stream, plugin, report)
     }
 
     /// Serves until the plugin is stopped. Through a socket, a lost connection is made again
     /// as soon as the engine listens again; an engine that refuses the registration ends it.
     /// Started by the engine, the plugin is done when the engine closes its socket.
     pub fn run<P: Plugin + ?Sized>(&self, plugin: &mut P) -> Result<(), NriError> {
+        self.run_reporting(plugin, &mut |_| {})
+    }
+
+    /// [`Stub::run`], telling `report` each time the plugin is registered and configured, the
+    /// engine closes the connection, or a connection fails (the first failure of a row: the
+    /// retries that follow are not reported), so that a front end run by hand can say so.
+    pub fn run_reporting<P: Plugin + ?Sized>(
+        &self,
+        plugin: &mut P,
+        report: &mut dyn FnMut(Event<'_>),
+    ) -> Result<(), NriError> {
         if let Endpoint::Inherited(_) = self.endpoint {
-            self.serve(plugin)?;
+            self.serve_reporting(plugin, report)?;
             return Ok(());
         }
         let mut wait = Retry::default();
         loop {
-            match self.serve(plugin) {
+            match self.serve_reporting(plugin, report) {
                 Ok(ended) => {
                     tracing::info!(?ended, plugin = %self.qualified_name(), "the engine closed the NRI connection; connecting again");
+                    report(Event::Closed(ended));
                     wait.reset();
                 }
                 Err(e @ NriError::Refused { .. }) => return Err(e),
                 Err(e) => {
                     if wait.first() {
                         tracing::warn!("{e}; trying again until the engine's NRI socket answers");
+                        report(Event::Failed(&e));
                     }
                 }
             }
@@ -137,6 +158,7 @@ impl Stub {
         &self,
         stream: UnixStream,
         plugin: &mut P,
+        report: &mut dyn FnMut(Event<'_>),
     ) -> Result<Ended, NriError> {
         let mut conn = Connection::new(stream);
         let register = ttrpc::Request {
@@ -183,6 +205,7 @@ impl Stub {
                     }
                     if request.method == "Configure" && dispatcher.configured {
                         tracing::info!(plugin = %self.qualified_name(), "registered and configured");
+                        report(Event::Configured);
                     }
                 }
                 (wire::RUNTIME_SERVICE, k)
@@ -209,6 +232,17 @@ impl Stub {
 
 fn decode<M: Message + Default>(payload: &[u8], what: &'static str) -> Result<M, NriError> {
     M::decode(payload).map_err(|source| NriError::Decode { what, source })
+}
+
+/// What [`Stub::run_reporting`] tells its caller.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// The engine took the registration and configured the plugin.
+    Configured,
+    /// The engine closed a connection it had served; the stub connects again.
+    Closed(Ended),
+    /// A connection failed; the stub tries again until the engine answers.
+    Failed(&'a NriError),
 }
 
 /// The descriptor in [`SOCKET_ENV`], checked to be a socket and kept from the plugin's

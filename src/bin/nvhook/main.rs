@@ -810,11 +810,37 @@ fn nri(config_path: Option<&Path>, socket: &Path, index: &str) -> Result<()> {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     });
+    let stub = nvhook_nri::Stub::from_env(nvhook::nri::PLUGIN_NAME, index, socket)
+        .map_err(|e| Usage(e.to_string()))?;
     let config = Config::load(named.as_deref(), None)?;
     nvhook::logging::init_service(&config);
-    let stub = nvhook_nri::Stub::from_env(nvhook::nri::PLUGIN_NAME, index, socket)?;
     tracing::info!(plugin = %stub.qualified_name(), endpoint = ?stub.endpoint(), "NRI plugin starting");
     let mut plugin = nvhook::nri::GpuPlugin::new(named);
-    stub.run(&mut plugin)?;
+    // Run by hand or by a unit, the plugin says on stderr (the journal) when it is attached
+    // and when it cannot be; without a log file the log is stderr already.
+    let to_stderr = config.log_file.is_some();
+    let name = stub.qualified_name();
+    let endpoint = match stub.endpoint() {
+        nvhook_nri::Endpoint::Socket(path) => path.display().to_string(),
+        nvhook_nri::Endpoint::Inherited(_) => "the socket the engine gave it".into(),
+    };
+    stub.run_reporting(&mut plugin, &mut |event| {
+        if !to_stderr {
+            return;
+        }
+        match event {
+            nvhook_nri::Event::Configured => {
+                eprintln!("nvhook nri: registered with the engine at {endpoint} as {name}");
+            }
+            nvhook_nri::Event::Closed(_) => {
+                eprintln!(
+                    "nvhook nri: the engine at {endpoint} closed the connection; connecting again"
+                );
+            }
+            nvhook_nri::Event::Failed(e) => {
+                eprintln!("nvhook nri: {e}; trying again until it answers");
+            }
+        }
+    })?;
     Ok(())
 }
