@@ -10,7 +10,11 @@ require_root demo "it makes device nodes and runs runc"
 require_programs demo runc cc ld python3 /bin/busybox
 
 # The test suite runs the demo with the binaries it built (a nested cargo would wait on its lock).
-[ -n "${NVHOOK_DEMO_BUILT:-}" ] || cargo build --workspace --quiet
+if [ -z "${NVHOOK_DEMO_BUILT:-}" ]; then
+  echo "== building nvhook (cargo build --workspace: a few minutes the first time, seconds after) =="
+  cargo build --workspace
+  echo
+fi
 bin=${CARGO_TARGET_DIR:-target}/debug
 work=${NVHOOK_DEMO_DIR:-/tmp/nvhook-demo}
 node="$work/node"
@@ -63,6 +67,11 @@ echo; echo "== nvhook plan (NVIDIA_VISIBLE_DEVICES=1,3): the first mounts of the
 echo; echo "== runc run: what the container sees =="
 (cd "$bundle" && runc run nvhook-demo)
 runc delete -f nvhook-demo >/dev/null 2>&1 || true
+
+echo
+echo "The node's GPUs 1 and 3 are /dev/nvidia1 and /dev/nvidia3 in the container (the nodes keep"
+echo "the host's numbers); nvidia-smi and CUDA count a container's GPUs from 0, so there they are"
+echo "GPU 0 and GPU 1: the UUIDs say which is which (nvhook info lists the node's)."
 
 echo; echo "== hook log ($node/nvhook.log) =="
 grep "hook finished" "$node/nvhook.log" | tail -1

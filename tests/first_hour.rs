@@ -723,6 +723,12 @@ fn the_demo_runs_and_says_what_its_numbers_mean() {
         "the container counts {mounted} mounts, the hook's log another number:\n{text}"
     );
     assert!(text.contains("nvidia1\nnvidia3\n"), "{text}");
+    // The container's own numbering is said, not left to guess.
+    assert!(
+        text.contains("The node's GPUs 1 and 3 are /dev/nvidia1 and /dev/nvidia3 in the container"),
+        "{text}"
+    );
+    assert!(text.contains("GPU 0 and GPU 1"), "{text}");
     assert_eq!(
         lines.last().copied(),
         Some(
@@ -733,6 +739,28 @@ fn the_demo_runs_and_says_what_its_numbers_mean() {
             .as_str()
         ),
         "{text}"
+    );
+}
+
+/// The README's first screen takes a newcomer from a clone to a GPU container: the
+/// prerequisites, then the demo, then the test suite, in its first 60 lines, in that order.
+#[test]
+fn the_readme_starts_with_the_prerequisites_and_the_demo() {
+    let readme = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("read README.md");
+    let first: Vec<&str> = readme.lines().take(60).collect();
+    let at = |line: &str| {
+        first
+            .iter()
+            .position(|l| l.starts_with(line))
+            .unwrap_or_else(|| panic!("{line:?} not in the README's first 60 lines"))
+    };
+    let prerequisites = at("apt-get install -y runc gcc libc6-dev binutils busybox-static python3");
+    let demo = at("scripts/demo.sh");
+    let suite = at("scripts/test.sh");
+    assert!(
+        prerequisites < demo && demo < suite,
+        "{prerequisites} {demo} {suite}"
     );
 }
 
