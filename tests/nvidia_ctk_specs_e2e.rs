@@ -344,7 +344,9 @@ fn an_nvidia_ctk_spec_runs_through_containerd_2_cdi_and_matches_nvhooks_own() {
 /// file when NVIDIA's rule says it serves the host (a newer major, without the ELF note), the
 /// second puts that directory's libraries first in the cache. With nvhook as `nvidia-cdi-hook`
 /// the loader must then take the image's compat libcuda where the compat driver is newer, and
-/// the host's where it is older, through Podman and through containerd 2.1's CDI. The spec also
+/// the host's where it is older or where the image's `/etc/ld.so.conf` does not include
+/// ld.so.conf.d (NVIDIA's ldconfig reads no compat file there), through Podman and through
+/// containerd 2.1's CDI. The spec also
 /// carries a hook of a newer toolkit (`apply-cuda-memory-limits`, after 1.20): a warning, never
 /// a failed start.
 #[test]
@@ -364,8 +366,19 @@ fn forward_compat_through_nvidias_spec_as_nvidia_writes_it() {
     assert!(spec.contains("apply-cuda-memory-limits"));
     let podman = Podman::new();
     let lib64 = "/usr/lib/x86_64-linux-gnu";
-    for (compat, used) in [("580.95.05", true), ("535.104.05", false)] {
-        let image_dir = dir.path().join(compat);
+    // CUDA images (Ubuntu's) have /etc/ld.so.conf include /etc/ld.so.conf.d, where
+    // enable-cuda-compat's file goes; an image whose ld.so.conf does not include it keeps the
+    // host's libraries with NVIDIA's ldconfig, and so with nvhook.
+    let include = "include /etc/ld.so.conf.d/*.conf\n/usr/lib/x86_64-linux-gnu\n";
+    let without = "/usr/lib/x86_64-linux-gnu\n";
+    // (compat driver, the image's ld.so.conf, the loader takes the compat libcuda, the
+    // enable-cuda-compat hook wrote its file)
+    for (compat, ld_so_conf, used, listed) in [
+        ("580.95.05", include, true, true),
+        ("535.104.05", include, false, false),
+        ("580.95.05", without, false, true),
+    ] {
+        let image_dir = dir.path().join(unique_name(compat));
         fs::create_dir_all(image_dir.join("build")).expect("mkdir");
         let rootfs = support::build_glibc_image(
             &image_dir.join("build"),
@@ -375,6 +388,8 @@ fn forward_compat_through_nvidias_spec_as_nvidia_writes_it() {
             },
         )
         .instantiate(&image_dir);
+        fs::write(rootfs.join("etc/ld.so.conf"), ld_so_conf).expect("write ld.so.conf");
+        let compat = format!("{compat} (ld.so.conf {ld_so_conf:?})");
         let want: Vec<String> = if used {
             vec![
                 "cuInit 999".into(),
@@ -384,7 +399,7 @@ fn forward_compat_through_nvidias_spec_as_nvidia_writes_it() {
                     support::CUDA_COMPAT_DIR
                 ),
                 format!(
-                    "dlopen libcuda.so.1 file {}/libcuda.so.{compat}",
+                    "dlopen libcuda.so.1 file {}/libcuda.so.580.95.05",
                     support::CUDA_COMPAT_DIR
                 ),
                 "stat /etc/ld.so.conf.d/00-compat-nvhook.conf file 0:0".into(),
@@ -394,7 +409,11 @@ fn forward_compat_through_nvidias_spec_as_nvidia_writes_it() {
                 "cuInit 0".into(),
                 format!("dlopen libcuda.so.1 path {lib64}/libcuda.so.1"),
                 format!("dlopen libcuda.so.1 file {lib64}/libcuda.so.{FIXTURE_DRIVER}"),
-                "stat /etc/ld.so.conf.d/00-compat-nvhook.conf absent".into(),
+                if listed {
+                    "stat /etc/ld.so.conf.d/00-compat-nvhook.conf file 0:0".into()
+                } else {
+                    "stat /etc/ld.so.conf.d/00-compat-nvhook.conf absent".into()
+                },
             ]
         };
         let args = [

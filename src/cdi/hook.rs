@@ -259,8 +259,14 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
     for folder in &args.folders.clone() {
         add_folder(&rootfs, folder, &mut args);
     }
-    if args.makes_cache && config.cuda_compat == CudaCompatMode::Auto {
-        args.ldcache.extend(nvidia_hooks::compat_entries(&rootfs));
+    // The directories an enable-cuda-compat hook listed, ahead of the folders' copies.
+    let ahead = if args.makes_cache && config.cuda_compat == CudaCompatMode::Auto {
+        nvidia_hooks::compat_entries(&rootfs)
+    } else {
+        Vec::new()
+    };
+    if args.makes_cache {
+        nvidia_hooks::include_conf_dir(&rootfs)?;
     }
     // Written whether or not the image has a cache yet, as NVIDIA's hook does: the
     // update-ldcache hook after it makes one.
@@ -295,7 +301,7 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
         &args.symlinks,
         // The spec was generated on this host, for its architecture.
         Arch::HOST,
-        &args.ldcache,
+        (&args.ldcache, &ahead),
         &args.ld_so_confs,
         has_cache,
     )?;
@@ -359,6 +365,16 @@ fn add_folder(rootfs: &Rootfs, folder: &LibFolder, args: &mut LinkArgs) {
         cache = folder.cache,
         "libraries of a folder"
     );
+    if folder.cache {
+        // ldconfig caches the `.so` links for ld(1) under their own names.
+        for link in rootfs.dev_links_in(&folder.dir, &libraries) {
+            args.ldcache.push(CacheEntry {
+                path: format!("{dir}/{}", link.0),
+                soname: link.0,
+                class: link.1,
+            });
+        }
+    }
     for lib in libraries {
         let path = format!("{dir}/{}", lib.soname);
         if lib.soname != lib.file {

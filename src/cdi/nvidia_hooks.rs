@@ -9,7 +9,7 @@ use super::hook::CompatHook;
 use crate::echo::Echo;
 use crate::plan::compat::{COMPAT_CONF, FWD_COMPAT_NOTE, FwdCompatNote, nvidia_hook_uses_compat};
 use crate::plan::{CacheEntry, LdSoConf};
-use crate::rootfs::{Rootfs, sys};
+use crate::rootfs::{Rootfs, RootfsError, sys};
 use std::os::fd::AsFd;
 
 /// Where ldconfig reads its directories from, and the files NVIDIA's `enable-cuda-compat`
@@ -75,9 +75,10 @@ pub fn enable_cuda_compat(rootfs: &Rootfs, hook: &CompatHook) -> Option<LdSoConf
 
 /// The loader-cache entries of the libraries in the directories the image's
 /// `/etc/ld.so.conf.d/00-compat-*.conf` files name (an `enable-cuda-compat` hook's, NVIDIA's or
-/// nvhook's): added after a folder's, they take the place of its same-named libraries, as
-/// ldconfig keeps the first directory's copy and reads those files first. Each names the
-/// library by its SONAME link where the image has one, as ldconfig does, else by its file.
+/// nvhook's), where the image's ldconfig reads them: ahead of a folder's same-named entries,
+/// which stay behind them, as ldconfig orders the copies of the directories it reads first.
+/// Each names the library by its SONAME link where the image has one, as ldconfig does, else
+/// by its file.
 pub fn compat_entries(rootfs: &Rootfs) -> Vec<CacheEntry> {
     let mut entries = Vec::new();
     for dir in compat_dirs(rootfs) {
@@ -98,7 +99,64 @@ pub fn compat_entries(rootfs: &Rootfs) -> Vec<CacheEntry> {
     entries
 }
 
-/// The directories listed in the image's compat conf files, in the order ldconfig reads them.
+/// The image's loader config, which names the files of [`CONF_DIR`] ldconfig reads.
+const LD_SO_CONF: &str = "/etc/ld.so.conf";
+const INCLUDE_CONF_DIR: &str = "include /etc/ld.so.conf.d/*.conf\n";
+
+/// NVIDIA's `update-ldcache` gives an image without `/etc/ld.so.conf` one that includes
+/// [`CONF_DIR`]'s files (so that its conf files and an `enable-cuda-compat` hook's count).
+pub fn include_conf_dir(rootfs: &Rootfs) -> Result<(), RootfsError> {
+    if rootfs.resolve(LD_SO_CONF).is_some() {
+        return Ok(());
+    }
+    match rootfs.replace_file(LD_SO_CONF, INCLUDE_CONF_DIR.as_bytes(), 0o644) {
+        Err(e @ RootfsError::Volume { .. }) => {
+            tracing::info!(path = LD_SO_CONF, "not written: {e}");
+            Ok(())
+        }
+        written => written,
+    }
+}
+
+/// Whether the image's ldconfig reads `name` of [`CONF_DIR`]: `/etc/ld.so.conf` includes it
+/// (a glob of that directory's files), or there is no such file (NVIDIA's `update-ldcache`
+/// then writes one that does).
+fn conf_dir_is_read(rootfs: &Rootfs, name: &str) -> bool {
+    let text = match rootfs.read_file(LD_SO_CONF, MAX_CONF) {
+        Ok(Some(bytes)) => String::from_utf8_lossy(&bytes).into_owned(),
+        Ok(None) => return rootfs.resolve(LD_SO_CONF).is_none(),
+        Err(_) => return false,
+    };
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix("include"))
+        .flat_map(str::split_whitespace)
+        .any(|pattern| {
+            // A relative pattern is relative to /etc, the file's directory.
+            let pattern = match pattern.strip_prefix('/') {
+                Some(_) => pattern.to_string(),
+                None => format!("/etc/{pattern}"),
+            };
+            glob_matches(&pattern, &format!("{CONF_DIR}/{name}"))
+        })
+}
+
+/// `*` matches any run of characters but `/`; every other character itself.
+fn glob_matches(pattern: &str, path: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == path,
+        Some((head, tail)) => {
+            let Some(rest) = path.strip_prefix(head) else {
+                return false;
+            };
+            (0..=rest.len())
+                .filter(|&i| rest.is_char_boundary(i) && !rest[..i].contains('/'))
+                .any(|i| glob_matches(tail, &rest[i..]))
+        }
+    }
+}
+
+/// The directories listed in the image's compat conf files that its ldconfig reads, in the
+/// order it reads them.
 fn compat_dirs(rootfs: &Rootfs) -> Vec<String> {
     let Some(names) = rootfs
         .dir_if_exists(CONF_DIR)
@@ -111,6 +169,7 @@ fn compat_dirs(rootfs: &Rootfs) -> Vec<String> {
         .iter()
         .filter_map(|n| n.to_str().ok())
         .filter(|n| n.starts_with(COMPAT_PREFIX) && n.ends_with(".conf"))
+        .filter(|n| conf_dir_is_read(rootfs, n))
         .map(str::to_string)
         .collect();
     names.sort();
@@ -200,6 +259,46 @@ mod tests {
             profile_text(0b1010),
             r#"{"profiles":[{"name":"_container_","settings":["EGLVisibleDGPUDevices",0xa]}],"rules":[{"pattern":[],"profile":"_container_"}]}"#
         );
+    }
+
+    #[test]
+    fn globs_as_ldconfig_includes_them() {
+        assert!(glob_matches(
+            "/etc/ld.so.conf.d/*.conf",
+            "/etc/ld.so.conf.d/00-compat-x.conf"
+        ));
+        assert!(glob_matches(
+            "/etc/ld.so.conf.d/00-*",
+            "/etc/ld.so.conf.d/00-compat-x.conf"
+        ));
+        assert!(!glob_matches(
+            "/etc/ld.so.conf.d/*.conf",
+            "/etc/ld.so.conf.d/x.cfg"
+        ));
+        assert!(!glob_matches("/etc/*.conf", "/etc/ld.so.conf.d/x.conf"));
+    }
+
+    #[test]
+    fn compat_confs_count_only_where_ld_so_conf_includes_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let conf = tmp.path().join("etc/ld.so.conf.d");
+        std::fs::create_dir_all(&conf).unwrap();
+        std::fs::write(conf.join("00-compat-a.conf"), "/opt/a\n").unwrap();
+        let rootfs = || Rootfs::open(tmp.path()).unwrap();
+        // No /etc/ld.so.conf: NVIDIA's update-ldcache writes one that includes them.
+        assert_eq!(compat_dirs(&rootfs()), ["/opt/a"]);
+        std::fs::write(
+            tmp.path().join("etc/ld.so.conf"),
+            "/usr/lib/x86_64-linux-gnu\n",
+        )
+        .unwrap();
+        assert!(compat_dirs(&rootfs()).is_empty());
+        std::fs::write(
+            tmp.path().join("etc/ld.so.conf"),
+            "include ld.so.conf.d/*.conf\n",
+        )
+        .unwrap();
+        assert_eq!(compat_dirs(&rootfs()), ["/opt/a"]);
     }
 
     #[test]

@@ -196,7 +196,7 @@ impl ContainerEffects for SystemInside {
             &self.rootfs,
             &plan.symlinks,
             plan.layout.arch,
-            &plan.ldcache,
+            (&plan.ldcache, &[]),
             &plan.ld_so_confs,
             plan.layout.ldcache,
         )?;

@@ -817,6 +817,16 @@ impl FileBuilder<'_> {
                 path: format!("{dir}/{name}"),
                 target: target.to_string(),
             });
+            // ldconfig caches a library's `.so` link for ld(1) under its own name: so does
+            // the cache NVIDIA's update-ldcache makes, and `dlopen("libcuda.so")` relies on it
+            // where the directory is not one the loader searches by default.
+            if name.ends_with(".so") {
+                self.ldcache.push(CacheEntry {
+                    soname: name.to_string(),
+                    path: format!("{dir}/{name}"),
+                    class: lib.class,
+                });
+            }
         }
         self.ldcache.push(CacheEntry {
             soname: lib.soname.clone(),

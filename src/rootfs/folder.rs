@@ -62,6 +62,35 @@ impl Rootfs {
         out.sort_by(|a, b| a.file.cmp(&b.file));
         out
     }
+
+    /// The links for ld(1) in the container's `dir` (`libcuda.so`: a name ending in `.so`)
+    /// that lead to one of `libraries` (found there, by file name or SONAME), with its class.
+    pub fn dev_links_in(&self, dir: &str, libraries: &[Library]) -> Vec<(String, ElfClass)> {
+        let Ok(handle) = self.dir_if_exists(dir) else {
+            return Vec::new();
+        };
+        let Ok(names) = sys::dir_names(handle.as_fd(), MAX_ENTRIES) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, ElfClass)> = names
+            .iter()
+            .filter(|name| name.to_bytes().ends_with(b".so"))
+            .filter_map(|name| {
+                let st = sys::lstat_at(handle.as_fd(), name).ok()??;
+                if sys::file_type(&st) != libc::S_IFLNK {
+                    return None;
+                }
+                let target = sys::readlink_at(handle.as_fd(), name).ok()?;
+                let target = std::str::from_utf8(&target).ok()?;
+                let lib = libraries
+                    .iter()
+                    .find(|l| l.file == target || l.soname == target)?;
+                Some((name.to_str().ok()?.to_string(), lib.class))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
 }
 
 /// The class and SONAME of a little-endian ELF shared object, read through `read_at` (fills

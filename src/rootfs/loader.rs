@@ -8,13 +8,14 @@ use nvhook_ldcache::{Arch, Entry, LdCache, MAX_CACHE_LEN};
 const CACHE_PATH: &str = "/etc/ld.so.cache";
 
 /// Creates `symlinks`, then, when the image has a loader cache, adds `entries` (libraries of
-/// `arch`) to it (a cache with nothing to add is left as it is) and writes `confs`. Shared by
+/// `arch`) to it, each in place of the image's same-named ones, and `ahead` before them,
+/// keeping them (a cache with nothing to add is left as it is), and writes `confs`. Shared by
 /// the prestart hook and the CDI createContainer hook.
 pub fn link_and_cache(
     rootfs: &Rootfs,
     symlinks: &[Symlink],
     arch: Arch,
-    entries: &[CacheEntry],
+    (entries, ahead): (&[CacheEntry], &[CacheEntry]),
     confs: &[LdSoConf],
     image_has_cache: bool,
 ) -> Result<(), RootfsError> {
@@ -24,10 +25,10 @@ pub fn link_and_cache(
         }
     }
     if image_has_cache {
-        let n = if entries.is_empty() {
+        let n = if entries.is_empty() && ahead.is_empty() {
             0
         } else {
-            update_cache(rootfs, arch, entries)?
+            update_cache(rootfs, arch, entries, ahead)?
         };
         for conf in confs {
             match write_conf(rootfs, conf) {
@@ -46,13 +47,14 @@ pub fn link_and_cache(
 }
 
 /// Adds `entries` (flagged as `arch`'s libraries) to the image's /etc/ld.so.cache, replacing
-/// same-name entries, and writes it back atomically. A cache that does not parse is rebuilt
+/// same-name entries, then `ahead` before same-name entries, and writes it back atomically. A cache that does not parse is rebuilt
 /// from the entries alone: glibc then finds the image's own libraries in its default
 /// directories.
 pub fn update_cache(
     rootfs: &Rootfs,
     arch: Arch,
     entries: &[CacheEntry],
+    ahead: &[CacheEntry],
 ) -> Result<usize, RootfsError> {
     let mut cache = match rootfs.read_file(CACHE_PATH, MAX_CACHE_LEN)? {
         Some(bytes) => LdCache::parse(&bytes).unwrap_or_else(|e| {
@@ -63,6 +65,9 @@ pub fn update_cache(
     };
     for e in entries {
         cache.insert(Entry::new(e.soname.clone(), e.path.clone(), arch, e.class));
+    }
+    for e in ahead {
+        cache.insert_ahead(Entry::new(e.soname.clone(), e.path.clone(), arch, e.class));
     }
     let bytes = cache.to_bytes().map_err(|e| RootfsError::Op {
         op: "encode",

@@ -324,6 +324,23 @@ impl LdCache {
         self.entries.insert(at, entry);
     }
 
+    /// Adds `entry` ahead of every entry with the same soname, flags and hwcap, keeping them
+    /// (only one with its very path goes): the loader takes it first, and `ldconfig -p` still
+    /// lists the others, as ldconfig orders the copies of a directory read before another's.
+    pub fn insert_ahead(&mut self, entry: Entry) {
+        self.entries.retain(|e| {
+            !(e.soname == entry.soname
+                && e.flags == entry.flags
+                && e.hwcap == entry.hwcap
+                && e.path == entry.path)
+        });
+        let subdirs = &self.hwcap_subdirs;
+        let at = self
+            .entries
+            .partition_point(|e| ldconfig_cmp(e, &entry, subdirs) == Ordering::Less);
+        self.entries.insert(at, entry);
+    }
+
     /// Serialises the cache in the new format, little-endian, as glibc >= 2.32 ldconfig
     /// lays it out: header, entries, string table, extension directory.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
@@ -784,6 +801,22 @@ mod tests {
         );
         // The same names on aarch64 are other libraries, which its loader would not take.
         assert_eq!(found(Arch::Aarch64, ElfClass::Lib64), None);
+    }
+
+    #[test]
+    fn insert_ahead_keeps_the_other_copies_behind() {
+        let mut cache = LdCache::default();
+        let entry = |path: &str| Entry::new("libcuda.so.1", path, Arch::X86_64, ElfClass::Lib64);
+        cache.insert(entry("/drv/libcuda.so.1"));
+        cache.insert(entry("/drv/libcuda.so"));
+        cache.insert_ahead(entry("/compat/libcuda.so.1"));
+        cache.insert_ahead(entry("/compat/libcuda.so.1"));
+        let paths: Vec<&str> = cache.entries().iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, ["/compat/libcuda.so.1", "/drv/libcuda.so"]);
+        let found = cache
+            .lookup("libcuda.so.1", Arch::X86_64, ElfClass::Lib64)
+            .unwrap();
+        assert_eq!(found.path, "/compat/libcuda.so.1");
     }
 
     #[test]
