@@ -462,6 +462,172 @@ mod tests {
         }
     }
 
+    /// Kubernetes' rule for a label value (`IsValidLabelValue` in k8s.io/apimachinery), written
+    /// out here as the automaton of its regular expression, independent of `sanitize`: empty,
+    /// or at most 63 characters matching `(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?`.
+    fn k8s_label_value(value: &str) -> bool {
+        #[derive(Clone, Copy, PartialEq)]
+        enum State {
+            Start,
+            /// The last character matched `[A-Za-z0-9]`: the value may end here.
+            Alnum,
+            /// The last character matched `[-_.]`: another `[A-Za-z0-9]` must follow.
+            Inner,
+        }
+        let mut state = State::Start;
+        for c in value.chars() {
+            let alnum = matches!(c, 'A'..='Z' | 'a'..='z' | '0'..='9');
+            let inner = matches!(c, '-' | '_' | '.');
+            state = match (state, alnum, inner) {
+                (_, true, _) => State::Alnum,
+                (State::Alnum | State::Inner, false, true) => State::Inner,
+                _ => return false,
+            };
+        }
+        value.chars().count() <= 63 && state != State::Inner
+    }
+
+    /// A label name's part after the prefix: the same syntax, and never empty.
+    fn k8s_label_name(name: &str) -> bool {
+        !name.is_empty() && k8s_label_value(name)
+    }
+
+    /// Every label of `system` under every MIG strategy (where the strategy applies), each name
+    /// and value checked against Kubernetes' rules; `fed` says what the names were.
+    #[track_caller]
+    fn assert_label_syntax(system: &System, machine: Option<&str>, fed: &str) {
+        for strategy in [MigStrategy::None, MigStrategy::Single, MigStrategy::Mixed] {
+            let Ok(labels) = Labels::for_system(system, machine, DEFAULT_PREFIX, strategy) else {
+                continue;
+            };
+            for (name, value) in labels.iter() {
+                let (prefix, name) = name.split_once('/').unwrap();
+                assert_eq!(prefix, DEFAULT_PREFIX);
+                assert!(
+                    k8s_label_name(name),
+                    "fed {fed} ({strategy:?} strategy): label name {name:?} is refused by the API server"
+                );
+                assert!(
+                    k8s_label_value(value),
+                    "fed {fed} ({strategy:?} strategy): {name}={value:?} is refused by the API server"
+                );
+            }
+        }
+    }
+
+    /// A node whose every text NVML reports is `text`: the product name, architecture,
+    /// versions, and one MIG device of profile `text`; the machine type too.
+    fn node_saying(text: &str) -> System {
+        let mut g = gpu(0, &[text]);
+        g.name = text.to_string();
+        g.architecture = text.to_string();
+        g.compute_capability = format!("{text}.{text}");
+        System {
+            driver_version: format!("{text}.{text}.{text}"),
+            cuda_version: format!("{text}.{text}"),
+            gpus: vec![g],
+        }
+    }
+
+    #[test]
+    fn the_label_rule_written_here_is_kubernetes() {
+        for good in [
+            "",
+            "a",
+            "9",
+            "a-b",
+            "A.b_c9",
+            "a--b",
+            "a_.-b",
+            &"x".repeat(63),
+        ] {
+            assert!(k8s_label_value(good), "{good:?}");
+        }
+        for bad in [
+            "-a",
+            "a-",
+            "_",
+            ".",
+            "a b",
+            "a[b",
+            "a\\b",
+            "a]b",
+            "a^b",
+            "a`b",
+            "a/b",
+            "Ü",
+            "a\n",
+            &"x".repeat(64),
+        ] {
+            assert!(!k8s_label_value(bad), "{bad:?}");
+        }
+        assert!(!k8s_label_name(""));
+    }
+
+    /// Product, MIG profile and machine names with every character class they may carry: each
+    /// ASCII punctuation character and control character, alone, inside, leading and trailing,
+    /// at the 63-character cut; spaces; non-ASCII letters, marks, emoji and invisible characters;
+    /// over-long names. Every label the API server is given must be one it accepts.
+    #[test]
+    fn every_character_a_product_or_mig_profile_may_carry_gives_valid_labels() {
+        let mut texts: Vec<String> = Vec::new();
+        let specials = (0u8..=0x7f)
+            .map(char::from)
+            .filter(|c| !c.is_ascii_alphanumeric());
+        for c in specials {
+            texts.extend([
+                format!("NVIDIA{c}A100"),
+                format!("{c}NVIDIA A100 80GB{c}"),
+                format!("{c}"),
+                format!("{c}{c}x{c}{c}"),
+                format!("1g.10gb{c}me"),
+                format!("A100{c}{c}{c}"),
+                // The cut at 63 characters falls on `c`, or just after it.
+                format!("{}{c}{}", "a".repeat(62), "b".repeat(10)),
+                format!("{}{c}{}", "a".repeat(63), "b".repeat(10)),
+                format!("{}{c}{c}", "a".repeat(61)),
+            ]);
+        }
+        for text in [
+            "NVIDIA GeForce RTX 4090",
+            "  Tesla   V100  ",
+            "\tA100\n",
+            "Ünïcode GPU",
+            "GPU™ Ω",
+            "ＧＰＵ Ａ１００",
+            "GPU\u{200b}X",
+            "e\u{301}GPU",
+            "🚀 GPU 🚀",
+            "显卡 H100",
+            "\u{202e}001A",
+            "",
+            " ",
+        ] {
+            texts.push(text.to_string());
+        }
+        texts.push("x".repeat(200));
+        texts.push("Z".repeat(64));
+        texts.push(format!("{}Ü", "a".repeat(62)));
+        for text in &texts {
+            assert_label_syntax(&node_saying(text), Some(text), &format!("{text:?}"));
+        }
+    }
+
+    proptest::proptest! {
+        /// Any text at all: printable, control, any Unicode.
+        #[test]
+        fn any_names_give_valid_labels(
+            product in "\\PC{0,80}|[ -~]{0,80}|.{0,80}",
+            profile in "[ -~]{1,70}|\\PC{1,70}",
+            machine in proptest::option::of(".{0,80}"),
+        ) {
+            let mut system = node_saying(&profile);
+            system.gpus[0].name = product.clone();
+            let fed = format!("product {product:?}, profile {profile:?}, machine {machine:?}");
+            assert_label_syntax(&system, machine.as_deref(), &fed);
+        }
+    }
+
     #[test]
     fn a_prefix_must_be_a_dns_subdomain() {
         for bad in ["", "Nvidia.com", "nvidia.com/", "-a.com", "a..b", "a_b.com"] {

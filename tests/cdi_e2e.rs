@@ -193,6 +193,79 @@ fn cdi_list_refuses_an_invalid_spec_with_one_line() {
     );
 }
 
+/// `nvhook ARGS...` with no config named; its exit status, stdout and stderr.
+fn nvhook_status(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(nvhook_bin())
+        .args(args)
+        .env_remove("NVHOOK_CONFIG")
+        .output()
+        .expect("spawn nvhook");
+    let text = |b: Vec<u8>| String::from_utf8(b).expect("UTF-8");
+    (out.status.code(), text(out.stdout), text(out.stderr))
+}
+
+/// Issue 36: a file that is no CDI spec (any text file reads as a YAML string) is named in
+/// one short line, exit 1, and its content is not dumped into the error; a spec's own long
+/// value is cut as every echoed value is.
+#[test]
+fn cdi_list_of_a_file_that_is_no_spec_is_one_short_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let passwd = dir.path().join("passwd.json");
+    let text: String = (0..200)
+        .map(|i| format!("user{i}:x:{i}:{i}:User {i}:/home/user{i}:/bin/sh\n"))
+        .collect();
+    fs::write(&passwd, text).expect("write");
+    let (code, out, err) = nvhook_status(&["cdi", "list", passwd.to_str().unwrap()]);
+    assert_eq!(
+        err,
+        format!(
+            "nvhook: cannot parse CDI spec {}: not a CDI spec: the file holds text, where a spec is a mapping of cdiVersion, kind and devices\n",
+            passwd.display()
+        )
+    );
+    assert_eq!((code, out.as_str()), (Some(1), ""));
+
+    let long = dir.path().join("long.yaml");
+    let value = "y".repeat(10_000);
+    fs::write(
+        &long,
+        format!("cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices: \"{value}\"\n"),
+    )
+    .expect("write");
+    let (code, out, err) = nvhook_status(&["cdi", "list", long.to_str().unwrap()]);
+    assert_eq!(
+        err,
+        format!(
+            "nvhook: cannot parse CDI spec {}: devices: invalid type: string \"{}…\" (10000 bytes), expected a sequence at line 3 column 10\n",
+            long.display(),
+            "y".repeat(64)
+        )
+    );
+    assert_eq!((code, out.as_str()), (Some(1), ""));
+}
+
+/// Issue 36: `cdi list` with no spec in the engines' directories is no success: exit 1 and one
+/// line saying where it looked and how to make a spec, nothing on stdout. Needs `fn cdi` in
+/// src/bin/nvhook/main.rs to hand `List` to `nvhook::cdi::list`.
+#[test]
+fn cdi_list_without_any_spec_fails_saying_where_and_how() {
+    require_root();
+    // In a mount namespace of its own, with empty spec directories: the host's stay as they are.
+    let script = "for d in /etc/cdi /run/cdi; do [ -d $d ] && mount -t tmpfs none $d; done; exec \"$0\" cdi list";
+    let out = Command::new("unshare")
+        .args(["-m", "sh", "-c", script])
+        .arg(nvhook_bin())
+        .env_remove("NVHOOK_CONFIG")
+        .output()
+        .expect("run unshare");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "nvhook: no CDI spec in /etc/cdi or /var/run/cdi: write one with nvhook cdi generate --output /etc/cdi/nvidia.yaml, or nvhook cdi refresh (it writes /var/run/cdi/nvidia.yaml)\n"
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+}
+
 /// GPU 1 only, the control nodes, a loadable libcuda, and read-only injected files.
 #[track_caller]
 fn assert_gpu_1_usable(output: &Output) {

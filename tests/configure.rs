@@ -332,6 +332,9 @@ fn containerd_2_bad_imports_or_drop_in_is_one_line_and_nothing_is_written() {
 fn containerd_missing_file_is_created_as_version_2() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("etc/containerd/config.toml");
+    // Away from /etc/containerd, configure makes no directory (see
+    // `an_engine_config_in_a_directory_that_is_not_there_is_refused`).
+    fs::create_dir_all(file.parent().unwrap()).unwrap();
     configure("containerd", &file, &[]);
     assert_golden(&read(&file), "containerd-new.toml");
     assert!(
@@ -363,6 +366,7 @@ fn k3s_and_rke2_templates_get_a_block_and_keep_every_other_byte() {
 
         // No template yet: k3s's base, then the block; --remove leaves k3s its default.
         let new = dir.path().join("new").join(name);
+        fs::create_dir(dir.path().join("new")).unwrap();
         configure(engine, &new, &[]);
         assert!(
             read(&new).starts_with("{{ template \"base\" . }}\n"),
@@ -401,9 +405,91 @@ fn docker_daemon_json_keeps_other_keys_and_their_order() {
 fn crio_drop_in_is_created() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("crio.conf.d/99-nvidia.conf");
+    fs::create_dir(file.parent().unwrap()).unwrap();
     let stdout = configure("crio", &file, &["--set-as-default"]);
     assert!(stdout.contains("systemctl restart crio"), "{stdout}");
     assert_golden(&read(&file), "crio-99-nvidia.default.conf");
+}
+
+/// A typo'd `--engine-config` (a directory that is not there) would configure a file the
+/// engine never reads: refused in one line, exit 2 (a flag's value), and nothing made, for
+/// every engine and every kind of run. Only an engine's default location may lack its
+/// directory (unit-tested in src/configure).
+#[test]
+fn an_engine_config_in_a_directory_that_is_not_there_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nonexistent/dir");
+    let defaults = [
+        ("docker", "daemon.json", "/etc/docker/daemon.json"),
+        ("containerd", "config.toml", "/etc/containerd/config.toml"),
+        (
+            "crio",
+            "99-nvidia.conf",
+            "/etc/crio/crio.conf and the drop-ins in /etc/crio/crio.conf.d",
+        ),
+        (
+            "k3s",
+            "config.toml.tmpl",
+            "the template in /var/lib/rancher/k3s/agent/etc/containerd",
+        ),
+        (
+            "rke2",
+            "config.toml.tmpl",
+            "the template in /var/lib/rancher/rke2/agent/etc/containerd",
+        ),
+    ];
+    for (engine, name, default) in defaults {
+        let file = missing.join(name);
+        let expected = format!(
+            "nvhook: --engine-config {file}: no directory {dir}, so {engine} reads no config there; nothing written: name the file {engine} reads (by default {default}), or mkdir -p {dir} first if {engine} is set up to read its config there\n",
+            file = file.display(),
+            dir = missing.display(),
+        );
+        let runtime: &[&str] = &["--runtime-path", RUNTIME, "--allow-missing"];
+        let mut runs: Vec<Vec<&str>> = vec![
+            runtime.to_vec(),
+            [runtime, &["--dry-run"]].concat(),
+            vec!["--remove"],
+        ];
+        if matches!(engine, "containerd" | "crio") {
+            runs.push(vec!["--nri"]);
+            runs.push(vec!["--nri", "--remove"]);
+        }
+        for extra in runs {
+            let file_arg = file.to_str().unwrap();
+            let args = [
+                &["configure", engine, "--engine-config", file_arg][..],
+                &extra,
+            ]
+            .concat();
+            let out = run_nvhook(&args);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{engine} {extra:?}: {stderr}");
+            assert_eq!(stderr, expected, "{engine} {extra:?}");
+            assert!(
+                out.stdout.is_empty(),
+                "{engine} {extra:?}: said it did something"
+            );
+            assert!(
+                !dir.path().join("nonexistent").exists(),
+                "{engine} {extra:?}: made the directory"
+            );
+        }
+    }
+    // The issue's own command line, with the runtime beside this nvhook.
+    assert!(!Path::new("/nonexistent").exists());
+    let out = run_nvhook(&[
+        "configure",
+        "docker",
+        "--engine-config",
+        "/nonexistent/dir/daemon.json",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "nvhook: --engine-config /nonexistent/dir/daemon.json: no directory /nonexistent/dir, so docker reads no config there; nothing written: name the file docker reads (by default /etc/docker/daemon.json), or mkdir -p /nonexistent/dir first if docker is set up to read its config there\n"
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!Path::new("/nonexistent").exists());
 }
 
 #[test]
@@ -520,9 +606,10 @@ fn dry_run_prints_a_diff_and_writes_nothing() {
     );
 
     let missing = dir.path().join("crio.conf.d/99-nvidia.conf");
+    fs::create_dir(missing.parent().unwrap()).unwrap();
     let stdout = configure("crio", &missing, &["--dry-run"]);
     assert!(stdout.starts_with("--- /dev/null\n"), "{stdout}");
-    assert!(!missing.exists() && !missing.parent().unwrap().exists());
+    assert!(!missing.exists());
 }
 
 #[test]
@@ -749,6 +836,7 @@ fn kubernetes_sets_the_policy_and_registers_the_runtime() {
 fn kubernetes_creates_a_missing_nvhook_config() {
     let dir = tempfile::tempdir().unwrap();
     let containerd = dir.path().join("containerd/config.toml");
+    fs::create_dir(containerd.parent().unwrap()).unwrap();
     let nvhook_config = dir.path().join("nvhook/config.toml");
     configure("containerd", &containerd, &kubernetes_args(&nvhook_config));
     assert_golden(&read(&nvhook_config), "nvhook-config.new-kubernetes.toml");

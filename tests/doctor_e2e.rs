@@ -466,6 +466,107 @@ fn an_engine_config_without_nvhook_fails() {
     node.expect(1, "FAIL engine docker: ", &["daemon.json"]);
 }
 
+/// Every `nvhook configure ...` a fix in `report` proposes, run with `--dry-run`: configure
+/// must take each (a fix that configure itself refuses is no fix). Returns how many there were.
+fn assert_configure_takes_every_proposal(report: &str) -> usize {
+    let mut proposals = 0;
+    for line in report.lines() {
+        let Some((_, fix)) = line.split_once(" -> fix: ") else {
+            continue;
+        };
+        for (_, rest) in fix
+            .match_indices("nvhook configure ")
+            .map(|(at, _)| ((), &fix[at..]))
+        {
+            let command = rest.split(", then").next().unwrap();
+            let words: Vec<&str> = command.split_whitespace().skip(1).collect();
+            // A placeholder (ENGINE, FILE) is not a command to run.
+            if words
+                .iter()
+                .any(|w| w.len() > 1 && w.chars().all(|c| c.is_ascii_uppercase()))
+            {
+                continue;
+            }
+            let out = run_nvhook(&[&words[..], &["--dry-run"]].concat());
+            assert!(
+                out.status.success(),
+                "doctor proposed {command:?}, which configure refuses: {}\n{report}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            proposals += 1;
+        }
+    }
+    proposals
+}
+
+/// Issue 36: a `--runtime-path` that is not there is a FAIL naming it, and no engine line
+/// proposes the `nvhook configure` command configure would refuse for it; with the runtime
+/// there, the proposed command is one configure takes.
+#[test]
+fn a_missing_runtime_fails_and_no_fix_proposes_what_configure_refuses() {
+    let node = Node::ready();
+    let main = node.host("etc/containerd/config.toml");
+    fs::create_dir_all(main.parent().unwrap()).unwrap();
+    fs::write(&main, "version = 2\n").unwrap();
+    let runtime = workspace_bin("nvhook-runtime");
+    let (main, runtime) = (main.display(), runtime.display());
+
+    let (code, text) = node.doctor();
+    assert_eq!(code, 1, "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("FAIL engine containerd: "))
+        .unwrap_or_else(|| panic!("no engine containerd line:\n{text}"));
+    assert_eq!(
+        line,
+        format!(
+            "FAIL engine containerd: {main}: no runtime nvidia running {runtime} -> fix: nvhook configure containerd --engine-config {main} --runtime-path {runtime}, then restart it"
+        )
+    );
+    assert!(!text.contains("FAIL nvhook-runtime"), "{text}");
+    assert_eq!(assert_configure_takes_every_proposal(&text), 1, "{text}");
+
+    let missing = "/nonexistent2/nvhook-runtime";
+    let out = node.run_doctor(node.bin.path().as_os_str(), &["--runtime-path", missing]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    let runtime_line = format!(
+        "FAIL nvhook-runtime: {missing} does not exist: an engine told to run it fails every container it starts with it -> fix: install nvhook's package (it puts nvhook-runtime beside nvhook, {runtime}), or name the installed one with --runtime-path"
+    );
+    assert!(lines.contains(&runtime_line.as_str()), "{text}");
+    let instead = format!(
+        "install nvhook-runtime, or name the installed one with --runtime-path (configure refuses {missing}, which is not there; see the nvhook-runtime line), then run nvhook doctor again for the configure command"
+    );
+    let daemon_json = node.host("etc/docker/daemon.json");
+    for (engine, file) in [
+        ("containerd", main.to_string()),
+        ("docker", daemon_json.display().to_string()),
+    ] {
+        let line = format!(
+            "FAIL engine {engine}: {file}: no runtime nvidia running {missing} -> fix: {instead}"
+        );
+        assert!(lines.contains(&line.as_str()), "{line}\nnot in:\n{text}");
+    }
+    assert_eq!(assert_configure_takes_every_proposal(&text), 0, "{text}");
+    // What configure says to the command doctor no longer proposes.
+    let out = run_nvhook(&[
+        "configure",
+        "containerd",
+        "--engine-config",
+        &main.to_string(),
+        "--runtime-path",
+        missing,
+        "--dry-run",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
 #[test]
 fn a_cdi_spec_naming_a_gpu_that_is_gone_fails() {
     let node = Node::ready();

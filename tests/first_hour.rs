@@ -423,8 +423,8 @@ fn cdi_list_without_specs_says_where_it_looked() {
         .output()
         .expect("run unshare");
     assert_eq!(
-        failure(&out, 0),
-        "nvhook: no CDI spec in /etc/cdi or /var/run/cdi (write one: nvhook cdi generate --output /etc/cdi/nvidia.yaml)"
+        failure(&out, 1),
+        "nvhook: no CDI spec in /etc/cdi or /var/run/cdi: write one with nvhook cdi generate --output /etc/cdi/nvidia.yaml, or nvhook cdi refresh (it writes /var/run/cdi/nvidia.yaml)"
     );
     assert!(out.stdout.is_empty());
 }

@@ -70,8 +70,87 @@ pub fn read_spec(path: &Path) -> Result<CdiSpec, CdiError> {
         source,
     })?;
     let spec = CdiSpec::parse(&text).map_err(|e| fail("parse", e.0))?;
-    spec::validate(&spec).map_err(|e| fail("use", e.0))?;
+    // The names it quotes are the file's: one line, however long they are.
+    spec::validate(&spec).map_err(|e| fail("use", spec::cut_quoted(&e.0)))?;
     Ok(spec)
+}
+
+/// Why `nvhook cdi list` lists nothing: never a success, as an empty list would read.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    #[error(
+        "no CDI spec in {dirs}: write one with nvhook cdi generate --output /etc/cdi/nvidia.yaml, or nvhook cdi refresh (it writes {REFRESHED_SPEC})"
+    )]
+    NoSpec { dirs: String },
+    #[error(
+        "none of the {count} CDI specs in {dirs} can be read (each is named above): fix or remove them, and remake nvhook's with nvhook cdi refresh"
+    )]
+    NoneReadable { count: usize, dirs: String },
+    #[error(transparent)]
+    Spec(#[from] CdiError),
+    #[error("cannot write the list: {0}")]
+    Output(std::io::Error),
+}
+
+/// `nvhook cdi list FILE...`, or with no file, the specs in [`SPEC_DIRS`]: each device's
+/// `vendor/class=name` on `out`, one a line. Of the directories' specs, one nvhook cannot read
+/// is a warning line on `warn` (other vendors' specs live there too: one is no reason to hide
+/// the others); a named file that cannot be read is the error.
+pub fn list(
+    files: &[PathBuf],
+    out: &mut dyn std::io::Write,
+    warn: &mut dyn std::io::Write,
+) -> Result<(), ListError> {
+    let dirs: Vec<&Path> = SPEC_DIRS.iter().map(Path::new).collect();
+    list_in(files, &dirs, out, warn)
+}
+
+/// [`list`], the specs looked for in `dirs` where no file is named.
+pub fn list_in(
+    files: &[PathBuf],
+    dirs: &[&Path],
+    out: &mut dyn std::io::Write,
+    warn: &mut dyn std::io::Write,
+) -> Result<(), ListError> {
+    let print = |out: &mut dyn std::io::Write, spec: &CdiSpec| {
+        spec.qualified_names()
+            .iter()
+            .try_for_each(|name| writeln!(out, "{name}"))
+            .map_err(ListError::Output)
+    };
+    if !files.is_empty() {
+        for file in files {
+            print(out, &read_spec(file)?)?;
+        }
+        return Ok(());
+    }
+    let named = || {
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" or ")
+    };
+    let found = spec_files(dirs);
+    if found.is_empty() {
+        return Err(ListError::NoSpec { dirs: named() });
+    }
+    let mut read = 0;
+    for file in &found {
+        match read_spec(file) {
+            Ok(spec) => {
+                print(out, &spec)?;
+                read += 1;
+            }
+            Err(e) => writeln!(warn, "nvhook: warning: {e}").map_err(ListError::Output)?,
+        }
+    }
+    match read {
+        0 => Err(ListError::NoneReadable {
+            count: found.len(),
+            dirs: named(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The spec files engines would read from `dirs`: `*.json` and `*.yaml`, sorted by name.
@@ -264,6 +343,112 @@ mod tests {
             [ExtraOutcome::Removed(gds.clone())]
         );
         assert!(!gds.exists() && dir.path().join("other.yaml").exists());
+    }
+
+    const SPEC: &str = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n";
+
+    /// `list_in`'s result, its stdout and its stderr.
+    fn listed(files: &[PathBuf], dirs: &[&Path]) -> (Result<(), ListError>, String, String) {
+        let (mut out, mut warn) = (Vec::new(), Vec::new());
+        let result = list_in(files, dirs, &mut out, &mut warn);
+        let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+        (result, text(out), text(warn))
+    }
+
+    #[test]
+    fn listing_no_spec_is_an_error_that_says_where_and_how_to_make_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (etc, run) = (dir.path().join("etc/cdi"), dir.path().join("run/cdi"));
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(etc.join("notes.txt"), "not read by engines").unwrap();
+        let (result, out, warn) = listed(&[], &[&etc, &run]);
+        assert_eq!(
+            result.unwrap_err().to_string(),
+            format!(
+                "no CDI spec in {} or {}: write one with nvhook cdi generate --output /etc/cdi/nvidia.yaml, or nvhook cdi refresh (it writes /var/run/cdi/nvidia.yaml)",
+                etc.display(),
+                run.display()
+            )
+        );
+        assert_eq!((out.as_str(), warn.as_str()), ("", ""));
+
+        // Only specs nvhook cannot read: each a warning, and still no success.
+        let bad = etc.join("broken.yaml");
+        std::fs::write(&bad, "just some text\n").unwrap();
+        let (result, out, warn) = listed(&[], &[&etc, &run]);
+        let not_a_spec = format!(
+            "cannot parse CDI spec {}: not a CDI spec: the file holds text, where a spec is a mapping of cdiVersion, kind and devices",
+            bad.display()
+        );
+        assert_eq!(warn, format!("nvhook: warning: {not_a_spec}\n"));
+        assert_eq!(
+            result.unwrap_err().to_string(),
+            format!(
+                "none of the 1 CDI specs in {} or {} can be read (each is named above): fix or remove them, and remake nvhook's with nvhook cdi refresh",
+                etc.display(),
+                run.display()
+            )
+        );
+        assert_eq!(out, "");
+
+        // A readable one beside it is listed, the other warned about.
+        std::fs::create_dir_all(&run).unwrap();
+        std::fs::write(run.join("nvidia.yaml"), SPEC).unwrap();
+        let (result, out, warn) = listed(&[], &[&etc, &run]);
+        assert!(result.is_ok());
+        assert_eq!(out, "nvidia.com/gpu=0\n");
+        assert_eq!(warn, format!("nvhook: warning: {not_a_spec}\n"));
+
+        // Named files: listed, or the first that is no spec is the error, in one short line.
+        let good = run.join("nvidia.yaml");
+        let (result, out, _) = listed(std::slice::from_ref(&good), &[]);
+        assert!(result.is_ok());
+        assert_eq!(out, "nvidia.com/gpu=0\n");
+        let (result, _, _) = listed(&[good, bad], &[]);
+        assert_eq!(result.unwrap_err().to_string(), not_a_spec);
+    }
+
+    #[test]
+    fn a_file_that_is_no_spec_is_named_in_one_short_line_never_quoted_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = "x".repeat(5000);
+        for (name, text, want) in [
+            (
+                "passwd.json",
+                format!("root:x:0:0:root:/root:/bin/bash\n{long}:x:1:1::/:/bin/sh\n"),
+                "not a CDI spec: the file holds text, where a spec is a mapping of cdiVersion, kind and devices".to_string(),
+            ),
+            (
+                "list.yaml",
+                format!("- {long}\n- b\n"),
+                "not a CDI spec: the file holds a list, where a spec is a mapping of cdiVersion, kind and devices".to_string(),
+            ),
+            (
+                "empty.yaml",
+                String::new(),
+                "not a CDI spec: the file holds nothing, where a spec is a mapping of cdiVersion, kind and devices".to_string(),
+            ),
+            (
+                "devices.yaml",
+                format!("cdiVersion: 0.6.0\nkind: nvidia.com/gpu\ndevices: \"{long}\"\n"),
+                format!(
+                    "devices: invalid type: string \"{}…\" (5000 bytes), expected a sequence at line 3 column 10",
+                    "x".repeat(64)
+                ),
+            ),
+            (
+                "kind.yaml",
+                SPEC.replace("nvidia.com/gpu", &long),
+                format!("kind \"{}…\" (5000 bytes) is not vendor/class", "x".repeat(64)),
+            ),
+        ] {
+            let file = dir.path().join(name);
+            std::fs::write(&file, &text).unwrap();
+            let e = read_spec(&file).unwrap_err().to_string();
+            let op = if name == "kind.yaml" { "use" } else { "parse" };
+            assert_eq!(e, format!("cannot {op} CDI spec {}: {want}", file.display()), "{name}");
+            assert!(e.len() < 400 && !e.contains('\n'), "{name}: {e}");
+        }
     }
 
     #[test]

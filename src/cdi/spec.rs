@@ -5,6 +5,7 @@
 //! dependency tree (an HTTP client among it) would cost more to build than the rules below,
 //! which are few and are what engines check (`pkg/cdi` in the Go library).
 
+use crate::echo::{Echo, SHOWN_BYTES};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::fmt;
@@ -207,6 +208,93 @@ pub fn minimum_version(spec: &CdiSpec) -> CdiVersion {
 #[error("invalid CDI spec: {0}")]
 pub struct InvalidSpec(pub String);
 
+/// `message` with each value it quotes (`"..."` as Rust's `{:?}` writes it, or `` `...` ``,
+/// as serde's messages quote a file's strings and keys) cut as [`Echo`] cuts a value, so that
+/// a file's content never makes the line longer than a few hundred characters.
+pub fn cut_quoted(message: &str) -> String {
+    let mut out = String::with_capacity(message.len().min(512));
+    let mut rest = message;
+    while let Some(at) = rest.find(['"', '`']) {
+        out.push_str(&rest[..at]);
+        let quote = rest[at..].chars().next().expect("found a quote");
+        let inner = &rest[at + 1..];
+        // The closing quote: for `"`, the first one no backslash escapes.
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in inner.char_indices() {
+            match c {
+                '\\' if quote == '"' && !escaped => escaped = true,
+                c if c == quote && !escaped => {
+                    end = Some(i);
+                    break;
+                }
+                _ => escaped = false,
+            }
+        }
+        let (quoted, after) = match end {
+            Some(end) => (&inner[..end], &inner[end + 1..]),
+            None => (inner, ""),
+        };
+        out.push(quote);
+        if quoted.len() <= SHOWN_BYTES {
+            out.push_str(quoted);
+            out.push(quote);
+        } else {
+            // `"` holds an escaped value: shown as Echo shows it, unescaped first.
+            let value = match quote {
+                '"' => unescape_debug(quoted).unwrap_or_else(|| quoted.to_owned()),
+                _ => quoted.to_owned(),
+            };
+            let shown = Echo(value).to_string();
+            // `VALUE… (N bytes)`: the quote closes the value, the length follows it.
+            match shown.rsplit_once("… (") {
+                Some((head, tail)) => {
+                    out.push_str(head);
+                    out.push('…');
+                    out.push(quote);
+                    out.push_str(" (");
+                    out.push_str(tail);
+                }
+                None => {
+                    out.push_str(&shown);
+                    out.push(quote);
+                }
+            }
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The string whose `{:?}` is `escaped` (without its quotes); None for an escape Rust does
+/// not write.
+fn unescape_debug(escaped: &str) -> Option<String> {
+    let mut out = String::with_capacity(escaped.len());
+    let mut chars = escaped.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        out.push(match chars.next()? {
+            'n' => '\n',
+            'r' => '\r',
+            't' => '\t',
+            '0' => '\0',
+            c @ ('\\' | '"' | '\'') => c,
+            'u' => {
+                let rest = chars.as_str().strip_prefix('{')?;
+                let (hex, after) = rest.split_once('}')?;
+                chars = after.chars();
+                char::from_u32(u32::from_str_radix(hex, 16).ok()?)?
+            }
+            _ => return None,
+        });
+    }
+    Some(out)
+}
+
 /// Checks `spec` as engines do before they inject any of its devices.
 pub fn validate(spec: &CdiSpec) -> Result<(), InvalidSpec> {
     let fail = |m: String| Err(InvalidSpec(m));
@@ -358,9 +446,27 @@ impl CdiSpec {
         }
     }
 
-    /// Reads a spec as engines do: YAML, of which JSON is a subset.
+    /// Reads a spec as engines do: YAML, of which JSON is a subset. A file that is no
+    /// mapping at all (any text file is a YAML string) is said to be no spec, not quoted.
     pub fn parse(text: &str) -> Result<CdiSpec, InvalidSpec> {
-        serde_yaml::from_str(text).map_err(|e| InvalidSpec(e.to_string().replace('\n', " ")))
+        serde_yaml::from_str(text).map_err(|e| {
+            use serde_yaml::Value;
+            let holds = match serde_yaml::from_str::<Value>(text) {
+                Ok(Value::Mapping(_)) | Err(_) => None,
+                Ok(Value::Null) => Some("nothing"),
+                Ok(Value::Bool(_)) => Some("a boolean"),
+                Ok(Value::Number(_)) => Some("a number"),
+                Ok(Value::String(_)) => Some("text"),
+                Ok(Value::Sequence(_)) => Some("a list"),
+                Ok(Value::Tagged(_)) => Some("a tagged value"),
+            };
+            InvalidSpec(match holds {
+                Some(what) => format!(
+                    "not a CDI spec: the file holds {what}, where a spec is a mapping of cdiVersion, kind and devices"
+                ),
+                None => cut_quoted(&e.to_string()).replace('\n', " "),
+            })
+        })
     }
 
     /// `vendor/class=name` of every device.
@@ -375,6 +481,44 @@ impl CdiSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quoted_values_are_cut_as_echo_cuts_them() {
+        let long = format!("{}\n{}", "a".repeat(70), "b".repeat(10));
+        let message = format!("invalid type: string {long:?}, expected a sequence");
+        assert_eq!(
+            cut_quoted(&message),
+            format!(
+                "invalid type: string \"{}…\" (81 bytes), expected a sequence",
+                "a".repeat(64)
+            )
+        );
+        // Escapes are kept whole, short values and the rest of the line as they were.
+        let escaped = format!(
+            "{:?} and `{}` and {:?}",
+            "\u{1b}".repeat(20),
+            "k".repeat(80),
+            "it's"
+        );
+        assert_eq!(
+            cut_quoted(&escaped),
+            format!(
+                "\"{}…\" (20 bytes) and `{}…` (80 bytes) and \"it's\"",
+                "\\u{1b}".repeat(10),
+                "k".repeat(64)
+            )
+        );
+        assert_eq!(
+            cut_quoted("missing field `cdiVersion`"),
+            "missing field `cdiVersion`"
+        );
+        assert_eq!(cut_quoted("a \"b\\\"c\" d"), "a \"b\\\"c\" d");
+        let open = format!("unterminated \"{}", "z".repeat(100));
+        assert_eq!(
+            cut_quoted(&open),
+            format!("unterminated \"{}…\" (100 bytes)", "z".repeat(64))
+        );
+    }
 
     fn node(path: &str, host_path: Option<&str>) -> DeviceNode {
         DeviceNode {

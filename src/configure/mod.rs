@@ -20,6 +20,7 @@ mod toml;
 
 pub use policy::HARDENED as KUBERNETES_POLICY;
 
+use crate::echo::ShownPath;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -63,9 +64,31 @@ impl Engine {
             Engine::Docker => "/etc/docker/daemon.json",
             Engine::Containerd => "/etc/containerd/config.toml",
             // A drop-in of our own, so that the distribution's crio.conf is never rewritten.
-            Engine::Crio => "/etc/crio/crio.conf.d/99-nvidia.conf",
+            Engine::Crio => CRIO_NVIDIA_DROP_IN,
             Engine::K3s => RANCHER_K3S,
             Engine::Rke2 => RANCHER_RKE2,
+        }
+    }
+
+    /// Whether `file` is where this engine's packages put its config, whose directory
+    /// configure may make: the engine reads it there by default, so nothing is written to a
+    /// place the engine never looks. For CRI-O, its main file and any drop-in of
+    /// `crio.conf.d`; for k3s and RKE2, any template in their containerd directory.
+    fn is_default_location(self, file: &Path) -> bool {
+        let dir = file.parent();
+        match self {
+            Engine::Docker | Engine::Containerd => file == Path::new(self.config_path()),
+            Engine::Crio => file == Path::new(CRIO_MAIN) || dir == Some(Path::new(CRIO_DROP_INS)),
+            Engine::K3s | Engine::Rke2 => dir == Some(Path::new(self.config_path())),
+        }
+    }
+
+    /// The config this engine reads when not told another, as a fix names it.
+    fn default_described(self) -> String {
+        match self {
+            Engine::Docker | Engine::Containerd => self.config_path().to_string(),
+            Engine::Crio => format!("{CRIO_MAIN} and the drop-ins in {CRIO_DROP_INS}"),
+            Engine::K3s | Engine::Rke2 => format!("the template in {}", self.config_path()),
         }
     }
 
@@ -170,6 +193,11 @@ pub fn nri_setting(engine: Engine, current: &str) -> Result<NriSetting, String> 
     setting.map_err(|Invalid(message)| message)
 }
 
+/// CRI-O's main config, its drop-in directory, and nvhook's drop-in there.
+const CRIO_MAIN: &str = "/etc/crio/crio.conf";
+const CRIO_DROP_INS: &str = "/etc/crio/crio.conf.d";
+const CRIO_NVIDIA_DROP_IN: &str = "/etc/crio/crio.conf.d/99-nvidia.conf";
+
 /// Where k3s and RKE2 keep their containerd config and its templates.
 pub const RANCHER_K3S: &str = "/var/lib/rancher/k3s/agent/etc/containerd";
 pub const RANCHER_RKE2: &str = "/var/lib/rancher/rke2/agent/etc/containerd";
@@ -252,9 +280,21 @@ pub enum ConfigureError {
         file.display(), dir.display(), dir.display()
     )]
     NoDropInDir { file: PathBuf, dir: PathBuf },
+    /// `--engine-config` in a directory that does not exist, away from the engine's default:
+    /// a typo there would configure a file the engine never reads.
+    #[error(
+        "--engine-config {}: no directory {}, so {} reads no config there; nothing written: name the file {} reads (by default {}), or mkdir -p {} first if {} is set up to read its config there",
+        ShownPath(file), ShownPath(dir), engine.name(), engine.name(), engine.default_described(),
+        ShownPath(dir), engine.name()
+    )]
+    NoConfigDir {
+        engine: Engine,
+        file: PathBuf,
+        dir: PathBuf,
+    },
     #[error("--runtime-name {0:?}: use only letters, digits, '.', '_' and '-'")]
     BadRuntimeName(String),
-    #[error("{}: {message}; left untouched, and so is the engine's config: fix it, or name another file with --nvhook-config", file.display())]
+    #[error("{}: {message}; left untouched, and so is the engine's config: fix it, or name another file with --config", file.display())]
     InvalidPolicy { file: PathBuf, message: String },
     #[error(
         "--nri with {0}: NRI is for containerd and CRI-O; for {0} use nvhook configure {0} (a runtime)"
@@ -275,6 +315,7 @@ impl ConfigureError {
                 | ConfigureError::BadRuntimeName(_)
                 | ConfigureError::RemoveKubernetes
                 | ConfigureError::NoNri(_)
+                | ConfigureError::NoConfigDir { .. }
         )
     }
 }
@@ -373,7 +414,10 @@ pub struct PolicyOutcome {
 pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
     validate(options)?;
     let file = match &options.file {
-        Some(file) => file.clone(),
+        Some(file) => {
+            check_config_dir(options.engine, file)?;
+            file.clone()
+        }
         None => options.engine.default_config()?,
     };
     let change = if options.nri {
@@ -550,6 +594,22 @@ impl Edit {
                 },
             }
         })
+    }
+}
+
+/// An engine config named away from the engine's default must be in a directory that
+/// exists: configure makes no directory there, and says so before reading or writing anything.
+fn check_config_dir(engine: Engine, file: &Path) -> Result<(), ConfigureError> {
+    let dir = file.parent().filter(|d| !d.as_os_str().is_empty());
+    match dir {
+        Some(dir) if !engine.is_default_location(file) && !dir.is_dir() => {
+            Err(ConfigureError::NoConfigDir {
+                engine,
+                file: file.to_path_buf(),
+                dir: dir.to_path_buf(),
+            })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -734,5 +794,61 @@ impl fmt::Display for PolicyOutcome {
             // `policy::harden` always leaves text; shown for completeness.
             Applied::Retired { backup } => write!(f, "moved {file} to {}", backup.display()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_engines_default_location_may_lack_its_directory() {
+        for (engine, file) in [
+            (Engine::Docker, "/etc/docker/daemon.json"),
+            (Engine::Containerd, "/etc/containerd/config.toml"),
+            (Engine::Crio, "/etc/crio/crio.conf"),
+            (Engine::Crio, "/etc/crio/crio.conf.d/99-nvidia.conf"),
+            (Engine::Crio, "/etc/crio/crio.conf.d/50-gpu.conf"),
+            (
+                Engine::K3s,
+                "/var/lib/rancher/k3s/agent/etc/containerd/config.toml.tmpl",
+            ),
+            (
+                Engine::Rke2,
+                "/var/lib/rancher/rke2/agent/etc/containerd/config-v3.toml.tmpl",
+            ),
+        ] {
+            assert!(engine.is_default_location(Path::new(file)), "{file}");
+            assert!(check_config_dir(engine, Path::new(file)).is_ok(), "{file}");
+        }
+        for (engine, file) in [
+            (Engine::Docker, "/etc/containerd/config.toml"),
+            (Engine::Docker, "/etc/docker/daemon.json.d/x.json"),
+            (Engine::Containerd, "/etc/containerd/conf.d/99-nvhook.toml"),
+            (Engine::Crio, "/etc/crio/daemon.json"),
+            (
+                Engine::K3s,
+                "/var/lib/rancher/rke2/agent/etc/containerd/config.toml.tmpl",
+            ),
+        ] {
+            assert!(!engine.is_default_location(Path::new(file)), "{file}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let there = dir.path().join("daemon.json");
+        assert!(check_config_dir(Engine::Docker, &there).is_ok());
+        assert!(check_config_dir(Engine::Docker, Path::new("daemon.json")).is_ok());
+        let typo = dir.path().join("dokcer/daemon.json");
+        let e = check_config_dir(Engine::Docker, &typo).unwrap_err();
+        assert!(e.is_usage());
+        let d = dir.path().join("dokcer");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "--engine-config {}: no directory {}, so docker reads no config there; nothing written: name the file docker reads (by default /etc/docker/daemon.json), or mkdir -p {} first if docker is set up to read its config there",
+                typo.display(),
+                d.display(),
+                d.display()
+            )
+        );
     }
 }

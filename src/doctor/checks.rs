@@ -4,6 +4,7 @@
 use super::Check;
 use super::runtimes::{self, Version};
 use crate::config::Config;
+use crate::configure;
 use crate::dev_char::CharLink;
 use crate::elf_machine::{ElfHead, mismatch};
 use crate::inventory::{DeviceMajors, HostNode, Inventory, Library};
@@ -378,6 +379,35 @@ pub struct EngineConfig {
     pub file: PathBuf,
     /// Ok(true): nvhook's runtime is there with `runtime_path`; Ok(false): it is not.
     pub configured: Result<bool, String>,
+    /// Where `nvhook configure` would refuse the command that sets this file right (the
+    /// runtime it would name is not there, or doctor's own flags are ones configure refuses),
+    /// what to do instead: the fix then proposes no command configure refuses.
+    pub refused: Option<String>,
+}
+
+/// The nvhook-runtime the engines should run (`--runtime-path`, else the one beside nvhook),
+/// where it is not a runtime `nvhook configure` would write: relative, or not there. None
+/// where it is there: the binaries line names it, with its architecture.
+pub fn runtime_path(path: &str, exists: bool, beside: &str) -> Option<Check> {
+    const NAME: &str = "nvhook-runtime";
+    if !path.starts_with('/') {
+        return Some(Check::fail(
+            NAME,
+            format!(
+                "--runtime-path {path:?} is not absolute: engines do not look it up in PATH, and configure refuses it"
+            ),
+            format!("name it by its full path, such as {beside}"),
+        ));
+    }
+    (!exists).then(|| {
+        Check::fail(
+            NAME,
+            format!("{path} does not exist: an engine told to run it fails every container it starts with it"),
+            format!(
+                "install nvhook's package (it puts nvhook-runtime beside nvhook, {beside}), or name the installed one with --runtime-path"
+            ),
+        )
+    })
 }
 
 /// `nri_mode`: nvhook gives GPUs through NRI here, so containerd and CRI-O need no runtime.
@@ -411,12 +441,23 @@ pub fn engines(
                 Ok(false) => Check::fail(
                     &name,
                     format!("{file}: no runtime {runtime_name} running {runtime_path}"),
-                    format!(
-                        "nvhook configure {} --engine-config {file} --runtime-path {runtime_path}, then restart it",
-                        c.engine
-                    ),
+                    match &c.refused {
+                        Some(instead) => instead.clone(),
+                        None => format!(
+                            "nvhook configure {} --engine-config {file}{} --runtime-path {runtime_path}, then restart it",
+                            c.engine,
+                            match runtime_name == configure::DEFAULT_RUNTIME_NAME {
+                                true => String::new(),
+                                false => format!(" --runtime-name {runtime_name}"),
+                            }
+                        ),
+                    },
                 ),
-                Err(e) => Check::fail(&name, format!("{file}: {e}"), "fix the file by hand"),
+                Err(e) => Check::fail(
+                    &name,
+                    format!("{file}: {e}"),
+                    c.refused.as_deref().unwrap_or("fix the file by hand"),
+                ),
             }
         })
         .collect()
@@ -1040,6 +1081,56 @@ mod tests {
         let other = binaries("ppc64le", &files(21));
         assert_eq!(other.level, Level::Fail);
         assert!(other.detail.contains("\"ppc64le\""), "{}", other.detail);
+    }
+
+    #[test]
+    fn a_runtime_configure_would_refuse_fails_and_is_never_proposed() {
+        let beside = "/usr/bin/nvhook-runtime";
+        assert_eq!(runtime_path(beside, true, beside), None);
+        let missing = runtime_path("/nonexistent2/nvhook-runtime", false, beside).unwrap();
+        assert_eq!(
+            missing.to_string(),
+            "FAIL nvhook-runtime: /nonexistent2/nvhook-runtime does not exist: an engine told to run it fails every container it starts with it -> fix: install nvhook's package (it puts nvhook-runtime beside nvhook, /usr/bin/nvhook-runtime), or name the installed one with --runtime-path"
+        );
+        let relative = runtime_path("nvhook-runtime", false, beside).unwrap();
+        assert_eq!(
+            relative.to_string(),
+            "FAIL nvhook-runtime: --runtime-path \"nvhook-runtime\" is not absolute: engines do not look it up in PATH, and configure refuses it -> fix: name it by its full path, such as /usr/bin/nvhook-runtime"
+        );
+
+        let config = |refused: Option<&str>| EngineConfig {
+            engine: "containerd",
+            file: "/etc/containerd/config.toml".into(),
+            configured: Ok(false),
+            refused: refused.map(str::to_owned),
+        };
+        let proposed = engines(&[config(None)], "nvidia", beside, false);
+        assert_eq!(
+            proposed[0].fix.as_deref(),
+            Some(
+                "nvhook configure containerd --engine-config /etc/containerd/config.toml --runtime-path /usr/bin/nvhook-runtime, then restart it"
+            )
+        );
+        // The fix configures the runtime doctor looked for, by its name.
+        let named = engines(&[config(None)], "gpu", beside, false);
+        assert_eq!(
+            named[0].fix.as_deref(),
+            Some(
+                "nvhook configure containerd --engine-config /etc/containerd/config.toml --runtime-name gpu --runtime-path /usr/bin/nvhook-runtime, then restart it"
+            )
+        );
+        let refused = engines(&[config(Some("install it first"))], "nvidia", beside, false);
+        assert_eq!(refused[0].level, Level::Fail);
+        assert_eq!(refused[0].fix.as_deref(), Some("install it first"));
+        let flags = EngineConfig {
+            configured: Err("not checked: --runtime-name \"a b\": ...".into()),
+            ..config(Some("run nvhook doctor with other flags"))
+        };
+        let flags = engines(&[flags], "a b", beside, false);
+        assert_eq!(
+            flags[0].fix.as_deref(),
+            Some("run nvhook doctor with other flags")
+        );
     }
 
     #[test]

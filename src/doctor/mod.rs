@@ -172,6 +172,13 @@ pub fn run(config: &Config, options: &Options) -> Report {
     let node_arch = nvhook_ldcache::Arch::from_name(&machine).unwrap_or_default();
     // Before the NVML answer: an nvhook-nvml of another architecture is why NVML failed.
     out.push(checks::binaries(&machine, &own_binaries(options)));
+    out.extend(checks::runtime_path(
+        &options.runtime_path,
+        Path::new(&options.runtime_path).exists(),
+        &crate::install::beside_nvhook(configure::RUNTIME_BINARY)
+            .display()
+            .to_string(),
+    ));
     if let Ok(inventory) = &answer {
         out.extend(checks::persistence(inventory));
         match &nodes {
@@ -297,7 +304,9 @@ fn own_binaries(options: &Options) -> Vec<(PathBuf, checks::LibraryHead)> {
 }
 
 /// Each engine config that exists, judged by `nvhook configure --dry-run`: nvhook's runtime
-/// is there with the right path exactly when adding it would change nothing.
+/// is there with the right path exactly when adding it would change nothing. Where it is not,
+/// the same dry run as the fix would run it (the runtime must be there) says whether
+/// configure takes that command.
 fn engine_configs(options: &Options) -> Vec<EngineConfig> {
     let files = Engine::ALL.into_iter().flat_map(|engine| {
         engine
@@ -307,28 +316,66 @@ fn engine_configs(options: &Options) -> Vec<EngineConfig> {
     });
     files
         .map(|(engine, file)| {
-            let dry_run = configure::run(&configure::Options {
+            // The command the fix proposes, as a dry run.
+            let proposed = configure::Options {
                 engine,
                 file: Some(file.clone()),
                 runtime_name: options.runtime_name.clone(),
                 runtime_path: options.runtime_path.clone(),
-                // Whether the runtime is installed is the runtime check's to say.
-                allow_missing: true,
+                allow_missing: false,
                 set_as_default: false,
                 remove: false,
                 dry_run: true,
                 kubernetes_policy: None,
                 nri: false,
+            };
+            let dry_run = configure::run(&configure::Options {
+                // Whether the file names the runtime does not depend on the runtime's being
+                // there: that is the nvhook-runtime line's to say.
+                allow_missing: true,
+                ..proposed.clone()
             });
+            let (configured, refused) = match dry_run {
+                Ok(outcome) => {
+                    let configured = outcome
+                        .files
+                        .iter()
+                        .all(|f| f.applied == Applied::Unchanged);
+                    let refused = match configured {
+                        true => None,
+                        false => configure::run(&proposed).err().map(|e| instead_of(&e)),
+                    };
+                    (Ok(configured), refused)
+                }
+                // Doctor's own flags, not the file: configure refuses them for any file.
+                Err(e) if e.is_usage() => (
+                    Err(format!("not checked: {e}")),
+                    Some(
+                        "run nvhook doctor with a --runtime-path and --runtime-name that nvhook configure takes"
+                            .to_string(),
+                    ),
+                ),
+                Err(e) => (Err(e.to_string()), None),
+            };
             EngineConfig {
                 engine: engine.name(),
-                configured: dry_run
-                    .map(|o| o.files.iter().all(|f| f.applied == Applied::Unchanged))
-                    .map_err(|e| e.to_string()),
+                configured,
+                refused,
                 file,
             }
         })
         .collect()
+}
+
+/// What an engine line says to do where `nvhook configure` refuses the command that would
+/// set the file right: never that command.
+fn instead_of(refusal: &configure::ConfigureError) -> String {
+    match refusal {
+        configure::ConfigureError::MissingRuntime(path) => format!(
+            "install nvhook-runtime, or name the installed one with --runtime-path (configure refuses {path}, which is not there; see the nvhook-runtime line), then run nvhook doctor again for the configure command"
+        ),
+        other => format!("configure refuses that command now: {other}"),
+    }
 }
 
 /// Podman's and CRI-O's hooks.d directories, for those installed under `root`.

@@ -523,31 +523,8 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
             let extra = nvhook::cdi::generate_extra(&inventory)?;
             report_extra(nvhook::cdi::write_extra_specs(&output, &extra, format)?);
         }
-        CdiCommand::List { files } if files.is_empty() => {
-            // Other vendors' specs live there too: one nvhook cannot read is no reason to
-            // hide the others.
-            let dirs: Vec<&Path> = nvhook::cdi::SPEC_DIRS.iter().map(Path::new).collect();
-            let files = nvhook::cdi::spec_files(&dirs);
-            if files.is_empty() {
-                // Stdout stays a list of names; an empty one must not read as a failure unseen.
-                eprintln!(
-                    "nvhook: no CDI spec in {} (write one: nvhook cdi generate --output /etc/cdi/nvidia.yaml)",
-                    nvhook::cdi::SPEC_DIRS.join(" or ")
-                );
-            }
-            for file in files {
-                match nvhook::cdi::read_spec(&file) {
-                    Ok(spec) => spec.qualified_names().iter().for_each(|n| println!("{n}")),
-                    Err(e) => eprintln!("nvhook: warning: {e}"),
-                }
-            }
-        }
         CdiCommand::List { files } => {
-            for file in files {
-                for name in nvhook::cdi::read_spec(&file)?.qualified_names() {
-                    println!("{name}");
-                }
-            }
+            nvhook::cdi::list(&files, &mut std::io::stdout().lock(), &mut std::io::stderr())?
         }
     }
     Ok(())
