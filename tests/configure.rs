@@ -895,7 +895,7 @@ fn kubernetes_with_a_bad_nvhook_config_writes_neither_file() {
         assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
         assert!(stderr.contains(nvhook_config.to_str().unwrap()), "{stderr}");
         assert!(stderr.contains(expected), "{garbage:?}: {stderr}");
-        assert!(stderr.contains("--nvhook-config"), "{stderr}");
+        assert!(stderr.contains("name another file with --config"), "{stderr}");
         assert_eq!(read(&nvhook_config), garbage);
         assert_eq!(read(&containerd), golden("containerd-v2-default.toml"));
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2, "{stderr}");

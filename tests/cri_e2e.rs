@@ -170,7 +170,7 @@ fn cri_pods_get_exactly_the_gpu_the_device_plugin_allocated() {
     // running containerd needs no restart for it.
     let said = configure(
         &engine_config,
-        &["--kubernetes", "--nvhook-config", path_str(&node.config())],
+        &["--kubernetes", "--config", path_str(&node.config())],
     );
     assert!(said.contains("set the Kubernetes policy"), "{said}");
     assert!(said.contains("already configured"), "{said}");
