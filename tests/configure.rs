@@ -895,7 +895,10 @@ fn kubernetes_with_a_bad_nvhook_config_writes_neither_file() {
         assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
         assert!(stderr.contains(nvhook_config.to_str().unwrap()), "{stderr}");
         assert!(stderr.contains(expected), "{garbage:?}: {stderr}");
-        assert!(stderr.contains("name another file with --config"), "{stderr}");
+        assert!(
+            stderr.contains("name another file with --config"),
+            "{stderr}"
+        );
         assert_eq!(read(&nvhook_config), garbage);
         assert_eq!(read(&containerd), golden("containerd-v2-default.toml"));
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 2, "{stderr}");
@@ -944,21 +947,126 @@ fn nvhook_config_without_kubernetes_is_a_usage_error() {
 // ---- --nri: the engine's NRI on, for `nvhook nri`; no runtime ----
 
 /// `nvhook configure ENGINE --nri --engine-config FILE EXTRA...`: its exit status, stdout
-/// and stderr.
+/// and stderr, with a containerd 1.7 first on PATH (configure asks it whether it has NRI).
 fn configure_nri(engine: &str, file: &Path, extra: &[&str]) -> (i32, String, String) {
+    let bin = tempfile::tempdir().unwrap();
+    let containerd = bin.path().join("containerd");
+    fs::write(
+        &containerd,
+        "#!/bin/sh\necho 'containerd containerd.io v1.7.24 88bf19b2105c8b17560993bee28a01ddc2f97182'\n",
+    )
+    .unwrap();
+    fs::set_permissions(
+        &containerd,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    configure_nri_with(engine, file, extra, bin.path())
+}
+
+/// [`configure_nri`] with the containerd in `dir` first on PATH.
+fn configure_nri_with(
+    engine: &str,
+    file: &Path,
+    extra: &[&str],
+    dir: &Path,
+) -> (i32, String, String) {
     let file = file.to_str().unwrap();
-    let args = [
-        &["configure", engine, "--nri", "--engine-config", file],
-        extra,
-    ]
-    .concat();
-    let out = run_nvhook(&args);
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new(nvhook_test_support::nvhook_bin())
+        .args(["configure", engine, "--nri", "--engine-config", file])
+        .args(extra)
+        .env_remove("NVHOOK_CONFIG")
+        .env("PATH", path)
+        .output()
+        .expect("run nvhook");
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
     (
         out.status.code().unwrap(),
         text(&out.stdout),
         text(&out.stderr),
     )
+}
+
+/// containerd 1.6 has no NRI: `--nri` is refused whatever its config says, naming the upgrade
+/// and the runtime path, and the file is left as it is (Debian 12's containerd 1.6.20, the
+/// one on PATH); Debian sid's 2.1.9 is taken; with no containerd to ask, a config without an
+/// NRI table is refused too.
+#[test]
+fn nri_is_refused_for_a_containerd_without_nri() {
+    let debian = nvhook_test_support::engines::ContainerdBuild::debian();
+    assert!(debian.version().contains("1.6"), "{}", debian.version());
+    let (_dir, file) = copy_of("containerd-1.7-default.toml", "config.toml");
+    let dir_of = |program: PathBuf| program.parent().unwrap().to_path_buf();
+    let (code, out, err) = configure_nri_with(
+        "containerd",
+        &file,
+        &[],
+        &dir_of(debian.program("containerd")),
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.is_empty(), "{out}");
+    // Debian 12's says `containerd github.com/containerd/containerd 1.6.20~ds1 ...`.
+    assert!(err.starts_with("nvhook: containerd 1.6."), "{err}");
+    assert!(
+        err.ends_with(" has no NRI (containerd has it from 1.7): nvhook's NRI plugin would give GPU pods nothing; upgrade containerd to 1.7 or later, or give GPUs through the runtime: nvhook configure containerd\n"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(read(&file), golden("containerd-1.7-default.toml"));
+    let sid = nvhook_test_support::engines::ContainerdBuild::sid();
+    let (code, out, err) = configure_nri_with(
+        "containerd",
+        &file,
+        &["--dry-run"],
+        &dir_of(sid.program("containerd")),
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    // No containerd at all: the config must show NRI.
+    let nowhere = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(nvhook_test_support::nvhook_bin())
+        .args([
+            "configure",
+            "containerd",
+            "--nri",
+            "--dry-run",
+            "--engine-config",
+        ])
+        .arg(nowhere.path().join("config.toml"))
+        .env_remove("NVHOOK_CONFIG")
+        .env("PATH", nowhere.path())
+        .output()
+        .expect("run nvhook");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(
+            "cannot tell whether this containerd has NRI (1.7 or later): no containerd on PATH"
+        ),
+        "{err}"
+    );
+    let out = std::process::Command::new(nvhook_test_support::nvhook_bin())
+        .args([
+            "configure",
+            "containerd",
+            "--nri",
+            "--dry-run",
+            "--engine-config",
+        ])
+        .arg(&file)
+        .env_remove("NVHOOK_CONFIG")
+        .env("PATH", nowhere.path())
+        .output()
+        .expect("run nvhook");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a 1.7 config has the NRI table: {out:?}"
+    );
 }
 
 /// containerd 1.7 ships NRI off (`disable = true`): `--nri` turns it on in place, with no

@@ -145,6 +145,48 @@ pub(super) fn nri_setting(current: Option<&str>) -> Result<NriSetting, Invalid> 
     })
 }
 
+/// Whether the containerd whose `containerd --version` says `text` has NRI (1.7 or later);
+/// None when the text names no version.
+pub fn has_nri(text: &str) -> Option<bool> {
+    let (major, minor) = version_of(text)?;
+    Some((major, minor) >= (1, 7))
+}
+
+/// `containerd 1.6.20` of `containerd github.com/containerd/containerd 1.6.20 <commit>`.
+pub fn version_words(text: &str) -> String {
+    let version = text
+        .split_whitespace()
+        .find(|w| version_numbers(w).is_some())
+        .unwrap_or("(an unknown version)");
+    format!("containerd {version}")
+}
+
+fn version_of(text: &str) -> Option<(u64, u64)> {
+    text.split_whitespace().find_map(version_numbers)
+}
+
+/// (major, minor) of a word such as `v1.7.24`, `2.1.9+unknown` or `1.6.20~ds1`.
+fn version_numbers(word: &str) -> Option<(u64, u64)> {
+    let word = word.strip_prefix('v').unwrap_or(word);
+    let mut parts = word.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor: String = parts
+        .next()?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    Some((major, minor.parse().ok()?))
+}
+
+/// Whether a config has containerd's NRI table (1.7's `containerd config default` writes one;
+/// 1.6 has no NRI).
+pub fn names_nri(config: &str) -> bool {
+    let Ok(doc) = edit::parse(Some(config)) else {
+        return false;
+    };
+    version(&doc).is_ok_and(|v| item_at(doc.as_item(), &nri_path(v)).is_some())
+}
+
 /// `--nri`: NRI on where the config leaves it off (`disable = false`, noting what was there);
 /// `--nri --remove`: what that changed, given back.
 pub(super) fn apply_nri(current: Option<&str>, on: bool) -> Result<Option<String>, Invalid> {
@@ -343,6 +385,43 @@ fn remove(doc: &mut DocumentMut, containerd: &[&str; 3], name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nri_by_containerd_version() {
+        for (text, nri, words) in [
+            (
+                "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+b1",
+                Some(false),
+                "containerd 1.6.20~ds1",
+            ),
+            (
+                "containerd containerd.io v1.7.24 88bf19b2105c8b17560993bee28a01ddc2f97182",
+                Some(true),
+                "containerd v1.7.24",
+            ),
+            (
+                "containerd github.com/containerd/containerd/v2 2.1.9+unknown",
+                Some(true),
+                "containerd 2.1.9+unknown",
+            ),
+            (
+                "containerd github.com/containerd/containerd v1.5.13 ",
+                Some(false),
+                "containerd v1.5.13",
+            ),
+            ("something else", None, "containerd (an unknown version)"),
+        ] {
+            assert_eq!(has_nri(text), nri, "{text}");
+            assert_eq!(version_words(text), words, "{text}");
+        }
+        assert!(names_nri(
+            "version = 2\n[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true\n"
+        ));
+        assert!(!names_nri(
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\n"
+        ));
+        assert!(!names_nri("not toml ["));
+    }
 
     fn add_nvidia(text: Option<&str>, set_as_default: bool) -> String {
         let change = Change::Add {

@@ -242,6 +242,9 @@ pub struct Options {
     /// `--nri`: instead of a runtime, turn the engine's NRI on (or, with `remove`, give back
     /// what that changed), for `nvhook nri`.
     pub nri: bool,
+    /// What the engine's program says its version is (`containerd --version`), where the
+    /// front end found one to ask: `--nri` is refused for an engine without NRI.
+    pub engine_version: Option<String>,
 }
 
 pub const DEFAULT_RUNTIME_NAME: &str = "nvidia";
@@ -301,6 +304,14 @@ pub enum ConfigureError {
     )]
     NoNri(&'static str),
     #[error(
+        "{version} has no NRI (containerd has it from 1.7): nvhook's NRI plugin would give GPU pods nothing; upgrade containerd to 1.7 or later, or give GPUs through the runtime: nvhook configure containerd"
+    )]
+    EngineWithoutNri { version: String },
+    #[error(
+        "cannot tell whether this containerd has NRI (1.7 or later): no containerd on PATH to ask (containerd --version), and {} has no NRI table; run this on the node, where containerd is", file.display()
+    )]
+    NriUnknown { file: PathBuf },
+    #[error(
         "--remove with --kubernetes: --remove takes out the runtime and leaves the hardened policy in nvhook's config; to loosen it, set accept-env-when-unprivileged = true there"
     )]
     RemoveKubernetes,
@@ -317,6 +328,25 @@ impl ConfigureError {
                 | ConfigureError::NoNri(_)
                 | ConfigureError::NoConfigDir { .. }
         )
+    }
+}
+
+/// Refuses `--nri` for a containerd without NRI: the version its program gives, or, with no
+/// program to ask, whether its config has an NRI table (1.6's has none).
+fn check_containerd_nri(
+    version: Option<&str>,
+    config: &str,
+    file: &Path,
+) -> Result<(), ConfigureError> {
+    match version.map(|text| (text, containerd::has_nri(text))) {
+        Some((_, Some(true))) => Ok(()),
+        Some((text, Some(false))) => Err(ConfigureError::EngineWithoutNri {
+            version: containerd::version_words(text),
+        }),
+        _ if containerd::names_nri(config) => Ok(()),
+        _ => Err(ConfigureError::NriUnknown {
+            file: file.to_path_buf(),
+        }),
     }
 }
 
@@ -448,6 +478,9 @@ pub fn run(options: &Options) -> Result<Outcome, ConfigureError> {
         true => {
             let (_, edit) = &engine_edits[0];
             let current = edit.current.as_deref().unwrap_or("");
+            if options.engine == Engine::Containerd && !options.remove {
+                check_containerd_nri(options.engine_version.as_deref(), current, &file)?;
+            }
             Some(nri_setting(options.engine, current).map_err(|message| {
                 ConfigureError::Invalid {
                     file: file.clone(),

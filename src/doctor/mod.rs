@@ -328,6 +328,7 @@ fn engine_configs(options: &Options) -> Vec<EngineConfig> {
                 dry_run: true,
                 kubernetes_policy: None,
                 nri: false,
+                engine_version: None,
             };
             let dry_run = configure::run(&configure::Options {
                 // Whether the file names the runtime does not depend on the runtime's being
@@ -510,6 +511,16 @@ fn runtime_search(config: &Config) -> RuntimeSearch {
         })
         .collect();
     RuntimeSearch { names, dirs, found }
+}
+
+/// What `NAME --version` says, for the program `name` found on this process's PATH; None
+/// when there is none, or it does not answer.
+pub fn program_version(name: &str) -> Option<String> {
+    let path_var = std::env::var_os("PATH")?;
+    let program = std::env::split_paths(&path_var)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())?;
+    version_of(&program).ok()
 }
 
 /// Longer than any runtime takes to print its version; a hung one is given up on.

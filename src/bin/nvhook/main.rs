@@ -471,6 +471,10 @@ fn configure(config: Option<&Path>, args: ConfigureArgs) -> Result<()> {
         dry_run: args.dry_run,
         kubernetes_policy: args.kubernetes.then_some(nvhook_config),
         nri: args.nri,
+        // Whether this containerd has NRI at all: its program says (1.6 has none).
+        engine_version: (args.nri && args.engine == Engine::Containerd)
+            .then(|| nvhook::doctor::program_version("containerd"))
+            .flatten(),
     })?;
     println!("{outcome}");
     Ok(())
@@ -523,9 +527,11 @@ fn cdi(config: &Config, config_path: Option<&Path>, command: CdiCommand) -> Resu
             let extra = nvhook::cdi::generate_extra(&inventory)?;
             report_extra(nvhook::cdi::write_extra_specs(&output, &extra, format)?);
         }
-        CdiCommand::List { files } => {
-            nvhook::cdi::list(&files, &mut std::io::stdout().lock(), &mut std::io::stderr())?
-        }
+        CdiCommand::List { files } => nvhook::cdi::list(
+            &files,
+            &mut std::io::stdout().lock(),
+            &mut std::io::stderr(),
+        )?,
     }
     Ok(())
 }
