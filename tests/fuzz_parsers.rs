@@ -134,6 +134,7 @@ fn check_configure(engine: Engine, text: &[u8]) {
         dry_run: false,
         kubernetes_policy: None,
         nri: false,
+        engine_version: None,
     };
     match configure::run(&options(false)) {
         Err(e) => {
