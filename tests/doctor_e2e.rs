@@ -766,9 +766,11 @@ fn runtimes_are_looked_for_as_nvhook_runtime_looks() {
 }
 
 /// NRI plugin mode: nvhook pre-registered in the plugin directory of a containerd 1.7 whose
-/// NRI is off fails with `configure --nri`'s fix, and needs no runtime; a running plugin is
-/// named by its pid; NRI on is ok; the runtime registered beside it is double work, and the
-/// line says which wins.
+/// NRI is off fails with `configure --nri`'s fix, and needs no runtime; NRI on is ok; a socket
+/// file nobody listens on fails; a plugin connected to something that is no engine fails,
+/// named by its pid; one registered with a real engine (sid's containerd 2.1.9, its NRI socket
+/// where doctor looks) is ok, and the same plugin started for another socket fails; the
+/// runtime registered beside it is double work, and the line says which wins.
 #[test]
 fn nri_mode_is_checked_engine_socket_plugin_and_double_work() {
     let node = Node::ready();
@@ -810,37 +812,120 @@ fn nri_mode_is_checked_engine_socket_plugin_and_double_work() {
         "{plugin}"
     );
 
-    let out = run_nvhook(&[
-        "configure",
-        "containerd",
-        "--nri",
-        "--engine-config",
-        main.to_str().unwrap(),
-    ]);
+    // configure asks containerd whether it has NRI: a 1.7, as this config is 1.7's.
+    let containerd_17 = tempfile::tempdir().unwrap();
+    let fake = containerd_17.path().join("containerd");
+    fs::write(
+        &fake,
+        "#!/bin/sh\necho 'containerd containerd.io v1.7.24 88bf19b2105c8b17560993bee28a01ddc2f97182'\n",
+    )
+    .unwrap();
+    fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(nvhook_bin())
+        .args(["configure", "containerd", "--nri", "--engine-config"])
+        .arg(&main)
+        .env_remove("NVHOOK_CONFIG")
+        .env(
+            "PATH",
+            format!(
+                "{}:/usr/sbin:/usr/bin:/sbin:/bin",
+                containerd_17.path().display()
+            ),
+        )
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{out:?}");
     node.expect(0, "ok   NRI containerd: ", &["on in "]);
 
-    // A plugin that runs: its pid is on the line. A socket that listens, for it to connect to.
+    // A socket file nobody listens on (an engine that stopped left it): not ok.
     let socket = node.host("var/run/nri/nri.sock");
     fs::create_dir_all(socket.parent().unwrap()).unwrap();
-    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-    let mut plugin = Command::new(&nvhook)
-        .args([
-            "--config",
-            node.sim.config().to_str().unwrap(),
-            "nri",
-            "--socket",
-        ])
-        .arg(&socket)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    node.expect(0, "ok   NRI socket: ", &[]);
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
     node.expect(
-        0,
-        "ok   NRI plugin: ",
-        &[&format!("{}", plugin.id()), "10-nvhook"],
+        1,
+        "FAIL NRI socket: ",
+        &["nothing answers on it", "leftover"],
     );
+    fs::remove_file(&socket).unwrap();
+
+    // A socket that listens but is no engine: the plugin runs, connected, and is registered
+    // with nothing; doctor says so, with its pid.
+    let start_plugin = |socket: &Path| {
+        Command::new(&nvhook)
+            .args([
+                "--config",
+                node.sim.config().to_str().unwrap(),
+                "nri",
+                "--socket",
+            ])
+            .arg(socket)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let mut plugin = start_plugin(&socket);
+    node.expect(
+        1,
+        "FAIL NRI plugin: ",
+        &[
+            &format!("running (pid {})", plugin.id()),
+            "registered with no engine",
+        ],
+    );
+    let _ = plugin.kill();
+    let _ = plugin.wait();
+    drop(listener);
+    fs::remove_file(&socket).unwrap();
+
+    // A real engine: Debian sid's containerd 2.1.9 with its NRI socket where doctor looks.
+    let dir = support::engines::EngineDir::new("doctor-nri");
+    let mut setup = support::containerd2::Containerd2Cri::under(dir.path());
+    let elsewhere = setup.nri.socket.clone();
+    setup.nri.socket = socket.clone();
+    let containerd = setup.start(dir.path(), &[]);
+    let mut plugin = start_plugin(&socket);
+    let registered = |pid: u32| {
+        let (_, text) = node.doctor();
+        text.lines().any(|l| {
+            l.starts_with("ok   NRI plugin: ")
+                && l.contains(&format!(
+                    "running (pid {pid}), registered with the engine at {}",
+                    socket.display()
+                ))
+        })
+    };
+    let waited = std::time::Instant::now();
+    while !registered(plugin.id()) {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(20),
+            "{}",
+            node.doctor().1
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    node.expect(0, "ok   NRI socket: ", &["answers"]);
+    // The same plugin, had it been started for another socket: registered there, not here.
+    let mut other = start_plugin(&elsewhere);
+    let _ = plugin.kill();
+    let _ = plugin.wait();
+    node.expect(
+        1,
+        "FAIL NRI plugin: ",
+        &[&format!("running (pid {})", other.id())],
+    );
+    let _ = other.kill();
+    let _ = other.wait();
+    let mut plugin = start_plugin(&socket);
+    let waited = std::time::Instant::now();
+    while !registered(plugin.id()) {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(20),
+            "{}",
+            node.doctor().1
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 
     // The runtime too: both work, NRI first.
     configure_runtime("containerd", &main);
@@ -855,4 +940,5 @@ fn nri_mode_is_checked_engine_socket_plugin_and_double_work() {
     );
     let _ = plugin.kill();
     let _ = plugin.wait();
+    containerd.stop_leaving_nothing(dir.path());
 }

@@ -10,7 +10,7 @@
 //! `--kubernetes` also edits nvhook's own config (see `policy`), with the same care. Both
 //! files are checked before either is written, so a bad one leaves both untouched.
 
-mod containerd;
+pub mod containerd;
 mod crio;
 mod docker;
 mod file;

@@ -39,17 +39,29 @@ pub enum Setup {
     Service(PathBuf),
 }
 
+/// A running nvhook NRI plugin, and the socket it says it is registered through (none: not
+/// registered now).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    pub pid: u32,
+    pub registered_at: Option<String>,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
     pub engines: Vec<EngineNri>,
+    /// What the containerd on PATH says its version is (1.6 has no NRI).
+    pub containerd_version: Option<String>,
     pub socket: PathBuf,
     pub socket_exists: bool,
+    /// Something accepts connections on it (a socket file left by an engine that stopped
+    /// does not).
+    pub socket_answers: bool,
     pub setup: Vec<Setup>,
     /// `doctor --nri`: the plugin is started by something else (the Kubernetes installer).
     pub declared: bool,
-    /// The process ids of running nvhook NRI plugins (on this machine: not necessarily this
-    /// root's).
-    pub running: Vec<u32>,
+    /// The running nvhook NRI plugins (on this machine: not necessarily this root's).
+    pub running: Vec<Running>,
     /// An engine config registers nvhook's runtime too.
     pub runtime_configured: bool,
 }
@@ -84,13 +96,26 @@ pub fn gather(root: &Path, runtime_configured: bool, declared: bool) -> Facts {
         .or(crio.last());
     engines.extend(deciding.cloned());
     let socket = under(root, DEFAULT_SOCKET);
+    let registrations = Path::new(crate::nri::registration::DIR);
     Facts {
+        containerd_version: engines
+            .iter()
+            .any(|e| e.engine == Engine::Containerd.name())
+            .then(|| super::program_version("containerd"))
+            .flatten(),
         engines,
         socket_exists: socket.exists(),
+        socket_answers: std::os::unix::net::UnixStream::connect(&socket).is_ok(),
         socket,
         setup: setup(root),
         declared,
-        running: running_plugins(Path::new("/proc")),
+        running: running_plugins(Path::new("/proc"))
+            .into_iter()
+            .map(|pid| Running {
+                pid,
+                registered_at: crate::nri::registration::registered_at(registrations, pid),
+            })
+            .collect(),
         runtime_configured,
     }
 }
@@ -198,9 +223,26 @@ pub fn checks(facts: &Facts, runtime_name: &str) -> Vec<Check> {
             "on containerd 1.7: nvhook configure containerd --nri, then restart containerd once",
         ));
     }
+    let containerd_without_nri = facts
+        .containerd_version
+        .as_deref()
+        .filter(|v| configure::containerd::has_nri(v) == Some(false));
     for e in &facts.engines {
         let name = format!("NRI {}", e.engine);
         let file = e.file.display();
+        if let Some(version) = containerd_without_nri.filter(|_| e.engine == "containerd") {
+            out.push(Check::fail(
+                &name,
+                format!(
+                    "{} has no NRI (containerd has it from 1.7), whatever {file} says: GPU pods get no GPU from nvhook's plugin",
+                    configure::containerd::version_words(version)
+                ),
+                format!(
+                    "upgrade containerd to 1.7 or later, or give GPUs through the runtime: nvhook configure containerd --engine-config {file}, then restart containerd"
+                ),
+            ));
+            continue;
+        }
         out.push(match &e.setting {
             Ok(NriSetting::DefaultOn) => Check::ok(&name, format!("on by default ({file} does not turn it off)")),
             Ok(NriSetting::On) => Check::ok(&name, format!("on in {file}")),
@@ -219,24 +261,20 @@ pub fn checks(facts: &Facts, runtime_name: &str) -> Vec<Check> {
         });
     }
     let socket = facts.socket.display();
-    out.push(match facts.socket_exists {
-        true => Check::ok("NRI socket", format!("{socket}")),
-        false => Check::warn(
+    out.push(match (facts.socket_exists, facts.socket_answers) {
+        (_, true) => Check::ok("NRI socket", format!("{socket} answers")),
+        (true, false) => Check::fail(
+            "NRI socket",
+            format!("{socket} is there, and nothing answers on it (connection refused): a socket left by an engine that stopped, or the engine listens elsewhere (socket_path)"),
+            "start the engine with NRI on (see the NRI engine line), or remove the leftover socket; nvhook nri --socket PATH for another socket",
+        ),
+        (false, false) => Check::warn(
             "NRI socket",
             format!("no {socket}: the engine is not running, runs without NRI, or listens elsewhere (socket_path)"),
             "start the engine with NRI on (see the NRI engine line); nvhook nri --socket PATH for another socket",
         ),
     });
-    let running = match facts.running.as_slice() {
-        [] => None,
-        pids => Some(
-            pids.iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
-    };
-    out.push(plugin_check(&facts.setup, running.as_deref()));
+    out.push(plugin_check(&facts.setup, &facts.running, &facts.socket));
     if facts.runtime_configured {
         out.push(Check::warn(
             "NRI and runtime",
@@ -249,7 +287,7 @@ pub fn checks(facts: &Facts, runtime_name: &str) -> Vec<Check> {
     out
 }
 
-fn plugin_check(setup: &[Setup], running: Option<&str>) -> Check {
+fn plugin_check(setup: &[Setup], running: &[Running], socket: &Path) -> Check {
     const NAME: &str = "NRI plugin";
     let fails_open = "if it is not running, GPU pods start without their GPUs (NRI fails open)";
     if let Some(Setup::PreRegistered { link, target, .. }) = setup.iter().find(|s| {
@@ -280,29 +318,65 @@ fn plugin_check(setup: &[Setup], running: Option<&str>) -> Check {
             Setup::Service(unit) => format!("{SERVICE} enabled ({})", unit.display()),
         })
         .collect();
-    match (how.is_empty(), running) {
-        (false, Some(pids)) => Check::ok(
-            NAME,
-            format!("running (pid {pids}); set up as {}", how.join(", ")),
-        ),
-        (true, Some(pids)) => Check::ok(
+    let set_up = match how.is_empty() {
+        true => "not set up to start by itself: whoever started it keeps it running (the Kubernetes installer's NRI mode does)".to_string(),
+        false => format!("set up as {}", how.join(", ")),
+    };
+    let socket_text = socket.display().to_string();
+    let here = running.iter().find(|r| {
+        r.registered_at.as_deref().is_some_and(|at| {
+            at == socket_text || at == crate::nri::registration::ENGINE_CONNECTION
+        })
+    });
+    let pids = |plugins: &[Running]| {
+        plugins
+            .iter()
+            .map(|r| r.pid.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some(plugin) = here {
+        return Check::ok(
             NAME,
             format!(
-                "running (pid {pids}), not set up to start by itself: whoever started it keeps it running (the Kubernetes installer's NRI mode does)"
+                "running (pid {}), registered with the engine at {socket_text}; {set_up}",
+                plugin.pid
             ),
-        ),
-        (false, None) => Check::warn(
+        );
+    }
+    if !running.is_empty() {
+        let elsewhere: Vec<&str> = running
+            .iter()
+            .filter_map(|r| r.registered_at.as_deref())
+            .collect();
+        return Check::fail(
             NAME,
+            match elsewhere.is_empty() {
+                true => format!(
+                    "running (pid {}), and registered with no engine: GPU pods start without their GPUs (NRI fails open)",
+                    pids(running)
+                ),
+                false => format!(
+                    "running (pid {}), registered at {}, not at {socket_text}: GPU pods of this engine start without their GPUs (NRI fails open)",
+                    pids(running),
+                    elsewhere.join(", ")
+                ),
+            },
             format!(
-                "set up as {}, and not running: {fails_open}",
-                how.join(", ")
+                "see why in its stderr (journalctl -u {SERVICE}); nvhook nri --socket {socket_text} for this engine's socket"
             ),
+        );
+    }
+    match how.is_empty() {
+        false => Check::warn(
+            NAME,
+            format!("{set_up}, and not running: {fails_open}"),
             format!(
                 "systemctl start {SERVICE}; a pre-registered plugin starts with the engine (restart it once)"
             ),
         ),
         // Not reached: without a setup or a running plugin, `checks` makes no line.
-        (true, None) => Check::warn(
+        true => Check::warn(
             NAME,
             format!("not set up: {fails_open}"),
             format!("systemctl enable --now {SERVICE}"),
@@ -322,13 +396,20 @@ mod tests {
                 file: "/etc/containerd/config.toml".into(),
                 setting: Ok(setting),
             }],
+            containerd_version: Some(
+                "containerd github.com/containerd/containerd/v2 2.1.9+unknown".into(),
+            ),
             socket: DEFAULT_SOCKET.into(),
             socket_exists: true,
+            socket_answers: true,
             setup: vec![Setup::Service(
                 "/etc/systemd/system/multi-user.target.wants/nvhook-nri.service".into(),
             )],
             declared: false,
-            running: vec![42],
+            running: vec![Running {
+                pid: 42,
+                registered_at: Some(DEFAULT_SOCKET.into()),
+            }],
             runtime_configured: false,
         }
     }
@@ -372,11 +453,77 @@ mod tests {
         }
     }
 
+    /// Every "ok" is a check that can fail: a containerd without NRI, a leftover socket, a
+    /// plugin registered at another socket or nowhere.
+    #[test]
+    fn what_is_not_so_is_not_ok() {
+        let mut old = facts(NriSetting::On);
+        old.containerd_version =
+            Some("containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1".into());
+        let out = checks(&old, "nvidia");
+        assert_eq!(out[0].level, Level::Fail);
+        assert!(
+            out[0]
+                .detail
+                .starts_with("containerd 1.6.20~ds1 has no NRI"),
+            "{}",
+            out[0].detail
+        );
+        assert!(
+            out[0]
+                .fix
+                .as_deref()
+                .unwrap()
+                .contains("upgrade containerd to 1.7")
+        );
+
+        let mut leftover = facts(NriSetting::On);
+        leftover.socket_answers = false;
+        let out = checks(&leftover, "nvidia");
+        assert_eq!(out[1].level, Level::Fail);
+        assert!(
+            out[1].detail.contains("nothing answers on it"),
+            "{}",
+            out[1].detail
+        );
+
+        let mut elsewhere = facts(NriSetting::On);
+        elsewhere.running[0].registered_at = Some("/tmp/other.sock".into());
+        let out = checks(&elsewhere, "nvidia");
+        assert_eq!(out[2].level, Level::Fail);
+        assert!(
+            out[2].detail.starts_with(
+                "running (pid 42), registered at /tmp/other.sock, not at /var/run/nri/nri.sock"
+            ),
+            "{}",
+            out[2].detail
+        );
+
+        let mut nowhere = facts(NriSetting::On);
+        nowhere.running[0].registered_at = None;
+        let out = checks(&nowhere, "nvidia");
+        assert_eq!(out[2].level, Level::Fail);
+        assert!(
+            out[2].detail.contains("registered with no engine"),
+            "{}",
+            out[2].detail
+        );
+
+        let good = checks(&facts(NriSetting::On), "nvidia");
+        assert!(good.iter().all(|c| c.level == Level::Ok), "{good:?}");
+        assert!(
+            good[2].detail.starts_with(
+                "running (pid 42), registered with the engine at /var/run/nri/nri.sock"
+            )
+        );
+    }
+
     #[test]
     fn set_up_and_not_running_warns_that_nri_fails_open() {
         let mut f = facts(NriSetting::On);
         f.running.clear();
         f.socket_exists = false;
+        f.socket_answers = false;
         let out = checks(&f, "nvidia");
         assert_eq!(
             levels(&out),

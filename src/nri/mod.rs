@@ -11,6 +11,7 @@
 
 pub mod adjust;
 pub mod container;
+pub mod registration;
 
 use crate::atomic_file::{NewFile, write_atomic};
 use crate::cdi::edits::{hook_mode_edits, hookless_edits};

@@ -807,7 +807,18 @@ fn nri(config_path: Option<&Path>, socket: &Path, index: &str) -> Result<()> {
         nvhook_nri::Endpoint::Socket(path) => path.display().to_string(),
         nvhook_nri::Endpoint::Inherited(_) => "the socket the engine gave it".into(),
     };
+    let registered_at = match stub.endpoint() {
+        nvhook_nri::Endpoint::Socket(path) => path.display().to_string(),
+        nvhook_nri::Endpoint::Inherited(_) => {
+            nvhook::nri::registration::ENGINE_CONNECTION.to_string()
+        }
+    };
     stub.run_reporting(&mut plugin, &mut |event| {
+        // Doctor reads where this plugin is registered, while it is.
+        match event {
+            nvhook_nri::Event::Configured => nvhook::nri::registration::registered(&registered_at),
+            _ => nvhook::nri::registration::ended(),
+        }
         if !to_stderr {
             return;
         }
