@@ -244,9 +244,8 @@ fn cdi_list_of_a_file_that_is_no_spec_is_one_short_line() {
     assert_eq!((code, out.as_str()), (Some(1), ""));
 }
 
-/// Issue 36: `cdi list` with no spec in the engines' directories is no success: exit 1 and one
-/// line saying where it looked and how to make a spec, nothing on stdout. Needs `fn cdi` in
-/// src/bin/nvhook/main.rs to hand `List` to `nvhook::cdi::list`.
+/// `cdi list` with no spec in the engines' directories is no success: exit 1 and one line
+/// saying where it looked and how to make a spec, nothing on stdout.
 #[test]
 fn cdi_list_without_any_spec_fails_saying_where_and_how() {
     require_root();

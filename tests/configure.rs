@@ -950,33 +950,27 @@ fn nvhook_config_without_kubernetes_is_a_usage_error() {
 /// and stderr, with a containerd 1.7 first on PATH (configure asks it whether it has NRI).
 fn configure_nri(engine: &str, file: &Path, extra: &[&str]) -> (i32, String, String) {
     let bin = tempfile::tempdir().unwrap();
-    let containerd = bin.path().join("containerd");
-    fs::write(
-        &containerd,
-        "#!/bin/sh\necho 'containerd containerd.io v1.7.24 88bf19b2105c8b17560993bee28a01ddc2f97182'\n",
-    )
-    .unwrap();
-    fs::set_permissions(
-        &containerd,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    configure_nri_with(engine, file, extra, bin.path())
+    nvhook_test_support::containerd_1_7_in(bin.path());
+    configure_nri_with(engine, file, extra, &before_path(bin.path()))
 }
 
-/// [`configure_nri`] with the containerd in `dir` first on PATH.
+/// `dir`, then this process's PATH.
+fn before_path(dir: &Path) -> String {
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// [`configure_nri`] with `path` as PATH.
 fn configure_nri_with(
     engine: &str,
     file: &Path,
     extra: &[&str],
-    dir: &Path,
+    path: &str,
 ) -> (i32, String, String) {
     let file = file.to_str().unwrap();
-    let path = format!(
-        "{}:{}",
-        dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let out = std::process::Command::new(nvhook_test_support::nvhook_bin())
         .args(["configure", engine, "--nri", "--engine-config", file])
         .args(extra)
@@ -1006,7 +1000,7 @@ fn nri_is_refused_for_a_containerd_without_nri() {
         "containerd",
         &file,
         &[],
-        &dir_of(debian.program("containerd")),
+        &before_path(&dir_of(debian.program("containerd"))),
     );
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.is_empty(), "{out}");
@@ -1023,50 +1017,27 @@ fn nri_is_refused_for_a_containerd_without_nri() {
         "containerd",
         &file,
         &["--dry-run"],
-        &dir_of(sid.program("containerd")),
+        &before_path(&dir_of(sid.program("containerd"))),
     );
     assert_eq!(code, 0, "{out}{err}");
     // No containerd at all: the config must show NRI.
     let nowhere = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(nvhook_test_support::nvhook_bin())
-        .args([
-            "configure",
-            "containerd",
-            "--nri",
-            "--dry-run",
-            "--engine-config",
-        ])
-        .arg(nowhere.path().join("config.toml"))
-        .env_remove("NVHOOK_CONFIG")
-        .env("PATH", nowhere.path())
-        .output()
-        .expect("run nvhook");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let nowhere_path = nowhere.path().to_str().unwrap();
+    let (code, _, err) = configure_nri_with(
+        "containerd",
+        &nowhere.path().join("config.toml"),
+        &["--dry-run"],
+        nowhere_path,
+    );
+    assert_eq!(code, 1, "{err}");
     assert!(
         err.contains(
             "cannot tell whether this containerd has NRI (1.7 or later): no containerd on PATH"
         ),
         "{err}"
     );
-    let out = std::process::Command::new(nvhook_test_support::nvhook_bin())
-        .args([
-            "configure",
-            "containerd",
-            "--nri",
-            "--dry-run",
-            "--engine-config",
-        ])
-        .arg(&file)
-        .env_remove("NVHOOK_CONFIG")
-        .env("PATH", nowhere.path())
-        .output()
-        .expect("run nvhook");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "a 1.7 config has the NRI table: {out:?}"
-    );
+    let (code, _, err) = configure_nri_with("containerd", &file, &["--dry-run"], nowhere_path);
+    assert_eq!(code, 0, "a 1.7 config has the NRI table: {err}");
 }
 
 /// containerd 1.7 ships NRI off (`disable = true`): `--nri` turns it on in place, with no

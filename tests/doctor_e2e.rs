@@ -814,13 +814,7 @@ fn nri_mode_is_checked_engine_socket_plugin_and_double_work() {
 
     // configure asks containerd whether it has NRI: a 1.7, as this config is 1.7's.
     let containerd_17 = tempfile::tempdir().unwrap();
-    let fake = containerd_17.path().join("containerd");
-    fs::write(
-        &fake,
-        "#!/bin/sh\necho 'containerd containerd.io v1.7.24 88bf19b2105c8b17560993bee28a01ddc2f97182'\n",
-    )
-    .unwrap();
-    fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+    support::containerd_1_7_in(containerd_17.path());
     let out = Command::new(nvhook_bin())
         .args(["configure", "containerd", "--nri", "--engine-config"])
         .arg(&main)
@@ -885,25 +879,29 @@ fn nri_mode_is_checked_engine_socket_plugin_and_double_work() {
     setup.nri.socket = socket.clone();
     let containerd = setup.start(dir.path(), &[]);
     let mut plugin = start_plugin(&socket);
-    let registered = |pid: u32| {
-        let (_, text) = node.doctor();
-        text.lines().any(|l| {
-            l.starts_with("ok   NRI plugin: ")
-                && l.contains(&format!(
-                    "running (pid {pid}), registered with the engine at {}",
-                    socket.display()
-                ))
-        })
-    };
-    let waited = std::time::Instant::now();
-    while !registered(plugin.id()) {
-        assert!(
-            waited.elapsed() < std::time::Duration::from_secs(20),
-            "{}",
-            node.doctor().1
+    // Doctor says ok once the plugin is registered (it takes the engine a moment).
+    let wait_registered = |pid: u32| {
+        let line = format!(
+            "running (pid {pid}), registered with the engine at {}",
+            socket.display()
         );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+        let waited = std::time::Instant::now();
+        loop {
+            let (_, text) = node.doctor();
+            if text
+                .lines()
+                .any(|l| l.starts_with("ok   NRI plugin: ") && l.contains(&line))
+            {
+                return;
+            }
+            assert!(
+                waited.elapsed() < std::time::Duration::from_secs(20),
+                "{text}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    wait_registered(plugin.id());
     node.expect(0, "ok   NRI socket: ", &["answers"]);
     // The same plugin, had it been started for another socket: registered there, not here.
     let mut other = start_plugin(&elsewhere);
@@ -917,15 +915,7 @@ fn nri_mode_is_checked_engine_socket_plugin_and_double_work() {
     let _ = other.kill();
     let _ = other.wait();
     let mut plugin = start_plugin(&socket);
-    let waited = std::time::Instant::now();
-    while !registered(plugin.id()) {
-        assert!(
-            waited.elapsed() < std::time::Duration::from_secs(20),
-            "{}",
-            node.doctor().1
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    wait_registered(plugin.id());
 
     // The runtime too: both work, NRI first.
     configure_runtime("containerd", &main);

@@ -412,23 +412,6 @@ fn doctor_names_a_missing_root() {
     );
 }
 
-#[test]
-fn cdi_list_without_specs_says_where_it_looked() {
-    // In a mount namespace of its own, with empty spec directories: the host's stay as they are.
-    let script = "for d in /etc/cdi /run/cdi; do [ -d $d ] && mount -t tmpfs none $d; done; exec \"$0\" cdi list";
-    let out = Command::new("unshare")
-        .args(["-m", "sh", "-c", script])
-        .arg(nvhook_bin())
-        .env_remove("NVHOOK_CONFIG")
-        .output()
-        .expect("run unshare");
-    assert_eq!(
-        failure(&out, 1),
-        "nvhook: no CDI spec in /etc/cdi or /var/run/cdi: write one with nvhook cdi generate --output /etc/cdi/nvidia.yaml, or nvhook cdi refresh (it writes /var/run/cdi/nvidia.yaml)"
-    );
-    assert!(out.stdout.is_empty());
-}
-
 /// A doctor report line for `name` (`warn NVML cache: ...`).
 fn doctor_line(node: &SimNode, host: &Path, start: &str) -> String {
     let report = stdout(&on(node, &["doctor", "--root", s(host)]));

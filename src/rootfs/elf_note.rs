@@ -4,6 +4,8 @@
 //! Only the ELF header, the section headers and the section-name table are read besides the
 //! note itself, each bounded.
 
+use super::elf::{Elf, u16_at, u32_at, u64_at};
+
 /// Section headers looked at, and the largest section-name table and note read.
 const MAX_SECTIONS: usize = 4096;
 const MAX_NAMES: usize = 1 << 20;
@@ -17,25 +19,9 @@ pub fn note_description(
     section: &str,
     owner: &str,
 ) -> Option<Vec<u8>> {
-    let mut head = [0u8; 64];
-    if !read_at(0, &mut head) || head[..4] != *b"\x7fELF" || head[5] != 1 {
-        return None;
-    }
-    let wide = match head[4] {
-        1 => false,
-        2 => true,
-        _ => return None,
-    };
-    let u16_at = |b: &[u8], o: usize| Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?));
-    let u32_at = |b: &[u8], o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
-    let u64_at = |b: &[u8], o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
-    let word = |b: &[u8], o: usize| {
-        if wide {
-            u64_at(b, o)
-        } else {
-            u32_at(b, o).map(u64::from)
-        }
-    };
+    let elf = Elf::read(read_at)?;
+    let (head, wide) = (elf.head, elf.wide);
+    let word = |b: &[u8], o: usize| elf.word(b, o);
     let (shoff, shentsize, shnum, shstrndx) = if wide {
         (
             u64_at(&head, 0x28)?,

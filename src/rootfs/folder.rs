@@ -4,6 +4,7 @@
 //! never followed) and only its ELF header, program headers and dynamic section are read, for
 //! its class and SONAME.
 
+use super::elf::{Elf, u16_at, u32_at, u64_at};
 use super::{Rootfs, sys};
 use nvhook_ldcache::ElfClass;
 use std::os::fd::AsFd;
@@ -96,26 +97,9 @@ impl Rootfs {
 /// The class and SONAME of a little-endian ELF shared object, read through `read_at` (fills
 /// the buffer from the offset, or returns false); None for anything else.
 pub fn elf_soname(read_at: &dyn Fn(u64, &mut [u8]) -> bool) -> Option<(ElfClass, String)> {
-    let mut ident = [0u8; 64];
-    if !read_at(0, &mut ident) || ident[..4] != *b"\x7fELF" || ident[5] != 1 {
-        return None;
-    }
-    let wide = match ident[4] {
-        1 => false,
-        2 => true,
-        _ => return None,
-    };
-    let u16_at = |b: &[u8], o: usize| Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?));
-    let u32_at = |b: &[u8], o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
-    let u64_at = |b: &[u8], o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
-    // A word: 8 bytes in ELF64, 4 in ELF32.
-    let word = |b: &[u8], o: usize| {
-        if wide {
-            u64_at(b, o)
-        } else {
-            u32_at(b, o).map(u64::from)
-        }
-    };
+    let elf = Elf::read(read_at)?;
+    let (ident, wide) = (elf.head, elf.wide);
+    let word = |b: &[u8], o: usize| elf.word(b, o);
     let (phoff, phentsize, phnum) = if wide {
         (
             u64_at(&ident, 0x20)?,

@@ -8,6 +8,7 @@
 
 mod boundary;
 pub mod compat;
+mod elf;
 pub mod elf_note;
 pub mod folder;
 pub mod loader;

@@ -70,3 +70,17 @@ pub fn output_of_copied_binary(cmd: &mut Command) -> Output {
     }
     panic!("{cmd:?} stayed busy (ETXTBSY) for a second");
 }
+
+/// A `containerd` in `dir` that says it is containerd 1.7 (as `containerd --version` does),
+/// for the commands that ask the one on PATH whether it has NRI.
+pub fn containerd_1_7_in(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let program = dir.join("containerd");
+    std::fs::write(
+        &program,
+        "#!/bin/sh\necho 'containerd containerd.io v1.7.24 88bf19b2105c8b17560993bee28a01ddc2f97182'\n",
+    )
+    .expect("write a containerd 1.7");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755))
+        .expect("make it executable");
+}

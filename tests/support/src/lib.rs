@@ -25,7 +25,9 @@ mod snapshot;
 mod watch;
 
 pub use bundle::{Bundle, link_to_nvhook, nvhook_bin, run_nvhook};
-pub use cmd::{output_of_copied_binary, readelf, require_program, require_root, stdout_of};
+pub use cmd::{
+    containerd_1_7_in, output_of_copied_binary, readelf, require_program, require_root, stdout_of,
+};
 pub use gpucheck::{CONTROL_NODES, gpu_node, gpucheck_args};
 pub use image::{
     CUDA_COMPAT_DIR, GlibcImageOptions, Image, LoaderCache, OLD_DRIVER_VERSION,
