@@ -11,13 +11,12 @@ use nvhook_test_support as support;
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
-use std::process::Command;
 
 use support::containerd2::{Containerd2Cri, DEFAULT_HANDLER};
 use support::cri::{ContainerRequest, Cri};
 use support::engines::{CgroupParent, ContainerdBuild, EngineDir, ImageConfig, unique_name};
 use support::podman::{CdiSpecFile, Podman};
-use support::{SimNode, glibc_image, nvhook_bin, require_program, require_root, stdout_of};
+use support::{SimNode, glibc_image, nvhook_bin, require_program, require_root};
 
 const GPUS: u32 = 4;
 /// The driver version the fixtures were generated for (their library names carry it).
@@ -182,23 +181,8 @@ impl Seen {
             .map(String::from)
             .collect();
         let hex = section("cache").next().expect("the cache in hex");
-        let bytes: Vec<u8> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-            .collect();
-        let file = tempfile::NamedTempFile::new().expect("a cache file");
-        fs::write(file.path(), bytes).expect("write the cache");
-        let cache = stdout_of(
-            Command::new(require_program("ldconfig"))
-                .arg("-p")
-                .arg("-C")
-                .arg(file.path()),
-        )
-        .lines()
-        // The header counts the entries, which the set compares already.
-        .filter(|l| l.starts_with('\t'))
-        .map(|l| l.trim().to_string())
-        .collect();
+        // The set compares the entries; the header only counts them.
+        let cache = support::ld_cache_entries_of_hex(hex).into_iter().collect();
         let profile = section("profile").next().map(String::from);
         Seen {
             tree,

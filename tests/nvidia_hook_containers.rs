@@ -23,13 +23,12 @@ use nvhook_test_support as support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use support::engines::{EngineDir, unique_name};
 use support::podman::{CdiSpecFile, Podman};
 use support::{
     SimNode, Snapshot, host_mounts_referencing, host_snapshot, nvhook_bin, require_program,
-    require_root, stdout_of,
+    require_root,
 };
 
 const GPUS: u32 = 4;
@@ -325,21 +324,9 @@ fn fixture_text(stdout: &str, node: &SimNode) -> String {
         .first()
         .copied()
         .expect("the cache in hex");
-    let bytes: Vec<u8> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-        .collect();
-    let file = tempfile::NamedTempFile::new().expect("a cache file");
-    fs::write(file.path(), bytes).expect("write the cache");
-    let cache = stdout_of(
-        Command::new(require_program("ldconfig"))
-            .arg("-p")
-            .arg("-C")
-            .arg(file.path()),
-    );
     let mut text = String::from("== cache\n");
-    for line in cache.lines().filter_map(|l| l.strip_prefix('\t')) {
-        text.push_str(line);
+    for line in support::ld_cache_entries_of_hex(hex) {
+        text.push_str(&line);
         text.push('\n');
     }
     for name in ["tree", "files", "gpucheck"] {

@@ -84,3 +84,24 @@ pub fn containerd_1_7_in(dir: &std::path::Path) {
     std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755))
         .expect("make it executable");
 }
+
+/// The entries of a loader cache a container printed in hex (`hexdump -v -e '/1 "%02x"'`), as
+/// the host's `ldconfig -p -C` lists them, in the cache's order, without the header line.
+pub fn ld_cache_entries_of_hex(hex: &str) -> Vec<String> {
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect();
+    let file = tempfile::NamedTempFile::new().expect("a cache file");
+    std::fs::write(file.path(), bytes).expect("write the cache");
+    stdout_of(
+        Command::new(require_program("ldconfig"))
+            .arg("-p")
+            .arg("-C")
+            .arg(file.path()),
+    )
+    .lines()
+    .filter_map(|l| l.strip_prefix('\t'))
+    .map(|l| l.trim().to_string())
+    .collect()
+}

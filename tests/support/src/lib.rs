@@ -26,7 +26,8 @@ mod watch;
 
 pub use bundle::{Bundle, link_to_nvhook, nvhook_bin, run_nvhook};
 pub use cmd::{
-    containerd_1_7_in, output_of_copied_binary, readelf, require_program, require_root, stdout_of,
+    containerd_1_7_in, ld_cache_entries_of_hex, output_of_copied_binary, readelf, require_program,
+    require_root, stdout_of,
 };
 pub use gpucheck::{CONTROL_NODES, gpu_node, gpucheck_args};
 pub use image::{
