@@ -7,7 +7,7 @@
 //! has entered the namespace. What to do comes in its arguments, because a static spec
 //! cannot point at a per-container plan file, and arguments show in the spec for review.
 
-use super::nvidia_hooks;
+use super::nvidia_hooks::{self, CompatHook};
 use crate::config::{Config, CudaCompatMode};
 use crate::inject::{HookError, procfs};
 use crate::inventory::gpu_layout::GpuLayout;
@@ -48,15 +48,6 @@ pub struct LinkArgs {
     pub makes_cache: bool,
     /// NVIDIA's `update-application-profile`.
     pub application_profile: bool,
-}
-
-/// NVIDIA's `enable-cuda-compat` hook's input: the host versions its spec was written for, and
-/// the image's compat directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CompatHook {
-    pub host_driver: Option<String>,
-    pub host_cuda: Option<String>,
-    pub dir: String,
 }
 
 /// A directory of the container whose libraries are linked and, with `cache`, cached.
