@@ -293,3 +293,57 @@ fn list_device_gives_the_control_nodes_and_the_plans_nodes() {
         nodes.iter().collect::<std::collections::HashSet<_>>().len()
     );
 }
+
+/// Every command line NVIDIA's v1.20.0 runtime hook was seen to run nvidia-container-cli with
+/// (tests/fixtures/nvidia-programs/runtime-hook-argv.tsv) is taken, as the configure it asks
+/// for: its devices, capabilities, requirements and IMEX channels.
+#[test]
+fn nvidias_runtime_hook_command_lines_are_taken() {
+    let rows: Vec<Vec<String>> =
+        include_str!("../../tests/fixtures/nvidia-programs/runtime-hook-argv.tsv")
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| l.split('\t').map(str::to_string).collect())
+            .collect();
+    assert_eq!(rows.len(), 5);
+    for row in &rows {
+        let (_, command) = parse(row).unwrap_or_else(|e| panic!("{row:?}: {e}"));
+        let Command::Configure(c) = command else {
+            panic!("{row:?}: {command:?}")
+        };
+        assert_eq!(
+            (c.pid, c.rootfs.to_str()),
+            (4242, Some("/tmp/rootfs")),
+            "{row:?}"
+        );
+        assert!(!c.no_cuda_compat, "{row:?}");
+        let flags = |name: &str| row.iter().filter(|a| a.starts_with(name)).count();
+        assert_eq!(
+            c.flags.capabilities.len(),
+            [
+                "--compute",
+                "--utility",
+                "--video",
+                "--graphics",
+                "--display",
+                "--ngx",
+                "--compat32"
+            ]
+            .iter()
+            .map(|f| flags(f))
+            .sum::<usize>(),
+            "{row:?}"
+        );
+        assert_eq!(c.flags.requirements.len(), flags("--require="), "{row:?}");
+        assert_eq!(
+            c.flags.imex_channels.is_some(),
+            flags("--imex-channel=") == 1,
+            "{row:?}"
+        );
+        assert_eq!(
+            c.flags.devices.is_some(),
+            flags("--device=") == 1,
+            "{row:?}"
+        );
+    }
+}
