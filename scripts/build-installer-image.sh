@@ -49,7 +49,9 @@ for name in nvhook nvhook-runtime nvhook-nvml; do
     }
     cp "$BIN_DIR/$name" "$context/"
 done
-cp "$repo/deploy/kubernetes/install.sh" "$repo/deploy/kubernetes/refresh.sh" "$context/"
+for script in install.sh refresh.sh uninstall.sh; do
+    cp "$repo/deploy/kubernetes/$script" "$context/"
+done
 "$engine" build --quiet --platform "linux/$arch" --file "$repo/deploy/kubernetes/Containerfile" \
     ${BASE:+--build-arg "BASE=$BASE"} --tag "$image" "$context" >/dev/null
 echo "$image"

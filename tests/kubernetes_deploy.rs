@@ -23,8 +23,12 @@ use support::engines::{
 };
 use support::nvhook_bin;
 
+fn repo_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes")
+    repo_dir().join("deploy/kubernetes")
 }
 
 enum Object {
@@ -102,11 +106,17 @@ struct Manifests {
     daemon_set: DaemonSet,
     /// nvhook-installer-nri.yaml's: NRI plugin mode.
     nri_daemon_set: DaemonSet,
-    pods: Vec<Pod>,
+    /// nvidia-device-plugin.yaml's: NVIDIA's device plugin, set up for nvhook's policy.
+    device_plugin: DaemonSet,
+    /// gpu-pod.yaml's (runtime mode) and gpu-pod-nri.yaml's (NRI mode).
+    gpu_pod: Pod,
+    gpu_pod_nri: Pod,
 }
 
 fn manifests() -> Manifests {
-    let (mut runtime_classes, mut daemon_sets, mut pods) = (vec![], vec![], vec![]);
+    let mut runtime_classes = vec![];
+    let (mut daemon_set, mut nri_daemon_set, mut device_plugin) = (None, None, None);
+    let (mut gpu_pod, mut gpu_pod_nri) = (None, None);
     let mut files: Vec<PathBuf> = fs::read_dir(deploy_dir())
         .expect("read deploy/kubernetes")
         .map(|e| e.unwrap().path())
@@ -115,31 +125,39 @@ fn manifests() -> Manifests {
     files.sort();
     assert!(files.len() >= 3, "{files:?}");
     for file in &files {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
         for object in objects(file) {
             match object {
                 Object::Namespace => {}
-                Object::DaemonSet(d) => daemon_sets.push(*d),
-                Object::Pod(p) => pods.push(*p),
+                Object::DaemonSet(d) => {
+                    let slot = match d.metadata.name.as_deref() {
+                        Some("nvhook-installer") => &mut daemon_set,
+                        Some("nvhook-nri") => &mut nri_daemon_set,
+                        Some("nvidia-device-plugin-daemonset") => &mut device_plugin,
+                        other => panic!("{name}: a DaemonSet {other:?} this test does not know"),
+                    };
+                    assert!(slot.replace(*d).is_none(), "{name}: a second DaemonSet");
+                }
+                Object::Pod(p) => {
+                    let slot = match name.as_str() {
+                        "gpu-pod.yaml" => &mut gpu_pod,
+                        "gpu-pod-nri.yaml" => &mut gpu_pod_nri,
+                        other => panic!("{other}: a pod this test does not know"),
+                    };
+                    assert!(slot.replace(*p).is_none(), "{name}: a second pod");
+                }
                 Object::RuntimeClass(r) => runtime_classes.push(*r),
             }
         }
     }
-    assert_eq!((runtime_classes.len(), daemon_sets.len()), (1, 2));
-    assert!(!pods.is_empty());
-    let nri = daemon_sets
-        .iter()
-        .position(|d| d.metadata.name.as_deref() == Some("nvhook-nri"))
-        .expect("a DaemonSet nvhook-nri");
-    let nri_daemon_set = daemon_sets.remove(nri);
-    assert_eq!(
-        daemon_sets[0].metadata.name.as_deref(),
-        Some("nvhook-installer")
-    );
+    assert_eq!(runtime_classes.len(), 1);
     Manifests {
         runtime_class: runtime_classes.remove(0),
-        daemon_set: daemon_sets.remove(0),
-        nri_daemon_set,
-        pods,
+        daemon_set: daemon_set.expect("a DaemonSet nvhook-installer"),
+        nri_daemon_set: nri_daemon_set.expect("a DaemonSet nvhook-nri"),
+        device_plugin: device_plugin.expect("a DaemonSet nvidia-device-plugin-daemonset"),
+        gpu_pod: gpu_pod.expect("gpu-pod.yaml"),
+        gpu_pod_nri: gpu_pod_nri.expect("gpu-pod-nri.yaml"),
     }
 }
 
@@ -165,16 +183,17 @@ fn runtime_class_names_the_handler_configure_writes() {
 #[test]
 fn gpu_pod_asks_the_device_plugin_and_mounts_nothing_from_the_host() {
     let m = manifests();
-    for pod in &m.pods {
+    // Runtime mode names the RuntimeClass; NRI mode has none to name.
+    for (pod, class) in [
+        (&m.gpu_pod, m.runtime_class.metadata.name.as_ref()),
+        (&m.gpu_pod_nri, None),
+    ] {
         let text = serde_json::to_string(pod).unwrap();
         assert!(!text.contains("hostPath"), "{text}");
         assert!(!text.contains("alpha.kubernetes.io"), "{text}");
         let spec = pod.spec.as_ref().unwrap();
         assert!(spec.volumes.is_none(), "{text}");
-        assert_eq!(
-            spec.runtime_class_name.as_ref(),
-            m.runtime_class.metadata.name.as_ref()
-        );
+        assert_eq!(spec.runtime_class_name.as_ref(), class, "{text}");
         for container in &spec.containers {
             let gpus = container
                 .resources
@@ -185,6 +204,27 @@ fn gpu_pod_asks_the_device_plugin_and_mounts_nothing_from_the_host() {
             assert_eq!(gpus.0, "1");
             assert!(container.volume_mounts.is_none(), "{text}");
         }
+    }
+}
+
+/// gpu-pod-nri.yaml is gpu-pod.yaml for NRI mode: no runtimeClassName, and otherwise the same
+/// pod, container for container; both docs that describe NRI mode on Kubernetes name it.
+#[test]
+fn gpu_pod_nri_is_gpu_pod_without_the_runtime_class() {
+    let m = manifests();
+    let nri = m.gpu_pod_nri.spec.as_ref().unwrap();
+    assert_eq!(nri.runtime_class_name, None);
+    let mut runtime_mode = m.gpu_pod.clone();
+    let spec = runtime_mode.spec.as_mut().unwrap();
+    assert_eq!(spec.runtime_class_name.as_deref(), Some("nvidia"));
+    spec.runtime_class_name = None;
+    assert_eq!(runtime_mode, m.gpu_pod_nri);
+    for doc in ["docs/kubernetes.md", "docs/nri.md"] {
+        let text = fs::read_to_string(repo_dir().join(doc)).unwrap();
+        assert!(
+            text.contains("deploy/kubernetes/gpu-pod-nri.yaml"),
+            "{doc} does not name gpu-pod-nri.yaml"
+        );
     }
 }
 
@@ -251,14 +291,6 @@ fn installer_is_privileged_and_mounts_every_host_path_it_writes() {
         install.command.as_deref(),
         Some(&["/opt/nvhook/install.sh".to_string()][..])
     );
-    // The image scripts/build-installer-image.sh builds by default (its test builds one).
-    let built_by_default = format!(
-        "ghcr.io/nvhook/nvhook-installer:{}",
-        env!("CARGO_PKG_VERSION")
-    );
-    for container in [install, refresher(&m.daemon_set)] {
-        assert_eq!(container.image.as_deref(), Some(built_by_default.as_str()));
-    }
 
     let host_root = env_value(install, "HOST_ROOT");
     let containerd_config = PathBuf::from(env_value(install, "CONTAINERD_CONFIG"));
@@ -377,6 +409,35 @@ impl Host {
             String::from_utf8_lossy(&output.stderr)
         );
         stdout
+    }
+
+    /// uninstall.sh with the environment install.sh had (`daemon_set`'s), this host root and
+    /// the counting restart; it must succeed.
+    fn uninstall(&self, daemon_set: &DaemonSet) -> String {
+        let mut cmd = Command::new(deploy_dir().join("uninstall.sh"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+        for (name, value) in env_of(installer(daemon_set)) {
+            if name != "NVHOOK_MODE" {
+                cmd.env(name, value);
+            }
+        }
+        let restarts = self.dir.path().join("restarts");
+        let output = cmd
+            .env("HOST_ROOT", self.root())
+            .env(
+                "RESTART_CONTAINERD",
+                format!("echo restart >> {}", restarts.display()),
+            )
+            .output()
+            .expect("run uninstall.sh");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(output.status.success(), "uninstall.sh failed:\n{said}");
+        said
     }
 
     /// [`Host::install`], succeeding or not.
@@ -513,6 +574,56 @@ fn copy_shared_libraries(binary: &Path, root: &Path) {
 /// Where refresh.sh writes the node's labels for Node Feature Discovery's `local` source.
 const NFD_FEATURE_FILE: &str = "/etc/kubernetes/node-feature-discovery/features.d/nvhook";
 
+/// A simulated node of two GPUs inside `host`'s root, with the loader and libraries
+/// nvhook-nvml needs and the /proc and /dev that [`run_refresh`] binds; and the node's config
+/// keys as seen from inside that root (its paths, no hook-path), for nvhook's config.
+fn node_in(host: &Host) -> (support::SimNode, String) {
+    let node = support::SimNode::build(&support::NodeOptions {
+        parent: Some(host.root()),
+        ..support::NodeOptions::gpus(2)
+    });
+    copy_shared_libraries(nvhook_nvml_bin(), &host.root());
+    let prefix = format!("{}/", host.root().display());
+    let node_keys: String = fs::read_to_string(node.config())
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("hook-path"))
+        .map(|l| format!("{}\n", l.replace(&prefix, "/")))
+        .collect();
+    for dir in ["/proc", "/dev"] {
+        fs::create_dir_all(host.at(dir)).unwrap();
+    }
+    (node, node_keys)
+}
+
+/// refresh.sh once (REFRESH_INTERVAL_S=0) with `daemon_set`'s environment, chrooted into
+/// `host`'s root as the DaemonSet runs it, the machine's /proc and /dev bound into that root
+/// in a private mount namespace; it must succeed.
+fn run_refresh(host: &Host, daemon_set: &DaemonSet, node: &support::SimNode) -> String {
+    let mut cmd = Command::new(support::require_program("unshare"));
+    let binds = "mount --bind /proc \"$0/proc\" && mount --bind /dev \"$0/dev\" && exec \"$1\"";
+    cmd.args(["-m", "sh", "-c", binds])
+        .arg(host.root())
+        .arg(deploy_dir().join("refresh.sh"))
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+    for (name, value) in env_of(refresher(daemon_set)) {
+        cmd.env(name, value);
+    }
+    let out = cmd
+        .env("HOST_ROOT", host.root())
+        .env("REFRESH_INTERVAL_S", "0")
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}\n{}", node.log());
+    said
+}
+
 /// refresh.sh for real, the way the DaemonSet runs it: nvhook chrooted into the host's root.
 /// The host root holds a simulated node, nvhook's config naming the node's paths as the
 /// chroot sees them, and the loader and libraries nvhook-nvml needs; /proc and /dev are bound
@@ -525,51 +636,14 @@ fn refresh_sh_keeps_the_hosts_cdi_spec_and_dev_char_links() {
     let m = manifests();
     let host = Host::new();
     host.install(&m.daemon_set);
-    let node = support::SimNode::build(&support::NodeOptions {
-        parent: Some(host.root()),
-        ..support::NodeOptions::gpus(2)
-    });
-    copy_shared_libraries(nvhook_nvml_bin(), &host.root());
-    // The node's keys, as seen from inside the host root, after the installer's own.
-    let prefix = format!("{}/", host.root().display());
-    let node_keys: String = fs::read_to_string(node.config())
-        .unwrap()
-        .lines()
-        .filter(|l| !l.starts_with("hook-path"))
-        .map(|l| format!("{}\n", l.replace(&prefix, "/")))
-        .collect();
+    let (node, node_keys) = node_in(&host);
+    // The node's keys after the installer's own.
     let config = host.at(nvhook::config::DEFAULT_PATH);
     let mut text = fs::read_to_string(&config).unwrap();
     text.push_str(&node_keys);
     fs::write(&config, text).unwrap();
-    for dir in ["/proc", "/dev"] {
-        fs::create_dir_all(host.at(dir)).unwrap();
-    }
 
-    let refresh = || {
-        let mut cmd = Command::new(support::require_program("unshare"));
-        let binds = "mount --bind /proc \"$0/proc\" && mount --bind /dev \"$0/dev\" && exec \"$1\"";
-        cmd.args(["-m", "sh", "-c", binds])
-            .arg(host.root())
-            .arg(deploy_dir().join("refresh.sh"))
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
-        for (name, value) in env_of(refresher(&m.daemon_set)) {
-            cmd.env(name, value);
-        }
-        let out = cmd
-            .env("HOST_ROOT", host.root())
-            .env("REFRESH_INTERVAL_S", "0")
-            .output()
-            .unwrap();
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "{said}\n{}", node.log());
-        said
-    };
+    let refresh = || run_refresh(&host, &m.daemon_set, &node);
     let said = refresh();
     assert!(
         said.contains("refreshed /var/run/cdi/nvidia.yaml"),
@@ -717,6 +791,7 @@ fn installer_image_installs(
     assert_eq!(inspected.trim(), arch);
 
     let host = Host::new();
+    let original = fs::read(host.at("/etc/containerd/config.toml")).unwrap();
     let bind = format!("{}:/host", host.root().display());
     let installed = dockerd.docker_checked(&[
         "run",
@@ -741,6 +816,33 @@ fn installer_image_installs(
         "nvidia",
         "/usr/local/nvhook/bin/nvhook-runtime",
     );
+    // The image's uninstall.sh, as `kubectl debug node` runs it (the host's root at /host):
+    // containerd's config back as it was, nvhook gone.
+    let uninstalled = dockerd.docker_checked(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-v",
+        &bind,
+        "-e",
+        "RESTART_CONTAINERD=echo restart",
+        "--entrypoint",
+        "/opt/nvhook/uninstall.sh",
+        &image,
+    ]);
+    assert!(
+        uninstalled.contains("restarting containerd"),
+        "{uninstalled}"
+    );
+    assert_eq!(
+        fs::read(host.at("/etc/containerd/config.toml")).unwrap(),
+        original,
+        "{uninstalled}"
+    );
+    for gone in ["/usr/local/nvhook", nvhook::config::DEFAULT_PATH] {
+        assert!(!host.at(gone).exists(), "{gone} is left: {uninstalled}");
+    }
     let listed = dockerd.docker_checked(&[
         "run",
         "--rm",
@@ -753,7 +855,7 @@ fn installer_image_installs(
     ]);
     assert_eq!(
         listed.split_whitespace().collect::<Vec<_>>(),
-        ["bin", "install.sh", "refresh.sh"]
+        ["bin", "install.sh", "refresh.sh", "uninstall.sh"]
     );
     assert!(dockerd.shutdown(), "{}", dockerd.log());
 }
@@ -946,4 +1048,686 @@ fn install_sh_nri_mode_gives_a_pod_its_gpu_with_containerd_unchanged() {
     assert_eq!(fs::read(&config).unwrap(), before);
     let _ = plugin.kill();
     let _ = plugin.wait();
+}
+
+// ---- The installer image: where it comes from ----
+
+/// The image scripts/build-installer-image.sh builds when given no name (amd64), as the
+/// script spells it (`amd64) image=${1:-NAME}`), its `$version` the nvhook package's.
+fn default_installer_image() -> String {
+    let script = fs::read_to_string(repo_dir().join("scripts/build-installer-image.sh")).unwrap();
+    let line = script
+        .lines()
+        .find(|l| l.trim_start().starts_with("amd64) image=${1:-"))
+        .expect("build-installer-image.sh: an `amd64) image=${1:-NAME}` line");
+    assert!(
+        script.contains("version=$(cd \"$repo\" && cargo pkgid --quiet -p nvhook"),
+        "the script's $version is no longer nvhook's package version: update this test"
+    );
+    let default = line
+        .split_once("${1:-")
+        .unwrap()
+        .1
+        .split_once('}')
+        .unwrap()
+        .0;
+    default.replace("$version", env!("CARGO_PKG_VERSION"))
+}
+
+/// The comment lines a manifest starts with, without their `#` and one space.
+fn leading_comment(file: &Path) -> Vec<String> {
+    fs::read_to_string(file)
+        .unwrap()
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .map(|l| l.trim_start_matches('#').trim().to_owned())
+        .collect()
+}
+
+/// The one comment line of `comment` that starts with `start`.
+fn comment_line<'a>(file: &str, comment: &'a [String], start: &str) -> &'a str {
+    let lines: Vec<&String> = comment.iter().filter(|l| l.starts_with(start)).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{file}: the comment lines starting {start:?}"
+    );
+    lines[0]
+}
+
+/// A `sed 'EXPRESSION' deploy/kubernetes/FILE | kubectl apply -f -` line run as written: the
+/// manifest kubectl would get, its DaemonSets and pods.
+fn sed_applied(file: &str, line: &str, registry: &str) -> Vec<Object> {
+    let (expression, rest) = line
+        .strip_prefix("sed '")
+        .and_then(|l| l.split_once('\''))
+        .unwrap_or_else(|| panic!("{file}: {line:?} is not sed 'EXPRESSION' ..."));
+    assert_eq!(
+        rest.trim(),
+        format!("deploy/kubernetes/{file} | kubectl apply -f -"),
+        "{file}: {line}"
+    );
+    let out = Command::new("sed")
+        .arg(expression.replace("REGISTRY", registry))
+        .arg(deploy_dir().join(file))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let edited = dir.path().join(file);
+    fs::write(&edited, &out.stdout).unwrap();
+    objects(&edited)
+}
+
+/// Init containers and containers of a DaemonSet's pod.
+fn all_containers(daemon_set: &DaemonSet) -> Vec<&Container> {
+    let spec = pod_spec(daemon_set);
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .collect()
+}
+
+/// Both installer manifests run the image scripts/build-installer-image.sh builds by default
+/// (so that build, then apply works where nodes take images from their own store), pulled only
+/// when the node lacks it; and they say how to build it, push it, and point the manifest at the
+/// pushed name. The comment's sed line and `kubectl set image` line are checked by running the
+/// one and reading the other against the DaemonSet: every container, the right names.
+#[test]
+fn installer_manifests_run_the_built_image_and_say_how_to_build_and_push_it() {
+    let m = manifests();
+    let image = default_installer_image();
+    let version = env!("CARGO_PKG_VERSION");
+    let registry = "registry.example.com/gpu";
+    let pushed = format!("{registry}/nvhook-installer:{version}");
+    for (file, daemon_set) in [
+        ("nvhook-installer.yaml", &m.daemon_set),
+        ("nvhook-installer-nri.yaml", &m.nri_daemon_set),
+    ] {
+        let containers = all_containers(daemon_set);
+        for container in &containers {
+            assert_eq!(container.image.as_deref(), Some(image.as_str()), "{file}");
+            assert_eq!(
+                container.image_pull_policy.as_deref(),
+                Some("IfNotPresent"),
+                "{file}: {}",
+                container.name
+            );
+        }
+        let comment = leading_comment(&deploy_dir().join(file));
+        let build = comment_line(file, &comment, "scripts/build-installer-image.sh ");
+        assert!(
+            build.contains(&format!("# builds {image}")),
+            "{file}: {build}"
+        );
+        comment_line(
+            file,
+            &comment,
+            &format!("docker tag {image} REGISTRY/nvhook-installer:{version}"),
+        );
+        comment_line(
+            file,
+            &comment,
+            &format!("docker push REGISTRY/nvhook-installer:{version}"),
+        );
+
+        // The sed line: every image becomes the pushed one, and nothing else changes.
+        let sed = comment_line(file, &comment, "sed '");
+        let mut edited = sed_applied(file, sed, registry)
+            .into_iter()
+            .filter_map(|o| match o {
+                Object::DaemonSet(d) => Some(*d),
+                _ => None,
+            })
+            .collect::<Vec<_>>();
+        assert_eq!(edited.len(), 1, "{file}");
+        let mut edited = edited.remove(0);
+        let template = edited.spec.template.spec.as_mut().unwrap();
+        for container in template
+            .init_containers
+            .iter_mut()
+            .flatten()
+            .chain(template.containers.iter_mut())
+        {
+            assert_eq!(container.image.as_deref(), Some(pushed.as_str()), "{file}");
+            container.image = Some(image.clone());
+        }
+        assert_eq!(
+            &edited, daemon_set,
+            "{file}: the sed line changed more than the image"
+        );
+
+        // kubectl set image, for a DaemonSet already applied: its namespace, its name, and
+        // every one of its containers.
+        let set = comment_line(file, &comment, "kubectl -n ");
+        let words: Vec<&str> = set.split_whitespace().collect();
+        assert_eq!(
+            words[..4],
+            ["kubectl", "-n", "nvhook-system", "set"],
+            "{set}"
+        );
+        assert_eq!(
+            Some(words[2]),
+            daemon_set.metadata.namespace.as_deref(),
+            "{set}"
+        );
+        assert_eq!(words[4], "image", "{set}");
+        assert_eq!(
+            words[5],
+            format!("daemonset/{}", daemon_set.metadata.name.as_deref().unwrap()),
+            "{set}"
+        );
+        let mut named: Vec<&str> = words[6..]
+            .iter()
+            .map(|w| {
+                let (container, image) = w.split_once('=').unwrap();
+                assert_eq!(
+                    image,
+                    format!("REGISTRY/nvhook-installer:{version}"),
+                    "{set}"
+                );
+                container
+            })
+            .collect();
+        let mut all: Vec<&str> = containers.iter().map(|c| c.name.as_str()).collect();
+        named.sort();
+        all.sort();
+        assert_eq!(named, all, "{file}: {set}");
+    }
+    // The guide says the same.
+    let docs = fs::read_to_string(repo_dir().join("docs/kubernetes.md")).unwrap();
+    for needed in [
+        "scripts/build-installer-image.sh",
+        &format!("docker push REGISTRY/nvhook-installer:{version}"),
+        "kubectl -n nvhook-system set image daemonset/nvhook-installer",
+        &format!("sed 's|{image}|REGISTRY/nvhook-installer:{version}|'"),
+    ] {
+        assert!(docs.contains(needed), "docs/kubernetes.md lacks {needed:?}");
+    }
+}
+
+// ---- NVIDIA's device plugin under nvhook's policy ----
+
+/// The environment NVIDIA's k8s-device-plugin image sets (deployments/container/Dockerfile at
+/// v0.20.0): what the container starts with before the pod's own `env`.
+const DEVICE_PLUGIN_IMAGE_ENV: [(&str, &str); 3] = [
+    ("NVIDIA_DISABLE_REQUIRE", "true"),
+    ("NVIDIA_VISIBLE_DEVICES", "all"),
+    ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+];
+
+/// The container's environment as the engine builds it: the image's, then the pod's, a name
+/// the pod sets replacing the image's.
+fn engine_env(container: &Container, image: &[(&str, &str)]) -> Vec<String> {
+    let mut env: Vec<(String, String)> = image
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+    for (name, value) in env_of(container) {
+        env.retain(|(n, _)| *n != name);
+        env.push((name, value));
+    }
+    env.into_iter().map(|(n, v)| format!("{n}={v}")).collect()
+}
+
+/// (host path, container path, read-only) of each hostPath volume `container` mounts.
+fn host_path_mounts(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    container: &Container,
+) -> Vec<(String, String, bool)> {
+    container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter_map(|m| {
+            let volume = spec.volumes.iter().flatten().find(|v| v.name == m.name)?;
+            let host = volume.host_path.as_ref()?;
+            Some((
+                host.path.clone(),
+                m.mount_path.clone(),
+                m.read_only == Some(true),
+            ))
+        })
+        .collect()
+}
+
+/// nvidia-device-plugin.yaml: NVIDIA's plugin at a release tag, handing out GPUs as volume
+/// mounts, through nvhook's RuntimeClass on the installer's nodes, registering in the kubelet's
+/// device-plugins directory; and the plugin itself gets NVML from nvhook under the policy
+/// install.sh sets, unprivileged: in runtime mode nvhook-runtime's plan (nvhook plan on the
+/// container's config.json, on a simulated node) gives it every GPU's node and libnvidia-ml,
+/// in NRI mode (the manifest applied through its comment's sed line, no runtimeClassName) the
+/// NRI plugin reads the same request; without the all-gpus mount (NVIDIA's manifest as it
+/// ships) it would get nothing.
+#[test]
+fn device_plugin_gets_nvml_from_nvhook_under_the_hardened_policy() {
+    let m = manifests();
+    let file = "nvidia-device-plugin.yaml";
+    let spec = pod_spec(&m.device_plugin);
+    assert_eq!(
+        spec.runtime_class_name.as_ref(),
+        m.runtime_class.metadata.name.as_ref()
+    );
+    assert_eq!(spec.node_selector, pod_spec(&m.daemon_set).node_selector);
+    assert_eq!(
+        spec.node_selector
+            .as_ref()
+            .unwrap()
+            .get("nvidia.com/gpu.present"),
+        Some(&"true".to_string())
+    );
+    assert_eq!(spec.containers.len(), 1);
+    let plugin = &spec.containers[0];
+    let image = plugin.image.as_deref().unwrap();
+    let tag = image
+        .strip_prefix("nvcr.io/nvidia/k8s-device-plugin:v")
+        .unwrap_or_else(|| panic!("{image}"));
+    assert_eq!(tag, "0.20.0", "the release the manifest and the docs name");
+    assert_eq!(env_value(plugin, "DEVICE_LIST_STRATEGY"), "volume-mounts");
+    let mounts = host_path_mounts(spec, plugin);
+    let kubelet = "/var/lib/kubelet/device-plugins".to_string();
+    assert!(
+        mounts.contains(&(kubelet.clone(), kubelet, false)),
+        "{mounts:?}"
+    );
+    // Unprivileged, as NVIDIA ships it: the mount, not privilege, gets it its GPUs.
+    let security = plugin.security_context.as_ref().unwrap();
+    assert_ne!(security.privileged, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        security.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_string()][..])
+    );
+
+    // The policy install.sh sets, on a simulated node.
+    let host = Host::new();
+    host.install(&m.daemon_set);
+    let policy: String = fs::read_to_string(host.at(nvhook::config::DEFAULT_PATH))
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("accept-"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let node = support::SimNode::create(2);
+    let config_file = node.root().join("hardened.toml");
+    fs::write(
+        &config_file,
+        fs::read_to_string(node.config()).unwrap() + &policy,
+    )
+    .unwrap();
+    let config = Config::from_file(&config_file).unwrap();
+    assert!(!config.accept_env_when_unprivileged, "{policy}");
+    assert!(config.accept_volume_mount_devices, "{policy}");
+
+    let env = engine_env(plugin, &DEVICE_PLUGIN_IMAGE_ENV);
+    // Runtime mode: the plan nvhook-runtime makes from the container's config.json (every
+    // capability dropped: an empty bounding set).
+    let plan = |mounts: &[(String, String, bool)]| -> Value {
+        let bundle = tempfile::tempdir().unwrap();
+        fs::create_dir(bundle.path().join("rootfs")).unwrap();
+        let config_json = serde_json::json!({
+            "ociVersion": "1.2.0",
+            "root": {"path": "rootfs"},
+            "process": {"env": env, "capabilities": {"bounding": []}},
+            "mounts": mounts.iter().map(|(source, destination, ro)| serde_json::json!({
+                "destination": destination,
+                "source": source,
+                "type": "bind",
+                "options": if *ro { vec!["rbind", "ro"] } else { vec!["rbind"] },
+            })).collect::<Vec<_>>(),
+        });
+        fs::write(bundle.path().join("config.json"), config_json.to_string()).unwrap();
+        let out = Command::new(nvhook_bin())
+            .arg("plan")
+            .arg("--bundle")
+            .arg(bundle.path())
+            .arg("--config")
+            .arg(&config_file)
+            .args(["--format", "json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            node.log()
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let planned = plan(&mounts);
+    assert_eq!(planned["gpu_requested"], true, "{planned:#}");
+    let plan_of = &planned["plan"];
+    assert_eq!(
+        plan_of["selected"].as_array().unwrap().len(),
+        2,
+        "{planned:#}"
+    );
+    let devices: Vec<&str> = plan_of["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["path"].as_str().unwrap())
+        .collect();
+    for node_path in ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"] {
+        assert!(devices.contains(&node_path), "{node_path}: {devices:?}");
+    }
+    assert!(
+        plan_of["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["destination"]
+                .as_str()
+                .unwrap()
+                .contains("/libnvidia-ml.so.")),
+        "no libnvidia-ml: {planned:#}"
+    );
+    // NVIDIA's manifest as it ships, without the all-gpus mount: the image's
+    // NVIDIA_VISIBLE_DEVICES=all counts for nothing, and the plugin would find no NVML.
+    let stock: Vec<_> = mounts
+        .iter()
+        .filter(|(_, at, _)| !at.starts_with(nvhook::request::DEVICE_MOUNT_ROOT))
+        .cloned()
+        .collect();
+    assert_eq!(stock.len(), mounts.len() - 1, "{mounts:?}");
+    assert_eq!(plan(&stock)["gpu_requested"], false);
+
+    // NRI mode: the comment's sed line takes runtimeClassName out and nothing else, and the
+    // NRI plugin reads the same request from the container containerd shows it.
+    let comment = leading_comment(&deploy_dir().join(file));
+    let sed = comment_line(file, &comment, "sed '");
+    let Some(Object::DaemonSet(nri_mode)) = sed_applied(file, sed, "unused").pop() else {
+        panic!("{file}: the sed line leaves no DaemonSet")
+    };
+    let mut expected = m.device_plugin.clone();
+    expected
+        .spec
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .runtime_class_name = None;
+    assert_eq!(*nri_mode, expected);
+    let nri_container = |mounts: &[(String, String, bool)]| nvhook_nri::api::Container {
+        env: env.clone(),
+        mounts: mounts
+            .iter()
+            .map(|(source, destination, ro)| nvhook_nri::api::Mount {
+                destination: destination.clone(),
+                r#type: "bind".into(),
+                source: source.clone(),
+                options: if *ro {
+                    vec!["rbind".into(), "ro".into()]
+                } else {
+                    vec!["rbind".into()]
+                },
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let decide = |container: &nvhook_nri::api::Container| {
+        nvhook::request::Request::decide(&nvhook::nri::container::spec_of(container), &config)
+            .unwrap()
+    };
+    match decide(&nri_container(&mounts)) {
+        nvhook::request::Decision::Gpu(request) => {
+            assert_eq!(request.devices, nvhook::request::DeviceSelection::All);
+            assert!(
+                request
+                    .capabilities
+                    .contains(&nvhook::capability::Capability::Utility),
+                "{:?}",
+                request.capabilities
+            );
+        }
+        _ => panic!("NRI: the device plugin gets no GPU"),
+    }
+    assert!(matches!(
+        decide(&nri_container(&stock)),
+        nvhook::request::Decision::EnvIgnored
+    ));
+
+    let docs = fs::read_to_string(repo_dir().join("docs/kubernetes.md")).unwrap();
+    for needed in [
+        "deploy/kubernetes/nvidia-device-plugin.yaml",
+        "/var/run/nvidia-container-devices/all",
+        sed,
+    ] {
+        assert!(docs.contains(needed), "docs/kubernetes.md lacks {needed:?}");
+    }
+}
+
+// ---- uninstall.sh ----
+
+/// Every path under `root` (relative, from `/`) with what it is: `d`, `f`, `c` (a device),
+/// or `l -> TARGET`.
+fn listing(root: &Path) -> std::collections::BTreeMap<String, String> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![root.to_owned()];
+    while let Some(dir) = todo.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let kind = fs::symlink_metadata(&path).unwrap().file_type();
+            let what = if kind.is_symlink() {
+                format!("l -> {}", fs::read_link(&path).unwrap().display())
+            } else if kind.is_dir() {
+                todo.push(path.clone());
+                "d".to_owned()
+            } else if kind.is_char_device() || kind.is_block_device() {
+                "c".to_owned()
+            } else {
+                "f".to_owned()
+            };
+            let name = format!("/{}", path.strip_prefix(root).unwrap().display());
+            out.insert(name, what);
+        }
+    }
+    out
+}
+
+/// The directories nvhook may create that other programs use too, which uninstall.sh leaves
+/// (empty, here): containerd's drop-in directory, the CDI spec directory, NFD's feature
+/// directory and its parents, /dev/char.
+const SHARED_DIRS: [&str; 7] = [
+    "/etc/containerd/conf.d",
+    "/var/run/cdi",
+    "/run/cdi",
+    "/etc/kubernetes",
+    "/etc/kubernetes/node-feature-discovery",
+    "/etc/kubernetes/node-feature-discovery/features.d",
+    "/dev/char",
+];
+
+/// `after` is `before`: nothing the host had is gone or changed in kind, and what is new is
+/// one of the shared directories (under `dev_root` for /dev/char) or one of `allowed`.
+#[track_caller]
+fn assert_as_before(
+    before: &std::collections::BTreeMap<String, String>,
+    after: &std::collections::BTreeMap<String, String>,
+    dev_root: &str,
+    allowed: &[String],
+) {
+    for (path, what) in before {
+        assert_eq!(after.get(path), Some(what), "{path}: gone or changed");
+    }
+    let dev_char = format!("{}/dev/char", dev_root.trim_end_matches('/'));
+    for (path, what) in after.iter().filter(|(p, _)| !before.contains_key(*p)) {
+        let shared = SHARED_DIRS.contains(&path.as_str()) || *path == dev_char;
+        assert!(
+            (shared && what == "d") || allowed.contains(path),
+            "left behind: {path} ({what})\nall that is new: {:#?}",
+            after
+                .iter()
+                .filter(|(p, _)| !before.contains_key(*p))
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+/// install.sh with `daemon_set`'s environment on a host whose containerd config is the
+/// golden `containerd_config`, then uninstall.sh: the host root is as it was (its listing, and
+/// containerd's config byte for byte), with `restarts` containerd restarts in all; a second
+/// uninstall.sh finds nothing to do.
+fn install_then_uninstall(daemon_set: &DaemonSet, containerd_config: &str, restarts: usize) {
+    let host = Host::with_containerd_config(containerd_config);
+    // A node has /usr/local; install.sh makes only what is below it.
+    fs::create_dir_all(host.at("/usr/local")).unwrap();
+    let config = host.at("/etc/containerd/config.toml");
+    let original = fs::read(&config).unwrap();
+    let before = listing(&host.root());
+    let installed = host.install(daemon_set);
+    assert!(
+        host.at("/usr/local/nvhook/bin/nvhook").exists(),
+        "{installed}"
+    );
+    let said = host.uninstall(daemon_set);
+    assert!(said.contains("nvhook-uninstall: done"), "{said}");
+    assert_eq!(host.restarts(), restarts, "{installed}{said}");
+    assert_eq!(
+        String::from_utf8_lossy(&fs::read(&config).unwrap()),
+        String::from_utf8_lossy(&original),
+        "{said}"
+    );
+    let after = listing(&host.root());
+    assert_as_before(&before, &after, "/", &[]);
+
+    let again = host.uninstall(daemon_set);
+    assert_eq!(host.restarts(), restarts, "{again}");
+    assert!(
+        again.contains("no nvhook in /usr/local/nvhook/bin"),
+        "{again}"
+    );
+    assert_eq!(listing(&host.root()), after, "{again}");
+}
+
+/// Runtime mode: the handler is taken out of containerd's config (back byte for byte), with
+/// one restart for install.sh's change and one for uninstall.sh's.
+#[test]
+fn uninstall_sh_undoes_install_sh_in_runtime_mode() {
+    let m = manifests();
+    install_then_uninstall(&m.daemon_set, "containerd-v2-default.toml", 2);
+}
+
+/// Runtime mode on containerd 2.3, whose config imports /etc/containerd/conf.d: nvhook's
+/// drop-in goes (and the backup nvhook configure leaves of it), the main file never changed.
+#[test]
+fn uninstall_sh_undoes_install_sh_with_containerds_drop_in() {
+    let m = manifests();
+    install_then_uninstall(&m.daemon_set, "containerd-2.3-default.toml", 2);
+}
+
+/// NRI mode (containerd 2.3, NRI on by default): no handler was written, so containerd's
+/// config is not touched and containerd never restarted, by either script.
+#[test]
+fn uninstall_sh_undoes_install_sh_in_nri_mode() {
+    let m = manifests();
+    install_then_uninstall(&m.nri_daemon_set, "containerd-2.3-default.toml", 0);
+}
+
+/// After install.sh and a round of refresh.sh on a simulated node (in runtime mode),
+/// uninstall.sh removes what refresh.sh wrote too: the CDI spec, NVML's cached answer, the NFD
+/// feature file and the /dev/char links of the NVIDIA nodes. The node's nvhook config is the
+/// admin's own (the node's paths, written before install): it keeps its keys and the policy
+/// and loses only the hook-path line install.sh added. And the docs' Uninstall section names
+/// this script.
+#[test]
+fn uninstall_sh_removes_what_refresh_sh_wrote_and_keeps_an_admins_config() {
+    let m = manifests();
+    let host = Host::new();
+    // A node has these, /var/run as Debian and Ubuntu have it (an absolute link, which the
+    // scripts must not follow out of the host root); the scripts make only what is below.
+    for dir in ["/usr/local", "/run", "/var"] {
+        fs::create_dir_all(host.at(dir)).unwrap();
+    }
+    std::os::unix::fs::symlink("/run", host.at("/var/run")).unwrap();
+    let (node, node_keys) = node_in(&host);
+    let config = host.at(nvhook::config::DEFAULT_PATH);
+    fs::create_dir_all(config.parent().unwrap()).unwrap();
+    fs::write(&config, &node_keys).unwrap();
+    let containerd = host.at("/etc/containerd/config.toml");
+    let original = fs::read(&containerd).unwrap();
+    let before = listing(&host.root());
+
+    host.install(&m.daemon_set);
+    let refreshed = run_refresh(&host, &m.daemon_set, &node);
+    let spec = host.at("/run/cdi/nvidia.yaml");
+    assert_eq!(nvhook::cdi::REFRESHED_SPEC, "/var/run/cdi/nvidia.yaml");
+    let link = node.dev_root().join("dev/char/195:1");
+    assert!(spec.exists(), "{refreshed}");
+    assert!(host.at(NFD_FEATURE_FILE).exists(), "{refreshed}");
+    assert!(fs::symlink_metadata(&link).is_ok(), "{refreshed}");
+    let installed = Config::from_file(&config).unwrap();
+    assert_eq!(
+        installed.hook_path,
+        Some("/usr/local/nvhook/bin/nvhook".into())
+    );
+    let cache = host.at(&installed.nvml_cache_file.display().to_string());
+    assert!(cache.exists(), "{refreshed}");
+
+    let said = host.uninstall(&m.daemon_set);
+    assert!(said.contains("removed /var/run/cdi/nvidia.yaml"), "{said}");
+    assert!(said.contains("/dev/char links of NVIDIA nodes"), "{said}");
+    assert_eq!(host.restarts(), 2, "{said}");
+    assert_eq!(fs::read(&containerd).unwrap(), original, "{said}");
+    for gone in [spec, host.at(NFD_FEATURE_FILE), link, cache.clone()] {
+        assert!(
+            fs::symlink_metadata(&gone).is_err(),
+            "{} is left\n{said}",
+            gone.display()
+        );
+    }
+    // The admin's file: every key of theirs, the policy, no hook-path.
+    let kept = fs::read_to_string(&config).unwrap();
+    for line in node_keys.lines() {
+        assert!(kept.contains(line), "{line:?} lost:\n{kept}");
+    }
+    let read = Config::from_file(&config).unwrap();
+    assert_eq!(read.hook_path, None, "{kept}");
+    assert!(!read.accept_env_when_unprivileged, "{kept}");
+    assert!(said.contains("its Kubernetes policy stays"), "{said}");
+
+    // Left: the backup nvhook configure made of the admin's file (kept with it), the log
+    // file the admin configured, and the directory of the cache file the config names (the
+    // node's own).
+    let node_dir = format!(
+        "/{}",
+        node.root().strip_prefix(host.root()).unwrap().display()
+    );
+    let allowed = [
+        format!("{}.nvhook.bak", nvhook::config::DEFAULT_PATH),
+        format!("{node_dir}/nvhook.log"),
+        installed
+            .nvml_cache_file
+            .parent()
+            .unwrap()
+            .display()
+            .to_string(),
+    ];
+    assert_as_before(&before, &listing(&host.root()), &node_dir, &allowed);
+
+    let docs = fs::read_to_string(repo_dir().join("docs/kubernetes.md")).unwrap();
+    let section = docs
+        .split_once("\n## Uninstall")
+        .expect("docs/kubernetes.md: an Uninstall section")
+        .1;
+    let section = section.split("\n## ").next().unwrap();
+    for needed in [
+        "deploy/kubernetes/uninstall.sh",
+        "kubectl delete -f deploy/kubernetes/nvhook-installer.yaml",
+        "kubectl delete -f deploy/kubernetes/nvhook-installer-nri.yaml",
+        "runtimeclass.yaml",
+        "/opt/nvhook/uninstall.sh",
+        "nvhook configure containerd --remove",
+    ] {
+        assert!(
+            section.contains(needed),
+            "Uninstall section lacks {needed:?}"
+        );
+    }
 }
