@@ -31,11 +31,11 @@ fail() {
 if [ ! -e "$BINFMT/register" ]; then
   mount -t binfmt_misc binfmt_misc "$BINFMT" || fail "cannot mount binfmt_misc at $BINFMT"
 fi
+# The kernel tries the newest registration first: a registration of Debian's own qemu-aarch64
+# made after ours (qemu-user-static reinstalled, update-binfmts --enable) would win, and its
+# qemu lacks the mount API nvhook uses ("Function not implemented"). Registering again makes
+# ours the newest, every run.
 if [ -e "$ENTRY" ]; then
-  if grep -qx enabled "$ENTRY" && grep -qx "interpreter $QEMU" "$ENTRY"; then
-    echo "arm64-binfmt.sh: $NAME is registered ($("$QEMU" --version | head -1))"
-    exit 0
-  fi
   echo -1 >"$ENTRY"
 fi
 printf ':%s:M::%s:%s:%s:PF\n' "$NAME" "$MAGIC" "$MASK" "$QEMU" >"$BINFMT/register" ||
