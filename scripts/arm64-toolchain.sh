@@ -17,11 +17,16 @@
 # scripts/build-arm64.sh builds the workspace in it.
 #
 #   NVHOOK_CROSS_ROOT   where the root lives (default: .cross/sid-root, ignored by git)
-#   NVHOOK_CROSS_MIRROR Debian mirror (default: http://deb.debian.org/debian)
+#   NVHOOK_CROSS_MIRROR Debian mirror (default: the one the system's apt sources use)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=${NVHOOK_CROSS_ROOT:-$PWD/.cross/sid-root}
-MIRROR=${NVHOOK_CROSS_MIRROR:-http://deb.debian.org/debian}
+fail() {
+  echo "arm64-toolchain.sh: $*" >&2
+  exit 1
+}
+. scripts/sid-apt.sh
+MIRROR=${NVHOOK_CROSS_MIRROR:-$(debian_mirror)}
 PACKAGES="rustc cargo libstd-rust-dev:arm64 gcc-aarch64-linux-gnu libc6-dev:arm64 protobuf-compiler"
 STAMP=$ROOT/.nvhook-toolchain
 ARM64_LDCONFIG=/opt/arm64-libc-bin/usr/sbin/ldconfig

@@ -3,13 +3,37 @@
 # lists, cache and (empty) dpkg status. The caller defines fail (one line, then exit).
 
 SID_KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
-SID_MIRROR=http://deb.debian.org/debian
+
+# debian_mirror: the Debian archive the system's own apt sources use (deb822 files in
+# /etc/apt/sources.list.d, or one-line entries), so that a proxy or a local mirror serves
+# these fetches too; NVHOOK_DEBIAN_MIRROR overrides it. The security archive is not one.
+debian_mirror() {
+  if [ -n "${NVHOOK_DEBIAN_MIRROR:-}" ]; then
+    echo "$NVHOOK_DEBIAN_MIRROR"
+    return
+  fi
+  local found
+  found=$(
+    {
+      for f in /etc/apt/sources.list.d/*.sources; do
+        [ -r "$f" ] && awk '/^URIs:/ { for (i = 2; i <= NF; i++) print $i }' "$f"
+      done
+      for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [ -r "$f" ] && awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i !~ /\]$/) { print $i; break } }' "$f"
+      done
+    } | grep -E '/debian/?$' | grep -v security | head -1
+  )
+  [ -n "$found" ] ||
+    fail "no Debian archive in the system's apt sources (/etc/apt/sources.list, /etc/apt/sources.list.d): set NVHOOK_DEBIAN_MIRROR to one"
+  echo "${found%/}"
+}
 
 # sid_apt DIR: a fresh private apt state in DIR, sid's lists fetched; the options every later
 # apt-get or apt-cache call needs are left in the array sid_apt_options.
 sid_apt() {
   local apt=$1 arch
   [ -r "$SID_KEYRING" ] || fail "$SID_KEYRING is missing: apt-get install -y debian-archive-keyring"
+  SID_MIRROR=$(debian_mirror)
   rm -rf "$apt"
   mkdir -p "$apt/lists/partial" "$apt/archives/partial" "$apt/cache"
   arch=$(dpkg --print-architecture)

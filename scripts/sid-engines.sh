@@ -10,7 +10,7 @@
 # Which versions: the containerd and docker.io that sid has now, as long as they are a 2.x and
 # a 28.x or 29.x (tests/gpu_flags_e2e.rs expects the `--gpus` route moby's source gives each
 # release; printed and written to .engines/sid/version and .engines/sid/docker-version).
-# deb.debian.org keeps only sid's current upload, so an exact pin would fail CI at sid's next
+# Debian's mirror keeps only sid's current upload, so an exact pin would fail CI at sid's next
 # upload for no fault of the code. To pin anyway: NVHOOK_SID_CONTAINERD_VERSION=2.1.9+ds1-5,
 # NVHOOK_SID_DOCKER_VERSION=28.5.2+dfsg4-5.
 #
@@ -59,7 +59,7 @@ version_of() {
   candidate=$(apt-cache "${sid_apt_options[@]}" policy "$package" | awk '/Candidate:/ { print $2 }')
   [ -n "$candidate" ] && [ "$candidate" != "(none)" ] || fail "Debian sid has no $package package any more"
   if [ -n "$pin" ] && [ "$pin" != "$candidate" ]; then
-    fail "Debian sid has $package $candidate, not the pinned $pin_name=$pin (deb.debian.org keeps only sid's current version): unset the pin or set it to $candidate"
+    fail "Debian sid has $package $candidate, not the pinned $pin_name=$pin (Debian's mirror keeps only sid's current version): unset the pin or set it to $candidate"
   fi
   for major in $majors; do
     case $candidate in

@@ -747,6 +747,35 @@ fn the_readme_starts_with_the_prerequisites_and_the_demo() {
     );
 }
 
+/// No script or page names a package mirror's host: the fetches take the mirror from the
+/// system's own apt sources (a proxy or a local mirror must work), and pages say "Debian's
+/// mirror".
+#[test]
+fn no_mirror_host_is_written_in_the_repository() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md"), root.join(".ci/run")];
+    for dir in ["scripts", "docs", "packaging", "deploy/kubernetes"] {
+        let mut stack = vec![root.join(dir)];
+        while let Some(dir) = stack.pop() {
+            for entry in fs::read_dir(&dir).expect("read a directory") {
+                let path = entry.expect("an entry").path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else {
+                    files.push(path);
+                }
+            }
+        }
+    }
+    for file in files {
+        let text = fs::read(&file).unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
+        for host in ["deb.debian.org", "ftp.debian.org", "httpredir.debian.org"] {
+            assert!(!text.contains(host), "{} names {host}", file.display());
+        }
+    }
+}
+
 /// Every relative link in the README, SECURITY.md and docs/ leads to a file of the
 /// repository: nothing points outside it (a clone has no `../shared`).
 #[test]
