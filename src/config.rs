@@ -513,7 +513,9 @@ device-families = ["mofed", "gds"]
 
     #[test]
     fn explicit_missing_file_is_an_error() {
-        let e = Config::load(Some(Path::new("/nonexistent/nvhook.toml")), None).unwrap_err();
-        assert!(e.to_string().contains("/nonexistent/nvhook.toml"));
+        let dir = tempfile::tempdir().unwrap();
+        let absent = dir.path().join("absent/nvhook.toml");
+        let e = Config::load(Some(&absent), None).unwrap_err();
+        assert!(e.to_string().contains(absent.to_str().unwrap()));
     }
 }

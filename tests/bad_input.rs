@@ -52,10 +52,11 @@ impl Scratch {
     /// A valid nvhook config whose roots do not exist: every case here fails before they
     /// would be read.
     fn config(&self) -> PathBuf {
-        self.file(
-            "nvhook.toml",
-            b"driver-root = \"/nonexistent/driver\"\nruntimes = [\"/bin/false\"]\n",
-        )
+        let text = format!(
+            "driver-root = {:?}\nruntimes = [\"/bin/false\"]\n",
+            self.path("absent/driver").display().to_string()
+        );
+        self.file("nvhook.toml", text.as_bytes())
     }
 
     /// A bundle directory whose config.json holds `config_json`, with an empty rootfs.
@@ -679,7 +680,13 @@ fn bad_nvhook_config_file() {
 fn runtime_shim_with_bad_bundles() {
     let s = Scratch::new();
     let runc_config = s.file("runc.toml", b"");
-    let no_runtime = s.file("none.toml", b"runtimes = [\"/nonexistent/runc\"]\n");
+    // A runtime that is nowhere: a path in the scratch directory that nothing made.
+    let absent_runc = s.path("absent/runc").display().to_string();
+    let no_runtime = s.file(
+        "none.toml",
+        format!("runtimes = [{absent_runc:?}]\n").as_bytes(),
+    );
+    let no_runtime_line = format!("none of the runtimes [{absent_runc:?}] is installed");
     let cases: [(&str, &Path, PathBuf, &str); 4] = [
         (
             "missing bundle",
@@ -703,7 +710,7 @@ fn runtime_shim_with_bad_bundles() {
             "no runtime installed",
             &no_runtime,
             s.env_bundle("b3", &[]),
-            "none of the runtimes [\"/nonexistent/runc\"] is installed",
+            &no_runtime_line,
         ),
     ];
     for (case, config_file, bundle, needle) in &cases {

@@ -527,7 +527,9 @@ fn bad_config_file_names_the_key_and_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.toml");
     fs::write(&path, "log-level = \"info\"\nteleport-gpus = true\n").unwrap();
-    for args in [&["info"][..], &["plan", "--bundle", "/nonexistent"]] {
+    let absent = dir.path().join("absent");
+    let absent = absent.to_str().unwrap();
+    for args in [&["info"][..], &["plan", "--bundle", absent]] {
         let out = run_nvhook(&[&["--config", path.to_str().unwrap()], args].concat());
         let line = one_line_failure(&out, &args);
         assert!(line.contains("teleport-gpus"), "{line}");

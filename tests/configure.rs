@@ -476,20 +476,26 @@ fn an_engine_config_in_a_directory_that_is_not_there_is_refused() {
             );
         }
     }
-    // The issue's own command line, with the runtime beside this nvhook.
-    assert!(!Path::new("/nonexistent").exists());
+    // The issue's own command line (a typo'd directory), with the runtime beside this nvhook.
+    let scratch = tempfile::tempdir().unwrap();
+    let typo = scratch.path().join("nonexistent");
+    let file = typo.join("dir/daemon.json");
     let out = run_nvhook(&[
         "configure",
         "docker",
         "--engine-config",
-        "/nonexistent/dir/daemon.json",
+        file.to_str().unwrap(),
     ]);
     assert_eq!(
         String::from_utf8_lossy(&out.stderr),
-        "nvhook: --engine-config /nonexistent/dir/daemon.json: no directory /nonexistent/dir, so docker reads no config there; nothing written: name the file docker reads (by default /etc/docker/daemon.json), or mkdir -p /nonexistent/dir first if docker is set up to read its config there\n"
+        format!(
+            "nvhook: --engine-config {file}: no directory {dir}, so docker reads no config there; nothing written: name the file docker reads (by default /etc/docker/daemon.json), or mkdir -p {dir} first if docker is set up to read its config there\n",
+            file = file.display(),
+            dir = typo.join("dir").display()
+        )
     );
     assert_eq!(out.status.code(), Some(2));
-    assert!(!Path::new("/nonexistent").exists());
+    assert!(!typo.exists());
 }
 
 #[test]

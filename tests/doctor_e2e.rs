@@ -526,7 +526,9 @@ fn a_missing_runtime_fails_and_no_fix_proposes_what_configure_refuses() {
     assert!(!text.contains("FAIL nvhook-runtime"), "{text}");
     assert_eq!(assert_configure_takes_every_proposal(&text), 1, "{text}");
 
-    let missing = "/nonexistent2/nvhook-runtime";
+    let scratch = tempfile::tempdir().unwrap();
+    let missing = scratch.path().join("absent/nvhook-runtime");
+    let missing = missing.to_str().unwrap();
     let out = node.run_doctor(node.bin.path().as_os_str(), &["--runtime-path", missing]);
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(out.status.code(), Some(1), "{text}");

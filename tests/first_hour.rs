@@ -405,10 +405,15 @@ fn info_with_no_device_nodes_says_where_it_looked() {
 #[test]
 fn doctor_names_a_missing_root() {
     let node = SimNode::create(1);
-    let out = on(&node, &["doctor", "--root", "/nonexistent"]);
+    let scratch = tempfile::tempdir().unwrap();
+    let absent = scratch.path().join("absent");
+    let out = on(&node, &["doctor", "--root", absent.to_str().unwrap()]);
     assert_eq!(
         failure(&out, 2),
-        "nvhook: --root /nonexistent: no such directory (name the directory that holds the host's /etc, or leave --root out for /)"
+        format!(
+            "nvhook: --root {}: no such directory (name the directory that holds the host's /etc, or leave --root out for /)",
+            absent.display()
+        )
     );
 }
 

@@ -36,7 +36,8 @@ impl Scratch {
         fs::write(&runtime, script).expect("write the runtime");
         fs::set_permissions(&runtime, fs::Permissions::from_mode(0o755)).expect("chmod");
         let config = format!(
-            "# what nvhook-runtime execs\nlog-level = \"debug\"\nruntimes = [\"/nonexistent/runc\", {:?}]\n",
+            "# what nvhook-runtime execs\nlog-level = \"debug\"\nruntimes = [{:?}, {:?}]\n",
+            dir.path().join("absent/runc").display().to_string(),
             runtime.display().to_string()
         );
         fs::write(dir.path().join("config.toml"), config).expect("write the config");
@@ -135,7 +136,11 @@ fn a_create_that_may_ask_for_a_gpu_is_handed_to_nvhook_beside_it() {
         assert!(s.runtime_argv().is_empty(), "{name}: the runtime ran");
     }
     // A missing config.json is nvhook's to report, not the runtime's.
-    let out = s.run(&["create", "--bundle", "/nonexistent", "id"], Stdio::null());
+    let absent = s.path("absent");
+    let out = s.run(
+        &["create", "--bundle", absent.to_str().unwrap(), "id"],
+        Stdio::null(),
+    );
     assert_eq!(out.status.code(), Some(1));
     assert!(s.runtime_argv().is_empty());
 }
@@ -187,10 +192,14 @@ fn by_default_the_hook_entry_runs_the_nvhook_beside_nvhook_runtime() {
 #[test]
 fn a_config_it_cannot_read_with_certainty_is_handed_to_nvhook() {
     let s = Scratch::new();
+    let absent = format!(
+        "runtimes = [{:?}]\n",
+        s.path("absent/runc").display().to_string()
+    );
     for config in [
         "\"runtimes\" = [\"/bin/true\"]\n",
         "runtimes = [\n\"/bin/true\"]\n",
-        "runtimes = [\"/nonexistent/runc\"]\n",
+        absent.as_str(),
     ] {
         fs::write(s.path("config.toml"), config).unwrap();
         let out = s.run(&["start", "id"], Stdio::null());
