@@ -32,3 +32,4 @@ pub mod report;
 pub mod request;
 pub mod rootfs;
 pub mod shim;
+pub mod version;

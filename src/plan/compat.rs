@@ -226,21 +226,6 @@ impl FwdCompatNote {
     }
 }
 
-/// A version as NVIDIA's hook reads them (Masterminds semver, coercing): an optional `v`, then
-/// one to three numbers, missing ones 0, leading zeros allowed.
-fn loose_version(text: &str) -> Option<[u64; 3]> {
-    let text = text.strip_prefix('v').unwrap_or(text);
-    let mut out = [0; 3];
-    let mut parts = text.split('.');
-    for (i, part) in parts.by_ref().take(3).enumerate() {
-        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        out[i] = part.parse().ok()?;
-    }
-    parts.next().is_none().then_some(out)
-}
-
 /// Whether NVIDIA's `enable-cuda-compat` hook (toolkit 1.20) puts the compat directory first:
 /// `compat` is the version in the compat `libcuda.so.<version>` file's name, `note` its ELF
 /// note, `host_driver` and `host_cuda` the spec's `--host-driver-version` and
@@ -253,8 +238,8 @@ pub fn nvidia_hook_uses_compat(
     host_cuda: Option<&str>,
     note: Option<&FwdCompatNote>,
 ) -> bool {
-    let compat = loose_version(compat);
-    let host = host_driver.and_then(loose_version);
+    let compat = crate::version::loose(compat);
+    let host = host_driver.and_then(crate::version::loose);
     let host_cuda_text = host_cuda.filter(|v| !v.is_empty());
     if let Some(note) = note {
         return match (compat, host) {
@@ -263,8 +248,8 @@ pub fn nvidia_hook_uses_compat(
                     && compat > host
             }
             _ => host_cuda_text
-                .and_then(loose_version)
-                .zip(loose_version(&note.cuda_version))
+                .and_then(crate::version::loose)
+                .zip(crate::version::loose(&note.cuda_version))
                 .is_some_and(|(host, image)| image > host),
         };
     }
@@ -318,16 +303,6 @@ mod tests {
             Some(note("13.0", &[550]))
         );
         assert_eq!(FwdCompatNote::parse(b"{\"Driver\":\"550\"}"), None);
-        for (text, want) in [
-            ("580.95.05", Some([580, 95, 5])),
-            ("v12", Some([12, 0, 0])),
-            ("12.4", Some([12, 4, 0])),
-            ("", None),
-            ("1.2.3.4", None),
-            ("12.x", None),
-        ] {
-            assert_eq!(loose_version(text), want, "{text}");
-        }
     }
 
     fn v(text: &str) -> DriverVersion {

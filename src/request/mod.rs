@@ -401,10 +401,11 @@ fn requirements(spec: &Spec, config: &Config, legacy: bool) -> Result<Requiremen
     }
     if legacy {
         let value = spec.env(CUDA_VERSION).unwrap_or_default();
-        let major_minor =
-            legacy_major_minor(value).ok_or_else(|| RequestError::LegacyCudaVersion {
+        let major_minor = crate::version::cuda_major_minor(value).ok_or_else(|| {
+            RequestError::LegacyCudaVersion {
                 value: value.into(),
-            })?;
+            }
+        })?;
         let expression = format!("cuda>={major_minor}");
         out.add(CUDA_VERSION, &expression)
             .map_err(|source| RequestError::Requirement {
@@ -419,27 +420,6 @@ fn requirements(spec: &Spec, config: &Config, legacy: bool) -> Result<Requiremen
 /// for the toolkit, and so requirements stay on, the safe side.
 fn go_true(value: &str) -> bool {
     matches!(value, "1" | "t" | "T" | "true" | "TRUE" | "True")
-}
-
-/// `MAJOR.MINOR` of `CUDA_VERSION` (`12.4.1` -> `12.4`, `12` -> `12.0`), as the toolkit's
-/// semver reading gives it; an optional `v` prefix and a `-pre`/`+build` suffix are allowed.
-fn legacy_major_minor(value: &str) -> Option<String> {
-    let value = value.strip_prefix('v').unwrap_or(value);
-    let core = value.split(['-', '+']).next().unwrap_or_default();
-    let parts: Vec<u32> = core
-        .split('.')
-        .map(|p| {
-            if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            p.parse().ok()
-        })
-        .collect::<Option<_>>()?;
-    match parts[..] {
-        [major] => Some(format!("{major}.0")),
-        [major, minor] | [major, minor, _] => Some(format!("{major}.{minor}")),
-        _ => None,
-    }
 }
 
 /// The one reading of every NVIDIA_* list (devices, driver capabilities, MIG devices, IMEX

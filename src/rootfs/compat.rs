@@ -20,7 +20,7 @@ impl Rootfs {
     /// The image's compat directory and the regular files in it, if it has one.
     pub fn cuda_compat(&self, cuda_version: Option<&str>) -> Option<CompatDir> {
         let versioned = cuda_version
-            .and_then(major_minor)
+            .and_then(crate::version::cuda_major_minor)
             .map(|v| format!("/usr/local/cuda-{v}/compat"));
         std::iter::once(NVIDIA_COMPAT_DIR.to_string())
             .chain(versioned)
@@ -66,28 +66,11 @@ impl Rootfs {
     }
 }
 
-/// `12.4` of `12.4.1`; None unless it starts with two numbers.
-fn major_minor(cuda_version: &str) -> Option<String> {
-    let mut parts = cuda_version.split('.');
-    let (major, minor) = (parts.next()?, parts.next()?);
-    let number = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
-    (number(major) && number(minor)).then(|| format!("{major}.{minor}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::symlink;
-
-    #[test]
-    fn cuda_version_names_the_directory() {
-        assert_eq!(major_minor("13.0.1").as_deref(), Some("13.0"));
-        assert_eq!(major_minor("12.4").as_deref(), Some("12.4"));
-        for bad in ["12", "", "12.x", "../12.4", "12./4"] {
-            assert_eq!(major_minor(bad), None, "{bad}");
-        }
-    }
 
     #[test]
     fn only_regular_files_inside_the_root_count() {
