@@ -250,3 +250,28 @@ fn a_cycle_is_found_where_there_is_one() {
         ["crate::a", "crate::b::c", "crate::b::d", "crate::f"]
     );
 }
+
+/// The dependencies (normal ones, not dev or build) a crate's manifest names.
+fn dependencies(manifest: &Path) -> Vec<String> {
+    let text = fs::read_to_string(manifest).unwrap();
+    let doc: toml::Table = toml::from_str(&text).unwrap();
+    doc.get("dependencies")
+        .and_then(|d| d.as_table())
+        .map(|t| t.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// The model is a crate with no I/O dependency (no nix, pathrs, caps, libc, nvml-wrapper or
+/// anything of nvhook's), and the NVML helper depends on it, not on the whole nvhook package:
+/// a dependency that appears in either manifest fails here.
+#[test]
+fn the_model_has_no_io_and_the_nvml_helper_depends_on_it_alone() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    assert_eq!(
+        dependencies(&root.join("crates/model/Cargo.toml")),
+        ["serde"]
+    );
+    let nvml = dependencies(&root.join("crates/nvml/Cargo.toml"));
+    assert!(nvml.iter().any(|d| d == "nvhook-model"), "{nvml:?}");
+    assert!(!nvml.iter().any(|d| d == "nvhook"), "{nvml:?}");
+}

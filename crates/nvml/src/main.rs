@@ -1,5 +1,5 @@
 //! `nvhook-nvml LIBRARY`: NVML's view of the GPUs, for nvhook, which runs it with no
-//! environment and reads the answer (JSON, [`nvhook::inventory::nvml::Reply`]) on its stdout.
+//! environment and reads the answer (JSON, [`nvhook_model::inventory::Reply`]) on its stdout.
 //!
 //! nvhook is a static program, which spares every container start the dynamic loader's work,
 //! and a static program cannot load libnvidia-ml. This one is dynamic and does only that; it
@@ -24,7 +24,7 @@ fn main() {
 fn answer(library: &Path) -> ! {
     // Kept alive to the end: _exit runs no destructor, so NVML is never shut down.
     let queried = query::query(library);
-    let reply: Result<&nvhook::inventory::System, String> = queried
+    let reply: Result<&nvhook_model::inventory::System, String> = queried
         .as_ref()
         .map(|(system, _)| system)
         .map_err(|e| e.to_string());

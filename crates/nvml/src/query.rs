@@ -1,6 +1,6 @@
 //! GPUs and driver versions through NVML (nvml-wrapper), loaded from an explicit path.
 
-use nvhook::inventory::{Gpu, MigDevice, System};
+use nvhook_model::inventory::{Gpu, MigDevice, System};
 use nvml_wrapper::error::nvml_try;
 use nvml_wrapper::{Device, Nvml};
 use std::path::{Path, PathBuf};
