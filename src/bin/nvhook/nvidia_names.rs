@@ -4,7 +4,8 @@
 //! engines that give the hook their own environment (dockerd's and ctr's), never the image's,
 //! and their command lines have no room for nvhook's `--config`.
 
-use crate::{Stage, hook, hook_process, run_hook};
+use crate::Stage;
+use crate::hook::{hook, hook_process, run_hook};
 use nvhook::host_plan::{self, Target};
 use nvhook::inventory::{Scope, isolated};
 use nvhook::logging::Sink;

@@ -1,0 +1,102 @@
+//! The hook stages (`nvhook hook prestart|createRuntime|createContainer`) and the start of every
+//! process that works on a container: a scrubbed environment, the config, the log, and only
+//! the capabilities the hook needs.
+
+use crate::{Stage, Usage};
+use anyhow::Result;
+use nvhook::config::Config;
+use nvhook::oci::State;
+use std::io::Read;
+use std::path::Path;
+use std::time::Instant;
+
+/// The hook runs as root inside whatever environment the runtime gave it: drop all of it,
+/// so nothing from an image's env (LD_PRELOAD, PATH, ...) reaches anything nvhook loads.
+pub(crate) fn scrub_process() {
+    for (key, _) in std::env::vars_os() {
+        // SAFETY: single-threaded at this point; nothing else reads the environment.
+        unsafe { std::env::remove_var(key) };
+    }
+    let _ = std::env::set_current_dir("/");
+    // Device nodes and files get exactly the modes nvhook asks for.
+    // SAFETY: umask has no memory-safety preconditions.
+    unsafe { libc::umask(0) };
+}
+
+/// The start of every process that works on a container: a scrubbed process, the config,
+/// the log, and only the capabilities the hook needs; returns the config and where errors
+/// are logged.
+pub(crate) fn hook_process(config_path: Option<&Path>) -> Result<(Config, nvhook::logging::Sink)> {
+    scrub_process();
+    // Not $NVHOOK_CONFIG: only a caller that may trust its environment passes that in.
+    let config = Config::load(config_path, None)?;
+    let sink = nvhook::logging::init(&config);
+    // Defence in depth, before anything of the container is read: a host that will not let
+    // the hook drop capabilities still gets its GPU container, with a warning in the log.
+    match nvhook::privileges::keep_only_what_the_hook_needs() {
+        Ok(()) if tracing::enabled!(tracing::Level::DEBUG) => {
+            tracing::debug!(kernel = %nvhook::privileges::status_lines(), "capabilities kept");
+        }
+        Ok(()) => {}
+        Err(e) => tracing::warn!("{e}"),
+    }
+    Ok((config, sink))
+}
+
+pub(crate) fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()> {
+    // Parsed first: a bad spec entry fails before anything is read or touched.
+    let links = match stage {
+        Stage::CreateContainer => Some(nvhook::cdi::hook::LinkArgs::parse(args)?),
+        _ if !args.is_empty() => {
+            return Err(Usage(format!(
+                "{stage:?} takes no arguments (only createContainer does): {args:?}"
+            ))
+            .into());
+        }
+        _ => None,
+    };
+    run_hook(config_path, stage, links)
+}
+
+/// The hook at `stage`, with the createContainer hook's work in `links`; the OCI state is read
+/// from stdin.
+pub(crate) fn run_hook(
+    config_path: Option<&Path>,
+    stage: Stage,
+    links: Option<nvhook::cdi::hook::LinkArgs>,
+) -> Result<()> {
+    let started = Instant::now();
+    let (config, sink) = hook_process(config_path)?;
+    // A state is a few hundred bytes; a runtime never sends more than this.
+    const STATE_LIMIT: u64 = 1 << 20;
+    let mut input = String::new();
+    std::io::stdin()
+        .take(STATE_LIMIT + 1)
+        .read_to_string(&mut input)
+        .map_err(|e| anyhow::anyhow!("cannot read the OCI state on stdin: {e}"))?;
+    if input.len() as u64 > STATE_LIMIT {
+        anyhow::bail!("the OCI state on stdin is larger than {STATE_LIMIT} bytes");
+    }
+    let state = State::parse(&input)?;
+    let log_error = |e: &nvhook::inject::HookError| {
+        // Without a log file (none set, or one a rootless engine's user may not open),
+        // main's stderr line is the only report; with one, keep it there too.
+        if sink == nvhook::logging::Sink::File {
+            tracing::error!(id = %state.id, "{e}");
+        }
+    };
+    if let Some(links) = links {
+        nvhook::cdi::hook::create_container(&config, &state, &links).inspect_err(log_error)?;
+        tracing::info!(?stage, id = %state.id, total_us = started.elapsed().as_micros(), "hook finished");
+        return Ok(());
+    }
+    let outcome = nvhook::inject::prestart(&config, &state).inspect_err(log_error)?;
+    tracing::info!(
+        ?stage,
+        id = %state.id,
+        ?outcome,
+        total_us = started.elapsed().as_micros(),
+        "hook finished"
+    );
+    Ok(())
+}
