@@ -143,7 +143,8 @@ const COMPAT_SERVES: &[&str] = &["cuda-compat-580.95.05", "cuda-compat-580.95.05
 const KNOWN_DIFFERENCES: &[Known] = &[
     // NVIDIA's update-ldcache re-execs itself and mounts the host's ldconfig on a tmpfs at
     // /run/nvidia-ctk-hook/<uuid> in the rootfs, in a private mount namespace: the directories
-    // stay in the image (facts-35 §3). nvhook runs no ldconfig (DESIGN rule 2). On purpose.
+    // stay in the image (docs/gpu-flags.md, update-ldcache). nvhook runs no ldconfig: nothing of the
+    // image runs with host privileges. On purpose.
     Known::Lines {
         images: ALL_IMAGES,
         part: Part::Tree,
