@@ -15,6 +15,7 @@ pub mod elf_machine;
 pub mod entry;
 pub mod extra_devices;
 mod file_id;
+mod glob;
 pub mod host_plan;
 pub mod inject;
 pub mod install;

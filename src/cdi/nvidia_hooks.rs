@@ -6,6 +6,7 @@
 //! the image is run: names, ELF notes and device numbers are read through the rootfs.
 
 use crate::echo::Echo;
+use crate::glob::glob_matches;
 use crate::plan::compat::{COMPAT_CONF, FWD_COMPAT_NOTE, FwdCompatNote, nvidia_hook_uses_compat};
 use crate::plan::{CacheEntry, LdSoConf};
 use crate::rootfs::{Rootfs, RootfsError, sys};
@@ -144,23 +145,10 @@ fn conf_dir_is_read(rootfs: &Rootfs, name: &str) -> bool {
                 Some(_) => pattern.to_string(),
                 None => format!("/etc/{pattern}"),
             };
-            glob_matches(&pattern, &format!("{CONF_DIR}/{name}"))
+            pattern
+                .rsplit_once('/')
+                .is_some_and(|(dir, file)| dir == CONF_DIR && glob_matches(file, name))
         })
-}
-
-/// `*` matches any run of characters but `/`; every other character itself.
-fn glob_matches(pattern: &str, path: &str) -> bool {
-    match pattern.split_once('*') {
-        None => pattern == path,
-        Some((head, tail)) => {
-            let Some(rest) = path.strip_prefix(head) else {
-                return false;
-            };
-            (0..=rest.len())
-                .filter(|&i| rest.is_char_boundary(i) && !rest[..i].contains('/'))
-                .any(|i| glob_matches(tail, &rest[i..]))
-        }
-    }
 }
 
 /// The directories listed in the image's compat conf files that its ldconfig reads, in the
@@ -270,20 +258,23 @@ mod tests {
     }
 
     #[test]
-    fn globs_as_ldconfig_includes_them() {
-        assert!(glob_matches(
-            "/etc/ld.so.conf.d/*.conf",
-            "/etc/ld.so.conf.d/00-compat-x.conf"
+    fn includes_as_ldconfig_reads_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("etc")).unwrap();
+        let reads = |include: &str, name: &str| {
+            std::fs::write(tmp.path().join("etc/ld.so.conf"), include).unwrap();
+            conf_dir_is_read(&Rootfs::open(tmp.path()).unwrap(), name)
+        };
+        assert!(reads(
+            "include /etc/ld.so.conf.d/*.conf\n",
+            "00-compat-x.conf"
         ));
-        assert!(glob_matches(
-            "/etc/ld.so.conf.d/00-*",
-            "/etc/ld.so.conf.d/00-compat-x.conf"
+        assert!(reads(
+            "include /etc/ld.so.conf.d/00-*\n",
+            "00-compat-x.conf"
         ));
-        assert!(!glob_matches(
-            "/etc/ld.so.conf.d/*.conf",
-            "/etc/ld.so.conf.d/x.cfg"
-        ));
-        assert!(!glob_matches("/etc/*.conf", "/etc/ld.so.conf.d/x.conf"));
+        assert!(!reads("include /etc/ld.so.conf.d/*.conf\n", "x.cfg"));
+        assert!(!reads("include /etc/*.conf\n", "x.conf"));
     }
 
     #[test]

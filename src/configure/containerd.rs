@@ -9,6 +9,8 @@
 
 use super::toml::{self as edit, dotted};
 use super::{Change, Invalid, NriSetting};
+use crate::glob::glob_matches;
+use crate::version::Version;
 use std::path::{Component, Path, PathBuf};
 use toml_edit::{DocumentMut, Item, Table};
 
@@ -148,34 +150,20 @@ pub(super) fn nri_setting(current: Option<&str>) -> Result<NriSetting, Invalid> 
 /// Whether the containerd whose `containerd --version` says `text` has NRI (1.7 or later);
 /// None when the text names no version.
 pub fn has_nri(text: &str) -> Option<bool> {
-    let (major, minor) = version_of(text)?;
-    Some((major, minor) >= (1, 7))
+    let (version, _) = version_word(text)?;
+    Some(version.branch() >= [1, 7])
 }
 
-/// `containerd 1.6.20` of `containerd github.com/containerd/containerd 1.6.20 <commit>`.
+/// `containerd 1.6.20~ds1` of `containerd github.com/containerd/containerd 1.6.20~ds1 <commit>`.
 pub fn version_words(text: &str) -> String {
-    let version = text
-        .split_whitespace()
-        .find(|w| version_numbers(w).is_some())
-        .unwrap_or("(an unknown version)");
-    format!("containerd {version}")
+    let word = version_word(text).map_or("(an unknown version)", |(_, word)| word);
+    format!("containerd {word}")
 }
 
-fn version_of(text: &str) -> Option<(u64, u64)> {
-    text.split_whitespace().find_map(version_numbers)
-}
-
-/// (major, minor) of a word such as `v1.7.24`, `2.1.9+unknown` or `1.6.20~ds1`.
-fn version_numbers(word: &str) -> Option<(u64, u64)> {
-    let word = word.strip_prefix('v').unwrap_or(word);
-    let mut parts = word.split('.');
-    let major = parts.next()?.parse().ok()?;
-    let minor: String = parts
-        .next()?
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    Some((major, minor.parse().ok()?))
+/// The first word of `text` that is a version, and the version.
+fn version_word(text: &str) -> Option<(Version, &str)> {
+    text.split_whitespace()
+        .find_map(|w| Version::parse(w).map(|(v, _)| (v, w)))
 }
 
 /// Whether a config has containerd's NRI table (1.7's `containerd config default` writes one;
@@ -277,24 +265,6 @@ fn clean(path: &Path) -> PathBuf {
         }
     }
     out
-}
-
-/// Go's filepath.Match for the `*` and `?` a drop-in pattern uses (`*.toml`); a pattern with
-/// a character class matches nothing here, which leaves the main file to be edited.
-fn glob_matches(pattern: &str, name: &str) -> bool {
-    if pattern.contains(['[', '\\']) {
-        return false;
-    }
-    fn matches(p: &[u8], n: &[u8]) -> bool {
-        match (p.first(), n.first()) {
-            (None, None) => true,
-            (Some(b'*'), _) => matches(&p[1..], n) || (!n.is_empty() && matches(p, &n[1..])),
-            (Some(b'?'), Some(_)) => matches(&p[1..], &n[1..]),
-            (Some(a), Some(b)) if a == b => matches(&p[1..], &n[1..]),
-            _ => false,
-        }
-    }
-    matches(pattern.as_bytes(), name.as_bytes())
 }
 
 /// Applies `change` to `doc`; a runtime it adds starts from `runc`'s settings.

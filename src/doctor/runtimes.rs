@@ -6,67 +6,7 @@
 //! ... links into that host directory, with or without nvhook. So doctor names each
 //! runtime's version and the fixes it lacks.
 
-/// A release number as runc, crun and youki write theirs: two to four numbers, then an
-/// optional release candidate (`1.0.0-rc95`, `1.4.0-rc.3`). Numbers past the fourth (none of
-/// the three has them) are not compared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Version {
-    numbers: [u64; 4],
-    release: Release,
-}
-
-/// A release candidate comes before its release: the variants' order is the versions'.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Release {
-    Candidate(u64),
-    Final,
-}
-
-impl Version {
-    /// The version at the start of `token` (a leading `v` allowed), and how many bytes of
-    /// `token` it took: what follows (`+ds1`, `-0ubuntu2~22.04.1`) is a distribution's build.
-    pub fn parse(token: &str) -> Option<(Version, usize)> {
-        let skip = usize::from(token.starts_with('v'));
-        let token = &token[skip..];
-        let numeric = token
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .map_or(token, |end| &token[..end])
-            .trim_end_matches('.');
-        let mut numbers = [0; 4];
-        let mut count = 0;
-        for part in numeric.split('.') {
-            let n = part.parse().ok()?;
-            if let Some(slot) = numbers.get_mut(count) {
-                *slot = n;
-            }
-            count += 1;
-        }
-        if count < 2 {
-            return None;
-        }
-        let (release, candidate_len) = match candidate(&token[numeric.len()..]) {
-            Some((n, len)) => (Release::Candidate(n), len),
-            None => (Release::Final, 0),
-        };
-        let version = Version { numbers, release };
-        Some((version, skip + numeric.len() + candidate_len))
-    }
-
-    fn branch(&self) -> [u64; 2] {
-        [self.numbers[0], self.numbers[1]]
-    }
-}
-
-/// `-rc95` or `-rc.3` at the start of `rest`: the candidate's number and the bytes it takes.
-fn candidate(rest: &str) -> Option<(u64, usize)> {
-    let after = rest.strip_prefix("-rc")?;
-    let dot = usize::from(after.starts_with('.'));
-    let digits = &after[dot..];
-    let len = digits
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(digits.len());
-    Some((digits[..len].parse().ok()?, "-rc".len() + dot + len))
-}
+pub use crate::version::Version;
 
 /// What the first line of a runtime's `--version` says, and its `commit:` line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -305,6 +245,7 @@ pub mod recorded {
 mod tests {
     use super::recorded::*;
     use super::*;
+    use crate::version::Release;
 
     fn v(s: &str) -> Version {
         Version::parse(s).unwrap().0
