@@ -221,7 +221,7 @@ pub(crate) mod tests {
     #[test]
     fn the_driver_arch_is_its_nvml_library_s() {
         let dir = tempfile::tempdir().unwrap();
-        let mut inv = crate::plan::tests::standard();
+        let mut inv = nvhook_model::plan::fixtures::standard();
         assert_eq!(
             driver_arch(&inv).map(|d| d.machine),
             Some(None),

@@ -1,19 +1,20 @@
 //! nvhook: give OCI containers NVIDIA GPUs.
 //!
-//! The pure model (request, inventory data, plan) is separate from everything that touches
-//! the system (NVML loading, mounts, cgroups), so the former is tested without root.
+//! The model (request, inventory data, config, plan) is its own crate, `nvhook-model`, with no
+//! I/O in it; its modules are re-exported here under the names the rest of nvhook uses. This
+//! package holds what touches the system: the host readers, the delivery of a plan into a
+//! container, and the ways in. docs/architecture.md maps the layers.
+
+pub use nvhook_model::{capability, echo, extra_devices, plan, proc_view, request, version};
 
 pub mod atomic_file;
-pub mod capability;
 pub mod cdi;
 pub mod config;
 pub mod configure;
 pub mod dev_char;
 pub mod doctor;
-pub mod echo;
 pub mod elf_machine;
 pub mod entry;
-pub mod extra_devices;
 mod file_id;
 mod glob;
 pub mod host_plan;
@@ -25,12 +26,7 @@ pub mod logging;
 pub mod nri;
 pub mod nvidia_cli;
 pub mod oci;
-pub mod plan;
 pub mod plan_file;
 pub mod privileges;
-pub mod proc_view;
-pub mod report;
-pub mod request;
 pub mod rootfs;
 pub mod shim;
-pub mod version;

@@ -74,7 +74,7 @@ pub fn read(bundle: &Path, image: &ImageInfo) -> Option<Plan> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::tests::one_gpu_plan;
+    use nvhook_model::plan::fixtures::one_gpu_plan;
 
     #[test]
     fn the_hook_uses_the_shims_plan_only_for_the_config_json_it_was_made_for() {

@@ -163,7 +163,7 @@ fn has_user_namespace(spec: &Value) -> bool {
 mod tests {
     use super::*;
     use crate::config::HOOK_TIMEOUT_S;
-    use crate::plan::tests::one_gpu_plan;
+    use nvhook_model::plan::fixtures::one_gpu_plan;
     use serde_json::json;
 
     #[test]

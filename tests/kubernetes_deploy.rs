@@ -14,7 +14,7 @@ use std::process::Command;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, Namespace, Pod};
 use k8s_openapi::api::node::v1::RuntimeClass;
-use nvhook::config::Config;
+use nvhook::config;
 use serde::Deserialize;
 use serde_json::Value;
 use support::engines::{
@@ -482,7 +482,7 @@ fn install_sh_installs_nvhook_on_a_host_root() {
         let link = host.at(&format!("{bin}/{name}"));
         assert_eq!(fs::read_link(&link).unwrap(), Path::new("nvhook"), "{name}");
     }
-    let config = Config::from_file(&host.at(nvhook::config::DEFAULT_PATH)).unwrap();
+    let config = config::from_file(&host.at(nvhook::config::DEFAULT_PATH)).unwrap();
     assert_eq!(config.hook_path, Some(format!("{bin}/nvhook").into()));
     assert!(!config.accept_env_when_unprivileged);
     assert!(config.accept_volume_mount_devices);
@@ -539,7 +539,7 @@ fn install_sh_keeps_an_admins_nvhook_config() {
     fs::create_dir_all(config.parent().unwrap()).unwrap();
     fs::write(&config, "driver-root = \"/run/nvidia/driver\"").unwrap();
     host.install(&m.daemon_set);
-    let read = Config::from_file(&config).unwrap();
+    let read = config::from_file(&config).unwrap();
     assert_eq!(read.driver_root, Path::new("/run/nvidia/driver"));
     assert_eq!(read.hook_path, Some("/usr/local/nvhook/bin/nvhook".into()));
     assert!(!read.accept_env_when_unprivileged);
@@ -548,7 +548,7 @@ fn install_sh_keeps_an_admins_nvhook_config() {
     let said = host.install(&m.daemon_set);
     assert!(said.contains("warning:"), "{said}");
     assert_eq!(
-        Config::from_file(&config).unwrap().hook_path,
+        config::from_file(&config).unwrap().hook_path,
         Some("/opt/nvhook".into())
     );
 }
@@ -975,7 +975,7 @@ fn install_sh_nri_mode_gives_a_pod_its_gpu_with_containerd_unchanged() {
     assert_eq!(fs::read(&config).unwrap(), before, "{said}");
     assert!(!String::from_utf8_lossy(&before).contains("nvhook-runtime"));
     assert_eq!(fs::read_dir(config.parent().unwrap()).unwrap().count(), 1);
-    let installed = Config::from_file(&host.at(nvhook::config::DEFAULT_PATH)).unwrap();
+    let installed = config::from_file(&host.at(nvhook::config::DEFAULT_PATH)).unwrap();
     assert!(!installed.accept_env_when_unprivileged, "{said}");
 
     // The nri container's command, its program the installed nvhook.
@@ -1360,7 +1360,7 @@ fn device_plugin_gets_nvml_from_nvhook_under_the_hardened_policy() {
         fs::read_to_string(node.config()).unwrap() + &policy,
     )
     .unwrap();
-    let config = Config::from_file(&config_file).unwrap();
+    let config = config::from_file(&config_file).unwrap();
     assert!(!config.accept_env_when_unprivileged, "{policy}");
     assert!(config.accept_volume_mount_devices, "{policy}");
 
@@ -1662,7 +1662,7 @@ fn uninstall_sh_removes_what_refresh_sh_wrote_and_keeps_an_admins_config() {
     assert!(spec.exists(), "{refreshed}");
     assert!(host.at(NFD_FEATURE_FILE).exists(), "{refreshed}");
     assert!(fs::symlink_metadata(&link).is_ok(), "{refreshed}");
-    let installed = Config::from_file(&config).unwrap();
+    let installed = config::from_file(&config).unwrap();
     assert_eq!(
         installed.hook_path,
         Some("/usr/local/nvhook/bin/nvhook".into())
@@ -1687,7 +1687,7 @@ fn uninstall_sh_removes_what_refresh_sh_wrote_and_keeps_an_admins_config() {
     for line in node_keys.lines() {
         assert!(kept.contains(line), "{line:?} lost:\n{kept}");
     }
-    let read = Config::from_file(&config).unwrap();
+    let read = config::from_file(&config).unwrap();
     assert_eq!(read.hook_path, None, "{kept}");
     assert!(!read.accept_env_when_unprivileged, "{kept}");
     assert!(said.contains("its Kubernetes policy stays"), "{said}");

@@ -150,9 +150,9 @@ pub fn device_node(d: &crate::plan::DeviceNode, access: Option<String>) -> Devic
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::tests::standard;
     use crate::plan::{ImageInfo, build};
     use crate::request::{DeviceId, DeviceSelection};
+    use nvhook_model::plan::fixtures::standard;
 
     pub(crate) fn request(devices: DeviceSelection) -> crate::request::Request {
         super::super::generate::request(devices, Config::default().supported_capabilities)

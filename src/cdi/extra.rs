@@ -89,7 +89,7 @@ pub fn path_beside(gpu_spec: &Path, class: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::tests::{node, standard};
+    use nvhook_model::plan::fixtures::{node, standard};
 
     fn fabric_inventory() -> Inventory {
         let mut inv = standard();

@@ -176,7 +176,7 @@ fn capabilities(config: &Config, inventory: &Inventory) -> Vec<Capability> {
 mod tests {
     use super::*;
     use crate::cdi::spec::CdiVersion;
-    use crate::plan::tests::{inventory, standard};
+    use nvhook_model::plan::fixtures::{inventory, standard};
 
     fn config() -> Config {
         Config {

@@ -11,7 +11,7 @@ use super::nvidia_hooks::{self, CompatHook};
 use crate::config::{Config, CudaCompatMode};
 use crate::inject::{HookError, procfs};
 use crate::inventory::gpu_layout::GpuLayout;
-use crate::oci::{Spec, State};
+use crate::oci::State;
 use crate::plan::{CacheEntry, LdSoConf, Plan, ProcOverlay, Symlink, compat};
 use crate::proc_view;
 use crate::request::CUDA_VERSION;
@@ -241,7 +241,7 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
     if let Some(written_for) = &args.gpu_layout {
         check_gpu_layout(config, written_for)?;
     }
-    let spec = Spec::load(&state.bundle)?;
+    let spec = crate::oci::load_spec(&state.bundle)?;
     let rootfs_path = spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?;
     let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&spec.mount_points());
     // Which images have a glibc cache is only known now: a static spec serves them all.

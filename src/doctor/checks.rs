@@ -846,7 +846,7 @@ mod tests {
     use crate::doctor::Level;
     use crate::doctor::runtimes::recorded;
     use crate::elf_machine::tests::elf_head;
-    use crate::plan::tests::{inventory, standard};
+    use nvhook_model::plan::fixtures::{inventory, standard};
 
     fn levels(checks: &[Check]) -> Vec<Level> {
         checks.iter().map(|c| c.level).collect()

@@ -22,7 +22,7 @@ use crate::inventory::cache::NvmlCache;
 use crate::inventory::change::HostChange;
 use crate::inventory::devices::scan_nodes;
 use crate::inventory::driver::HostCache;
-use crate::inventory::{DeviceMajors, Inventory, isolated, nvml_library};
+use crate::inventory::{Inventory, isolated, nvml_library};
 use crate::shim;
 use checks::{
     CacheState, Cgroup, CurrentDevices, EngineConfig, HooksDir, QueryError, RuntimeBinary,
@@ -166,7 +166,8 @@ pub fn run(config: &Config, options: &Options) -> Report {
         started.elapsed(),
         config.nvml_timeout(),
     ));
-    let nodes = DeviceMajors::read(config).and_then(|m| Ok((m, scan_nodes(config)?)));
+    let nodes =
+        crate::inventory::devices::read_majors(config).and_then(|m| Ok((m, scan_nodes(config)?)));
     // The kernel's architecture, not this build's: an nvhook of another one may run under qemu.
     let machine = crate::elf_machine::kernel_machine();
     let node_arch = nvhook_ldcache::Arch::from_name(&machine).unwrap_or_default();

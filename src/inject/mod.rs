@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::echo::Echo;
 use crate::host_plan::{PlanningError, Target, container_view, plan_for_host, probe};
 use crate::inventory;
-use crate::oci::{MountPoint, OciError, Spec, State};
+use crate::oci::{MountPoint, OciError, State};
 use crate::plan::{ImageInfo, ListedNode, Plan};
 use crate::plan_file;
 use crate::proc_view;
@@ -130,7 +130,7 @@ struct Container<'a> {
 /// Runs the whole prestart hook for the container described by `state`.
 pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     let mut step = Step::start();
-    let spec = Spec::load(&state.bundle)?;
+    let spec = crate::oci::load_spec(&state.bundle)?;
     let Some(request) = Request::from_spec(&spec, config)? else {
         tracing::info!(bundle = %state.bundle.display(), "no GPU requested; nothing to do");
         return Ok(Outcome::NotGpu);

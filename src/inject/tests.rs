@@ -3,9 +3,9 @@
 
 use super::effects::{ContainerEffects, HostEffects};
 use super::*;
-use crate::plan::tests::two_node_plan;
 use crate::plan::{DeviceNode, Mount, MountKind, ProcOverlay};
 use nvhook_cgroup::DeviceRule;
+use nvhook_model::plan::fixtures::two_node_plan;
 use std::cell::RefCell;
 use std::path::Path;
 use std::rc::Rc;

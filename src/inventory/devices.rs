@@ -1,11 +1,11 @@
 //! Device majors from `<proc-root>/devices`, device nodes under the dev root, and MIG
 //! capability minors from `<proc-root>/driver/nvidia/capabilities`, as the host has them now.
 
-use super::Gpu;
-use super::device_numbers::{DeviceMajors, parse_cap_minor, parse_proc_devices};
+use super::device_numbers::{parse_cap_minor, parse_proc_devices};
+use super::{DeviceMajors, Gpu, HostNode};
 use crate::config::Config;
 use crate::extra_devices;
-use serde::{Deserialize, Serialize};
+
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -22,27 +22,14 @@ pub enum DevicesError {
     NoDriver { path: PathBuf },
 }
 
-impl DeviceMajors {
-    pub fn read(config: &Config) -> Result<DeviceMajors, DevicesError> {
-        let path = config.proc_path("devices");
-        let text = std::fs::read_to_string(&path).map_err(|source| DevicesError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        parse_proc_devices(&text).ok_or(DevicesError::NoDriver { path })
-    }
-}
-
-/// A character device node present on the host.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostNode {
-    /// Where it appears in a container (`/dev/nvidia0`).
-    pub path: String,
-    /// Where it is on the host (under the dev root).
-    pub host_path: PathBuf,
-    pub major: u32,
-    pub minor: u32,
-    pub mode: u32,
+/// The device majors the host's `/proc/devices` lists now.
+pub fn read_majors(config: &Config) -> Result<DeviceMajors, DevicesError> {
+    let path = config.proc_path("devices");
+    let text = std::fs::read_to_string(&path).map_err(|source| DevicesError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    parse_proc_devices(&text).ok_or(DevicesError::NoDriver { path })
 }
 
 /// Every `nvidia*` character device in `<dev-root>/dev` and `<dev-root>/dev/nvidia-caps`,

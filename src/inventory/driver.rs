@@ -1,13 +1,12 @@
 //! The host driver's user-space files: libraries found through the driver root's
 //! ld.so.cache, and binaries, firmware, IPC sockets and graphics configs found by path.
 
-use super::Scope;
-use super::graphics::{self, ConfigLibraryPath};
-use super::host_file::{DriverRoot, HostFile, is_elf};
+use super::graphics;
+use super::host_file::{DriverRoot, is_elf};
+use super::{DriverFiles, HostFile, Library, Scope};
 use crate::capability::Capability;
 use crate::config::Config;
 use nvhook_ldcache::{self as ldcache, Arch, ElfClass, LdCache};
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
@@ -122,34 +121,6 @@ const SOCKETS: &[(Capability, &str)] = &[
     (Capability::Compute, "/tmp/nvidia-mps"),
 ];
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Library {
-    pub capability: Capability,
-    pub class: ElfClass,
-    /// `libcuda.so.1`
-    pub soname: String,
-    /// `libcuda.so.550.54.15`: the real file, which is what gets mounted.
-    pub file_name: String,
-    /// The real file on the host.
-    pub host_path: PathBuf,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct DriverFiles {
-    pub libraries: Vec<Library>,
-    pub binaries: Vec<HostFile>,
-    pub firmware: Vec<HostFile>,
-    pub sockets: Vec<HostFile>,
-    /// The graphics loaders' configs (Vulkan, EGL, Xorg, OptiX) and OpenCL's ICD file.
-    pub configs: Vec<HostFile>,
-    /// Xorg's driver modules, kept at their host paths (an xorg.conf's ModulePath names them).
-    #[serde(default)]
-    pub xorg_modules: Vec<HostFile>,
-    /// Absolute `library_path`s the configs name, which must resolve in the container too.
-    #[serde(default)]
-    pub config_library_paths: Vec<ConfigLibraryPath>,
-}
-
 /// The driver root's ld.so.cache, read once per start.
 pub struct HostCache {
     path: PathBuf,
@@ -192,42 +163,40 @@ impl HostCache {
     }
 }
 
-impl DriverFiles {
-    /// Finds every driver file of version `version` under the driver root.
-    pub fn find(config: &Config, cache: &HostCache, version: &str, scope: Scope) -> DriverFiles {
-        let root = DriverRoot::new(&config.driver_root);
-        let configs = graphics::find_configs(&root, scope);
-        let config_library_paths = match scope.graphics {
-            true => graphics::absolute_library_paths(&configs),
-            false => Vec::new(),
-        };
-        DriverFiles {
-            libraries: find_libraries(&root, cache, version),
-            binaries: BINARIES
-                .iter()
-                .filter_map(|&(cap, name)| {
-                    BINARY_DIRS.iter().find_map(|dir| {
-                        root.existing(&format!("{dir}/{name}"), Some(cap))
-                            .filter(|f| is_elf(&f.host_path))
-                            .map(|f| HostFile {
-                                container_path: format!("/usr/bin/{name}"),
-                                ..f
-                            })
-                    })
+/// Finds every driver file of version `version` under the driver root.
+pub fn find_files(config: &Config, cache: &HostCache, version: &str, scope: Scope) -> DriverFiles {
+    let root = DriverRoot::new(&config.driver_root);
+    let configs = graphics::find_configs(&root, scope);
+    let config_library_paths = match scope.graphics {
+        true => graphics::absolute_library_paths(&configs),
+        false => Vec::new(),
+    };
+    DriverFiles {
+        libraries: find_libraries(&root, cache, version),
+        binaries: BINARIES
+            .iter()
+            .filter_map(|&(cap, name)| {
+                BINARY_DIRS.iter().find_map(|dir| {
+                    root.existing(&format!("{dir}/{name}"), Some(cap))
+                        .filter(|f| is_elf(&f.host_path))
+                        .map(|f| HostFile {
+                            container_path: format!("/usr/bin/{name}"),
+                            ..f
+                        })
                 })
-                .collect(),
-            firmware: find_firmware(&root, &firmware_dirs(config), version),
-            sockets: SOCKETS
-                .iter()
-                .filter_map(|&(cap, p)| root.existing(p, Some(cap)))
-                .collect(),
-            configs,
-            xorg_modules: match scope.graphics {
-                true => graphics::find_xorg_modules(&root, version, cache.arch),
-                false => Vec::new(),
-            },
-            config_library_paths,
-        }
+            })
+            .collect(),
+        firmware: find_firmware(&root, &firmware_dirs(config), version),
+        sockets: SOCKETS
+            .iter()
+            .filter_map(|&(cap, p)| root.existing(p, Some(cap)))
+            .collect(),
+        configs,
+        xorg_modules: match scope.graphics {
+            true => graphics::find_xorg_modules(&root, version, cache.arch),
+            false => Vec::new(),
+        },
+        config_library_paths,
     }
 }
 
@@ -462,7 +431,7 @@ mod tests {
             cache: LdCache::default(),
             arch: Arch::HOST,
         };
-        let files = DriverFiles::find(&config, &cache, "580.159.04", Scope::ALL);
+        let files = find_files(&config, &cache, "580.159.04", Scope::ALL);
         let found: Vec<(&str, &Path)> = files
             .binaries
             .iter()

@@ -2,17 +2,9 @@
 //! the GPU's PCI device in sysfs. A node is taken only when its number is the one sysfs gives
 //! for it: a name alone could point a container at another device.
 
-use super::{Gpu, HostNode};
+use super::{DrmNode, Gpu, HostNode};
 use crate::config::Config;
-use serde::{Deserialize, Serialize};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-
-/// A DRM node and the GPU it belongs to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DrmNode {
-    pub pci_bus_id: String,
-    pub node: HostNode,
-}
 
 /// The DRM nodes of every GPU, where the host has them (the nvidia-drm module loaded).
 pub fn scan(config: &Config, gpus: &[Gpu]) -> Vec<DrmNode> {

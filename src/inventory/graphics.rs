@@ -3,11 +3,10 @@
 //! `nvoptix.bin`, OpenCL's ICD) and Xorg's driver modules, read from what the driver
 //! installed: the directories are listed, not a fixed list of files probed.
 
-use super::Scope;
-use super::host_file::{DriverRoot, HostFile, is_elf};
+use super::host_file::{DriverRoot, is_elf};
+use super::{ConfigLibraryPath, GLX_SERVER, HostFile, Scope};
 use crate::capability::Capability;
 use nvhook_ldcache::{Arch, ElfClass};
-use serde::{Deserialize, Serialize};
 
 /// Where the graphics loaders read configs from on a host, in their order of precedence.
 const SHARE_DIRS: &[&str] = &["/etc", "/usr/local/share", "/usr/share"];
@@ -101,18 +100,6 @@ const XORG_DIRS: &[&str] = &[
     "/usr/lib64/xorg/modules/updates/drivers",
     "/usr/lib64/xorg/modules/updates/extensions",
 ];
-
-/// The name Xorg loads the GLX server module by; the file carries the driver version.
-pub const GLX_SERVER: &str = "libglxserver_nvidia.so";
-
-/// A config's `library_path` given as an absolute path: the loader opens it as it is, so the
-/// container needs the library there too.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ConfigLibraryPath {
-    /// The config, in the container.
-    pub config: String,
-    pub library_path: String,
-}
 
 /// The driver's configs, one per name and directory: the first search directory that has it
 /// wins, as the loaders' own precedence has it.

@@ -1,21 +1,10 @@
 //! A driver file found by path under the driver root, and the root it is looked up in: shared
 //! by the driver's own files and the graphics stack's.
 
+use super::HostFile;
 use super::resolve::Resolver;
 use crate::capability::Capability;
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-
-/// A file that keeps its path: a binary, firmware, a socket or a config.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HostFile {
-    /// None: needed by every GPU container (firmware).
-    pub capability: Option<Capability>,
-    pub host_path: PathBuf,
-    pub container_path: String,
-    /// A directory (the MPS pipe directory) rather than a file or socket.
-    pub is_dir: bool,
-}
 
 /// The driver root, canonical, and the resolver its files are looked up with.
 pub(super) struct DriverRoot {

@@ -58,7 +58,7 @@ impl Remembered {
             && now == then
         {
             tracing::debug!("NVML's answer from memory");
-            let inventory = Inventory::around(config, &host_cache, system.clone(), scope)?;
+            let inventory = super::around(config, &host_cache, system.clone(), scope)?;
             return Ok((inventory, Source::Cache));
         }
         let (inventory, source) = load(config, scope)?;
@@ -98,7 +98,7 @@ fn load_from(
             .and_then(NvmlCache::read)
     };
     if let Some(system) = cached() {
-        let inventory = Inventory::around(config, &host_cache, system, scope)?;
+        let inventory = super::around(config, &host_cache, system, scope)?;
         return Ok((inventory, Source::Cache));
     }
     // One query for a burst of starts: the lock's holder asks NVML, the others wait for its
@@ -107,7 +107,7 @@ fn load_from(
     let flight = stored.as_ref().and_then(|s| s.lock_query(deadline));
     if let Some(system) = flight.as_ref().and_then(|_| cached()) {
         tracing::debug!("another start asked NVML while this one waited");
-        let inventory = Inventory::around(config, &host_cache, system, scope)?;
+        let inventory = super::around(config, &host_cache, system, scope)?;
         return Ok((inventory, Source::Cache));
     }
     let inventory = query_in_child(config, &host_cache, deadline, scope)?;
@@ -172,7 +172,7 @@ fn query_in_child(
         // execs, or the engine's subreaper once the hook has exited).
         let _ = child.try_wait();
     }
-    Inventory::around(config, host_cache, result?, scope)
+    super::around(config, host_cache, result?, scope)
 }
 
 fn child_err(message: String) -> InventoryError {

@@ -76,7 +76,7 @@ mod tests {
     use super::*;
     use crate::cdi::{HookBinary, container_edits};
     use crate::config::Config;
-    use crate::plan::tests::one_gpu_plan;
+    use nvhook_model::plan::fixtures::one_gpu_plan;
 
     #[test]
     fn every_edit_reaches_the_adjustment() {

@@ -68,7 +68,7 @@ impl GpuPlugin {
     }
 
     fn config(&self) -> Result<Config, NriPluginError> {
-        Ok(Config::load(self.config_path.as_deref(), None)?)
+        Ok(crate::config::load(self.config_path.as_deref(), None)?)
     }
 
     /// What `container` gets: `None` for a container that asked for no GPU, which is left

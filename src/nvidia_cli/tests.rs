@@ -3,8 +3,8 @@
 use super::report::{info_text, list_text};
 use super::*;
 use crate::config::Config;
-use crate::plan::tests::{inventory, standard};
 use crate::request::{DeviceSelection, Request, RequestError, SelectionSource};
+use nvhook_model::plan::fixtures::{inventory, standard};
 
 fn args(line: &str) -> Vec<String> {
     line.split(' ').map(str::to_string).collect()

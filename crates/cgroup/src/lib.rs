@@ -6,15 +6,15 @@
 pub mod bpf;
 pub mod mountinfo;
 mod proc;
-mod rule;
+
 mod v1;
 mod v2;
 
 use std::io;
 use std::path::PathBuf;
 
+pub use nvhook_model::device_rule::{Access, DeviceKind, DeviceRule};
 pub use proc::LocateError;
-pub use rule::{Access, DeviceKind, DeviceRule};
 
 /// Which cgroup mechanism enforced the rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

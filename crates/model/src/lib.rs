@@ -1,6 +1,17 @@
-//! nvhook's model, kept apart from every reader and effect: plain data that the NVML helper
-//! (`nvhook-nvml`) and nvhook share without the helper depending on nvhook's whole package.
-//! It holds what NVML reports about the GPUs; the rest of the model (request, plan, config)
-//! is to follow it here.
+//! nvhook's model, kept apart from every reader and effect: what a container asks for (the
+//! request, read from its OCI spec), what the host has (the inventory, as data), the config,
+//! and the plan that joins them. Nothing here touches the system: the host readers fill these
+//! types, the delivery layer and the ways in act on the plan, and tests build them by hand.
+//! The NVML helper (`nvhook-nvml`) shares the inventory's types through this crate alone.
 
+pub mod capability;
+pub mod config;
+pub mod device_rule;
+pub mod echo;
+pub mod extra_devices;
 pub mod inventory;
+pub mod oci;
+pub mod plan;
+pub mod proc_view;
+pub mod request;
+pub mod version;

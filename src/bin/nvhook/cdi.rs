@@ -13,7 +13,7 @@ pub(crate) fn cdi(config: &Config, config_path: Option<&Path>, command: CdiComma
             format,
             device_name_strategy,
         } => {
-            let inventory = Inventory::load(config)?;
+            let inventory = nvhook::inventory::load(config)?;
             let spec =
                 nvhook::cdi::generate(config, config_path, &inventory, &device_name_strategy)?;
             let format = format.unwrap_or(nvhook::cdi::Format::for_path(output.as_deref()));

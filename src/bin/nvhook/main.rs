@@ -13,7 +13,6 @@ mod shim;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
-use nvhook::config::Config;
 use nvhook::configure::{ConfigureError, DEFAULT_RUNTIME_NAME, Engine};
 use std::path::{Path, PathBuf};
 
@@ -298,7 +297,7 @@ fn run(cli: Cli) -> Result<()> {
         return nri::nri(cli.config.as_deref(), socket, index);
     }
     let env_config = std::env::var(nvhook::config::ENV_VAR).ok();
-    let config = Config::load(cli.config.as_deref(), env_config.as_deref())?;
+    let config = nvhook::config::load(cli.config.as_deref(), env_config.as_deref())?;
     nvhook::logging::init(&config);
     match cli.command {
         Command::Info { format } => report::info(&config, format),

@@ -2,7 +2,6 @@
 
 use crate::Usage;
 use anyhow::Result;
-use nvhook::config::Config;
 use std::path::{Path, PathBuf};
 
 /// `nvhook nri`: serves the engine until stopped, connecting again whenever it restarts.
@@ -16,7 +15,7 @@ pub(crate) fn nri(config_path: Option<&Path>, socket: &Path, index: &str) -> Res
     });
     let stub = nvhook_nri::Stub::from_env(nvhook::nri::PLUGIN_NAME, index, socket)
         .map_err(|e| Usage(e.to_string()))?;
-    let config = Config::load(named.as_deref(), None)?;
+    let config = nvhook::config::load(named.as_deref(), None)?;
     nvhook::logging::init_service(&config);
     tracing::info!(plugin = %stub.qualified_name(), endpoint = ?stub.endpoint(), "NRI plugin starting");
     let mut plugin = nvhook::nri::GpuPlugin::new(named);

@@ -178,7 +178,7 @@ fn cli(config_path: Option<&Path>, global: &Global, command: Command) -> anyhow:
         tracing::info!(pid = configure.pid, ?outcome, "configured as {CLI_NAME}");
         return Ok(());
     }
-    let config = nvhook::config::Config::load(config_path, None)?;
+    let config = nvhook::config::load(config_path, None)?;
     nvhook::logging::init(&config);
     check_root(&config, global)?;
     // NVML's cached answer serves while the host is as it was.

@@ -4,7 +4,6 @@ use crate::{Format, LabelFormat};
 use anyhow::{Context, Result};
 use nvhook::config::Config;
 use nvhook::inventory::Inventory;
-use nvhook::oci::Spec;
 use nvhook::request::{Decision, Request};
 use std::path::Path;
 
@@ -51,7 +50,7 @@ pub(crate) fn labels(
 }
 
 pub(crate) fn info(config: &Config, format: Format) -> Result<()> {
-    let inventory = Inventory::load(config)?;
+    let inventory = nvhook::inventory::load(config)?;
     // The architecture the driver's libraries are built for: on a mixed fleet, the first
     // thing to know about a node's driver.
     let driver_arch = nvhook::elf_machine::driver_arch(&inventory);
@@ -71,7 +70,7 @@ pub(crate) fn info(config: &Config, format: Format) -> Result<()> {
         }
         Format::Text => print!(
             "{}",
-            nvhook::report::inventory_text(&inventory, driver_arch.as_ref())
+            nvhook::inventory::text::inventory_text(&inventory, driver_arch.as_ref())
         ),
     }
     // GPUs without their nodes can be given to no container: a wrong dev-root, or no driver.
@@ -86,7 +85,7 @@ pub(crate) fn info(config: &Config, format: Format) -> Result<()> {
 }
 
 pub(crate) fn plan(config: &Config, bundle: &Path, format: Format) -> Result<()> {
-    let spec = Spec::load(bundle)?;
+    let spec = nvhook::oci::load_spec(bundle)?;
     let decision = Request::decide(&spec, config)?;
     let planned = match &decision {
         Decision::Gpu(request) => {
@@ -94,7 +93,7 @@ pub(crate) fn plan(config: &Config, bundle: &Path, format: Format) -> Result<()>
                 .rootfs(bundle)
                 .context("the bundle's config.json has no root.path")?;
             let rootfs = nvhook::rootfs::Rootfs::open(&rootfs_path)?;
-            let inventory = Inventory::load(config)?;
+            let inventory = nvhook::inventory::load(config)?;
             let image = nvhook::host_plan::probe(request, config, &rootfs);
             let plan = nvhook::host_plan::plan_for(
                 request,
@@ -123,12 +122,12 @@ pub(crate) fn plan(config: &Config, bundle: &Path, format: Format) -> Result<()>
         }
         Format::Text => match &planned {
             Some((plan, shadow)) => {
-                print!("{}", nvhook::report::plan_text(plan));
+                print!("{}", nvhook::plan::text::plan_text(plan));
                 if let Some(shadow) = shadow {
                     println!("Warning: {shadow}");
                 }
             }
-            None => println!("{}", nvhook::report::no_gpu_text(&decision)),
+            None => println!("{}", nvhook::plan::text::no_gpu_text(&decision)),
         },
     }
     Ok(())

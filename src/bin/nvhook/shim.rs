@@ -3,7 +3,7 @@
 //! does ask for one, then execs the real runtime with the same arguments.
 
 use anyhow::Result;
-use nvhook::config::{self, Config};
+use nvhook::config::{self};
 use nvhook::shim::{find_runtime, prepare_bundle};
 use nvhook_runtime::Invocation;
 use std::ffi::{OsStr, OsString};
@@ -35,7 +35,7 @@ pub fn main(program: &OsStr, args: &[OsString]) -> i32 {
 /// Prepares the bundle when needed and returns the runtime to exec.
 fn run(args: &[OsString]) -> Result<PathBuf> {
     let config_path = std::env::var_os(config::ENV_VAR).map(PathBuf::from);
-    let config = Config::load(config_path.as_deref(), None)?;
+    let config = config::load(config_path.as_deref(), None)?;
     let runtime = find_runtime(&config, std::env::var_os("PATH").as_deref())?;
     let invocation = Invocation::parse(args.iter().map(|a| a.as_bytes()));
     if invocation.creates() {

@@ -138,8 +138,13 @@ pub fn runc_program(
         Insn::load_word(R5, R1, 8),
     ];
     for &(kind, major, minor, access) in rules {
-        let bits = access.parse::<Access>().unwrap().bpf_bits();
-        let mut block = vec![Insn::jump_imm(op::JNE, R2, kind.bpf_type() as i32, 0)];
+        let bits = crate::bpf::access_bits(access.parse::<Access>().unwrap());
+        let mut block = vec![Insn::jump_imm(
+            op::JNE,
+            R2,
+            crate::bpf::kind_value(kind) as i32,
+            0,
+        )];
         if bits != 7 {
             // runc's subset test, clobbering R1 as a temporary
             block.push(Insn::alu32_reg(op::MOV, R1, R3));
@@ -170,8 +175,8 @@ mod tests {
     const C: DeviceKind = DeviceKind::Char;
 
     fn char_open(major: u32, minor: u32, access: &str) -> Ctx {
-        let bits = access.parse::<Access>().unwrap().bpf_bits();
-        Ctx::new(C.bpf_type() | bits << 16, major, minor)
+        let bits = crate::bpf::access_bits(access.parse::<Access>().unwrap());
+        Ctx::new(crate::bpf::kind_value(C) | bits << 16, major, minor)
     }
 
     #[test]

@@ -10,13 +10,26 @@ pub mod interp;
 mod prefix;
 pub(crate) mod sys;
 
-use crate::CgroupError;
+use crate::{Access, CgroupError, DeviceKind};
 use insn::Insn;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 pub use prefix::Unsupported;
 pub(crate) use prefix::extend;
+
+/// The type value of `struct bpf_cgroup_dev_ctx` (BPF_DEVCG_DEV_*).
+pub(crate) fn kind_value(kind: DeviceKind) -> u32 {
+    match kind {
+        DeviceKind::Block => 1,
+        DeviceKind::Char => 2,
+    }
+}
+
+/// The access bits of `struct bpf_cgroup_dev_ctx` (BPF_DEVCG_ACC_*).
+pub(crate) fn access_bits(access: Access) -> u32 {
+    u32::from(access.mknod) | u32::from(access.read) << 1 | u32::from(access.write) << 2
+}
 
 pub(crate) fn open_cgroup(dir: &Path) -> Result<OwnedFd, CgroupError> {
     std::fs::File::open(dir)
@@ -43,4 +56,20 @@ pub fn attach_device_program(dir: &Path, insns: &[Insn]) -> Result<u32, CgroupEr
     })?;
     sys::attach_device_program(cgroup.as_fd(), prog.as_fd(), sys::BPF_F_ALLOW_MULTI)?;
     sys::program_id(prog.as_fd())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_bits_are_the_kernels() {
+        assert_eq!(access_bits(Access::RWM), 7);
+        let mknod = Access {
+            mknod: true,
+            ..Access::default()
+        };
+        assert_eq!(access_bits(mknod), 1);
+        assert_eq!(kind_value(DeviceKind::Char), 2);
+    }
 }

@@ -50,12 +50,12 @@ fn allow_block(rule: &DeviceRule) -> Vec<Insn> {
         Insn::new(code | op::JNE | op::K, reg, 0, 0, value as i32)
     };
     let mut block = vec![
-        cmp(R2, rule.kind.bpf_type()),
+        cmp(R2, crate::bpf::kind_value(rule.kind)),
         cmp(R4, rule.major),
         cmp(R5, rule.minor),
     ];
-    let denied = !rule.access.bpf_bits() & ACCESS_MASK;
-    if rule.access.bpf_bits() != 7 {
+    let denied = !crate::bpf::access_bits(rule.access) & ACCESS_MASK;
+    if crate::bpf::access_bits(rule.access) != 7 {
         block.push(Insn::jump_imm(op::JSET, R3, denied as i32, 0));
     }
     block.push(Insn::alu32_imm(op::MOV, R0, 1));
@@ -136,7 +136,11 @@ mod tests {
 
     fn verdict(prog: &[Insn], kind: DeviceKind, major: u32, minor: u32, access: &str) -> u64 {
         let access: Access = access.parse().unwrap();
-        let ctx = Ctx::new(kind.bpf_type() | access.bpf_bits() << 16, major, minor);
+        let ctx = Ctx::new(
+            crate::bpf::kind_value(kind) | crate::bpf::access_bits(access) << 16,
+            major,
+            minor,
+        );
         run(prog, &ctx).unwrap()
     }
 

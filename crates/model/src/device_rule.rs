@@ -14,16 +14,6 @@ pub enum DeviceKind {
     Block,
 }
 
-impl DeviceKind {
-    /// The type value of `struct bpf_cgroup_dev_ctx` (BPF_DEVCG_DEV_*).
-    pub(crate) fn bpf_type(self) -> u32 {
-        match self {
-            DeviceKind::Block => 1,
-            DeviceKind::Char => 2,
-        }
-    }
-}
-
 impl fmt::Display for DeviceKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -53,11 +43,6 @@ impl Access {
         write: true,
         mknod: true,
     };
-
-    /// The access bits of `struct bpf_cgroup_dev_ctx` (BPF_DEVCG_ACC_*).
-    pub(crate) fn bpf_bits(self) -> u32 {
-        u32::from(self.mknod) | u32::from(self.read) << 1 | u32::from(self.write) << 2
-    }
 }
 
 impl fmt::Display for Access {
@@ -174,15 +159,6 @@ mod tests {
         assert_eq!("mrw".parse::<Access>().unwrap(), Access::RWM);
         assert!("".parse::<Access>().is_err());
         assert!("rx".parse::<Access>().is_err());
-        assert_eq!(Access::RWM.bpf_bits(), 7);
-        assert_eq!(
-            Access {
-                mknod: true,
-                ..Access::default()
-            }
-            .bpf_bits(),
-            1
-        );
     }
 
     #[test]

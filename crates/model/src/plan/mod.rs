@@ -4,15 +4,15 @@
 //! config.json, and `nvhook plan` prints one.
 
 use crate::capability::Capability;
+use crate::device_rule::DeviceRule;
 use crate::echo::Echo;
-use crate::inventory::device_numbers::{MODESET_MINOR, NVIDIACTL_MINOR};
-use crate::inventory::graphics::GLX_SERVER;
+use crate::inventory::GLX_SERVER;
 use crate::inventory::{Gpu, HostFile, HostNode, Inventory, MigDevice};
+use crate::inventory::{MODESET_MINOR, NVIDIACTL_MINOR};
 use crate::request::{
     DEVICE_MOUNT_ROOT, DeviceId, DeviceSelection, GpuFacts, Request, SelectionSource,
     VISIBLE_DEVICES, Version,
 };
-use nvhook_cgroup::DeviceRule;
 use nvhook_ldcache::{Arch, ElfClass};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
@@ -970,5 +970,8 @@ pub fn container_params(host_params: &str) -> String {
 
 mod extra;
 pub use extra::{family_device_nodes, imex_channel_nodes};
+#[cfg(any(test, feature = "test-util"))]
+pub mod fixtures;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
+pub mod text;

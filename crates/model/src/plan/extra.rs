@@ -161,9 +161,9 @@ fn device_node(node: &HostNode) -> DeviceNode {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::plan::tests::{DEBIAN, DEV_ROOT, node, spec, standard};
+    use crate::device_rule::DeviceRule;
+    use crate::plan::fixtures::{DEBIAN, DEV_ROOT, node, spec, standard};
     use crate::plan::{Plan, build};
-    use nvhook_cgroup::DeviceRule;
 
     const IMEX: u32 = 500;
     const NVSWITCH: u32 = 501;
@@ -343,7 +343,7 @@ mod tests {
             "{:?}",
             plan.skipped
         );
-        let text = crate::report::plan_text(&plan);
+        let text = crate::plan::text::plan_text(&plan);
         assert!(
             text.contains("Skipped (asked for, not on this host):\n  device family gds"),
             "{text}"

@@ -29,13 +29,13 @@ pub fn cuda_major_minor(text: &str) -> Option<String> {
 /// the three has them) are not compared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Version {
-    pub(crate) numbers: [u64; 4],
-    pub(crate) release: Release,
+    pub numbers: [u64; 4],
+    pub release: Release,
 }
 
 /// A release candidate comes before its release: the variants' order is the versions'.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Release {
+pub enum Release {
     Candidate(u64),
     Final,
 }
