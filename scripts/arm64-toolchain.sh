@@ -3,7 +3,8 @@
 # .cross/sid-root with Debian's rustc and cargo, the arm64 std (libstd-rust-dev:arm64), the
 # aarch64 cross gcc and the arm64 glibc (libc6-dev:arm64, static archives included).
 # rustup's aarch64 std is not needed: Debian's rustc carries the target itself.
-# protobuf-compiler: protoc, for the NRI API (crates/nri/build.rs) and the CRI client the tests use.
+# protobuf-compiler: protoc, for k8s-cri (the CRI client the tests use), whose build script runs it:
+# the workspace's unit tests build it as a dev-dependency.
 # libc-bin:arm64, unpacked under /opt/arm64-libc-bin (it cannot be installed beside the root's
 # own libc-bin): its static aarch64 ldconfig, run under qemu-aarch64, writes the arm64 simulated
 # node's loader cache (tests/arm64_e2e.rs), as the real ldconfig of an arm64 host would.
