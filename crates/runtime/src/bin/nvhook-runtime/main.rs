@@ -10,14 +10,15 @@
 #![cfg_attr(not(test), no_std)]
 #![cfg_attr(not(test), no_main)]
 
-// The entry point, system-call layer and memory functions of each architecture; the rest is
-// shared.
+// The entry point and system-call layer of each architecture; the rest is shared.
 #[cfg(not(test))]
 #[cfg_attr(target_arch = "x86_64", path = "arch/x86_64.rs")]
 #[cfg_attr(target_arch = "aarch64", path = "arch/aarch64.rs")]
 mod arch;
 #[cfg(all(not(test), not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
 compile_error!("nvhook-runtime has an entry point and system calls for x86_64 and aarch64 only");
+#[cfg(not(test))]
+mod mem;
 #[cfg(not(test))]
 mod run;
 #[cfg(not(test))]

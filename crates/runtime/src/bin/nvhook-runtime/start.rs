@@ -1,6 +1,6 @@
 //! What a libc would give nvhook-runtime: the start after the ELF entry point (the arch
-//! module's `_start`), the static-pie self-relocation, the memory functions the compiler calls,
-//! and a panic handler.
+//! module's `_start`), the static-pie self-relocation and a panic handler (the memory functions
+//! the compiler calls: the mem module).
 
 use crate::arch;
 
@@ -75,50 +75,6 @@ unsafe fn relocate() {
 fn panic(_: &core::panic::PanicInfo) -> ! {
     crate::sys::write_all(2, b"nvhook-runtime: internal error\n");
     crate::sys::exit(127)
-}
-
-// The compiler lowers comparisons to these (copies and fills: the arch module); volatile
-// reads, so that the compiler cannot turn the loops back into calls to themselves.
-
-/// # Safety
-/// As C's memcmp.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
-    let mut i = 0;
-    while i < n {
-        // SAFETY: both point to `n` readable bytes.
-        let (x, y) = unsafe {
-            (
-                core::ptr::read_volatile(a.add(i)),
-                core::ptr::read_volatile(b.add(i)),
-            )
-        };
-        if x != y {
-            return i32::from(x) - i32::from(y);
-        }
-        i += 1;
-    }
-    0
-}
-
-/// # Safety
-/// As C's bcmp.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn bcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
-    // SAFETY: as the caller promises.
-    unsafe { memcmp(a, b, n) }
-}
-
-/// # Safety
-/// As C's strlen.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn strlen(s: *const u8) -> usize {
-    let mut n = 0;
-    // SAFETY: `s` is NUL-terminated.
-    while unsafe { core::ptr::read_volatile(s.add(n)) } != 0 {
-        n += 1;
-    }
-    n
 }
 
 /// core's precompiled code names the unwinder's personality routine; nothing here unwinds

@@ -1,5 +1,5 @@
-//! aarch64: the entry point, the system-call instruction and numbers, `struct stat`, the
-//! image's own addresses and the memory functions.
+//! aarch64: the entry point, the system-call instruction and numbers, `struct stat` and the
+//! image's own addresses.
 //!
 //! aarch64 has only the generic system calls (include/uapi/asm-generic/unistd.h): no open,
 //! stat or readlink, which is why the shared code uses openat, newfstatat and readlinkat on
@@ -101,50 +101,4 @@ pub fn image_base_and_dynamic() -> (usize, usize) {
         );
     }
     (base, dynamic)
-}
-
-// The compiler lowers copies and fills to these; volatile accesses, so that the compiler cannot
-// turn the loops back into calls to themselves. The program copies a few paths at most.
-
-/// # Safety
-/// As C's memcpy.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memcpy(dst: *mut u8, src: *const u8, n: usize) -> *mut u8 {
-    let mut i = 0;
-    while i < n {
-        // SAFETY: as C's memcpy.
-        unsafe { core::ptr::write_volatile(dst.add(i), core::ptr::read_volatile(src.add(i))) };
-        i += 1;
-    }
-    dst
-}
-
-/// # Safety
-/// As C's memmove.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memmove(dst: *mut u8, src: *const u8, n: usize) -> *mut u8 {
-    if (dst as usize).wrapping_sub(src as usize) >= n {
-        // SAFETY: forward copying is safe when dst does not start inside src.
-        return unsafe { memcpy(dst, src, n) };
-    }
-    let mut i = n;
-    while i > 0 {
-        i -= 1;
-        // SAFETY: backward, from the last byte, as dst starts inside src.
-        unsafe { core::ptr::write_volatile(dst.add(i), core::ptr::read_volatile(src.add(i))) };
-    }
-    dst
-}
-
-/// # Safety
-/// As C's memset.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memset(dst: *mut u8, c: i32, n: usize) -> *mut u8 {
-    let mut i = 0;
-    while i < n {
-        // SAFETY: as C's memset.
-        unsafe { core::ptr::write_volatile(dst.add(i), c as u8) };
-        i += 1;
-    }
-    dst
 }

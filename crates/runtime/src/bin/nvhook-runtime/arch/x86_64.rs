@@ -1,5 +1,5 @@
-//! x86_64: the entry point, the system-call instruction and numbers, `struct stat`, the image's
-//! own addresses and the memory functions (string instructions).
+//! x86_64: the entry point, the system-call instruction and numbers, `struct stat` and the
+//! image's own addresses.
 
 use core::arch::{asm, naked_asm};
 
@@ -87,48 +87,4 @@ pub fn image_base_and_dynamic() -> (usize, usize) {
         );
     }
     (base, dynamic)
-}
-
-// The compiler lowers copies and comparisons to these; string instructions, so that the
-// compiler cannot turn them back into calls to themselves.
-
-/// # Safety
-/// As C's memcpy.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memcpy(dst: *mut u8, src: *const u8, n: usize) -> *mut u8 {
-    // SAFETY: as C's memcpy.
-    unsafe {
-        asm!("rep movsb", inout("rcx") n => _, inout("rdi") dst => _,
-            inout("rsi") src => _, options(nostack, preserves_flags));
-    }
-    dst
-}
-
-/// # Safety
-/// As C's memmove.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memmove(dst: *mut u8, src: *const u8, n: usize) -> *mut u8 {
-    if (dst as usize).wrapping_sub(src as usize) >= n {
-        // SAFETY: forward copying is safe when dst does not start inside src.
-        return unsafe { memcpy(dst, src, n) };
-    }
-    // SAFETY: backward copy from the last byte, direction flag restored.
-    unsafe {
-        asm!("std", "rep movsb", "cld", inout("rcx") n => _,
-            inout("rdi") dst.add(n).wrapping_sub(1) => _, inout("rsi") src.add(n).wrapping_sub(1) => _,
-            options(nostack));
-    }
-    dst
-}
-
-/// # Safety
-/// As C's memset.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memset(dst: *mut u8, c: i32, n: usize) -> *mut u8 {
-    // SAFETY: as C's memset.
-    unsafe {
-        asm!("rep stosb", inout("rcx") n => _, inout("rdi") dst => _,
-            in("al") c as u8, options(nostack, preserves_flags));
-    }
-    dst
 }
