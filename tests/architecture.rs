@@ -1,7 +1,8 @@
-//! The nvhook crate's modules import one another in one direction: the graph of `use crate::`
-//! and `super::` edges between the files of `src/` (and the paths reached through a module
-//! imported by name, `cdi::edits::...`) has no cycle. Test modules are left out: they may
-//! reach anywhere.
+//! nvhook's map, checked: the model is a crate without I/O; the nvhook package's modules sit in
+//! layers (docs/architecture.md) and import only their own layer and the ones below; and the
+//! graph of `use crate::` and `super::` edges between the files of `src/` (and the paths
+//! reached through a module imported by name, `delivery::edits::...`) has no cycle. Test
+//! modules are left out: they may reach anywhere.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -221,18 +222,112 @@ fn find_cycle(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Option<Vec<Module>>
     })
 }
 
+/// The nvhook package's layers, lowest first, by top-level module of `src/`. The model (request,
+/// inventory data, config, plan) is below them all, in its own crate.
+const LAYERS: &[(&str, &[&str])] = &[
+    (
+        "system helpers",
+        &[
+            "atomic_file",
+            "config",
+            "entry",
+            "file_id",
+            "glob",
+            "install",
+            "logging",
+            "oci",
+            "privileges",
+            "rootfs",
+        ],
+    ),
+    (
+        "host readers",
+        &[
+            "dev_char",
+            "elf_machine",
+            "host_plan",
+            "inventory",
+            "labels",
+            "plan_file",
+        ],
+    ),
+    ("delivery", &["delivery"]),
+    (
+        "ways in",
+        &["cdi", "hook", "nri", "nvidia_cli", "runtime_create"],
+    ),
+    ("commands", &["configure", "doctor"]),
+];
+
+/// The layer of a module, by its top-level module.
+fn layer_of(module: &Module) -> Option<usize> {
+    let top = module.first()?;
+    LAYERS
+        .iter()
+        .position(|(_, members)| members.contains(&top.as_str()))
+}
+
+/// Each import that reaches up a layer, as `from -> to (lower layer -> higher layer)`.
+fn layer_violations(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (from, targets) in graph {
+        for to in targets {
+            if let (Some(a), Some(b)) = (layer_of(from), layer_of(to))
+                && b > a
+            {
+                out.push(format!(
+                    "{} -> {} ({} -> {})",
+                    from.join("/"),
+                    to.join("/"),
+                    LAYERS[a].0,
+                    LAYERS[b].0
+                ));
+            }
+        }
+    }
+    out
+}
+
 #[test]
-fn the_module_graph_has_no_cycle() {
+fn the_module_graph_has_no_cycle_and_no_import_up_a_layer() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let modules = modules(&src);
     assert!(modules.len() > 40, "only {} modules found", modules.len());
+    let unplaced: Vec<String> = modules
+        .keys()
+        .filter(|m| !m.is_empty() && layer_of(m).is_none())
+        .map(|m| m.join("/"))
+        .collect();
+    assert!(
+        unplaced.is_empty(),
+        "modules in no layer (place them in LAYERS and docs/architecture.md): {unplaced:?}"
+    );
     let graph = edges(&modules);
-    // The check itself: the shim plans through host_plan, which the hook uses too.
-    assert!(graph[&vec!["shim".to_string()]].contains(&vec!["host_plan".to_string()]));
+    // The check itself: nvhook-runtime's create path plans through host_plan, which the hook
+    // uses too, and turns the plan into edits through the delivery layer.
+    let create = &graph[&vec!["runtime_create".to_string()]];
+    assert!(create.contains(&vec!["host_plan".to_string()]), "{create:?}");
+    assert!(create.contains(&vec!["delivery".to_string()]), "{create:?}");
+    let up = layer_violations(&graph);
+    assert!(up.is_empty(), "imports up a layer:\n{}", up.join("\n"));
     if let Some(cycle) = find_cycle(&graph) {
         let names: Vec<String> = cycle.iter().map(|m| m.join("/")).collect();
         panic!("import cycle: {} -> back to the first", names.join(" -> "));
     }
+}
+
+#[test]
+fn an_import_up_a_layer_is_found() {
+    let m = |path: &str| -> Module { path.split('/').map(String::from).collect() };
+    let mut graph = BTreeMap::new();
+    graph.insert(m("hook/prestart"), BTreeSet::from([m("delivery"), m("rootfs")]));
+    graph.insert(m("delivery/edits"), BTreeSet::from([m("inventory")]));
+    assert!(layer_violations(&graph).is_empty());
+    graph.insert(m("delivery/edits"), BTreeSet::from([m("nri/adjust")]));
+    assert_eq!(
+        layer_violations(&graph),
+        ["delivery/edits -> nri/adjust (delivery -> ways in)"]
+    );
 }
 
 #[test]
@@ -261,16 +356,69 @@ fn dependencies(manifest: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The model is a crate with no I/O dependency (no nix, pathrs, caps, libc, nvml-wrapper or
-/// anything of nvhook's), and the NVML helper depends on it, not on the whole nvhook package:
-/// a dependency that appears in either manifest fails here.
+/// What the model and the crates it builds on may depend on: data, formats and logging.
+const MODEL_MAY_USE: &[&str] = &[
+    "nvhook-ldcache",
+    "nvhook-runtime",
+    "serde",
+    "serde_json",
+    "thiserror",
+    "toml",
+    "toml_edit",
+    "tracing",
+];
+
+/// Source text that would mean I/O in the model.
+const IO_IN_SOURCE: &[&str] = &[
+    "std::fs",
+    "std::process",
+    "std::net",
+    "std::os::",
+    "File::",
+    "libc::",
+    "nix::",
+    "pathrs",
+    "caps::",
+];
+
+/// The model is a crate with no I/O (no nix, pathrs, caps, libc, nvml-wrapper or anything of
+/// nvhook's in it or in the workspace crates it builds on, and no file, process or socket call
+/// in its source), and the NVML helper depends on it, not on the whole nvhook package.
 #[test]
 fn the_model_has_no_io_and_the_nvml_helper_depends_on_it_alone() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    assert_eq!(
-        dependencies(&root.join("crates/model/Cargo.toml")),
-        ["serde"]
+    for krate in ["model", "ldcache", "runtime"] {
+        let deps = dependencies(&root.join("crates").join(krate).join("Cargo.toml"));
+        let foreign: Vec<&String> = deps
+            .iter()
+            .filter(|d| !MODEL_MAY_USE.contains(&d.as_str()))
+            .collect();
+        assert!(foreign.is_empty(), "crates/{krate} depends on {foreign:?}");
+    }
+    assert!(
+        dependencies(&root.join("crates/model/Cargo.toml")).contains(&"serde".to_string()),
+        "the manifest was not read"
     );
+    let mut dirs = vec![root.join("crates/model/src")];
+    let mut files = 0;
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            files += 1;
+            let text = fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+            for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                if let Some(io) = IO_IN_SOURCE.iter().find(|io| line.contains(*io)) {
+                    panic!("{}: `{io}` in the model: {line}", path.display());
+                }
+            }
+        }
+    }
+    assert!(files > 20, "only {files} model files found");
     let nvml = dependencies(&root.join("crates/nvml/Cargo.toml"));
     assert!(nvml.iter().any(|d| d == "nvhook-model"), "{nvml:?}");
     assert!(!nvml.iter().any(|d| d == "nvhook"), "{nvml:?}");

@@ -638,7 +638,7 @@ fn nri_mode_mounts_gives_the_gpu_with_no_hook_process() {
     let log = node.log();
     assert!(log.contains("NRI: GPU container adjusted"), "{log}");
     assert!(
-        !log.contains("nvhook::inject"),
+        !log.contains("nvhook::hook"),
         "a hook ran in nri-mode = mounts:\n{log}"
     );
     let output = pods.run(

@@ -6,8 +6,8 @@
 //! since a workload uses the whole set of its nodes. Only what the host has is offered.
 
 use super::CdiError;
-use super::edits::device_node;
-use super::spec::{CdiSpec, ContainerEdits, Device, minimum_version, validate};
+use crate::delivery::cdi_spec::{CdiSpec, ContainerEdits, Device, minimum_version, validate};
+use crate::delivery::edits::device_node;
 use crate::extra_devices::Family;
 use crate::inventory::Inventory;
 use crate::plan::{self, DeviceNode};

@@ -6,11 +6,11 @@
 //! and each device keeps only its own nodes.
 
 use super::CdiError;
-use super::edits::{HookBinary, container_edits_with, device_nodes};
-use super::hook::LinkArgs;
-use super::spec::{CdiSpec, ContainerEdits, Device, minimum_version, validate};
 use crate::capability::Capability;
 use crate::config::Config;
+use crate::delivery::cdi_spec::{CdiSpec, ContainerEdits, Device, minimum_version, validate};
+use crate::delivery::edits::{HookBinary, container_edits_with, device_nodes};
+use crate::delivery::hook_args::LinkArgs;
 use crate::inventory::Inventory;
 use crate::inventory::gpu_layout::GpuLayout;
 use crate::plan::{self, Plan};
@@ -175,7 +175,7 @@ fn capabilities(config: &Config, inventory: &Inventory) -> Vec<Capability> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cdi::spec::CdiVersion;
+    use crate::delivery::cdi_spec::CdiVersion;
     use nvhook_model::plan::fixtures::{inventory, standard};
 
     fn config() -> Config {
@@ -279,7 +279,7 @@ mod tests {
             panic!("{:?}", common.hooks)
         };
         assert_eq!(hook.hook_name, "createContainer");
-        let links = super::super::hook::LinkArgs::parse(&hook.args[5..]).unwrap();
+        let links = crate::delivery::hook_args::LinkArgs::parse(&hook.args[5..]).unwrap();
         assert!(links.symlinks.iter().any(|l| {
             l.path == "/usr/lib/x86_64-linux-gnu/libcuda.so.1" && l.target == "libcuda.so.550.54.15"
         }));

@@ -6,20 +6,15 @@
 //! edits into config.json, and both leave to nvhook only a `createContainer` hook for the
 //! links and the loader cache.
 
-pub mod config_json;
-pub mod edits;
 pub mod extra;
 pub mod generate;
-pub mod hook;
-pub mod nvidia_hooks;
-pub mod spec;
 
-pub use edits::{HookBinary, container_edits};
+pub use crate::delivery::cdi_spec::{CdiSpec, CdiVersion, ContainerEdits, Format};
 pub use extra::generate_extra;
 pub use generate::{KIND, NameStrategy, generate};
-pub use spec::{CdiSpec, CdiVersion, ContainerEdits, Format};
 
 use crate::atomic_file::{NewFile, write_atomic};
+use crate::delivery::cdi_spec as spec;
 use std::path::{Path, PathBuf};
 
 /// Where engines look for spec files, lowest priority first.
@@ -303,7 +298,7 @@ mod tests {
 
     #[test]
     fn extra_specs_are_written_beside_and_retired_when_gone() {
-        use crate::cdi::spec::{ContainerEdits, Device, DeviceNode};
+        use crate::delivery::cdi_spec::{ContainerEdits, Device, DeviceNode};
         let dir = tempfile::tempdir().unwrap();
         let gpu = dir.path().join("nvidia.yaml");
         let spec = CdiSpec {

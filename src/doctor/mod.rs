@@ -13,17 +13,17 @@ mod nri;
 mod nvidia_names;
 mod runtimes;
 
-use crate::cdi::hook::gpu_layout_of;
 use crate::cdi::{self, NameStrategy};
 use crate::config::Config;
 use crate::configure::{self, Applied, Engine};
+use crate::delivery::hook_args::gpu_layout_of;
 use crate::dev_char;
 use crate::inventory::cache::NvmlCache;
 use crate::inventory::change::HostChange;
 use crate::inventory::devices::scan_nodes;
 use crate::inventory::driver::HostCache;
 use crate::inventory::{Inventory, isolated, nvml_library};
-use crate::shim;
+use crate::runtime_create;
 use checks::{
     CacheState, Cgroup, CurrentDevices, EngineConfig, HooksDir, QueryError, RuntimeBinary,
     RuntimeSearch, SpecFile, SpecNode,
@@ -485,8 +485,8 @@ fn spec_nodes(edits: &cdi::ContainerEdits) -> Vec<SpecNode> {
 /// it, once per file, with what its `--version` says.
 fn runtime_search(config: &Config) -> RuntimeSearch {
     let path_var = std::env::var_os("PATH");
-    let dirs = shim::search_dirs(path_var.as_deref());
-    let execd = shim::find_runtime(config, path_var.as_deref()).ok();
+    let dirs = runtime_create::search_dirs(path_var.as_deref());
+    let execd = runtime_create::find_runtime(config, path_var.as_deref()).ok();
     let mut names = config.runtimes.clone();
     for name in runtimes::RUNTIMES {
         if !names.iter().any(|n| n == name) {
@@ -496,7 +496,7 @@ fn runtime_search(config: &Config) -> RuntimeSearch {
     let mut seen = Vec::new();
     let found = names
         .iter()
-        .filter_map(|name| shim::locate_runtime(name, &dirs))
+        .filter_map(|name| runtime_create::locate_runtime(name, &dirs))
         .filter(|path| {
             // One binary reached twice (the config's absolute path and the same file on PATH,
             // or a link to it) is one runtime.

@@ -9,7 +9,7 @@
 
 use super::Check;
 use crate::nvidia_cli::{CDI_HOOK_NAME, NAMES, RUNTIME_HOOK_NAME};
-use crate::shim;
+use crate::runtime_create;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -176,11 +176,11 @@ pub fn path_of(environ: &[u8]) -> Option<&OsStr> {
 /// Reads the facts: doctor's own PATH, and each dockerd's from `/proc`.
 pub fn gather(nvhook: PathBuf) -> Facts {
     let path_var = std::env::var_os("PATH");
-    let dirs = shim::search_dirs(path_var.as_deref());
+    let dirs = runtime_create::search_dirs(path_var.as_deref());
     let names = NAMES
         .iter()
         .map(|name| {
-            let resolved = shim::locate_runtime(name, &dirs).map(|path| Resolved {
+            let resolved = runtime_create::locate_runtime(name, &dirs).map(|path| Resolved {
                 leads_to: std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone()),
                 path,
             });
@@ -214,7 +214,7 @@ fn dockerds() -> Vec<Dockerd> {
                 .map(|p| std::env::split_paths(p).collect())
                 .unwrap_or_default();
             let on_path = |name| {
-                shim::locate_runtime(name, &dirs).map(|path| {
+                runtime_create::locate_runtime(name, &dirs).map(|path| {
                     let made = std::fs::symlink_metadata(&path)
                         .and_then(|m| m.modified())
                         .ok();

@@ -1,7 +1,7 @@
 //! CDI container edits → an NRI container adjustment: the same edits the shim's cdi mode
 //! writes into config.json, handed to the engine instead.
 
-use crate::cdi::spec::{ContainerEdits, DeviceNode, Hook, Mount};
+use crate::delivery::cdi_spec::{ContainerEdits, DeviceNode, Hook, Mount};
 use nvhook_nri::api;
 
 /// `edits` as an adjustment. The engine adds each device's cgroup rule itself, with the
@@ -74,8 +74,8 @@ fn hook(h: &Hook) -> api::Hook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cdi::{HookBinary, container_edits};
     use crate::config::Config;
+    use crate::delivery::{HookBinary, container_edits};
     use nvhook_model::plan::fixtures::one_gpu_plan;
 
     #[test]

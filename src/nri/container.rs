@@ -5,7 +5,7 @@
 //! privileged container, and treats every container as unprivileged (the environment counts
 //! only where `accept-env-when-unprivileged` lets it).
 
-use crate::cdi::spec::Mount;
+use crate::delivery::cdi_spec::Mount;
 use crate::oci::{self, Spec};
 use crate::request::DEVICE_MOUNT_ROOT;
 use nvhook_nri::api::{Container, PodSandbox};

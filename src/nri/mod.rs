@@ -14,13 +14,13 @@ pub mod container;
 pub mod registration;
 
 use crate::atomic_file::{NewFile, write_atomic};
-use crate::cdi::edits::{hook_mode_edits, hookless_edits};
-use crate::cdi::{ContainerEdits, HookBinary, container_edits};
+use crate::cdi::ContainerEdits;
 use crate::config::{Config, NriMode};
-use crate::host_plan::{PlanningError, Target, plan_for_host};
+use crate::delivery::{HookBinary, PrepareError, container_edits, hook_mode_edits, hookless_edits};
+use crate::host_plan::{Target, plan_for_host};
 use crate::inventory::isolated::Remembered;
-use crate::inventory::{self, InventoryError};
-use crate::request::{Request, RequestError};
+use crate::inventory::{self};
+use crate::request::Request;
 use nvhook_nri::api::{
     Container, ContainerAdjustment, CreateContainerResponse, Event, EventMask, PodSandbox,
 };
@@ -37,18 +37,6 @@ pub const PLUGIN_INDEX: &str = "10";
 const ENGINE_CONFIG: &str = "(the engine's NRI plugin config for nvhook)";
 const ENGINE_CONFIG_COPY: &str = "nri-config.toml";
 const DEFAULT_STATE_DIR: &str = "/run/nvhook";
-
-#[derive(Debug, thiserror::Error)]
-pub enum NriPluginError {
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-    #[error(transparent)]
-    Request(#[from] RequestError),
-    #[error(transparent)]
-    Inventory(#[from] InventoryError),
-    #[error(transparent)]
-    Planning(#[from] PlanningError),
-}
 
 /// The plugin. Like the hook, it reads its config for every container, so a policy change
 /// applies to the next container without a restart.
@@ -67,7 +55,7 @@ impl GpuPlugin {
         }
     }
 
-    fn config(&self) -> Result<Config, NriPluginError> {
+    fn config(&self) -> Result<Config, PrepareError> {
         Ok(crate::config::load(self.config_path.as_deref(), None)?)
     }
 
@@ -77,7 +65,7 @@ impl GpuPlugin {
         &self,
         pod: &PodSandbox,
         container: &Container,
-    ) -> Result<Option<ContainerAdjustment>, NriPluginError> {
+    ) -> Result<Option<ContainerAdjustment>, PrepareError> {
         let started = std::time::Instant::now();
         let config = self.config()?;
         let mut spec = container::spec_of(container);

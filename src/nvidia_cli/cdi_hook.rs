@@ -9,8 +9,8 @@
 //! none, is a warning and success: such a spec never stops a start. An unknown flag of a hook
 //! it knows is an error, as NVIDIA's is.
 
-use crate::cdi::hook::{LibFolder, LinkArgs};
-use crate::cdi::nvidia_hooks::CompatHook;
+use crate::delivery::hook_args::CompatHook;
+use crate::delivery::hook_args::{LibFolder, LinkArgs};
 use crate::echo::Echo;
 use crate::plan::{Symlink, ld_so_conf_listing};
 

@@ -46,7 +46,7 @@ pub(crate) fn hook_process(config_path: Option<&Path>) -> Result<(Config, nvhook
 pub(crate) fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()> {
     // Parsed first: a bad spec entry fails before anything is read or touched.
     let links = match stage {
-        Stage::CreateContainer => Some(nvhook::cdi::hook::LinkArgs::parse(args)?),
+        Stage::CreateContainer => Some(nvhook::delivery::hook_args::LinkArgs::parse(args)?),
         _ if !args.is_empty() => {
             return Err(Usage(format!(
                 "{stage:?} takes no arguments (only createContainer does): {args:?}"
@@ -63,7 +63,7 @@ pub(crate) fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) ->
 pub(crate) fn run_hook(
     config_path: Option<&Path>,
     stage: Stage,
-    links: Option<nvhook::cdi::hook::LinkArgs>,
+    links: Option<nvhook::delivery::hook_args::LinkArgs>,
 ) -> Result<()> {
     let started = Instant::now();
     let (config, sink) = hook_process(config_path)?;
@@ -78,7 +78,7 @@ pub(crate) fn run_hook(
         anyhow::bail!("the OCI state on stdin is larger than {STATE_LIMIT} bytes");
     }
     let state = State::parse(&input)?;
-    let log_error = |e: &nvhook::inject::HookError| {
+    let log_error = |e: &nvhook::hook::HookError| {
         // Without a log file (none set, or one a rootless engine's user may not open),
         // main's stderr line is the only report; with one, keep it there too.
         if sink == nvhook::logging::Sink::File {
@@ -86,11 +86,12 @@ pub(crate) fn run_hook(
         }
     };
     if let Some(links) = links {
-        nvhook::cdi::hook::create_container(&config, &state, &links).inspect_err(log_error)?;
+        nvhook::hook::create_container::create_container(&config, &state, &links)
+            .inspect_err(log_error)?;
         tracing::info!(?stage, id = %state.id, total_us = started.elapsed().as_micros(), "hook finished");
         return Ok(());
     }
-    let outcome = nvhook::inject::prestart(&config, &state).inspect_err(log_error)?;
+    let outcome = nvhook::hook::prestart(&config, &state).inspect_err(log_error)?;
     tracing::info!(
         ?stage,
         id = %state.id,

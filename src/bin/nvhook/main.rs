@@ -9,7 +9,7 @@ mod hook;
 mod nri;
 mod nvidia_names;
 mod report;
-mod shim;
+mod runtime;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -245,7 +245,7 @@ fn nvhook_main() -> i32 {
         .next()
         .is_some_and(|a| a == nvhook_runtime::SHIM_SUBCOMMAND)
     {
-        return shim::main(&program, &args.collect::<Vec<_>>());
+        return runtime::main(&program, &args.collect::<Vec<_>>());
     }
     // Started by the engine from its plugin directory: the socket is in the environment and
     // there are no arguments.

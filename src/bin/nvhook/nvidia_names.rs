@@ -163,7 +163,7 @@ fn cli(config_path: Option<&Path>, global: &Global, command: Command) -> anyhow:
             config.cuda_compat = nvhook::config::CudaCompatMode::Off;
         }
         let request = Request::from_flags(&configure.flags, &config)?;
-        let outcome = nvhook::inject::configure_process(
+        let outcome = nvhook::hook::configure_process(
             &config,
             &request,
             configure.pid,

@@ -5,21 +5,13 @@
 //! put them), and `update-application-profile` (the driver's EGL/Vulkan GPU mask). Nothing of
 //! the image is run: names, ELF notes and device numbers are read through the rootfs.
 
+use crate::delivery::hook_args::CompatHook;
 use crate::echo::Echo;
 use crate::glob::glob_matches;
 use crate::plan::compat::{COMPAT_CONF, FWD_COMPAT_NOTE, FwdCompatNote, nvidia_hook_uses_compat};
 use crate::plan::{CacheEntry, LdSoConf};
 use crate::rootfs::{Rootfs, RootfsError, sys};
 use std::os::fd::AsFd;
-
-/// NVIDIA's `enable-cuda-compat` hook's input: the host versions its spec was written for, and
-/// the image's compat directory.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CompatHook {
-    pub host_driver: Option<String>,
-    pub host_cuda: Option<String>,
-    pub dir: String,
-}
 
 /// Where ldconfig reads its directories from, and the files NVIDIA's `enable-cuda-compat`
 /// writes there (`00-compat-<uuid>.conf`; nvhook's is [`COMPAT_CONF`]).

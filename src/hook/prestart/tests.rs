@@ -42,7 +42,7 @@ impl Recorder {
 
     fn record(&self, op: Op) -> Result<(), HookError> {
         if self.fail.as_ref() == Some(&op) {
-            return Err(HookError::NoRoot);
+            return Err(PrepareError::NoRoot.into());
         }
         self.done.borrow_mut().push(op);
         Ok(())

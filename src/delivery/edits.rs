@@ -5,9 +5,9 @@
 //! mounts itself; what is left for nvhook is a `createContainer` hook that creates the
 //! SONAME links and writes the image's loader cache.
 
-use super::hook::LinkArgs;
-use super::spec::{ContainerEdits, DeviceNode, Hook, Mount};
 use crate::config::Config;
+use crate::delivery::cdi_spec::{ContainerEdits, DeviceNode, Hook, Mount};
+use crate::delivery::hook_args::LinkArgs;
 use crate::plan::{MOUNT_OPTIONS, Plan};
 use crate::request::VISIBLE_DEVICES;
 use std::path::{Path, PathBuf};
@@ -155,7 +155,7 @@ mod tests {
     use nvhook_model::plan::fixtures::standard;
 
     pub(crate) fn request(devices: DeviceSelection) -> crate::request::Request {
-        super::super::generate::request(devices, Config::default().supported_capabilities)
+        crate::cdi::generate::request(devices, Config::default().supported_capabilities)
     }
 
     #[test]

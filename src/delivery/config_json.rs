@@ -1,7 +1,7 @@
 //! Applying container edits to a bundle's config.json, as engines apply CDI devices: edited
 //! as JSON, so fields nvhook does not know survive.
 
-use super::spec::{ContainerEdits, Hook};
+use crate::delivery::cdi_spec::{ContainerEdits, Hook};
 use serde_json::{Map, Value, json};
 use std::collections::HashSet;
 
@@ -125,7 +125,7 @@ fn array<'a>(obj: &'a mut Map<String, Value>, key: &str) -> &'a mut Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cdi::spec::{DeviceNode, Mount};
+    use crate::delivery::cdi_spec::{DeviceNode, Mount};
 
     fn edits() -> ContainerEdits {
         ContainerEdits {

@@ -4,16 +4,16 @@
 //! hands the plan to the hook through the bundle so NVML is initialised once per start.
 
 use crate::atomic_file::{NewFile, write_atomic};
-use crate::cdi::{self, HookBinary};
 use crate::config::{Config, RuntimeMode};
+use crate::delivery::{self, HookBinary, PrepareError};
 use crate::dev_char;
-use crate::host_plan::{PlanningError, Target, plan_for_host, probe_image};
-use crate::inventory::{self, InventoryError};
-use crate::oci::{OciError, Spec};
+use crate::host_plan::{Target, plan_for_host, probe_image};
+use crate::inventory::{self};
+use crate::oci::Spec;
 use crate::plan::Plan;
 use crate::plan_file::{self, PlanFileError};
-use crate::request::{Request, RequestError};
-use crate::rootfs::{Rootfs, RootfsError};
+use crate::request::Request;
+use crate::rootfs::Rootfs;
 
 use serde_json::Value;
 use std::ffi::OsStr;
@@ -22,7 +22,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
-pub enum ShimError {
+pub enum RuntimeCreateError {
     #[error("none of the runtimes {0:?} is installed (set `runtimes` in the nvhook config)")]
     NoRuntime(Vec<String>),
     #[error("cannot {op} {path}: {source}")]
@@ -36,30 +36,25 @@ pub enum ShimError {
         path: PathBuf,
         source: serde_json::Error,
     },
-    #[error("the OCI spec has no root.path")]
-    NoRoot,
     #[error(transparent)]
-    Oci(#[from] OciError),
-    #[error(transparent)]
-    Request(#[from] RequestError),
-    #[error(transparent)]
-    Inventory(#[from] InventoryError),
-    #[error(transparent)]
-    Planning(#[from] PlanningError),
+    Prepare(#[from] PrepareError),
     #[error(transparent)]
     PlanFile(#[from] PlanFileError),
-    #[error(transparent)]
-    Rootfs(#[from] RootfsError),
 }
 
+delivery::prepare_error_sources!(RuntimeCreateError);
+
 /// The low-level runtime to exec: the first of `runtimes` that exists (absolute, or on PATH).
-pub fn find_runtime(config: &Config, path_var: Option<&OsStr>) -> Result<PathBuf, ShimError> {
+pub fn find_runtime(
+    config: &Config,
+    path_var: Option<&OsStr>,
+) -> Result<PathBuf, RuntimeCreateError> {
     let dirs = search_dirs(path_var);
     config
         .runtimes
         .iter()
         .find_map(|name| locate_runtime(name, &dirs))
-        .ok_or_else(|| ShimError::NoRuntime(config.runtimes.clone()))
+        .ok_or_else(|| RuntimeCreateError::NoRuntime(config.runtimes.clone()))
 }
 
 /// The directories a runtime named without a path is looked for in: PATH's, or the default
@@ -89,13 +84,13 @@ pub fn prepare_bundle(
     config: &Config,
     config_path: Option<&Path>,
     bundle: &Path,
-) -> Result<bool, ShimError> {
+) -> Result<bool, RuntimeCreateError> {
     let path = bundle.join("config.json");
     let io_err = |op: &'static str| {
         let path = path.clone();
-        move |source| ShimError::Bundle { op, path, source }
+        move |source| RuntimeCreateError::Bundle { op, path, source }
     };
-    let json_err = |source| ShimError::Json {
+    let json_err = |source| RuntimeCreateError::Json {
         path: path.clone(),
         source,
     };
@@ -104,7 +99,7 @@ pub fn prepare_bundle(
     let Some(request) = Request::from_spec(&spec, config)? else {
         return Ok(false);
     };
-    let rootfs = spec.rootfs(bundle).ok_or(ShimError::NoRoot)?;
+    let rootfs = spec.rootfs(bundle).ok_or(PrepareError::NoRoot)?;
     let scope = inventory::Scope::for_capabilities(&request.capabilities);
     let (inventory, source) = inventory::isolated::load(config, scope)?;
     // The container's mount namespace does not exist yet: the image as the host sees it. The
@@ -124,9 +119,9 @@ pub fn prepare_bundle(
     match config.runtime_mode {
         RuntimeMode::Hook => edit_spec(&mut value, &plan, &HookBinary::new(config, config_path)),
         // The same edits a CDI spec would make, for this container's image and request.
-        RuntimeMode::Cdi => cdi::config_json::apply(
+        RuntimeMode::Cdi => delivery::config_json::apply(
             &mut value,
-            &cdi::container_edits(&plan, &HookBinary::new(config, config_path)),
+            &delivery::container_edits(&plan, &HookBinary::new(config, config_path)),
         ),
     }
     let out = serde_json::to_vec_pretty(&value).map_err(json_err)?;
@@ -143,14 +138,14 @@ pub fn prepare_bundle(
 /// Adds the hook (unless one with the same path is there), the device nodes to
 /// `linux.devices` and their allow rules to `linux.resources.devices`. Unknown fields stay.
 pub fn edit_spec(spec: &mut Value, plan: &Plan, hook: &HookBinary) {
-    let mut edits = cdi::edits::hook_mode_edits(plan, hook);
+    let mut edits = delivery::edits::hook_mode_edits(plan, hook);
     // In a user namespace of its own runc binds each listed node from the same path on the
     // host: one that lives elsewhere there (a dev root other than /) is left to the hook,
     // which binds it from where it is.
     if has_user_namespace(spec) {
         edits.device_nodes.retain(|n| n.host_path.is_none());
     }
-    cdi::config_json::apply(spec, &edits);
+    delivery::config_json::apply(spec, &edits);
 }
 
 fn has_user_namespace(spec: &Value) -> bool {

@@ -3,86 +3,24 @@
 //! Order matters. In the host's mount namespace: read the inventory (in a child process),
 //! probe the image (through `/proc/<pid>/root`, so as the container sees it), plan, set the
 //! cgroup rules, and open every mount source as a detached, read-only tree. Then enter the
-//! container's mount namespace and attach those trees onto targets resolved inside the rootfs. Mounts only ever happen in the container's namespace,
-//! which dies with the container, so a failure leaves nothing on the host. The effects are
+//! container's mount namespace and attach those trees onto targets resolved inside the rootfs.
+//! Mounts only ever happen in the container's namespace, which dies with the container, so a failure leaves nothing on the host. The effects are
 //! behind `effects`, so this order is unit-tested (`tests.rs`) as well as run for real.
 
-pub mod container_mounts;
-pub mod effects;
-pub mod procfs;
-pub mod userns;
-
+use super::effects::{ContainerEffects, HostEffects};
+use super::{HookError, container_mounts, effects, userns};
 use crate::config::Config;
-use crate::echo::Echo;
-use crate::host_plan::{PlanningError, Target, container_view, plan_for_host, probe};
+use crate::delivery::PrepareError;
+use crate::host_plan::{Target, container_view, plan_for_host, probe};
 use crate::inventory;
-use crate::oci::{MountPoint, OciError, State};
+use crate::oci::{MountPoint, State};
 use crate::plan::{ImageInfo, ListedNode, Plan};
 use crate::plan_file;
 use crate::proc_view;
-use crate::request::{Request, RequestError};
-use crate::rootfs::{Rootfs, RootfsError};
-use effects::{ContainerEffects, HostEffects};
-use nvhook_cgroup as cgroup;
+use crate::request::Request;
+use crate::rootfs::Rootfs;
 use std::path::PathBuf;
 use std::time::Instant;
-
-#[derive(Debug, thiserror::Error)]
-pub enum HookError {
-    #[error(transparent)]
-    Oci(#[from] OciError),
-    #[error(transparent)]
-    Request(#[from] RequestError),
-    #[error(transparent)]
-    Inventory(#[from] inventory::InventoryError),
-    #[error(transparent)]
-    Planning(#[from] PlanningError),
-    #[error(transparent)]
-    Cgroup(#[from] cgroup::CgroupError),
-    #[error(transparent)]
-    Rootfs(#[from] RootfsError),
-    #[error("the OCI state has no pid: run nvhook as a prestart or createRuntime hook")]
-    NoPid,
-    #[error("the OCI spec has no root.path")]
-    NoRoot,
-    #[error(
-        "linux.rootfsPropagation is \"{0}\": mounts would propagate to the host; use private or slave"
-    )]
-    SharedRootfs(Echo),
-    #[error("cannot open mount source {path}: {source}")]
-    Source {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("mount source {path} is not a {kind}")]
-    SourceKind { path: PathBuf, kind: &'static str },
-    #[error("cannot enter the mount namespace of pid {pid}: {source}")]
-    Namespace { pid: i32, source: std::io::Error },
-    #[error(
-        "cannot see the container's rootfs through /proc/{pid}/root: {source} (is the container still running?)"
-    )]
-    ContainerGone { pid: i32, source: std::io::Error },
-    #[error(
-        "pid {pid} is not a container's process on that rootfs: it {why} (configure works only on a container its runtime is starting: --pid=PID ROOTFS as the runtime's prestart hook gives them)"
-    )]
-    NotAContainer { pid: i32, why: &'static str },
-    #[error("cannot read the user namespace of pid {pid}: {source}")]
-    UserNamespace { pid: i32, source: std::io::Error },
-    #[error(
-        "the user namespace of pid {pid} maps no host id to its root: map the container's id 0 (uidMappings and gidMappings)"
-    )]
-    UnmappedRoot { pid: i32 },
-    #[error(
-        "the CDI spec that gave this container its GPUs was written for another GPU layout of this host (GPU layout {written_for}, now {now}: GPUs or MIG instances changed since): run `nvhook cdi refresh` (or `nvhook cdi generate` for a spec kept elsewhere) and start the container again"
-    )]
-    StaleCdiSpec { written_for: String, now: String },
-    #[error("cannot act as the container's root (host uid {uid}, gid {gid}): {source}")]
-    ActAsRoot {
-        uid: u32,
-        gid: u32,
-        source: std::io::Error,
-    },
-}
 
 /// What the hook did, for the caller's log line.
 #[derive(Debug, PartialEq, Eq)]
@@ -141,7 +79,7 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     }
     let container = Container {
         pid,
-        rootfs: spec.rootfs(&state.bundle).ok_or(HookError::NoRoot)?,
+        rootfs: spec.rootfs(&state.bundle).ok_or(PrepareError::NoRoot)?,
         mounts: spec.mount_points(),
         listed: spec
             .devices()

@@ -1,17 +1,17 @@
-//! `nvhook runtime RUNC-ARGS`: the shim's full work, run by nvhook-runtime for `create` and
+//! `nvhook runtime RUNC-ARGS`: nvhook-runtime's create path, run by nvhook-runtime for `create` and
 //! `run` of a container that may ask for a GPU. It prepares the bundle when the container
 //! does ask for one, then execs the real runtime with the same arguments.
 
 use anyhow::Result;
-use nvhook::config::{self};
-use nvhook::shim::{find_runtime, prepare_bundle};
+use nvhook::config;
+use nvhook::runtime_create::{find_runtime, prepare_bundle};
 use nvhook_runtime::Invocation;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 
-/// Runs the shim on runc's arguments; returns only on failure. `program` is argv[0]:
+/// Runs the create path on runc's arguments; returns only on failure. `program` is argv[0]:
 /// nvhook-runtime passes its own on.
 pub fn main(program: &OsStr, args: &[OsString]) -> i32 {
     let err = match run(args) {

@@ -1,0 +1,263 @@
+//! The `createContainer` hook of CDI specs and of nvhook-runtime's cdi mode.
+//!
+//! The runtime has made the device nodes and bind-mounted the driver files; this hook makes
+//! the SONAME and `libcuda.so` links and writes the image's loader cache. It runs in the
+//! container's mount namespace before pivot_root, so it enters no namespace: it opens
+//! `root.path` with pathrs and works relative to that, like the prestart hook does once it
+//! has entered the namespace. What to do comes in its arguments, because a static spec
+//! cannot point at a per-container plan file, and arguments show in the spec for review.
+
+use super::nvidia_hooks;
+use super::{HookError, procfs};
+use crate::config::{Config, CudaCompatMode};
+use crate::delivery::PrepareError;
+use crate::delivery::hook_args::{LibFolder, LinkArgs};
+use crate::inventory::gpu_layout::GpuLayout;
+use crate::oci::State;
+use crate::plan::{CacheEntry, Symlink, compat};
+use crate::proc_view;
+use crate::request::CUDA_VERSION;
+use crate::rootfs::{Rootfs, RootfsError, loader};
+use nvhook_ldcache::Arch;
+
+/// Applies `args` to the rootfs of the container `state` describes.
+pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Result<(), HookError> {
+    if let Some(written_for) = &args.gpu_layout {
+        check_gpu_layout(config, written_for)?;
+    }
+    let spec = crate::oci::load_spec(&state.bundle)?;
+    let rootfs_path = spec.rootfs(&state.bundle).ok_or(PrepareError::NoRoot)?;
+    let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&spec.mount_points());
+    // Which images have a glibc cache is only known now: a static spec serves them all.
+    let has_cache = rootfs.probe().has_ldcache || args.makes_cache;
+    let mut args = args.clone();
+    for folder in &args.folders.clone() {
+        add_folder(&rootfs, folder, &mut args);
+    }
+    // The directories an enable-cuda-compat hook listed, ahead of the folders' copies.
+    let ahead = if args.makes_cache && config.cuda_compat == CudaCompatMode::Auto {
+        nvidia_hooks::compat_entries(&rootfs)
+    } else {
+        Vec::new()
+    };
+    if args.makes_cache {
+        nvidia_hooks::include_conf_dir(&rootfs)?;
+    }
+    // Written whether or not the image has a cache yet, as NVIDIA's hook does: the
+    // update-ldcache hook after it makes one.
+    if let Some(hook) = &args.compat_hook
+        && config.cuda_compat == CudaCompatMode::Auto
+        && let Some(conf) = nvidia_hooks::enable_cuda_compat(&rootfs, hook)
+    {
+        match loader::write_conf(&rootfs, &conf) {
+            Err(e @ RootfsError::Volume { .. }) => {
+                tracing::info!(path = %conf.path, "not written: {e}");
+            }
+            written => written?,
+        }
+    }
+    if let Some(host) = &args.cuda_compat_host
+        && config.cuda_compat == CudaCompatMode::Auto
+        && let Some(found) = rootfs.cuda_compat(spec.env(CUDA_VERSION))
+    {
+        // Each library's SONAME link names its host file.
+        let links = args.symlinks.clone();
+        let host_files: Vec<(&str, &str)> = links
+            .iter()
+            .filter_map(|l| Some((l.path.rsplit_once('/')?.1, l.target.as_str())))
+            .collect();
+        let (decision, conf) =
+            compat::apply(&found, host, has_cache, &host_files, &mut args.ldcache);
+        decision.log();
+        args.ld_so_confs.splice(0..0, conf);
+    }
+    loader::link_and_cache(
+        &rootfs,
+        &args.symlinks,
+        // The spec was generated on this host, for its architecture.
+        Arch::HOST,
+        (&args.ldcache, &ahead),
+        &args.ld_so_confs,
+        has_cache,
+    )?;
+    tracing::info!(
+        links = args.symlinks.len(),
+        cache_entries = if has_cache { args.ldcache.len() } else { 0 },
+        "links and loader cache done"
+    );
+    if args.application_profile {
+        nvidia_hooks::application_profile(&rootfs);
+    }
+    let wanted = proc_view::choose(config.proc_driver_view, Some(&spec)).view();
+    let applied = match &args.proc_view {
+        Some(view) if wanted => {
+            rootfs.resolve(procfs::TARGET).is_some()
+                && procfs::apply(&rootfs, procfs::prepare(view)?)?
+        }
+        // NVIDIA's `disable-device-node-modification`: its `params` alone.
+        None if wanted && args.params_view => {
+            procfs::apply_params(&rootfs, &config.proc_path("driver/nvidia/params"))?
+        }
+        _ => true,
+    };
+    if !applied {
+        // The runtime has mounted the container's procfs on the rootfs by now. On a node with
+        // no kernel module loaded it has no /proc/driver/nvidia, and there is nothing to hide.
+        tracing::info!("the container's procfs has no /proc/driver/nvidia: view skipped");
+    }
+    Ok(())
+}
+
+/// Refuses a start through a static spec written for another GPU layout than the host's now:
+/// its device names would give whatever they point at now. A layout that shows no GPU here
+/// (this procfs is not the driver's) cannot be judged, and is logged.
+fn check_gpu_layout(config: &Config, written_for: &str) -> Result<(), HookError> {
+    let now = GpuLayout::read(config);
+    if !now.has_gpus() {
+        tracing::warn!(
+            proc = %config.proc_path("driver/nvidia/gpus").display(),
+            "no GPU in the driver's procfs here: the spec's GPU layout is not checked"
+        );
+        return Ok(());
+    }
+    if now.stamp() != written_for {
+        return Err(HookError::StaleCdiSpec {
+            written_for: written_for.to_owned(),
+            now: now.stamp(),
+        });
+    }
+    Ok(())
+}
+
+/// The SONAME links, and with `folder.cache` the loader-cache entries, of the libraries in
+/// `folder`, added to `args`: what ldconfig would have made of the directory.
+fn add_folder(rootfs: &Rootfs, folder: &LibFolder, args: &mut LinkArgs) {
+    let dir = folder.dir.trim_end_matches('/');
+    let libraries = rootfs.libraries_in(&folder.dir);
+    tracing::info!(
+        dir,
+        libraries = libraries.len(),
+        cache = folder.cache,
+        "libraries of a folder"
+    );
+    if folder.cache {
+        // ldconfig caches the `.so` links for ld(1) under their own names.
+        for link in rootfs.dev_links_in(&folder.dir, &libraries) {
+            args.ldcache.push(CacheEntry {
+                path: format!("{dir}/{}", link.0),
+                soname: link.0,
+                class: link.1,
+            });
+        }
+    }
+    for lib in libraries {
+        let path = format!("{dir}/{}", lib.soname);
+        if lib.soname != lib.file {
+            args.symlinks.push(Symlink {
+                path: path.clone(),
+                target: lib.file,
+            });
+        }
+        if folder.cache {
+            args.ldcache.push(CacheEntry {
+                soname: lib.soname,
+                path,
+                class: lib.class,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A proc root whose `driver/nvidia` has `gpus` (bus ids) and the paths `capabilities`
+    /// (MIG instances) under `capabilities`: what [`GpuLayout::read`] reads.
+    fn proc_root(gpus: &[&str], capabilities: &[&str]) -> (tempfile::TempDir, Config) {
+        let dir = tempfile::tempdir().expect("a proc root");
+        let nvidia = dir.path().join("driver/nvidia");
+        for bus in gpus {
+            std::fs::create_dir_all(nvidia.join("gpus").join(bus)).unwrap();
+        }
+        for path in capabilities {
+            std::fs::create_dir_all(nvidia.join("capabilities").join(path)).unwrap();
+        }
+        let config = Config {
+            proc_root: dir.path().to_path_buf(),
+            ..Config::default()
+        };
+        (dir, config)
+    }
+
+    const GPUS: [&str; 2] = ["0000:3b:00.0", "0000:86:00.0"];
+    const MIG: [&str; 3] = ["gpu0/mig/gi1/ci0", "gpu0/mig/gi2/ci0", "gpu1/mig"];
+
+    #[test]
+    fn a_spec_stamped_for_another_gpu_layout_is_refused_in_one_line() {
+        // The stamp of the layout the spec was written for: GPU 0 split in two instances.
+        let (_before, config) = proc_root(&GPUS, &MIG);
+        let written_for = GpuLayout::read(&config).stamp();
+        // The same node now, GPU 0's instances remade as one (`nvidia-smi mig -dgi; -cgi`).
+        let (_now, config) = proc_root(&GPUS, &["gpu0/mig/gi3/ci0", "gpu1/mig"]);
+        let now = GpuLayout::read(&config).stamp();
+        assert_ne!(now, written_for);
+        let e = check_gpu_layout(&config, &written_for).unwrap_err();
+        let HookError::StaleCdiSpec {
+            written_for: said_for,
+            now: said_now,
+        } = &e
+        else {
+            panic!("not a stale-spec refusal: {e:?}");
+        };
+        assert_eq!((said_for, said_now), (&written_for, &now));
+        let line = e.to_string();
+        assert!(!line.contains('\n'), "{line}");
+        assert!(
+            line.contains(&format!("GPU layout {written_for}, now {now}")),
+            "{line}"
+        );
+        assert!(line.contains("run `nvhook cdi refresh`"), "{line}");
+        // The start stops there, before the bundle is even read (it does not exist).
+        let state = State {
+            id: "stale".into(),
+            pid: Some(1),
+            bundle: config.proc_root.join("no-such-bundle"),
+        };
+        let args = LinkArgs {
+            gpu_layout: Some(written_for.clone()),
+            ..LinkArgs::default()
+        };
+        let e = create_container(&config, &state, &args).unwrap_err();
+        assert!(matches!(e, HookError::StaleCdiSpec { .. }), "{e:?}");
+        // A GPU gone is another layout too.
+        let (_gone, config) = proc_root(&GPUS[..1], &MIG);
+        assert!(matches!(
+            check_gpu_layout(&config, &written_for),
+            Err(HookError::StaleCdiSpec { .. })
+        ));
+    }
+
+    #[test]
+    fn a_spec_stamped_for_the_gpu_layout_of_now_is_accepted() {
+        let (_root, config) = proc_root(&GPUS, &MIG);
+        let stamp = GpuLayout::read(&config).stamp();
+        check_gpu_layout(&config, &stamp).expect("the layout the spec was written for");
+        // Read again from another directory with the same entries: the stamp is the layout's,
+        // not the directory's.
+        let (_again, config) = proc_root(&GPUS, &MIG);
+        check_gpu_layout(&config, &stamp).expect("the same layout");
+    }
+
+    #[test]
+    fn a_proc_root_with_no_gpu_cannot_judge_a_stamp() {
+        let (_with_gpus, config) = proc_root(&GPUS, &MIG);
+        let stamp = GpuLayout::read(&config).stamp();
+        // No driver procfs at all (a simulated node's host procfs), or one that lists no GPU.
+        for (gpus, capabilities) in [(&[][..], &[][..]), (&[][..], &MIG[..])] {
+            let (_root, config) = proc_root(gpus, capabilities);
+            assert!(!GpuLayout::read(&config).has_gpus());
+            check_gpu_layout(&config, &stamp).expect("no GPU here: not judged");
+        }
+    }
+}
