@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 fn main() {
-    // Every GPU container start execs nvhook for the hook (and for the shim's create). Linked
+    // Every GPU container start execs nvhook for the hook (and for nvhook-runtime's create). Linked
     // statically (a static PIE, still loaded at a random address), it skips the dynamic
     // loader: -0.4 ms and 39 fewer page faults per hook on a test VM. It then cannot load
     // libnvidia-ml, so the dynamic nvhook-nvml beside it does (src/inventory/isolated.rs).

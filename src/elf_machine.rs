@@ -80,8 +80,9 @@ pub fn read_head(path: &Path) -> std::io::Result<Vec<u8>> {
 /// The machine the kernel runs (`uname -m`). Not the build target's: an nvhook of another
 /// architecture may be running under binfmt_misc's qemu.
 pub fn kernel_machine() -> String {
-    // SAFETY: uname fills the zeroed struct it is given; its fields are NUL-terminated.
+    // SAFETY: a zeroed `utsname` is a valid value of a plain C struct.
     let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: uname fills the struct it is given; its fields are NUL-terminated.
     if unsafe { libc::uname(&mut uts) } != 0 {
         return String::new();
     }

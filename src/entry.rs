@@ -3,7 +3,7 @@
 //! A container start runs nvhook-runtime three times and the hook once, so what a process
 //! costs before `main` is paid four times per start. std's start-up finds the main thread's
 //! stack guard with `pthread_getattr_np`, which makes glibc parse /proc/self/maps: a quarter
-//! of the shim's user-space instructions. The binaries are `#![no_main]` and come here
+//! of nvhook-runtime's user-space instructions. The binaries are `#![no_main]` and come here
 //! instead, keeping the two parts of std's start-up that matter to them.
 
 /// Runs `main` and exits with its status; call it from the binaries' C `main`.

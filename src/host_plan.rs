@@ -1,5 +1,5 @@
 //! The plan for one container on this host: its request, the host's inventory and its
-//! image's layout (probed read-only). Shared by the hook, the shim and `nvhook plan`.
+//! image's layout (probed read-only). Shared by the hook, nvhook-runtime and `nvhook plan`.
 //!
 //! The image is what the container will see: once the runtime has made the container's mount
 //! namespace, through it ([`container_view`]), so that a volume covering part of the image

@@ -5,9 +5,10 @@
 //! package holds what touches the system: the host readers, the delivery of a plan into a
 //! container, and the ways in. docs/architecture.md maps the layers.
 
-pub use nvhook_model::{capability, echo, extra_devices, plan, proc_view, request, version};
+pub use nvhook_model::{capability, imex_and_families, plan, proc_view, request, shown, version};
 
 pub mod atomic_file;
+pub mod binary_paths;
 pub mod cdi;
 pub mod config;
 pub mod configure;
@@ -20,7 +21,6 @@ mod file_id;
 mod glob;
 pub mod hook;
 pub mod host_plan;
-pub mod install;
 pub mod inventory;
 pub mod labels;
 pub mod logging;

@@ -1,6 +1,6 @@
-//! The plan nvhook-runtime's shim leaves in the bundle for the prestart hook, so that one
+//! The plan nvhook-runtime leaves in the bundle for the prestart hook, so that one
 //! container start asks NVML once, not twice. The image the plan was made for goes with it:
-//! the shim sees the image from the host, the hook through the container's mount namespace,
+//! nvhook-runtime sees the image from the host, the hook through the container's mount namespace,
 //! and where a volume makes the two differ the hook plans again.
 
 use crate::atomic_file::{NewFile, write_atomic};
@@ -11,8 +11,8 @@ use std::path::Path;
 /// The file's name inside the bundle.
 pub const PLAN_FILE: &str = "nvhook-plan.json";
 
-/// The shim's plan, with the config.json it was made for: a bundle whose config.json was
-/// rewritten since (a reused bundle, a later start without the shim) gets a fresh plan.
+/// nvhook-runtime's plan, with the config.json it was made for: a bundle whose config.json was
+/// rewritten since (a reused bundle, a later start without nvhook-runtime) gets a fresh plan.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct PlanFile {
     config_json: FileId,
@@ -52,19 +52,19 @@ pub fn write(bundle: &Path, plan: Plan, image: ImageInfo) -> Result<(), PlanFile
     })
 }
 
-/// The plan the shim left in the bundle, if it was made for the config.json there now and
+/// The plan nvhook-runtime left in the bundle, if it was made for the config.json there now and
 /// for `image`.
 pub fn read(bundle: &Path, image: &ImageInfo) -> Option<Plan> {
     let bytes = std::fs::read(bundle.join(PLAN_FILE)).ok()?;
     let file: PlanFile = serde_json::from_slice(&bytes).ok()?;
     let current = FileId::of(&bundle.join("config.json"));
     if current.as_ref() != Some(&file.config_json) {
-        tracing::info!("the shim's plan was made for another config.json: not used");
+        tracing::info!("nvhook-runtime's plan was made for another config.json: not used");
         return None;
     }
     if &file.image != image {
         tracing::info!(
-            "the image seen through the container's mount namespace is not the one the shim planned for (a volume covers part of it): planning again"
+            "the image seen through the container's mount namespace is not the one nvhook-runtime planned for (a volume covers part of it): planning again"
         );
         return None;
     }
@@ -77,14 +77,14 @@ mod tests {
     use nvhook_model::plan::fixtures::one_gpu_plan;
 
     #[test]
-    fn the_hook_uses_the_shims_plan_only_for_the_config_json_it_was_made_for() {
+    fn the_hook_uses_nvhook_runtimes_plan_only_for_the_config_json_it_was_made_for() {
         let bundle = tempfile::tempdir().unwrap();
         let config_json = bundle.path().join("config.json");
         std::fs::write(&config_json, b"{}").unwrap();
         let image = ImageInfo::default();
         write(bundle.path(), one_gpu_plan(), image.clone()).unwrap();
         assert_eq!(read(bundle.path(), &image), Some(one_gpu_plan()));
-        // The container sees another image than the shim did (a volume covers its /etc).
+        // The container sees another image than nvhook-runtime did (a volume covers its /etc).
         let covered = ImageInfo {
             has_ldcache: true,
             ..ImageInfo::default()

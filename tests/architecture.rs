@@ -233,7 +233,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "entry",
             "file_id",
             "glob",
-            "install",
+            "binary_paths",
             "logging",
             "oci",
             "privileges",
@@ -306,7 +306,10 @@ fn the_module_graph_has_no_cycle_and_no_import_up_a_layer() {
     // The check itself: nvhook-runtime's create path plans through host_plan, which the hook
     // uses too, and turns the plan into edits through the delivery layer.
     let create = &graph[&vec!["runtime_create".to_string()]];
-    assert!(create.contains(&vec!["host_plan".to_string()]), "{create:?}");
+    assert!(
+        create.contains(&vec!["host_plan".to_string()]),
+        "{create:?}"
+    );
     assert!(create.contains(&vec!["delivery".to_string()]), "{create:?}");
     let up = layer_violations(&graph);
     assert!(up.is_empty(), "imports up a layer:\n{}", up.join("\n"));
@@ -320,7 +323,10 @@ fn the_module_graph_has_no_cycle_and_no_import_up_a_layer() {
 fn an_import_up_a_layer_is_found() {
     let m = |path: &str| -> Module { path.split('/').map(String::from).collect() };
     let mut graph = BTreeMap::new();
-    graph.insert(m("hook/prestart"), BTreeSet::from([m("delivery"), m("rootfs")]));
+    graph.insert(
+        m("hook/prestart"),
+        BTreeSet::from([m("delivery"), m("rootfs")]),
+    );
     graph.insert(m("delivery/edits"), BTreeSet::from([m("inventory")]));
     assert!(layer_violations(&graph).is_empty());
     graph.insert(m("delivery/edits"), BTreeSet::from([m("nri/adjust")]));

@@ -354,7 +354,7 @@ fn malformed_nvidia_variables() {
 
 /// A 100,000-byte value wherever the request reads one (each variable, a variable's name,
 /// the device plugin's mounts, the rootfs propagation): refused on one line of at most 400
-/// characters that shows the value's start and its length, by the hook and by the shim.
+/// characters that shows the value's start and its length, by the hook and by nvhook-runtime.
 #[test]
 fn huge_container_values_are_cut_in_the_one_line() {
     const HUGE: usize = 100_000;
@@ -468,7 +468,7 @@ fn huge_container_values_are_cut_in_the_one_line() {
             "nvhook",
             needle,
         );
-        // The shim refuses a request as the hook does; propagation is the hook's alone.
+        // nvhook-runtime refuses a request as the hook does; propagation is the hook's alone.
         if container.get("propagation").is_none() {
             let args = ["create", "--bundle", bundle.to_str().unwrap(), "id"];
             let out = run(&nvhook_runtime(), &args, &[("NVHOOK_CONFIG", &config)], b"");
@@ -677,7 +677,7 @@ fn bad_nvhook_config_file() {
 }
 
 #[test]
-fn runtime_shim_with_bad_bundles() {
+fn nvhook_runtime_with_bad_bundles() {
     let s = Scratch::new();
     let runc_config = s.file("runc.toml", b"");
     // A runtime that is nowhere: a path in the scratch directory that nothing made.

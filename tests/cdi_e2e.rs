@@ -90,7 +90,7 @@ fn cdi_generate_and_list_name_every_gpu_and_mig_device() {
     let yaml = node.root().join("nvidia.yaml");
     generate(&node, &yaml);
     let text = fs::read_to_string(&yaml).expect("read the spec");
-    let spec: serde_yaml::Value = serde_yaml::from_str(&text).expect("the spec is YAML");
+    let spec: serde_norway::Value = serde_norway::from_str(&text).expect("the spec is YAML");
     // Index names start with a digit and the node's device nodes live under its dev root.
     assert_eq!(spec["cdiVersion"].as_str(), Some("0.5.0"), "{text}");
     let listed = nvhook(&node, &["cdi", "list", yaml.to_str().expect("UTF-8")]);
@@ -475,18 +475,18 @@ fn rootless_podman_runs_a_generated_cdi_device_as_an_unprivileged_user() {
 }
 
 #[test]
-fn shim_cdi_mode_gives_gpu_1_only_cgroup_v1() {
-    shim_cdi_mode_gives_gpu_1_only(RuntimeEnv::CgroupV1);
+fn nvhook_runtime_cdi_mode_gives_gpu_1_only_cgroup_v1() {
+    nvhook_runtime_cdi_mode_gives_gpu_1_only(RuntimeEnv::CgroupV1);
 }
 
 #[test]
-fn shim_cdi_mode_gives_gpu_1_only_cgroup_v2() {
-    shim_cdi_mode_gives_gpu_1_only(RuntimeEnv::CgroupV2);
+fn nvhook_runtime_cdi_mode_gives_gpu_1_only_cgroup_v2() {
+    nvhook_runtime_cdi_mode_gives_gpu_1_only(RuntimeEnv::CgroupV2);
 }
 
 /// nvhook-runtime with `runtime-mode = "cdi"`: runc makes the nodes, the cgroup rules and
 /// the mounts from config.json; nvhook's createContainer hook makes links and the cache.
-fn shim_cdi_mode_gives_gpu_1_only(env: RuntimeEnv) {
+fn nvhook_runtime_cdi_mode_gives_gpu_1_only(env: RuntimeEnv) {
     require_root();
     let node = SimNode::create(GPUS);
     let config = node.root().join("config-cdi.toml");

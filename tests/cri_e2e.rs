@@ -115,7 +115,7 @@ fn cri_pods_get_exactly_the_gpu_the_device_plugin_allocated() {
     let runtime = nvhook_runtime_bin().to_str().expect("UTF-8 path");
     assert_containerd_handler(&engine_config, HANDLER, runtime);
 
-    // containerd passes its environment to the runc shim, and the shim to
+    // containerd passes its environment to the runc shim, and nvhook-runtime to
     // nvhook-runtime: that is how the runtime finds this node's config.
     let mut containerd = Containerd::start(
         dir.path(),

@@ -126,7 +126,7 @@ fn an_older_host_driver_loads_the_images_compat_libcuda() {
 /// nvhook-runtime in `runtime-mode = "cdi"`: the per-container plan decided, and the
 /// createContainer hook writes its cache entries.
 #[test]
-fn the_shims_cdi_mode_loads_the_compat_libcuda() {
+fn nvhook_runtimes_cdi_mode_loads_the_compat_libcuda() {
     require_root();
     let node = node(OLDER_HOST);
     node.configure("runtime-mode = \"cdi\"");

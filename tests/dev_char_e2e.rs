@@ -1,7 +1,7 @@
 //! `/dev/char/MAJ:MIN` links on the simulated node: with the systemd cgroup driver, runc
 //! gives systemd only the device rules whose link resolves, and a `systemctl daemon-reload`
 //! drops the rest from a running container. nvhook makes the links for every node it hands out
-//! (the shim, before it execs the runtime), for every NVIDIA node (`nvhook dev-char-links`, run
+//! (nvhook-runtime, before it execs the runtime), for every NVIDIA node (`nvhook dev-char-links`, run
 //! at boot and by udev), and for the nodes a CDI spec names (`nvhook cdi generate/refresh`).
 
 use std::fs;
@@ -51,7 +51,7 @@ fn entries(dir: &Path) -> Vec<String> {
 }
 
 #[test]
-fn the_shim_links_every_node_it_hands_to_the_runtime_before_execing_it() {
+fn nvhook_runtime_links_every_node_it_hands_to_the_runtime_before_execing_it() {
     require_root();
     let node = SimNode::create_with(4, &["--mig", "2:2"]);
     let scratch = tempfile::tempdir().unwrap();

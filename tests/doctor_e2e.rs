@@ -185,10 +185,8 @@ impl Node {
         let dev = libc::makedev(major, minor);
         let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
         // SAFETY: a valid path and mode; the test runs as root.
-        assert_eq!(
-            unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, dev) },
-            0
-        );
+        let made = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, dev) };
+        assert_eq!(made, 0);
     }
 }
 

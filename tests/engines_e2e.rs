@@ -1,7 +1,7 @@
 //! End-to-end tests of nvhook behind real container engines on a simulated
 //! 4-GPU node: a private containerd driven by `ctr`, a private dockerd driven
 //! by `docker`, both configured by `nvhook configure`, and the durability of
-//! the shim's device rules across `runc update`. Run as root after
+//! nvhook-runtime's device rules across `runc update`. Run as root after
 //! `cargo build --workspace` (for simnode): `cargo test --test engines_e2e`.
 //!
 //! On the simulated node no driver sits behind the device nodes, so opening a
@@ -469,18 +469,18 @@ fn verdict(output: &Output) -> &str {
 }
 
 #[test]
-fn shim_device_rules_survive_runc_update_cgroup_v1() {
-    let _timer = Timer::start("shim_device_rules_survive_runc_update_cgroup_v1");
-    shim_device_rules_survive_runc_update(RuntimeEnv::CgroupV1);
+fn nvhook_runtime_device_rules_survive_runc_update_cgroup_v1() {
+    let _timer = Timer::start("nvhook_runtime_device_rules_survive_runc_update_cgroup_v1");
+    nvhook_runtime_device_rules_survive_runc_update(RuntimeEnv::CgroupV1);
 }
 
 #[test]
-fn shim_device_rules_survive_runc_update_cgroup_v2() {
-    let _timer = Timer::start("shim_device_rules_survive_runc_update_cgroup_v2");
-    shim_device_rules_survive_runc_update(RuntimeEnv::CgroupV2);
+fn nvhook_runtime_device_rules_survive_runc_update_cgroup_v2() {
+    let _timer = Timer::start("nvhook_runtime_device_rules_survive_runc_update_cgroup_v2");
+    nvhook_runtime_device_rules_survive_runc_update(RuntimeEnv::CgroupV2);
 }
 
-fn shim_device_rules_survive_runc_update(env: RuntimeEnv) {
+fn nvhook_runtime_device_rules_survive_runc_update(env: RuntimeEnv) {
     require_root();
     let node = SimNode::create(GPUS);
 
@@ -496,9 +496,9 @@ fn shim_device_rules_survive_runc_update(env: RuntimeEnv) {
         bundle.id(),
         &[(NVHOOK_CONFIG, &node.config())],
     );
-    assert_shim_owns_gpu_1(bundle.dir());
+    assert_nvhook_runtime_owns_gpu_1(bundle.dir());
     let (before, mut after) =
-        gpu_1_across_update(env, "shim", &shimmed, &update_flags(env, &bundle));
+        gpu_1_across_update(env, "nvhook-runtime", &shimmed, &update_flags(env, &bundle));
     after.hook_log = Some(node.log());
     assert_gpu_1_only(&before);
     assert_gpu_1_only(&after);
@@ -532,9 +532,9 @@ fn shim_device_rules_survive_runc_update(env: RuntimeEnv) {
     }
 }
 
-/// The shim, not the hook, put GPU 1 into the spec: node and cgroup rule.
+/// nvhook-runtime, not the hook, put GPU 1 into the spec: node and cgroup rule.
 #[track_caller]
-fn assert_shim_owns_gpu_1(bundle: &Path) {
+fn assert_nvhook_runtime_owns_gpu_1(bundle: &Path) {
     let text = fs::read_to_string(bundle.join("config.json")).expect("read config.json");
     let spec: serde_json::Value = serde_json::from_str(&text).expect("config.json is JSON");
     let has = |list: &serde_json::Value, pred: &dyn Fn(&serde_json::Value) -> bool| {
@@ -552,6 +552,6 @@ fn assert_shim_owns_gpu_1(bundle: &Path) {
     );
     assert!(
         bundle.join("nvhook-plan.json").is_file(),
-        "the shim left no nvhook-plan.json"
+        "nvhook-runtime left no nvhook-plan.json"
     );
 }

@@ -594,7 +594,7 @@ fn nvhooks_own_argument_checks_exit_2() {
 }
 
 #[test]
-fn the_shim_names_the_program_that_was_run() {
+fn nvhook_runtime_names_the_program_that_was_run() {
     let dir = tempfile::tempdir().unwrap();
     let absent = dir.path().join("absent");
     let args = ["create", "--bundle", s(&absent), "id"];

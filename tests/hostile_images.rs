@@ -254,7 +254,7 @@ impl Plant<'_> {
 
     /// nvhook-runtime in `runtime-mode = "cdi"`: runc makes the mounts, and nvhook's
     /// createContainer hook the links and the loader cache.
-    fn via_shim_cdi_mode(&self) {
+    fn via_nvhook_runtime_cdi_mode(&self) {
         let base = fs::read_to_string(&self.node_config).expect("read node config");
         let config = self
             .canary
@@ -262,10 +262,10 @@ impl Plant<'_> {
             .expect("bundle dir")
             .join("cdi-mode.toml");
         fs::write(&config, format!("{base}runtime-mode = \"cdi\"\n")).expect("write config");
-        self.via_shim(vec![("NVHOOK_CONFIG", config.display().to_string())]);
+        self.via_nvhook_runtime(vec![("NVHOOK_CONFIG", config.display().to_string())]);
     }
 
-    fn via_shim(&self, vars: Vec<(&'static str, String)>) {
+    fn via_nvhook_runtime(&self, vars: Vec<(&'static str, String)>) {
         *self.shim_env.borrow_mut() = Some(vars);
     }
 
@@ -683,7 +683,7 @@ fn loader_environment() -> Vec<Case> {
                 let evil = EvilLibs::build(p);
                 p.env(format!("LD_PRELOAD={}", evil.preload));
                 p.env(format!("LD_LIBRARY_PATH={}", evil.dir));
-                p.via_shim(Vec::new());
+                p.via_nvhook_runtime(Vec::new());
             },
             Starts,
         ),
@@ -692,7 +692,7 @@ fn loader_environment() -> Vec<Case> {
             Glibc,
             |p| {
                 let evil = EvilLibs::build(p);
-                p.via_shim(vec![
+                p.via_nvhook_runtime(vec![
                     ("LD_PRELOAD", evil.preload),
                     ("LD_LIBRARY_PATH", evil.dir),
                 ]);
@@ -744,7 +744,7 @@ fn evil_dir(bundle: &Path) -> PathBuf {
 /// Which host processes loaded the evil libraries: never nvhook (static: it loads none) nor
 /// its NVML helper, never anything through LD_LIBRARY_PATH's libnvidia-ml; nothing at all
 /// unless nvhook-runtime itself was given LD_PRELOAD (the engine's own environment: then
-/// `runtime`, which the shim execs with that environment, must show it, proving the probe
+/// `runtime`, which nvhook-runtime execs with that environment, must show it, proving the probe
 /// works).
 fn check_marker(bundle: &Path, preloaded_runtime: Option<&Path>, broken: &mut Vec<String>) {
     let marker = fs::read_to_string(evil_dir(bundle).join("marker")).unwrap_or_default();
@@ -768,7 +768,7 @@ fn check_marker(bundle: &Path, preloaded_runtime: Option<&Path>, broken: &mut Ve
         let control = format!("preload {}", runtime.display());
         if !marker.lines().any(|l| l == control) {
             broken.push(format!(
-                "control failed: {} (run by the shim) did not load LD_PRELOAD\n{marker}",
+                "control failed: {} (run by nvhook-runtime) did not load LD_PRELOAD\n{marker}",
                 runtime.display()
             ));
         }
@@ -892,7 +892,7 @@ fn volumes() -> Vec<Case> {
                     p.volume("/data", VOLUME_KINDS[K]);
                     p.link("/etc", "/data");
                     p.link(LIBDIR, "/data/lib");
-                    p.via_shim(Vec::new());
+                    p.via_nvhook_runtime(Vec::new());
                 },
                 Refused(INTO_VOLUME),
             ),
@@ -903,7 +903,7 @@ fn volumes() -> Vec<Case> {
                     p.volume("/data", VOLUME_KINDS[K]);
                     p.link("/etc", "/data");
                     p.link(LIBDIR, "/data/lib");
-                    p.via_shim_cdi_mode();
+                    p.via_nvhook_runtime_cdi_mode();
                 },
                 Refused(INTO_VOLUME),
             ),
@@ -913,7 +913,7 @@ fn volumes() -> Vec<Case> {
                 |p| {
                     p.volume("/data", VOLUME_KINDS[K]);
                     p.link("/etc", "/data");
-                    p.via_shim_cdi_mode();
+                    p.via_nvhook_runtime_cdi_mode();
                 },
                 Refused(INTO_VOLUME),
             ),
@@ -938,7 +938,7 @@ fn volumes() -> Vec<Case> {
                     p.volume("/data", VOLUME_KINDS[K]);
                     p.link("/etc", "/data");
                     p.env("NVIDIA_DRIVER_CAPABILITIES=utility".into());
-                    p.via_shim_cdi_mode();
+                    p.via_nvhook_runtime_cdi_mode();
                 },
                 Starts,
             ),
@@ -947,7 +947,7 @@ fn volumes() -> Vec<Case> {
                 Glibc,
                 |p| {
                     p.volume("/etc/ld.so.conf.d", VOLUME_KINDS[K]);
-                    p.via_shim_cdi_mode();
+                    p.via_nvhook_runtime_cdi_mode();
                 },
                 Starts,
             ),

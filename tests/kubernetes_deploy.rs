@@ -45,9 +45,9 @@ enum Object {
 fn objects(file: &Path) -> Vec<Object> {
     let text = fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     let name = file.file_name().unwrap().to_string_lossy().into_owned();
-    serde_yaml::Deserializer::from_str(&text)
+    serde_norway::Deserializer::from_str(&text)
         .map(|document| {
-            let yaml = serde_yaml::Value::deserialize(document)
+            let yaml = serde_norway::Value::deserialize(document)
                 .unwrap_or_else(|e| panic!("{name}: not YAML: {e}"));
             let json = serde_json::to_value(&yaml).expect("YAML maps to JSON");
             let kind = json["kind"].as_str().unwrap_or_default().to_owned();

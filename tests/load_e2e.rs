@@ -32,7 +32,7 @@ enum Via {
     /// runc, with nvhook as the spec's prestart hook.
     Hook,
     /// nvhook-runtime in runc's place: it writes the devices into config.json and adds the hook.
-    Shim,
+    NvhookRuntime,
 }
 
 #[test]
@@ -47,12 +47,12 @@ fn hundred_parallel_starts_through_the_hook_cgroup_v2() {
 
 #[test]
 fn hundred_parallel_starts_through_nvhook_runtime_cgroup_v1() {
-    parallel_starts(Via::Shim, RuntimeEnv::CgroupV1);
+    parallel_starts(Via::NvhookRuntime, RuntimeEnv::CgroupV1);
 }
 
 #[test]
 fn hundred_parallel_starts_through_nvhook_runtime_cgroup_v2() {
-    parallel_starts(Via::Shim, RuntimeEnv::CgroupV2);
+    parallel_starts(Via::NvhookRuntime, RuntimeEnv::CgroupV2);
 }
 
 fn parallel_starts(via: Via, env: RuntimeEnv) {
@@ -62,12 +62,12 @@ fn parallel_starts(via: Via, env: RuntimeEnv) {
     let ns = MountNs::new(env);
     let runtime = match via {
         Via::Hook => require_program("runc"),
-        Via::Shim => nvhook_runtime_bin().to_owned(),
+        Via::NvhookRuntime => nvhook_runtime_bin().to_owned(),
     };
     let config = node.config().display().to_string();
     let vars: Vec<(&str, &str)> = match via {
         Via::Hook => vec![],
-        Via::Shim => vec![("NVHOOK_CONFIG", config.as_str())],
+        Via::NvhookRuntime => vec![("NVHOOK_CONFIG", config.as_str())],
     };
     let mut args = vec!["/gpucheck".to_owned()];
     for k in 0..GPUS {

@@ -130,7 +130,7 @@ fn masked_containers_and_always_keep_the_view() {
 /// nvhook-runtime in `runtime-mode = "cdi"`: the view is the createContainer hook's, which
 /// reads the container's masked paths from the bundle.
 #[test]
-fn the_shims_cdi_mode_leaves_an_unmasked_containers_proc_whole() {
+fn nvhook_runtimes_cdi_mode_leaves_an_unmasked_containers_proc_whole() {
     require_root();
     let node = SimNode::create(GPUS);
     node.configure("runtime-mode = \"cdi\"");

@@ -342,7 +342,7 @@ fn deb_installs_upgrades_keeping_the_config_removes_and_purges_only_its_own_file
     );
     let version = stdout_of(Command::new(root.path("/usr/bin/nvhook")).arg("--version"));
     assert_eq!(version.trim(), format!("nvhook {VERSION}"));
-    // The shim loads the shipped config and execs the runtime it finds on PATH.
+    // nvhook-runtime loads the shipped config and execs the runtime it finds on PATH.
     require_program("runc");
     let runtime = stdout_of(
         Command::new(root.path("/usr/bin/nvhook-runtime"))

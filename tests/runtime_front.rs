@@ -178,7 +178,7 @@ fn by_default_the_hook_entry_runs_the_nvhook_beside_nvhook_runtime() {
     assert_eq!(
         s.runtime_argv()[1],
         "create",
-        "the runtime ran after the shim"
+        "the runtime ran after nvhook-runtime"
     );
     let spec: serde_json::Value =
         serde_json::from_slice(&fs::read(bundle.join("config.json")).unwrap()).unwrap();

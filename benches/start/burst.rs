@@ -80,7 +80,7 @@ pub fn run(node: &Node, work: &Path, sizes: &[usize], rounds: usize) {
                         label: format!("burst {n} {how} {i}"),
                         node,
                         ask: Ask::Gpus("all"),
-                        via: Via::Shim,
+                        via: Via::NvhookRuntime,
                         timed_hook: false,
                         parent: work,
                         nvml_cache: cached,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 pub enum Runtime {
     Runc,
     /// nvhook-runtime reading this nvhook config (NVHOOK_CONFIG), exec'ing runc.
-    Shim(PathBuf),
+    NvhookRuntime(PathBuf),
 }
 
 /// Makes this process the reaper of the containers it starts, as containerd's shim is:
@@ -89,7 +89,7 @@ fn invoke(runtime: &Runtime, bundle: &Bundle, command: &[&str], rest: &[&Path]) 
     let err_path = bundle.dir().join("runtime.stderr");
     let mut cmd = match runtime {
         Runtime::Runc => Command::new(runc()),
-        Runtime::Shim(config) => {
+        Runtime::NvhookRuntime(config) => {
             let mut c = Command::new(crate::support::engines::nvhook_runtime_bin());
             c.env("NVHOOK_CONFIG", config);
             c

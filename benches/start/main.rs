@@ -3,7 +3,7 @@
 //! `sudo cargo bench --bench start` (after `cargo build --release --workspace`: simnode and
 //! the mock NVML come from the same profile directory) prints markdown tables: the hook's
 //! wall time as runc runs it, whole starts (create, start, wait for exit, delete) through
-//! nvhook-runtime against runc, the shim's cost for a non-GPU container, peak memory,
+//! nvhook-runtime against runc, nvhook-runtime's cost for a non-GPU container, peak memory,
 //! growth per GPU and per mounted file, and the slow-NVML case. Targets are printed beside
 //! the numbers. `NVHOOK_BENCH_ROUNDS` sets the starts per variant (default 60);
 //! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst`, `=cri` or `=gpus` runs one part (cri: pods
@@ -133,7 +133,10 @@ fn main() {
         let gpu_nodes = [&n1, &n8, &n64, &mig];
         let mut hooks: Vec<Variant> = Vec::new();
         for node in gpu_nodes {
-            for (via, how) in [(Via::Hook, "alone"), (Via::Shim, "after nvhook-runtime")] {
+            for (via, how) in [
+                (Via::Hook, "alone"),
+                (Via::NvhookRuntime, "after nvhook-runtime"),
+            ] {
                 let label = format!("{}, all caps, hook {how}", node.label);
                 hooks.push(spec(label, node, Ask::Gpus(ALL), via, true));
             }
@@ -161,21 +164,21 @@ fn main() {
                 "nvhook-runtime, no GPU".into(),
                 &n8,
                 Ask::NoGpu,
-                Via::Shim,
+                Via::NvhookRuntime,
                 false,
             ),
             spec(
                 "nvhook-runtime, 8 GPUs".into(),
                 &n8,
                 Ask::Gpus(ALL),
-                Via::Shim,
+                Via::NvhookRuntime,
                 false,
             ),
             spec(
                 "nvhook-runtime, 1 GPU".into(),
                 &n1,
                 Ask::Gpus(ALL),
-                Via::Shim,
+                Via::NvhookRuntime,
                 false,
             ),
             spec(
@@ -196,7 +199,7 @@ fn main() {
                 "nvhook-runtime, 8 GPUs, NVML every start".into(),
                 &n8,
                 Ask::Gpus(ALL),
-                Via::Shim,
+                Via::NvhookRuntime,
                 false,
             ),
             spec(
@@ -208,7 +211,7 @@ fn main() {
             ),
         ];
         run_rounds(&mut starts, plan.rounds);
-        let exec = shim_overhead(&starts[1], w, plan.exec_rounds);
+        let exec = nvhook_runtime_overhead(&starts[1], w, plan.exec_rounds);
         report_starts(&starts, &exec);
 
         // 6: a 500 ms NVML init, paid by whichever process queries NVML.
@@ -217,7 +220,7 @@ fn main() {
                 "nvhook-runtime, 8 GPUs, slow NVML".into(),
                 &slow,
                 Ask::Gpus(ALL),
-                Via::Shim,
+                Via::NvhookRuntime,
                 false,
             ),
             spec(
@@ -231,7 +234,7 @@ fn main() {
                 "nvhook-runtime, 8 GPUs, slow NVML, NVML every start".into(),
                 &slow,
                 Ask::Gpus(ALL),
-                Via::Shim,
+                Via::NvhookRuntime,
                 false,
             ),
             uncached(
@@ -426,12 +429,12 @@ fn report_starts(starts: &[Variant], exec: &(Samples, Samples)) {
             1.05
         )
     );
-    let (direct, via_shim) = exec;
+    let (direct, via_nvhook_runtime) = exec;
     println!(
         "{}",
         target(
-            "shim overhead, no-GPU start (create + start + delete through nvhook-runtime, runtime /bin/true)",
-            via_shim.p50() - direct.p50(),
+            "nvhook-runtime overhead, no-GPU start (create + start + delete through nvhook-runtime, runtime /bin/true)",
+            via_nvhook_runtime.p50() - direct.p50(),
             "ms",
             1.0
         )
@@ -440,7 +443,7 @@ fn report_starts(starts: &[Variant], exec: &(Samples, Samples)) {
         "  {} alternating rounds: /bin/true directly p50 {:.3} ms, through nvhook-runtime {:.3} ms per start; whole starts above: {:+.2} ms (within their noise)\n",
         direct.len(),
         direct.p50(),
-        via_shim.p50(),
+        via_nvhook_runtime.p50(),
         starts[1].starts.p50() - base,
     );
 }
@@ -462,19 +465,19 @@ fn report_slow_nvml(slow: &[Variant], fast: &[Variant]) {
     }
     let hook_inventories = slow[0].log_text().matches("step=\"inventory\"").count();
     println!(
-        "\nThe hook after nvhook-runtime ran its own NVML inventory {hook_inventories} times in {} starts (it reads the shim's plan from the bundle).\n",
+        "\nThe hook after nvhook-runtime ran its own NVML inventory {hook_inventories} times in {} starts (it reads nvhook-runtime's plan from the bundle).\n",
         slow[0].starts.len()
     );
 }
 
-/// `runc --version` against the same through nvhook-runtime: the shim's own exec cost.
+/// `runc --version` against the same through nvhook-runtime: nvhook-runtime's own exec cost.
 /// What nvhook-runtime adds to a start that asks for no GPU, without runc's noise: the three
 /// commands an engine runs (create of the variant's bundle, start, delete), each through
 /// nvhook-runtime and directly, alternating, with `/bin/true` as the runtime. Returns the
-/// per-start sums, direct and through the shim, in ms.
-fn shim_overhead(no_gpu: &Variant, work: &Path, rounds: usize) -> (Samples, Samples) {
-    let Runtime::Shim(config) = &no_gpu.runtime else {
-        panic!("not a shim variant")
+/// per-start sums, direct and through nvhook-runtime, in ms.
+fn nvhook_runtime_overhead(no_gpu: &Variant, work: &Path, rounds: usize) -> (Samples, Samples) {
+    let Runtime::NvhookRuntime(config) = &no_gpu.runtime else {
+        panic!("not an nvhook-runtime variant")
     };
     let text = std::fs::read_to_string(config).expect("read the variant's nvhook config");
     let mut text: String = text
@@ -483,7 +486,7 @@ fn shim_overhead(no_gpu: &Variant, work: &Path, rounds: usize) -> (Samples, Samp
         .map(|l| format!("{l}\n"))
         .collect();
     text.push_str("runtimes = [\"/bin/true\"]\n");
-    let true_config = work.join("shim-overhead.toml");
+    let true_config = work.join("nvhook-runtime-overhead.toml");
     std::fs::write(&true_config, text).expect("write the /bin/true config");
     let bundle = no_gpu.bundle.dir().display().to_string();
     let commands: [&[&str]; 3] = [
@@ -491,14 +494,14 @@ fn shim_overhead(no_gpu: &Variant, work: &Path, rounds: usize) -> (Samples, Samp
         &["start", "id"],
         &["delete", "id"],
     ];
-    let shim = support::engines::nvhook_runtime_bin();
+    let front = support::engines::nvhook_runtime_bin();
     let env = [("NVHOOK_CONFIG", true_config.as_path())];
     let (mut direct, mut via) = (Samples::default(), Samples::default());
     for _ in 0..rounds {
         let (mut d, mut v) = (0.0, 0.0);
         for args in commands {
             d += cycle::time_command(Path::new("/bin/true"), args, &[]).as_secs_f64();
-            v += cycle::time_command(shim, args, &env).as_secs_f64();
+            v += cycle::time_command(front, args, &env).as_secs_f64();
         }
         direct.push(d * 1000.0);
         via.push(v * 1000.0);
@@ -586,8 +589,9 @@ fn machine() -> String {
 
 fn fs_type(path: &Path) -> &'static str {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
-    // SAFETY: a zeroed statfs is a valid out-value; c is NUL-terminated.
+    // SAFETY: a zeroed statfs is a valid out-value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is NUL-terminated and `st` is writable.
     if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
         return "unknown";
     }

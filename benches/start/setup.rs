@@ -12,8 +12,9 @@ use std::sync::OnceLock;
 /// costs ~0.8 ms, which would hide everything else.
 pub fn tmpfs_work_dir() -> tempfile::TempDir {
     let shm = Path::new("/dev/shm");
-    // SAFETY: a zeroed statfs is a valid out-value; the path is NUL-terminated.
+    // SAFETY: a zeroed statfs is a valid out-value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the path is NUL-terminated and `st` is writable.
     let rc = unsafe { libc::statfs(c"/dev/shm".as_ptr(), &mut st) };
     assert!(
         rc == 0 && st.f_type == libc::TMPFS_MAGIC,
@@ -94,7 +95,7 @@ pub enum Via {
     /// runc with /bin/true as the prestart hook: what running any hook at all costs.
     NoopHook,
     /// nvhook-runtime: it plans, edits config.json and adds the hook, which reads the plan.
-    Shim,
+    NvhookRuntime,
     /// nvhook-runtime with `runtime-mode = "cdi"`: runc makes the mounts; a createContainer
     /// hook makes the links and the loader cache.
     ShimCdi,
@@ -139,7 +140,7 @@ impl Variant {
         let record = spec.timed_hook.then(|| work.join(format!("{slug}.rec")));
         let nvhook = support::nvhook_bin();
         let hook_path = match (&record, spec.via) {
-            (Some(record), Via::Shim) => {
+            (Some(record), Via::NvhookRuntime) => {
                 let script = work.join(format!("{slug}.hook.sh"));
                 hook_timer::write_wrapper_script(&script, record, nvhook);
                 script
@@ -159,12 +160,12 @@ impl Variant {
                 .env(&format!("NVIDIA_DRIVER_CAPABILITIES={caps}"));
         }
         let runtime = match spec.via {
-            Via::Shim => Runtime::Shim(config.clone()),
+            Via::NvhookRuntime => Runtime::NvhookRuntime(config.clone()),
             Via::ShimCdi => {
                 let mut text = std::fs::read_to_string(&config).expect("read the config");
                 text += "runtime-mode = \"cdi\"\n";
                 std::fs::write(&config, text).expect("write the config");
-                Runtime::Shim(config.clone())
+                Runtime::NvhookRuntime(config.clone())
             }
             Via::Runc | Via::Hook | Via::NoopHook => Runtime::Runc,
         };

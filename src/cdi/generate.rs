@@ -1,4 +1,4 @@
-//! Inventory → CDI spec, through the same plans the hook and the shim use.
+//! Inventory → CDI spec, through the same plans the hook and nvhook-runtime use.
 //!
 //! One plan per device (and one for `all`) is built with libraries at their host paths; the
 //! nodes every GPU container needs (`nvidiactl`, `nvidia-uvm`, ...) and all driver files go

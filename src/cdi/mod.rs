@@ -2,16 +2,16 @@
 //!
 //! containerd ≥ 1.7, CRI-O, Podman and Docker ≥ 25 inject devices from CDI specs
 //! (`/etc/cdi`, `/var/run/cdi`) themselves. `nvhook cdi generate` writes such a spec from
-//! the same inventory and plans the hook uses, the runtime shim's cdi mode writes the same
+//! the same inventory and plans the hook uses, nvhook-runtime's cdi mode writes the same
 //! edits into config.json, and both leave to nvhook only a `createContainer` hook for the
 //! links and the loader cache.
 
-pub mod extra;
 pub mod generate;
+pub mod imex_and_families;
 
 pub use crate::delivery::cdi_spec::{CdiSpec, CdiVersion, ContainerEdits, Format};
-pub use extra::generate_extra;
 pub use generate::{KIND, NameStrategy, generate};
+pub use imex_and_families::generate_imex_and_families;
 
 use crate::atomic_file::{NewFile, write_atomic};
 use crate::delivery::cdi_spec as spec;
@@ -197,7 +197,7 @@ pub fn refresh_spec(path: &Path, text: &str) -> Result<bool, CdiError> {
 
 /// What became of an extra spec's file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ExtraOutcome {
+pub enum SpecOutcome {
     Written(PathBuf),
     Unchanged(PathBuf),
     /// The host no longer has that class: its old file was removed.
@@ -207,21 +207,21 @@ pub enum ExtraOutcome {
 /// Puts the extra specs (IMEX channels, device families) beside the GPU spec at `gpu_spec`,
 /// each rewritten only when it changed, and removes the file of a class the host no longer
 /// has, so that engines never offer devices that are gone.
-pub fn write_extra_specs(
+pub fn write_imex_and_family_specs(
     gpu_spec: &Path,
     specs: &[(&str, CdiSpec)],
     format: Format,
-) -> Result<Vec<ExtraOutcome>, CdiError> {
+) -> Result<Vec<SpecOutcome>, CdiError> {
     let mut out = Vec::new();
-    for class in extra::classes() {
-        let path = extra::path_beside(gpu_spec, class);
+    for class in imex_and_families::classes() {
+        let path = imex_and_families::path_beside(gpu_spec, class);
         match specs.iter().find(|(c, _)| *c == class) {
             Some((_, spec)) => out.push(match refresh_spec(&path, &spec.to_text(format))? {
-                true => ExtraOutcome::Written(path),
-                false => ExtraOutcome::Unchanged(path),
+                true => SpecOutcome::Written(path),
+                false => SpecOutcome::Unchanged(path),
             }),
             None => match std::fs::remove_file(&path) {
-                Ok(()) => out.push(ExtraOutcome::Removed(path)),
+                Ok(()) => out.push(SpecOutcome::Removed(path)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(source) => {
                     return Err(CdiError::Io {
@@ -324,18 +324,18 @@ mod tests {
         let gds = dir.path().join("nvidia-gds.yaml");
         let specs = [("gds", spec)];
         assert_eq!(
-            write_extra_specs(&gpu, &specs, Format::Yaml).unwrap(),
-            [ExtraOutcome::Written(gds.clone())]
+            write_imex_and_family_specs(&gpu, &specs, Format::Yaml).unwrap(),
+            [SpecOutcome::Written(gds.clone())]
         );
         assert_eq!(
-            write_extra_specs(&gpu, &specs, Format::Yaml).unwrap(),
-            [ExtraOutcome::Unchanged(gds.clone())]
+            write_imex_and_family_specs(&gpu, &specs, Format::Yaml).unwrap(),
+            [SpecOutcome::Unchanged(gds.clone())]
         );
         assert!(read_spec(&gds).is_ok());
         std::fs::write(dir.path().join("other.yaml"), "x").unwrap();
         assert_eq!(
-            write_extra_specs(&gpu, &[], Format::Yaml).unwrap(),
-            [ExtraOutcome::Removed(gds.clone())]
+            write_imex_and_family_specs(&gpu, &[], Format::Yaml).unwrap(),
+            [SpecOutcome::Removed(gds.clone())]
         );
         assert!(!gds.exists() && dir.path().join("other.yaml").exists());
     }

@@ -20,7 +20,7 @@ mod toml;
 
 pub use policy::HARDENED as KUBERNETES_POLICY;
 
-use crate::echo::ShownPath;
+use crate::shown::ShownPath;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -249,7 +249,7 @@ pub struct Options {
 
 pub const DEFAULT_RUNTIME_NAME: &str = "nvidia";
 /// The runtime's file name; the engines run the one beside nvhook
-/// ([`crate::install::beside_nvhook`]).
+/// ([`crate::binary_paths::beside_nvhook`]).
 pub const RUNTIME_BINARY: &str = "nvhook-runtime";
 
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@
 //! dependency tree (an HTTP client among it) would cost more to build than the rules below,
 //! which are few and are what engines check (`pkg/cdi` in the Go library).
 
-use crate::echo::{Echo, SHOWN_BYTES};
+use crate::shown::{SHOWN_BYTES, Shown};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::fmt;
@@ -209,7 +209,7 @@ pub fn minimum_version(spec: &CdiSpec) -> CdiVersion {
 pub struct InvalidSpec(pub String);
 
 /// `message` with each value it quotes (`"..."` as Rust's `{:?}` writes it, or `` `...` ``,
-/// as serde's messages quote a file's strings and keys) cut as [`Echo`] cuts a value, so that
+/// as serde's messages quote a file's strings and keys) cut as [`Shown`] cuts a value, so that
 /// a file's content never makes the line longer than a few hundred characters.
 pub fn cut_quoted(message: &str) -> String {
     let mut out = String::with_capacity(message.len().min(512));
@@ -240,12 +240,12 @@ pub fn cut_quoted(message: &str) -> String {
             out.push_str(quoted);
             out.push(quote);
         } else {
-            // `"` holds an escaped value: shown as Echo shows it, unescaped first.
+            // `"` holds an escaped value: shown as Shown shows it, unescaped first.
             let value = match quote {
                 '"' => unescape_debug(quoted).unwrap_or_else(|| quoted.to_owned()),
                 _ => quoted.to_owned(),
             };
-            let shown = Echo(value).to_string();
+            let shown = Shown(value).to_string();
             // `VALUE… (N bytes)`: the quote closes the value, the length follows it.
             match shown.rsplit_once("… (") {
                 Some((head, tail)) => {
@@ -440,7 +440,7 @@ impl CdiSpec {
                 s
             }
             Format::Yaml => {
-                let body = serde_yaml::to_string(self).expect("a spec encodes as YAML");
+                let body = serde_norway::to_string(self).expect("a spec encodes as YAML");
                 format!("---\n{body}")
             }
         }
@@ -449,9 +449,9 @@ impl CdiSpec {
     /// Reads a spec as engines do: YAML, of which JSON is a subset. A file that is no
     /// mapping at all (any text file is a YAML string) is said to be no spec, not quoted.
     pub fn parse(text: &str) -> Result<CdiSpec, InvalidSpec> {
-        serde_yaml::from_str(text).map_err(|e| {
-            use serde_yaml::Value;
-            let holds = match serde_yaml::from_str::<Value>(text) {
+        serde_norway::from_str(text).map_err(|e| {
+            use serde_norway::Value;
+            let holds = match serde_norway::from_str::<Value>(text) {
                 Ok(Value::Mapping(_)) | Err(_) => None,
                 Ok(Value::Null) => Some("nothing"),
                 Ok(Value::Bool(_)) => Some("a boolean"),

@@ -1,5 +1,5 @@
 //! Plan → CDI container edits: the one conversion behind `nvhook cdi generate`, the runtime
-//! shim's cdi mode, and the device nodes of its hook mode.
+//! create path's cdi mode, and the device nodes of its hook mode.
 //!
 //! With CDI the engine or runtime makes the device nodes, their cgroup rules and the bind
 //! mounts itself; what is left for nvhook is a `createContainer` hook that creates the
@@ -30,7 +30,7 @@ impl HookBinary {
             path: config
                 .hook_path
                 .clone()
-                .unwrap_or_else(crate::install::this_nvhook),
+                .unwrap_or_else(crate::binary_paths::this_nvhook),
             // The hook runs with `/` as its working directory.
             config: config_path.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.into())),
         }

@@ -27,8 +27,8 @@ pub struct LinkArgs {
     /// The host driver version a static spec was made for: the hook then decides about the
     /// image's CUDA compat libraries itself (a per-container plan has decided already).
     pub cuda_compat_host: Option<String>,
-    /// The container's own `/proc/driver/nvidia` view, for a plan made for one container (the
-    /// shim's cdi mode, NRI); a static spec serves any set of devices and has none.
+    /// The container's own `/proc/driver/nvidia` view, for a plan made for one container (nvhook-runtime's cdi
+    /// mode, NRI); a static spec serves any set of devices and has none.
     pub proc_view: Option<ProcOverlay>,
     /// Directories whose libraries get their SONAME links, and with `cache` loader-cache
     /// entries, found when the container starts (NVIDIA's `update-ldcache --folder` and

@@ -176,7 +176,7 @@ pub fn run(config: &Config, options: &Options) -> Report {
     out.extend(checks::runtime_path(
         &options.runtime_path,
         Path::new(&options.runtime_path).exists(),
-        &crate::install::beside_nvhook(configure::RUNTIME_BINARY)
+        &crate::binary_paths::beside_nvhook(configure::RUNTIME_BINARY)
             .display()
             .to_string(),
     ));
@@ -289,9 +289,9 @@ fn head(path: &Path) -> checks::LibraryHead {
 /// that need them (NVML's, the engines').
 fn own_binaries(options: &Options) -> Vec<(PathBuf, checks::LibraryHead)> {
     let mut paths = vec![
-        crate::install::this_nvhook(),
+        crate::binary_paths::this_nvhook(),
         PathBuf::from(&options.runtime_path),
-        crate::install::beside_nvhook(isolated::HELPER),
+        crate::binary_paths::beside_nvhook(isolated::HELPER),
     ];
     paths.dedup();
     paths

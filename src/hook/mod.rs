@@ -16,7 +16,7 @@ pub mod userns;
 pub use prestart::{Outcome, configure_process, prestart};
 
 use crate::delivery::PrepareError;
-use crate::echo::Echo;
+use crate::shown::Shown;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
@@ -30,7 +30,7 @@ pub enum HookError {
     #[error(
         "linux.rootfsPropagation is \"{0}\": mounts would propagate to the host; use private or slave"
     )]
-    SharedRootfs(Echo),
+    SharedRootfs(Shown),
     #[error("cannot open mount source {path}: {source}")]
     Source {
         path: PathBuf,

@@ -6,11 +6,11 @@
 //! the image is run: names, ELF notes and device numbers are read through the rootfs.
 
 use crate::delivery::hook_args::CompatHook;
-use crate::echo::Echo;
 use crate::glob::glob_matches;
 use crate::plan::compat::{COMPAT_CONF, FWD_COMPAT_NOTE, FwdCompatNote, nvidia_hook_uses_compat};
 use crate::plan::{CacheEntry, LdSoConf};
 use crate::rootfs::{Rootfs, RootfsError, sys};
+use crate::shown::Shown;
 use std::os::fd::AsFd;
 
 /// Where ldconfig reads its directories from, and the files NVIDIA's `enable-cuda-compat`
@@ -59,7 +59,7 @@ pub fn enable_cuda_compat(rootfs: &Rootfs, hook: &CompatHook) -> Option<LdSoConf
     ) {
         return why_not(format!(
             "compat {} (ELF note {}) does not serve host driver {} / CUDA {}",
-            Echo(version),
+            Shown(version),
             if note.is_some() { "read" } else { "absent" },
             hook.host_driver.as_deref().unwrap_or("-"),
             hook.host_cuda.as_deref().unwrap_or("-"),
@@ -67,7 +67,7 @@ pub fn enable_cuda_compat(rootfs: &Rootfs, hook: &CompatHook) -> Option<LdSoConf
     }
     // NVIDIA's hook names the directory with its links resolved in the image.
     let dir = rootfs.container_path(&hook.dir)?;
-    tracing::info!(dir, compat = %Echo(version), "CUDA compat (as enable-cuda-compat): the compat libraries first");
+    tracing::info!(dir, compat = %Shown(version), "CUDA compat (as enable-cuda-compat): the compat libraries first");
     Some(LdSoConf {
         path: COMPAT_CONF.into(),
         dirs: vec![dir],

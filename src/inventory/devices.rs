@@ -4,7 +4,7 @@
 use super::device_numbers::{parse_cap_minor, parse_proc_devices};
 use super::{DeviceMajors, Gpu, HostNode};
 use crate::config::Config;
-use crate::extra_devices;
+use crate::imex_and_families;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -34,10 +34,10 @@ pub fn read_majors(config: &Config) -> Result<DeviceMajors, DevicesError> {
 
 /// Every `nvidia*` character device in `<dev-root>/dev` and `<dev-root>/dev/nvidia-caps`,
 /// and the nodes of IMEX channels and of the opt-in device families
-/// ([`crate::extra_devices`]).
+/// ([`crate::imex_and_families`]).
 pub fn scan_nodes(config: &Config) -> Result<Vec<HostNode>, DevicesError> {
     let mut dirs = vec!["/dev", "/dev/nvidia-caps"];
-    dirs.extend(extra_devices::all_kinds().map(|k| k.dir));
+    dirs.extend(imex_and_families::all_kinds().map(|k| k.dir));
     dirs.sort();
     dirs.dedup();
     let mut nodes = Vec::new();
@@ -45,7 +45,7 @@ pub fn scan_nodes(config: &Config) -> Result<Vec<HostNode>, DevicesError> {
         let nvidia_dir = matches!(dir, "/dev" | "/dev/nvidia-caps");
         scan_dir(&config.dev_path(dir), dir, &mut nodes, |name| {
             (nvidia_dir && name.starts_with("nvidia"))
-                || extra_devices::all_kinds().any(|k| k.matches_entry(dir, name))
+                || imex_and_families::all_kinds().any(|k| k.matches_entry(dir, name))
         })?;
     }
     nodes.sort_by(|a, b| a.path.cmp(&b.path));

@@ -137,7 +137,7 @@ fn query_in_child(
     scope: Scope,
 ) -> Result<Inventory, InventoryError> {
     let library = nvml_library(config, host_cache)?;
-    let helper = crate::install::beside_nvhook(HELPER);
+    let helper = crate::binary_paths::beside_nvhook(HELPER);
     let mut command = Command::new(&helper);
     command
         .arg(&library)
@@ -168,7 +168,7 @@ fn query_in_child(
         let _ = child.kill();
         let _ = child.wait();
     } else {
-        // Reaped now if it is gone; otherwise by whoever inherits it (the runtime the shim
+        // Reaped now if it is gone; otherwise by whoever inherits it (the runtime nvhook-runtime
         // execs, or the engine's subreaper once the hook has exited).
         let _ = child.try_wait();
     }

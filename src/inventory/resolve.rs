@@ -1,7 +1,7 @@
 //! `canonicalize` for many files in few directories.
 //!
 //! glibc's realpath reads every component of every path with readlink: the driver's ~60
-//! files cost ~540 readlink calls per inventory, ~70 % of the shim's system calls on a
+//! files cost ~540 readlink calls per inventory, ~70 % of nvhook-runtime's system calls on a
 //! container start. The driver's files live in a handful of directories, so each directory
 //! is resolved (component by component, each once) and opened once, and each file costs
 //! one lookup relative to it (fstatat), plus a readlinkat per symlink hop: the kernel no

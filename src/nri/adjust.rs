@@ -1,4 +1,4 @@
-//! CDI container edits → an NRI container adjustment: the same edits the shim's cdi mode
+//! CDI container edits → an NRI container adjustment: the same edits nvhook-runtime's cdi mode
 //! writes into config.json, handed to the engine instead.
 
 use crate::delivery::cdi_spec::{ContainerEdits, DeviceNode, Hook, Mount};

@@ -1,5 +1,5 @@
 //! An NRI container as the OCI spec fields the request is read from, so that the NRI plugin
-//! reads a GPU request with the same code as the hook and the shim.
+//! reads a GPU request with the same code as the hook and nvhook-runtime.
 //!
 //! NRI v0.8.0 does not carry the container's capabilities: the plugin cannot tell a
 //! privileged container, and treats every container as unprivileged (the environment counts

@@ -11,8 +11,8 @@
 
 use crate::delivery::hook_args::CompatHook;
 use crate::delivery::hook_args::{LibFolder, LinkArgs};
-use crate::echo::Echo;
 use crate::plan::{Symlink, ld_so_conf_listing};
+use crate::shown::Shown;
 
 /// NVIDIA's CDI hook program, named in the hooks of its CDI specs; Docker 29 maps `--gpus` onto
 /// CDI when it is on dockerd's PATH.
@@ -80,14 +80,14 @@ pub enum CdiHook {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CdiHookError {
     #[error("{hook}: flag provided but not defined: {option}")]
-    UnknownOption { hook: &'static str, option: Echo },
+    UnknownOption { hook: &'static str, option: Shown },
     #[error("{hook}: {option} needs a value")]
-    NoValue { hook: &'static str, option: Echo },
+    NoValue { hook: &'static str, option: Shown },
     #[error("{hook}: {option} {value}: {why}")]
     BadValue {
         hook: &'static str,
-        option: Echo,
-        value: Echo,
+        option: Shown,
+        value: Shown,
         why: &'static str,
     },
 }
@@ -130,7 +130,7 @@ pub fn parse(args: &[String]) -> Result<CdiHook, CdiHookError> {
         // As NVIDIA's: an unknown hook never fails a start.
         return Ok(CdiHook::Unsupported(format!(
             "Unsupported CDI hook: {}",
-            Echo(hook)
+            Shown(hook)
         )));
     };
     let rest: Vec<&str> = args.collect();

@@ -4,18 +4,18 @@
 //! `nvidia-cdi-hook` (the hook program of NVIDIA's CDI specs, see [`cdi_hook`]).
 //!
 //! This module reads `nvidia-container-cli`'s command line, the subset those engines and
-//! scripts use (libnvidia-container's option names), into typed commands; `report` writes
+//! scripts use (libnvidia-container's option names), into typed commands; `info` writes
 //! `info` and `list` in libnvidia-container's shapes. Pure: the binary applies them.
 
 pub mod cdi_hook;
-pub mod report;
+pub mod info;
 pub mod runtime_hook;
 
 pub use cdi_hook::CDI_HOOK_NAME;
 
 use crate::capability::Capability;
-use crate::echo::Echo;
 use crate::request::Flags;
+use crate::shown::Shown;
 use std::path::PathBuf;
 
 /// The OCI hook Docker's `--gpus` adds (`nvidia-container-runtime-hook prestart`).
@@ -28,21 +28,21 @@ pub const NAMES: [&str; 3] = [RUNTIME_HOOK_NAME, CLI_NAME, CDI_HOOK_NAME];
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CliError {
     #[error("{0} is not an option of nvidia-container-cli (try nvidia-container-cli --help)")]
-    Unsupported(Echo),
+    Unsupported(Shown),
     #[error("{option} needs a value ({option}=VALUE)")]
     NoValue { option: &'static str },
     #[error("--pid={0}: not a process id")]
-    BadPid(Echo),
+    BadPid(Shown),
     #[error("configure needs --pid=PID: nvhook works only on a container the runtime started")]
     NoPid,
     #[error(
         "configure needs the container's rootfs, an absolute path other than / (got {0}), after its options"
     )]
-    BadRootfs(Echo),
+    BadRootfs(Shown),
     #[error("no command: use configure, info or list")]
     NoCommand,
     #[error("--cuda-compat-mode={0}: use mount, ldconfig or disabled")]
-    BadCompatMode(Echo),
+    BadCompatMode(Shown),
 }
 
 /// One command line.
@@ -438,7 +438,7 @@ fn capability(flag: &str) -> Option<Capability> {
     })
 }
 
-fn unsupported(arg: &str, command: &str) -> Echo {
+fn unsupported(arg: &str, command: &str) -> Shown {
     format!("{command} option {arg}").into()
 }
 

@@ -2,7 +2,7 @@
 //! `-debug`, `-version` (one or two dashes, `=value` or the next argument), then a command,
 //! `prestart`, `poststart` or `poststop`. Docker's `--gpus` runs `prestart`.
 
-use crate::echo::Echo;
+use crate::shown::Shown;
 
 /// What one command line asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,13 +20,13 @@ pub enum RuntimeHook {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuntimeHookError {
     #[error("flag provided but not defined: -{0}")]
-    UnknownFlag(Echo),
+    UnknownFlag(Shown),
     #[error("flag needs an argument: -{0}")]
     NoValue(&'static str),
     #[error("no command: use prestart, poststart or poststop")]
     NoCommand,
     #[error("unknown command {0}: use prestart, poststart or poststop")]
-    UnknownCommand(Echo),
+    UnknownCommand(Shown),
 }
 
 /// The usage NVIDIA's hook prints (on stderr) for `-h` and for every mistake.

@@ -1,6 +1,6 @@
 //! The command lines engines build, as their sources write them, and what nvhook refuses.
 
-use super::report::{info_text, list_text};
+use super::info::{info_text, list_text};
 use super::*;
 use crate::config::Config;
 use crate::request::{DeviceSelection, Request, RequestError, SelectionSource};

@@ -9,8 +9,8 @@
 //! mount id against this set before anything is created in it.
 
 use super::{Rootfs, RootfsError, sys};
-use crate::echo::Echo;
 use crate::oci::MountPoint;
+use crate::shown::Shown;
 use std::cell::OnceCell;
 use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
@@ -201,7 +201,7 @@ impl Rootfs {
             Ok(target) => (
                 format!(
                     "the image's {prefix} is a link to {}, {mount}",
-                    Echo(target.to_string_lossy())
+                    Shown(target.to_string_lossy())
                 ),
                 "point the image's link into the image, or mount the volume elsewhere",
             ),

@@ -14,8 +14,8 @@ pub mod folder;
 pub mod loader;
 pub mod sys;
 
-use crate::echo::{Echo, ShownPath};
 use crate::plan::{ImageInfo, MountKind};
+use crate::shown::{Shown, ShownPath};
 use pathrs::Root;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -215,7 +215,7 @@ impl Rootfs {
                     let target = self.root.readlink(&prefix).ok()?;
                     return Some(format!(
                         "the image's {prefix} is a link to {} that leads nowhere inside the image",
-                        Echo(target.to_string_lossy())
+                        Shown(target.to_string_lossy())
                     ));
                 }
             }

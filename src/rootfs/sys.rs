@@ -298,7 +298,7 @@ pub fn dir_names(dir: BorrowedFd, limit: usize) -> io::Result<Vec<CString>> {
 /// The inode `fd` (an O_PATH descriptor) refers to, opened again with `flags` through
 /// /proc/thread-self/fd/N: the kernel follows the descriptor itself, so no path is resolved
 /// again. The /proc found must be procfs and the root of its mount; the file opened must be
-/// `st`'s inode. Callers run where /proc is the host's (the shim, or a hook before
+/// `st`'s inode. Callers run where /proc is the host's (nvhook-runtime, or a hook before
 /// pivot_root, whose mount namespace only the runtime has changed).
 pub fn reopen_through_proc(fd: BorrowedFd, st: &libc::stat, flags: i32) -> io::Result<OwnedFd> {
     let proc = fd_result(

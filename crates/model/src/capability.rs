@@ -1,6 +1,6 @@
 //! Driver capabilities a container can ask for (`NVIDIA_DRIVER_CAPABILITIES`).
 
-use crate::echo::Echo;
+use crate::shown::Shown;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -51,7 +51,7 @@ impl fmt::Display for Capability {
 #[error(
     "unknown driver capability \"{0}\" (known: compute, utility, video, graphics, display, ngx, compat32, all)"
 )]
-pub struct UnknownCapability(pub Echo);
+pub struct UnknownCapability(pub Shown);
 
 impl FromStr for Capability {
     type Err = UnknownCapability;

@@ -1,7 +1,7 @@
 //! `/etc/nvhook/config.toml`: where the host's driver, device nodes and proc live, and policy.
 
 use crate::capability::Capability;
-use crate::extra_devices::Family;
+use crate::imex_and_families::Family;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -46,7 +46,7 @@ pub struct Config {
     /// File the hook appends its log to; none means log to stderr only on failure.
     pub log_file: Option<PathBuf>,
     pub log_level: LogLevel,
-    /// Low-level runtimes the shim execs, first found wins.
+    /// Low-level runtimes nvhook-runtime execs, first found wins.
     pub runtimes: Vec<String>,
     /// Absolute path of the nvhook binary written into hook entries; by default the nvhook
     /// that writes them, which is the one beside nvhook-runtime.
@@ -99,8 +99,8 @@ pub enum CudaCompatMode {
     Off,
 }
 
-/// `hook`: the shim puts the device nodes into config.json and adds the prestart hook, which
-/// does the rest. `cdi`: the shim writes all of the plan as CDI-style edits (nodes, cgroup
+/// `hook`: nvhook-runtime puts the device nodes into config.json and adds the prestart hook, which
+/// does the rest. `cdi`: nvhook-runtime writes all of the plan as CDI-style edits (nodes, cgroup
 /// rules, bind mounts) for the runtime to apply, plus a createContainer hook for the links
 /// and the loader cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,11 +7,11 @@
 pub mod capability;
 pub mod config;
 pub mod device_rule;
-pub mod echo;
-pub mod extra_devices;
+pub mod imex_and_families;
 pub mod inventory;
 pub mod oci;
 pub mod plan;
 pub mod proc_view;
 pub mod request;
+pub mod shown;
 pub mod version;

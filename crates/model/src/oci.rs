@@ -3,7 +3,7 @@
 //! config.json is read through a tolerant struct rather than oci-spec's full model: oci-spec
 //! rejects specs some engines write (a `process` without `user`) and nvhook needs five fields.
 
-use crate::echo::ShownPath;
+use crate::shown::ShownPath;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -258,14 +258,16 @@ fn inherited_socket(value: &str) -> Result<OwnedFd, NriError> {
         .ok()
         .filter(|fd| *fd >= 0)
         .ok_or_else(|| bad("not a descriptor number".into()))?;
-    // SAFETY: fstat writes into the zeroed struct it is given and reads nothing else.
+    // SAFETY: a zeroed `stat` is a valid value of a plain C struct.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into the struct it is given and reads nothing else.
     if unsafe { libc::fstat(fd, &mut st) } != 0 {
         return Err(bad(format!("{}", std::io::Error::last_os_error())));
     }
     if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
         return Err(bad("the descriptor is not a socket".into()));
     }
+    // SAFETY: F_SETFD on a descriptor number touches no memory; a bad one is EBADF.
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     // SAFETY: the engine gave this descriptor to the plugin, and nothing else here owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

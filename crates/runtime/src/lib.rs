@@ -2,12 +2,12 @@
 //!
 //! Engines run nvhook-runtime for every command of every container (create, start, state,
 //! kill, delete, ...), GPU or not, and only `create`/`run` of a container that asks for a GPU
-//! needs nvhook's shim. So nvhook-runtime is a libc-free static program built on this module
+//! needs nvhook's create path. So nvhook-runtime is a libc-free static program built on this module
 //! (`core` only) that hands everything else straight to runc: a dynamic std binary would add
 //! its loader, relocations and libc and std start-up to every command it passes on (the
 //! figures are in docs/performance.md).
 //!
-//! Every answer here is either certain or "ask nvhook": the full shim (`nvhook runtime`) is
+//! Every answer here is either certain or "ask nvhook": the full create path (`nvhook runtime`) is
 //! always right, this module only spares it where the bytes leave no doubt.
 
 #![no_std]
@@ -21,15 +21,15 @@ const GLOBAL_FLAGS_WITH_VALUE: &[&[u8]] = &[
     b"--rootless",
 ];
 
-/// The runtimes the shim tries when its config names none.
+/// The runtimes nvhook-runtime tries when its config names none.
 pub const DEFAULT_RUNTIMES: [&str; 2] = ["runc", "crun"];
 
 /// Where runtimes are looked for when PATH is unset.
 pub const DEFAULT_SEARCH_PATH: &[u8] =
     b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// `nvhook runtime RUNC-ARGS` is the full shim that nvhook-runtime hands a GPU create to.
-pub const SHIM_SUBCOMMAND: &str = "runtime";
+/// `nvhook runtime RUNC-ARGS` is the full create path that nvhook-runtime hands a GPU create to.
+pub const CREATE_SUBCOMMAND: &str = "runtime";
 
 /// The variable that names nvhook's config file.
 pub const CONFIG_ENV: &str = "NVHOOK_CONFIG";
@@ -48,7 +48,7 @@ const GPU_MARKERS: [&[u8]; 4] = [
     b"\\u",
 ];
 
-/// What the runtime is asked to do, as far as the shim cares.
+/// What the runtime is asked to do, as far as nvhook-runtime cares.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Invocation<'a> {
     pub command: Option<&'a [u8]>,

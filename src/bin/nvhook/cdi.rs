@@ -22,8 +22,10 @@ pub(crate) fn cdi(config: &Config, config_path: Option<&Path>, command: CdiComma
                 Some(path) => {
                     nvhook::cdi::write_spec(&path, &text)?;
                     println!("wrote {} ({} devices)", path.display(), spec.devices.len());
-                    let extra = nvhook::cdi::generate_extra(&inventory)?;
-                    report_extra(nvhook::cdi::write_extra_specs(&path, &extra, format)?);
+                    let extra = nvhook::cdi::generate_imex_and_families(&inventory)?;
+                    report_specs(nvhook::cdi::write_imex_and_family_specs(
+                        &path, &extra, format,
+                    )?);
                     link_dev_char(config, &inventory);
                 }
                 None => print!("{text}"),
@@ -50,8 +52,10 @@ pub(crate) fn cdi(config: &Config, config_path: Option<&Path>, command: CdiComma
                 ),
                 false => println!("unchanged: {}", output.display()),
             }
-            let extra = nvhook::cdi::generate_extra(&inventory)?;
-            report_extra(nvhook::cdi::write_extra_specs(&output, &extra, format)?);
+            let extra = nvhook::cdi::generate_imex_and_families(&inventory)?;
+            report_specs(nvhook::cdi::write_imex_and_family_specs(
+                &output, &extra, format,
+            )?);
         }
         CdiCommand::List { files } => nvhook::cdi::list(
             &files,
@@ -63,13 +67,13 @@ pub(crate) fn cdi(config: &Config, config_path: Option<&Path>, command: CdiComma
 }
 
 /// Says which IMEX channel and device family specs were written or retired.
-pub(crate) fn report_extra(outcomes: Vec<nvhook::cdi::ExtraOutcome>) {
-    use nvhook::cdi::ExtraOutcome;
+pub(crate) fn report_specs(outcomes: Vec<nvhook::cdi::SpecOutcome>) {
+    use nvhook::cdi::SpecOutcome;
     for outcome in outcomes {
         match outcome {
-            ExtraOutcome::Written(path) => println!("wrote {}", path.display()),
-            ExtraOutcome::Unchanged(_) => {}
-            ExtraOutcome::Removed(path) => {
+            SpecOutcome::Written(path) => println!("wrote {}", path.display()),
+            SpecOutcome::Unchanged(_) => {}
+            SpecOutcome::Removed(path) => {
                 println!("removed {} (no such devices now)", path.display())
             }
         }

@@ -30,7 +30,7 @@ pub(crate) fn configure(config: Option<&Path>, args: ConfigureArgs) -> Result<()
         file: args.engine_config,
         runtime_name: args.runtime_name,
         runtime_path: args.runtime_path.unwrap_or_else(|| {
-            nvhook::install::beside_nvhook(RUNTIME_BINARY)
+            nvhook::binary_paths::beside_nvhook(RUNTIME_BINARY)
                 .display()
                 .to_string()
         }),

@@ -36,7 +36,7 @@ pub(crate) fn doctor(
     }
     let runtime_path = match runtime_path {
         Some(path) => path,
-        None => nvhook::install::beside_nvhook(RUNTIME_BINARY)
+        None => nvhook::binary_paths::beside_nvhook(RUNTIME_BINARY)
             .display()
             .to_string(),
     };

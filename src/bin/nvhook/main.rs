@@ -4,11 +4,11 @@
 
 mod cdi;
 mod configure;
+mod describe;
 mod doctor;
 mod hook;
 mod nri;
 mod nvidia_names;
-mod report;
 mod runtime;
 
 use anyhow::Result;
@@ -243,7 +243,7 @@ fn nvhook_main() -> i32 {
     let program = args.next().unwrap_or_default();
     if args
         .next()
-        .is_some_and(|a| a == nvhook_runtime::SHIM_SUBCOMMAND)
+        .is_some_and(|a| a == nvhook_runtime::CREATE_SUBCOMMAND)
     {
         return runtime::main(&program, &args.collect::<Vec<_>>());
     }
@@ -300,8 +300,8 @@ fn run(cli: Cli) -> Result<()> {
     let config = nvhook::config::load(cli.config.as_deref(), env_config.as_deref())?;
     nvhook::logging::init(&config);
     match cli.command {
-        Command::Info { format } => report::info(&config, format),
-        Command::Plan { bundle, format } => report::plan(&config, &bundle, format),
+        Command::Info { format } => describe::info(&config, format),
+        Command::Plan { bundle, format } => describe::plan(&config, &bundle, format),
         Command::Cdi(command) => {
             // The spec's hook must read the config this run read, however it was named.
             let named = cli
@@ -334,7 +334,7 @@ fn run(cli: Cli) -> Result<()> {
             prefix,
             mig_strategy,
             output,
-        } => report::labels(
+        } => describe::labels(
             &config,
             format,
             &prefix,

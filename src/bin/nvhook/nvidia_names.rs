@@ -186,7 +186,7 @@ fn cli(config_path: Option<&Path>, global: &Global, command: Command) -> anyhow:
     print!(
         "{}",
         match command {
-            Command::Info { csv } => nvidia_cli::report::info_text(&inventory, csv),
+            Command::Info { csv } => nvidia_cli::info::info_text(&inventory, csv),
             Command::List(list) => {
                 // The nodes of `--device`'s GPUs are those configure would give them: the
                 // same request and plan, so an unknown device gets the same one line.
@@ -198,7 +198,7 @@ fn cli(config_path: Option<&Path>, global: &Global, command: Command) -> anyhow:
                     host_plan::plan_for_host(&request, inventory.clone(), source, &config, target)?
                         .devices
                 };
-                nvidia_cli::report::list_text(&inventory, &list, &selected)
+                nvidia_cli::info::list_text(&inventory, &list, &selected)
             }
             Command::Configure(_) | Command::Version | Command::Help(_) => {
                 unreachable!("handled above")

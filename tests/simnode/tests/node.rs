@@ -70,9 +70,9 @@ const LIBRARIES: &[(&str, &str, bool)] = &[
 
 fn require_root() {
     // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
     assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+        euid, 0,
         "simnode tests must run as root (they mknod device nodes)"
     );
 }
@@ -281,6 +281,7 @@ fn check_libcuda(node: &Path) {
     // SAFETY: the signatures are the CUDA driver API's.
     let cu_init: extern "C" fn(u32) -> i32 = unsafe { std::mem::transmute(dl.sym("cuInit")) };
     let get_version: extern "C" fn(*mut i32) -> i32 =
+        // SAFETY: as above.
         unsafe { std::mem::transmute(dl.sym("cuDriverGetVersion")) };
     assert_eq!(cu_init(0), 0);
     let mut version = 0;

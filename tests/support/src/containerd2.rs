@@ -2,7 +2,7 @@
 //! CRI plugin and NRI, as a Kubernetes node runs it, but private to one test: own root, state,
 //! gRPC socket, NRI socket, NRI plugin and config directories and CDI spec directories, all
 //! under the test's EngineDir. Containers run with Debian 12's runc (sid's runc needs a newer
-//! glibc); the shim, containerd-shim-runc-v2, is sid's. The pod sandbox image is the harness's
+//! glibc); nvhook-runtime, containerd-shim-runc-v2, is sid's. The pod sandbox image is the harness's
 //! busybox, imported at start: nothing is pulled.
 
 use std::fs;

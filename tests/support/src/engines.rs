@@ -27,7 +27,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a daemon may take to exit after SIGTERM before it gets SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The shim cargo built for this test run.
+/// nvhook-runtime cargo built for this test run.
 pub fn nvhook_runtime_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| super::workspace_bin("nvhook-runtime"))
@@ -913,7 +913,7 @@ impl Containerd {
     ) -> Output {
         let mut cmd = self.ctr();
         cmd.envs(env.iter().copied());
-        // The container's output goes to a file the shim writes and closes before it reports
+        // The container's output goes to a file nvhook-runtime writes and closes before it reports
         // the exit: ctr's own copying from its FIFOs can lose the output of a process that
         // exits at once (seen: status 0, nothing on stdout, under load).
         let log = self.fifo_dir.join(format!("{id}.log"));
@@ -1176,7 +1176,7 @@ impl DetachedContainer {
         container
     }
 
-    /// `runc --root ROOT ARGS...` (plain runc: the shim only matters at create).
+    /// `runc --root ROOT ARGS...` (plain runc: nvhook-runtime only matters at create).
     pub fn runc(&self) -> Command {
         let mut cmd = in_env(self.env, &require_program("runc"));
         cmd.arg("--root").arg(&self.root);

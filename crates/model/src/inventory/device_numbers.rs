@@ -56,7 +56,7 @@ pub fn parse_proc_devices(text: &str) -> Option<DeviceMajors> {
             "nvidia" | "nvidia-frontend" => nvidia = Some(major),
             "nvidia-uvm" => uvm = Some(major),
             "nvidia-caps" => caps = Some(major),
-            name if crate::extra_devices::is_major_name(name) => {
+            name if crate::imex_and_families::is_major_name(name) => {
                 extra.push((major, name.to_string()))
             }
             _ => {}

@@ -12,7 +12,7 @@
 //! is not a version) leaves the host's libraries in place, with the reason in the plan.
 
 use super::{CacheEntry, LdSoConf};
-use crate::echo::Echo;
+use crate::shown::Shown;
 use nvhook_ldcache::ElfClass;
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
@@ -115,12 +115,12 @@ fn compat_version(found: &CompatDir) -> Result<(String, DriverVersion), String> 
         [] => Err("it holds no regular file libcuda.so.<version>".into()),
         [version] => DriverVersion::parse(version)
             .map(|v| (version.to_string(), v))
-            .ok_or_else(|| format!("libcuda.so.{}: not a driver version", Echo(version))),
+            .ok_or_else(|| format!("libcuda.so.{}: not a driver version", Shown(version))),
         _ => Err(format!(
             "it holds several libcuda.so.<version> files ({})",
             libcuda
                 .iter()
-                .map(|v| Echo(v).to_string())
+                .map(|v| Shown(v).to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
         )),

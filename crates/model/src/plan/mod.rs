@@ -1,11 +1,10 @@
 //! Request × Inventory × Config → Plan: everything a GPU container needs, as plain data.
 //!
-//! Pure: no I/O here. The hook applies a plan, the runtime shim writes part of one into
+//! Pure: no I/O here. The hook applies a plan, nvhook-runtime writes part of one into
 //! config.json, and `nvhook plan` prints one.
 
 use crate::capability::Capability;
 use crate::device_rule::DeviceRule;
-use crate::echo::Echo;
 use crate::inventory::GLX_SERVER;
 use crate::inventory::{Gpu, HostFile, HostNode, Inventory, MigDevice};
 use crate::inventory::{MODESET_MINOR, NVIDIACTL_MINOR};
@@ -13,6 +12,7 @@ use crate::request::{
     DEVICE_MOUNT_ROOT, DeviceId, DeviceSelection, GpuFacts, Request, SelectionSource,
     VISIBLE_DEVICES, Version,
 };
+use crate::shown::Shown;
 use nvhook_ldcache::{Arch, ElfClass};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
@@ -306,7 +306,7 @@ pub enum PlanError {
     #[error("{origin}: no such GPU (this node has {have})")]
     NoSuchDevice {
         /// Where the container named the device: `NVIDIA_VISIBLE_DEVICES=<id>` or the device
-        /// plugin's `volume mount <path>`, built with an [`Echo`] of the id.
+        /// plugin's `volume mount <path>`, built with an [`Shown`] of the id.
         origin: String,
         have: String,
     },
@@ -332,7 +332,7 @@ pub enum PlanError {
     #[error(
         "NVIDIA_IMEX_CHANNELS={value}: this host's driver has no IMEX channels (/proc/devices has no nvidia-caps-imex-channels; IMEX needs driver 550 or later)"
     )]
-    NoImexMajor { value: Echo },
+    NoImexMajor { value: Shown },
     #[error(
         "NVIDIA_IMEX_CHANNELS: IMEX channel {channel} does not exist on this host (it has {have}; ask for one it has, or all)"
     )]
@@ -404,7 +404,7 @@ pub fn build_with_layout(
         dev_root,
     };
     let mut devices = device_nodes(request, inventory, &choices, &nodes)?;
-    let (extra, mut skipped) = extra::nodes(request, inventory)?;
+    let (extra, mut skipped) = imex_and_families::nodes(request, inventory)?;
     devices.extend(extra);
     skipped.extend(compat32_skipped(request, layout.arch));
     let mut builder = FileBuilder {
@@ -453,7 +453,7 @@ fn select<'a>(
     };
     for id in ids {
         let choice = resolve(id, inventory).ok_or_else(|| {
-            let id = Echo(id.to_string());
+            let id = Shown(id.to_string());
             PlanError::NoSuchDevice {
                 // Name what the container set: a pod with the device plugin's mounts has no
                 // NVIDIA_VISIBLE_DEVICES to look for.
@@ -968,8 +968,8 @@ pub fn container_params(host_params: &str) -> String {
     out
 }
 
-mod extra;
-pub use extra::{family_device_nodes, imex_channel_nodes};
+mod imex_and_families;
+pub use imex_and_families::{family_device_nodes, imex_channel_nodes};
 #[cfg(any(test, feature = "test-util"))]
 pub mod fixtures;
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! Device ids and device lists, as written in `NVIDIA_VISIBLE_DEVICES` and in the
 //! volume mounts the Kubernetes device plugin adds under `/var/run/nvidia-container-devices/`.
 
-use crate::echo::Echo;
 use crate::oci::Spec;
+use crate::shown::Shown;
 use std::fmt;
 use std::path::{Component, Path, PathBuf};
 use std::str::FromStr;
@@ -40,7 +40,7 @@ pub enum DeviceId {
 #[error(
     "unknown device \"{0}\" (use an index, GPU-<uuid>, MIG-<uuid>, a PCI bus id, G:M, all or none)"
 )]
-pub struct UnknownDevice(pub Echo);
+pub struct UnknownDevice(pub Shown);
 
 impl FromStr for DeviceId {
     type Err = UnknownDevice;
@@ -170,7 +170,7 @@ pub(crate) fn selection(items: &[&str]) -> Result<DeviceSelection, UnknownDevice
 pub(crate) fn mount_device_ids(spec: &Spec) -> Vec<String> {
     let mut ids = mount_ids(spec);
     // IMEX channel requests share the directory but select no GPU.
-    ids.retain(|id| !id.starts_with(super::extra::IMEX_MOUNT_PREFIX));
+    ids.retain(|id| !id.starts_with(super::imex_and_families::IMEX_MOUNT_PREFIX));
     ids
 }
 

@@ -7,18 +7,18 @@
 //! closed instead, and the doc comment says so.
 
 mod devices;
-mod extra;
+mod imex_and_families;
 mod require;
 
 pub use devices::{DEVICE_MOUNT_ROOT, DeviceId, DeviceSelection, UnknownDevice};
-pub use extra::{ExtraError, IMEX_CHANNELS, ImexChannels, channel_ranges};
+pub use imex_and_families::{IMEX_CHANNELS, ImexChannels, ImexFamilyError, channel_ranges};
 pub use require::{ConditionError, GpuFacts, InvalidVersion, Requirements, Unsatisfied, Version};
 
 use crate::capability::{Capability, UnknownCapability};
 use crate::config::Config;
-use crate::echo::Echo;
-use crate::extra_devices::Family;
+use crate::imex_and_families::Family;
 use crate::oci::Spec;
+use crate::shown::Shown;
 use std::collections::BTreeSet;
 
 pub const VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
@@ -95,7 +95,7 @@ pub enum Decision {
     EnvIgnored,
 }
 
-/// Every value from the container is an [`Echo`] (or an origin made with one), so that a
+/// Every value from the container is an [`Shown`] (or an origin made with one), so that a
 /// refusal stays one short line whatever the container says.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
@@ -107,34 +107,37 @@ pub enum RequestError {
     },
     #[error("NVIDIA_DRIVER_CAPABILITIES={value}: {source}")]
     UnknownCapability {
-        value: Echo,
+        value: Shown,
         source: UnknownCapability,
     },
     #[error(
         "NVIDIA_DRIVER_CAPABILITIES={value}: this node does not serve capability {capability} (it serves {supported}; ask for those, or add {capability} to supported-capabilities in the nvhook config)"
     )]
     UnsupportedCapability {
-        value: Echo,
+        value: Shown,
         capability: Capability,
         supported: String,
     },
     #[error(
         "{variable}={value}: only a privileged container (CAP_SYS_ADMIN in its bounding set) may manage MIG (run it privileged or unset {variable})"
     )]
-    MigUnprivileged { variable: &'static str, value: Echo },
+    MigUnprivileged {
+        variable: &'static str,
+        value: Shown,
+    },
     /// Names the condition at fault rather than the whole value, which would repeat it: the
     /// line then quotes the variable, the condition and its version, not a fourth value.
     #[error("{variable}: {source}")]
     Requirement {
-        variable: Echo,
+        variable: Shown,
         source: ConditionError,
     },
     #[error(transparent)]
-    Extra(#[from] ExtraError),
+    ImexOrFamily(#[from] ImexFamilyError),
     #[error(
         "CUDA_VERSION={value}: not a version, so the legacy requirement cuda>=MAJOR.MINOR cannot be formed (fix CUDA_VERSION, set NVIDIA_REQUIRE_CUDA, or set NVIDIA_DISABLE_REQUIRE=true)"
     )]
-    LegacyCudaVersion { value: Echo },
+    LegacyCudaVersion { value: Shown },
 }
 
 impl Request {
@@ -149,7 +152,7 @@ impl Request {
                 tracing::warn!(
                     value = spec
                         .env(VISIBLE_DEVICES)
-                        .map(|v| tracing::field::display(Echo(v))),
+                        .map(|v| tracing::field::display(Shown(v))),
                     "NVIDIA_VISIBLE_DEVICES ignored: the container is unprivileged and accept-env-when-unprivileged = false (GPUs come from the device plugin's volume mounts)"
                 );
                 None
@@ -176,13 +179,13 @@ impl Request {
             mig_monitor: mig_devices(spec, MIG_MONITOR_DEVICES, privileged)?,
             capabilities: capabilities(spec, config, legacy)?,
             requirements: requirements(spec, config, legacy)?,
-            imex_channels: extra::imex_channels(
+            imex_channels: imex_and_families::imex_channels(
                 spec,
                 config,
                 env_trusted,
                 &devices::mount_ids(spec),
             )?,
-            families: extra::families(spec, config, env_trusted)?,
+            families: imex_and_families::families(spec, config, env_trusted)?,
             privileged,
             source,
             cuda_version: spec
@@ -247,11 +250,11 @@ impl Request {
             imex_channels: flags
                 .imex_channels
                 .as_deref()
-                .map(|v| extra::parse_channels(v, &env_origin("--imex-channel", v)))
+                .map(|v| imex_and_families::parse_channels(v, &env_origin("--imex-channel", v)))
                 .transpose()?
                 .flatten(),
             // No image environment: the node's defaults.
-            families: extra::families(&Spec::default(), config, false)?,
+            families: imex_and_families::families(&Spec::default(), config, false)?,
         })
     }
 }
@@ -437,7 +440,7 @@ pub(crate) fn list_items<'a>(items: impl IntoIterator<Item = &'a str>) -> Vec<&'
 }
 
 fn env_origin(variable: &str, value: &str) -> String {
-    format!("{variable}={}", Echo(value))
+    format!("{variable}={}", Shown(value))
 }
 
 fn list(capabilities: &BTreeSet<Capability>) -> String {

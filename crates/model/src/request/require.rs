@@ -8,7 +8,7 @@
 //! `cuda` and `driver` (host), `arch` and `brand` (per GPU). Versions are dotted numbers
 //! compared component-wise (12.10 > 12.9, 12.4 = 12.4.0); brands compare case-insensitively.
 
-use crate::echo::Echo;
+use crate::shown::Shown;
 use std::cmp::Ordering;
 use std::fmt;
 use std::str::FromStr;
@@ -23,7 +23,7 @@ pub struct Version {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("\"{0}\" is not a version (use dotted numbers such as 12.4)")]
-pub struct InvalidVersion(pub Echo);
+pub struct InvalidVersion(pub Shown);
 
 impl FromStr for Version {
     type Err = InvalidVersion;
@@ -122,26 +122,26 @@ pub struct Unsatisfied {
     /// The variable the condition came from (`NVIDIA_REQUIRE_CUDA`, or `CUDA_VERSION` for the
     /// requirement implied by a legacy image).
     pub variable: String,
-    pub condition: Echo,
+    pub condition: Shown,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConditionError {
     #[error("condition \"{0}\" has no operator (write KEY OP VALUE, e.g. cuda>=12.4)")]
-    NoOperator(Echo),
+    NoOperator(Shown),
     #[error("condition \"{0}\" has no key before the operator (use cuda, driver, arch or brand)")]
-    NoKey(Echo),
+    NoKey(Shown),
     #[error("condition \"{condition}\": unknown operator \"{operator}\" (use = != < <= > >=)")]
-    UnknownOperator { condition: Echo, operator: Echo },
+    UnknownOperator { condition: Shown, operator: Shown },
     #[error("condition \"{0}\" has no value after the operator")]
-    NoValue(Echo),
+    NoValue(Shown),
     #[error("condition \"{condition}\": unknown key \"{key}\" (use cuda, driver, arch or brand)")]
-    UnknownKey { condition: Echo, key: Echo },
+    UnknownKey { condition: Shown, key: Shown },
     #[error("condition \"{0}\": a brand can only be compared with = or !=")]
-    BrandOrder(Echo),
+    BrandOrder(Shown),
     #[error("condition \"{condition}\": {source}")]
     Version {
-        condition: Echo,
+        condition: Shown,
         source: InvalidVersion,
     },
 }
@@ -259,7 +259,7 @@ impl Expression {
         }
         Err(Unsatisfied {
             variable: self.variable.clone(),
-            condition: first_failure.map_or_else(Echo::default, |c| c.text.as_str().into()),
+            condition: first_failure.map_or_else(Shown::default, |c| c.text.as_str().into()),
         })
     }
 }
@@ -525,7 +525,7 @@ mod tests {
     #[test]
     fn syntax_errors() {
         use ConditionError::*;
-        let s = |t: &str| Echo::from(t);
+        let s = |t: &str| Shown::from(t);
         let op = |c: &str, o: &str| UnknownOperator {
             condition: s(c),
             operator: s(o),

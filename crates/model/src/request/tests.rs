@@ -681,7 +681,7 @@ fn bad_imex_and_family_values_are_refused_in_one_line() {
 
 #[test]
 fn families_by_variable_and_config_default() {
-    use crate::extra_devices::Family;
+    use crate::imex_and_families::Family;
     let r = request(&[
         "NVIDIA_VISIBLE_DEVICES=0",
         "NVIDIA_NVSWITCH=enabled",

@@ -3,7 +3,7 @@
 //! A static program with no libc (see this crate's src/lib.rs for why): it execs the runtime
 //! straight away unless the command is `create`/`run` of a bundle whose config.json may ask
 //! for a GPU, or its config is one it cannot read with certainty; those it hands to
-//! `nvhook runtime` (the full shim, beside this binary), which prepares the bundle, reports
+//! `nvhook runtime` (the full create path, beside this binary), which prepares the bundle, reports
 //! errors in its own words, and execs the runtime itself.
 // `cargo clippy --all-targets` also builds this binary as a test, with std and a harness of
 // its own: the program is then left out.

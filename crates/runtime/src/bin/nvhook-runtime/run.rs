@@ -93,7 +93,7 @@ fn hand_to_nvhook(buf: &mut [u8], argc: usize, argv: *mut *const u8, envp: *cons
         fail(b"/proc/self/exe", b"cannot be read: mount /proc", 0)
     };
     let mut subcommand = [0u8; 16];
-    let subcommand = front::join_path(&mut subcommand, b"", front::SHIM_SUBCOMMAND.as_bytes());
+    let subcommand = front::join_path(&mut subcommand, b"", front::CREATE_SUBCOMMAND.as_bytes());
     let (Some(args), Some(subcommand)) = (sys::map_pointers(argc + 2), subcommand) else {
         fail(nvhook, b"cannot be run: out of memory", 0)
     };

@@ -7,9 +7,9 @@
 //! or writes `NVIDIA_GDS=true` learns so at once instead of running without its devices.
 
 use crate::config::Config;
-use crate::echo::Echo;
-use crate::extra_devices::Family;
+use crate::imex_and_families::Family;
 use crate::oci::Spec;
+use crate::shown::Shown;
 use std::collections::BTreeSet;
 use std::fmt;
 
@@ -57,11 +57,11 @@ pub fn channel_ranges(ascending: &[u32]) -> String {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ExtraError {
+pub enum ImexFamilyError {
     #[error(
         "{origin}: \"{item}\" is not an IMEX channel number (use channel numbers separated by commas, such as 0,1, or all)"
     )]
-    BadChannel { origin: String, item: Echo },
+    BadChannel { origin: String, item: Shown },
     #[error(
         "{origin}: all cannot be combined with channel numbers (ask for all alone, or for channel numbers only, such as 0,1)"
     )]
@@ -69,7 +69,10 @@ pub enum ExtraError {
     #[error(
         "{variable}={value}: use enabled or disabled (or leave it unset for the node's default)"
     )]
-    BadFamilyValue { variable: &'static str, value: Echo },
+    BadFamilyValue {
+        variable: &'static str,
+        value: Shown,
+    },
 }
 
 /// The channels `value` names, a list read as every NVIDIA_* list is
@@ -78,7 +81,7 @@ pub enum ExtraError {
 pub(super) fn parse_channels(
     value: &str,
     origin: &str,
-) -> Result<Option<ImexChannels>, ExtraError> {
+) -> Result<Option<ImexChannels>, ImexFamilyError> {
     let items = super::list_items(value.split(','));
     if items.is_empty() || items.iter().any(|i| matches!(*i, "none" | "void")) {
         return Ok(None);
@@ -87,16 +90,18 @@ pub(super) fn parse_channels(
         return Ok(Some(ImexChannels::All));
     }
     if items.contains(&"all") {
-        return Err(ExtraError::AllAmongNumbers {
+        return Err(ImexFamilyError::AllAmongNumbers {
             origin: origin.to_string(),
         });
     }
     let mut channels = BTreeSet::new();
     for item in items {
-        channels.insert(channel_number(item).ok_or_else(|| ExtraError::BadChannel {
-            origin: origin.to_string(),
-            item: item.into(),
-        })?);
+        channels.insert(
+            channel_number(item).ok_or_else(|| ImexFamilyError::BadChannel {
+                origin: origin.to_string(),
+                item: item.into(),
+            })?,
+        );
     }
     Ok(Some(ImexChannels::List(channels.into_iter().collect())))
 }
@@ -115,7 +120,7 @@ pub fn imex_channels(
     config: &Config,
     env_trusted: bool,
     mount_ids: &[String],
-) -> Result<Option<ImexChannels>, ExtraError> {
+) -> Result<Option<ImexChannels>, ImexFamilyError> {
     if config.accept_volume_mount_devices {
         let channels: Vec<&str> = mount_ids
             .iter()
@@ -134,7 +139,7 @@ pub fn imex_channels(
     };
     if !env_trusted {
         tracing::warn!(
-            value = %Echo(value),
+            value = %Shown(value),
             "NVIDIA_IMEX_CHANNELS ignored: the container is unprivileged and accept-env-when-unprivileged = false"
         );
         return Ok(None);
@@ -144,7 +149,7 @@ pub fn imex_channels(
 
 /// Whether a family variable's value asks for the family: `enabled` or `disabled` (any
 /// case); unset or empty leaves it to the config.
-pub fn family_value(family: Family, value: Option<&str>) -> Result<Option<bool>, ExtraError> {
+pub fn family_value(family: Family, value: Option<&str>) -> Result<Option<bool>, ImexFamilyError> {
     let Some(value) = value.map(str::trim).filter(|v| !v.is_empty()) else {
         return Ok(None);
     };
@@ -153,7 +158,7 @@ pub fn family_value(family: Family, value: Option<&str>) -> Result<Option<bool>,
     } else if value.eq_ignore_ascii_case("disabled") {
         Ok(Some(false))
     } else {
-        Err(ExtraError::BadFamilyValue {
+        Err(ImexFamilyError::BadFamilyValue {
             variable: family.variable(),
             value: value.into(),
         })
@@ -166,7 +171,7 @@ pub fn families(
     spec: &Spec,
     config: &Config,
     env_trusted: bool,
-) -> Result<BTreeSet<Family>, ExtraError> {
+) -> Result<BTreeSet<Family>, ImexFamilyError> {
     let mut out = BTreeSet::new();
     for family in Family::ALL {
         let value = spec.env(family.variable());
@@ -215,7 +220,7 @@ mod tests {
         ] {
             assert_eq!(
                 parse(bad),
-                Err(ExtraError::BadChannel {
+                Err(ImexFamilyError::BadChannel {
                     origin: "X".into(),
                     item: item.into()
                 }),

@@ -8,7 +8,7 @@
 use super::CdiError;
 use crate::delivery::cdi_spec::{CdiSpec, ContainerEdits, Device, minimum_version, validate};
 use crate::delivery::edits::device_node;
-use crate::extra_devices::Family;
+use crate::imex_and_families::Family;
 use crate::inventory::Inventory;
 use crate::plan::{self, DeviceNode};
 use nvhook_cgroup::Access;
@@ -25,7 +25,9 @@ pub fn classes() -> impl Iterator<Item = &'static str> {
 }
 
 /// The extra specs for what this host has, by class.
-pub fn generate_extra(inventory: &Inventory) -> Result<Vec<(&'static str, CdiSpec)>, CdiError> {
+pub fn generate_imex_and_families(
+    inventory: &Inventory,
+) -> Result<Vec<(&'static str, CdiSpec)>, CdiError> {
     let mut out = Vec::new();
     let channels = plan::imex_channel_nodes(inventory);
     if !channels.is_empty() {
@@ -110,7 +112,7 @@ mod tests {
 
     #[test]
     fn imex_channels_are_devices_of_their_own_kind_and_families_one_device_each() {
-        let specs = generate_extra(&fabric_inventory()).unwrap();
+        let specs = generate_imex_and_families(&fabric_inventory()).unwrap();
         let kinds: Vec<&str> = specs.iter().map(|(_, s)| s.kind.as_str()).collect();
         assert_eq!(kinds, ["nvidia.com/imex-channel", "nvidia.com/gdrcopy"]);
         let imex = &specs[0].1;
@@ -125,7 +127,7 @@ mod tests {
         let gdr = &specs[1].1;
         assert_eq!(gdr.devices.len(), 1);
         assert_eq!(gdr.devices[0].name, "all");
-        assert!(generate_extra(&standard()).unwrap().is_empty());
+        assert!(generate_imex_and_families(&standard()).unwrap().is_empty());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! listed in the plan.
 
 use super::{DeviceNode, PlanError, Skipped};
-use crate::extra_devices::{Family, IMEX_CHANNEL, IMEX_DIR, IMEX_MAJOR_NAME};
+use crate::imex_and_families::{Family, IMEX_CHANNEL, IMEX_DIR, IMEX_MAJOR_NAME};
 use crate::inventory::{HostNode, Inventory};
 use crate::request::{IMEX_CHANNELS, ImexChannels, Request, channel_ranges};
 

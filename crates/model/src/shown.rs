@@ -5,7 +5,7 @@
 //! line to runc's error, the engine's events and nvhook's log, and a 100 KB variable makes a
 //! 100 KB line on every retry of a crash-looping pod. Every error field and log field that
 //! holds such a value (an environment variable's name or value, a part of one, a mount
-//! destination, a link target or file name in the image) is an [`Echo`], so that SECURITY.md's
+//! destination, a link target or file name in the image) is an [`Shown`], so that SECURITY.md's
 //! promise, one line of at most 400 characters, holds whatever the container says.
 
 use std::fmt::{self, Write};
@@ -37,21 +37,21 @@ impl fmt::Display for ShownPath<'_> {
 /// terminal control) and cut after [`SHOWN_BYTES`], whole escapes and characters only, with
 /// the value's length: `GPU-aaaa… (100000 bytes)`. Equality is the value's.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Echo<S = String>(pub S);
+pub struct Shown<S = String>(pub S);
 
-impl From<&str> for Echo {
-    fn from(value: &str) -> Echo {
-        Echo(value.to_string())
+impl From<&str> for Shown {
+    fn from(value: &str) -> Shown {
+        Shown(value.to_string())
     }
 }
 
-impl From<String> for Echo {
-    fn from(value: String) -> Echo {
-        Echo(value)
+impl From<String> for Shown {
+    fn from(value: String) -> Shown {
+        Shown(value)
     }
 }
 
-impl<S: AsRef<str>> fmt::Display for Echo<S> {
+impl<S: AsRef<str>> fmt::Display for Shown<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let value = self.0.as_ref();
         let mut shown = String::with_capacity(SHOWN_BYTES + 16);
@@ -73,26 +73,26 @@ mod tests {
 
     #[test]
     fn short_values_are_shown_whole_and_escaped() {
-        assert_eq!(Echo("0,1").to_string(), "0,1");
-        assert_eq!(Echo("").to_string(), "");
+        assert_eq!(Shown("0,1").to_string(), "0,1");
+        assert_eq!(Shown("").to_string(), "");
         assert_eq!(
-            Echo("GPU-\n\u{1b}[31m\"red\"\t\\").to_string(),
+            Shown("GPU-\n\u{1b}[31m\"red\"\t\\").to_string(),
             "GPU-\\n\\u{1b}[31m\\\"red\\\"\\t\\\\"
         );
         let exact = "x".repeat(SHOWN_BYTES);
-        assert_eq!(Echo(exact.as_str()).to_string(), exact);
+        assert_eq!(Shown(exact.as_str()).to_string(), exact);
     }
 
     #[test]
     fn long_values_keep_their_start_and_say_how_long_they_were() {
         let value = "a".repeat(100_000);
         assert_eq!(
-            Echo(&value).to_string(),
+            Shown(&value).to_string(),
             format!("{}… (100000 bytes)", "a".repeat(SHOWN_BYTES))
         );
         let one_over = "b".repeat(SHOWN_BYTES + 1);
         assert_eq!(
-            Echo(&one_over).to_string(),
+            Shown(&one_over).to_string(),
             format!("{}… (65 bytes)", "b".repeat(SHOWN_BYTES))
         );
     }
@@ -114,18 +114,18 @@ mod tests {
         // 63 bytes, then an escape of 6: the escape is left out whole.
         let value = format!("{}\u{1}tail", "c".repeat(SHOWN_BYTES - 1));
         assert_eq!(
-            Echo(&value).to_string(),
+            Shown(&value).to_string(),
             format!("{}… ({} bytes)", "c".repeat(SHOWN_BYTES - 1), value.len())
         );
         // Three-byte characters: 21 of them fit in 64 bytes.
         let value = "€".repeat(100);
         assert_eq!(
-            Echo(&value).to_string(),
+            Shown(&value).to_string(),
             format!("{}… (300 bytes)", "€".repeat(21))
         );
         // Control characters count as their escapes: never more than 64 bytes of them.
         let value = "\u{7}".repeat(100_000);
-        let shown = Echo(&value).to_string();
+        let shown = Shown(&value).to_string();
         assert_eq!(shown, format!("{}… (100000 bytes)", "\\u{7}".repeat(12)));
     }
 }
