@@ -23,8 +23,10 @@ step() {
 }
 # containerd 2 (Debian sid's) for tests/containerd2_e2e.rs, fetched into .engines/sid once.
 scripts/sid-engines.sh
-# youki for tests/youki_e2e.rs, built from crates.io into .engines/youki once.
+# youki, and sid's runc 1.3 and crun, for tests/runtimes_e2e.rs: youki built from crates.io into
+# .engines/youki once, sid's runtimes installed in a sid root (.engines/sid-root) once.
 step "youki (scripts/youki.sh)" scripts/youki.sh
+step "sid's runc and crun (scripts/sid-runtimes.sh)" scripts/sid-runtimes.sh
 # Test binaries locate simnode and the mock NVML in target/debug: build every member first.
 cargo build --workspace
 # tests/packages.rs reads the .deb and .rpm from target/packages/ (cargo test cannot run a nested

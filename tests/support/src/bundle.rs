@@ -247,6 +247,12 @@ impl Bundle {
         self
     }
 
+    /// Sets the spec's annotation `key` (the runtime reads some: crun's `run.oci.hooks.stderr`).
+    pub fn annotation(&mut self, key: &str, value: &str) -> &mut Self {
+        self.spec["annotations"][key] = json!(value);
+        self
+    }
+
     /// A read-only tmpfs of the runtime's at `destination`.
     pub fn tmpfs(&mut self, destination: &str) -> &mut Self {
         let mount = json!({

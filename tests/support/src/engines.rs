@@ -53,6 +53,25 @@ pub fn youki_bin() -> &'static Path {
     })
 }
 
+/// Debian sid's `runc` or `crun` from `scripts/sid-runtimes.sh`: a wrapper in
+/// `.engines/sid-bin` that runs the program of the sid root (`.engines/sid-root`) in a mount
+/// namespace of its own (the script says why). Panics with the fix when it is missing: the
+/// tests never skip.
+pub fn sid_runtime_bin(name: &str) -> PathBuf {
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("tests/support has a workspace root")
+        .join(".engines/sid-bin")
+        .join(name);
+    assert!(
+        bin.is_file(),
+        "sid's {name} is missing ({}): run scripts/sid-runtimes.sh",
+        bin.display()
+    );
+    bin
+}
+
 /// The NVML helper cargo built for this test run (nvhook runs it from beside itself).
 pub fn nvhook_nvml_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
