@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Debian sid's runc and crun (issue 38), next to Debian 12's, for the runtime stack of 2026:
-# .engines/sid-bin/runc and .engines/sid-bin/crun (ignored by git) run them with the same
-# arguments, stdio, pid and exit status as the programs themselves.
+# Debian sid's runc, crun and Podman 5 (issue 38), next to Debian 12's, for the runtime stack of
+# 2026: .engines/sid-bin/runc, crun and podman (ignored by git) run them with the same
+# arguments, stdio, pid and exit status as the programs themselves. Podman, conmon and the
+# runtimes it runs share the namespace of its wrapper, so one `podman run` sees sid's runc.
 #
 # sid builds them against a glibc newer than Debian 12's, so they cannot run on the host's
 # /usr, and copying them out would not help: runc re-executes itself (/proc/self/exe, for
@@ -43,7 +44,7 @@ fail() {
 ENGINES=$PWD/.engines
 ROOT=$(realpath -m "${NVHOOK_SID_ROOT:-$ENGINES/sid-root}")
 BIN=$ENGINES/sid-bin
-PACKAGES="runc crun"
+PACKAGES="runc crun podman"
 STAMP=$ROOT/.nvhook-runtimes
 VERSIONS=$ROOT/.nvhook-versions
 LOG=$ENGINES/sid-runtimes.log
@@ -72,10 +73,11 @@ EOF
 write_wrappers() {
   local name path
   mkdir -p "$BIN"
-  for name in runc crun; do
+  for name in runc crun podman; do
     case $name in
       runc) path=/usr/sbin/runc ;;
       crun) path=/usr/bin/crun ;;
+      podman) path=/usr/bin/podman ;;
     esac
     [ -x "$ROOT$path" ] || fail "the root $ROOT has no $path (package $name)"
     if [ "$(cat "$BIN/$name" 2>/dev/null)" != "$(wrapper $name $path)" ]; then
@@ -92,7 +94,7 @@ current() {
 }
 
 said() {
-  echo "sid-runtimes: $(head -1 "$VERSIONS" | sed 's/ version / /'), $(sed -n '/^crun /{s/ version / /;p;q}' "$VERSIONS") (Debian sid $(cat "$STAMP")) in $ROOT, run by $BIN/runc and $BIN/crun$*"
+  echo "sid-runtimes: $(head -1 "$VERSIONS" | sed 's/ version / /'), $(sed -n '/^crun /{s/ version / /;p;q}' "$VERSIONS"), $(sed -n '/^podman /{s/ version / /;p;q}' "$VERSIONS") (Debian sid $(cat "$STAMP")) in $ROOT, run by $BIN/runc, crun and podman$*"
 }
 
 if current; then
@@ -140,7 +142,8 @@ write_wrappers
 # Through the wrappers: what the tests will run.
 runc_said=$("$BIN/runc" --version 2>&1) || fail "sid's runc does not run here: $(echo $runc_said)"
 crun_said=$("$BIN/crun" --version 2>&1) || fail "sid's crun does not run here: $(echo $crun_said)"
-printf '%s\n%s\n' "$runc_said" "$crun_said" >"$VERSIONS"
+podman_said=$("$BIN/podman" --version 2>&1) || fail "sid's podman does not run here: $(echo $podman_said)"
+printf '%s\n%s\n%s\n' "$runc_said" "$crun_said" "$podman_said" >"$VERSIONS"
 for package in $PACKAGES; do
   version=$(chroot "$ROOT" dpkg-query -W -f '${Version}' "$package") || fail "dpkg-query $package in $ROOT failed"
   printf '%s=%s\n' "$package" "$version"
@@ -148,4 +151,5 @@ done | paste -sd' ' >"$STAMP.new"
 mv "$STAMP.new" "$STAMP"
 echo "$runc_said"
 echo "$crun_said"
+echo "$podman_said"
 said ", made in $(($(date +%s) - started))s"

@@ -3,9 +3,10 @@
 //! root by the wrappers of `scripts/sid-runtimes.sh` (`scripts/test.sh` runs both scripts).
 //! On the simulated node, for each runtime and each cgroup version it supports here: the
 //! prestart hook, nvhook-runtime with `runtimes = [RUNTIME]`, and a container in a user
-//! namespace; and Podman with youki and nvhook's CDI spec. Each container sees exactly GPU 1
-//! and loads libcuda; a GPU the node lacks is refused in nvhook's line (under crun, which sends
-//! hooks' output to /dev/null, in nvhook's log, or where `run.oci.hooks.stderr` says). crun refuses this
+//! namespace; and Podman with nvhook's CDI spec (Debian 12's Podman 4.3 with youki, sid's
+//! Podman 5 with sid's runc 1.3). Each container sees exactly GPU 1 and loads libcuda; a GPU
+//! the node lacks is refused in nvhook's line (under crun, which sends hooks' output to
+//! /dev/null: in nvhook's log, or where `run.oci.hooks.stderr` says). crun refuses this
 //! machine's cgroup v1 hierarchy (hybrid: cgroup2 holds a controller) before any hook runs:
 //! that row is asserted as crun's refusal, so the README's matrix stays true. The runtimes run
 //! `--detach` and the container's output is read to its end (youki's foreground `run` can miss
@@ -246,4 +247,42 @@ fn podman_runs_a_cdi_device_on_youki() {
     let mut output = podman.run(&["--device", "nvidia.com/gpu=1"], &image, &args);
     output.hook_log = Some(node.log());
     assert_gpu_1_only(&output);
+}
+
+/// Debian sid's Podman 5 with runc 1.3 and nvhook's generated CDI spec: runc makes the nodes
+/// and mounts the spec lists, and runs nvhook's createContainer hook for the links and the
+/// cache.
+#[test]
+fn podman_5_runs_a_cdi_device_on_sid_runc() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let spec = CdiSpecFile::new("yaml");
+    node.generate_cdi_spec(spec.path());
+    let podman = Podman::sid();
+    let info = podman
+        .command()
+        .args([
+            "info",
+            "--format",
+            "{{.Version.Version}} {{.Host.OCIRuntime.Version}}",
+        ])
+        .output()
+        .expect("run podman info");
+    let info = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        info.starts_with("5.") && info.contains("runc version 1.3."),
+        "not Podman 5 with runc 1.3: {info}"
+    );
+    let image = format!("localhost/{}:latest", unique_name("nvhook-podman5"));
+    podman.import(glibc_image().rootfs(), &image);
+    let args = gpucheck_args(GPUS, &["--write", LIBCUDA]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut output = podman.run(&["--device", "nvidia.com/gpu=1"], &image, &args);
+    output.hook_log = Some(node.log());
+    assert_gpu_1_only(&output);
+    assert!(
+        node.log().contains("stage=CreateContainer"),
+        "{}",
+        node.log()
+    );
 }

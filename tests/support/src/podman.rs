@@ -33,6 +33,8 @@ pub struct Podman {
     prefix: Vec<OsString>,
     /// The OCI runtime in runc's place (`--runtime`).
     runtime: Option<PathBuf>,
+    /// The podman program: Debian 12's (4.3), or sid's (5.x) through its wrapper.
+    program: PathBuf,
 }
 
 impl Default for Podman {
@@ -53,7 +55,16 @@ impl Podman {
             cgroup_parent: unique_name("nvhook-podman"),
             prefix: Vec::new(),
             runtime: None,
+            program: require_program("podman"),
         }
+    }
+
+    /// Like `new`, Debian sid's Podman 5 (`scripts/sid-runtimes.sh`), whose `runc` is sid's
+    /// runc 1.3 (its wrapper's namespace has the sid root's /usr).
+    pub fn sid() -> Podman {
+        let mut podman = Podman::new();
+        podman.program = super::engines::sid_runtime_bin("podman");
+        podman
     }
 
     /// Like `new`, every podman run inside the mount namespace `ns`.
@@ -76,7 +87,7 @@ impl Podman {
 
     /// `podman` with every global path private, wrapped in a timeout.
     pub fn command(&self) -> Command {
-        let mut cmd = behind(&self.prefix, &require_program("podman"), timed);
+        let mut cmd = behind(&self.prefix, &self.program, timed);
         cmd.args(global_flags(self.dir()));
         // The last --runtime wins.
         if let Some(runtime) = &self.runtime {
