@@ -121,6 +121,7 @@ impl Plugin for GpuPlugin {
         tracing::info!(
             runtime = %config.runtime_name,
             version = %config.runtime_version,
+            nri = %config.nri_version,
             request_timeout_ms = config.request_timeout_ms,
             "NRI: configured by the engine"
         );

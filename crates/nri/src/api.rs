@@ -1,7 +1,11 @@
-//! The NRI API, generated from containerd/nri v0.8.0's `pkg/api/api.proto` (in `proto/`),
+//! The NRI API, generated from containerd/nri v0.12.2's `pkg/api/api.proto` (in `proto/`),
 //! with the event mask the protocol carries as a plain integer.
 
 include!(concat!(env!("OUT_DIR"), "/nri.pkg.api.v1alpha1.rs"));
+
+/// The containerd/nri release whose protocol this crate speaks, as a plugin tells the engine
+/// when it registers.
+pub const NRI_VERSION: &str = "v0.12.2";
 
 /// The protobuf package of both services.
 pub const PACKAGE: &str = "nri.pkg.api.v1alpha1";

@@ -2,9 +2,12 @@
 //!
 //! NRI (the Node Resource Interface) lets a plugin adjust every container an engine creates:
 //! containerd 2.x and CRI-O 1.30+ have it on by default. This crate is the plugin side of the
-//! protocol, at the version containerd 2.1 speaks: the API generated from containerd/nri
-//! v0.8.0's `pkg/api/api.proto` (containerd v2.1.9's go.mod requires nri v0.8.0), its
-//! transport, registration, and reconnection. It is synchronous: a plugin is one thread that
+//! protocol: the API generated from containerd/nri v0.12.2's `pkg/api/api.proto` (generated in
+//! Rust by protox: no protoc), its transport, registration, and reconnection. It answers both
+//! generations of engines: containerd 2.1's (nri v0.8.0), which sends lifecycle events as
+//! `StateChange`, and v0.12's (containerd 2.3), which calls one method per event and would
+//! fall back to `StateChange`, with a deprecation warning, from a plugin without them; either
+//! way a [`Plugin`] gets them in [`Plugin::state_change`]. It is synchronous: a plugin is one thread that
 //! answers the engine's calls in turn, which is how the engine makes them.
 //!
 //! # Example

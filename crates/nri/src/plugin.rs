@@ -22,6 +22,8 @@ pub struct Configuration {
     /// an answer that comes later is not waited for (see the crate's docs).
     pub registration_timeout_ms: i64,
     pub request_timeout_ms: i64,
+    /// The NRI version the engine speaks (`v0.12.2`); empty from engines before v0.10.
+    pub nri_version: String,
 }
 
 /// An NRI plugin. The engine calls the handlers of the events [`Plugin::configure`] subscribed
@@ -67,7 +69,8 @@ pub trait Plugin {
         Ok(Vec::new())
     }
 
-    /// Any other lifecycle event subscribed to (pod started, container removed, …).
+    /// Any other lifecycle event subscribed to (pod started, container removed, …), whether the
+    /// engine sends it as the event's own call (NRI v0.12) or as `StateChange` (earlier).
     fn state_change(&mut self, _event: &StateChangeEvent) -> Result<(), HandlerError> {
         Ok(())
     }
@@ -111,6 +114,7 @@ impl<'p, P: Plugin + ?Sized> Dispatcher<'p, P> {
                     runtime_version: req.runtime_version,
                     registration_timeout_ms: req.registration_timeout,
                     request_timeout_ms: req.request_timeout,
+                    nri_version: req.nri_version,
                 })?;
                 self.configured = true;
                 api::ConfigureResponse { events: events.0 }.encode_to_vec()
@@ -180,14 +184,54 @@ impl<'p, P: Plugin + ?Sized> Dispatcher<'p, P> {
                 plugin.state_change(&event)?;
                 api::Empty {}.encode_to_vec()
             }
+            // NRI v0.12's own call per lifecycle event: the event StateChange carries, answered
+            // with the call's empty reply (which encodes as Empty does: no bytes).
+            "UpdatePodSandbox" => {
+                let req: api::UpdatePodSandboxRequest = decode(payload)?;
+                plugin.state_change(&StateChangeEvent {
+                    event: api::Event::UpdatePodSandbox as i32,
+                    pod: req.pod,
+                    container: None,
+                })?;
+                api::Empty {}.encode_to_vec()
+            }
             other => {
-                return Err(Failure(
-                    code::UNIMPLEMENTED,
-                    format!("this plugin does not implement NRI method {other}"),
-                ));
+                let Some(event) = lifecycle_event(other) else {
+                    return Err(Failure(
+                        code::UNIMPLEMENTED,
+                        format!("this plugin does not implement NRI method {other}"),
+                    ));
+                };
+                let req: api::PostCreateContainerRequest = decode(payload)?;
+                plugin.state_change(&StateChangeEvent {
+                    event: event as i32,
+                    pod: req.pod,
+                    container: req.container,
+                })?;
+                api::Empty {}.encode_to_vec()
             }
         })
     }
+}
+
+/// The event of an NRI v0.12 per-event call that older engines send as `StateChange`. Each of
+/// these requests holds the pod (field 1) and, for a container's event, the container (field
+/// 2), so each decodes as [`api::PostCreateContainerRequest`]. (UpdatePodSandbox's fields 2
+/// and 3 are resources, not a container: it has an arm of its own.)
+fn lifecycle_event(method: &str) -> Option<api::Event> {
+    use api::Event::*;
+    Some(match method {
+        "RunPodSandbox" => RunPodSandbox,
+        "StopPodSandbox" => StopPodSandbox,
+        "RemovePodSandbox" => RemovePodSandbox,
+        "PostUpdatePodSandbox" => PostUpdatePodSandbox,
+        "PostCreateContainer" => PostCreateContainer,
+        "StartContainer" => StartContainer,
+        "PostStartContainer" => PostStartContainer,
+        "PostUpdateContainer" => PostUpdateContainer,
+        "RemoveContainer" => RemoveContainer,
+        _ => return None,
+    })
 }
 
 /// A call's failure, as the status the engine gets.

@@ -167,6 +167,7 @@ impl Stub {
             payload: RegisterPluginRequest {
                 plugin_name: self.name.clone(),
                 plugin_idx: self.index.clone(),
+                nri_version: api::NRI_VERSION.into(),
             }
             .encode_to_vec(),
             ..Default::default()
@@ -356,5 +357,247 @@ mod tests {
         assert_eq!(*waits.last().unwrap(), Retry::MOST);
         r.reset();
         assert_eq!(r.next(), Retry::FIRST);
+    }
+}
+
+/// An engine built from the crate's own wire code, for both generations of the protocol:
+/// containerd 2.1's (nri v0.8: lifecycle events as `StateChange`) and v0.12's (one call per
+/// event, `StateChange` only after the plugin answered a call "unimplemented").
+#[cfg(test)]
+mod engine_double {
+    use super::*;
+    use crate::api::{Container, ContainerUpdate, CreateContainerResponse, Event, PodSandbox};
+    use crate::plugin::{Configuration, HandlerError};
+    use crate::ttrpc::Response;
+
+    /// Records what it was told; adjusts every container it is asked about.
+    #[derive(Default)]
+    struct Recorder {
+        nri_version: String,
+        events: Vec<(i32, String)>,
+    }
+
+    impl Plugin for Recorder {
+        fn configure(&mut self, config: &Configuration) -> Result<api::EventMask, HandlerError> {
+            self.nri_version = config.nri_version.clone();
+            Ok(api::EventMask::of(&[
+                Event::CreateContainer,
+                Event::RunPodSandbox,
+                Event::RemoveContainer,
+                Event::UpdatePodSandbox,
+            ]))
+        }
+
+        fn synchronize(
+            &mut self,
+            _: Vec<PodSandbox>,
+            _: Vec<Container>,
+        ) -> Result<Vec<ContainerUpdate>, HandlerError> {
+            Ok(Vec::new())
+        }
+
+        fn create_container(
+            &mut self,
+            _: &PodSandbox,
+            container: &Container,
+        ) -> Result<CreateContainerResponse, HandlerError> {
+            let mut adjust = api::ContainerAdjustment::default();
+            adjust.env.push(api::KeyValue {
+                key: "SEEN".into(),
+                value: container.name.clone(),
+            });
+            Ok(CreateContainerResponse {
+                adjust: Some(adjust),
+                ..Default::default()
+            })
+        }
+
+        fn state_change(&mut self, event: &api::StateChangeEvent) -> Result<(), HandlerError> {
+            let who = match (&event.pod, &event.container) {
+                (_, Some(c)) => c.name.clone(),
+                (Some(p), None) => p.name.clone(),
+                (None, None) => String::new(),
+            };
+            self.events.push((event.event, who));
+            Ok(())
+        }
+    }
+
+    /// The engine's end of one plugin connection.
+    struct Engine {
+        conn: Connection,
+        next_stream: u32,
+    }
+
+    impl Engine {
+        /// Takes the plugin's registration and accepts it; returns what the plugin sent.
+        fn accept(stream: UnixStream) -> (Engine, RegisterPluginRequest) {
+            let mut conn = Connection::new(stream);
+            let message = conn.receive().unwrap().expect("a registration");
+            assert_eq!(message.conn, wire::RUNTIME_SERVICE);
+            let request = ttrpc::Request::decode(&message.payload[..]).unwrap();
+            assert_eq!(
+                (request.service.as_str(), request.method.as_str()),
+                (api::RUNTIME_SERVICE, "RegisterPlugin")
+            );
+            let registration = RegisterPluginRequest::decode(&request.payload[..]).unwrap();
+            let ok = Response::ok(api::Empty {}.encode_to_vec());
+            conn.send(
+                wire::RUNTIME_SERVICE,
+                message.stream,
+                Kind::Response,
+                &ok.encode_to_vec(),
+            )
+            .unwrap();
+            let engine = Engine {
+                conn,
+                next_stream: 1,
+            };
+            (engine, registration)
+        }
+
+        fn call(&mut self, method: &str, payload: impl Message) -> Response {
+            let stream = self.next_stream;
+            self.next_stream += 2;
+            let request = ttrpc::Request {
+                service: api::PLUGIN_SERVICE.into(),
+                method: method.into(),
+                payload: payload.encode_to_vec(),
+                ..Default::default()
+            };
+            self.conn
+                .send(
+                    wire::PLUGIN_SERVICE,
+                    stream,
+                    Kind::Request,
+                    &request.encode_to_vec(),
+                )
+                .unwrap();
+            loop {
+                let message = self.conn.receive().unwrap().expect("the plugin's answer");
+                if message.conn == wire::PLUGIN_SERVICE && message.stream == stream {
+                    return Response::decode(&message.payload[..]).unwrap();
+                }
+            }
+        }
+
+        /// A lifecycle event as an engine of `generation` sends it: v0.12 calls the event's
+        /// own method and falls back to StateChange on "unimplemented"; v0.8 sends
+        /// StateChange.
+        fn event(&mut self, generation: &str, event: Event, pod: &str, container: Option<&str>) {
+            let pod = Some(PodSandbox {
+                name: pod.into(),
+                ..Default::default()
+            });
+            let container = container.map(|name| Container {
+                name: name.into(),
+                ..Default::default()
+            });
+            if generation == "v0.12" {
+                let response = match event {
+                    Event::RunPodSandbox => {
+                        self.call("RunPodSandbox", api::RunPodSandboxRequest { pod })
+                    }
+                    Event::UpdatePodSandbox => self.call(
+                        "UpdatePodSandbox",
+                        api::UpdatePodSandboxRequest {
+                            pod,
+                            overhead_linux_resources: None,
+                            linux_resources: Some(api::LinuxResources::default()),
+                        },
+                    ),
+                    Event::RemoveContainer => self.call(
+                        "RemoveContainer",
+                        api::RemoveContainerRequest { pod, container },
+                    ),
+                    other => panic!("no v0.12 call for {other:?} here"),
+                };
+                assert!(response.failure().is_none(), "{response:?}");
+                assert!(response.payload.is_empty());
+                return;
+            }
+            let state = api::StateChangeEvent {
+                event: event as i32,
+                pod,
+                container,
+            };
+            let response = self.call("StateChange", state);
+            assert!(response.failure().is_none(), "{response:?}");
+        }
+    }
+
+    fn session(generation: &str) -> Recorder {
+        let (plugin_end, engine_end) = UnixStream::pair().unwrap();
+        let mut recorder = Recorder::default();
+        std::thread::scope(|scope| {
+            let plugin = scope.spawn(|| {
+                let stub =
+                    Stub::new("double", "10", Endpoint::Socket(DEFAULT_SOCKET.into())).unwrap();
+                stub.serve_stream(plugin_end, &mut recorder, &mut |_| {})
+                    .unwrap()
+            });
+            let (mut engine, registration) = Engine::accept(engine_end);
+            assert_eq!(registration.plugin_name, "double");
+            assert_eq!(registration.nri_version, api::NRI_VERSION);
+            // Engines before nri v0.10 send no version.
+            let configure = api::ConfigureRequest {
+                runtime_name: "double".into(),
+                nri_version: match generation {
+                    "v0.12" => api::NRI_VERSION.into(),
+                    _ => String::new(),
+                },
+                ..Default::default()
+            };
+            let reply = engine.call("Configure", configure);
+            let events = api::ConfigureResponse::decode(&reply.payload[..]).unwrap();
+            assert!(api::EventMask(events.events).contains(Event::RemoveContainer));
+            let reply = engine.call("Synchronize", api::SynchronizeRequest::default());
+            assert!(reply.failure().is_none(), "{reply:?}");
+            engine.event(generation, Event::RunPodSandbox, "pod", None);
+            let create = api::CreateContainerRequest {
+                pod: None,
+                container: Some(Container {
+                    name: "gpu".into(),
+                    ..Default::default()
+                }),
+            };
+            let reply = engine.call("CreateContainer", create);
+            let adjust = CreateContainerResponse::decode(&reply.payload[..])
+                .unwrap()
+                .adjust
+                .unwrap();
+            assert_eq!(adjust.env[0].value, "gpu");
+            engine.event(generation, Event::UpdatePodSandbox, "pod", None);
+            engine.event(generation, Event::RemoveContainer, "pod", Some("gpu"));
+            // A v0.12 engine asks a plugin to validate others' adjustments only when it
+            // subscribed; this one did not, and says so.
+            let validate = engine.call(
+                "ValidateContainerAdjustment",
+                api::ValidateContainerAdjustmentRequest::default(),
+            );
+            assert_eq!(validate.failure().unwrap().code, code::UNIMPLEMENTED);
+            let reply = engine.call("Shutdown", api::Empty {});
+            assert!(reply.failure().is_none());
+            drop(engine);
+            assert_eq!(plugin.join().unwrap(), Ended::Shutdown);
+        });
+        recorder
+    }
+
+    #[test]
+    fn both_generations_deliver_the_same_events() {
+        let old = session("v0.8");
+        let new = session("v0.12");
+        assert_eq!(
+            (old.nri_version.as_str(), new.nri_version.as_str()),
+            ("", api::NRI_VERSION)
+        );
+        let expected = vec![
+            (Event::RunPodSandbox as i32, "pod".to_string()),
+            (Event::UpdatePodSandbox as i32, "pod".to_string()),
+            (Event::RemoveContainer as i32, "gpu".to_string()),
+        ];
+        assert_eq!(old.events, expected);
+        assert_eq!(new.events, expected);
     }
 }
