@@ -11,9 +11,8 @@ use nvhook_test_support as support;
 use support::{containerd2, cri};
 
 use std::fs;
-use std::path::PathBuf;
 
-use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin};
+use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin, Pods};
 use cri::{ContainerRequest, Cri};
 use support::engines::{
     CgroupParent, Containerd, EngineDir, ImageConfig, mount_points_below, unique_name,
@@ -47,40 +46,6 @@ fn assert_allocated_gpu_only(what: &str, output: &Output) {
 #[track_caller]
 fn assert_no_gpu(what: &str, output: &Output) {
     output.assert_no_gpu_given(what);
-}
-
-/// Where the pods of a test run: their cgroup parent and logs.
-struct Pods {
-    cgroups: CgroupParent,
-    logs: PathBuf,
-}
-
-impl Pods {
-    /// Runs a pod of one container through the CRI, its output carrying both logs.
-    fn run(
-        &self,
-        cri: &mut Cri,
-        containerd: &Containerd,
-        node: &SimNode,
-        name: &str,
-        request: ContainerRequest,
-    ) -> Output {
-        let mut output = cri
-            .run_pod(
-                &unique_name(name),
-                DEFAULT_HANDLER,
-                &self.cgroups.path(),
-                &self.logs,
-                &request,
-            )
-            .output;
-        output.hook_log = Some(format!(
-            "{}\n(containerd log)\n{}",
-            node.log(),
-            containerd.log()
-        ));
-        output
-    }
 }
 
 /// Debian sid's containerd 2.1.9 (runc only) with the gpucheck image imported and
@@ -653,6 +618,62 @@ fn nri_mode_mounts_gives_the_gpu_with_no_hook_process() {
         },
     );
     assert_no_gpu("no allocation, nri-mode = mounts", &output);
+    stop(plugin, cri, containerd);
+    let leaked = host_mounts_referencing(&[node.root()]);
+    assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+}
+
+/// `nri-mode = "cdi-devices"`: the adjustment names the allocated GPU in nvhook's CDI spec
+/// (the one `nvhook cdi generate` writes into a directory containerd reads) and carries no OCI
+/// hook, which containerd's NRI validator can refuse; containerd injects the device from the
+/// spec itself, the spec's createContainer hook included. A pod with no allocation gets nothing.
+#[test]
+fn nri_mode_cdi_devices_names_the_gpu_for_containerd_to_inject() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    node.configure("nri-mode = \"cdi-devices\"");
+    let Connected {
+        dir,
+        containerd,
+        image,
+        plugin,
+        pods,
+    } = connected(&node, "nri-cdi-devices");
+    node.generate_cdi_spec(&dir.path().join("cdi/nvidia.yaml"));
+    let uuid = node.gpu_uuid(ALLOCATED as usize);
+    let mount_point = format!("{DEVICE_MOUNT_ROOT}/{uuid}");
+    let allocation = [(mount_point.as_str(), "/dev/null")];
+    let mut cri = Cri::connect(containerd.socket());
+    let request = ContainerRequest {
+        image: &image,
+        args: GPUCHECK,
+        mounts: &allocation,
+        ..Default::default()
+    };
+    let output = pods.run(&mut cri, &containerd, &node, "cdi-devices", request);
+    assert_allocated_gpu_only("nri-mode = cdi-devices", &output);
+    let log = node.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("NRI: GPU container adjusted")
+                && l.contains("devices=0")
+                && l.contains("mounts=0")),
+        "{log}"
+    );
+    assert!(log.contains("stage=CreateContainer"), "{log}");
+    assert!(!log.contains("stage=Prestart"), "{log}");
+    let output = pods.run(
+        &mut cri,
+        &containerd,
+        &node,
+        "nogpu",
+        ContainerRequest {
+            image: &image,
+            args: GPUCHECK,
+            ..Default::default()
+        },
+    );
+    assert_no_gpu("no allocation, nri-mode = cdi-devices", &output);
     stop(plugin, cri, containerd);
     let leaked = host_mounts_referencing(&[node.root()]);
     assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");

@@ -8,7 +8,7 @@
 use super::CdiError;
 use crate::capability::Capability;
 use crate::config::Config;
-use crate::delivery::cdi_spec::{CdiSpec, ContainerEdits, Device, minimum_version, validate};
+use crate::delivery::cdi_spec::{CdiSpec, ContainerEdits, Device, KIND, minimum_version, validate};
 use crate::delivery::edits::{HookBinary, container_edits_with, device_nodes};
 use crate::delivery::hook_args::LinkArgs;
 use crate::inventory::Inventory;
@@ -18,9 +18,6 @@ use crate::request::{DeviceId, DeviceSelection, Request, Requirements, Selection
 use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::str::FromStr;
-
-/// The kind nvhook's specs declare, as NVIDIA's do, so device names carry over.
-pub const KIND: &str = "nvidia.com/gpu";
 
 /// How devices are named: `0`, `1:0` (index) and `GPU-…`, `MIG-…` (uuid).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,8 +9,9 @@
 pub mod generate;
 pub mod imex_and_families;
 
+pub use crate::delivery::cdi_spec::KIND;
 pub use crate::delivery::cdi_spec::{CdiSpec, CdiVersion, ContainerEdits, Format};
-pub use generate::{KIND, NameStrategy, generate};
+pub use generate::{NameStrategy, generate};
 pub use imex_and_families::generate_imex_and_families;
 
 use crate::atomic_file::{NewFile, write_atomic};

@@ -11,6 +11,9 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
 
+/// The kind nvhook's specs declare, as NVIDIA's do, so device names carry over.
+pub const KIND: &str = "nvidia.com/gpu";
+
 /// A CDI spec file (`/etc/cdi/*.yaml`, `/var/run/cdi/*.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CdiSpec {

@@ -6,8 +6,9 @@
 //! SONAME links and writes the image's loader cache.
 
 use crate::config::Config;
-use crate::delivery::cdi_spec::{ContainerEdits, DeviceNode, Hook, Mount};
+use crate::delivery::cdi_spec::{ContainerEdits, DeviceNode, Hook, KIND, Mount};
 use crate::delivery::hook_args::LinkArgs;
+use crate::imex_and_families;
 use crate::plan::{MOUNT_OPTIONS, Plan};
 use crate::request::VISIBLE_DEVICES;
 use std::path::{Path, PathBuf};
@@ -118,6 +119,28 @@ pub fn hook_mode_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
     }
 }
 
+/// `nri-mode = "cdi-devices"`: the CDI names of the GPUs and MIG devices `plan` selected
+/// (`nvidia.com/gpu=0`, `nvidia.com/gpu=3:1`), as the spec `nvhook cdi refresh` writes them by
+/// default, for the engine to inject; and, as plain device nodes, the IMEX channels and
+/// device-family nodes the plan adds, which no spec device names per container. No hook.
+pub fn cdi_device_edits(plan: &Plan) -> (Vec<String>, ContainerEdits) {
+    let names = plan
+        .selected
+        .iter()
+        .map(|s| format!("{KIND}={}", s.id))
+        .collect();
+    let edits = ContainerEdits {
+        device_nodes: plan
+            .devices
+            .iter()
+            .filter(|d| imex_and_families::all_kinds().any(|k| k.matches(&d.path)))
+            .map(|d| device_node(d, None))
+            .collect(),
+        ..ContainerEdits::default()
+    };
+    (names, edits)
+}
+
 /// The plan's device nodes, each with the cgroup access the plan grants it.
 pub fn device_nodes(plan: &Plan) -> Vec<DeviceNode> {
     plan.devices
@@ -156,6 +179,33 @@ mod tests {
 
     pub(crate) fn request(devices: DeviceSelection) -> crate::request::Request {
         crate::cdi::generate::request(devices, Config::default().supported_capabilities)
+    }
+
+    #[test]
+    fn cdi_devices_name_the_selected_gpus_and_carry_only_imex_and_family_nodes() {
+        let image = ImageInfo {
+            debian: true,
+            has_usr_lib64: false,
+            has_ldcache: true,
+            cuda_compat: None,
+        };
+        let req = request(DeviceSelection::List(vec![
+            DeviceId::Index(1),
+            DeviceId::Index(2),
+        ]));
+        let mut plan = build(&req, &standard(), "/node", image).unwrap();
+        plan.devices.push(crate::plan::DeviceNode {
+            path: "/dev/nvidia-caps-imex-channels/channel3".into(),
+            host_path: "/node/dev/nvidia-caps-imex-channels/channel3".into(),
+            major: 234,
+            minor: 3,
+            mode: 0o666,
+        });
+        let (names, edits) = cdi_device_edits(&plan);
+        assert_eq!(names, ["nvidia.com/gpu=1", "nvidia.com/gpu=2"]);
+        let paths: Vec<&str> = edits.device_nodes.iter().map(|n| n.path.as_str()).collect();
+        assert_eq!(paths, ["/dev/nvidia-caps-imex-channels/channel3"]);
+        assert!(edits.hooks.is_empty() && edits.mounts.is_empty() && edits.env.is_empty());
     }
 
     #[test]

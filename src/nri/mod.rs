@@ -16,6 +16,7 @@ pub mod registration;
 use crate::atomic_file::{NewFile, write_atomic};
 use crate::cdi::ContainerEdits;
 use crate::config::{Config, NriMode};
+use crate::delivery::edits::cdi_device_edits;
 use crate::delivery::{HookBinary, PrepareError, container_edits, hook_mode_edits, hookless_edits};
 use crate::host_plan::{Target, plan_for_host};
 use crate::inventory::isolated::Remembered;
@@ -82,7 +83,7 @@ impl GpuPlugin {
         let mut nvml = self.nvml.lock().unwrap_or_else(|e| e.into_inner());
         let (inventory, source) = nvml.load(&config, scope)?;
         let target = match config.nri_mode {
-            NriMode::Hook | NriMode::Cdi => Target::AnyImage,
+            NriMode::Hook | NriMode::Cdi | NriMode::CdiDevices => Target::AnyImage,
             NriMode::Mounts => Target::AnyImageNoHook,
         };
         let kept = source == inventory::isolated::Source::Cache;
@@ -97,6 +98,7 @@ impl GpuPlugin {
         drop(nvml);
         crate::dev_char::ensure_for_plan(&config, &plan);
         let hook = HookBinary::new(&config, self.config_path.as_deref());
+        let mut cdi_devices = Vec::new();
         let edits = match config.nri_mode {
             // The hook reads the request from config.json as the engine wrote it, so devices
             // an annotation asked for reach it the way the device plugin's do.
@@ -109,8 +111,19 @@ impl GpuPlugin {
             },
             NriMode::Cdi => container_edits(&plan, &hook),
             NriMode::Mounts => hookless_edits(&plan),
+            NriMode::CdiDevices => {
+                let (names, edits) = cdi_device_edits(&plan);
+                cdi_devices = names;
+                edits
+            }
         };
-        let adjustment = adjust::adjustment(&edits);
+        let adjustment = ContainerAdjustment {
+            cdi_devices: cdi_devices
+                .into_iter()
+                .map(|name| nvhook_nri::api::CdiDevice { name })
+                .collect(),
+            ..adjust::adjustment(&edits)
+        };
         tracing::debug!(mode = ?config.nri_mode, us = started.elapsed().as_micros(), "NRI: planned");
         Ok(Some(adjustment))
     }

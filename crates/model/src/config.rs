@@ -82,12 +82,15 @@ pub enum ProcDriverView {
 
 /// `hook` and `cdi`: as `runtime-mode`. `mounts`: no hook at all, every file a bind mount for
 /// the runtime, libraries under their SONAMEs in the loaders' default directories.
+/// `cdi-devices`: the GPUs by their names in the CDI spec `nvhook cdi refresh` keeps, for the
+/// engine to inject from the spec itself; the adjustment adds no OCI hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum NriMode {
     Hook,
     Cdi,
     Mounts,
+    CdiDevices,
 }
 
 /// `auto`: the image's `/usr/local/cuda/compat` libraries load when their driver version is
