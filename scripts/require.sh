@@ -28,7 +28,7 @@ declare -A NVHOOK_PACKAGE=(
   [ip]=iproute2 [unshare]=util-linux [protoc]=protobuf-compiler [rpm]=rpm [dpkg-architecture]=dpkg-dev
   [musl-gcc]=musl-tools [systemd-run]=systemd [debootstrap]=debootstrap
   [qemu-aarch64-static]=qemu-user-static [update-binfmts]=binfmt-support
-  [make]=make [pkg-config]=pkg-config
+  [make]=make [pkg-config]=pkg-config [/usr/lib/cni/bridge]=containernetworking-plugins
 )
 
 require_programs() {

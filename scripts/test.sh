@@ -8,7 +8,7 @@ require_root test "device nodes, cgroups, runc"
 require_rust test
 require_programs test runc crun cc ld python3 /bin/busybox containerd ctr dockerd podman newuidmap \
   ip unshare protoc rpm dpkg-architecture musl-gcc systemd-run debootstrap qemu-aarch64-static \
-  update-binfmts make pkg-config
+  update-binfmts make pkg-config /usr/lib/cni/bridge
 
 # step WHAT COMMAND...: runs a step whose failure (after its own output) ends the run with one
 # line naming the step.

@@ -1,16 +1,19 @@
 //! containerd 2 (Debian sid's, fetched by `scripts/sid-engines.sh` into `.engines/sid`) with its
 //! CRI plugin and NRI, as a Kubernetes node runs it, but private to one test: own root, state,
 //! gRPC socket, NRI socket, NRI plugin and config directories and CDI spec directories, all
-//! under the test's EngineDir. Containers run with Debian 12's runc (sid's runc needs a newer
-//! glibc); nvhook-runtime, containerd-shim-runc-v2, is sid's. The pod sandbox image is the harness's
-//! busybox, imported at start: nothing is pulled.
+//! under the test's EngineDir. Containers run with Debian 12's runc unless a test picks another
+//! (sid's, through its wrapper); containerd-shim-runc-v2 is sid's. Pods share the node's network
+//! unless a test gives them a [`PodNetwork`]. The pod sandbox image is the harness's busybox,
+//! imported at start: nothing is pulled.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::cmd::require_program;
-use super::engines::{Containerd, ContainerdBuild, PAUSE_IMAGE, unique_name};
+use super::cri::{ContainerRequest, Cri};
+use super::engines::{CgroupParent, Containerd, ContainerdBuild, PAUSE_IMAGE, unique_name};
+use super::{Output, SimNode};
 
 /// The CRI runtime handler of the default runtime (runc); `""` means the same.
 pub const DEFAULT_HANDLER: &str = "runc";
@@ -46,8 +49,92 @@ impl Nri {
     }
 }
 
+/// Where Debian's containernetworking-plugins puts the CNI plugins.
+const CNI_BIN_DIR: &str = "/usr/lib/cni";
+
+/// A network for pods that cannot share the node's: a `hostUsers: false` pod, whose network
+/// namespace containerd makes and pins beside its user namespace (containerd 2.1 refuses one
+/// on the host network: "failed to pin user namespace: failed to open netns(): open : no such
+/// file or directory"). CNI's bridge plugin gives each pod an `eth0` with an address (the CRI
+/// wants one: a loopback-only network fails the pod with "failed to find network info for
+/// sandbox"), on a bridge of its own with no address on the host, so no route, forwarding or
+/// NAT rule changes there. The bridge is deleted on drop.
+#[derive(Debug)]
+pub struct PodNetwork {
+    bridge: String,
+    /// iproute2's `ip`, found at the start: a drop cannot panic with the fix.
+    ip: PathBuf,
+}
+
+impl PodNetwork {
+    /// A bridge of a name unique to this process and call. Panics with the fix when the CNI
+    /// plugins are missing.
+    pub fn new() -> PodNetwork {
+        for plugin in ["bridge", "host-local"] {
+            let path = Path::new(CNI_BIN_DIR).join(plugin);
+            assert!(
+                path.is_file(),
+                "no CNI plugin {} (a pod with a network of its own needs it): apt-get install containernetworking-plugins",
+                path.display()
+            );
+        }
+        // An interface name has at most 15 bytes.
+        let bridge = unique_name("nvh").replace('-', "");
+        assert!(bridge.len() <= 15, "bridge name {bridge} is too long");
+        PodNetwork {
+            bridge,
+            ip: require_program("ip"),
+        }
+    }
+
+    /// The bridge's name, under /sys/class/net while it exists.
+    pub fn bridge(&self) -> &str {
+        &self.bridge
+    }
+
+    /// The CNI network list, its address leases kept under `ipam_dir`.
+    fn conflist(&self, ipam_dir: &Path) -> String {
+        serde_json::json!({
+            "cniVersion": "1.0.0",
+            "name": "nvhook-test",
+            "plugins": [{
+                "type": "bridge",
+                "bridge": self.bridge,
+                "isGateway": false,
+                "ipMasq": false,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{ "subnet": "10.254.0.0/24" }]],
+                    "dataDir": ipam_dir,
+                },
+            }],
+        })
+        .to_string()
+    }
+}
+
+impl Default for PodNetwork {
+    fn default() -> PodNetwork {
+        PodNetwork::new()
+    }
+}
+
+impl Drop for PodNetwork {
+    fn drop(&mut self) {
+        let exists = Path::new("/sys/class/net").join(&self.bridge).exists();
+        if exists {
+            let deleted = std::process::Command::new(&self.ip)
+                .args(["link", "delete", &self.bridge])
+                .status();
+            if !deleted.is_ok_and(|s| s.success()) {
+                eprintln!("cleanup: cannot delete the pods' bridge {}", self.bridge);
+            }
+        }
+    }
+}
+
 /// A containerd 2 node: what to write into its config, and [`Containerd2Cri::start`].
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Containerd2Cri {
     pub nri: Nri,
     /// `enable_cdi = true` with these `cdi_spec_dirs`.
@@ -57,6 +144,17 @@ pub struct Containerd2Cri {
     /// More runtime handlers beside runc: (handler, the program the runc shim runs), as
     /// `nvhook configure containerd` registers nvhook-runtime.
     pub handlers: Vec<(String, PathBuf)>,
+    /// The default handler's runtime (`BinaryName`): Debian 12's runc unless a test needs
+    /// what only a newer one does, as `hostUsers: false` pods need idmapped mounts (sid's
+    /// runc, [`crate::engines::sid_runtime_bin`]).
+    pub runc: PathBuf,
+    /// A directory of device nodes (a simulated node's `dev`) that the default handler's runc
+    /// sees at `/dev` beside the host's, each run of it in a mount namespace of its own, as on
+    /// a GPU host: in a user namespace runc binds every node of `linux.devices` from its
+    /// container path on the host (where a CDI spec's `hostPath` is not looked at).
+    pub runc_dev: Option<PathBuf>,
+    /// The network of pods that ask for one of their own; None: only host-network pods run.
+    pub pod_network: Option<PodNetwork>,
 }
 
 impl Containerd2Cri {
@@ -68,13 +166,18 @@ impl Containerd2Cri {
             cdi_spec_dirs: vec![dir.join("cdi")],
             sandbox_image: format!("docker.io/nvhook-test/{}:latest", unique_name("pause")),
             handlers: Vec::new(),
+            runc: require_program("runc"),
+            runc_dev: None,
+            pod_network: None,
         }
     }
 
     /// `containerd config default` of sid's containerd (config version 3) with every host path
     /// under `dir`, and the CRI plugin set up as [`crate::engines::cri_containerd_config`] sets
-    /// up containerd 1.6's: no CNI (a host-network pod needs none), the test's pause image, no
-    /// negative oom_score_adj; runc is Debian 12's, its state in `DIR/runc`.
+    /// up containerd 1.6's: CNI only with a [`PodNetwork`] (a host-network pod needs none), the
+    /// test's pause image, no negative oom_score_adj; pods' network namespaces pinned under the
+    /// state directory, not in the host's /run/netns; runc is [`Containerd2Cri::runc`], its
+    /// state in `DIR/runc`.
     pub fn config(&self, build: &ContainerdBuild, dir: &Path) -> String {
         let mut doc = build.config(dir);
         let path = |p: &Path| toml_edit::value(p.display().to_string());
@@ -90,13 +193,15 @@ impl Containerd2Cri {
                 .map(|d| d.display().to_string())
                 .collect::<toml_edit::Array>(),
         );
+        runtime["netns_mounts_under_state_dir"] = toml_edit::value(true);
         runtime["cni"]["conf_dir"] = path(&dir.join("cni"));
+        runtime["cni"]["bin_dirs"] = toml_edit::value(toml_edit::Array::from_iter([CNI_BIN_DIR]));
         let containerd = &mut runtime["containerd"];
         containerd["default_runtime_name"] = toml_edit::value(DEFAULT_HANDLER);
         let runc = &mut containerd["runtimes"][DEFAULT_HANDLER];
         runc["runtime_type"] = toml_edit::value("io.containerd.runc.v2");
         runc["runtime_path"] = path(&build.program("containerd-shim-runc-v2"));
-        runc["options"]["BinaryName"] = path(&require_program("runc"));
+        runc["options"]["BinaryName"] = path(&self.runc_program(dir));
         runc["options"]["Root"] = path(&dir.join("runc"));
         let runc = runc.clone();
         for (handler, program) in &self.handlers {
@@ -130,6 +235,18 @@ impl Containerd2Cri {
         if let Some(parent) = self.nri.socket.parent() {
             fs::create_dir_all(parent).expect("create the NRI socket's directory");
         }
+        if let Some(network) = &self.pod_network {
+            let conf_dir = dir.join("cni");
+            fs::create_dir_all(&conf_dir).expect("create the CNI config directory");
+            fs::write(
+                conf_dir.join("10-nvhook-test.conflist"),
+                network.conflist(&dir.join("cni-ipam")),
+            )
+            .expect("write the CNI network list");
+        }
+        if let Some(dev) = &self.runc_dev {
+            write_runc_with_dev(&self.runc_program(dir), &self.runc, dev);
+        }
         let config = dir.join("containerd.toml");
         fs::write(&config, self.config(&build, dir)).expect("write containerd config");
         let mut containerd = Containerd::start_with(&build, dir, &config, env);
@@ -141,6 +258,86 @@ impl Containerd2Cri {
             &PAUSE_IMAGE,
         );
         containerd
+    }
+
+    /// The default handler's `BinaryName`: [`Containerd2Cri::runc`], or the wrapper that gives
+    /// it [`Containerd2Cri::runc_dev`].
+    fn runc_program(&self, dir: &Path) -> PathBuf {
+        match self.runc_dev {
+            Some(_) => dir.join("runc-with-dev"),
+            None => self.runc.clone(),
+        }
+    }
+}
+
+/// Writes `wrapper`, a script that runs `runc` in a mount namespace of its own where `/dev` is
+/// an overlay of the host's `/dev` over `dev`. Read-only: runc only binds from it. Its
+/// namespace is a slave of the host's, so the rootfs the shim mounts reaches it, and nothing
+/// of it reaches the host.
+fn write_runc_with_dev(wrapper: &Path, runc: &Path, dev: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let script = format!(
+        "#!/bin/sh\n\
+         # runc with {dev} under the host's /dev, written by nvhook's tests (containerd2.rs).\n\
+         exec {unshare} --mount --propagation slave -- /bin/sh -c '\n\
+           said=$({mount} -t overlay -o ro,lowerdir=/dev:\"$0\" nvhook-test-dev /dev 2>&1) ||\n\
+             {{ echo \"runc-with-dev: cannot lay $0 under /dev:\" $said >&2; exit 125; }}\n\
+           exec \"$@\"' \"{dev}\" \"{runc}\" \"$@\"\n",
+        dev = dev.display(),
+        runc = runc.display(),
+        unshare = require_program("unshare").display(),
+        mount = require_program("mount").display(),
+    );
+    fs::write(wrapper, script).unwrap_or_else(|e| panic!("write {}: {e}", wrapper.display()));
+    fs::set_permissions(wrapper, fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("make {} executable: {e}", wrapper.display()));
+}
+
+/// Where the pods of a test run: their cgroup parent and logs.
+pub struct Pods {
+    pub cgroups: CgroupParent,
+    pub logs: PathBuf,
+}
+
+impl Pods {
+    /// Runs a pod of one container through the CRI on the default handler, its output
+    /// carrying the node's and containerd's logs.
+    pub fn run(
+        &self,
+        cri: &mut Cri,
+        containerd: &Containerd,
+        node: &SimNode,
+        name: &str,
+        request: ContainerRequest,
+    ) -> Output {
+        self.run_on(DEFAULT_HANDLER, cri, containerd, node, name, request)
+    }
+
+    /// [`Pods::run`] on the runtime handler `handler` (a RuntimeClass's).
+    pub fn run_on(
+        &self,
+        handler: &str,
+        cri: &mut Cri,
+        containerd: &Containerd,
+        node: &SimNode,
+        name: &str,
+        request: ContainerRequest,
+    ) -> Output {
+        let mut output = cri
+            .run_pod(
+                &unique_name(name),
+                handler,
+                &self.cgroups.path(),
+                &self.logs,
+                &request,
+            )
+            .output;
+        output.hook_log = Some(format!(
+            "{}\n(containerd log)\n{}",
+            node.log(),
+            containerd.log()
+        ));
+        output
     }
 }
 

@@ -15,11 +15,11 @@ use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     CdiDevice, ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
-    CreateContainerRequest, ImageSpec, ImageStatusRequest, KeyValue, LinuxContainerConfig,
-    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount,
-    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
-    VersionRequest,
+    CreateContainerRequest, IdMapping, ImageSpec, ImageStatusRequest, KeyValue,
+    LinuxContainerConfig, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
+    LinuxSandboxSecurityContext, Mount, NamespaceMode, NamespaceOption, PodSandboxConfig,
+    PodSandboxMetadata, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopPodSandboxRequest, UserNamespace, VersionRequest,
 };
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -58,6 +58,16 @@ pub struct ContainerRequest<'a> {
     /// Fully qualified CDI device names (`vendor.com/class=name`), the CRI's CDI_devices
     /// (what a device plugin's Allocate returns as CDIDevices).
     pub cdi_devices: &'a [&'a str],
+    /// Kubernetes `hostUsers: false`: the pod's user namespace, as the kubelet hands it over.
+    pub user_namespace: Option<PodUserNamespace>,
+}
+
+/// The user namespace of a `hostUsers: false` pod: container ids `0..size` are the host's
+/// `host_id..host_id + size`, uids and gids alike (the kubelet gives each pod 65536 ids).
+#[derive(Clone, Copy, Debug)]
+pub struct PodUserNamespace {
+    pub host_id: u32,
+    pub size: u32,
 }
 
 /// What a pod's one container printed, and how long the kubelet's calls took.
@@ -126,8 +136,8 @@ impl Cri {
     }
 
     /// Runs a pod of one container to completion the way the kubelet does:
-    /// RunPodSandbox (host network, runtime handler `handler`, cgroups under
-    /// `cgroup_parent`, logs under `log_dir`), CreateContainer,
+    /// RunPodSandbox (host network unless the pod has a user namespace, runtime handler
+    /// `handler`, cgroups under `cgroup_parent`, logs under `log_dir`), CreateContainer,
     /// StartContainer, then ContainerStatus until it exited; the pod is
     /// stopped and removed afterwards, also when a call failed.
     pub fn run_pod(
@@ -288,7 +298,8 @@ fn image_spec(image: &str) -> ImageSpec {
     }
 }
 
-/// A pod on the host network (no CNI needed), as `hostNetwork: true` gives it.
+/// A pod on the host network (no CNI needed), as `hostNetwork: true` gives it, or, in a user
+/// namespace of its own, in a network and UTS namespace of its own.
 fn sandbox_config(
     name: &str,
     cgroup_parent: &str,
@@ -302,21 +313,53 @@ fn sandbox_config(
             namespace: "default".to_owned(),
             attempt: 0,
         }),
-        // None of its own: a host-network pod shares the node's UTS namespace.
-        hostname: String::new(),
+        // None of its own for a host-network pod: it shares the node's UTS namespace.
+        hostname: if host_network(container) {
+            String::new()
+        } else {
+            name.to_owned()
+        },
         log_directory: log_dir.display().to_string(),
         annotations: string_map(container.pod_annotations),
         linux: Some(LinuxPodSandboxConfig {
             cgroup_parent: cgroup_parent.to_owned(),
             security_context: Some(LinuxSandboxSecurityContext {
-                namespace_options: Some(NamespaceOption {
-                    network: NamespaceMode::Node as i32,
-                    ..Default::default()
-                }),
+                namespace_options: Some(namespace_options(container)),
                 privileged: container.privileged,
                 ..Default::default()
             }),
             ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Whether the pod runs on the node's network: all but `hostUsers: false` pods, which
+/// Kubernetes keeps off it (and containerd 2.1 refuses there); those need a CNI network.
+fn host_network(container: &ContainerRequest) -> bool {
+    container.user_namespace.is_none()
+}
+
+/// What the kubelet puts in both the pod's and each container's namespace options.
+fn namespace_options(container: &ContainerRequest) -> NamespaceOption {
+    let network = if host_network(container) {
+        NamespaceMode::Node
+    } else {
+        NamespaceMode::Pod
+    };
+    NamespaceOption {
+        network: network as i32,
+        userns_options: container.user_namespace.map(|userns| {
+            let ids = vec![IdMapping {
+                host_id: userns.host_id,
+                container_id: 0,
+                length: userns.size,
+            }];
+            UserNamespace {
+                mode: NamespaceMode::Pod as i32,
+                uids: ids.clone(),
+                gids: ids,
+            }
         }),
         ..Default::default()
     }
@@ -367,10 +410,7 @@ fn container_config(container: &ContainerRequest, log_path: &str) -> ContainerCo
         linux: Some(LinuxContainerConfig {
             security_context: Some(LinuxContainerSecurityContext {
                 privileged: container.privileged,
-                namespace_options: Some(NamespaceOption {
-                    network: NamespaceMode::Node as i32,
-                    ..Default::default()
-                }),
+                namespace_options: Some(namespace_options(container)),
                 ..Default::default()
             }),
             ..Default::default()

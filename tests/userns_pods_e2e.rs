@@ -1,0 +1,279 @@
+//! Kubernetes `hostUsers: false` pods over the CRI (issue 38 §2): Debian sid's containerd 2.1.9
+//! runs them on sid's runc 1.3.6 (`scripts/sid-runtimes.sh`'s wrapper: Debian 12's runc 1.1
+//! has no idmapped mounts, which such a pod's rootfs needs), the pod's user namespace mapping
+//! its ids 0..65536 to the host's 100000.. as the kubelet's `userns_options` say, in a network
+//! namespace of its own (CNI's bridge plugin: containerd refuses such a pod on the host's
+//! network). GPU 1 comes through nvhook's RuntimeClass handler (nvhook-runtime), through the
+//! kubelet's CDI request for nvhook's spec, and through the NRI plugin in each of its modes
+//! (hook, cdi, cdi-devices, mounts); each pod sees exactly GPU 1, loads libcuda, and what
+//! nvhook wrote in its image is its root's. Run as root after `cargo build --workspace`,
+//! `scripts/sid-engines.sh` and `scripts/sid-runtimes.sh`: `cargo test --test userns_pods_e2e`.
+
+use nvhook_test_support as support;
+use support::{containerd2, cri};
+
+use std::path::Path;
+
+use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin, PodNetwork, Pods};
+use cri::{ContainerRequest, Cri, PodUserNamespace};
+use support::engines::{
+    CgroupParent, Containerd, EngineDir, mount_points_below, nvhook_runtime_bin, sid_runtime_bin,
+};
+use support::{Output, SimNode, gpucheck_args, host_mounts_referencing, require_root};
+
+const GPUS: u32 = 4;
+const GPU: u32 = 1;
+/// The host ids the pod's ids 0..IDS are, as the kubelet picks them (a multiple of 65536).
+const HOST_ID: u32 = 100_000;
+const IDS: u32 = 65_536;
+const LIBCUDA: &str = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
+/// nvhook's RuntimeClass handler, as `nvhook configure containerd` names it.
+const HANDLER: &str = "nvidia";
+
+/// What nvhook writes in the image (the loader cache, its ld.so.conf.d file and the directory
+/// made for it, the SONAME links and the development link), seen from inside the pod: the
+/// pod's rootfs is an idmapped snapshot, gone with the pod. Their mount points cannot be seen
+/// from inside, under the host's files bound on them.
+const WRITTEN: [&str; 6] = [
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf.d",
+    "/etc/ld.so.conf.d/000-nvhook.conf",
+    LIBCUDA,
+    "/usr/lib/x86_64-linux-gnu/libcuda.so",
+    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+];
+
+/// A file of the host's root that every GPU pod with the utility capability gets, bound from
+/// the host in each way in.
+const HOST_FILE: &str = "/usr/bin/nvidia-smi";
+
+/// gpucheck on every GPU node and /dev, writing the driver's libcuda, then the owners of what
+/// nvhook writes and of a host file.
+fn gpucheck() -> Vec<String> {
+    let mut extra = vec!["--ls", "/dev", "--write", LIBCUDA, "--owner", HOST_FILE];
+    extra.extend(WRITTEN.iter().flat_map(|path| ["--owner", path]));
+    gpucheck_args(GPUS, &extra)
+}
+
+/// GPU 1 alone, libcuda loaded, the driver read-only, and the host's file shown as owned by
+/// the overflow id: the pod has a user namespace of its own, where the host's root is no one.
+/// What nvhook wrote in the image (`written`) is the pod's root's: 0:0 inside, HOST_ID on the
+/// host (a file the host's root made would show as the overflow id too).
+#[track_caller]
+fn assert_gpu_1_in_the_pods_user_namespace(written: &[&str], output: &Output) {
+    output.assert_allocated_gpu_only("hostUsers: false", GPUS, GPU);
+    output.assert_only_gpu_with_read_only_driver(GPUS, GPU, LIBCUDA);
+    let mut lines: Vec<String> = written.iter().map(|p| format!("owner {p} 0:0")).collect();
+    lines.push(format!("owner {HOST_FILE} 65534:65534"));
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    output.assert_lines(&lines);
+}
+
+/// Debian sid's containerd 2.1.9 with its runtimes on sid's runc, a network for pods of their
+/// own, the gpucheck image, nvhook's CDI spec in its CDI directory and nvhook-runtime as the
+/// RuntimeClass handler `nvidia`, for a simulated node of GPUS GPUs.
+struct UsernsNode {
+    node: SimNode,
+    cri: Cri,
+    containerd: Containerd,
+    image: String,
+    pods: Pods,
+    setup: Containerd2Cri,
+    dir: EngineDir,
+    plugin: Option<NriPlugin>,
+}
+
+impl UsernsNode {
+    fn start(name: &str) -> UsernsNode {
+        require_root();
+        let node = SimNode::create(GPUS);
+        let runc = sid_runtime_bin("runc");
+        // nvhook-runtime execs sid's runc as it is: in a user namespace it leaves a node that
+        // is not at its /dev path on the host (the simulated node's) to the hook, which binds
+        // it from where it is.
+        node.configure(&format!("runtimes = [{runc:?}]"));
+        let dir = EngineDir::new(name);
+        let mut setup = Containerd2Cri::under(dir.path());
+        setup.runc = runc;
+        // CDI and NRI list the nodes for runc, which binds them into a user-namespaced pod from
+        // their /dev paths on the host: they are there, as on a GPU host.
+        setup.runc_dev = Some(node.dev_root().join("dev"));
+        setup.pod_network = Some(PodNetwork::new());
+        setup
+            .handlers
+            .push((HANDLER.into(), nvhook_runtime_bin().to_path_buf()));
+        std::fs::create_dir_all(&setup.cdi_spec_dirs[0]).expect("create the CDI spec dir");
+        node.generate_cdi_spec(&setup.cdi_spec_dirs[0].join("nvidia.yaml"));
+        let containerd = setup.start(dir.path(), &[("NVHOOK_CONFIG", &node.config())]);
+        let image = containerd.import_gpucheck_image(dir.path());
+        let cri = Cri::connect(containerd.socket());
+        let pods = Pods {
+            cgroups: CgroupParent::new(&format!("nvhook-{name}")),
+            logs: dir.path().join("pods"),
+        };
+        UsernsNode {
+            node,
+            cri,
+            containerd,
+            image,
+            pods,
+            setup,
+            dir,
+            plugin: None,
+        }
+    }
+
+    /// Connects `nvhook nri` to containerd's NRI socket, in `mode`.
+    fn connect_nri_plugin(&mut self, mode: &str) {
+        self.node.configure(&format!("nri-mode = {mode:?}"));
+        let plugin = NriPlugin::start(&self.node.config(), &self.setup.nri.socket, self.dir.path());
+        plugin.wait_registered(&self.node.log_file(), 1, &self.containerd);
+        self.plugin = Some(plugin);
+    }
+
+    /// A `hostUsers: false` pod of gpucheck on `handler`, with `env` and `cdi_devices`.
+    fn run(&mut self, handler: &str, env: &[(&str, &str)], cdi_devices: &[&str]) -> Output {
+        let args = gpucheck();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let request = ContainerRequest {
+            image: &self.image,
+            args: &args,
+            env,
+            cdi_devices,
+            user_namespace: Some(PodUserNamespace {
+                host_id: HOST_ID,
+                size: IDS,
+            }),
+            ..Default::default()
+        };
+        self.pods.run_on(
+            handler,
+            &mut self.cri,
+            &self.containerd,
+            &self.node,
+            "userns",
+            request,
+        )
+    }
+
+    /// Stops containerd, which must stop on SIGTERM, and checks that nothing of the pods is
+    /// left on the host: no bridge, no mount of a driver file or under the engine's directory.
+    fn stop(self) {
+        let UsernsNode {
+            node,
+            cri,
+            mut containerd,
+            setup,
+            dir,
+            plugin,
+            ..
+        } = self;
+        drop(plugin);
+        drop(cri);
+        assert!(
+            containerd.shutdown(),
+            "containerd ignored SIGTERM:\n{}",
+            containerd.log()
+        );
+        let bridge = setup
+            .pod_network
+            .as_ref()
+            .map(|network| Path::new("/sys/class/net").join(network.bridge()));
+        drop(setup);
+        if let Some(bridge) = bridge {
+            assert!(
+                !bridge.exists(),
+                "the pods' bridge is left: {}",
+                bridge.display()
+            );
+        }
+        let leaked = host_mounts_referencing(&[dir.path(), node.root()]);
+        assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
+        assert!(mount_points_below(dir.path()).is_empty());
+    }
+}
+
+/// RuntimeClass `nvidia` (nvhook-runtime, `runtime-mode = "hook"`) on sid's runc: the
+/// device plugin's env asks for GPU 1.
+#[test]
+fn a_host_users_false_pod_gets_its_gpu_through_nvhooks_runtime_class() {
+    let mut node = UsernsNode::start("userns-pod-rc");
+    let visible = GPU.to_string();
+    let env = [
+        ("NVIDIA_VISIBLE_DEVICES", visible.as_str()),
+        ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+    ];
+    let output = node.run(HANDLER, &env, &[]);
+    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN, &output);
+    node.stop();
+}
+
+/// The kubelet's CDI request for nvhook's spec (`nvidia.com/gpu=1`, the device plugin's
+/// cdi-cri strategy, DRA) on the default handler: containerd makes the edits, runc binds the
+/// nodes, nvhook's createContainer hook writes the links and the loader cache.
+#[test]
+fn a_host_users_false_pod_gets_its_gpu_through_a_cdi_request() {
+    let mut node = UsernsNode::start("userns-pod-cdi");
+    let device = format!("nvidia.com/gpu={GPU}");
+    let output = node.run(DEFAULT_HANDLER, &[], &[&device]);
+    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN, &output);
+    node.stop();
+}
+
+/// The NRI plugin in `mode`, the device plugin's env asking for GPU 1, on the default handler.
+fn through_the_nri_plugin(mode: &str) -> (UsernsNode, Output) {
+    let mut node = UsernsNode::start(&format!("userns-pod-nri-{mode}"));
+    node.connect_nri_plugin(mode);
+    let visible = GPU.to_string();
+    let env = [
+        ("NVIDIA_VISIBLE_DEVICES", visible.as_str()),
+        ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+    ];
+    let output = node.run(DEFAULT_HANDLER, &env, &[]);
+    (node, output)
+}
+
+/// `nri-mode = "hook"`: the plugin adds the nodes and the prestart hook, which writes the links
+/// and the loader cache.
+#[test]
+fn a_host_users_false_pod_gets_its_gpu_through_nri_hook_mode() {
+    let (node, output) = through_the_nri_plugin("hook");
+    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN, &output);
+    node.stop();
+}
+
+/// `nri-mode = "cdi"`: the plugin hands containerd the CDI edits and nvhook's createContainer
+/// hook.
+#[test]
+fn a_host_users_false_pod_gets_its_gpu_through_nri_cdi_mode() {
+    let (node, output) = through_the_nri_plugin("cdi");
+    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN, &output);
+    node.stop();
+}
+
+/// `nri-mode = "cdi-devices"`: the plugin names GPU 1 in nvhook's CDI spec and containerd
+/// injects it, the spec's createContainer hook included.
+#[test]
+fn a_host_users_false_pod_gets_its_gpu_through_nri_cdi_devices_mode() {
+    let (node, output) = through_the_nri_plugin("cdi-devices");
+    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN, &output);
+    node.stop();
+}
+
+/// `nri-mode = "mounts"`: every file a bind mount, no hook: nvhook writes nothing in the image
+/// (no ld.so.conf.d file of its own), and libcuda is found by the loader's own search.
+#[test]
+fn a_host_users_false_pod_gets_its_gpu_through_nri_mounts_mode() {
+    let (node, output) = through_the_nri_plugin("mounts");
+    assert_gpu_1_in_the_pods_user_namespace(&[], &output);
+    output.assert_lines(&[
+        "dlopen libcuda.so.1 path /lib/x86_64-linux-gnu/libcuda.so.1",
+        "owner /etc/ld.so.conf.d/000-nvhook.conf absent",
+    ]);
+    let log = node.node.log();
+    assert!(
+        !log.contains("nvhook::hook"),
+        "a hook ran in nri-mode = mounts:\n{log}"
+    );
+    node.stop();
+}
