@@ -138,13 +138,7 @@ pub fn prepare_bundle(
 /// Adds the hook (unless one with the same path is there), the device nodes to
 /// `linux.devices` and their allow rules to `linux.resources.devices`. Unknown fields stay.
 pub fn edit_spec(spec: &mut Value, plan: &Plan, hook: &HookBinary) {
-    let mut edits = delivery::edits::hook_mode_edits(plan, hook);
-    // In a user namespace of its own runc binds each listed node from the same path on the
-    // host: one that lives elsewhere there (a dev root other than /) is left to the hook,
-    // which binds it from where it is.
-    if has_user_namespace(spec) {
-        edits.device_nodes.retain(|n| n.host_path.is_none());
-    }
+    let edits = delivery::edits::hook_mode_edits_for(plan, hook, has_user_namespace(spec));
     delivery::config_json::apply(spec, &edits);
 }
 

@@ -84,7 +84,10 @@ struct UsernsNode {
 }
 
 impl UsernsNode {
-    fn start(name: &str) -> UsernsNode {
+    /// `nodes_at_dev`: the simulated node's device nodes are shown at their /dev paths to
+    /// the default runc, as a GPU host has them, for the ways in whose edits list the nodes
+    /// for runc to bind (CDI, NRI's cdi modes and mounts).
+    fn start(name: &str, nodes_at_dev: bool) -> UsernsNode {
         require_root();
         let node = SimNode::create(GPUS);
         let runc = sid_runtime_bin("runc");
@@ -95,9 +98,13 @@ impl UsernsNode {
         let dir = EngineDir::new(name);
         let mut setup = Containerd2Cri::under(dir.path());
         setup.runc = runc;
-        // CDI and NRI list the nodes for runc, which binds them into a user-namespaced pod from
-        // their /dev paths on the host: they are there, as on a GPU host.
-        setup.runc_dev = Some(node.dev_root().join("dev"));
+        // CDI and NRI's cdi and mounts modes list the nodes for runc, which binds them into a
+        // user-namespaced pod from their /dev paths on the host, whatever the edits' host
+        // paths. nvhook-runtime and NRI's hook mode leave such nodes to the hook instead, which
+        // binds them from where they are: those run without the nodes at /dev.
+        if nodes_at_dev {
+            setup.runc_dev = Some(node.dev_root().join("dev"));
+        }
         setup.pod_network = Some(PodNetwork::new());
         setup
             .handlers
@@ -197,7 +204,7 @@ impl UsernsNode {
 /// device plugin's env asks for GPU 1.
 #[test]
 fn a_host_users_false_pod_gets_its_gpu_through_nvhooks_runtime_class() {
-    let mut node = UsernsNode::start("userns-pod-rc");
+    let mut node = UsernsNode::start("userns-pod-rc", false);
     let visible = GPU.to_string();
     let env = [
         ("NVIDIA_VISIBLE_DEVICES", visible.as_str()),
@@ -213,7 +220,7 @@ fn a_host_users_false_pod_gets_its_gpu_through_nvhooks_runtime_class() {
 /// nodes, nvhook's createContainer hook writes the links and the loader cache.
 #[test]
 fn a_host_users_false_pod_gets_its_gpu_through_a_cdi_request() {
-    let mut node = UsernsNode::start("userns-pod-cdi");
+    let mut node = UsernsNode::start("userns-pod-cdi", true);
     let device = format!("nvidia.com/gpu={GPU}");
     let output = node.run(DEFAULT_HANDLER, &[], &[&device]);
     assert_gpu_1_in_the_pods_user_namespace(&WRITTEN, &output);
@@ -222,7 +229,7 @@ fn a_host_users_false_pod_gets_its_gpu_through_a_cdi_request() {
 
 /// The NRI plugin in `mode`, the device plugin's env asking for GPU 1, on the default handler.
 fn through_the_nri_plugin(mode: &str) -> (UsernsNode, Output) {
-    let mut node = UsernsNode::start(&format!("userns-pod-nri-{mode}"));
+    let mut node = UsernsNode::start(&format!("userns-pod-nri-{mode}"), mode != "hook");
     node.connect_nri_plugin(mode);
     let visible = GPU.to_string();
     let env = [

@@ -119,6 +119,18 @@ pub fn hook_mode_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
     }
 }
 
+/// [`hook_mode_edits`] for a container with a user namespace of its own (`user_namespace`).
+/// There runc binds each listed node from its container path on the host, whatever the
+/// edit's host path: a node that lives elsewhere there (a dev root other than /) is left to
+/// the hook, which binds it from where it is.
+pub fn hook_mode_edits_for(plan: &Plan, hook: &HookBinary, user_namespace: bool) -> ContainerEdits {
+    let mut edits = hook_mode_edits(plan, hook);
+    if user_namespace {
+        edits.device_nodes.retain(|n| n.host_path.is_none());
+    }
+    edits
+}
+
 /// `nri-mode = "cdi-devices"`: the CDI names of the GPUs and MIG devices `plan` selected
 /// (`nvidia.com/gpu=0`, `nvidia.com/gpu=3:1`), as the spec `nvhook cdi refresh` writes them by
 /// default, for the engine to inject; and, as plain device nodes, the IMEX channels and

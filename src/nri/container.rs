@@ -14,6 +14,14 @@ use nvhook_nri::api::{Container, PodSandbox};
 /// `nvidia.cdi.k8s.io/container.<name>: nvidia.com/gpu=0,nvidia.com/gpu=1`.
 pub const ANNOTATION_PREFIX: &str = "nvidia.cdi.k8s.io/container.";
 
+/// Whether the engine gives `container` a user namespace of its own (`hostUsers: false`).
+pub fn has_user_namespace(container: &Container) -> bool {
+    container
+        .linux
+        .as_ref()
+        .is_some_and(|l| l.namespaces.iter().any(|ns| ns.r#type == "user"))
+}
+
 /// The fields of `container` that a request is read from.
 pub fn spec_of(container: &Container) -> Spec {
     let linux = container.linux.as_ref();

@@ -16,8 +16,8 @@ pub mod registration;
 use crate::atomic_file::{NewFile, write_atomic};
 use crate::cdi::ContainerEdits;
 use crate::config::{Config, NriMode};
-use crate::delivery::edits::cdi_device_edits;
-use crate::delivery::{HookBinary, PrepareError, container_edits, hook_mode_edits, hookless_edits};
+use crate::delivery::edits::{cdi_device_edits, hook_mode_edits_for};
+use crate::delivery::{HookBinary, PrepareError, container_edits, hookless_edits};
 use crate::host_plan::{Target, plan_for_host};
 use crate::inventory::isolated::Remembered;
 use crate::inventory::{self};
@@ -107,7 +107,7 @@ impl GpuPlugin {
                     .iter()
                     .map(|id| container::device_mount(id))
                     .collect(),
-                ..hook_mode_edits(&plan, &hook)
+                ..hook_mode_edits_for(&plan, &hook, container::has_user_namespace(container))
             },
             NriMode::Cdi => container_edits(&plan, &hook),
             NriMode::Mounts => hookless_edits(&plan),
