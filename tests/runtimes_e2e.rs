@@ -14,12 +14,12 @@
 
 use nvhook_test_support as support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use support::engines::{nvhook_runtime_bin, sid_runtime_bin, unique_name, youki_bin};
 use support::podman::{CdiSpecFile, Podman};
 use support::{
-    Bundle, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args, host_mounts_referencing,
-    host_snapshot, require_root, run_detached_with,
+    Bundle, MountNs, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args,
+    host_mounts_referencing, host_snapshot, require_root, run_detached_with,
 };
 
 const GPUS: u32 = 4;
@@ -249,16 +249,14 @@ fn podman_runs_a_cdi_device_on_youki() {
     assert_gpu_1_only(&output);
 }
 
-/// Debian sid's Podman 5 with runc 1.3 and nvhook's generated CDI spec: runc makes the nodes
-/// and mounts the spec lists, and runs nvhook's createContainer hook for the links and the
-/// cache.
-#[test]
-fn podman_5_runs_a_cdi_device_on_sid_runc() {
-    require_root();
+/// Debian sid's Podman 5 and nvhook's generated CDI spec on `runtime_version`'s runtime
+/// (the start of what `podman info` says of it), with `flags` added to `podman run`: the
+/// runtime makes the nodes and mounts the spec lists, and runs nvhook's createContainer hook
+/// for the links and the cache.
+fn podman_5_runs_a_cdi_device(podman: Podman, runtime_version: &str, flags: &[&str]) {
     let node = SimNode::create(GPUS);
     let spec = CdiSpecFile::new("yaml");
     node.generate_cdi_spec(spec.path());
-    let podman = Podman::sid();
     let info = podman
         .command()
         .args([
@@ -270,14 +268,16 @@ fn podman_5_runs_a_cdi_device_on_sid_runc() {
         .expect("run podman info");
     let info = String::from_utf8_lossy(&info.stdout);
     assert!(
-        info.starts_with("5.") && info.contains("runc version 1.3."),
-        "not Podman 5 with runc 1.3: {info}"
+        info.starts_with("5.") && info.contains(runtime_version),
+        "not Podman 5 with {runtime_version}: {info}"
     );
     let image = format!("localhost/{}:latest", unique_name("nvhook-podman5"));
     podman.import(glibc_image().rootfs(), &image);
     let args = gpucheck_args(GPUS, &["--write", LIBCUDA]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut output = podman.run(&["--device", "nvidia.com/gpu=1"], &image, &args);
+    let mut run_flags = vec!["--device", "nvidia.com/gpu=1"];
+    run_flags.extend(flags);
+    let mut output = podman.run(&run_flags, &image, &args);
     output.hook_log = Some(node.log());
     assert_gpu_1_only(&output);
     assert!(
@@ -285,4 +285,20 @@ fn podman_5_runs_a_cdi_device_on_sid_runc() {
         "{}",
         node.log()
     );
+}
+
+#[test]
+fn podman_5_runs_a_cdi_device_on_sid_runc() {
+    require_root();
+    podman_5_runs_a_cdi_device(Podman::sid(), "runc version 1.3.", &[]);
+}
+
+/// crun under cgroup v2: a cgroup2 hierarchy mounted in a mount namespace of the test's,
+/// where no pids controller is delegated, so Podman's default pids limit is turned off.
+#[test]
+fn podman_5_runs_a_cdi_device_on_sid_crun_cgroup_v2() {
+    require_root();
+    let ns = MountNs::new(RuntimeEnv::CgroupV2);
+    let podman = Podman::sid().within(&ns).running(Path::new("crun"));
+    podman_5_runs_a_cdi_device(podman, "crun version 1.28", &["--pids-limit", "0"]);
 }

@@ -69,16 +69,24 @@ impl Podman {
 
     /// Like `new`, every podman run inside the mount namespace `ns`.
     pub fn inside(ns: &super::MountNs) -> Podman {
-        let mut podman = Podman::new();
-        podman.prefix = ns.nsenter();
-        podman
+        Podman::new().within(ns)
+    }
+
+    /// This podman, every run inside the mount namespace `ns` (a cgroup2 one, say).
+    pub fn within(mut self, ns: &super::MountNs) -> Podman {
+        self.prefix = ns.nsenter();
+        self
     }
 
     /// Like `new`, with `runtime` (a path: youki) in runc's place.
     pub fn with_runtime(runtime: &Path) -> Podman {
-        let mut podman = Podman::new();
-        podman.runtime = Some(runtime.to_path_buf());
-        podman
+        Podman::new().running(runtime)
+    }
+
+    /// This podman with `runtime` (a path, or a name Podman looks up: `crun`) in runc's place.
+    pub fn running(mut self, runtime: &Path) -> Podman {
+        self.runtime = Some(runtime.to_path_buf());
+        self
     }
 
     pub fn dir(&self) -> &Path {
