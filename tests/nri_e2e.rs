@@ -125,6 +125,29 @@ fn nri_says_on_stderr_when_it_cannot_connect() {
     );
 }
 
+/// A pod with no allocation gets no GPU in nri-mode `mode`; then the engine stops, and no
+/// driver file is left mounted on the host.
+fn no_allocation_then_stop(
+    mode: &str,
+    node: &SimNode,
+    image: &str,
+    pods: &Pods,
+    mut cri: Cri,
+    containerd: Containerd,
+    plugin: NriPlugin,
+) {
+    let request = ContainerRequest {
+        image,
+        args: GPUCHECK,
+        ..Default::default()
+    };
+    let output = pods.run(&mut cri, &containerd, node, "nogpu", request);
+    assert_no_gpu(&format!("no allocation, nri-mode = {mode}"), &output);
+    stop(plugin, cri, containerd);
+    let leaked = host_mounts_referencing(&[node.root()]);
+    assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+}
+
 /// Ends a test's engine in order: the plugin, the CRI client, then containerd, which must stop
 /// on SIGTERM.
 fn stop(plugin: NriPlugin, cri: Cri, mut containerd: Containerd) {
@@ -606,21 +629,7 @@ fn nri_mode_mounts_gives_the_gpu_with_no_hook_process() {
         !log.contains("nvhook::hook"),
         "a hook ran in nri-mode = mounts:\n{log}"
     );
-    let output = pods.run(
-        &mut cri,
-        &containerd,
-        &node,
-        "nogpu",
-        ContainerRequest {
-            image: &image,
-            args: GPUCHECK,
-            ..Default::default()
-        },
-    );
-    assert_no_gpu("no allocation, nri-mode = mounts", &output);
-    stop(plugin, cri, containerd);
-    let leaked = host_mounts_referencing(&[node.root()]);
-    assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+    no_allocation_then_stop("mounts", &node, &image, &pods, cri, containerd, plugin);
 }
 
 /// `nri-mode = "cdi-devices"`: the adjustment names the allocated GPU in nvhook's CDI spec
@@ -662,21 +671,7 @@ fn nri_mode_cdi_devices_names_the_gpu_for_containerd_to_inject() {
     );
     assert!(log.contains("stage=CreateContainer"), "{log}");
     assert!(!log.contains("stage=Prestart"), "{log}");
-    let output = pods.run(
-        &mut cri,
-        &containerd,
-        &node,
-        "nogpu",
-        ContainerRequest {
-            image: &image,
-            args: GPUCHECK,
-            ..Default::default()
-        },
-    );
-    assert_no_gpu("no allocation, nri-mode = cdi-devices", &output);
-    stop(plugin, cri, containerd);
-    let leaked = host_mounts_referencing(&[node.root()]);
-    assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+    no_allocation_then_stop("cdi-devices", &node, &image, &pods, cri, containerd, plugin);
 }
 
 /// The pre-registered form: containerd starts `10-nvhook` from its plugin directory at its

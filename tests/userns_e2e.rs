@@ -13,8 +13,9 @@ use nvhook::nvidia_cli::RUNTIME_HOOK_NAME;
 use support::engines::{Dockerd, EngineDir, unique_name};
 use support::podman::{CdiSpecFile, Podman};
 use support::{
-    Bundle, MountNs, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args,
-    host_mounts_referencing, host_snapshot, require_root, run_clean, run_in_ns, table_diff,
+    Bundle, MountNs, Output, RuntimeEnv, SimNode, WRITTEN_SEEN_INSIDE, glibc_image, gpucheck_args,
+    host_mounts_referencing, host_snapshot, owner_args, require_root, run_clean, run_in_ns,
+    table_diff,
 };
 
 const GPUS: u32 = 4;
@@ -78,34 +79,6 @@ fn written_in_the_image(node: &SimNode) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
-}
-
-/// What nvhook writes in the image through an engine, checked from inside the container (the
-/// engine's rootfs is gone with it): the loader cache, nvhook's ld.so.conf.d file and the
-/// directory made for it, the SONAME links and the development link. Their mount points
-/// cannot be seen from inside, under the host's files bound on them.
-const WRITTEN_SEEN_INSIDE: [&str; 6] = [
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf.d",
-    "/etc/ld.so.conf.d/000-nvhook.conf",
-    LIBCUDA,
-    "/usr/lib/x86_64-linux-gnu/libcuda.so",
-    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
-];
-
-/// gpucheck's `--owner` for each of `paths`.
-fn owner_args<'a>(paths: &[&'a str]) -> Vec<&'a str> {
-    paths.iter().flat_map(|path| ["--owner", path]).collect()
-}
-
-/// `owner PATH 0:0` for each of `paths`: the container's root as the container sees it, which
-/// its user namespace maps to HOST_ID (a file of the host's root shows as 65534, the overflow
-/// id, and one of another mapped id as that id).
-#[track_caller]
-fn assert_owned_by_root_inside(output: &Output, paths: &[&str]) {
-    let lines: Vec<String> = paths.iter().map(|p| format!("owner {p} 0:0")).collect();
-    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
-    output.assert_lines(&lines);
 }
 
 /// What the run made in the image, read on the host from the rootfs directory once the
@@ -381,7 +354,7 @@ fn podman_runs_a_cdi_device_in_a_user_namespace() {
     assert_gpu_1_only(&output);
     // The cache, the conf file and the links nvhook's createContainer hook wrote are the
     // container's root's.
-    assert_owned_by_root_inside(&output, &WRITTEN_SEEN_INSIDE);
+    output.assert_owned_by_root_inside(&WRITTEN_SEEN_INSIDE);
     // The driver's own file, the host root's: proof that the container has a user namespace
     // (the id it cannot map shows as the overflow id).
     output.assert_lines(&[&format!("owner {driver_libcuda} 65534:65534")]);
@@ -440,7 +413,7 @@ fn docker_userns_remap_runs_gpus_through_the_hook() {
     let mut output = dockerd.run(&run);
     output.hook_log = Some(node.log());
     assert_gpu_1_only(&output);
-    assert_owned_by_root_inside(&output, &WRITTEN_SEEN_INSIDE);
+    output.assert_owned_by_root_inside(&WRITTEN_SEEN_INSIDE);
     // The driver's own file, the host root's: the container has a user namespace.
     output.assert_lines(&[&format!("owner {driver_libcuda} 65534:65534")]);
     assert!(

@@ -19,7 +19,10 @@ use cri::{ContainerRequest, Cri, PodUserNamespace};
 use support::engines::{
     CgroupParent, Containerd, EngineDir, mount_points_below, nvhook_runtime_bin, sid_runtime_bin,
 };
-use support::{Output, SimNode, gpucheck_args, host_mounts_referencing, require_root};
+use support::{
+    Output, SimNode, WRITTEN_SEEN_INSIDE, gpucheck_args, host_mounts_referencing, owner_args,
+    require_root,
+};
 
 const GPUS: u32 = 4;
 const GPU: u32 = 1;
@@ -30,19 +33,6 @@ const LIBCUDA: &str = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
 /// nvhook's RuntimeClass handler, as `nvhook configure containerd` names it.
 const HANDLER: &str = "nvidia";
 
-/// What nvhook writes in the image (the loader cache, its ld.so.conf.d file and the directory
-/// made for it, the SONAME links and the development link), seen from inside the pod: the
-/// pod's rootfs is an idmapped snapshot, gone with the pod. Their mount points cannot be seen
-/// from inside, under the host's files bound on them.
-const WRITTEN: [&str; 6] = [
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf.d",
-    "/etc/ld.so.conf.d/000-nvhook.conf",
-    LIBCUDA,
-    "/usr/lib/x86_64-linux-gnu/libcuda.so",
-    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
-];
-
 /// A file of the host's root that every GPU pod with the utility capability gets, bound from
 /// the host in each way in.
 const HOST_FILE: &str = "/usr/bin/nvidia-smi";
@@ -51,7 +41,7 @@ const HOST_FILE: &str = "/usr/bin/nvidia-smi";
 /// nvhook writes and of a host file.
 fn gpucheck() -> Vec<String> {
     let mut extra = vec!["--ls", "/dev", "--write", LIBCUDA, "--owner", HOST_FILE];
-    extra.extend(WRITTEN.iter().flat_map(|path| ["--owner", path]));
+    extra.extend(owner_args(&WRITTEN_SEEN_INSIDE));
     gpucheck_args(GPUS, &extra)
 }
 
@@ -63,10 +53,8 @@ fn gpucheck() -> Vec<String> {
 fn assert_gpu_1_in_the_pods_user_namespace(written: &[&str], output: &Output) {
     output.assert_allocated_gpu_only("hostUsers: false", GPUS, GPU);
     output.assert_only_gpu_with_read_only_driver(GPUS, GPU, LIBCUDA);
-    let mut lines: Vec<String> = written.iter().map(|p| format!("owner {p} 0:0")).collect();
-    lines.push(format!("owner {HOST_FILE} 65534:65534"));
-    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
-    output.assert_lines(&lines);
+    output.assert_owned_by_root_inside(written);
+    output.assert_lines(&[&format!("owner {HOST_FILE} 65534:65534")]);
 }
 
 /// Debian sid's containerd 2.1.9 with its runtimes on sid's runc, a network for pods of their
@@ -211,7 +199,7 @@ fn a_host_users_false_pod_gets_its_gpu_through_nvhooks_runtime_class() {
         ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
     ];
     let output = node.run(HANDLER, &env, &[]);
-    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN, &output);
+    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN_SEEN_INSIDE, &output);
     node.stop();
 }
 
@@ -223,7 +211,7 @@ fn a_host_users_false_pod_gets_its_gpu_through_a_cdi_request() {
     let mut node = UsernsNode::start("userns-pod-cdi", true);
     let device = format!("nvidia.com/gpu={GPU}");
     let output = node.run(DEFAULT_HANDLER, &[], &[&device]);
-    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN, &output);
+    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN_SEEN_INSIDE, &output);
     node.stop();
 }
 
@@ -245,7 +233,7 @@ fn through_the_nri_plugin(mode: &str) -> (UsernsNode, Output) {
 #[test]
 fn a_host_users_false_pod_gets_its_gpu_through_nri_hook_mode() {
     let (node, output) = through_the_nri_plugin("hook");
-    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN, &output);
+    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN_SEEN_INSIDE, &output);
     node.stop();
 }
 
@@ -254,7 +242,7 @@ fn a_host_users_false_pod_gets_its_gpu_through_nri_hook_mode() {
 #[test]
 fn a_host_users_false_pod_gets_its_gpu_through_nri_cdi_mode() {
     let (node, output) = through_the_nri_plugin("cdi");
-    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN, &output);
+    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN_SEEN_INSIDE, &output);
     node.stop();
 }
 
@@ -263,7 +251,7 @@ fn a_host_users_false_pod_gets_its_gpu_through_nri_cdi_mode() {
 #[test]
 fn a_host_users_false_pod_gets_its_gpu_through_nri_cdi_devices_mode() {
     let (node, output) = through_the_nri_plugin("cdi-devices");
-    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN, &output);
+    assert_gpu_1_in_the_pods_user_namespace(&WRITTEN_SEEN_INSIDE, &output);
     node.stop();
 }
 

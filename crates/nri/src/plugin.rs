@@ -253,13 +253,18 @@ fn decode<M: Message + Default>(payload: &[u8]) -> Result<M, Failure> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::Event;
 
+    /// A plugin that records what the engine told it and adjusts every container it is asked
+    /// about, for the dispatcher's tests and the engine double's.
     #[derive(Default)]
-    struct Recorder {
-        synced: Vec<(usize, usize)>,
+    pub(crate) struct Recorder {
+        pub synced: Vec<(usize, usize)>,
+        pub nri_version: String,
+        /// Lifecycle events, with the container's name (the pod's for a pod's event).
+        pub events: Vec<(i32, String)>,
     }
 
     impl Plugin for Recorder {
@@ -267,7 +272,18 @@ mod tests {
             if config.config == "refuse" {
                 return Err("refused by configuration".into());
             }
+            self.nri_version = config.nri_version.clone();
             Ok(EventMask::of(&[Event::CreateContainer]))
+        }
+
+        fn state_change(&mut self, event: &StateChangeEvent) -> Result<(), HandlerError> {
+            let who = match (&event.pod, &event.container) {
+                (_, Some(c)) => c.name.clone(),
+                (Some(p), None) => p.name.clone(),
+                (None, None) => String::new(),
+            };
+            self.events.push((event.event, who));
+            Ok(())
         }
 
         fn synchronize(

@@ -366,62 +366,9 @@ mod tests {
 #[cfg(test)]
 mod engine_double {
     use super::*;
-    use crate::api::{Container, ContainerUpdate, CreateContainerResponse, Event, PodSandbox};
-    use crate::plugin::{Configuration, HandlerError};
+    use crate::api::{Container, CreateContainerResponse, Event, PodSandbox};
+    use crate::plugin::tests::Recorder;
     use crate::ttrpc::Response;
-
-    /// Records what it was told; adjusts every container it is asked about.
-    #[derive(Default)]
-    struct Recorder {
-        nri_version: String,
-        events: Vec<(i32, String)>,
-    }
-
-    impl Plugin for Recorder {
-        fn configure(&mut self, config: &Configuration) -> Result<api::EventMask, HandlerError> {
-            self.nri_version = config.nri_version.clone();
-            Ok(api::EventMask::of(&[
-                Event::CreateContainer,
-                Event::RunPodSandbox,
-                Event::RemoveContainer,
-                Event::UpdatePodSandbox,
-            ]))
-        }
-
-        fn synchronize(
-            &mut self,
-            _: Vec<PodSandbox>,
-            _: Vec<Container>,
-        ) -> Result<Vec<ContainerUpdate>, HandlerError> {
-            Ok(Vec::new())
-        }
-
-        fn create_container(
-            &mut self,
-            _: &PodSandbox,
-            container: &Container,
-        ) -> Result<CreateContainerResponse, HandlerError> {
-            let mut adjust = api::ContainerAdjustment::default();
-            adjust.env.push(api::KeyValue {
-                key: "SEEN".into(),
-                value: container.name.clone(),
-            });
-            Ok(CreateContainerResponse {
-                adjust: Some(adjust),
-                ..Default::default()
-            })
-        }
-
-        fn state_change(&mut self, event: &api::StateChangeEvent) -> Result<(), HandlerError> {
-            let who = match (&event.pod, &event.container) {
-                (_, Some(c)) => c.name.clone(),
-                (Some(p), None) => p.name.clone(),
-                (None, None) => String::new(),
-            };
-            self.events.push((event.event, who));
-            Ok(())
-        }
-    }
 
     /// The engine's end of one plugin connection.
     struct Engine {
@@ -550,7 +497,7 @@ mod engine_double {
             };
             let reply = engine.call("Configure", configure);
             let events = api::ConfigureResponse::decode(&reply.payload[..]).unwrap();
-            assert!(api::EventMask(events.events).contains(Event::RemoveContainer));
+            assert!(api::EventMask(events.events).contains(Event::CreateContainer));
             let reply = engine.call("Synchronize", api::SynchronizeRequest::default());
             assert!(reply.failure().is_none(), "{reply:?}");
             engine.event(generation, Event::RunPodSandbox, "pod", None);

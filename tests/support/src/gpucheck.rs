@@ -5,6 +5,24 @@
 
 use super::runc::Output;
 
+/// What nvhook writes in a Debian-layout image, checked from inside the container (the
+/// engine's rootfs may be gone with it): the loader cache, nvhook's ld.so.conf.d file and the
+/// directory made for it, the SONAME links and the development link. Their mount points
+/// cannot be seen from inside, under the host's files bound on them.
+pub const WRITTEN_SEEN_INSIDE: [&str; 6] = [
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf.d",
+    "/etc/ld.so.conf.d/000-nvhook.conf",
+    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "/usr/lib/x86_64-linux-gnu/libcuda.so",
+    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+];
+
+/// gpucheck's `--owner` for each of `paths`.
+pub fn owner_args<'a>(paths: &[&'a str]) -> Vec<&'a str> {
+    paths.iter().flat_map(|path| ["--owner", path]).collect()
+}
+
 /// The nodes every GPU container with compute gets, whichever GPUs it asked for.
 pub const CONTROL_NODES: [&str; 3] = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
 
@@ -24,6 +42,16 @@ pub fn gpucheck_args(gpus: u32, extra: &[&str]) -> Vec<String> {
 }
 
 impl Output {
+    /// `owner PATH 0:0` for each of `paths`: the container's root as the container sees it,
+    /// which its user namespace maps to a host id (a file of the host's root shows as 65534,
+    /// the overflow id, and one of another mapped id as that id).
+    #[track_caller]
+    pub fn assert_owned_by_root_inside(&self, paths: &[&str]) {
+        let lines: Vec<String> = paths.iter().map(|p| format!("owner {p} 0:0")).collect();
+        let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+        self.assert_lines(&lines);
+    }
+
     /// GPUs in `visible` are usable (ENXIO); the other GPUs of the node are not there at all.
     #[track_caller]
     pub fn assert_gpus(&self, gpus: u32, visible: &[u32]) {
