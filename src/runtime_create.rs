@@ -138,7 +138,7 @@ pub fn prepare_bundle(
 /// Adds the hook (unless one with the same path is there), the device nodes to
 /// `linux.devices` and their allow rules to `linux.resources.devices`. Unknown fields stay.
 pub fn edit_spec(spec: &mut Value, plan: &Plan, hook: &HookBinary) {
-    let edits = delivery::edits::hook_mode_edits_for(plan, hook, has_user_namespace(spec));
+    let edits = delivery::hook_mode_edits(plan, hook, has_user_namespace(spec));
     delivery::config_json::apply(spec, &edits);
 }
 

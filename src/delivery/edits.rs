@@ -110,38 +110,37 @@ fn mounts(plan: &Plan) -> Vec<Mount> {
 }
 
 /// The edits of `runtime-mode = "hook"`: the plan's device nodes (so that their rules are the
-/// runtime's, and survive `runc update`) and nvhook's prestart hook, which does the rest.
-pub fn hook_mode_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
+/// runtime's, and survive `runc update`) and nvhook's prestart hook, which does the rest. In
+/// a container with a user namespace of its own (`user_namespace`) runc binds each listed node
+/// from its container path on the host, whatever the edit's host path: a node that lives
+/// elsewhere there (a dev root other than /) is left to the hook, which binds it from where it
+/// is.
+pub fn hook_mode_edits(plan: &Plan, hook: &HookBinary, user_namespace: bool) -> ContainerEdits {
+    let mut device_nodes = device_nodes(plan);
+    if user_namespace {
+        device_nodes.retain(|n| n.host_path.is_none());
+    }
     ContainerEdits {
-        device_nodes: device_nodes(plan),
+        device_nodes,
         hooks: vec![hook.hook("prestart", Vec::new())],
         ..ContainerEdits::default()
     }
 }
 
-/// [`hook_mode_edits`] for a container with a user namespace of its own (`user_namespace`).
-/// There runc binds each listed node from its container path on the host, whatever the
-/// edit's host path: a node that lives elsewhere there (a dev root other than /) is left to
-/// the hook, which binds it from where it is.
-pub fn hook_mode_edits_for(plan: &Plan, hook: &HookBinary, user_namespace: bool) -> ContainerEdits {
-    let mut edits = hook_mode_edits(plan, hook);
-    if user_namespace {
-        edits.device_nodes.retain(|n| n.host_path.is_none());
-    }
-    edits
-}
-
 /// `nri-mode = "cdi-devices"`: the CDI names of the GPUs and MIG devices `plan` selected
 /// (`nvidia.com/gpu=0`, `nvidia.com/gpu=3:1`), as the spec `nvhook cdi refresh` writes them by
-/// default, for the engine to inject; and, as plain device nodes, the IMEX channels and
-/// device-family nodes the plan adds, which no spec device names per container. No hook.
-pub fn cdi_device_edits(plan: &Plan) -> (Vec<String>, ContainerEdits) {
-    let names = plan
-        .selected
+/// default, for the engine to inject.
+pub fn cdi_device_names(plan: &Plan) -> Vec<String> {
+    plan.selected
         .iter()
         .map(|s| format!("{KIND}={}", s.id))
-        .collect();
-    let edits = ContainerEdits {
+        .collect()
+}
+
+/// The IMEX channel and device-family nodes `plan` adds, as plain device nodes: no CDI spec
+/// device names them per container (`nri-mode = "cdi-devices"` gives them this way). No hook.
+pub fn imex_and_family_edits(plan: &Plan) -> ContainerEdits {
+    ContainerEdits {
         device_nodes: plan
             .devices
             .iter()
@@ -149,8 +148,7 @@ pub fn cdi_device_edits(plan: &Plan) -> (Vec<String>, ContainerEdits) {
             .map(|d| device_node(d, None))
             .collect(),
         ..ContainerEdits::default()
-    };
-    (names, edits)
+    }
 }
 
 /// The plan's device nodes, each with the cgroup access the plan grants it.
@@ -213,7 +211,8 @@ mod tests {
             minor: 3,
             mode: 0o666,
         });
-        let (names, edits) = cdi_device_edits(&plan);
+        let names = cdi_device_names(&plan);
+        let edits = imex_and_family_edits(&plan);
         assert_eq!(names, ["nvidia.com/gpu=1", "nvidia.com/gpu=2"]);
         let paths: Vec<&str> = edits.device_nodes.iter().map(|n| n.path.as_str()).collect();
         assert_eq!(paths, ["/dev/nvidia-caps-imex-channels/channel3"]);

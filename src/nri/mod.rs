@@ -16,8 +16,8 @@ pub mod registration;
 use crate::atomic_file::{NewFile, write_atomic};
 use crate::cdi::ContainerEdits;
 use crate::config::{Config, NriMode};
-use crate::delivery::edits::{cdi_device_edits, hook_mode_edits_for};
-use crate::delivery::{HookBinary, PrepareError, container_edits, hookless_edits};
+use crate::delivery::edits::{cdi_device_names, imex_and_family_edits};
+use crate::delivery::{HookBinary, PrepareError, container_edits, hook_mode_edits, hookless_edits};
 use crate::host_plan::{Target, plan_for_host};
 use crate::inventory::isolated::Remembered;
 use crate::inventory::{self};
@@ -98,7 +98,6 @@ impl GpuPlugin {
         drop(nvml);
         crate::dev_char::ensure_for_plan(&config, &plan);
         let hook = HookBinary::new(&config, self.config_path.as_deref());
-        let mut cdi_devices = Vec::new();
         let edits = match config.nri_mode {
             // The hook reads the request from config.json as the engine wrote it, so devices
             // an annotation asked for reach it the way the device plugin's do.
@@ -107,23 +106,19 @@ impl GpuPlugin {
                     .iter()
                     .map(|id| container::device_mount(id))
                     .collect(),
-                ..hook_mode_edits_for(&plan, &hook, container::has_user_namespace(container))
+                ..hook_mode_edits(&plan, &hook, container::has_user_namespace(container))
             },
             NriMode::Cdi => container_edits(&plan, &hook),
             NriMode::Mounts => hookless_edits(&plan),
-            NriMode::CdiDevices => {
-                let (names, edits) = cdi_device_edits(&plan);
-                cdi_devices = names;
-                edits
-            }
+            NriMode::CdiDevices => imex_and_family_edits(&plan),
         };
-        let adjustment = ContainerAdjustment {
-            cdi_devices: cdi_devices
+        let mut adjustment = adjust::adjustment(&edits);
+        if config.nri_mode == NriMode::CdiDevices {
+            adjustment.cdi_devices = cdi_device_names(&plan)
                 .into_iter()
                 .map(|name| nvhook_nri::api::CdiDevice { name })
-                .collect(),
-            ..adjust::adjustment(&edits)
-        };
+                .collect();
+        }
         tracing::debug!(mode = ?config.nri_mode, us = started.elapsed().as_micros(), "NRI: planned");
         Ok(Some(adjustment))
     }
