@@ -6,7 +6,8 @@
 //! of nvhook-runtime's user-space instructions. The binaries are `#![no_main]` and come here
 //! instead, keeping the two parts of std's start-up that matter to them.
 
-/// Runs `main` and exits with its status; call it from the binaries' C `main`.
+/// Runs `main` and exits with its status; call it from the binaries' C `main`. What the log
+/// held back for stderr is written after `main` returns.
 ///
 /// - Standard descriptors closed by the caller are reopened on /dev/null, as std does, so
 ///   that no file the process opens later becomes its stdout or stderr.
@@ -19,8 +20,11 @@ pub fn run(main: fn() -> i32) -> ! {
     reopen_closed_std_fds();
     // SAFETY: setting a signal's disposition to its default has no memory-safety preconditions.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let status = main();
+    // After main's own error line: see crate::logging.
+    crate::logging::release_held();
     // exit flushes std's stdout, as returning from a std main would.
-    std::process::exit(main())
+    std::process::exit(status)
 }
 
 fn reopen_closed_std_fds() {

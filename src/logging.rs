@@ -1,5 +1,9 @@
 //! Log set-up shared by the binaries. Synchronous writers only: the hook must stay
 //! single-threaded until it has entered the container's mount namespace.
+//!
+//! What a short-lived process logs to stderr is held back until it ends ([`release_held`]):
+//! an engine that shows only the first line of a failing hook's stderr (Podman does) must
+//! show the error, which the binary prints before it releases the rest.
 
 use crate::config::{Config, LogLevel};
 
@@ -14,6 +18,36 @@ pub enum Sink {
 
 /// The file a long-running command logs to, if any; stderr otherwise.
 static SERVICE_LOG: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
+
+/// Stderr lines of a short-lived process, held back until [`release_held`].
+static HELD: std::sync::Mutex<Vec<u8>> = std::sync::Mutex::new(Vec::new());
+
+/// Appends to [`HELD`].
+struct HeldStderr;
+
+impl std::io::Write for HeldStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        held().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn held() -> std::sync::MutexGuard<'static, Vec<u8>> {
+    HELD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Writes what was held back to stderr; call it once the process's own error, if any, is
+/// printed, and before it execs another program.
+pub fn release_held() {
+    use std::io::Write;
+    let lines = std::mem::take(&mut *held());
+    // Nothing is left to report a failed write to.
+    let _ = std::io::stderr().write_all(&lines);
+}
 
 /// Writes to [`SERVICE_LOG`], or to stderr while there is none.
 struct ServiceWriter;
@@ -75,7 +109,8 @@ fn level(config: &Config) -> tracing::Level {
     }
 }
 
-/// Appends to the configured log file; without one, warnings and errors go to stderr.
+/// Appends to the configured log file; without one, warnings and errors go to stderr, held
+/// back until [`release_held`].
 pub fn init(config: &Config) -> Sink {
     let level = level(config);
     let file = config.log_file.as_ref().and_then(|path| {
@@ -84,10 +119,13 @@ pub fn init(config: &Config) -> Sink {
             .append(true)
             .open(path)
             .inspect_err(|e| {
-                eprintln!(
-                    "nvhook: warning: cannot open log file {}: {e} (logging warnings to stderr)",
-                    path.display()
-                )
+                held().extend_from_slice(
+                    format!(
+                        "nvhook: warning: cannot open log file {}: {e} (logging warnings to stderr)\n",
+                        path.display()
+                    )
+                    .as_bytes(),
+                );
             })
             .ok()
     });
@@ -102,7 +140,7 @@ pub fn init(config: &Config) -> Sink {
         }
         None => {
             builder
-                .with_writer(std::io::stderr)
+                .with_writer(|| HeldStderr)
                 .with_max_level(tracing::Level::WARN)
                 .without_time()
                 .init();

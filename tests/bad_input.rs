@@ -586,7 +586,8 @@ fn nvidia_names_with_bad_arguments() {
 }
 
 /// A log file the hook may not open (a rootless engine runs the createContainer hook as an
-/// unprivileged user): one warning that says so, then the error once, not once per sink.
+/// unprivileged user): the error first, once, not once per sink (Podman shows only a failing
+/// hook's first stderr line), then one warning that says where the log went.
 #[test]
 fn createcontainer_hook_with_a_log_file_it_cannot_open() {
     let s = Scratch::new();
@@ -606,12 +607,12 @@ fn createcontainer_hook_with_a_log_file_it_cannot_open() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(lines.len(), 2, "{stderr}");
     assert!(
-        lines[0].starts_with("nvhook: warning: cannot open log file")
-            && lines[0].contains("absent/nvhook.log"),
+        lines[0].starts_with("nvhook: ") && lines[0].contains("absent/config.json"),
         "{stderr}"
     );
     assert!(
-        lines[1].starts_with("nvhook: ") && lines[1].contains("absent/config.json"),
+        lines[1].starts_with("nvhook: warning: cannot open log file")
+            && lines[1].contains("absent/nvhook.log"),
         "{stderr}"
     );
 }

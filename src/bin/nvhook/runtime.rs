@@ -15,11 +15,14 @@ use std::path::PathBuf;
 /// nvhook-runtime passes its own on.
 pub fn main(program: &OsStr, args: &[OsString]) -> i32 {
     let err = match run(args) {
-        Ok(runtime) => std::process::Command::new(&runtime)
-            .arg0(&runtime)
-            .args(args)
-            .exec()
-            .into(),
+        Ok(runtime) => {
+            nvhook::logging::release_held();
+            std::process::Command::new(&runtime)
+                .arg0(&runtime)
+                .args(args)
+                .exec()
+                .into()
+        }
         Err(e) => e,
     };
     // Engines show this to the user as the runtime's error: name the program they configured,
