@@ -308,32 +308,64 @@ fn nvhook_runtime_gives_a_user_namespaced_container_its_gpu_cgroup_v2() {
     runtime_gives_a_user_namespaced_container_its_gpu(RuntimeEnv::CgroupV2);
 }
 
+/// Which Podman runs a `--userns=auto` container, and over which runtime.
+#[derive(Debug, Clone, Copy)]
+enum PodmanRow {
+    /// Debian 12's Podman 4.3 over its runc 1.1.
+    Debian12,
+    /// sid's Podman 5 over sid's runc 1.3.
+    SidRunc,
+    /// sid's Podman 5 over sid's crun, under cgroup v2 (crun refuses this machine's v1).
+    SidCrunV2,
+}
+
 /// Rootful Podman with `--userns=auto` (the container's ids mapped into the `containers`
-/// user's range in /etc/subuid, 100000..) and nvhook's CDI spec: runc binds the nodes
+/// user's range in /etc/subuid, 100000..) and nvhook's CDI spec: the runtime binds the nodes
 /// from their host paths (so Podman runs where the node's are at /dev, as on a GPU host), and
-/// nvhook's createContainer hook makes the links and the cache.
-#[test]
-fn podman_runs_a_cdi_device_in_a_user_namespace() {
+/// nvhook's createContainer hook makes the links and the cache. The hook runs as the
+/// container's root there, which may not enter Podman's bundle directory: it takes the rootfs
+/// from its runtime (runc's working directory, crun's state).
+fn podman_runs_a_cdi_device_in_a_user_namespace(row: PodmanRow) {
     require_root();
     let node = SimNode::create(GPUS);
     let scratch = tempfile::tempdir().expect("a scratch directory");
     // `--userns=auto` takes its ranges from the `containers` user's in /etc/subuid and
-    // /etc/subgid: the test's, bound over the host's in the namespace.
+    // /etc/subgid: the test's, bound over the host's in the namespace. Podman 5 also looks
+    // the user up (libsubid): the host's /etc/passwd with that user, bound the same way.
     let ids = scratch.path().join("subids");
     std::fs::write(&ids, format!("containers:{HOST_ID}:{IDS}\n")).expect("write the id ranges");
+    let passwd = scratch.path().join("passwd");
+    let mut users = std::fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
+    users.push_str("containers:x:999999:999999::/:/usr/sbin/nologin\n");
+    std::fs::write(&passwd, users).expect("write a passwd file");
     let dev = scratch.path().join("dev");
     std::fs::create_dir(&dev).expect("a directory for the host's /dev");
+    let env = match row {
+        PodmanRow::SidCrunV2 => RuntimeEnv::CgroupV2,
+        PodmanRow::Debian12 | PodmanRow::SidRunc => RuntimeEnv::CgroupV1,
+    };
     let ns = node.dev_at_host_paths_and(
-        RuntimeEnv::CgroupV1,
+        env,
         &dev,
         &format!(
-            "mount --bind {ids} /etc/subuid && mount --bind {ids} /etc/subgid",
-            ids = ids.display()
+            "mount --bind {ids} /etc/subuid && mount --bind {ids} /etc/subgid && \
+             mount --bind {passwd} /etc/passwd",
+            ids = ids.display(),
+            passwd = passwd.display()
         ),
     );
     let spec = CdiSpecFile::new("yaml");
     node.generate_cdi_spec(spec.path());
-    let podman = Podman::inside(&ns);
+    let mut flags = vec!["--userns=auto", "--device", "nvidia.com/gpu=1"];
+    let podman = match row {
+        PodmanRow::Debian12 => Podman::inside(&ns),
+        PodmanRow::SidRunc => Podman::sid().within(&ns),
+        PodmanRow::SidCrunV2 => {
+            // No pids controller is delegated to this cgroup2 hierarchy.
+            flags.extend(["--pids-limit", "0"]);
+            Podman::sid().within(&ns).running(Path::new("crun"))
+        }
+    };
     let image = format!("localhost/{}:latest", unique_name("nvhook-userns"));
     podman.import(glibc_image().rootfs(), &image);
     let driver_libcuda = format!(
@@ -345,11 +377,7 @@ fn podman_runs_a_cdi_device_in_a_user_namespace() {
     let args = gpucheck_args(GPUS, &extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let host = host_snapshot();
-    let mut output = podman.run(
-        &["--userns=auto", "--device", "nvidia.com/gpu=1"],
-        &image,
-        &args,
-    );
+    let mut output = podman.run(&flags, &image, &args);
     output.hook_log = Some(node.log());
     assert_gpu_1_only(&output);
     // The cache, the conf file and the links nvhook's createContainer hook wrote are the
@@ -362,6 +390,21 @@ fn podman_runs_a_cdi_device_in_a_user_namespace() {
     assert!(diff.is_empty(), "the host changed: {diff:#?}");
     let leaked = host_mounts_referencing(&[node.root()]);
     assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+}
+
+#[test]
+fn podman_4_runs_a_cdi_device_in_a_user_namespace() {
+    podman_runs_a_cdi_device_in_a_user_namespace(PodmanRow::Debian12);
+}
+
+#[test]
+fn podman_5_runs_a_cdi_device_in_a_user_namespace_on_sid_runc() {
+    podman_runs_a_cdi_device_in_a_user_namespace(PodmanRow::SidRunc);
+}
+
+#[test]
+fn podman_5_runs_a_cdi_device_in_a_user_namespace_on_sid_crun_cgroup_v2() {
+    podman_runs_a_cdi_device_in_a_user_namespace(PodmanRow::SidCrunV2);
 }
 
 /// Docker's `userns-remap` (Debian's dockerd 20.10, the container's ids remapped to 100000..):

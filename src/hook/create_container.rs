@@ -8,26 +8,39 @@
 //! cannot point at a per-container plan file, and arguments show in the spec for review.
 
 use super::nvidia_hooks;
-use super::{HookError, procfs};
+use super::{HookError, procfs, userns};
 use crate::config::{Config, CudaCompatMode};
 use crate::delivery::PrepareError;
 use crate::delivery::hook_args::{LibFolder, LinkArgs};
 use crate::inventory::gpu_layout::GpuLayout;
-use crate::oci::State;
+use crate::oci::{OciError, Spec, State};
 use crate::plan::{CacheEntry, Symlink, compat};
 use crate::proc_view;
 use crate::request::CUDA_VERSION;
 use crate::rootfs::{Rootfs, RootfsError, loader};
 use nvhook_ldcache::Arch;
+use std::path::Path;
 
-/// Applies `args` to the rootfs of the container `state` describes.
-pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Result<(), HookError> {
+/// Applies `args` to the rootfs of the container `state` describes; `cwd` is the directory
+/// the runtime started the hook in.
+pub fn create_container(
+    config: &Config,
+    state: &State,
+    args: &LinkArgs,
+    cwd: Option<&Path>,
+) -> Result<(), HookError> {
     if let Some(written_for) = &args.gpu_layout {
         check_gpu_layout(config, written_for)?;
     }
-    let spec = crate::oci::load_spec(&state.bundle)?;
-    let rootfs_path = spec.rootfs(&state.bundle).ok_or(PrepareError::NoRoot)?;
-    let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&spec.mount_points());
+    let (rootfs_path, spec) = match crate::oci::load_spec(&state.bundle) {
+        Ok(spec) => (
+            spec.rootfs(&state.bundle).ok_or(PrepareError::NoRoot)?,
+            Some(spec),
+        ),
+        Err(e) => (rootfs_without_spec(state, cwd, e)?, None),
+    };
+    let mounts = spec.as_ref().map(Spec::mount_points).unwrap_or_default();
+    let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&mounts);
     // Which images have a glibc cache is only known now: a static spec serves them all.
     let has_cache = rootfs.probe().has_ldcache || args.makes_cache;
     let mut args = args.clone();
@@ -58,7 +71,7 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
     }
     if let Some(host) = &args.cuda_compat_host
         && config.cuda_compat == CudaCompatMode::Auto
-        && let Some(found) = rootfs.cuda_compat(spec.env(CUDA_VERSION))
+        && let Some(found) = rootfs.cuda_compat(spec.as_ref().and_then(|s| s.env(CUDA_VERSION)))
     {
         // Each library's SONAME link names its host file.
         let links = args.symlinks.clone();
@@ -88,7 +101,7 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
     if args.application_profile {
         nvidia_hooks::application_profile(&rootfs);
     }
-    let wanted = proc_view::choose(config.proc_driver_view, Some(&spec)).view();
+    let wanted = proc_view::choose(config.proc_driver_view, spec.as_ref()).view();
     let applied = match &args.proc_view {
         Some(view) if wanted => {
             rootfs.resolve(procfs::TARGET).is_some()
@@ -106,6 +119,31 @@ pub fn create_container(config: &Config, state: &State, args: &LinkArgs) -> Resu
         tracing::info!("the container's procfs has no /proc/driver/nvidia: view skipped");
     }
     Ok(())
+}
+
+/// The rootfs of a container whose config.json the hook may not read: run as the container's
+/// root in its user namespace, it is where the runtime says (see
+/// [`userns::rootfs_from_runtime`]). Without the spec, no mount but the rootfs's own is
+/// written on, and the image's `CUDA_VERSION` is not known. Any other failure is the error.
+fn rootfs_without_spec(
+    state: &State,
+    cwd: Option<&Path>,
+    e: OciError,
+) -> Result<std::path::PathBuf, HookError> {
+    let closed = matches!(&e, OciError::ReadSpec { source, .. }
+        if source.kind() == std::io::ErrorKind::PermissionDenied);
+    let parent = i32::try_from(std::os::unix::process::parent_id()).unwrap_or_default();
+    if closed
+        && userns::in_user_namespace()
+        && let Some(rootfs) = userns::rootfs_from_runtime(state, cwd, parent)
+    {
+        tracing::info!(
+            rootfs = %rootfs.display(),
+            "{e}: in the container's user namespace, the rootfs is the one its runtime gave, and only its own mount is written on"
+        );
+        return Ok(rootfs);
+    }
+    Err(e.into())
 }
 
 /// Refuses a start through a static spec written for another GPU layout than the host's now:
@@ -223,12 +261,13 @@ mod tests {
             id: "stale".into(),
             pid: Some(1),
             bundle: config.proc_root.join("no-such-bundle"),
+            root: None,
         };
         let args = LinkArgs {
             gpu_layout: Some(written_for.clone()),
             ..LinkArgs::default()
         };
-        let e = create_container(&config, &state, &args).unwrap_err();
+        let e = create_container(&config, &state, &args, None).unwrap_err();
         assert!(matches!(e, HookError::StaleCdiSpec { .. }), "{e:?}");
         // A GPU gone is another layout too.
         let (_gone, config) = proc_root(&GPUS[..1], &MIG);

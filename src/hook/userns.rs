@@ -7,7 +7,9 @@
 //! hook then binds the host's node instead, as runtimes do for their own devices.
 
 use super::HookError;
+use crate::oci::State;
 use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 /// The host ids of the container's root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,9 +52,77 @@ pub fn container_root(pid: i32) -> Result<Option<ContainerRoot>, HookError> {
     }
 }
 
+/// Whether this process is in a user namespace other than the host's: its uid map is not the
+/// host's one line that maps every id to itself.
+pub fn in_user_namespace() -> bool {
+    std::fs::read_to_string("/proc/self/uid_map").is_ok_and(|map| !maps_every_id_to_itself(&map))
+}
+
+fn maps_every_id_to_itself(map: &str) -> bool {
+    let lines: Vec<Vec<&str>> = map
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    lines == [["0", "0", "4294967295"]]
+}
+
+/// The rootfs of a container whose createContainer hook, run as the container's root in its
+/// user namespace, cannot read the bundle's config.json (Podman's bundle is in a directory
+/// only the host's root may enter). crun puts the spec's `root.path` in the state; runc runs
+/// the hook from the container's first process (the state's pid, the hook's parent) with the
+/// rootfs as its working directory `cwd`. None when neither says where the rootfs is.
+pub fn rootfs_from_runtime(state: &State, cwd: Option<&Path>, parent: i32) -> Option<PathBuf> {
+    match &state.root {
+        Some(root) => Some(state.bundle.join(root)),
+        None if state.pid == Some(parent) => cwd.map(Path::to_path_buf),
+        None => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_hosts_identity_map_is_the_hosts_namespace() {
+        assert!(maps_every_id_to_itself(
+            "         0          0 4294967295\n"
+        ));
+        assert!(!maps_every_id_to_itself(
+            "         0     100000      65536\n"
+        ));
+        assert!(!maps_every_id_to_itself("0 0 4294967295\n1 1 1\n"));
+        assert!(!maps_every_id_to_itself(""));
+    }
+
+    #[test]
+    fn the_rootfs_comes_from_crun_s_state_or_runc_s_working_directory() {
+        let state = |pid: Option<i32>, root: Option<&str>| State {
+            id: "c".into(),
+            pid,
+            bundle: PathBuf::from("/run/bundle"),
+            root: root.map(PathBuf::from),
+        };
+        let cwd = Some(Path::new("/var/lib/merged"));
+        // crun: pid 0 in createContainer's state, and the spec's root, absolute or not.
+        assert_eq!(
+            rootfs_from_runtime(&state(Some(0), Some("/var/lib/merged")), None, 7),
+            Some(PathBuf::from("/var/lib/merged"))
+        );
+        assert_eq!(
+            rootfs_from_runtime(&state(Some(0), Some("rootfs")), None, 7),
+            Some(PathBuf::from("/run/bundle/rootfs"))
+        );
+        // runc: the hook's parent is the state's pid, and its cwd the rootfs.
+        assert_eq!(
+            rootfs_from_runtime(&state(Some(7), None), cwd, 7),
+            cwd.map(Path::to_path_buf)
+        );
+        // Run by another process, the working directory is nobody's rootfs.
+        assert_eq!(rootfs_from_runtime(&state(Some(8), None), cwd, 7), None);
+        assert_eq!(rootfs_from_runtime(&state(None, None), cwd, 7), None);
+        assert_eq!(rootfs_from_runtime(&state(Some(7), None), None, 7), None);
+    }
 
     #[test]
     fn root_is_found_in_the_line_that_maps_id_0() {

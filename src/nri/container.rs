@@ -92,6 +92,17 @@ pub fn annotated_devices(
         .collect()
 }
 
+/// The devices of nvhook's CDI kind among the CDI devices the engine says `container` asked
+/// for (NRI v0.10 and later; containerd 2.2 fills them in, 2.1 never does). The engine
+/// injects those itself from nvhook's spec, whatever the image's environment asks for.
+pub fn engine_cdi_devices(container: &Container) -> Vec<&str> {
+    container
+        .cdi_devices
+        .iter()
+        .filter_map(|d| d.name.strip_prefix(crate::cdi::KIND)?.strip_prefix('='))
+        .collect()
+}
+
 /// `spec` with `devices` asked for the way the device plugin asks: a host `/dev/null` mounted
 /// at `/var/run/nvidia-container-devices/<id>`, the form only the node's own agents can write.
 pub fn with_device_mounts(mut spec: Spec, devices: &[String]) -> Spec {
@@ -181,5 +192,22 @@ mod tests {
         );
         let other = [("nvidia.cdi.k8s.io/container.other", "nvidia.com/gpu=0")];
         assert!(annotated_devices(&pod("gpu-system", &other), &container, &trusted).is_empty());
+    }
+
+    #[test]
+    fn the_engine_s_cdi_devices_of_nvhooks_kind_are_named() {
+        let container = Container {
+            cdi_devices: [
+                "nvidia.com/gpu=1",
+                "nvidia.com/gpu=GPU-abc",
+                "nvidia.com/gpus=0",
+                "vendor.com/x=0",
+            ]
+            .map(|name| api::CdiDevice { name: name.into() })
+            .to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(engine_cdi_devices(&container), vec!["1", "GPU-abc"]);
+        assert!(engine_cdi_devices(&Container::default()).is_empty());
     }
 }

@@ -69,6 +69,13 @@ impl GpuPlugin {
     ) -> Result<Option<ContainerAdjustment>, PrepareError> {
         let started = std::time::Instant::now();
         let config = self.config()?;
+        // The engine applies these from nvhook's spec: anything added here would be a second
+        // copy, and a CUDA image's NVIDIA_VISIBLE_DEVICES=all would add every other GPU.
+        let from_engine = container::engine_cdi_devices(container);
+        if !from_engine.is_empty() {
+            tracing::info!(devices = ?from_engine, "NRI: the engine injects the CDI devices of nvhook's kind this container asked for: nothing added");
+            return Ok(None);
+        }
         let mut spec = container::spec_of(container);
         let annotated =
             container::annotated_devices(pod, container, &config.nri_annotation_namespaces);
@@ -184,5 +191,40 @@ impl Plugin for GpuPlugin {
                 Err(format!("nvhook: {e}").into())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A container whose CDI devices of nvhook's kind the engine applies gets nothing from the
+    /// plugin, though its image asks for every GPU; the same container without them is read
+    /// as a request (and fails here, where nothing answers for NVML).
+    #[test]
+    fn a_container_the_engine_gives_nvhooks_cdi_devices_is_left_to_the_engine() {
+        let dir = tempfile::tempdir().expect("a config directory");
+        let config = dir.path().join("config.toml");
+        let absent = dir.path().join("libnvidia-ml.so.1");
+        std::fs::write(
+            &config,
+            format!(
+                "nvml-library = \"{}\"\nnvml-cache-file = \"\"\n",
+                absent.display()
+            ),
+        )
+        .expect("write the config");
+        let plugin = GpuPlugin::new(Some(config));
+        let mut container = Container {
+            name: "train".into(),
+            env: vec!["NVIDIA_VISIBLE_DEVICES=all".into()],
+            ..Default::default()
+        };
+        let pod = PodSandbox::default();
+        assert!(plugin.adjust(&pod, &container).is_err());
+        container.cdi_devices = vec![nvhook_nri::api::CdiDevice {
+            name: format!("{}=1", crate::cdi::KIND),
+        }];
+        assert_eq!(plugin.adjust(&pod, &container).unwrap(), None);
     }
 }

@@ -29,6 +29,9 @@ pub struct State {
     #[serde(default)]
     pub pid: Option<i32>,
     pub bundle: PathBuf,
+    /// The rootfs as the spec names it: not in the runtime-spec's state, but crun gives it.
+    #[serde(default)]
+    pub root: Option<PathBuf>,
 }
 
 impl State {

@@ -66,6 +66,8 @@ pub(crate) fn run_hook(
     links: Option<nvhook::delivery::hook_args::LinkArgs>,
 ) -> Result<()> {
     let started = Instant::now();
+    // runc starts a createContainer hook in the container's rootfs; scrubbing leaves it.
+    let cwd = std::env::current_dir().ok();
     let (config, sink) = hook_process(config_path)?;
     // A state is a few hundred bytes; a runtime never sends more than this.
     const STATE_LIMIT: u64 = 1 << 20;
@@ -86,7 +88,7 @@ pub(crate) fn run_hook(
         }
     };
     if let Some(links) = links {
-        nvhook::hook::create_container::create_container(&config, &state, &links)
+        nvhook::hook::create_container::create_container(&config, &state, &links, cwd.as_deref())
             .inspect_err(log_error)?;
         tracing::info!(?stage, id = %state.id, total_us = started.elapsed().as_micros(), "hook finished");
         return Ok(());
