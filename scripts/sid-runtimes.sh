@@ -16,6 +16,8 @@
 # /usr stays visible under the root's, so that the hooks the runtime runs still find the host's
 # programs (busybox, say) and libraries; a dynamic program of the host runs there with sid's
 # glibc, which is newer, hence compatible.
+# With NVHOOK_SID_USER=NAME set, the program runs as that user (and its group of the same
+# name), once the namespace is made: rootless Podman.
 # The namespace is a slave of the caller's: it receives the caller's mounts (a cgroup2 mounted
 # over /sys/fs/cgroup in a private namespace, for instance) and sends none back, so neither
 # the stacked /usr nor anything a container or a hook mounts reaches the caller: a test that
@@ -65,6 +67,7 @@ exec unshare --mount --propagation slave -- /bin/sh -c '
   [ -x "\$0$2" ] || { echo "sid-bin/$1: \$0$2 is missing: run scripts/sid-runtimes.sh" >&2; exit 127; }
   said=\$(mount -t overlay -o ro,lowerdir="\$0/usr:/usr" nvhook-sid-usr /usr 2>&1) ||
     { echo "sid-bin/$1: cannot stack \$0/usr over /usr in a private mount namespace:" \$said >&2; exit 125; }
+  [ -z "\${NVHOOK_SID_USER:-}" ] || exec setpriv --reuid="\$NVHOOK_SID_USER" --regid="\$NVHOOK_SID_USER" --init-groups -- $2 "\$@"
   exec $2 "\$@"' '$ROOT' "\$@"
 EOF
 }

@@ -407,6 +407,81 @@ fn podman_5_runs_a_cdi_device_in_a_user_namespace_on_sid_crun_cgroup_v2() {
     podman_runs_a_cdi_device_in_a_user_namespace(PodmanRow::SidCrunV2);
 }
 
+/// Rootless Podman 5 (sid's, over its runc 1.3) run by an unprivileged user whose ids come
+/// from /etc/subuid, with `--userns=nomap`: the user's own id is not mapped in the container,
+/// so nvhook's createContainer hook, run as the container's root, may read neither the
+/// user's storage (the bundle) nor the node's log file. The container still gets exactly its
+/// GPU, with what nvhook writes owned by its root; the hook's own warning goes to stderr.
+#[test]
+fn rootless_podman_5_with_userns_nomap_runs_a_cdi_device() {
+    require_root();
+    const USER: &str = "nvhook-rootless";
+    const UID: u32 = 23_456;
+    let node = SimNode::create(GPUS);
+    // A host's driver files and nvhook's config are readable by every user.
+    readable_by_all(node.root());
+    let scratch = tempfile::tempdir().expect("a scratch directory");
+    let passwd = scratch.path().join("passwd");
+    let mut users = std::fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
+    users.push_str(&format!("{USER}:x:{UID}:{UID}::/:/usr/sbin/nologin\n"));
+    std::fs::write(&passwd, users).expect("write a passwd file");
+    let group = scratch.path().join("group");
+    let mut groups = std::fs::read_to_string("/etc/group").expect("read /etc/group");
+    groups.push_str(&format!("{USER}:x:{UID}:\n"));
+    std::fs::write(&group, groups).expect("write a group file");
+    let ids = scratch.path().join("subids");
+    std::fs::write(&ids, format!("{USER}:{HOST_ID}:{IDS}\n")).expect("write the id ranges");
+    let dev = scratch.path().join("dev");
+    std::fs::create_dir(&dev).expect("a directory for the host's /dev");
+    let ns = node.dev_at_host_paths_and(
+        RuntimeEnv::CgroupV1,
+        &dev,
+        &format!(
+            "mount --bind {ids} /etc/subuid && mount --bind {ids} /etc/subgid && \
+             mount --bind {passwd} /etc/passwd && mount --bind {group} /etc/group",
+            ids = ids.display(),
+            passwd = passwd.display(),
+            group = group.display()
+        ),
+    );
+    let spec = CdiSpecFile::new("yaml");
+    node.generate_cdi_spec(spec.path());
+    let podman = Podman::sid().within(&ns).rootless(USER, UID);
+    let image = format!("localhost/{}:latest", unique_name("nvhook-rootless"));
+    podman.import(glibc_image().rootfs(), &image);
+    let driver_libcuda = format!(
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.{}",
+        node.driver_version()
+    );
+    let mut extra = vec!["--write", LIBCUDA, "--owner", &driver_libcuda];
+    extra.extend(owner_args(&WRITTEN_SEEN_INSIDE));
+    let args = gpucheck_args(GPUS, &extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let host = host_snapshot();
+    let output = podman.run(
+        &["--userns=nomap", "--device", "nvidia.com/gpu=1"],
+        &image,
+        &args,
+    );
+    assert_gpu_1_only(&output);
+    output.assert_owned_by_root_inside(&WRITTEN_SEEN_INSIDE);
+    output.assert_lines(&[&format!("owner {driver_libcuda} 65534:65534")]);
+    let diff = host.diff(&host_snapshot());
+    assert!(diff.is_empty(), "the host changed: {diff:#?}");
+    let leaked = host_mounts_referencing(&[node.root()]);
+    assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+}
+
+/// Opens `dir` and everything under it to every user (read, and search for directories).
+fn readable_by_all(dir: &Path) {
+    let status = std::process::Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(dir)
+        .status()
+        .expect("run chmod");
+    assert!(status.success(), "chmod -R a+rX {}", dir.display());
+}
+
 /// Docker's `userns-remap` (Debian's dockerd 20.10, the container's ids remapped to 100000..):
 /// `docker run --gpus device=1` through nvhook under NVIDIA's hook name. dockerd reads the
 /// remapping from /etc/subuid and /etc/subgid: it runs in a mount namespace where those two
