@@ -21,8 +21,9 @@ use support::engines::{
 use support::podman::{CdiSpecFile, Podman};
 use support::rootless::{RootlessPodman, processes_of};
 use support::{
-    Bundle, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args, host_mounts_referencing,
-    host_snapshot, nvhook_bin, require_root, run_container_with,
+    Bundle, Output, RuntimeEnv, SimNode, WRITTEN_SEEN_INSIDE, glibc_image, gpucheck_args,
+    host_mounts_referencing, host_snapshot, nvhook_bin, owner_args, require_root,
+    run_container_with,
 };
 
 const GPUS: u32 = 4;
@@ -462,6 +463,47 @@ fn rootless_podman_runs_a_generated_cdi_device_as_an_unprivileged_user() {
         !host_cdi.exists(),
         "the spec reached the host: {host_cdi:?}"
     );
+    drop(podman);
+    let left = processes_of(uid);
+    assert!(
+        left.is_empty(),
+        "the test user's processes outlived Podman: {left:?}"
+    );
+    let leaked = host_mounts_referencing(&[node.root()]);
+    assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+    let changed = host_before.diff(&host_snapshot());
+    assert!(changed.is_empty(), "the host changed: {changed:#?}");
+}
+
+/// sid's rootless Podman 5 over its runc 1.3, with `--userns=nomap`: the user's own id is
+/// not mapped in the container, so nvhook's createContainer hook, run as the container's
+/// root, may enter neither the user's storage (the bundle) nor the node's log. The container
+/// gets exactly its GPU, with what the hook wrote owned by its root, and nothing is left.
+#[test]
+fn rootless_podman_5_with_userns_nomap_runs_a_generated_cdi_device() {
+    require_root();
+    let host_before = host_snapshot();
+    let podman = RootlessPodman::sid();
+    let (uid, _) = podman.user_ids();
+    let node = podman.node(GPUS);
+    let spec_name = format!("{}.yaml", unique_name("nvhook-nomap"));
+    generate(&node, &podman.cdi_spec_path(&spec_name));
+    let image = format!("localhost/{}:latest", unique_name("nvhook-glibc"));
+    podman.import(glibc_image().rootfs(), &image);
+    let mut extra = vec!["--write", LIBCUDA];
+    extra.extend(owner_args(&WRITTEN_SEEN_INSIDE));
+    let checks = gpucheck_args(GPUS, &extra);
+    let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
+    let mut output = podman.run(
+        &["--userns=nomap", "--device", "nvidia.com/gpu=1"],
+        &image,
+        &checks,
+    );
+    output.hook_log = Some(node.log());
+    output.assert_success();
+    output.assert_gpus(GPUS, &[1]);
+    output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
+    output.assert_owned_by_root_inside(&WRITTEN_SEEN_INSIDE);
     drop(podman);
     let left = processes_of(uid);
     assert!(

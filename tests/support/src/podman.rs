@@ -35,8 +35,6 @@ pub struct Podman {
     runtime: Option<PathBuf>,
     /// The podman program: Debian 12's (4.3), or sid's (5.x) through its wrapper.
     program: PathBuf,
-    /// The user a rootless podman runs as.
-    rootless: Option<String>,
 }
 
 impl Default for Podman {
@@ -58,7 +56,6 @@ impl Podman {
             prefix: Vec::new(),
             runtime: None,
             program: require_program("podman"),
-            rootless: None,
         }
     }
 
@@ -92,24 +89,6 @@ impl Podman {
         self
     }
 
-    /// This sid podman, rootless: run by `user` (a name in /etc/passwd, with a group of the
-    /// same name, and ranges in /etc/subuid and /etc/subgid, as the namespace it runs in
-    /// sees them), which owns its directory, its home and its runtime directory there. Its
-    /// containers have no cgroup of their own (cgroup v1 gives a user none).
-    pub fn rootless(mut self, user: &str, uid: u32) -> Podman {
-        for sub in ["home", "run"] {
-            fs::create_dir_all(self.dir().join(sub)).expect("create a rootless podman dir");
-        }
-        run_checked(
-            Command::new("chown")
-                .arg("-R")
-                .arg(format!("{uid}:{uid}"))
-                .arg(self.dir()),
-        );
-        self.rootless = Some(user.to_string());
-        self
-    }
-
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
@@ -121,11 +100,6 @@ impl Podman {
         // The last --runtime wins.
         if let Some(runtime) = &self.runtime {
             cmd.arg("--runtime").arg(runtime);
-        }
-        if let Some(user) = &self.rootless {
-            cmd.env("NVHOOK_SID_USER", user)
-                .env("HOME", self.dir().join("home"))
-                .env("XDG_RUNTIME_DIR", self.dir().join("run"));
         }
         cmd
     }
@@ -140,12 +114,15 @@ impl Podman {
 
     /// `podman run --rm ... EXTRA IMAGE ARGS...` in this instance's own cgroup parent.
     pub fn run(&self, extra: &[&str], image: &str, args: &[&str]) -> Output {
-        let mut cmd = self.command();
-        cmd.arg("run").args(RUN_FLAGS);
-        if self.rootless.is_none() {
-            cmd.args(["--cgroup-parent", &format!("/{}", self.cgroup_parent)]);
-        }
-        output_of(cmd.args(extra).arg(image).args(args))
+        output_of(
+            self.command()
+                .arg("run")
+                .args(RUN_FLAGS)
+                .args(["--cgroup-parent", &format!("/{}", self.cgroup_parent)])
+                .args(extra)
+                .arg(image)
+                .args(args),
+        )
     }
 }
 
@@ -181,11 +158,6 @@ impl Drop for Podman {
     fn drop(&mut self) {
         let _ = self.command().args(["rm", "-af"]).output();
         remove_cgroup(&self.cgroup_parent);
-        // A rootless podman leaves a process holding its user namespace.
-        let pause = self.dir().join("run/libpod/tmp/pause.pid");
-        if let Ok(pid) = fs::read_to_string(pause) {
-            let _ = Command::new("kill").arg(pid.trim()).status();
-        }
     }
 }
 

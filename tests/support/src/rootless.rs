@@ -19,7 +19,7 @@ use std::process::Command;
 
 use super::bundle::nvhook_bin;
 use super::cmd::{require_program, run_checked, stdout_of};
-use super::engines::{EngineDir, output_of, timed, write_rootfs_tar};
+use super::engines::{EngineDir, output_of, sid_runtime_bin, timed, write_rootfs_tar};
 use super::mountns::MountNs;
 use super::node::{NodeOptions, SimNode};
 use super::podman::{RUN_FLAGS, global_flags};
@@ -62,6 +62,12 @@ pub struct RootlessPodman {
     dir: EngineDir,
     uid: u32,
     gid: u32,
+    /// sid's Podman 5 through its wrapper (which runs it as the user once it has made its
+    /// namespace, as root), not Debian 12's.
+    sid: bool,
+    /// One rootless Podman of the test user at a time: a second one would join the first's
+    /// user namespace (its pause process), whose mappings are not its own.
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Default for RootlessPodman {
@@ -71,7 +77,20 @@ impl Default for RootlessPodman {
 }
 
 impl RootlessPodman {
+    /// Debian 12's Podman 4.3.
     pub fn new() -> RootlessPodman {
+        RootlessPodman::of(false)
+    }
+
+    /// Debian sid's Podman 5 (`scripts/sid-runtimes.sh`), over sid's runc 1.3.
+    pub fn sid() -> RootlessPodman {
+        RootlessPodman::of(true)
+    }
+
+    fn of(sid: bool) -> RootlessPodman {
+        static USER_TAKEN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        // A test that failed while holding it still dropped its Podman.
+        let one_at_a_time = USER_TAKEN.lock().unwrap_or_else(|e| e.into_inner());
         require_program("newuidmap");
         require_program("newgidmap");
         let (uid, gid) = ensure_user();
@@ -84,6 +103,8 @@ impl RootlessPodman {
             dir,
             uid,
             gid,
+            sid,
+            _one_at_a_time: one_at_a_time,
         };
         for sub in ["", "home", "xdg", "hooks.d", "networks"] {
             let path = podman.user_dir().join(sub);
@@ -144,17 +165,23 @@ impl RootlessPodman {
         let user = self.user_dir();
         let prefix = self.ns.nsenter();
         let mut cmd = timed(Path::new(&prefix[0]));
-        cmd.args(&prefix[1..])
-            .arg(require_program("runuser"))
-            .args(["-u", USER, "--"])
-            .arg(require_program("env"))
+        cmd.args(&prefix[1..]);
+        if !self.sid {
+            cmd.arg(require_program("runuser")).args(["-u", USER, "--"]);
+        }
+        cmd.arg(require_program("env"))
             .arg("-i")
             .arg(format!("HOME={}", user.join("home").display()))
             .arg(format!("XDG_RUNTIME_DIR={}", user.join("xdg").display()))
             .arg(format!("USER={USER}"))
-            .arg("PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
-            .arg(require_program("podman"))
-            .args(global_flags(&user))
+            .arg("PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin");
+        if self.sid {
+            cmd.arg(format!("NVHOOK_SID_USER={USER}"))
+                .arg(sid_runtime_bin("podman"));
+        } else {
+            cmd.arg(require_program("podman"));
+        }
+        cmd.args(global_flags(&user))
             .args(["--storage-driver", "vfs"]);
         cmd
     }
@@ -186,13 +213,15 @@ impl Drop for RootlessPodman {
         let _ = self.command().args(["rm", "-af"]).output();
         // Rootless Podman keeps its user namespace alive with a pause process, which would
         // outlive the test and pin the namespace it was started in.
-        let pid_file = self.user_dir().join("tmp/pause.pid");
-        if let Some(pid) = fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|text| text.trim().parse::<libc::pid_t>().ok())
-        {
-            // SAFETY: kill takes plain integers; the pid is the one Podman wrote.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+        // Podman 4 writes its pid in its tmpdir, Podman 5 in the runtime dir.
+        for pid_file in ["tmp/pause.pid", "xdg/libpod/tmp/pause.pid"] {
+            if let Some(pid) = fs::read_to_string(self.user_dir().join(pid_file))
+                .ok()
+                .and_then(|text| text.trim().parse::<libc::pid_t>().ok())
+            {
+                // SAFETY: kill takes plain integers; the pid is the one Podman wrote.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
         }
     }
 }
