@@ -6,6 +6,7 @@
 //! unless a test gives them a [`PodNetwork`]. The pod sandbox image is the harness's busybox,
 //! imported at start: nothing is pulled.
 
+use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use super::cmd::require_program;
 use super::cri::{ContainerRequest, Cri};
 use super::engines::{CgroupParent, Containerd, ContainerdBuild, PAUSE_IMAGE, unique_name};
-use super::{Output, SimNode};
+use super::{MountNs, Output, SimNode};
 
 /// The CRI runtime handler of the default runtime (runc); `""` means the same.
 pub const DEFAULT_HANDLER: &str = "runc";
@@ -225,6 +226,19 @@ impl Containerd2Cri {
     /// points its ctr at the CRI's `k8s.io` namespace and imports the pause image there.
     /// Panics when sid's containerd is missing (run scripts/sid-engines.sh).
     pub fn start(&self, dir: &Path, env: &[(&str, &Path)]) -> Containerd {
+        self.start_behind(dir, env, &[])
+    }
+
+    /// [`Containerd2Cri::start`] in the mount namespace `ns`: containerd, its shims and their
+    /// runtimes see that namespace's mounts, as crun needs a pure cgroup v2 hierarchy at
+    /// /sys/fs/cgroup (a [`MountNs`] of [`crate::RuntimeEnv::CgroupV2`]), which this
+    /// machine's hybrid layout is not. Its sockets and directories are the host's files: the
+    /// CRI and NRI clients stay outside.
+    pub fn start_in(&self, ns: &MountNs, dir: &Path, env: &[(&str, &Path)]) -> Containerd {
+        self.start_behind(dir, env, &ns.nsenter())
+    }
+
+    fn start_behind(&self, dir: &Path, env: &[(&str, &Path)], prefix: &[OsString]) -> Containerd {
         let build = ContainerdBuild::sid();
         for d in [&self.nri.plugin_dir, &self.nri.plugin_config_dir]
             .into_iter()
@@ -249,7 +263,7 @@ impl Containerd2Cri {
         }
         let config = dir.join("containerd.toml");
         fs::write(&config, self.config(&build, dir)).expect("write containerd config");
-        let mut containerd = Containerd::start_with(&build, dir, &config, env);
+        let mut containerd = Containerd::start_behind(&build, dir, &config, env, prefix);
         containerd.set_namespace("k8s.io");
         containerd.import_rootfs(
             dir,

@@ -139,7 +139,8 @@ impl Cri {
     /// RunPodSandbox (host network unless the pod has a user namespace, runtime handler
     /// `handler`, cgroups under `cgroup_parent`, logs under `log_dir`), CreateContainer,
     /// StartContainer, then ContainerStatus until it exited; the pod is
-    /// stopped and removed afterwards, also when a call failed.
+    /// stopped and removed afterwards, also when a call failed. Panics when RunPodSandbox
+    /// fails.
     pub fn run_pod(
         &mut self,
         name: &str,
@@ -148,6 +149,20 @@ impl Cri {
         log_dir: &Path,
         container: &ContainerRequest,
     ) -> PodRun {
+        self.try_run_pod(name, handler, cgroup_parent, log_dir, container)
+            .unwrap_or_else(|message| panic!("RunPodSandbox {name} ({handler}): {message}"))
+    }
+
+    /// [`Cri::run_pod`], RunPodSandbox's error returned, for a test whose runtime is to
+    /// refuse the pod itself.
+    pub fn try_run_pod(
+        &mut self,
+        name: &str,
+        handler: &str,
+        cgroup_parent: &str,
+        log_dir: &Path,
+        container: &ContainerRequest,
+    ) -> Result<PodRun, String> {
         let log_dir = log_dir.join(name);
         fs::create_dir_all(&log_dir).expect("create the pod's log directory");
         let sandbox_config = sandbox_config(name, cgroup_parent, &log_dir, container);
@@ -158,7 +173,7 @@ impl Cri {
                 config: Some(sandbox_config.clone()),
                 runtime_handler: handler.to_owned(),
             }))
-            .unwrap_or_else(|e| panic!("RunPodSandbox {name} ({handler}): {}", e.message()))
+            .map_err(|e| e.message().to_owned())?
             .into_inner()
             .pod_sandbox_id;
         let sandbox = started.elapsed();
@@ -184,11 +199,11 @@ impl Cri {
             Ok(response) => response.container_id,
             // The engine's refusal (an NRI plugin's error among them) is the result.
             Err(message) => {
-                return PodRun {
+                return Ok(PodRun {
                     output: output(1, String::new(), message),
                     sandbox,
                     container_start: started.elapsed(),
-                };
+                });
             }
         };
         if let Err(message) = pod.cri.call(
@@ -201,11 +216,11 @@ impl Cri {
                 }),
         ) {
             // The runtime's refusal (e.g. nvhook's one-line error) is the result.
-            return PodRun {
+            return Ok(PodRun {
                 output: output(1, String::new(), message),
                 sandbox,
                 container_start: started.elapsed(),
-            };
+            });
         }
         let container_start = started.elapsed();
         let exit_code = pod.cri.wait_exited(&container_id);
@@ -217,11 +232,11 @@ impl Cri {
                 .clone()
                 .remove_container(RemoveContainerRequest { container_id }),
         );
-        PodRun {
+        Ok(PodRun {
             output: output(exit_code, stdout, stderr),
             sandbox,
             container_start,
-        }
+        })
     }
 
     /// Runs a CRI call to completion; a gRPC error becomes its message.

@@ -530,10 +530,11 @@ impl ContainerdBuild {
         build_version(self.root.as_deref(), "version", &self.program("containerd"))
     }
 
-    /// `containerd` for this build, its shims looked up in the build's own directory first
-    /// (the runtime, runc, is Debian 12's on PATH in both builds).
-    fn daemon(&self) -> Command {
-        let mut cmd = Command::new(self.program("containerd"));
+    /// `containerd` for this build behind `prefix` (see [`behind`]), its shims looked up in
+    /// the build's own directory first (the runtime, runc, is Debian 12's on PATH in both
+    /// builds).
+    fn daemon(&self, prefix: &[std::ffi::OsString]) -> Command {
+        let mut cmd = behind(prefix, &self.program("containerd"), |p| Command::new(p));
         if let Some(root) = &self.root {
             let path = std::env::var_os("PATH").unwrap_or_default();
             let dirs = std::iter::once(root.join("usr/bin")).chain(std::env::split_paths(&path));
@@ -746,7 +747,19 @@ impl Containerd {
         config: &Path,
         env: &[(&str, &Path)],
     ) -> Containerd {
-        let mut cmd = build.daemon();
+        Containerd::start_behind(build, dir, config, env, &[])
+    }
+
+    /// [`Containerd::start_with`] behind `prefix` (a [`super::MountNs::nsenter`]: the daemon,
+    /// its shims and runtimes in that mount namespace).
+    pub fn start_behind(
+        build: &ContainerdBuild,
+        dir: &Path,
+        config: &Path,
+        env: &[(&str, &Path)],
+        prefix: &[std::ffi::OsString],
+    ) -> Containerd {
+        let mut cmd = build.daemon(prefix);
         cmd.arg("--config").arg(config);
         for (key, value) in env {
             cmd.env(key, value);

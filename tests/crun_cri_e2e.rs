@@ -1,0 +1,478 @@
+//! Kubernetes pods over the CRI on crun: Debian sid's containerd 2.1.9 with Debian sid's crun
+//! 1.28 (`scripts/sid-runtimes.sh`'s wrapper) as the runtime of every handler, under cgroup v2.
+//! crun refuses this machine's hybrid cgroup v1 layout ("cgroups in hybrid mode not supported,
+//! drop all controllers from cgroupv2"), so containerd runs in a mount namespace of the test's
+//! with the cgroup2 hierarchy mounted at /sys/fs/cgroup: the daemon, its shims, crun and
+//! nvhook's hooks all see cgroup v2, and the pods' cgroup parent is a path of that hierarchy.
+//! The CRI client and the NRI plugin stay on the host, talking to containerd's sockets under
+//! the test's directory.
+//!
+//! That hierarchy holds no controller here (each is bound to a v1 hierarchy), and containerd
+//! gives every pod sandbox `linux.resources.cpu.shares = 2` whatever the pod asks: crun turns it
+//! into `cpu.weight` and refuses every pod with "controller `cpu` is not available under
+//! /sys/fs/cgroup/PARENT/ID/cgroup.controllers" before any hook runs. That refusal is asserted
+//! (nvhook's RuntimeClass and the NRI plugin alike), so the README's matrix stays true; should
+//! crun get a cpu controller (a pure cgroup v2 host), that test fails and the rows below are to
+//! be run with crun's cgroups.
+//!
+//! The rest runs crun with `--cgroup-manager=disabled`, crun's own way of running with no
+//! cgroup (no limits, no device cgroup: a pod sees only the nodes the runtime makes): there,
+//! nvhook's NRI plugin in each `nri-mode` (hook, cdi, cdi-devices, mounts) gives a pod exactly
+//! the GPU the kubelet allocated, and libcuda loads; a pod allocated nothing gets nothing; a
+//! GPU the node lacks is refused in nvhook's line; and nvhook's RuntimeClass handler
+//! (nvhook-runtime with `runtimes = [crun]`) gives the GPU with no plugin. Once containerd
+//! stops, nothing of the pods is left mounted on the host or in containerd's namespace, and no
+//! pod cgroup holds a process. Run as root after `cargo build --workspace` (and
+//! `scripts/sid-engines.sh`, `scripts/sid-runtimes.sh`): `cargo test --test crun_cri_e2e`.
+
+use nvhook_test_support as support;
+use support::{containerd2, cri};
+
+use std::path::{Path, PathBuf};
+
+use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin, Pods};
+use cri::{ContainerRequest, Cri};
+use support::engines::{
+    CgroupParent, Containerd, EngineDir, mount_points_below, nvhook_runtime_bin, sid_runtime_bin,
+    unique_name,
+};
+use support::{MountNs, Output, RuntimeEnv, SimNode, host_mounts_referencing, require_root};
+
+const GPUS: u32 = 4;
+/// The GPU the kubelet allocates to the GPU pods here.
+const ALLOCATED: u32 = 2;
+const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
+/// nvhook's RuntimeClass handler, as `nvhook configure containerd` names it.
+const HANDLER: &str = "nvidia";
+/// gpucheck: every GPU node, the nvidia entries of /dev, libcuda through the loader, and the
+/// pod's /sys/fs/cgroup (cgroup v2's files there say which layout crun saw).
+const GPUCHECK: &[&str] = &[
+    "/gpucheck",
+    "--dev",
+    "/dev/nvidia0",
+    "--dev",
+    "/dev/nvidia1",
+    "--dev",
+    "/dev/nvidia2",
+    "--dev",
+    "/dev/nvidia3",
+    "--ls",
+    "/dev",
+    "--ls",
+    "/sys/fs/cgroup",
+];
+
+/// Exactly the allocated GPU, libcuda loaded, cgroup v2 at the pod's /sys/fs/cgroup.
+#[track_caller]
+fn assert_allocated_gpu_only(what: &str, output: &Output) {
+    output.assert_allocated_gpu_only(what, GPUS, ALLOCATED);
+    assert_cgroup_v2(what, output);
+}
+
+#[track_caller]
+fn assert_no_gpu(what: &str, output: &Output) {
+    output.assert_no_gpu_given(what);
+    assert_cgroup_v2(what, output);
+}
+
+/// A cgroup v1 mount has no `cgroup.controllers`: seeing it shows that crun ran in the
+/// namespace's cgroup v2 layout, not in the host's hybrid one (which it refuses).
+#[track_caller]
+fn assert_cgroup_v2(what: &str, output: &Output) {
+    assert!(
+        output.has_line("ls /sys/fs/cgroup cgroup.controllers"),
+        "{what}: the pod's /sys/fs/cgroup is not cgroup v2\n{output}"
+    );
+}
+
+/// How every handler runs crun.
+#[derive(Clone, Copy, Debug)]
+enum CrunCgroups {
+    /// As it comes: a cgroup per container under the pod's parent.
+    Managed,
+    /// `--cgroup-manager=disabled`.
+    Disabled,
+}
+
+/// containerd 2.1.9 on sid's crun, in a cgroup v2 mount namespace, with the gpucheck image.
+struct CrunNode {
+    node: SimNode,
+    cri: Cri,
+    containerd: Containerd,
+    image: String,
+    pods: Pods,
+    setup: Containerd2Cri,
+    plugin: Option<NriPlugin>,
+    /// The namespace outlives containerd (dropped after it) and the directory outlives both.
+    ns: MountNs,
+    dir: EngineDir,
+}
+
+impl CrunNode {
+    /// Every handler on sid's crun, run as `cgroups` says: the default one runs it directly,
+    /// and `handlers` run nvhook-runtime, whose config names it.
+    fn start(name: &str, handlers: &[&str], cgroups: CrunCgroups) -> CrunNode {
+        require_root();
+        let node = SimNode::create(GPUS);
+        let ns = MountNs::new(RuntimeEnv::CgroupV2);
+        assert_ns_has_pure_cgroup_v2(&ns);
+        let dir = EngineDir::new(name);
+        let crun = match cgroups {
+            CrunCgroups::Managed => sid_runtime_bin("crun"),
+            CrunCgroups::Disabled => write_crun_without_cgroups(dir.path()),
+        };
+        node.configure(&format!("runtimes = [{crun:?}]"));
+        let mut setup = Containerd2Cri::under(dir.path());
+        setup.runc = crun;
+        for handler in handlers {
+            setup
+                .handlers
+                .push(((*handler).into(), nvhook_runtime_bin().to_path_buf()));
+        }
+        std::fs::create_dir_all(&setup.cdi_spec_dirs[0]).expect("create the CDI spec dir");
+        node.generate_cdi_spec(&setup.cdi_spec_dirs[0].join("nvidia.yaml"));
+        let containerd = setup.start_in(&ns, dir.path(), &[("NVHOOK_CONFIG", &node.config())]);
+        let image = containerd.import_gpucheck_image(dir.path());
+        let cri = Cri::connect(containerd.socket());
+        let pods = Pods {
+            cgroups: CgroupParent::new(&format!("nvhook-{name}")),
+            logs: dir.path().join("pods"),
+        };
+        CrunNode {
+            node,
+            cri,
+            containerd,
+            image,
+            pods,
+            setup,
+            plugin: None,
+            ns,
+            dir,
+        }
+    }
+
+    /// Connects `nvhook nri` (on the host) to containerd's NRI socket, in `mode`.
+    fn connect_nri_plugin(&mut self, mode: &str) {
+        self.node.configure(&format!("nri-mode = {mode:?}"));
+        let plugin = NriPlugin::start(&self.node.config(), &self.setup.nri.socket, self.dir.path());
+        plugin.wait_registered(&self.node.log_file(), 1, &self.containerd);
+        self.plugin = Some(plugin);
+    }
+
+    /// A pod of gpucheck (with `extra` arguments) on `handler`, with `env` and `mounts`.
+    fn run(
+        &mut self,
+        handler: &str,
+        env: &[(&str, &str)],
+        mounts: &[(&str, &str)],
+        extra: &[&str],
+    ) -> Output {
+        let mut args = GPUCHECK.to_vec();
+        args.extend(extra);
+        let request = ContainerRequest {
+            image: &self.image,
+            args: &args,
+            env,
+            mounts,
+            ..Default::default()
+        };
+        self.pods.run_on(
+            handler,
+            &mut self.cri,
+            &self.containerd,
+            &self.node,
+            "crun",
+            request,
+        )
+    }
+
+    /// The device plugin's volume-mount allocation of GPU ALLOCATED, on the default handler.
+    fn run_allocated(&mut self) -> Output {
+        let mount_point = format!(
+            "{DEVICE_MOUNT_ROOT}/{}",
+            self.node.gpu_uuid(ALLOCATED as usize)
+        );
+        self.run(DEFAULT_HANDLER, &[], &[(&mount_point, "/dev/null")], &[])
+    }
+
+    /// Stops the plugin and containerd, which must stop on SIGTERM, and checks that nothing of
+    /// the pods is left: no mount of a driver file or under the engine's directory, on the host
+    /// or in containerd's namespace, no process in a pod cgroup, and no pod cgroup once the
+    /// test's cgroup parent is removed.
+    fn stop(self) {
+        let CrunNode {
+            node,
+            cri,
+            mut containerd,
+            pods,
+            plugin,
+            ns,
+            dir,
+            ..
+        } = self;
+        drop(plugin);
+        drop(cri);
+        assert!(
+            containerd.shutdown(),
+            "containerd ignored SIGTERM:\n{}",
+            containerd.log()
+        );
+        let leaked = host_mounts_referencing(&[dir.path(), node.root()]);
+        assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
+        assert!(mount_points_below(dir.path()).is_empty());
+        let needles = [
+            dir.path().display().to_string(),
+            node.root().display().to_string(),
+        ];
+        let leaked: Vec<String> = ns
+            .table()
+            .into_iter()
+            .filter(|l| needles.iter().any(|n| l.contains(n.as_str())))
+            .collect();
+        assert!(
+            leaked.is_empty(),
+            "mounts left in containerd's namespace: {leaked:#?}"
+        );
+        // crun leaves the cgroup of a sandbox it refused (empty); the parent goes with it.
+        let parent = ns.inside(&Path::new("/sys/fs/cgroup").join(&pods.cgroups.path()[1..]));
+        for cgroup in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
+            let procs = cgroup.path().join("cgroup.procs");
+            if let Ok(procs) = std::fs::read_to_string(&procs) {
+                assert!(
+                    procs.trim().is_empty(),
+                    "processes left in {}: {procs}",
+                    cgroup.path().display()
+                );
+            }
+        }
+        drop(pods);
+        assert!(
+            !parent.exists(),
+            "the pods' cgroup parent is left: {}",
+            parent.display()
+        );
+    }
+}
+
+/// Writes `DIR/crun-without-cgroups`, sid's crun with `--cgroup-manager=disabled` (the runc
+/// shim has no option that passes a runtime flags of a test's choosing); returns its path.
+fn write_crun_without_cgroups(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let wrapper = dir.join("crun-without-cgroups");
+    let script = format!(
+        "#!/bin/sh\n\
+         # sid's crun with no cgroup, written by nvhook's tests (crun_cri_e2e.rs).\n\
+         exec {:?} --cgroup-manager=disabled \"$@\"\n",
+        sid_runtime_bin("crun")
+    );
+    std::fs::write(&wrapper, script).unwrap_or_else(|e| panic!("write {}: {e}", wrapper.display()));
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("make {} executable: {e}", wrapper.display()));
+    wrapper
+}
+
+/// The namespace's /sys/fs/cgroup is cgroup2 and nothing else, as crun wants.
+#[track_caller]
+fn assert_ns_has_pure_cgroup_v2(ns: &MountNs) {
+    let cgroup_mounts: Vec<String> = ns
+        .table()
+        .into_iter()
+        .filter(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|p| p.starts_with("/sys/fs/cgroup"))
+        })
+        .collect();
+    let top = cgroup_mounts
+        .iter()
+        .rev()
+        .find(|l| l.split(' ').nth(4) == Some("/sys/fs/cgroup"))
+        .unwrap_or_else(|| panic!("no mount at /sys/fs/cgroup: {cgroup_mounts:#?}"));
+    assert!(
+        top.contains(" - cgroup2 "),
+        "/sys/fs/cgroup is not cgroup2 in the namespace: {top}"
+    );
+}
+
+/// The NRI plugin in `mode` on crun with no cgroup: the device plugin's env, then its volume mounts, give the
+/// pod exactly its GPU; a pod allocated nothing gets nothing.
+fn nri_mode_on_crun(mode: &str, check: impl Fn(&CrunNode, &Output)) {
+    let mut node = CrunNode::start(&format!("crun-nri-{mode}"), &[], CrunCgroups::Disabled);
+    node.connect_nri_plugin(mode);
+    let uuid = node.node.gpu_uuid(ALLOCATED as usize);
+    let output = node.run(
+        DEFAULT_HANDLER,
+        &[("NVIDIA_VISIBLE_DEVICES", &uuid)],
+        &[],
+        &[],
+    );
+    assert_allocated_gpu_only(&format!("nri-mode = {mode}, envvar allocation"), &output);
+    check(&node, &output);
+    let output = node.run_allocated();
+    assert_allocated_gpu_only(
+        &format!("nri-mode = {mode}, volume-mount allocation"),
+        &output,
+    );
+    let output = node.run(DEFAULT_HANDLER, &[], &[], &[]);
+    assert_no_gpu(&format!("nri-mode = {mode}, no allocation"), &output);
+    let log = node.node.log();
+    assert!(log.contains("NRI: GPU container adjusted"), "{log}");
+    node.stop();
+}
+
+/// `nri-mode = "hook"`: the plugin adds the nodes and nvhook's prestart hook, which crun runs.
+#[test]
+fn nri_mode_hook_on_crun_without_cgroups_gives_pods_their_allocated_gpu() {
+    nri_mode_on_crun("hook", |node, _| {
+        let log = node.node.log();
+        assert!(log.contains("stage=Prestart"), "{log}");
+    });
+}
+
+/// `nri-mode = "cdi"`: the plugin hands containerd every edit and nvhook's createContainer
+/// hook, which crun runs.
+#[test]
+fn nri_mode_cdi_on_crun_without_cgroups_gives_pods_their_allocated_gpu() {
+    nri_mode_on_crun("cdi", |node, _| {
+        let log = node.node.log();
+        assert!(log.contains("stage=CreateContainer"), "{log}");
+    });
+}
+
+/// `nri-mode = "cdi-devices"`: the plugin names the GPU in nvhook's CDI spec, and containerd
+/// injects it from the spec, its createContainer hook included.
+#[test]
+fn nri_mode_cdi_devices_on_crun_without_cgroups_gives_pods_their_allocated_gpu() {
+    nri_mode_on_crun("cdi-devices", |node, _| {
+        let log = node.node.log();
+        assert!(
+            log.lines()
+                .any(|l| l.contains("NRI: GPU container adjusted")
+                    && l.contains("devices=0")
+                    && l.contains("mounts=0")),
+            "{log}"
+        );
+        assert!(log.contains("stage=CreateContainer"), "{log}");
+        assert!(!log.contains("stage=Prestart"), "{log}");
+    });
+}
+
+/// `nri-mode = "mounts"`: crun makes the nodes and every bind mount, and no nvhook process
+/// runs in the container's start; the loader finds libcuda in the multiarch directory.
+#[test]
+fn nri_mode_mounts_on_crun_without_cgroups_gives_pods_their_allocated_gpu() {
+    nri_mode_on_crun("mounts", |node, output| {
+        output.assert_lines(&[
+            "dlopen libcuda.so.1 path /lib/x86_64-linux-gnu/libcuda.so.1",
+            "cuInit 0",
+        ]);
+        let log = node.node.log();
+        assert!(
+            !log.contains("nvhook::hook"),
+            "a hook ran in nri-mode = mounts:\n{log}"
+        );
+    });
+}
+
+/// A GPU the node lacks is refused by the plugin before crun is asked to create anything: the
+/// kubelet reads nvhook's one line in the engine's error, and the next pod is not affected.
+#[test]
+fn nri_on_crun_without_cgroups_refuses_a_gpu_the_node_lacks_in_one_line() {
+    let mut node = CrunNode::start("crun-nri-refusal", &[], CrunCgroups::Disabled);
+    node.connect_nri_plugin("hook");
+    let missing = format!("{DEVICE_MOUNT_ROOT}/7");
+    let output = node.run(DEFAULT_HANDLER, &[], &[(&missing, "/dev/null")], &[]);
+    assert!(!output.status.success(), "{output}");
+    let refusal = output
+        .stderr
+        .lines()
+        .find(|l| l.contains("nvhook: "))
+        .unwrap_or_else(|| panic!("no nvhook line in the engine's error\n{output}"));
+    assert!(refusal.contains('7'), "{refusal}");
+    let output = node.run_allocated();
+    assert_allocated_gpu_only("after a refused container", &output);
+    node.stop();
+}
+
+/// nvhook's RuntimeClass on crun: the handler `nvidia` runs nvhook-runtime, which adds the
+/// prestart hook and execs crun from its config's `runtimes`; the default handler runs crun
+/// with no nvhook, and a pod there gets no GPU even when its env asks for one.
+#[test]
+fn nvhooks_runtime_class_runs_crun_without_cgroups() {
+    let mut node = CrunNode::start("crun-rc", &[HANDLER], CrunCgroups::Disabled);
+    let uuid = node.node.gpu_uuid(ALLOCATED as usize);
+    let env = [
+        ("NVIDIA_VISIBLE_DEVICES", uuid.as_str()),
+        ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+    ];
+    let output = node.run(HANDLER, &env, &[], &["--exec", "/usr/bin/nvidia-smi"]);
+    assert_allocated_gpu_only("RuntimeClass nvidia on crun", &output);
+    output.assert_lines(&["cuInit 0", "exec /usr/bin/nvidia-smi rc=0"]);
+    let log = node.node.log();
+    assert!(log.contains("stage=Prestart"), "{log}");
+    let output = node.run(DEFAULT_HANDLER, &env, &[], &[]);
+    assert_no_gpu("default handler, no nvhook", &output);
+    node.stop();
+}
+
+/// The rows as they would run, crun with its cgroups: containerd's pod sandbox carries
+/// `cpu.shares = 2`, which crun cannot write with no cpu controller in this machine's cgroup2,
+/// so crun refuses the sandbox of every pod, on nvhook's RuntimeClass and on the default handler
+/// with the NRI plugin connected alike, before any hook runs, and leaves nothing behind.
+#[test]
+fn crun_with_cgroups_refuses_every_pod_here_for_want_of_a_cpu_controller() {
+    let mut node = CrunNode::start("crun-cgroups", &[HANDLER], CrunCgroups::Managed);
+    let controllers = node
+        .ns
+        .inside(Path::new("/sys/fs/cgroup/cgroup.controllers"));
+    let controllers = std::fs::read_to_string(&controllers)
+        .unwrap_or_else(|e| panic!("read {}: {e}", controllers.display()));
+    assert!(
+        !controllers.split_whitespace().any(|c| c == "cpu"),
+        "this machine's cgroup2 has a cpu controller ({controllers:?}): run the tests above with crun's cgroups"
+    );
+    node.connect_nri_plugin("hook");
+    let mount_point = format!(
+        "{DEVICE_MOUNT_ROOT}/{}",
+        node.node.gpu_uuid(ALLOCATED as usize)
+    );
+    let allocation = [(mount_point.as_str(), "/dev/null")];
+    let refused_by = format!(
+        "OCI runtime create failed: controller `cpu` is not available under /sys/fs/cgroup{}/",
+        node.pods.cgroups.path()
+    );
+    for handler in [HANDLER, DEFAULT_HANDLER] {
+        let request = ContainerRequest {
+            image: &node.image,
+            args: GPUCHECK,
+            mounts: &allocation,
+            ..Default::default()
+        };
+        let ran = node.cri.try_run_pod(
+            &unique_name("crun"),
+            handler,
+            &node.pods.cgroups.path(),
+            &node.pods.logs,
+            &request,
+        );
+        let message = match ran {
+            Err(message) => message,
+            Ok(run) => panic!(
+                "crun with its cgroups ran a pod on {handler}: run the tests above with them\n{}",
+                run.output
+            ),
+        };
+        assert!(
+            message.contains("failed to start sandbox")
+                && message.contains(&refused_by)
+                && message.ends_with("/cgroup.controllers"),
+            "{handler}: {message}"
+        );
+    }
+    let log = node.node.log();
+    assert!(
+        !log.contains("stage=Prestart") && !log.contains("stage=CreateContainer"),
+        "a hook ran:\n{log}"
+    );
+    node.stop();
+}
