@@ -40,4 +40,19 @@ if [ -e "$ENTRY" ]; then
 fi
 printf ':%s:M::%s:%s:%s:PF\n' "$NAME" "$MAGIC" "$MASK" "$QEMU" >"$BINFMT/register" ||
   fail "the kernel refused the registration of $QEMU"
-echo "arm64-binfmt.sh: $NAME registered ($("$QEMU" --version | head -1))"
+# Which qemu the kernel now runs an aarch64 program with (any qemu-user prints its version and
+# exits when QEMU_VERSION is set): ours, or the registration in front is named.
+PROBE=$ROOT/usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1
+[ -x "$PROBE" ] || fail "no $PROBE to try the registration with: run scripts/arm64-toolchain.sh first"
+want=$("$QEMU" --version | head -1)
+got=$(QEMU_VERSION=1 "$PROBE" 2>&1 | head -1) || true
+if [ "$got" != "$want" ]; then
+  front=
+  for entry in "$BINFMT"/*; do
+    [ "$entry" != "$ENTRY" ] && [ -f "$entry" ] && grep -qx enabled "$entry" &&
+      grep -q '^magic 7f454c460201010000000000000000000200b700' "$entry" &&
+      front="$front ${entry##*/} ($(sed -n 's/^interpreter //p' "$entry"))"
+  done
+  fail "aarch64 programs still run under \"$got\", not $NAME's qemu: registered in front of it:${front:- none found}; disable that entry (echo 0 > $BINFMT/NAME) and run this script again"
+fi
+echo "arm64-binfmt.sh: $NAME registered, and runs aarch64 programs ($want)"

@@ -77,12 +77,42 @@ impl Arm64 {
                 "sid's qemu-aarch64 is not registered in binfmt_misc with the F flag ({BINFMT}): \
                  run scripts/arm64-binfmt.sh as root (bash scripts/test.sh does)"
             );
-            Arm64 { kit, cross_root }
+            let arm64 = Arm64 { kit, cross_root };
+            // Registered is not enough: another registration of the format (Debian's 7.2,
+            // enabled again) may be the one the kernel picks. The script puts sid's in front,
+            // or says in one line which entry it cannot get past.
+            if arm64.qemu_in_use() != arm64.sid_qemu() {
+                let out = std::process::Command::new(project.join("scripts/arm64-binfmt.sh"))
+                    .output()
+                    .expect("run scripts/arm64-binfmt.sh");
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                assert_eq!(arm64.qemu_in_use(), arm64.sid_qemu());
+            }
+            arm64
         })
     }
 
     pub fn nvhook(&self) -> PathBuf {
         self.kit.join("nvhook")
+    }
+
+    /// The version line of the qemu the kernel runs aarch64 programs with: any qemu-user
+    /// prints it and exits when QEMU_VERSION is set.
+    fn qemu_in_use(&self) -> String {
+        let ld_so = self.kit.join("glibc/lib/ld-linux-aarch64.so.1");
+        first_line(std::process::Command::new(ld_so).env("QEMU_VERSION", "1"))
+    }
+
+    /// The version line of sid's qemu-aarch64.
+    fn sid_qemu(&self) -> String {
+        first_line(
+            std::process::Command::new(self.cross_root.join("opt/qemu/qemu-aarch64"))
+                .arg("--version"),
+        )
     }
 
     /// Debian's arm64 busybox (static), from the toolchain root.
@@ -171,4 +201,12 @@ impl Arm64 {
                 .arg("-p"),
         )
     }
+}
+
+fn first_line(command: &mut std::process::Command) -> String {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {command:?}: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().next().unwrap_or_default().to_string()
 }
