@@ -14,6 +14,7 @@ pub mod config;
 pub mod configure;
 pub mod delivery;
 pub mod dev_char;
+pub mod dra;
 pub mod doctor;
 pub mod elf_machine;
 pub mod entry;

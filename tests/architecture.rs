@@ -254,7 +254,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("delivery", &["delivery"]),
     (
         "ways in",
-        &["cdi", "hook", "nri", "nvidia_cli", "runtime_create"],
+        &["cdi", "dra", "hook", "nri", "nvidia_cli", "runtime_create"],
     ),
     ("commands", &["configure", "doctor"]),
 ];

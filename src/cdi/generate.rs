@@ -56,6 +56,93 @@ pub fn request(devices: DeviceSelection, capabilities: Vec<Capability>) -> Reque
     }
 }
 
+/// What every spec of this node is made from: its devices' plans with the libraries at their
+/// host paths, and the nodes every GPU container needs, which go into the spec-wide edits.
+struct Specs<'a> {
+    inventory: &'a Inventory,
+    dev_root: String,
+    layout: plan::Layout,
+    capabilities: Vec<Capability>,
+    hook: HookBinary,
+    /// The nodes of a plan with no device: every device's container needs them.
+    shared: HashSet<String>,
+}
+
+impl<'a> Specs<'a> {
+    fn new(
+        config: &Config,
+        config_path: Option<&Path>,
+        inventory: &'a Inventory,
+    ) -> Result<Specs<'a>, CdiError> {
+        if inventory.gpus.is_empty() {
+            return Err(CdiError::NoGpu);
+        }
+        let mut specs = Specs {
+            inventory,
+            dev_root: config.dev_root.display().to_string(),
+            layout: crate::host_plan::any_image_layout(config, inventory.arch),
+            capabilities: capabilities(config, inventory),
+            hook: HookBinary::new(config, config_path),
+            shared: HashSet::new(),
+        };
+        specs.shared = specs
+            .plan(DeviceSelection::NoDevices)?
+            .devices
+            .into_iter()
+            .map(|d| d.path)
+            .collect();
+        Ok(specs)
+    }
+
+    fn plan(&self, devices: DeviceSelection) -> Result<Plan, CdiError> {
+        let request = request(devices, self.capabilities.clone());
+        Ok(plan::build_with_layout(
+            &request,
+            self.inventory,
+            &self.dev_root,
+            self.layout.clone(),
+        )?)
+    }
+
+    /// A device's own edits: its nodes that not every container has.
+    fn own_edits(&self, plan: &Plan) -> ContainerEdits {
+        let mut nodes = device_nodes(plan);
+        nodes.retain(|n| !self.shared.contains(&n.path));
+        ContainerEdits {
+            device_nodes: nodes,
+            ..ContainerEdits::default()
+        }
+    }
+
+    /// The spec-wide edits for containers given any of the devices of `plan`: the shared
+    /// nodes, every driver file and the createContainer hook, with no one container's
+    /// /proc/driver/nvidia view, and stamped with the GPU layout its names stand for.
+    fn common_edits(&self, config: &Config, mut plan: Plan) -> ContainerEdits {
+        plan.proc_overlay = None;
+        let mut links = LinkArgs::from_plan(&plan);
+        let layout = GpuLayout::read(config);
+        links.gpu_layout = layout.has_gpus().then(|| layout.stamp());
+        let mut common = container_edits_with(&plan, &self.hook, links);
+        common
+            .device_nodes
+            .retain(|n| self.shared.contains(&n.path));
+        common
+    }
+}
+
+/// A validated spec of `kind` with `devices` and `common` edits.
+fn finish(kind: &str, devices: Vec<Device>, common: ContainerEdits) -> Result<CdiSpec, CdiError> {
+    let mut spec = CdiSpec {
+        cdi_version: String::new(),
+        kind: kind.into(),
+        devices,
+        container_edits: common,
+    };
+    spec.cdi_version = minimum_version(&spec).to_string();
+    validate(&spec)?;
+    Ok(spec)
+}
+
 /// The spec for every GPU and MIG device of `inventory`, named by each of `names`, plus `all`.
 pub fn generate(
     config: &Config,
@@ -63,48 +150,11 @@ pub fn generate(
     inventory: &Inventory,
     names: &[NameStrategy],
 ) -> Result<CdiSpec, CdiError> {
-    if inventory.gpus.is_empty() {
-        return Err(CdiError::NoGpu);
-    }
-    let layout = crate::host_plan::any_image_layout(config, inventory.arch);
-    let dev_root = config.dev_root.display().to_string();
-    let capabilities = capabilities(config, inventory);
-    let plan_for = |devices: DeviceSelection| -> Result<Plan, CdiError> {
-        let request = request(devices, capabilities.clone());
-        Ok(plan::build_with_layout(
-            &request,
-            inventory,
-            &dev_root,
-            layout.clone(),
-        )?)
-    };
-    let hook = HookBinary::new(config, config_path);
-    let shared: HashSet<String> = plan_for(DeviceSelection::NoDevices)?
-        .devices
-        .into_iter()
-        .map(|d| d.path)
-        .collect();
-    let own_edits = |plan: &Plan| {
-        let mut nodes = device_nodes(plan);
-        nodes.retain(|n| !shared.contains(&n.path));
-        ContainerEdits {
-            device_nodes: nodes,
-            ..ContainerEdits::default()
-        }
-    };
-    let mut all = plan_for(DeviceSelection::All)?;
-    // The spec serves any set of its devices: no one container's /proc/driver/nvidia view.
-    all.proc_overlay = None;
-    let mut links = LinkArgs::from_plan(&all);
-    // Its names stand for the GPUs and MIG instances there are now.
-    let layout = GpuLayout::read(config);
-    links.gpu_layout = layout.has_gpus().then(|| layout.stamp());
-    let mut common = container_edits_with(&all, &hook, links);
-    common.device_nodes.retain(|n| shared.contains(&n.path));
-
+    let specs = Specs::new(config, config_path, inventory)?;
+    let all = specs.plan(DeviceSelection::All)?;
     let mut devices = Vec::new();
     for (id, uuid) in device_ids(inventory) {
-        let edits = own_edits(&plan_for(DeviceSelection::List(vec![id.clone()]))?);
+        let edits = specs.own_edits(&specs.plan(DeviceSelection::List(vec![id.clone()]))?);
         for strategy in names {
             let name = match strategy {
                 NameStrategy::Index => id.to_string(),
@@ -118,17 +168,32 @@ pub fn generate(
     }
     devices.push(Device {
         name: "all".into(),
-        container_edits: own_edits(&all),
+        container_edits: specs.own_edits(&all),
     });
-    let mut spec = CdiSpec {
-        cdi_version: String::new(),
-        kind: KIND.into(),
-        devices,
-        container_edits: common,
-    };
-    spec.cdi_version = minimum_version(&spec).to_string();
-    validate(&spec)?;
-    Ok(spec)
+    finish(KIND, devices, specs.common_edits(config, all))
+}
+
+/// A spec of `kind` for one ResourceClaim: each of `devices` under its name in the spec, and
+/// spec-wide edits for exactly those devices (a DRA driver writes one per claim).
+pub fn claim_spec(
+    config: &Config,
+    config_path: Option<&Path>,
+    inventory: &Inventory,
+    kind: &str,
+    devices: &[(String, DeviceId)],
+) -> Result<CdiSpec, CdiError> {
+    let specs = Specs::new(config, config_path, inventory)?;
+    let ids = devices.iter().map(|(_, id)| id.clone()).collect();
+    let claimed = specs.plan(DeviceSelection::List(ids))?;
+    let mut own = Vec::new();
+    for (name, id) in devices {
+        let plan = specs.plan(DeviceSelection::List(vec![id.clone()]))?;
+        own.push(Device {
+            name: name.clone(),
+            container_edits: specs.own_edits(&plan),
+        });
+    }
+    finish(kind, own, specs.common_edits(config, claimed))
 }
 
 /// Each GPU, then its MIG devices: (index id, UUID).
