@@ -6,6 +6,7 @@
 //! cgroup v1 or v2. Everything panics with a clear message when a prerequisite
 //! (root, runc, cc, busybox, simnode) is missing: these tests never skip.
 
+pub mod apiserver;
 pub mod arm64;
 mod bundle;
 mod cmd;
