@@ -1,0 +1,98 @@
+//! `nvhook-dra`: the kubelet plugin of nvhook's DRA driver. It registers with the kubelet as
+//! NVIDIA's `gpu.nvidia.com`, reads each claim the kubelet asks it to prepare from the API
+//! server, and answers with the CDI ids of a spec it writes for exactly the claim's devices.
+
+mod driver;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use nvhook::dra::DRIVER_NAME;
+use nvhook_dra::{KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR, PluginOptions};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// nvhook's DRA kubelet plugin for GPUs.
+#[derive(Debug, Parser)]
+#[command(name = "nvhook-dra", version)]
+struct Args {
+    /// This node's name, as the kubelet registers it: the name of its pool of devices.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// nvhook's config file.
+    #[arg(long, env = "NVHOOK_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where the per-claim CDI specs go: a directory the container engine reads specs from.
+    #[arg(long, env = "CDI_ROOT", default_value = "/var/run/cdi")]
+    cdi_root: PathBuf,
+    /// The kubelet's plugin registry directory.
+    #[arg(long, env = "KUBELET_REGISTRAR_DIRECTORY_PATH", default_value = KUBELET_REGISTRY_DIR)]
+    registry_dir: PathBuf,
+    /// The kubelet's plugins directory; the plugin's own is `<this>/gpu.nvidia.com`.
+    #[arg(long, env = "KUBELET_PLUGINS_DIRECTORY_PATH", default_value = KUBELET_PLUGINS_DIR)]
+    plugins_dir: PathBuf,
+    /// The API server's URL, reached with no credentials (a test's); without it, the
+    /// in-cluster service account or KUBECONFIG, as kubectl finds them.
+    #[arg(long)]
+    api_server: Option<String>,
+}
+
+fn main() -> std::process::ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("nvhook-dra: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let config = nvhook::config::load(args.config.as_deref(), None)?;
+    tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .init();
+    let options = PluginOptions {
+        registry_dir: args.registry_dir,
+        plugin_dir: args.plugins_dir.join(DRIVER_NAME),
+        health_interval: Some(Duration::from_secs(5)),
+        ..PluginOptions::new(DRIVER_NAME)
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("cannot start the API client's runtime")?;
+    let client = runtime.block_on(driver::client(args.api_server.as_deref()))?;
+    let claims = nvhook::dra::claims::Claims::new(
+        config,
+        args.config,
+        &args.node_name,
+        &args.cdi_root,
+        &options.plugin_dir,
+    );
+    let driver = Arc::new(driver::GpuDriver::new(
+        claims,
+        client,
+        runtime.handle().clone(),
+    ));
+    let server = nvhook_dra::start(driver, &options)?;
+    tracing::info!(
+        node = %args.node_name,
+        registration = %options.registration_socket().display(),
+        "nvhook-dra serving"
+    );
+    // Until the kubelet's DaemonSet stops the pod: then both sockets go, and the kubelet's
+    // watcher forgets the plugin.
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        Ok::<(), std::io::Error>(())
+    })?;
+    server.stop()?;
+    Ok(())
+}

@@ -1,0 +1,364 @@
+//! nvhook's DRA driver end to end (issue 39): `nvhook-dra` on a simulated node, registered by
+//! the kubelet double through its registration socket and called over the kubelet's gRPC,
+//! reading ResourceClaims from the API server double; the CDI ids it answers, given to
+//! Debian sid's containerd 2.1.9 as the kubelet gives them (`CDIDevices` in CreateContainer),
+//! give a pod exactly the allocated GPUs through runc, and unprepare leaves nothing. What no
+//! test here has: a kube-apiserver and the scheduler's allocation (the claims are written
+//! allocated, as the scheduler would leave them). Run as root after `cargo build --workspace`
+//! (and `scripts/sid-engines.sh`): `cargo test --test dra_e2e`.
+
+use nvhook_test_support as support;
+use support::{containerd2, cri};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use nvhook_dra::Claim;
+use nvhook_dra::kubelet::Kubelet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use containerd2::{Containerd2Cri, Pods};
+use cri::{ContainerRequest, Cri};
+use support::apiserver::ApiServer;
+use support::engines::{CgroupParent, EngineDir, unique_name};
+use support::{Output, SimNode, glibc_image, require_root, workspace_bin};
+
+const GPUS: u32 = 4;
+const NODE: &str = "node-a";
+const DRIVER: &str = "gpu.nvidia.com";
+
+/// gpucheck: every GPU node, then the nvidia entries of /dev, and libcuda through the loader.
+const GPUCHECK: &[&str] = &[
+    "/gpucheck",
+    "--dev",
+    "/dev/nvidia0",
+    "--dev",
+    "/dev/nvidia1",
+    "--dev",
+    "/dev/nvidia2",
+    "--dev",
+    "/dev/nvidia3",
+    "--ls",
+    "/dev",
+];
+
+/// `nvhook-dra` for `node`, with the kubelet's directories and the CDI spec directory under
+/// `dir`, reading claims from `api`; killed on drop.
+struct Plugin {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Plugin {
+    fn start(node: &SimNode, dir: &Path, api: &ApiServer) -> Plugin {
+        let child = Command::new(workspace_bin("nvhook-dra"))
+            .args(["--node-name", NODE, "--api-server", &api.url()])
+            .arg("--config")
+            .arg(node.config())
+            .arg("--cdi-root")
+            .arg(dir.join("cdi"))
+            .arg("--registry-dir")
+            .arg(dir.join("plugins_registry"))
+            .arg("--plugins-dir")
+            .arg(dir.join("plugins"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start nvhook-dra");
+        let plugin = Plugin {
+            child,
+            dir: dir.to_path_buf(),
+        };
+        let socket = plugin.registration_socket();
+        let started = Instant::now();
+        // Listening, not just there: a killed plugin leaves its socket behind.
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "nvhook-dra does not listen on {}",
+                socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        plugin
+    }
+
+    fn registration_socket(&self) -> PathBuf {
+        self.dir
+            .join("plugins_registry")
+            .join(format!("{DRIVER}-reg.sock"))
+    }
+
+    fn spec(&self, uid: &str) -> PathBuf {
+        self.dir
+            .join("cdi")
+            .join(format!("k8s.gpu.nvidia.com-claim_{uid}.yaml"))
+    }
+
+    fn checkpoint(&self) -> String {
+        std::fs::read_to_string(
+            self.dir
+                .join("plugins")
+                .join(DRIVER)
+                .join("checkpoint.json"),
+        )
+        .unwrap_or_default()
+    }
+
+    /// Kills the plugin as a node losing it would (no chance to clean up).
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A claim as the scheduler leaves it: allocated `devices` of `pool`, for request `gpu`.
+fn allocated_claim(name: &str, pool: &str, devices: &[&str]) -> (ResourceClaim, Claim) {
+    let uid = format!("{}-{name}", unique_name("uid"));
+    let results: Vec<serde_json::Value> = devices
+        .iter()
+        .map(|device| {
+            serde_json::json!({"request": "gpu", "driver": DRIVER, "pool": pool, "device": device})
+        })
+        .collect();
+    let claim = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ml", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "count": devices.len()}}]}},
+        "status": {"allocation": {"devices": {"results": results}}},
+    });
+    let claim: ResourceClaim = serde_json::from_value(claim).expect("a v1 ResourceClaim");
+    let named = Claim {
+        namespace: "ml".into(),
+        uid,
+        name: name.into(),
+    };
+    (claim, named)
+}
+
+/// A pod of gpucheck given `cdi_ids`, as the kubelet gives a prepared claim's devices.
+fn run_pod(
+    pods: &Pods,
+    cri: &mut Cri,
+    containerd: &support::engines::Containerd,
+    node: &SimNode,
+    image: &str,
+    cdi_ids: &[String],
+) -> Output {
+    let ids: Vec<&str> = cdi_ids.iter().map(String::as_str).collect();
+    pods.run(
+        cri,
+        containerd,
+        node,
+        "dra",
+        ContainerRequest {
+            image,
+            args: GPUCHECK,
+            cdi_devices: &ids,
+            ..Default::default()
+        },
+    )
+}
+
+#[test]
+fn claims_prepared_by_nvhook_dra_give_pods_exactly_their_gpus_through_containerd() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("dra");
+    let api = ApiServer::start();
+    let plugin = Plugin::start(&node, dir.path(), &api);
+    let kubelet = Kubelet::new().expect("a kubelet double");
+    let registered = kubelet
+        .register(&plugin.registration_socket())
+        .expect("the kubelet registers nvhook-dra");
+    assert_eq!(registered.info.name, DRIVER);
+
+    let setup = Containerd2Cri {
+        cdi_spec_dirs: vec![dir.path().join("cdi")],
+        ..Containerd2Cri::under(dir.path())
+    };
+    let containerd = setup.start(dir.path(), &[]);
+    let image = format!("docker.io/nvhook-test/{}:latest", unique_name("dra-app"));
+    containerd.import_rootfs(
+        dir.path(),
+        glibc_image().rootfs(),
+        &image,
+        &support::engines::ImageConfig {
+            cmd: &["/gpucheck"],
+            env: &[],
+        },
+    );
+    let mut cri = Cri::connect(containerd.socket());
+    let pods = Pods {
+        cgroups: CgroupParent::new("nvhook-dra"),
+        logs: dir.path().join("pods"),
+    };
+
+    // One GPU: the device named by its minor.
+    let (one, one_ref) = allocated_claim("one", NODE, &["gpu-1"]);
+    api.put_claim(one);
+    let answer = registered
+        .prepare(std::slice::from_ref(&one_ref))
+        .expect("prepare");
+    let devices = answer[&one_ref.uid].as_ref().expect("claim one prepared");
+    assert_eq!(devices.len(), 1);
+    assert_eq!(devices[0].device, "gpu-1");
+    assert_eq!(devices[0].pool, NODE);
+    assert_eq!(devices[0].requests, ["gpu"]);
+    let expected_id = format!("k8s.gpu.nvidia.com/claim={}-gpu-1", one_ref.uid);
+    assert_eq!(devices[0].cdi_ids, std::slice::from_ref(&expected_id));
+    let output = run_pod(
+        &pods,
+        &mut cri,
+        &containerd,
+        &node,
+        &image,
+        &devices[0].cdi_ids,
+    );
+    output.assert_allocated_gpu_only("a one-GPU claim", GPUS, 1);
+    // Prepared again (a kubelet restart): the same answer.
+    let again = registered
+        .prepare(std::slice::from_ref(&one_ref))
+        .expect("prepare again");
+    assert_eq!(
+        again[&one_ref.uid].as_ref().unwrap()[0].cdi_ids,
+        [expected_id]
+    );
+
+    // Two GPUs in one claim.
+    let (two, two_ref) = allocated_claim("two", NODE, &["gpu-0", "gpu-3"]);
+    api.put_claim(two);
+    let answer = registered
+        .prepare(std::slice::from_ref(&two_ref))
+        .expect("prepare");
+    let devices = answer[&two_ref.uid].as_ref().expect("claim two prepared");
+    let ids: Vec<String> = devices.iter().flat_map(|d| d.cdi_ids.clone()).collect();
+    assert_eq!(ids.len(), 2);
+    let output = run_pod(&pods, &mut cri, &containerd, &node, &image, &ids);
+    output.assert_gpus(GPUS, &[0, 3]);
+    output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
+
+    // Unprepare removes exactly that claim's spec and checkpoint entry.
+    let answer = registered
+        .unprepare(std::slice::from_ref(&one_ref))
+        .expect("unprepare");
+    assert_eq!(answer[&one_ref.uid], Ok(()));
+    assert!(!plugin.spec(&one_ref.uid).exists());
+    assert!(plugin.spec(&two_ref.uid).exists());
+    assert!(!plugin.checkpoint().contains(&one_ref.uid));
+    assert!(plugin.checkpoint().contains(&two_ref.uid));
+    registered
+        .unprepare(std::slice::from_ref(&two_ref))
+        .expect("unprepare");
+    assert!(!plugin.spec(&two_ref.uid).exists());
+}
+
+#[test]
+fn claims_that_cannot_be_prepared_here_get_one_line_and_nothing_is_written() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("dra-faults");
+    let api = ApiServer::start();
+    let plugin = Plugin::start(&node, dir.path(), &api);
+    let kubelet = Kubelet::new().expect("a kubelet double");
+    let registered = kubelet.register(&plugin.registration_socket()).unwrap();
+
+    let (elsewhere, elsewhere_ref) = allocated_claim("elsewhere", "node-b", &["gpu-0"]);
+    let (missing, missing_ref) = allocated_claim("missing", NODE, &["gpu-9"]);
+    let (mut unallocated, unallocated_ref) = allocated_claim("unallocated", NODE, &["gpu-0"]);
+    unallocated.status = None;
+    for claim in [elsewhere, missing, unallocated] {
+        api.put_claim(claim);
+    }
+    let (_, unknown_ref) = allocated_claim("unknown", NODE, &["gpu-0"]);
+    let claims = [
+        (elsewhere_ref, "of pool node-b, not of this node (node-a)"),
+        (
+            missing_ref,
+            "gpu-9, which this node does not have (it offers: gpu-0, gpu-1, gpu-2, gpu-3)",
+        ),
+        (unallocated_ref, "is not allocated"),
+        (
+            unknown_ref,
+            "cannot read claim ml/unknown from the API server",
+        ),
+    ];
+    let asked: Vec<Claim> = claims.iter().map(|(c, _)| c.clone()).collect();
+    let answer = registered.prepare(&asked).expect("every claim answered");
+    for (claim, needle) in &claims {
+        let line = answer[&claim.uid].as_ref().expect_err("refused");
+        assert!(line.contains(needle) && !line.contains('\n'), "{line}");
+        assert!(!plugin.spec(&claim.uid).exists());
+    }
+    assert!(!plugin.checkpoint().contains("elsewhere"));
+
+    // The API server unreachable: the claim cannot be read, nothing is written.
+    let (ok, ok_ref) = allocated_claim("ok", NODE, &["gpu-2"]);
+    api.put_claim(ok);
+    api.set_unreachable(true);
+    let answer = registered
+        .prepare(std::slice::from_ref(&ok_ref))
+        .expect("answered");
+    let line = answer[&ok_ref.uid].as_ref().expect_err("refused");
+    assert!(
+        line.contains("cannot read claim ml/ok from the API server"),
+        "{line}"
+    );
+    assert!(!plugin.spec(&ok_ref.uid).exists());
+    api.set_unreachable(false);
+    assert!(registered.prepare(std::slice::from_ref(&ok_ref)).unwrap()[&ok_ref.uid].is_ok());
+}
+
+#[test]
+fn a_plugin_killed_between_prepare_and_unprepare_still_unprepares_and_keeps_the_gpu_taken() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("dra-restart");
+    let api = ApiServer::start();
+    let plugin = Plugin::start(&node, dir.path(), &api);
+    let kubelet = Kubelet::new().expect("a kubelet double");
+    let (first, first_ref) = allocated_claim("first", NODE, &["gpu-1"]);
+    api.put_claim(first);
+    {
+        let registered = kubelet.register(&plugin.registration_socket()).unwrap();
+        assert!(
+            registered
+                .prepare(std::slice::from_ref(&first_ref))
+                .unwrap()[&first_ref.uid]
+                .is_ok()
+        );
+    }
+    plugin.kill();
+    let plugin = Plugin::start(&node, dir.path(), &api);
+    let registered = kubelet.register(&plugin.registration_socket()).unwrap();
+    // A second claim for the same GPU (a stale allocation) is refused: the first holds it.
+    let (second, second_ref) = allocated_claim("second", NODE, &["gpu-1"]);
+    api.put_claim(second);
+    let answer = registered
+        .prepare(std::slice::from_ref(&second_ref))
+        .unwrap();
+    let line = answer[&second_ref.uid].as_ref().expect_err("refused");
+    assert!(line.contains("which claim ml/first"), "{line}");
+    assert!(
+        registered
+            .unprepare(std::slice::from_ref(&first_ref))
+            .unwrap()[&first_ref.uid]
+            .is_ok()
+    );
+    assert!(!plugin.spec(&first_ref.uid).exists());
+    assert!(
+        registered
+            .prepare(std::slice::from_ref(&second_ref))
+            .unwrap()[&second_ref.uid]
+            .is_ok()
+    );
+}
