@@ -11,8 +11,9 @@ use nvhook_test_support as support;
 use support::{containerd2, cri};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use nvhook_dra::Claim;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use nvhook_dra::kubelet::Kubelet;
+use nvhook_dra::{Claim, Health};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -61,6 +62,7 @@ impl Plugin {
             .arg(dir.join("plugins_registry"))
             .arg("--plugins-dir")
             .arg(dir.join("plugins"))
+            .args(["--resync", "1"])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -361,4 +363,116 @@ fn a_plugin_killed_between_prepare_and_unprepare_still_unprepares_and_keeps_the_
             .unwrap()[&second_ref.uid]
             .is_ok()
     );
+}
+
+/// The node's slice once `done` says it is as expected, within 20 s.
+fn slice_when(api: &ApiServer, done: impl Fn(&ResourceSlice) -> bool) -> ResourceSlice {
+    let started = Instant::now();
+    loop {
+        let slices = api.slices();
+        if let [slice] = slices.as_slice()
+            && done(slice)
+        {
+            return slice.clone();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the node's ResourceSlice did not come as expected: {slices:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn device_names(slice: &ResourceSlice) -> Vec<String> {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| d.name.clone())
+        .collect()
+}
+
+fn uuids(slice: &ResourceSlice) -> Vec<String> {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .filter_map(|d| d.attributes.as_ref()?.get("uuid")?.string.clone())
+        .collect()
+}
+
+#[test]
+fn the_nodes_slice_follows_a_gpu_leaving_the_bus_and_health_says_so() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("dra-slices");
+    let api = ApiServer::start();
+    let plugin = Plugin::start(&node, dir.path(), &api);
+    let slice = slice_when(&api, |s| {
+        s.spec.devices.as_ref().is_some_and(|d| d.len() == 4)
+    });
+    assert_eq!(device_names(&slice), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
+    assert_eq!(slice.spec.driver, DRIVER);
+    assert_eq!(slice.spec.node_name.as_deref(), Some(NODE));
+    assert_eq!(slice.spec.pool.name, NODE);
+    assert_eq!(slice.spec.pool.generation, 1);
+    let attributes = slice.spec.devices.as_ref().unwrap()[1]
+        .attributes
+        .clone()
+        .unwrap();
+    assert_eq!(attributes["type"].string.as_deref(), Some("gpu"));
+    assert_eq!(
+        attributes["uuid"].string.as_deref(),
+        Some(node.gpu_uuid(1).as_str())
+    );
+    let driver_version = node.driver_version();
+    assert_eq!(
+        attributes["driverVersion"].version.as_deref(),
+        Some(driver_version.as_str())
+    );
+    let kubelet = Kubelet::new().expect("a kubelet double");
+    let registered = kubelet.register(&plugin.registration_socket()).unwrap();
+    let first = registered
+        .health_updates(1, Duration::from_secs(20))
+        .unwrap()
+        .remove(0);
+    assert_eq!(first.len(), 4);
+    assert!(
+        first.iter().all(|d| d.health == Health::Healthy),
+        "{first:?}"
+    );
+
+    // GPU 1 falls off the bus.
+    let lost = node.gpu_uuid(1);
+    node.change(&["--gpus", &GPUS.to_string(), "--lost-gpu", "1"]);
+    let slice = slice_when(&api, |s| {
+        s.spec.devices.as_ref().is_some_and(|d| d.len() == 3)
+    });
+    assert_eq!(slice.spec.pool.generation, 2);
+    assert!(!uuids(&slice).contains(&lost), "{slice:#?}");
+    let now = registered
+        .health_updates(1, Duration::from_secs(20))
+        .unwrap()
+        .remove(0);
+    let unhealthy: Vec<&str> = now
+        .iter()
+        .filter(|d| d.health == Health::Unhealthy)
+        .map(|d| d.device.as_str())
+        .collect();
+    assert_eq!(unhealthy.len(), 1, "{now:?}");
+    assert!(!device_names(&slice).contains(&unhealthy[0].to_string()));
+
+    // An uninstall with no kubelet left removes the node's slice.
+    drop(plugin);
+    let status = Command::new(workspace_bin("nvhook-dra"))
+        .args(["--node-name", NODE, "--api-server", &api.url()])
+        .arg("--config")
+        .arg(node.config())
+        .arg("remove-slices")
+        .status()
+        .expect("run nvhook-dra remove-slices");
+    assert!(status.success());
+    assert!(api.slices().is_empty());
 }

@@ -73,7 +73,8 @@ impl GpuDriver {
         Ok(view(claim, &got))
     }
 
-    fn inventory(&self) -> Result<Inventory, String> {
+    /// The node's inventory now (NVML's answer kept while the host is as it was).
+    pub fn inventory(&self) -> Result<Inventory, String> {
         let mut nvml = self.nvml.lock().unwrap_or_else(|e| e.into_inner());
         nvml.load(&self.claims.config, Scope::ALL)
             .map(|(inventory, _)| inventory)

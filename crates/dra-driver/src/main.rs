@@ -3,9 +3,11 @@
 //! server, and answers with the CDI ids of a spec it writes for exactly the claim's devices.
 
 mod driver;
+mod slices;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use nvhook::dra::DRIVER_NAME;
 use nvhook_dra::{KUBELET_PLUGINS_DIR, KUBELET_REGISTRY_DIR, PluginOptions};
 use std::path::PathBuf;
@@ -35,6 +37,18 @@ struct Args {
     /// in-cluster service account or KUBECONFIG, as kubectl finds them.
     #[arg(long)]
     api_server: Option<String>,
+    /// How often the node's devices are looked at again, to keep its ResourceSlice current.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    resync: u64,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Deletes this node's ResourceSlices of gpu.nvidia.com and exits: for an uninstall that
+    /// leaves no kubelet plugin to unregister (the kubelet deletes them when the plugin goes).
+    RemoveSlices,
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,6 +79,10 @@ fn run(args: Args) -> Result<()> {
         .build()
         .context("cannot start the API client's runtime")?;
     let client = runtime.block_on(driver::client(args.api_server.as_deref()))?;
+    let slices: kube::Api<ResourceSlice> = kube::Api::all(client.clone());
+    if let Some(Command::RemoveSlices) = args.command {
+        return runtime.block_on(slices::remove(&slices, &args.node_name));
+    }
     let claims = nvhook::dra::claims::Claims::new(
         config,
         args.config,
@@ -77,7 +95,13 @@ fn run(args: Args) -> Result<()> {
         client,
         runtime.handle().clone(),
     ));
-    let server = nvhook_dra::start(driver, &options)?;
+    let server = nvhook_dra::start(driver.clone(), &options)?;
+    runtime.spawn(keep_slice_current(
+        driver,
+        slices,
+        args.node_name.clone(),
+        Duration::from_secs(args.resync),
+    ));
     tracing::info!(
         node = %args.node_name,
         registration = %options.registration_socket().display(),
@@ -95,4 +119,28 @@ fn run(args: Args) -> Result<()> {
     })?;
     server.stop()?;
     Ok(())
+}
+
+/// Publishes the node's ResourceSlice, then looks at the node's devices again every `every`
+/// and republishes what changed (a GPU lost, a driver upgrade). A failure is logged and tried
+/// again: the API server may come back, and claims already prepared keep working meanwhile.
+async fn keep_slice_current(
+    driver: Arc<driver::GpuDriver>,
+    api: kube::Api<ResourceSlice>,
+    node: String,
+    every: Duration,
+) {
+    loop {
+        let asked = driver.clone();
+        match tokio::task::spawn_blocking(move || asked.inventory()).await {
+            Ok(Ok(inventory)) => {
+                if let Err(e) = slices::publish(&api, &node, &inventory).await {
+                    tracing::warn!("DRA: {e:#}");
+                }
+            }
+            Ok(Err(e)) => tracing::warn!("DRA: the node's devices are not known: {e}"),
+            Err(e) => tracing::warn!("DRA: {e}"),
+        }
+        tokio::time::sleep(every).await;
+    }
 }
