@@ -6,9 +6,11 @@
 //! nvhook-runtime against runc, nvhook-runtime's cost for a non-GPU container, peak memory,
 //! growth per GPU and per mounted file, and the slow-NVML case. Targets are printed beside
 //! the numbers. `NVHOOK_BENCH_ROUNDS` sets the starts per variant (default 60);
-//! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst`, `=cri` or `=gpus` runs one part (cri: pods
-//! over containerd 2.1.9's CRI, RuntimeClass against NRI; gpus: `docker run --gpus` and `ctr
-//! run --gpus` against the same client's plain start; both need `scripts/sid-engines.sh`).
+//! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst`, `=cri`, `=gpus` or `=dra` runs one part (cri:
+//! pods over containerd 2.1.9's CRI, RuntimeClass against NRI; gpus: `docker run --gpus` and
+//! `ctr run --gpus` against the same client's plain start; dra: nvhook-dra's prepare, and pods
+//! through a DRA claim against the device plugin's CDI name; all three need
+//! `scripts/sid-engines.sh`).
 //! Run by `cargo test` (no `--bench` flag) it makes 2 rounds, as a smoke test of itself.
 
 use nvhook_test_support as support;
@@ -16,6 +18,7 @@ use nvhook_test_support as support;
 mod burst;
 mod cri;
 mod cycle;
+mod dra;
 mod gpus;
 mod hook_timer;
 mod setup;
@@ -46,7 +49,7 @@ struct Plan {
 fn main() {
     hook_timer::run_if_wrapper();
     let full = std::env::args().any(|a| a == "--bench");
-    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri|gpus`: one part, for iterating on a profile.
+    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri|gpus|dra`: one part, for iterating on a profile.
     let only = std::env::var("NVHOOK_BENCH_ONLY").ok();
     let only = only.as_deref();
     let plan = if full {
@@ -285,6 +288,10 @@ fn main() {
 
     if only.is_none_or(|o| o == "gpus") {
         gpus::run(plan.gpus_rounds);
+    }
+
+    if only.is_none_or(|o| o == "dra") {
+        dra::run(plan.cri_rounds);
     }
 }
 

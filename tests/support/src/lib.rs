@@ -7,6 +7,7 @@
 //! (root, runc, cc, busybox, simnode) is missing: these tests never skip.
 
 pub mod apiserver;
+pub mod dra;
 pub mod arm64;
 mod bundle;
 mod cmd;
