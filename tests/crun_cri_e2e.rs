@@ -36,7 +36,9 @@ use support::engines::{
     CgroupParent, Containerd, EngineDir, mount_points_below, nvhook_runtime_bin, sid_runtime_bin,
     unique_name,
 };
-use support::{MountNs, Output, RuntimeEnv, SimNode, host_mounts_referencing, require_root};
+use support::{
+    MountNs, Output, RuntimeEnv, SimNode, gpucheck_args, host_mounts_referencing, require_root,
+};
 
 const GPUS: u32 = 4;
 /// The GPU the kubelet allocates to the GPU pods here.
@@ -44,23 +46,14 @@ const ALLOCATED: u32 = 2;
 const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
 /// nvhook's RuntimeClass handler, as `nvhook configure containerd` names it.
 const HANDLER: &str = "nvidia";
-/// gpucheck: every GPU node, the nvidia entries of /dev, libcuda through the loader, and the
-/// pod's /sys/fs/cgroup (cgroup v2's files there say which layout crun saw).
-const GPUCHECK: &[&str] = &[
-    "/gpucheck",
-    "--dev",
-    "/dev/nvidia0",
-    "--dev",
-    "/dev/nvidia1",
-    "--dev",
-    "/dev/nvidia2",
-    "--dev",
-    "/dev/nvidia3",
-    "--ls",
-    "/dev",
-    "--ls",
-    "/sys/fs/cgroup",
-];
+/// gpucheck: every GPU and control node, the nvidia entries of /dev, libcuda through the
+/// loader, and the pod's /sys/fs/cgroup (cgroup v2's files there say which layout crun saw),
+/// then `extra`.
+fn gpucheck(extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["--ls", "/dev", "--ls", "/sys/fs/cgroup"];
+    args.extend(extra);
+    gpucheck_args(GPUS, &args)
+}
 
 /// Exactly the allocated GPU, libcuda loaded, cgroup v2 at the pod's /sys/fs/cgroup.
 #[track_caller]
@@ -167,8 +160,8 @@ impl CrunNode {
         mounts: &[(&str, &str)],
         extra: &[&str],
     ) -> Output {
-        let mut args = GPUCHECK.to_vec();
-        args.extend(extra);
+        let args = gpucheck(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let request = ContainerRequest {
             image: &self.image,
             args: &args,
@@ -441,10 +434,12 @@ fn crun_with_cgroups_refuses_every_pod_here_for_want_of_a_cpu_controller() {
         "OCI runtime create failed: controller `cpu` is not available under /sys/fs/cgroup{}/",
         node.pods.cgroups.path()
     );
+    let args = gpucheck(&[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     for handler in [HANDLER, DEFAULT_HANDLER] {
         let request = ContainerRequest {
             image: &node.image,
-            args: GPUCHECK,
+            args: &args,
             mounts: &allocation,
             ..Default::default()
         };
