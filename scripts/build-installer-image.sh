@@ -11,8 +11,10 @@
 #             scripts/build-arm64.sh's (.cross/aarch64). A fleet of both: build each, push each,
 #             then one name for both with `docker manifest create NAME AMD64-IMAGE ARM64-IMAGE`
 #             and `docker manifest push NAME` (a manifest list lives in a registry).
-#   BIN_DIR   take nvhook, nvhook-runtime and nvhook-nvml from here instead of building them
-#             (cargo build --release into target/release)
+#   BIN_DIR   take nvhook, nvhook-runtime, nvhook-nvml and nvhook-dra from here instead of
+#             building them (cargo build --release into target/release). scripts/build-arm64.sh
+#             builds no nvhook-dra: an arm64 image without one is built, with a warning, and
+#             nvhook-dra.yaml cannot run from it
 #   BASE      the base image (default debian:bookworm-slim, of ARCH)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,14 +32,20 @@ engine=$(command -v docker || command -v podman || true)
 if [ -z "${BIN_DIR:-}" ] && [ "$arch" = arm64 ]; then
     BIN_DIR=${NVHOOK_ARM64_OUT:-$repo/.cross/aarch64}
 elif [ -z "${BIN_DIR:-}" ]; then
-    (cd "$repo" && cargo build --release --locked --quiet -p nvhook -p nvhook-runtime -p nvhook-nvml)
+    (cd "$repo" && cargo build --release --locked --quiet -p nvhook -p nvhook-runtime -p nvhook-nvml \
+        -p nvhook-dra-driver)
     BIN_DIR=$repo/target/release
 fi
 # The context holds only what the image gets: not the repository's target directory.
 context=$(mktemp -d)
 trap 'rm -rf "$context"' EXIT
-for name in nvhook nvhook-runtime nvhook-nvml; do
+mkdir "$context/bin"
+for name in nvhook nvhook-runtime nvhook-nvml nvhook-dra; do
     [ -x "$BIN_DIR/$name" ] || {
+        if [ "$name" = nvhook-dra ] && [ "$arch" = arm64 ]; then
+            echo "build-installer-image: warning: $BIN_DIR/nvhook-dra is missing: the image has no nvhook-dra, and nvhook-dra.yaml cannot run from it" >&2
+            continue
+        fi
         hint=""
         [ "$arch" = arm64 ] && hint=" (run scripts/arm64-toolchain.sh and scripts/build-arm64.sh first)"
         echo "build-installer-image: $BIN_DIR/$name is missing$hint" >&2
@@ -47,7 +55,7 @@ for name in nvhook nvhook-runtime nvhook-nvml; do
         echo "build-installer-image: $BIN_DIR/$name is not a $arch program" >&2
         exit 1
     }
-    cp "$BIN_DIR/$name" "$context/"
+    cp "$BIN_DIR/$name" "$context/bin/"
 done
 for script in install.sh refresh.sh uninstall.sh; do
     cp "$repo/deploy/kubernetes/$script" "$context/"

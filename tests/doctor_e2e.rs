@@ -932,3 +932,105 @@ fn nri_mode_is_checked_engine_socket_plugin_and_double_work() {
     let _ = plugin.wait();
     containerd.stop_leaving_nothing(dir.path());
 }
+
+/// The real nvhook-dra, serving where doctor looks (the kubelet's directories under the host
+/// root, as the DaemonSet's hostPath volumes make them); killed on drop.
+struct DraPlugin {
+    child: std::process::Child,
+    socket: PathBuf,
+}
+
+impl DraPlugin {
+    /// Started for `node`, and listening: the registration socket accepts a connection. No
+    /// API server answers it: registering and serving need none (a claim would).
+    fn start(node: &Node) -> DraPlugin {
+        let registry = node.host("var/lib/kubelet/plugins_registry");
+        let plugins = node.host("var/lib/kubelet/plugins");
+        let cdi = node.host("var/run/cdi");
+        for dir in [&registry, &plugins, &cdi] {
+            fs::create_dir_all(dir).unwrap();
+        }
+        let child = Command::new(workspace_bin("nvhook-dra"))
+            .args([
+                "--node-name",
+                "doctor-node",
+                "--api-server",
+                "http://127.0.0.1:9",
+            ])
+            .arg("--config")
+            .arg(node.sim.config())
+            .arg("--cdi-root")
+            .arg(&cdi)
+            .arg("--registry-dir")
+            .arg(&registry)
+            .arg("--plugins-dir")
+            .arg(&plugins)
+            .env_remove("NVHOOK_CONFIG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start nvhook-dra");
+        let plugin = DraPlugin {
+            child,
+            socket: registry.join("gpu.nvidia.com-reg.sock"),
+        };
+        let started = std::time::Instant::now();
+        while std::os::unix::net::UnixStream::connect(&plugin.socket).is_err() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(20),
+                "nvhook-dra does not listen on {}",
+                plugin.socket.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        plugin
+    }
+
+    /// SIGKILL, as a plugin that crashes or is OOM-killed dies: its socket stays behind.
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for DraPlugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// nvhook's DRA kubelet plugin, judged by its registration socket under --root, where the
+/// kubelet's plugin watcher finds it: none is "not installed" and the node stays ready (the
+/// plugin is optional); the real nvhook-dra serving there is ok; the same plugin killed leaves
+/// a socket that refuses connections, which fails with the restart as the fix; a new plugin
+/// (the DaemonSet's next pod) takes the socket over, and the node is ready again.
+#[test]
+fn the_dra_plugin_is_optional_ok_while_serving_and_fails_once_dead() {
+    let node = Node::ready();
+    let socket = "/var/lib/kubelet/plugins_registry/gpu.nvidia.com-reg.sock";
+    node.expect(0, "ok   DRA plugin: ", &["not installed", socket]);
+
+    let mut plugin = DraPlugin::start(&node);
+    node.expect(
+        0,
+        "ok   DRA plugin: ",
+        &["gpu.nvidia.com registered and serving", socket],
+    );
+
+    plugin.kill();
+    assert!(plugin.socket.exists(), "a killed plugin leaves its socket");
+    node.expect(
+        1,
+        "FAIL DRA plugin: ",
+        &[
+            socket,
+            "refuses connections",
+            "Connection refused",
+            "restart the nvhook-dra pod",
+        ],
+    );
+
+    let _next = DraPlugin::start(&node);
+    node.expect(0, "ok   DRA plugin: ", &["registered and serving"]);
+}

@@ -12,8 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Container, Namespace, Pod};
+use k8s_openapi::api::core::v1::{Container, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::node::v1::RuntimeClass;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use nvhook::config;
 use serde::Deserialize;
 use serde_json::Value;
@@ -37,6 +39,10 @@ enum Object {
     DaemonSet(Box<DaemonSet>),
     Pod(Box<Pod>),
     RuntimeClass(Box<RuntimeClass>),
+    ServiceAccount(Box<ServiceAccount>),
+    ClusterRole(Box<ClusterRole>),
+    ClusterRoleBinding(Box<ClusterRoleBinding>),
+    DeviceClass(Box<DeviceClass>),
 }
 
 /// Each YAML document of `file` as its typed Kubernetes object. A field the
@@ -59,6 +65,10 @@ fn objects(file: &Path) -> Vec<Object> {
                 "DaemonSet" => Object::DaemonSet(typed(&name, &json)),
                 "Pod" => Object::Pod(typed(&name, &json)),
                 "RuntimeClass" => Object::RuntimeClass(typed(&name, &json)),
+                "ServiceAccount" => Object::ServiceAccount(typed(&name, &json)),
+                "ClusterRole" => Object::ClusterRole(typed(&name, &json)),
+                "ClusterRoleBinding" => Object::ClusterRoleBinding(typed(&name, &json)),
+                "DeviceClass" => Object::DeviceClass(typed(&name, &json)),
                 other => panic!("{name}: kind {other:?} is not one this test knows"),
             }
         })
@@ -111,12 +121,22 @@ struct Manifests {
     /// gpu-pod.yaml's (runtime mode) and gpu-pod-nri.yaml's (NRI mode).
     gpu_pod: Pod,
     gpu_pod_nri: Pod,
+    /// nvhook-dra.yaml's: the DRA kubelet plugin, its account and what the account may do.
+    dra_daemon_set: DaemonSet,
+    dra_service_account: ServiceAccount,
+    dra_cluster_role: ClusterRole,
+    dra_cluster_role_binding: ClusterRoleBinding,
+    /// deviceclasses.yaml's.
+    device_classes: Vec<DeviceClass>,
 }
 
 fn manifests() -> Manifests {
     let mut runtime_classes = vec![];
     let (mut daemon_set, mut nri_daemon_set, mut device_plugin) = (None, None, None);
     let (mut gpu_pod, mut gpu_pod_nri) = (None, None);
+    let (mut dra_daemon_set, mut dra_service_account) = (None, None);
+    let (mut dra_cluster_role, mut dra_cluster_role_binding) = (None, None);
+    let mut device_classes = vec![];
     let mut files: Vec<PathBuf> = fs::read_dir(deploy_dir())
         .expect("read deploy/kubernetes")
         .map(|e| e.unwrap().path())
@@ -134,6 +154,7 @@ fn manifests() -> Manifests {
                         Some("nvhook-installer") => &mut daemon_set,
                         Some("nvhook-nri") => &mut nri_daemon_set,
                         Some("nvidia-device-plugin-daemonset") => &mut device_plugin,
+                        Some("nvhook-dra") => &mut dra_daemon_set,
                         other => panic!("{name}: a DaemonSet {other:?} this test does not know"),
                     };
                     assert!(slot.replace(*d).is_none(), "{name}: a second DaemonSet");
@@ -147,6 +168,37 @@ fn manifests() -> Manifests {
                     assert!(slot.replace(*p).is_none(), "{name}: a second pod");
                 }
                 Object::RuntimeClass(r) => runtime_classes.push(*r),
+                Object::ServiceAccount(a) => {
+                    assert_eq!(
+                        name, "nvhook-dra.yaml",
+                        "a ServiceAccount this test does not know"
+                    );
+                    assert!(
+                        dra_service_account.replace(*a).is_none(),
+                        "{name}: a second one"
+                    );
+                }
+                Object::ClusterRole(r) => {
+                    assert_eq!(
+                        name, "nvhook-dra.yaml",
+                        "a ClusterRole this test does not know"
+                    );
+                    assert!(
+                        dra_cluster_role.replace(*r).is_none(),
+                        "{name}: a second one"
+                    );
+                }
+                Object::ClusterRoleBinding(b) => {
+                    assert_eq!(name, "nvhook-dra.yaml", "a binding this test does not know");
+                    assert!(
+                        dra_cluster_role_binding.replace(*b).is_none(),
+                        "{name}: a second one"
+                    );
+                }
+                Object::DeviceClass(c) => {
+                    assert_eq!(name, "deviceclasses.yaml", "a DeviceClass elsewhere");
+                    device_classes.push(*c);
+                }
             }
         }
     }
@@ -158,6 +210,12 @@ fn manifests() -> Manifests {
         device_plugin: device_plugin.expect("a DaemonSet nvidia-device-plugin-daemonset"),
         gpu_pod: gpu_pod.expect("gpu-pod.yaml"),
         gpu_pod_nri: gpu_pod_nri.expect("gpu-pod-nri.yaml"),
+        dra_daemon_set: dra_daemon_set.expect("a DaemonSet nvhook-dra"),
+        dra_service_account: dra_service_account.expect("nvhook-dra.yaml's ServiceAccount"),
+        dra_cluster_role: dra_cluster_role.expect("nvhook-dra.yaml's ClusterRole"),
+        dra_cluster_role_binding: dra_cluster_role_binding
+            .expect("nvhook-dra.yaml's ClusterRoleBinding"),
+        device_classes,
     }
 }
 
@@ -701,6 +759,7 @@ fn refresh_sh_keeps_the_hosts_cdi_spec_and_dev_char_links() {
 /// The installer image, built by the one documented command with a private dockerd (from a
 /// local busybox base: no registry is reachable here), then run as the DaemonSet's init
 /// container runs it: install.sh from the image installs nvhook on a host root bound at /host.
+/// The image holds nvhook-dra too, and `nvhook-dra --version` runs in it.
 #[test]
 fn the_installer_image_builds_with_one_command_and_installs_nvhook() {
     support::require_root();
@@ -753,6 +812,13 @@ fn installer_image_installs(
     for applet in applets.lines().filter(|a| *a != "busybox") {
         std::os::unix::fs::symlink("busybox", base.join("bin").join(applet)).unwrap();
     }
+    // nvhook-dra links glibc, which the image's own base (debian-slim) has and busybox lacks.
+    let dra_built = bin_dir.join("nvhook-dra").is_file();
+    if arch == "amd64" {
+        let dra = support::workspace_bin("nvhook-dra");
+        assert_eq!(bin_dir.join("nvhook-dra"), dra);
+        copy_shared_libraries(&dra, &base);
+    }
     let tar = dir.path().join("base.tar");
     write_rootfs_tar(&base, &tar);
     let base_image = format!("nvhook-test/base:{}", unique_name("b"));
@@ -774,7 +840,7 @@ fn installer_image_installs(
     // The script runs the docker on PATH: this build's client first.
     .env("PATH", client_first(&docker.program("docker")))
     .env("ARCH", arch)
-    .env("BIN_DIR", bin_dir)
+    .env("BIN_DIR", &bin_dir)
     .env("BASE", &base_image)
     .output()
     .unwrap();
@@ -857,6 +923,43 @@ fn installer_image_installs(
         listed.split_whitespace().collect::<Vec<_>>(),
         ["bin", "install.sh", "refresh.sh", "uninstall.sh"]
     );
+    // nvhook-dra, which nvhook-dra.yaml's init container copies from the image: there, and it
+    // runs. scripts/build-arm64.sh builds none: the arm64 image is made without it, and says so.
+    let listed = dockerd.docker_checked(&[
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--entrypoint",
+        "/bin/ls",
+        &image,
+        "/opt/nvhook/bin",
+    ]);
+    let mut binaries = vec!["nvhook", "nvhook-nvml", "nvhook-runtime"];
+    if dra_built {
+        binaries.insert(1, "nvhook-dra");
+    } else {
+        assert_eq!(arch, "arm64", "{} has no nvhook-dra", bin_dir.display());
+        let warned = String::from_utf8_lossy(&out.stderr);
+        assert!(warned.contains("the image has no nvhook-dra"), "{warned}");
+    }
+    assert_eq!(listed.split_whitespace().collect::<Vec<_>>(), binaries);
+    if arch == "amd64" {
+        let version = dockerd.docker_checked(&[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "/opt/nvhook/bin/nvhook-dra",
+            &image,
+            "--version",
+        ]);
+        assert_eq!(
+            version.trim(),
+            format!("nvhook-dra {}", env!("CARGO_PKG_VERSION"))
+        );
+    }
     assert!(dockerd.shutdown(), "{}", dockerd.log());
 }
 
@@ -1133,9 +1236,9 @@ fn all_containers(daemon_set: &DaemonSet) -> Vec<&Container> {
         .collect()
 }
 
-/// Both installer manifests run the image scripts/build-installer-image.sh builds by default
-/// (so that build, then apply works where nodes take images from their own store), pulled only
-/// when the node lacks it; and they say how to build it, push it, and point the manifest at the
+/// Both installer manifests, and nvhook-dra.yaml, run the image scripts/build-installer-image.sh
+/// builds by default (so that build, then apply works where nodes take images from their own
+/// store), pulled only when the node lacks it; and they say how to build it, push it, and point the manifest at the
 /// pushed name. The comment's sed line and `kubectl set image` line are checked by running the
 /// one and reading the other against the DaemonSet: every container, the right names.
 #[test]
@@ -1148,6 +1251,7 @@ fn installer_manifests_run_the_built_image_and_say_how_to_build_and_push_it() {
     for (file, daemon_set) in [
         ("nvhook-installer.yaml", &m.daemon_set),
         ("nvhook-installer-nri.yaml", &m.nri_daemon_set),
+        ("nvhook-dra.yaml", &m.dra_daemon_set),
     ] {
         let containers = all_containers(daemon_set);
         for container in &containers {
@@ -1730,4 +1834,374 @@ fn uninstall_sh_removes_what_refresh_sh_wrote_and_keeps_an_admins_config() {
             "Uninstall section lacks {needed:?}"
         );
     }
+}
+
+// ---- The DRA kubelet plugin: nvhook-dra.yaml and deviceclasses.yaml ----
+
+/// nvhook-dra's long-running container.
+fn dra_plugin(daemon_set: &DaemonSet) -> &Container {
+    pod_spec(daemon_set)
+        .containers
+        .iter()
+        .find(|c| c.name == "nvhook-dra")
+        .expect("a container named nvhook-dra")
+}
+
+/// A path as the host resolves it: /var/run is a link to /run on every host nvhook-dra runs on.
+fn on_the_host(path: &Path) -> PathBuf {
+    match path.strip_prefix("/var/run") {
+        Ok(rest) => Path::new("/run").join(rest),
+        Err(_) => path.to_owned(),
+    }
+}
+
+/// The host path a process chrooted into `chroot` (a mount path of `container`) reaches at
+/// `path`, and whether it may write there: through the deepest of the container's mounts that
+/// holds it, a hostPath volume. Mount paths are taken as written: the container resolves them,
+/// and a mount at `<chroot>/var/run/...` would land on the container's own /run.
+fn reached(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    container: &Container,
+    chroot: &str,
+    path: &Path,
+) -> (PathBuf, bool) {
+    let seen = Path::new(chroot).join(on_the_host(path).strip_prefix("/").unwrap());
+    let mount = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| seen.starts_with(&m.mount_path))
+        .max_by_key(|m| m.mount_path.len())
+        .unwrap_or_else(|| panic!("{}: no mount holds {}", container.name, path.display()));
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .unwrap_or_else(|| panic!("no volume {}", mount.name));
+    let host = volume
+        .host_path
+        .as_ref()
+        .unwrap_or_else(|| panic!("{} holds {} and is no hostPath", mount.name, path.display()));
+    let rest = seen.strip_prefix(&mount.mount_path).unwrap();
+    let at = on_the_host(&Path::new(&host.path).join(rest));
+    (at, mount.read_only != Some(true))
+}
+
+/// nvhook-dra.yaml's DaemonSet: the image's nvhook-dra, copied beside the nvhook-nvml that
+/// install.sh puts on the host, run in the host's root as the NRI DaemonSet runs `nvhook nri`;
+/// its node name from the downward API; every host directory it writes (the kubelet's plugin
+/// registry, its own plugin directory, the CDI spec directory) writable through a hostPath
+/// volume of its own, at the host's path, and the rest of the host (nvhook's config, the
+/// driver) read-only; privileged, system-node-critical, on the installers' nodes.
+#[test]
+fn dra_daemon_set_runs_nvhook_dra_in_the_hosts_root_and_mounts_what_it_writes() {
+    let m = manifests();
+    let ds = &m.dra_daemon_set;
+    let spec = pod_spec(ds);
+    assert_eq!(
+        spec.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    assert_eq!(spec.node_selector, pod_spec(&m.daemon_set).node_selector);
+    let plugin = dra_plugin(ds);
+    assert_eq!(
+        plugin.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+
+    // chroot HOST_ROOT BINARY, HOST_ROOT the mount of the host's /.
+    let command = plugin.command.clone().expect("a command");
+    let [chroot, host_root, binary] = command.as_slice() else {
+        panic!("{command:?}")
+    };
+    assert_eq!(chroot, "chroot");
+    let root_mount = plugin
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| &m.mount_path == host_root)
+        .expect("a mount at the chroot's root");
+    let root_volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == root_mount.name)
+        .unwrap();
+    assert_eq!(root_volume.host_path.as_ref().unwrap().path, "/");
+    assert_eq!(
+        root_mount.read_only,
+        Some(true),
+        "only its own volumes are written"
+    );
+    assert_eq!(
+        root_mount.mount_propagation.as_deref(),
+        Some("HostToContainer")
+    );
+    // Beside the nvhook-nvml both installers put on the host, which it runs to ask NVML.
+    let nvhook_bin = format!("{}/bin", env_value(installer(&m.daemon_set), "NVHOOK_DIR"));
+    assert_eq!(
+        env_value(installer(&m.nri_daemon_set), "NVHOOK_DIR"),
+        env_value(installer(&m.daemon_set), "NVHOOK_DIR")
+    );
+    assert_eq!(Path::new(binary), Path::new(&nvhook_bin).join("nvhook-dra"));
+    let (nvml_helper, _) = reached(
+        spec,
+        plugin,
+        host_root,
+        &Path::new(&nvhook_bin).join("nvhook-nvml"),
+    );
+    assert_eq!(nvml_helper, Path::new(&nvhook_bin).join("nvhook-nvml"));
+
+    // The init container copies the image's nvhook-dra there.
+    let install = installer(ds);
+    let script = install.command.as_ref().unwrap().join(" ");
+    assert!(script.contains("/opt/nvhook/bin/nvhook-dra"), "{script}");
+    let mounts = install.volume_mounts.as_ref().unwrap();
+    let [mount] = mounts.as_slice() else {
+        panic!("{mounts:?}")
+    };
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .unwrap();
+    assert_eq!(volume.host_path.as_ref().unwrap().path, nvhook_bin);
+    assert!(
+        script.ends_with(&format!("{}/nvhook-dra", mount.mount_path)),
+        "{script}"
+    );
+    assert_ne!(mount.read_only, Some(true));
+
+    // Its node: the pool it serves and the claims it accepts.
+    let node_name = plugin
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "NODE_NAME")
+        .expect("NODE_NAME");
+    assert_eq!(node_name.value, None);
+    assert_eq!(
+        node_name
+            .value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("spec.nodeName")
+    );
+    // The paths nvhook-dra is given are the kubelet's and NVIDIA's, and nvhook's own config.
+    let registry = env_value(plugin, "KUBELET_REGISTRAR_DIRECTORY_PATH");
+    let plugins = env_value(plugin, "KUBELET_PLUGINS_DIRECTORY_PATH");
+    let cdi_root = env_value(plugin, "CDI_ROOT");
+    let config = env_value(plugin, "NVHOOK_CONFIG");
+    assert_eq!(registry, nvhook_dra::KUBELET_REGISTRY_DIR);
+    assert_eq!(plugins, nvhook_dra::KUBELET_PLUGINS_DIR);
+    assert_eq!(cdi_root, "/var/run/cdi");
+    assert_eq!(config, nvhook::config::DEFAULT_PATH);
+
+    // What it writes: the registration socket, the DRA socket and checkpoint, the claims' specs.
+    let own_dir = Path::new(&plugins).join(nvhook::dra::DRIVER_NAME);
+    for dir in [
+        Path::new(&registry),
+        own_dir.as_path(),
+        Path::new(&cdi_root),
+    ] {
+        let (host, writable) = reached(spec, plugin, host_root, dir);
+        assert_eq!(host, on_the_host(dir), "{}", dir.display());
+        assert!(writable, "{} is read-only", dir.display());
+    }
+    // Sockets made under the plugins directory: propagated both ways, as NVIDIA's plugin has it.
+    let plugins_mount = plugin
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| {
+            Path::new(&m.mount_path) == Path::new(host_root).join(plugins.trim_start_matches('/'))
+        })
+        .expect("the plugins directory is a mount of its own");
+    assert_eq!(
+        plugins_mount.mount_propagation.as_deref(),
+        Some("Bidirectional")
+    );
+    // What it reads: nvhook's config, read-only; the driver's files under the config's
+    // driver root (the host's /, unless the admin set another).
+    let (host, writable) = reached(spec, plugin, host_root, Path::new(&config));
+    assert_eq!(host, Path::new(&config));
+    assert!(!writable, "nvhook's config is the admin's");
+    let driver_root = nvhook::config::Config::default().driver_root;
+    let (host, _) = reached(spec, plugin, host_root, &driver_root.join("usr/lib"));
+    assert_eq!(host, driver_root.join("usr/lib"));
+
+    // The API client reads its account where in-cluster clients do, inside the host's root;
+    // the kubelet's own mount of it (outside that root) is off, and a kubeconfig in the
+    // host's home is never found.
+    assert_eq!(spec.service_account_name.as_deref(), Some("nvhook-dra"));
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    let account = Path::new("/var/run/secrets/kubernetes.io/serviceaccount");
+    let seen = Path::new(host_root).join(on_the_host(account).strip_prefix("/").unwrap());
+    let mount = plugin
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| Path::new(&m.mount_path) == seen)
+        .expect("the service account's mount in the host's root");
+    let projected = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == mount.name)
+        .and_then(|v| v.projected.as_ref())
+        .expect("a projected volume");
+    let paths: Vec<String> = projected
+        .sources
+        .iter()
+        .flatten()
+        .flat_map(|s| {
+            let token = s.service_account_token.as_ref().map(|t| t.path.clone());
+            let ca = s
+                .config_map
+                .iter()
+                .filter(|c| c.name == "kube-root-ca.crt")
+                .flat_map(|c| c.items.iter().flatten().map(|i| i.path.clone()));
+            let ns = s
+                .downward_api
+                .iter()
+                .flat_map(|d| d.items.iter().flatten())
+                .filter(|i| {
+                    i.field_ref.as_ref().map(|f| f.field_path.as_str())
+                        == Some("metadata.namespace")
+                })
+                .map(|i| i.path.clone());
+            token.into_iter().chain(ca).chain(ns).collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(paths, ["token", "ca.crt", "namespace"]);
+    let home = env_value(plugin, "HOME");
+    assert!(!home.is_empty() && home != "/root", "{home}");
+}
+
+/// The ClusterRole grants exactly what nvhook-dra asks the API server for (a claim by name;
+/// its node's ResourceSlices), no other resource or verb, and is bound to the DaemonSet's
+/// ServiceAccount, which nvhook-dra.yaml makes in the DaemonSet's namespace.
+#[test]
+fn dra_cluster_role_grants_exactly_what_nvhook_dra_asks_and_is_bound_to_its_account() {
+    let m = manifests();
+    let mut granted: Vec<(String, String, String)> = m
+        .dra_cluster_role
+        .rules
+        .iter()
+        .flatten()
+        .flat_map(|rule| {
+            assert!(rule.resource_names.is_none() && rule.non_resource_urls.is_none());
+            let groups = rule.api_groups.clone().unwrap_or_default();
+            let resources = rule.resources.clone().unwrap_or_default();
+            groups.into_iter().flat_map(move |g| {
+                let verbs = rule.verbs.clone();
+                resources.clone().into_iter().flat_map(move |r| {
+                    let g = g.clone();
+                    verbs
+                        .clone()
+                        .into_iter()
+                        .map(move |v| (g.clone(), r.clone(), v))
+                })
+            })
+        })
+        .collect();
+    granted.sort();
+    let mut wanted: Vec<(String, String, String)> = [("resourceclaims", "get")]
+        .into_iter()
+        .chain(
+            ["get", "list", "watch", "create", "update", "delete"]
+                .map(|verb| ("resourceslices", verb)),
+        )
+        .map(|(r, v)| ("resource.k8s.io".to_owned(), r.to_owned(), v.to_owned()))
+        .collect();
+    wanted.sort();
+    assert_eq!(granted, wanted);
+    assert!(m.dra_cluster_role.aggregation_rule.is_none());
+
+    let binding = &m.dra_cluster_role_binding;
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    assert_eq!(
+        binding.role_ref.api_group.as_deref(),
+        Some("rbac.authorization.k8s.io")
+    );
+    assert_eq!(
+        Some(&binding.role_ref.name),
+        m.dra_cluster_role.metadata.name.as_ref()
+    );
+    let ds = &m.dra_daemon_set;
+    let account = pod_spec(ds)
+        .service_account_name
+        .clone()
+        .expect("an account");
+    let subjects = binding.subjects.clone().unwrap_or_default();
+    let [subject] = subjects.as_slice() else {
+        panic!("{subjects:?}")
+    };
+    assert_eq!(subject.kind, "ServiceAccount");
+    assert_eq!(subject.name, account);
+    assert_eq!(subject.namespace, ds.metadata.namespace);
+    assert_eq!(m.dra_service_account.metadata.name.as_ref(), Some(&account));
+    assert_eq!(
+        m.dra_service_account.metadata.namespace,
+        ds.metadata.namespace
+    );
+}
+
+/// deviceclasses.yaml holds NVIDIA's GPU DeviceClasses as NVIDIA's chart makes them on
+/// resource.k8s.io/v1, name for name and selector for selector (the strings a cluster's
+/// claims and CEL already hold), for nvhook-dra's driver name; and nothing else.
+#[test]
+fn device_classes_are_nvidias_names_and_selectors() {
+    let m = manifests();
+    let text = fs::read_to_string(deploy_dir().join("deviceclasses.yaml")).unwrap();
+    let documents = text.matches("\napiVersion: resource.k8s.io/v1\n").count()
+        + usize::from(text.starts_with("apiVersion: resource.k8s.io/v1\n"));
+    assert_eq!(
+        documents,
+        m.device_classes.len(),
+        "every class is resource.k8s.io/v1"
+    );
+    let classes: Vec<(String, Vec<String>, Option<String>)> = m
+        .device_classes
+        .iter()
+        .map(|c| {
+            let spec = c.spec.as_ref().expect("a spec");
+            let selectors = spec
+                .selectors
+                .iter()
+                .flatten()
+                .map(|s| s.cel.as_ref().expect("a CEL selector").expression.clone())
+                .collect();
+            assert!(spec.config.is_none(), "NVIDIA's classes have no config");
+            (
+                c.metadata.name.clone().unwrap(),
+                selectors,
+                spec.extended_resource_name.clone(),
+            )
+        })
+        .collect();
+    let driver = nvhook::dra::DRIVER_NAME;
+    assert_eq!(driver, "gpu.nvidia.com");
+    assert_eq!(
+        classes,
+        [
+            (
+                "gpu.nvidia.com".to_owned(),
+                vec![format!(
+                    "device.driver == '{driver}' && device.attributes['{driver}'].type == 'gpu'"
+                )],
+                Some("nvidia.com/gpu".to_owned()),
+            ),
+            (
+                "mig.nvidia.com".to_owned(),
+                vec![format!(
+                    "device.driver == '{driver}' && device.attributes['{driver}'].type == 'mig'"
+                )],
+                None,
+            ),
+        ]
+    );
 }

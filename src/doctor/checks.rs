@@ -812,6 +812,56 @@ pub fn dev_char(dir: &Path, links: &[(CharLink, LinkState)], nvhook: &str) -> Ch
     )
 }
 
+/// What is at a DRA driver's registration socket in the kubelet's plugin registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginSocket {
+    /// Nothing there: no kubelet plugin of that driver on this node.
+    Missing,
+    /// A connection to it is accepted: a plugin is serving there.
+    Accepts,
+    /// It is there, and a connection to it failed (`denied`: for want of permission, which
+    /// says nothing about the plugin).
+    Refuses { denied: bool, error: String },
+}
+
+/// nvhook's DRA kubelet plugin (nvhook-dra), through the registration socket the kubelet's
+/// plugin watcher finds it by. nvhook-dra is optional, so no socket is no problem; a socket
+/// nothing accepts on is a plugin that died, and the kubelet cannot prepare a claim until it
+/// is back.
+pub fn dra_plugin(driver: &str, socket: &str, state: &PluginSocket) -> Check {
+    let name = "DRA plugin";
+    match state {
+        PluginSocket::Missing => Check::ok(
+            name,
+            format!(
+                "not installed: no {socket} (nvhook-dra is optional: deploy/kubernetes/nvhook-dra.yaml)"
+            ),
+        ),
+        PluginSocket::Accepts => Check::ok(
+            name,
+            format!("{driver} registered and serving: {socket} accepts connections"),
+        ),
+        PluginSocket::Refuses {
+            denied: true,
+            error,
+        } => Check::warn(
+            name,
+            format!("cannot connect to {socket}: {error}"),
+            "run nvhook doctor as root",
+        ),
+        PluginSocket::Refuses {
+            denied: false,
+            error,
+        } => Check::fail(
+            name,
+            format!(
+                "{socket} is there and refuses connections ({error}): the {driver} plugin that made it has stopped, and the kubelet prepares no {driver} claim on this node"
+            ),
+            "restart the nvhook-dra pod on this node: kubectl -n nvhook-system delete pod -l app.kubernetes.io/name=nvhook-dra --field-selector spec.nodeName=NODE (its DaemonSet starts a new one, which replaces the socket)",
+        ),
+    }
+}
+
 /// The device-selection policy in force, in one sentence.
 pub fn policy(config: &Config) -> Check {
     let env = match config.accept_env_when_unprivileged {
@@ -1343,6 +1393,49 @@ mod tests {
             .level,
             Level::Fail
         );
+    }
+
+    #[test]
+    fn the_dra_plugin_is_optional_ok_when_serving_and_fails_when_its_socket_is_dead() {
+        let socket = "/var/lib/kubelet/plugins_registry/gpu.nvidia.com-reg.sock";
+        let check = |state| dra_plugin("gpu.nvidia.com", socket, &state);
+
+        let missing = check(PluginSocket::Missing);
+        assert_eq!(missing.level, Level::Ok);
+        assert!(
+            missing.detail.starts_with("not installed: no "),
+            "{missing}"
+        );
+        assert!(missing.detail.contains(socket), "{missing}");
+        assert_eq!(missing.fix, None);
+
+        let serving = check(PluginSocket::Accepts);
+        assert_eq!(serving.level, Level::Ok);
+        assert!(
+            serving
+                .detail
+                .contains("gpu.nvidia.com registered and serving")
+        );
+        assert_eq!(serving.fix, None);
+
+        let dead = check(PluginSocket::Refuses {
+            denied: false,
+            error: "Connection refused (os error 111)".into(),
+        });
+        assert_eq!(dead.level, Level::Fail);
+        assert!(dead.detail.contains("Connection refused"), "{dead}");
+        assert!(dead.detail.contains(socket), "{dead}");
+        let fix = dead.fix.as_deref().unwrap();
+        assert!(fix.contains("restart the nvhook-dra pod"), "{fix}");
+        assert!(fix.contains("kubectl -n nvhook-system delete pod"), "{fix}");
+
+        // Not allowed to look is not a dead plugin: no restart proposed.
+        let denied = check(PluginSocket::Refuses {
+            denied: true,
+            error: "Permission denied (os error 13)".into(),
+        });
+        assert_eq!(denied.level, Level::Warn);
+        assert_eq!(denied.fix.as_deref(), Some("run nvhook doctor as root"));
     }
 
     #[test]

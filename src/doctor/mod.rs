@@ -25,8 +25,8 @@ use crate::inventory::driver::HostCache;
 use crate::inventory::{Inventory, isolated, nvml_library};
 use crate::runtime_create;
 use checks::{
-    CacheState, Cgroup, CurrentDevices, EngineConfig, HooksDir, QueryError, RuntimeBinary,
-    RuntimeSearch, SpecFile, SpecNode,
+    CacheState, Cgroup, CurrentDevices, EngineConfig, HooksDir, PluginSocket, QueryError,
+    RuntimeBinary, RuntimeSearch, SpecFile, SpecNode,
 };
 use serde::Serialize;
 use std::fmt;
@@ -249,9 +249,43 @@ pub fn run(config: &Config, options: &Options) -> Report {
         .and_then(std::fs::canonicalize)
         .unwrap_or_default();
     out.extend(nvidia_names::checks(&nvidia_names::gather(nvhook)));
+    let (socket, state) = dra_registration(&options.root);
+    out.push(checks::dra_plugin(
+        crate::dra::DRIVER_NAME,
+        &socket.display().to_string(),
+        &state,
+    ));
     out.push(checks::cgroup(&cgroup()));
     out.push(checks::policy(config));
     Report::new(out)
+}
+
+/// The kubelet's plugin registry, where its plugin watcher finds kubelet plugins by their
+/// registration sockets (nvhook-dra's default, and NVIDIA's).
+pub const KUBELET_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+
+/// nvhook-dra's registration socket under `root`, and whether it accepts a connection. A plain
+/// connect says a process is listening; what it speaks is the kubelet's to find out (doctor
+/// has no gRPC client, and needs none for this).
+fn dra_registration(root: &Path) -> (PathBuf, PluginSocket) {
+    let socket = under(
+        root,
+        &format!(
+            "{KUBELET_REGISTRY_DIR}/{}-reg.sock",
+            crate::dra::DRIVER_NAME
+        ),
+    );
+    let state = match std::fs::symlink_metadata(&socket) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => PluginSocket::Missing,
+        _ => match std::os::unix::net::UnixStream::connect(&socket) {
+            Ok(_) => PluginSocket::Accepts,
+            Err(e) => PluginSocket::Refuses {
+                denied: e.kind() == std::io::ErrorKind::PermissionDenied,
+                error: e.to_string(),
+            },
+        },
+    };
+    (socket, state)
 }
 
 fn under(root: &Path, path: &str) -> PathBuf {
