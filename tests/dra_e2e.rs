@@ -21,24 +21,17 @@ use cri::{ContainerRequest, Cri};
 use support::apiserver::ApiServer;
 use support::dra::{DRIVER, NODE, Plugin, allocated_claim};
 use support::engines::{CgroupParent, EngineDir, unique_name};
-use support::{Output, SimNode, glibc_image, require_root, workspace_bin};
+use support::{Output, SimNode, glibc_image, gpucheck_args, require_root, workspace_bin};
 
 const GPUS: u32 = 4;
 
-/// gpucheck: every GPU node, then the nvidia entries of /dev, and libcuda through the loader.
-const GPUCHECK: &[&str] = &[
-    "/gpucheck",
-    "--dev",
-    "/dev/nvidia0",
-    "--dev",
-    "/dev/nvidia1",
-    "--dev",
-    "/dev/nvidia2",
-    "--dev",
-    "/dev/nvidia3",
-    "--ls",
-    "/dev",
-];
+/// gpucheck: every GPU and control node, the nvidia entries of /dev, libcuda through the
+/// loader, then `extra`.
+fn gpucheck(extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["--ls", "/dev"];
+    args.extend(extra);
+    gpucheck_args(GPUS, &args)
+}
 
 /// A pod of gpucheck given `cdi_ids`, as the kubelet gives a prepared claim's devices.
 fn run_pod(
@@ -50,6 +43,8 @@ fn run_pod(
     cdi_ids: &[String],
 ) -> Output {
     let ids: Vec<&str> = cdi_ids.iter().map(String::as_str).collect();
+    let args = gpucheck(&[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     pods.run(
         cri,
         containerd,
@@ -57,7 +52,7 @@ fn run_pod(
         "dra",
         ContainerRequest {
             image,
-            args: GPUCHECK,
+            args: &args,
             cdi_devices: &ids,
             ..Default::default()
         },
@@ -368,4 +363,194 @@ fn the_nodes_slice_follows_a_gpu_leaving_the_bus_and_health_says_so() {
         .expect("run nvhook-dra remove-slices");
     assert!(status.success());
     assert!(api.slices().is_empty());
+}
+
+/// NVIDIA's pattern for a static MIG device's name, `^gpu-\d+-mig-[a-z0-9-]+-\d+-\d+$`.
+fn is_nvidia_mig_name(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let Some((minor, rest)) = name
+        .strip_prefix("gpu-")
+        .and_then(|rest| rest.split_once("-mig-"))
+    else {
+        return false;
+    };
+    let mut tail = rest.rsplitn(3, '-');
+    let (start, profile_id, profile) = (tail.next(), tail.next(), tail.next());
+    digits(minor)
+        && start.is_some_and(digits)
+        && profile_id.is_some_and(digits)
+        && profile.is_some_and(|p| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}
+
+/// The nvidia-caps minor the simulated driver gives a MIG capability (`gpu1/mig/gi2/access`).
+fn cap_minor(node: &SimNode, capability: &str) -> u32 {
+    let path = node
+        .root()
+        .join("proc/driver/nvidia/capabilities")
+        .join(capability);
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    text.lines()
+        .find_map(|l| l.strip_prefix("DeviceFileMinor: "))
+        .and_then(|m| m.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no DeviceFileMinor in {}: {text}", path.display()))
+}
+
+/// A GPU in MIG mode is offered as its MIG devices, under NVIDIA's names and with NVIDIA's
+/// attributes, and not as itself; a claim allocated one of them by the name the node's slice
+/// gives gets a pod exactly that MIG device through containerd 2.1.9 and runc: its GPU's node
+/// and its GPU and compute instances' caps nodes, not the other MIG device's, and libcuda.
+#[test]
+fn a_claim_for_a_mig_device_by_nvidias_name_gives_a_pod_exactly_that_mig_device() {
+    require_root();
+    let node = SimNode::create_with(GPUS, &["--mig", "1:2"]);
+    let dir = EngineDir::new("dra-mig");
+    let api = ApiServer::start();
+    let plugin = Plugin::start(&node, dir.path(), &api);
+    // Three whole GPUs and GPU 1's two MIG devices.
+    let slice = slice_when(&api, |s| {
+        s.spec.devices.as_ref().is_some_and(|d| d.len() == 5)
+    });
+    let topology = node.topology();
+    let migs = topology["gpus"][1]["mig_devices"]
+        .as_array()
+        .expect("GPU 1's MIG devices");
+    let (ours, other) = (&migs[1], &migs[0]);
+    let ours_uuid = ours["uuid"].as_str().unwrap();
+    let listed = slice.spec.devices.as_ref().unwrap();
+    let device = listed
+        .iter()
+        .find(|d| {
+            d.attributes
+                .as_ref()
+                .and_then(|a| a.get("uuid")?.string.as_deref())
+                == Some(ours_uuid)
+        })
+        .unwrap_or_else(|| panic!("no device with the MIG UUID {ours_uuid}: {slice:#?}"));
+    let name = device.name.clone();
+    assert!(is_nvidia_mig_name(&name), "{name}");
+    assert!(name.starts_with("gpu-1-mig-3g40gb-"), "{name}");
+    let names = device_names(&slice);
+    assert!(!names.contains(&"gpu-1".to_string()), "{names:?}");
+    for whole in ["gpu-0", "gpu-2", "gpu-3"] {
+        assert!(names.contains(&whole.to_string()), "{names:?}");
+    }
+    let attributes = device.attributes.as_ref().unwrap();
+    assert_eq!(attributes["type"].string.as_deref(), Some("mig"));
+    assert_eq!(
+        attributes["parentUUID"].string.as_deref(),
+        Some(node.gpu_uuid(1).as_str())
+    );
+    assert_eq!(attributes["profile"].string.as_deref(), Some("3g.40gb"));
+    let capacity = device.capacity.as_ref().expect("the MIG device's capacity");
+    assert!(capacity.contains_key("memory"), "{capacity:?}");
+    assert!(
+        capacity
+            .keys()
+            .filter(|k| k.starts_with("memorySlice"))
+            .count()
+            == 4,
+        "{capacity:?}"
+    );
+
+    let kubelet = Kubelet::new().expect("a kubelet double");
+    let registered = kubelet.register(&plugin.registration_socket()).unwrap();
+    let setup = Containerd2Cri {
+        cdi_spec_dirs: vec![dir.path().join("cdi")],
+        ..Containerd2Cri::under(dir.path())
+    };
+    let containerd = setup.start(dir.path(), &[]);
+    let image = format!("docker.io/nvhook-test/{}:latest", unique_name("dra-mig"));
+    containerd.import_rootfs(
+        dir.path(),
+        glibc_image().rootfs(),
+        &image,
+        &support::engines::ImageConfig {
+            cmd: &["/gpucheck"],
+            env: &[],
+        },
+    );
+    let mut cri = Cri::connect(containerd.socket());
+    let pods = Pods {
+        cgroups: CgroupParent::new("nvhook-dra-mig"),
+        logs: dir.path().join("pods"),
+    };
+
+    let (claim, claim_ref) = allocated_claim("mig", NODE, &[&name]);
+    api.put_claim(claim);
+    let answer = registered
+        .prepare(std::slice::from_ref(&claim_ref))
+        .expect("prepare");
+    let devices = answer[&claim_ref.uid]
+        .as_ref()
+        .expect("the MIG claim prepared");
+    assert_eq!(devices.len(), 1);
+    assert_eq!(devices[0].device, name);
+    let expected_id = format!("k8s.gpu.nvidia.com/claim={}-{name}", claim_ref.uid);
+    assert_eq!(devices[0].cdi_ids, [expected_id]);
+
+    let caps = |mig: &serde_json::Value| {
+        let gi = format!("gpu1/mig/gi{}", mig["gpu_instance_id"]);
+        let ci = format!("{gi}/ci{}", mig["compute_instance_id"]);
+        [&gi, &ci].map(|c| {
+            format!(
+                "/dev/nvidia-caps/nvidia-cap{}",
+                cap_minor(&node, &format!("{c}/access"))
+            )
+        })
+    };
+    let (ours_caps, other_caps) = (caps(ours), caps(other));
+    let mut extra: Vec<&str> = Vec::new();
+    for cap in ours_caps.iter().chain(&other_caps) {
+        extra.extend(["--dev", cap]);
+    }
+    extra.extend(["--ls", "/dev/nvidia-caps"]);
+    let args = gpucheck(&extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ids: Vec<&str> = devices[0].cdi_ids.iter().map(String::as_str).collect();
+    let output = pods.run(
+        &mut cri,
+        &containerd,
+        &node,
+        "dra-mig",
+        ContainerRequest {
+            image: &image,
+            args: &args,
+            cdi_devices: &ids,
+            ..Default::default()
+        },
+    );
+    output.assert_success();
+    output.assert_gpus(GPUS, &[1]);
+    assert_eq!(output.gpu_nodes_in_dev(), ["nvidia1"], "{output}");
+    for cap in &ours_caps {
+        output.assert_lines(&[&format!("dev {cap} ENXIO")]);
+    }
+    for cap in &other_caps {
+        output.assert_lines(&[&format!("dev {cap} absent")]);
+    }
+    let mut in_caps: Vec<&str> = output
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("ls /dev/nvidia-caps "))
+        .collect();
+    in_caps.sort_unstable();
+    let mut expected: Vec<&str> = ours_caps
+        .iter()
+        .map(|c| c.strip_prefix("/dev/nvidia-caps/").unwrap())
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(in_caps, expected, "{output}");
+    output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
+
+    let answer = registered
+        .unprepare(std::slice::from_ref(&claim_ref))
+        .expect("unprepare");
+    assert_eq!(answer[&claim_ref.uid], Ok(()));
+    assert!(!plugin.spec(&claim_ref.uid).exists());
+    assert!(!plugin.checkpoint().contains(&claim_ref.uid));
 }

@@ -1,57 +1,185 @@
 //! The devices this node offers, named as NVIDIA's DRA driver names them.
 
-use crate::inventory::Inventory;
+use crate::inventory::{Gpu, Inventory, MigDevice};
 use crate::request::DeviceId;
 
 /// A device of the node's pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DraDevice {
-    /// `gpu-<minor>`: the GPU's `/dev/nvidia<minor>`, not its NVML index.
+    /// `gpu-<minor>` for a GPU: its `/dev/nvidia<minor>`, not its NVML index. For a MIG device
+    /// [`mig_name`]'s.
     pub name: String,
+    /// [`DeviceId::Index`] for a GPU, [`DeviceId::MigIndex`] for a MIG device: what a claim's
+    /// CDI spec is made from.
     pub id: DeviceId,
     pub uuid: String,
 }
 
-/// Every whole GPU of `inventory` that is not split into MIG devices. A GPU in MIG mode is
-/// offered through its MIG devices only, as NVIDIA's driver does, and those need the MIG
-/// profile's id and placement in their names, which the inventory does not read yet: such a
-/// GPU is left out, with a line in the log.
+/// Every device of `inventory`, as NVIDIA's driver offers them with MIG left static: a GPU
+/// with MIG mode off as itself, a GPU in MIG mode through its MIG devices only (the whole GPU
+/// is not free to give). A MIG device whose name cannot be made (the inventory lacks its
+/// profile, profile id or placement: an older driver, or NVML refused to say) is left out,
+/// with a line in the log, rather than offered under a name a claim for NVIDIA's would miss.
 pub fn devices(inventory: &Inventory) -> Vec<DraDevice> {
     let mut out = Vec::new();
     for gpu in &inventory.gpus {
-        if gpu.mig_enabled {
-            tracing::info!(gpu = gpu.index, "DRA: a GPU in MIG mode is not offered yet");
+        if !gpu.mig_enabled {
+            out.push(DraDevice {
+                name: format!("gpu-{}", gpu.minor),
+                id: DeviceId::Index(gpu.index),
+                uuid: gpu.uuid.clone(),
+            });
             continue;
         }
-        out.push(DraDevice {
-            name: format!("gpu-{}", gpu.minor),
-            id: DeviceId::Index(gpu.index),
-            uuid: gpu.uuid.clone(),
-        });
+        for mig in &gpu.mig_devices {
+            let Some(name) = mig_name(gpu, mig) else {
+                tracing::info!(
+                    gpu = gpu.index,
+                    mig = mig.index,
+                    uuid = %mig.uuid,
+                    "DRA: MIG device not offered: NVML did not give its profile and placement"
+                );
+                continue;
+            };
+            out.push(DraDevice {
+                name,
+                id: DeviceId::MigIndex {
+                    gpu: gpu.index,
+                    mig: mig.index,
+                },
+                uuid: mig.uuid.clone(),
+            });
+        }
     }
     out
+}
+
+/// NVIDIA's name for a static MIG device:
+/// `gpu-<parent minor>-mig-<profile>-<GPU instance profile id>-<placement start>`, the profile
+/// without its dots and made a DNS label (`1g.10gb` → `1g10gb`, `1g.10gb+me` → `1g10gb-me`).
+/// Unique on a node, as no two GPU instances of a GPU start at the same slice.
+pub fn mig_name(gpu: &Gpu, mig: &MigDevice) -> Option<String> {
+    let profile = rfc1123(&mig.profile.as_deref()?.replace('.', ""));
+    let profile_id = mig.gpu_instance_profile_id?;
+    let start = mig.placement?.start;
+    if profile.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "gpu-{}-mig-{profile}-{profile_id}-{start}",
+        gpu.minor
+    ))
+}
+
+/// NVIDIA's `toRFC1123Compliant`: lower case, each character outside `[a-z0-9.-]` a `-`,
+/// leading and trailing `-` and a trailing `.` trimmed, at most 253 characters.
+fn rfc1123(text: &str) -> String {
+    let mapped: String = text
+        .to_lowercase()
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' | '.' => c,
+            _ => '-',
+        })
+        .collect();
+    let trimmed = mapped.trim_matches('-');
+    let trimmed = trimmed.strip_suffix('.').unwrap_or(trimmed);
+    trimmed.chars().take(253).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nvhook_model::inventory::MigPlacement;
     use nvhook_model::plan::fixtures::inventory;
 
     #[test]
-    fn gpus_are_named_by_their_minor_and_mig_mode_gpus_are_left_out() {
+    fn gpus_are_named_by_their_minor() {
         let mut inv = inventory(3, &[]);
         // Minors need not follow NVML's order.
         inv.gpus[0].minor = 2;
         inv.gpus[2].minor = 0;
-        inv.gpus[1].mig_enabled = true;
         let names: Vec<(String, DeviceId)> =
             devices(&inv).into_iter().map(|d| (d.name, d.id)).collect();
         assert_eq!(
             names,
             [
                 ("gpu-2".to_string(), DeviceId::Index(0)),
+                ("gpu-1".to_string(), DeviceId::Index(1)),
                 ("gpu-0".to_string(), DeviceId::Index(2)),
             ]
         );
+    }
+
+    #[test]
+    fn a_gpu_in_mig_mode_is_offered_as_its_mig_devices_under_nvidias_names() {
+        let mut inv = inventory(3, &[(1, 2)]);
+        inv.gpus[1].minor = 5;
+        let offered = devices(&inv);
+        let names: Vec<(&str, &DeviceId, &str)> = offered
+            .iter()
+            .map(|d| (d.name.as_str(), &d.id, d.uuid.as_str()))
+            .collect();
+        let mig = &inv.gpus[1].mig_devices;
+        assert_eq!(
+            names,
+            [
+                ("gpu-0", &DeviceId::Index(0), inv.gpus[0].uuid.as_str()),
+                (
+                    "gpu-5-mig-3g40gb-9-0",
+                    &DeviceId::MigIndex { gpu: 1, mig: 0 },
+                    mig[0].uuid.as_str()
+                ),
+                (
+                    "gpu-5-mig-3g40gb-9-4",
+                    &DeviceId::MigIndex { gpu: 1, mig: 1 },
+                    mig[1].uuid.as_str()
+                ),
+                ("gpu-2", &DeviceId::Index(2), inv.gpus[2].uuid.as_str()),
+            ]
+        );
+        // NVIDIA's driver parses its names back with this pattern.
+        for device in &offered[1..3] {
+            let parts: Vec<&str> = device.name.split('-').collect();
+            assert_eq!((parts[0], parts[2]), ("gpu", "mig"), "{}", device.name);
+            assert!(parts[1].parse::<u32>().is_ok() && parts[4].parse::<u32>().is_ok());
+        }
+    }
+
+    #[test]
+    fn mig_profiles_are_made_dns_labels_as_nvidia_does() {
+        let inv = inventory(1, &[(0, 1)]);
+        let (gpu, mut mig) = (&inv.gpus[0], inv.gpus[0].mig_devices[0].clone());
+        mig.gpu_instance_profile_id = Some(20);
+        mig.placement = Some(MigPlacement { start: 3, size: 1 });
+        let name = |profile: &str, mig: &mut MigDevice| {
+            mig.profile = Some(profile.into());
+            mig_name(gpu, mig)
+        };
+        assert_eq!(
+            name("1g.10gb+me", &mut mig).as_deref(),
+            Some("gpu-0-mig-1g10gb-me-20-3")
+        );
+        assert_eq!(
+            name("1c.2g.20gb", &mut mig).as_deref(),
+            Some("gpu-0-mig-1c2g20gb-20-3")
+        );
+        assert_eq!(
+            name("1G.10GB", &mut mig).as_deref(),
+            Some("gpu-0-mig-1g10gb-20-3")
+        );
+        assert_eq!(name("+", &mut mig), None);
+    }
+
+    #[test]
+    fn a_mig_device_nvml_did_not_place_is_left_out() {
+        let mut inv = inventory(2, &[(0, 2)]);
+        inv.gpus[0].mig_devices[0].placement = None;
+        inv.gpus[0].mig_devices[1].gpu_instance_profile_id = None;
+        let names: Vec<String> = devices(&inv).into_iter().map(|d| d.name).collect();
+        assert_eq!(names, ["gpu-1"]);
+        inv.gpus[0].mig_devices[1].gpu_instance_profile_id = Some(9);
+        inv.gpus[0].mig_devices[1].profile = None;
+        assert_eq!(devices(&inv).len(), 1);
     }
 }

@@ -77,7 +77,8 @@ struct Stored {
 }
 
 /// The layout of [`Stored`] and [`System`]; raised whenever what NVML's answer holds changes.
-const FORMAT: u32 = 2;
+/// 3: MIG devices' profile, GPU instance profile id, placement and memory.
+const FORMAT: u32 = 3;
 
 /// The cache file, with the fingerprint of the host as it was before NVML was asked: state
 /// that changes during the query makes the stored answer stale at once, never wrongly fresh.

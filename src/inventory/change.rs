@@ -130,6 +130,10 @@ mod tests {
                 compute_instance_id: 0,
                 gi_cap_minor: None,
                 ci_cap_minor: None,
+                profile: None,
+                gpu_instance_profile_id: None,
+                placement: None,
+                memory_mib: None,
             })
             .collect();
     }

@@ -7,7 +7,8 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, PostParams};
 use nvhook::dra::DRIVER_NAME;
 use nvhook::dra::devices::devices;
-use nvhook::inventory::Inventory;
+use nvhook::inventory::{Gpu, Inventory, MigDevice};
+use nvhook::request::DeviceId;
 use serde_json::{Value, json};
 
 /// The slice's name: one slice per node holds its whole pool.
@@ -32,38 +33,124 @@ pub fn semver(text: &str) -> Option<String> {
 
 /// The devices of the node's pool as the API lists them.
 pub fn devices_of(inventory: &Inventory) -> Vec<Value> {
-    let version = |text: &str| semver(text).map(|v| json!({"version": v}));
     devices(inventory)
         .into_iter()
-        .filter_map(|device| {
-            let gpu = inventory
-                .gpus
-                .iter()
-                .find(|g| format!("gpu-{}", g.minor) == device.name)?;
-            let mut attributes = json!({
-                "type": {"string": "gpu"},
-                "uuid": {"string": gpu.uuid},
-                "productName": {"string": gpu.name},
-                "brand": {"string": gpu.brand},
-                "architecture": {"string": gpu.architecture},
-                "resource.kubernetes.io/pciBusID": {"string": gpu.pci_bus_id},
-            });
-            for (name, value) in [
-                ("cudaComputeCapability", version(&gpu.compute_capability)),
-                ("driverVersion", version(&inventory.driver_version)),
-                ("cudaDriverVersion", version(&inventory.cuda_version)),
-            ] {
-                if let Some(value) = value {
-                    attributes[name] = value;
-                }
+        .filter_map(|device| match device.id {
+            DeviceId::Index(index) => {
+                let gpu = inventory.gpus.iter().find(|g| g.index == index)?;
+                Some(gpu_entry(inventory, &device.name, gpu))
             }
-            let mut out = json!({"name": device.name, "attributes": attributes});
-            if let Some(mib) = gpu.memory_mib {
-                out["capacity"] = json!({"memory": {"value": format!("{}Mi", mib)}});
+            DeviceId::MigIndex { gpu, mig } => {
+                let gpu = inventory.gpus.iter().find(|g| g.index == gpu)?;
+                let mig = gpu.mig_devices.iter().find(|m| m.index == mig)?;
+                Some(mig_entry(inventory, &device.name, gpu, mig))
             }
-            Some(out)
+            _ => None,
         })
         .collect()
+}
+
+/// A whole GPU: `type` gpu, its UUID, and its memory.
+fn gpu_entry(inventory: &Inventory, name: &str, gpu: &Gpu) -> Value {
+    let mut attributes = board_attributes(inventory, gpu);
+    attributes["type"] = json!({"string": "gpu"});
+    attributes["uuid"] = json!({"string": gpu.uuid});
+    let mut out = json!({"name": name, "attributes": attributes});
+    if let Some(mib) = gpu.memory_mib {
+        out["capacity"] = json!({"memory": {"value": format!("{mib}Mi")}});
+    }
+    out
+}
+
+/// A MIG device: `type` mig, its UUID and its GPU's, its profile, its GPU's board facts; its
+/// memory and, as NVIDIA's driver gives them, one `memorySlice<i>` of 1 for each memory slice
+/// its GPU instance holds (what keeps two overlapping MIG devices from one claim).
+fn mig_entry(inventory: &Inventory, name: &str, gpu: &Gpu, mig: &MigDevice) -> Value {
+    let mut attributes = board_attributes(inventory, gpu);
+    attributes["type"] = json!({"string": "mig"});
+    attributes["uuid"] = json!({"string": mig.uuid});
+    attributes["parentUUID"] = json!({"string": gpu.uuid});
+    if let Some(profile) = &mig.profile {
+        attributes["profile"] = json!({"string": profile});
+    }
+    let mut capacity = serde_json::Map::new();
+    if let Some(mib) = mig.memory_mib {
+        capacity.insert("memory".into(), json!({"value": format!("{mib}Mi")}));
+    }
+    if let Some(placement) = mig.placement {
+        for slice in placement.start..placement.start.saturating_add(placement.size) {
+            capacity.insert(format!("memorySlice{slice}"), json!({"value": "1"}));
+        }
+    }
+    let mut out = json!({"name": name, "attributes": attributes});
+    if !capacity.is_empty() {
+        out["capacity"] = Value::Object(capacity);
+    }
+    out
+}
+
+/// The brands as NVIDIA's driver spells them (go-nvlib's names of NVML's brand enum); the
+/// inventory keeps them in lower case.
+const BRANDS: [&str; 17] = [
+    "Unknown",
+    "Quadro",
+    "Tesla",
+    "NVS",
+    "Grid",
+    "GeForce",
+    "Titan",
+    "NvidiaVApps",
+    "NvidiaVPC",
+    "NvidiaVCS",
+    "NvidiaVWS",
+    "NvidiaCloudGaming",
+    "QuadroRTX",
+    "NvidiaRTX",
+    "Nvidia",
+    "GeForceRTX",
+    "TitanRTX",
+];
+
+/// `brand` as NVIDIA's driver gives it, so that a selector written for it matches.
+fn nvidia_brand(lower: &str) -> String {
+    BRANDS
+        .iter()
+        .find(|b| b.eq_ignore_ascii_case(lower))
+        .map_or_else(|| lower.to_string(), |b| b.to_string())
+}
+
+/// `architecture` as NVIDIA's driver gives it: NVML's names, Ada as "Ada Lovelace".
+fn nvidia_architecture(lower: &str) -> String {
+    match lower {
+        "ada" => "Ada Lovelace".to_string(),
+        _ => {
+            let mut chars = lower.chars();
+            chars.next().map_or_else(String::new, |first| {
+                first.to_uppercase().chain(chars).collect()
+            })
+        }
+    }
+}
+
+/// What a GPU and its MIG devices share: the board, its bus, the driver's versions.
+fn board_attributes(inventory: &Inventory, gpu: &Gpu) -> Value {
+    let version = |text: &str| semver(text).map(|v| json!({"version": v}));
+    let mut attributes = json!({
+        "productName": {"string": gpu.name},
+        "brand": {"string": nvidia_brand(&gpu.brand)},
+        "architecture": {"string": nvidia_architecture(&gpu.architecture)},
+        "resource.kubernetes.io/pciBusID": {"string": gpu.pci_bus_id},
+    });
+    for (name, value) in [
+        ("cudaComputeCapability", version(&gpu.compute_capability)),
+        ("driverVersion", version(&inventory.driver_version)),
+        ("cudaDriverVersion", version(&inventory.cuda_version)),
+    ] {
+        if let Some(value) = value {
+            attributes[name] = value;
+        }
+    }
+    attributes
 }
 
 /// The node's slice with `devices` at pool generation `generation`.
@@ -116,21 +203,36 @@ pub async fn publish(api: &Api<ResourceSlice>, node: &str, inventory: &Inventory
 }
 
 /// Removes the node's slices of this driver (`nvhook-dra remove-slices`, for an uninstall where
-/// no kubelet is left to do it).
+/// no kubelet is left to do it), one by one: the plugin's role may list and delete slices, not
+/// delete a collection.
 pub async fn remove(api: &Api<ResourceSlice>, node: &str) -> Result<()> {
     let selector = format!("spec.nodeName={node},spec.driver={DRIVER_NAME}");
-    api.delete_collection(
-        &kube::api::DeleteParams::default(),
-        &kube::api::ListParams::default().fields(&selector),
-    )
-    .await
-    .with_context(|| format!("cannot delete the ResourceSlices of node {node}"))?;
+    let slices = api
+        .list(&kube::api::ListParams::default().fields(&selector))
+        .await
+        .with_context(|| format!("cannot list the ResourceSlices of node {node}"))?;
+    for slice in slices {
+        let name = slice.metadata.name.unwrap_or_default();
+        api.delete(&name, &kube::api::DeleteParams::default())
+            .await
+            .with_context(|| format!("cannot delete ResourceSlice {name}"))?;
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn brand_and_architecture_are_spelled_as_nvidias_driver_spells_them() {
+        assert_eq!(nvidia_brand("tesla"), "Tesla");
+        assert_eq!(nvidia_brand("geforcertx"), "GeForceRTX");
+        assert_eq!(nvidia_brand("nvs"), "NVS");
+        assert_eq!(nvidia_architecture("hopper"), "Hopper");
+        assert_eq!(nvidia_architecture("ada"), "Ada Lovelace");
+        assert_eq!(nvidia_architecture("blackwell"), "Blackwell");
+    }
 
     #[test]
     fn versions_are_given_as_the_api_reads_them() {
@@ -167,5 +269,60 @@ mod tests {
         assert!(attributes["driverVersion"].version.is_some());
         let capacity = devices[1].capacity.as_ref().unwrap();
         assert_eq!(capacity["memory"].value.0, "81559Mi");
+    }
+
+    #[test]
+    fn a_gpu_in_mig_mode_is_listed_as_its_mig_devices_with_nvidias_attributes() {
+        let mut inventory = nvhook_model::plan::fixtures::inventory(2, &[(1, 2)]);
+        inventory.gpus[1].minor = 3;
+        let slice = slice("node-a", devices_of(&inventory), 1).unwrap();
+        let devices = slice.spec.devices.unwrap();
+        let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["gpu-0", "gpu-3-mig-3g40gb-9-0", "gpu-3-mig-3g40gb-9-4"]
+        );
+        let (gpu, mig) = (&inventory.gpus[1], &inventory.gpus[1].mig_devices[1]);
+        let attributes = devices[2].attributes.as_ref().unwrap();
+        let string = |name: &str| attributes[name].string.as_deref();
+        assert_eq!(string("type"), Some("mig"));
+        assert_eq!(string("uuid"), Some(mig.uuid.as_str()));
+        assert_eq!(string("parentUUID"), Some(gpu.uuid.as_str()));
+        assert_eq!(string("profile"), Some("3g.40gb"));
+        assert_eq!(string("productName"), Some(gpu.name.as_str()));
+        assert_eq!(string("brand"), Some("Tesla"));
+        assert_eq!(string("architecture"), Some("Ampere"));
+        assert_eq!(
+            string("resource.kubernetes.io/pciBusID"),
+            Some(gpu.pci_bus_id.as_str())
+        );
+        let version = |name: &str| attributes[name].version.as_deref();
+        assert_eq!(version("cudaComputeCapability"), Some("8.0.0"));
+        assert_eq!(
+            version("driverVersion"),
+            semver(&inventory.driver_version).as_deref()
+        );
+        assert_eq!(
+            version("cudaDriverVersion"),
+            semver(&inventory.cuda_version).as_deref()
+        );
+        let capacity = devices[2].capacity.as_ref().unwrap();
+        let mut keys: Vec<&str> = capacity.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "memory",
+                "memorySlice4",
+                "memorySlice5",
+                "memorySlice6",
+                "memorySlice7"
+            ]
+        );
+        assert_eq!(capacity["memory"].value.0, "40192Mi");
+        assert_eq!(capacity["memorySlice5"].value.0, "1");
+        // The other MIG device holds the other slices.
+        let other = devices[1].capacity.as_ref().unwrap();
+        assert!(other.contains_key("memorySlice0") && !other.contains_key("memorySlice4"));
     }
 }

@@ -1,6 +1,6 @@
 //! GPUs and driver versions through NVML (nvml-wrapper), loaded from an explicit path.
 
-use nvhook_model::inventory::{Gpu, MigDevice, System};
+use nvhook_model::inventory::{Gpu, MigDevice, MigPlacement, System};
 use nvml_wrapper::error::nvml_try;
 use nvml_wrapper::{Device, Nvml};
 use std::path::{Path, PathBuf};
@@ -113,14 +113,20 @@ fn read_mig_devices(nvml: &Nvml, parent: &Device) -> Result<Vec<MigDevice>, Nvml
             continue;
         };
         let (gi, ci) = instance_ids(nvml, &mig)?;
+        let name = q("nvmlDeviceGetName", mig.name())?;
+        let instance = gpu_instance(nvml, parent, gi);
         out.push(MigDevice {
             index,
             uuid: q("nvmlDeviceGetUUID", mig.uuid())?,
-            name: q("nvmlDeviceGetName", mig.name())?,
+            profile: MigDevice::profile_in_name(&name).map(str::to_owned),
+            name,
             gpu_instance_id: gi,
             compute_instance_id: ci,
             gi_cap_minor: None,
             ci_cap_minor: None,
+            gpu_instance_profile_id: instance.map(|(profile, _)| profile),
+            placement: instance.map(|(_, placement)| placement),
+            memory_mib: mig.memory_info().ok().map(|m| m.total / MIB),
         });
     }
     Ok(out)
@@ -146,6 +152,28 @@ fn instance_ids(nvml: &Nvml, mig: &Device) -> Result<(u32, u32), NvmlError> {
     q("nvmlDeviceGetGpuInstanceId", nvml_try(rc_gi))?;
     q("nvmlDeviceGetComputeInstanceId", nvml_try(rc_ci))?;
     Ok((gi, ci))
+}
+
+/// GPU instance `gi` of `parent`: its profile id and placement, which name a MIG device in
+/// Kubernetes DRA. Only those names need them, so a driver without these calls, or one that
+/// refuses them (NVML may keep GPU instances to privileged callers), leaves them absent
+/// rather than failing the answer every container start needs.
+fn gpu_instance(nvml: &Nvml, parent: &Device, gi: u32) -> Option<(u32, MigPlacement)> {
+    let lib = nvml.lib();
+    let by_id = *lib.nvmlDeviceGetGpuInstanceById.as_ref().ok()?;
+    let get_info = *lib.nvmlGpuInstanceGetInfo.as_ref().ok()?;
+    let mut instance = std::ptr::null_mut();
+    // SAFETY: the parent's handle is live for `parent`'s lifetime and the out-pointer is valid.
+    nvml_try(unsafe { by_id(parent.handle(), gi, &mut instance) }).ok()?;
+    // SAFETY: all-zero is a valid nvmlGpuInstanceInfo_t: a null device handle and zeros.
+    let mut info = unsafe { std::mem::zeroed() };
+    // SAFETY: NVML just gave out `instance`, and `info` is valid for NVML to fill.
+    nvml_try(unsafe { get_info(instance, &mut info) }).ok()?;
+    let placement = MigPlacement {
+        start: info.placement.start,
+        size: info.placement.size,
+    };
+    Some((info.profileId, placement))
 }
 
 /// A symbol the library lacks is reported like nvml-wrapper reports its own missing symbols.

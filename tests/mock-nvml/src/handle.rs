@@ -4,7 +4,7 @@
 //! is never null, stays valid across shutdown and re-init (as indices into the topology
 //! do), and a pointer that did not come from us is recognised and rejected.
 
-use crate::topology::{MAX_GPUS, MAX_MIG_DEVICES};
+use crate::topology::{MAX_GPU_INSTANCES, MAX_GPUS, MAX_MIG_DEVICES};
 
 /// `nvmlDevice_st`: never dereferenced, only its address matters.
 #[repr(C)]
@@ -50,6 +50,50 @@ impl Handle {
     }
 }
 
+/// `nvmlGpuInstance_st`: never dereferenced, only its address matters.
+#[repr(C)]
+pub struct NvmlGpuInstance {
+    _opaque: [u8; 0],
+}
+
+/// `nvmlGpuInstance_t`.
+pub type GpuInstanceHandle = *mut NvmlGpuInstance;
+
+/// One slot per GPU instance id of each GPU, apart from the device handles' table so that
+/// neither kind of handle passes for the other.
+static INSTANCE_ANCHORS: [u8; MAX_GPUS * MAX_GPU_INSTANCES] = [0; MAX_GPUS * MAX_GPU_INSTANCES];
+
+/// GPU instance `id` of GPU `gpu` (its NVML index).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InstanceHandle {
+    pub gpu: usize,
+    pub id: usize,
+}
+
+impl InstanceHandle {
+    /// The C handle; callers only build handles for instances the topology has.
+    pub fn to_raw(self) -> GpuInstanceHandle {
+        let slot = self.gpu * MAX_GPU_INSTANCES + self.id;
+        INSTANCE_ANCHORS
+            .as_ptr()
+            .wrapping_add(slot)
+            .cast_mut()
+            .cast()
+    }
+
+    /// Decodes a handle; `None` for null or anything not produced by `to_raw`.
+    pub fn from_raw(raw: GpuInstanceHandle) -> Option<Self> {
+        let offset = raw.addr().checked_sub(INSTANCE_ANCHORS.as_ptr().addr())?;
+        if offset >= INSTANCE_ANCHORS.len() {
+            return None;
+        }
+        Some(Self {
+            gpu: offset / MAX_GPU_INSTANCES,
+            id: offset % MAX_GPU_INSTANCES,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,6 +107,23 @@ mod tests {
                 assert_eq!(Handle::from_raw(handle.to_raw()), Some(handle));
             }
         }
+    }
+
+    #[test]
+    fn instance_handles_round_trip_and_are_no_device_handles() {
+        let last = InstanceHandle {
+            gpu: MAX_GPUS - 1,
+            id: MAX_GPU_INSTANCES - 1,
+        };
+        for handle in [InstanceHandle { gpu: 0, id: 0 }, last] {
+            assert_eq!(InstanceHandle::from_raw(handle.to_raw()), Some(handle));
+            assert_eq!(Handle::from_raw(handle.to_raw().cast()), None);
+        }
+        assert_eq!(
+            InstanceHandle::from_raw(Handle::Gpu(0).to_raw().cast()),
+            None
+        );
+        assert_eq!(InstanceHandle::from_raw(std::ptr::null_mut()), None);
     }
 
     #[test]

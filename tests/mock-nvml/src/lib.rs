@@ -5,9 +5,9 @@
 //! the last init, returns `NVML_ERROR_UNINITIALIZED`; null out-pointers and unknown
 //! handles are `INVALID_ARGUMENT`; short string buffers are `INSUFFICIENT_SIZE`.
 //! MIG device handles answer identity queries (UUID, name, index, GPU/compute
-//! instance ids, parent) and the board properties they share with their GPU (PCI
-//! info, brand, architecture, compute capability); the per-GPU queries (minor number,
-//! MIG mode and MIG enumeration) need the parent's handle.
+//! instance ids, parent), their memory, and the board properties they share with their
+//! GPU (PCI info, brand, architecture, compute capability); the per-GPU queries (minor
+//! number, MIG mode, MIG enumeration and GPU instances) need the parent's handle.
 
 // Each entry point's `# Safety` doc is its C contract; its unsafe blocks only pass that
 // contract on to the pointer writers, so they carry no comment of their own.
@@ -25,7 +25,7 @@ use std::ffi::{c_char, c_int, c_uint};
 
 use device::Device;
 use ffi::{fill_array, guard, read_str, with_device, with_topology, write, write_str};
-use handle::DeviceHandle;
+use handle::{DeviceHandle, GpuInstanceHandle, Handle, InstanceHandle};
 use status::Status;
 use topology::MAX_MIG_DEVICES;
 
@@ -49,6 +49,22 @@ pub struct NvmlMemoryV2 {
     reserved: u64,
     free: u64,
     used: u64,
+}
+
+/// `nvmlGpuInstancePlacement_t`.
+#[repr(C)]
+pub struct NvmlGpuInstancePlacement {
+    start: c_uint,
+    size: c_uint,
+}
+
+/// `nvmlGpuInstanceInfo_t`.
+#[repr(C)]
+pub struct NvmlGpuInstanceInfo {
+    device: DeviceHandle,
+    id: c_uint,
+    profile_id: c_uint,
+    placement: NvmlGpuInstancePlacement,
 }
 
 /// `NVML_STRUCT_VERSION(Memory, 2)`: the struct's size with the version in the top byte.
@@ -279,8 +295,7 @@ fn pci_info(device: Device<'_>) -> NvmlPciInfo {
     info
 }
 
-/// A GPU's framebuffer, all of it free: the mock runs nothing. MIG devices are not
-/// modelled here (the real library reports their slice).
+/// A GPU's or MIG device's framebuffer, all of it free: the mock runs nothing.
 ///
 /// # Safety
 /// `memory` is null or valid for reads and writes of an `nvmlMemory_v2_t`.
@@ -291,10 +306,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 ) -> Status {
     guard(|| {
         with_device(device, |_, d| unsafe {
-            let total = d
-                .physical(Status::NOT_SUPPORTED)?
-                .memory_total
-                .ok_or(Status::NOT_SUPPORTED)?;
+            let total = match d {
+                Device::Gpu { gpu, .. } => gpu.memory_total,
+                Device::Mig { mig, .. } => mig.memory_total,
+            }
+            .ok_or(Status::NOT_SUPPORTED)?;
             if memory.is_null() {
                 return Err(Status::INVALID_ARGUMENT);
             }
@@ -443,6 +459,68 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
     guard(|| {
         with_device(device, |_, d| unsafe {
             write(id, d.mig_device(Status::NOT_SUPPORTED)?.compute_instance_id)
+        })
+    })
+}
+
+/// Instances a topology does not describe are not found, as for a caller the real library
+/// does not let handle GPU instances.
+///
+/// # Safety
+/// `instance` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(
+    device: DeviceHandle,
+    id: c_uint,
+    instance: *mut GpuInstanceHandle,
+) -> Status {
+    guard(|| {
+        with_device(device, |_, d| unsafe {
+            let Device::Gpu { index, gpu } = d else {
+                return Err(Status::INVALID_ARGUMENT);
+            };
+            if !gpu.mig_enabled() {
+                return Err(Status::NOT_SUPPORTED);
+            }
+            gpu.gpu_instance(id).ok_or(Status::NOT_FOUND)?;
+            let handle = InstanceHandle {
+                gpu: index,
+                id: usize::try_from(id).map_err(|_| Status::INVALID_ARGUMENT)?,
+            };
+            write(instance, handle.to_raw())
+        })
+    })
+}
+
+/// # Safety
+/// `info` is null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpuInstanceGetInfo(
+    instance: GpuInstanceHandle,
+    info: *mut NvmlGpuInstanceInfo,
+) -> Status {
+    guard(|| {
+        with_topology(|t| unsafe {
+            let handle = InstanceHandle::from_raw(instance).ok_or(Status::INVALID_ARGUMENT)?;
+            let id = c_uint::try_from(handle.id).map_err(|_| Status::INVALID_ARGUMENT)?;
+            // A handle from before a re-init whose topology lost the instance is stale.
+            let found = t
+                .gpus
+                .get(handle.gpu)
+                .and_then(|gpu| gpu.gpu_instance(id))
+                .ok_or(Status::INVALID_ARGUMENT)?;
+            write(
+                info,
+                NvmlGpuInstanceInfo {
+                    device: Handle::Gpu(handle.gpu).to_raw(),
+                    id,
+                    profile_id: found.profile_id,
+                    placement: NvmlGpuInstancePlacement {
+                        start: found.placement_start,
+                        size: found.placement_size,
+                    },
+                },
+            )
         })
     })
 }

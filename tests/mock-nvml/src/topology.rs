@@ -13,6 +13,8 @@ pub const TOPOLOGY_FILE: &str = "nvml-topology.json";
 pub const MAX_GPUS: usize = 64;
 /// `nvmlDeviceGetMaxMigDeviceCount` on an A100/H100 with MIG enabled.
 pub const MAX_MIG_DEVICES: usize = 7;
+/// GPU instance ids run 0..=14 on an A100/H100 (7g is 0, 1g instances 7 to 14).
+pub const MAX_GPU_INSTANCES: usize = 15;
 
 #[derive(Debug, Deserialize)]
 pub struct Topology {
@@ -63,6 +65,21 @@ pub struct MigDevice {
     pub gpu_instance_id: u32,
     pub compute_instance_id: u32,
     pub name: String,
+    /// Its GPU instance's profile id and placement, as `nvmlGpuInstanceGetInfo` reports
+    /// them; absent: the GPU instance is not found, as for a caller NVML refuses them.
+    #[serde(default)]
+    pub gpu_instance: Option<GpuInstance>,
+    /// The MIG device's framebuffer in bytes; absent: its memory query is not supported.
+    #[serde(default)]
+    pub memory_total: Option<u64>,
+}
+
+/// `nvmlGpuInstanceInfo_t` less its parent handle and id, which the topology already has.
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct GpuInstance {
+    pub profile_id: u32,
+    pub placement_start: u32,
+    pub placement_size: u32,
 }
 
 /// Why no topology could be loaded; each maps to the status init returns.
@@ -105,8 +122,13 @@ impl Topology {
             .gpus
             .iter()
             .any(|gpu| gpu.mig_devices.len() > MAX_MIG_DEVICES);
+        let bad_instance = self.gpus.iter().any(|gpu| {
+            gpu.mig_devices
+                .iter()
+                .any(|mig| mig.gpu_instance_id as usize >= MAX_GPU_INSTANCES)
+        });
         let has_nul = self.strings().any(|text| text.contains('\0'));
-        if self.gpus.len() > MAX_GPUS || too_many_migs || has_nul {
+        if self.gpus.len() > MAX_GPUS || too_many_migs || bad_instance || has_nul {
             return Err(TopologyError::Invalid);
         }
         Ok(())
@@ -152,6 +174,15 @@ impl Gpu {
         } else {
             &[]
         }
+    }
+
+    /// GPU instance `id` as its MIG devices describe it (every compute instance of one GPU
+    /// instance lists the same); None where no MIG device is in it or none describes it.
+    pub fn gpu_instance(&self, id: u32) -> Option<GpuInstance> {
+        self.mig_devices()
+            .iter()
+            .filter(|mig| mig.gpu_instance_id == id)
+            .find_map(|mig| mig.gpu_instance)
     }
 }
 
@@ -212,6 +243,29 @@ mod tests {
         let mut no_minor = gpu(0);
         no_minor.as_object_mut().unwrap().remove("minor");
         assert_eq!(parse(vec![no_minor]).err(), Some(TopologyError::Invalid));
+    }
+
+    #[test]
+    fn gpu_instances_are_found_by_their_id() {
+        let mut with = gpu(2);
+        with["mig_devices"][1]["gpu_instance"] =
+            json!({"profile_id": 9, "placement_start": 0, "placement_size": 4});
+        let topology = parse(vec![with]).unwrap();
+        let first = &topology.gpus[0];
+        let instance = first.gpu_instance(1).unwrap();
+        assert_eq!(
+            (
+                instance.profile_id,
+                instance.placement_start,
+                instance.placement_size
+            ),
+            (9, 0, 4)
+        );
+        assert!(first.gpu_instance(0).is_none(), "no facts given for it");
+        assert!(first.gpu_instance(5).is_none(), "no such instance");
+        let mut bad = gpu(1);
+        bad["mig_devices"][0]["gpu_instance_id"] = json!(MAX_GPU_INSTANCES);
+        assert_eq!(parse(vec![bad]).err(), Some(TopologyError::Invalid));
     }
 
     #[test]

@@ -51,6 +51,19 @@ pub struct MigDevice {
     pub name: String,
     pub gpu_instance_id: u32,
     pub compute_instance_id: u32,
+    pub gpu_instance: GpuInstance,
+    /// The MIG device's framebuffer in bytes, as NVML reports it.
+    pub memory_total: u64,
+}
+
+/// What `nvmlGpuInstanceGetInfo` says of a MIG device's GPU instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct GpuInstance {
+    /// NVML's profile id, the ID column of `nvidia-smi mig -lgip`.
+    pub profile_id: u32,
+    /// The memory slices it holds: `placement_start..placement_start + placement_size`.
+    pub placement_start: u32,
+    pub placement_size: u32,
 }
 
 impl Gpu {
@@ -136,29 +149,73 @@ impl Params {
     }
 }
 
-/// The A100-80GB profile that splits the GPU into `count` equal parts, with
-/// the GPU instance ids the driver assigns to that profile's placements.
-fn mig_profile(count: u32) -> (&'static str, &'static [u32]) {
+/// An A100-80GB GPU instance profile, as `nvidia-smi mig -lgip` and `-lgipp` list it.
+struct Profile {
+    name: &'static str,
+    id: u32,
+    /// Memory slices per instance (of the GPU's 8).
+    size: u32,
+    /// `-lgip`'s memory column in MiB (9.50 GiB for 1g.10gb).
+    memory_mib: u64,
+    /// The GPU instance ids the driver assigns to this profile's instances, in creation order,
+    /// and where each sits: the driver fills placements from the top (the MIG user guide's
+    /// two 3g instances are GI 1 at 4:4 and GI 2 at 0:4).
+    instances: &'static [(u32, u32)],
+}
+
+/// The profile that splits the GPU into `count` equal parts.
+fn mig_profile(count: u32) -> Profile {
     match count {
-        1 => ("7g.80gb", &[0]),
-        2 => ("3g.40gb", &[1, 2]),
-        3 => ("2g.20gb", &[3, 4, 5]),
-        _ => ("1g.10gb", &[7, 8, 9, 10, 11, 12, 13]),
+        1 => Profile {
+            name: "7g.80gb",
+            id: 0,
+            size: 8,
+            memory_mib: 81_152,
+            instances: &[(0, 0)],
+        },
+        2 => Profile {
+            name: "3g.40gb",
+            id: 9,
+            size: 4,
+            memory_mib: 40_192,
+            instances: &[(1, 4), (2, 0)],
+        },
+        3 => Profile {
+            name: "2g.20gb",
+            id: 14,
+            size: 2,
+            memory_mib: 19_968,
+            instances: &[(3, 4), (4, 2), (5, 0)],
+        },
+        _ => Profile {
+            name: "1g.10gb",
+            id: 19,
+            size: 1,
+            memory_mib: 9_728,
+            instances: &[(7, 6), (8, 5), (9, 4), (10, 3), (11, 2), (12, 1), (13, 0)],
+        },
     }
 }
 
 fn mig_devices(gpu: u32, count: u32) -> Vec<MigDevice> {
-    let (profile, gi_ids) = mig_profile(count);
-    gi_ids
+    let profile = mig_profile(count);
+    profile
+        .instances
         .iter()
         .take(count as usize)
         .enumerate()
-        .map(|(i, &gi)| MigDevice {
+        .map(|(i, &(gi, start))| MigDevice {
             // The high bit keeps MIG seeds apart from GPU seeds.
             uuid: format!("MIG-{}", uuid_hex(1 << 63 | u64::from(gpu) << 8 | i as u64)),
-            name: format!("{GPU_NAME} MIG {profile}"),
+            name: format!("{GPU_NAME} MIG {}", profile.name),
             gpu_instance_id: gi,
             compute_instance_id: 0,
+            gpu_instance: GpuInstance {
+                profile_id: profile.id,
+                placement_start: start,
+                placement_size: profile.size,
+            },
+            memory_total: profile.memory_mib << 20,
         })
         .collect()
 }
@@ -281,6 +338,30 @@ mod tests {
         assert_eq!(ids, [1, 2]);
         assert_eq!(gpus[1].mig[0].name, "NVIDIA A100-SXM4-80GB MIG 3g.40gb");
         assert_eq!(mig_devices(0, 5).len(), 5);
+        let instance = gpus[1].mig[0].gpu_instance;
+        assert_eq!(instance.profile_id, 9);
+        assert_eq!(gpus[1].mig[0].memory_total, 40_192 << 20);
+    }
+
+    /// No two GPU instances of a GPU share a memory slice, and all fit its 8.
+    #[test]
+    fn mig_placements_do_not_overlap() {
+        for count in 1..=7 {
+            let mut taken = [false; 8];
+            for mig in mig_devices(0, count) {
+                let GpuInstance {
+                    placement_start: start,
+                    placement_size: size,
+                    ..
+                } = mig.gpu_instance;
+                assert_eq!(start % size, 0, "{count}: {mig:?} misaligned");
+                for slice in start..start + size {
+                    let slot = &mut taken[slice as usize];
+                    assert!(!*slot, "{count}: slice {slice} taken twice");
+                    *slot = true;
+                }
+            }
+        }
     }
 
     #[test]

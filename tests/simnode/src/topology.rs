@@ -112,6 +112,11 @@ mod tests {
         assert_eq!(mig["gpu_instance_id"], 0);
         assert_eq!(mig["compute_instance_id"], 0);
         assert!(mig["uuid"].as_str().unwrap().starts_with("MIG-"));
-        assert_eq!(mig.as_object().unwrap().len(), 4);
+        assert_eq!(
+            mig["gpu_instance"],
+            serde_json::json!({"profile_id": 0, "placement_start": 0, "placement_size": 8})
+        );
+        assert_eq!(mig["memory_total"], 81_152u64 << 20);
+        assert_eq!(mig.as_object().unwrap().len(), 6);
     }
 }

@@ -7,12 +7,12 @@
 //! (root, runc, cc, busybox, simnode) is missing: these tests never skip.
 
 pub mod apiserver;
-pub mod dra;
 pub mod arm64;
 mod bundle;
 mod cmd;
 pub mod containerd2;
 pub mod cri;
+pub mod dra;
 pub mod engines;
 mod gpucheck;
 mod image;

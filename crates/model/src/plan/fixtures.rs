@@ -2,7 +2,7 @@
 //! crates above the model (the `test-util` feature): no I/O, no root.
 
 use super::*;
-use crate::inventory::{DeviceMajors, DriverFiles, Library};
+use crate::inventory::{DeviceMajors, DriverFiles, Library, MigPlacement};
 use crate::oci::Spec;
 use serde_json::json;
 use std::path::Path;
@@ -176,6 +176,14 @@ pub fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
                         compute_instance_id: 0,
                         gi_cap_minor: Some(gi),
                         ci_cap_minor: Some(ci),
+                        profile: Some("3g.40gb".into()),
+                        // NVML's id of 3g.40gb; its two placements on an A100 80GB are 0 and 4.
+                        gpu_instance_profile_id: Some(9),
+                        placement: Some(MigPlacement {
+                            start: 4 * m,
+                            size: 4,
+                        }),
+                        memory_mib: Some(40_192),
                     }
                 })
                 .collect();
