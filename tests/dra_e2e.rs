@@ -13,6 +13,7 @@ use support::{containerd2, cri};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use nvhook_dra::kubelet::Kubelet;
 use nvhook_dra::{Claim, Health};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -20,8 +21,8 @@ use containerd2::{Containerd2Cri, Pods};
 use cri::{ContainerRequest, Cri};
 use support::apiserver::ApiServer;
 use support::dra::{DRIVER, NODE, Plugin, allocated_claim};
-use support::engines::{CgroupParent, EngineDir, unique_name};
-use support::{Output, SimNode, glibc_image, gpucheck_args, require_root, workspace_bin};
+use support::engines::{CgroupParent, Containerd, EngineDir};
+use support::{Output, SimNode, gpucheck_args, require_root, workspace_bin};
 
 const GPUS: u32 = 4;
 
@@ -33,30 +34,55 @@ fn gpucheck(extra: &[&str]) -> Vec<String> {
     gpucheck_args(GPUS, &args)
 }
 
-/// A pod of gpucheck given `cdi_ids`, as the kubelet gives a prepared claim's devices.
-fn run_pod(
-    pods: &Pods,
-    cri: &mut Cri,
-    containerd: &support::engines::Containerd,
-    node: &SimNode,
-    image: &str,
-    cdi_ids: &[String],
-) -> Output {
-    let ids: Vec<&str> = cdi_ids.iter().map(String::as_str).collect();
-    let args = gpucheck(&[]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    pods.run(
-        cri,
-        containerd,
-        node,
-        "dra",
-        ContainerRequest {
+/// Debian sid's containerd 2.1.9 reading CDI specs where nvhook-dra writes them (`dir/cdi`),
+/// the gpucheck image, and where its pods run.
+struct Engine {
+    containerd: Containerd,
+    cri: Cri,
+    image: String,
+    pods: Pods,
+}
+
+impl Engine {
+    fn start(dir: &Path, name: &str) -> Engine {
+        let setup = Containerd2Cri {
+            cdi_spec_dirs: vec![dir.join("cdi")],
+            ..Containerd2Cri::under(dir)
+        };
+        let containerd = setup.start(dir, &[]);
+        let image = containerd.import_gpucheck_image(dir);
+        let cri = Cri::connect(containerd.socket());
+        let pods = Pods {
+            cgroups: CgroupParent::new(&format!("nvhook-{name}")),
+            logs: dir.join("pods"),
+        };
+        Engine {
+            containerd,
+            cri,
             image,
-            args: &args,
-            cdi_devices: &ids,
-            ..Default::default()
-        },
-    )
+            pods,
+        }
+    }
+
+    /// A pod of gpucheck with `extra` arguments, given `cdi_ids` as the kubelet gives a
+    /// prepared claim's devices.
+    fn run(&mut self, node: &SimNode, cdi_ids: &[String], extra: &[&str]) -> Output {
+        let ids: Vec<&str> = cdi_ids.iter().map(String::as_str).collect();
+        let args = gpucheck(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.pods.run(
+            &mut self.cri,
+            &self.containerd,
+            node,
+            "dra",
+            ContainerRequest {
+                image: &self.image,
+                args: &args,
+                cdi_devices: &ids,
+                ..Default::default()
+            },
+        )
+    }
 }
 
 #[test]
@@ -72,26 +98,7 @@ fn claims_prepared_by_nvhook_dra_give_pods_exactly_their_gpus_through_containerd
         .expect("the kubelet registers nvhook-dra");
     assert_eq!(registered.info.name, DRIVER);
 
-    let setup = Containerd2Cri {
-        cdi_spec_dirs: vec![dir.path().join("cdi")],
-        ..Containerd2Cri::under(dir.path())
-    };
-    let containerd = setup.start(dir.path(), &[]);
-    let image = format!("docker.io/nvhook-test/{}:latest", unique_name("dra-app"));
-    containerd.import_rootfs(
-        dir.path(),
-        glibc_image().rootfs(),
-        &image,
-        &support::engines::ImageConfig {
-            cmd: &["/gpucheck"],
-            env: &[],
-        },
-    );
-    let mut cri = Cri::connect(containerd.socket());
-    let pods = Pods {
-        cgroups: CgroupParent::new("nvhook-dra"),
-        logs: dir.path().join("pods"),
-    };
+    let mut engine = Engine::start(dir.path(), "dra");
 
     // One GPU: the device named by its minor.
     let (one, one_ref) = allocated_claim("one", NODE, &["gpu-1"]);
@@ -106,14 +113,7 @@ fn claims_prepared_by_nvhook_dra_give_pods_exactly_their_gpus_through_containerd
     assert_eq!(devices[0].requests, ["gpu"]);
     let expected_id = format!("k8s.gpu.nvidia.com/claim={}-gpu-1", one_ref.uid);
     assert_eq!(devices[0].cdi_ids, std::slice::from_ref(&expected_id));
-    let output = run_pod(
-        &pods,
-        &mut cri,
-        &containerd,
-        &node,
-        &image,
-        &devices[0].cdi_ids,
-    );
+    let output = engine.run(&node, &devices[0].cdi_ids, &[]);
     output.assert_allocated_gpu_only("a one-GPU claim", GPUS, 1);
     // Prepared again (a kubelet restart): the same answer.
     let again = registered
@@ -133,7 +133,7 @@ fn claims_prepared_by_nvhook_dra_give_pods_exactly_their_gpus_through_containerd
     let devices = answer[&two_ref.uid].as_ref().expect("claim two prepared");
     let ids: Vec<String> = devices.iter().flat_map(|d| d.cdi_ids.clone()).collect();
     assert_eq!(ids.len(), 2);
-    let output = run_pod(&pods, &mut cri, &containerd, &node, &image, &ids);
+    let output = engine.run(&node, &ids, &[]);
     output.assert_gpus(GPUS, &[0, 3]);
     output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
 
@@ -459,26 +459,7 @@ fn a_claim_for_a_mig_device_by_nvidias_name_gives_a_pod_exactly_that_mig_device(
 
     let kubelet = Kubelet::new().expect("a kubelet double");
     let registered = kubelet.register(&plugin.registration_socket()).unwrap();
-    let setup = Containerd2Cri {
-        cdi_spec_dirs: vec![dir.path().join("cdi")],
-        ..Containerd2Cri::under(dir.path())
-    };
-    let containerd = setup.start(dir.path(), &[]);
-    let image = format!("docker.io/nvhook-test/{}:latest", unique_name("dra-mig"));
-    containerd.import_rootfs(
-        dir.path(),
-        glibc_image().rootfs(),
-        &image,
-        &support::engines::ImageConfig {
-            cmd: &["/gpucheck"],
-            env: &[],
-        },
-    );
-    let mut cri = Cri::connect(containerd.socket());
-    let pods = Pods {
-        cgroups: CgroupParent::new("nvhook-dra-mig"),
-        logs: dir.path().join("pods"),
-    };
+    let mut engine = Engine::start(dir.path(), "dra-mig");
 
     let (claim, claim_ref) = allocated_claim("mig", NODE, &[&name]);
     api.put_claim(claim);
@@ -509,21 +490,7 @@ fn a_claim_for_a_mig_device_by_nvidias_name_gives_a_pod_exactly_that_mig_device(
         extra.extend(["--dev", cap]);
     }
     extra.extend(["--ls", "/dev/nvidia-caps"]);
-    let args = gpucheck(&extra);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let ids: Vec<&str> = devices[0].cdi_ids.iter().map(String::as_str).collect();
-    let output = pods.run(
-        &mut cri,
-        &containerd,
-        &node,
-        "dra-mig",
-        ContainerRequest {
-            image: &image,
-            args: &args,
-            cdi_devices: &ids,
-            ..Default::default()
-        },
-    );
+    let output = engine.run(&node, &devices[0].cdi_ids, &extra);
     output.assert_success();
     output.assert_gpus(GPUS, &[1]);
     assert_eq!(output.gpu_nodes_in_dev(), ["nvidia1"], "{output}");
