@@ -170,7 +170,13 @@ fn claims_that_cannot_be_prepared_here_get_one_line_and_nothing_is_written() {
         api.put_claim(claim);
     }
     let (_, unknown_ref) = allocated_claim("unknown", NODE, &["gpu-0"]);
+    let (_, mut malformed_ref) = allocated_claim("malformed", NODE, &["gpu-0"]);
+    malformed_ref.name.clear();
     let claims = [
+        (
+            malformed_ref,
+            "the kubelet named a claim without a namespace, name or uid",
+        ),
         (elsewhere_ref, "of pool node-b, not of this node (node-a)"),
         (
             missing_ref,

@@ -53,6 +53,12 @@ impl GpuDriver {
     /// The claim as the API server has it now; refused when it is not the one the kubelet
     /// means (deleted and made again under the same name).
     fn read(&self, claim: &Claim) -> Result<ClaimView, String> {
+        // An empty name would make the read a list of the namespace's claims.
+        if claim.namespace.is_empty() || claim.name.is_empty() || claim.uid.is_empty() {
+            return Err(format!(
+                "the kubelet named a claim without a namespace, name or uid ({claim:?}): nothing prepared"
+            ));
+        }
         let api: kube::Api<ResourceClaim> =
             kube::Api::namespaced(self.client.clone(), &claim.namespace);
         let id = format!("{}/{}", claim.namespace, claim.name);
