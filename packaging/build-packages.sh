@@ -92,8 +92,10 @@ render_usage() {
     echo
     "$nvhook" --help
     for subcommand in $("$nvhook" --help | awk '/^Commands:/ { listing = 1; next } listing && NF == 0 { exit } listing && $1 != "help" { print $1 }'); do
-        printf '\n---- nvhook %s --help\n\n' "$subcommand"
-        "$nvhook" "$subcommand" --help
+        printf '\n---- nvhook help %s\n\n' "$subcommand"
+        # `help SUBCOMMAND`, not `SUBCOMMAND --help`: `nvhook dra --help` is nvhook-dra's own,
+        # which the packages do not carry.
+        "$nvhook" help "$subcommand"
     done
 }
 render_usage >"$release/usage.txt"

@@ -545,3 +545,24 @@ fn missing_config_file_is_an_error() {
     let line = one_line_failure(&out, &path);
     assert!(line.contains(path.to_str().unwrap()), "{line}");
 }
+
+/// `nvhook dra ARGS` is nvhook-dra, installed beside nvhook, with the same arguments.
+#[test]
+fn nvhook_dra_runs_the_dra_plugin_beside_nvhook() {
+    let out = run_nvhook(&["dra", "--version"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("nvhook-dra {}", env!("CARGO_PKG_VERSION"))
+    );
+    let out = run_nvhook(&["dra", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("--node-name") && help.contains("remove-slices"),
+        "{help}"
+    );
+}

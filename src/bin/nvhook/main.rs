@@ -87,6 +87,17 @@ enum Command {
         #[arg(long, value_name = "NN", default_value = nvhook::nri::PLUGIN_INDEX)]
         index: String,
     },
+    /// Run nvhook's Kubernetes DRA kubelet plugin, `nvhook-dra` (installed beside nvhook), with
+    /// ARGS: `nvhook dra --help` lists them. nvhook's `--config` is passed on.
+    #[command(disable_help_flag = true)]
+    Dra {
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "ARGS"
+        )]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Print Kubernetes node labels for this node's GPUs, named as GPU feature discovery
     /// names them (nvidia.com/gpu.product, nvidia.com/gpu.count, ...).
     Labels {
@@ -296,6 +307,9 @@ fn run(cli: Cli) -> Result<()> {
     if let Command::Nri { socket, index } = &cli.command {
         return nri::nri(cli.config.as_deref(), socket, index);
     }
+    if let Command::Dra { args } = &cli.command {
+        return Err(dra(cli.config.as_deref(), args));
+    }
     let env_config = std::env::var(nvhook::config::ENV_VAR).ok();
     let config = nvhook::config::load(cli.config.as_deref(), env_config.as_deref())?;
     nvhook::logging::init(&config);
@@ -311,7 +325,7 @@ fn run(cli: Cli) -> Result<()> {
             cdi::cdi(&config, named.as_deref(), command)
         }
         Command::DevCharLinks => cdi::dev_char_links(&config),
-        Command::Nri { .. } => unreachable!("handled above"),
+        Command::Nri { .. } | Command::Dra { .. } => unreachable!("handled above"),
         Command::Doctor {
             format,
             root,
@@ -343,4 +357,21 @@ fn run(cli: Cli) -> Result<()> {
         ),
         Command::Hook { .. } | Command::Configure(_) => unreachable!("handled above"),
     }
+}
+
+/// Execs `nvhook-dra` beside nvhook with `args`; returns only the reason it could not. The
+/// plugin is a binary of its own so that the hook does not load its gRPC and Kubernetes client.
+fn dra(config: Option<&Path>, args: &[std::ffi::OsString]) -> anyhow::Error {
+    use std::os::unix::process::CommandExt;
+    let program = nvhook::binary_paths::beside_nvhook("nvhook-dra");
+    let mut command = std::process::Command::new(&program);
+    command.args(args);
+    if let Some(config) = config {
+        command.env(nvhook::config::ENV_VAR, config);
+    }
+    let e = command.exec();
+    anyhow::anyhow!(
+        "cannot run {}: {e} (nvhook-dra is installed beside nvhook: build it with `cargo build -p nvhook-dra-driver`, or use the installer image)",
+        program.display()
+    )
 }
