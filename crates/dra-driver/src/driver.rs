@@ -171,3 +171,21 @@ fn health(pool: &str, device: &str, health: Health, message: &str) -> DeviceHeal
         message: message.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// A cluster's API server is HTTPS: the client must be able to speak it (a build without
+    /// a TLS stack refuses to make one for an https URL).
+    #[test]
+    fn a_client_for_an_https_api_server_can_be_made() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for url in ["https://10.96.0.1:443", "http://127.0.0.1:8080"] {
+            runtime
+                .block_on(super::client(Some(url)))
+                .unwrap_or_else(|e| panic!("{url}: {e:#}"));
+        }
+    }
+}
