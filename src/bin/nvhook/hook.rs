@@ -66,8 +66,9 @@ pub(crate) fn run_hook(
     links: Option<nvhook::delivery::hook_args::LinkArgs>,
 ) -> Result<()> {
     let started = Instant::now();
-    // runc starts a createContainer hook in the container's rootfs; scrubbing leaves it.
-    let cwd = std::env::current_dir().ok();
+    // runc starts a createContainer hook in the container's rootfs; scrubbing leaves it. The
+    // other stages have no use for it.
+    let cwd = links.as_ref().and_then(|_| std::env::current_dir().ok());
     let (config, sink) = hook_process(config_path)?;
     // A state is a few hundred bytes; a runtime never sends more than this.
     const STATE_LIMIT: u64 = 1 << 20;
