@@ -169,65 +169,34 @@ fn every_claim<T>(
     }
 }
 
-fn prepared(devices: Vec<PreparedDevice>, error: String) -> Result<Vec<PreparedDevice>, String> {
+/// A claim's answer: done, or the plugin's error line.
+fn done(error: String) -> Result<(), String> {
     match error.is_empty() {
-        true => Ok(devices),
+        true => Ok(()),
         false => Err(error),
     }
 }
 
-/// The same calls on either generation's client and messages.
-macro_rules! calls {
-    ($self:ident, $version:ident, $claims:ident, prepare) => {{
+/// One call of either generation's client, its answer for each claim through `$answer`.
+macro_rules! call {
+    ($self:ident, $version:ident, $method:ident, $request:ident, $name:literal, $claims:ident, $answer:expr) => {{
         let mut client = $version::dra_plugin_client::DraPluginClient::new($self.channel.clone());
-        let request = $version::NodePrepareResourcesRequest {
+        let request = $version::$request {
             claims: $claims.iter().map(Into::into).collect(),
         };
         let answer = $self
             .kubelet
             .runtime
-            .block_on(client.node_prepare_resources(request))
+            .block_on(client.$method(request))
             .map_err(|source| KubeletError::Call {
-                call: "NodePrepareResources",
+                call: $name,
                 source,
             })?;
         answer
             .into_inner()
             .claims
             .into_iter()
-            .map(|(uid, r)| {
-                let devices = r.devices.into_iter().map(Into::into).collect();
-                (uid, prepared(devices, r.error))
-            })
-            .collect()
-    }};
-    ($self:ident, $version:ident, $claims:ident, unprepare) => {{
-        let mut client = $version::dra_plugin_client::DraPluginClient::new($self.channel.clone());
-        let request = $version::NodeUnprepareResourcesRequest {
-            claims: $claims.iter().map(Into::into).collect(),
-        };
-        let answer = $self
-            .kubelet
-            .runtime
-            .block_on(client.node_unprepare_resources(request))
-            .map_err(|source| KubeletError::Call {
-                call: "NodeUnprepareResources",
-                source,
-            })?;
-        answer
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|(uid, r)| {
-                (
-                    uid,
-                    if r.error.is_empty() {
-                        Ok(())
-                    } else {
-                        Err(r.error)
-                    },
-                )
-            })
+            .map(|(uid, r)| (uid, $answer(r)))
             .collect()
     }};
 }
@@ -236,8 +205,32 @@ impl Registered<'_> {
     /// NodePrepareResources for `claims`, as the kubelet calls it before a pod's containers.
     pub fn prepare(&self, claims: &[Claim]) -> Result<Prepared, KubeletError> {
         let answers = match self.version {
-            Version::V1 => calls!(self, v1, claims, prepare),
-            Version::V1beta1 => calls!(self, v1beta1, claims, prepare),
+            Version::V1 => call!(
+                self,
+                v1,
+                node_prepare_resources,
+                NodePrepareResourcesRequest,
+                "NodePrepareResources",
+                claims,
+                |r: v1::NodePrepareResourceResponse| done(r.error).map(|()| r
+                    .devices
+                    .into_iter()
+                    .map(Into::into)
+                    .collect())
+            ),
+            Version::V1beta1 => call!(
+                self,
+                v1beta1,
+                node_prepare_resources,
+                NodePrepareResourcesRequest,
+                "NodePrepareResources",
+                claims,
+                |r: v1beta1::NodePrepareResourceResponse| done(r.error).map(|()| r
+                    .devices
+                    .into_iter()
+                    .map(Into::into)
+                    .collect())
+            ),
         };
         every_claim(claims, answers)
     }
@@ -245,8 +238,24 @@ impl Registered<'_> {
     /// NodeUnprepareResources for `claims`, as the kubelet calls it once a pod is gone.
     pub fn unprepare(&self, claims: &[Claim]) -> Result<Unprepared, KubeletError> {
         let answers = match self.version {
-            Version::V1 => calls!(self, v1, claims, unprepare),
-            Version::V1beta1 => calls!(self, v1beta1, claims, unprepare),
+            Version::V1 => call!(
+                self,
+                v1,
+                node_unprepare_resources,
+                NodeUnprepareResourcesRequest,
+                "NodeUnprepareResources",
+                claims,
+                |r: v1::NodeUnprepareResourceResponse| done(r.error)
+            ),
+            Version::V1beta1 => call!(
+                self,
+                v1beta1,
+                node_unprepare_resources,
+                NodeUnprepareResourcesRequest,
+                "NodeUnprepareResources",
+                claims,
+                |r: v1beta1::NodeUnprepareResourceResponse| done(r.error)
+            ),
         };
         every_claim(claims, answers)
     }
