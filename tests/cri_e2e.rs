@@ -19,11 +19,9 @@ use std::time::{Duration, Instant};
 use cri::{ContainerRequest, Cri, PodRun};
 use support::engines::{
     CgroupParent, Containerd, EngineDir, ImageConfig, PAUSE_IMAGE, assert_containerd_handler,
-    cri_containerd_config, mount_points_below, nvhook_runtime_bin, unique_name,
+    assert_no_mounts_left, cri_containerd_config, nvhook_runtime_bin, unique_name,
 };
-use support::{
-    Output, SimNode, busybox_image, glibc_image, host_mounts_referencing, nvhook_bin, require_root,
-};
+use support::{Output, SimNode, busybox_image, glibc_image, nvhook_bin, require_root};
 
 const GPUS: u32 = 4;
 /// The RuntimeClass handler (deploy/kubernetes/runtimeclass.yaml says the same).
@@ -210,9 +208,7 @@ fn cri_pods_get_exactly_the_gpu_the_device_plugin_allocated() {
         containerd.log()
     );
     drop(timings);
-    let leaked = host_mounts_referencing(&[dir.path(), node.root()]);
-    assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
-    assert!(mount_points_below(dir.path()).is_empty());
+    assert_no_mounts_left(dir.path(), node.root());
     eprintln!("timing: cri test took {:.2?}", started.elapsed());
 }
 

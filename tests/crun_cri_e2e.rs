@@ -33,12 +33,10 @@ use std::path::{Path, PathBuf};
 use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin, Pods};
 use cri::{ContainerRequest, Cri};
 use support::engines::{
-    CgroupParent, Containerd, EngineDir, mount_points_below, nvhook_runtime_bin, sid_runtime_bin,
-    unique_name,
+    CgroupParent, Containerd, EngineDir, assert_no_mounts_left, nvhook_runtime_bin,
+    sid_runtime_bin, unique_name,
 };
-use support::{
-    MountNs, Output, RuntimeEnv, SimNode, gpucheck_args, host_mounts_referencing, require_root,
-};
+use support::{MountNs, Output, RuntimeEnv, SimNode, gpucheck_args, require_root};
 
 const GPUS: u32 = 4;
 /// The GPU the kubelet allocates to the GPU pods here.
@@ -210,9 +208,7 @@ impl CrunNode {
             "containerd ignored SIGTERM:\n{}",
             containerd.log()
         );
-        let leaked = host_mounts_referencing(&[dir.path(), node.root()]);
-        assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
-        assert!(mount_points_below(dir.path()).is_empty());
+        assert_no_mounts_left(dir.path(), node.root());
         let needles = [
             dir.path().display().to_string(),
             node.root().display().to_string(),

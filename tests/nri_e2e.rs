@@ -15,7 +15,7 @@ use std::fs;
 use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin, Pods};
 use cri::{ContainerRequest, Cri};
 use support::engines::{
-    CgroupParent, Containerd, EngineDir, ImageConfig, mount_points_below, unique_name,
+    CgroupParent, Containerd, EngineDir, ImageConfig, assert_no_mounts_left, unique_name,
 };
 use support::{Output, SimNode, glibc_image, host_mounts_referencing, nvhook_bin, require_root};
 
@@ -333,9 +333,7 @@ fn nri_gives_pods_exactly_what_the_kubelet_allocated() {
         "containerd ignored SIGTERM:\n{}",
         containerd.log()
     );
-    let leaked = host_mounts_referencing(&[dir.path(), node.root()]);
-    assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
-    assert!(mount_points_below(dir.path()).is_empty());
+    assert_no_mounts_left(dir.path(), node.root());
 }
 
 /// A hundred GPU pods created at once through the CRI on a 50-GPU node, pod `i` allocated GPU
@@ -466,9 +464,7 @@ fn a_hundred_gpu_pods_at_once_each_get_their_allocated_gpu() {
         containerd.log()
     );
     drop(pods);
-    let leaked = host_mounts_referencing(&[dir.path(), node.root()]);
-    assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
-    assert!(mount_points_below(dir.path()).is_empty());
+    assert_no_mounts_left(dir.path(), node.root());
 }
 
 /// The same pod through the RuntimeClass path (nvhook-runtime, the prestart hook) and through

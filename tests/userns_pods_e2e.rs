@@ -17,12 +17,9 @@ use std::path::Path;
 use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin, PodNetwork, Pods};
 use cri::{ContainerRequest, Cri, PodUserNamespace};
 use support::engines::{
-    CgroupParent, Containerd, EngineDir, mount_points_below, nvhook_runtime_bin, sid_runtime_bin,
+    CgroupParent, Containerd, EngineDir, assert_no_mounts_left, nvhook_runtime_bin, sid_runtime_bin,
 };
-use support::{
-    Output, SimNode, WRITTEN_SEEN_INSIDE, gpucheck_args, host_mounts_referencing, owner_args,
-    require_root,
-};
+use support::{Output, SimNode, WRITTEN_SEEN_INSIDE, gpucheck_args, owner_args, require_root};
 
 const GPUS: u32 = 4;
 const GPU: u32 = 1;
@@ -182,9 +179,7 @@ impl UsernsNode {
                 bridge.display()
             );
         }
-        let leaked = host_mounts_referencing(&[dir.path(), node.root()]);
-        assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
-        assert!(mount_points_below(dir.path()).is_empty());
+        assert_no_mounts_left(dir.path(), node.root());
     }
 }
 
