@@ -259,19 +259,23 @@ fn a_plugin_killed_between_prepare_and_unprepare_still_unprepares_and_keeps_the_
     );
 }
 
-/// The node's slice once `done` says it is as expected, within 20 s.
+/// The node's slice once it is its pool's only one and `done` says it is as expected.
 fn slice_when(api: &ApiServer, done: impl Fn(&ResourceSlice) -> bool) -> ResourceSlice {
+    slices_when(api, |slices| matches!(slices, [slice] if done(slice))).remove(0)
+}
+
+/// The node's slices, by name, once `done` says they are as expected, within 20 s.
+fn slices_when(api: &ApiServer, done: impl Fn(&[ResourceSlice]) -> bool) -> Vec<ResourceSlice> {
     let started = Instant::now();
     loop {
-        let slices = api.slices();
-        if let [slice] = slices.as_slice()
-            && done(slice)
-        {
-            return slice.clone();
+        let mut slices = api.slices();
+        slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        if done(&slices) {
+            return slices;
         }
         assert!(
             started.elapsed() < Duration::from_secs(20),
-            "the node's ResourceSlice did not come as expected: {slices:#?}"
+            "the node's ResourceSlices did not come as expected: {slices:#?}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -526,4 +530,130 @@ fn a_claim_for_a_mig_device_by_nvidias_name_gives_a_pod_exactly_that_mig_device(
     assert_eq!(answer[&claim_ref.uid], Ok(()));
     assert!(!plugin.spec(&claim_ref.uid).exists());
     assert!(!plugin.checkpoint().contains(&claim_ref.uid));
+}
+
+/// The host's IMEX channels are in the node's pool as NVIDIA's ComputeDomain driver lists them
+/// (`channel-<N>`, `type` channel, `id`); a claim allocated a GPU and a channel gets a pod that
+/// GPU and exactly that channel's node, and the channel is not given to a second claim until
+/// the first is unprepared.
+#[test]
+fn a_claim_for_an_imex_channel_gives_the_pod_exactly_that_channel_beside_its_gpu() {
+    require_root();
+    let node = SimNode::create_with(GPUS, &["--imex-channels", "3"]);
+    let dir = EngineDir::new("dra-imex");
+    let api = ApiServer::start();
+    let plugin = Plugin::start(&node, dir.path(), &api);
+    let slice = slice_when(&api, |s| {
+        s.spec.devices.as_ref().is_some_and(|d| d.len() == 7)
+    });
+    let listed = slice.spec.devices.as_ref().unwrap();
+    let channel = listed
+        .iter()
+        .find(|d| d.name == "channel-1")
+        .unwrap_or_else(|| panic!("no channel-1: {:?}", device_names(&slice)));
+    let attributes = channel.attributes.as_ref().unwrap();
+    assert_eq!(attributes["type"].string.as_deref(), Some("channel"));
+    assert_eq!(attributes["id"].int, Some(1));
+
+    let kubelet = Kubelet::new().expect("a kubelet double");
+    let registered = kubelet.register(&plugin.registration_socket()).unwrap();
+    let mut engine = Engine::start(dir.path(), "dra-imex");
+    let (claim, claim_ref) = allocated_claim("fabric", NODE, &["gpu-2", "channel-1"]);
+    api.put_claim(claim);
+    let answer = registered
+        .prepare(std::slice::from_ref(&claim_ref))
+        .expect("prepare");
+    let devices = answer[&claim_ref.uid].as_ref().expect("the claim prepared");
+    let ids: Vec<String> = devices.iter().flat_map(|d| d.cdi_ids.clone()).collect();
+    assert_eq!(
+        ids,
+        [
+            format!("k8s.gpu.nvidia.com/claim={}-gpu-2", claim_ref.uid),
+            format!("k8s.gpu.nvidia.com/claim={}-channel-1", claim_ref.uid),
+        ]
+    );
+    const IMEX_DIR: &str = "/dev/nvidia-caps-imex-channels";
+    let output = engine.run(
+        &node,
+        &ids,
+        &[
+            "--ls",
+            IMEX_DIR,
+            "--dev",
+            "/dev/nvidia-caps-imex-channels/channel1",
+        ],
+    );
+    output.assert_success();
+    output.assert_gpus(GPUS, &[2]);
+    let in_dir: Vec<&str> = output
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("ls /dev/nvidia-caps-imex-channels "))
+        .collect();
+    assert_eq!(in_dir, ["channel1"], "{output}");
+    output.assert_lines(&[
+        "dev /dev/nvidia-caps-imex-channels/channel1 ENXIO",
+        "dlopen libcuda.so.1 ok",
+    ]);
+
+    // The channel is the first claim's until it is unprepared.
+    let (second, second_ref) = allocated_claim("fabric-2", NODE, &["channel-1"]);
+    api.put_claim(second);
+    let answer = registered
+        .prepare(std::slice::from_ref(&second_ref))
+        .expect("the kubelet's call");
+    let refused = answer[&second_ref.uid].as_ref().unwrap_err();
+    assert!(refused.contains("channel-1, which claim"), "{refused}");
+    registered
+        .unprepare(std::slice::from_ref(&claim_ref))
+        .expect("unprepare");
+    let answer = registered
+        .prepare(std::slice::from_ref(&second_ref))
+        .expect("prepare");
+    assert!(answer[&second_ref.uid].is_ok(), "{answer:?}");
+    registered
+        .unprepare(std::slice::from_ref(&second_ref))
+        .expect("unprepare");
+    assert!(!plugin.spec(&second_ref.uid).exists());
+}
+
+/// A pool past the API's 128 devices a slice is published in as many slices as it takes, all
+/// at one generation and each saying how many the pool has; when the pool fits one slice
+/// again, the other is deleted and the first republished at the next generation.
+#[test]
+fn a_pool_past_one_slice_is_published_in_two_and_shrinks_back_to_one() {
+    require_root();
+    let node = SimNode::create_with(GPUS, &["--imex-channels", "130"]);
+    let dir = EngineDir::new("dra-pool");
+    let api = ApiServer::start();
+    let _plugin = Plugin::start(&node, dir.path(), &api);
+    let slices = slices_when(&api, |slices| slices.len() == 2);
+    let names: Vec<&str> = slices
+        .iter()
+        .map(|s| s.metadata.name.as_deref().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            format!("{NODE}-gpu.nvidia.com"),
+            format!("{NODE}-gpu.nvidia.com-1")
+        ]
+    );
+    let sizes: Vec<usize> = slices.iter().map(|s| device_names(s).len()).collect();
+    assert_eq!(sizes, [128, 6]);
+    for slice in &slices {
+        assert_eq!(slice.spec.pool.name, NODE);
+        assert_eq!(slice.spec.pool.generation, 1);
+        assert_eq!(slice.spec.pool.resource_slice_count, 2);
+    }
+    assert_eq!(device_names(&slices[1]).last().unwrap(), "channel-129");
+
+    node.change(&["--gpus", &GPUS.to_string(), "--imex-channels", "2"]);
+    let slice = slice_when(&api, |s| device_names(s).len() == 6);
+    assert_eq!(
+        slice.metadata.name.as_deref(),
+        Some(format!("{NODE}-gpu.nvidia.com").as_str())
+    );
+    assert_eq!(slice.spec.pool.generation, 2);
+    assert_eq!(slice.spec.pool.resource_slice_count, 1);
 }

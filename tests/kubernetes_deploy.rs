@@ -2152,7 +2152,8 @@ fn dra_cluster_role_grants_exactly_what_nvhook_dra_asks_and_is_bound_to_its_acco
 
 /// deviceclasses.yaml holds NVIDIA's GPU DeviceClasses as NVIDIA's chart makes them on
 /// resource.k8s.io/v1, name for name and selector for selector (the strings a cluster's
-/// claims and CEL already hold), for nvhook-dra's driver name; and nothing else.
+/// claims and CEL already hold), for nvhook-dra's driver name; then nvhook's own class for
+/// the IMEX channels it offers; and nothing else.
 #[test]
 fn device_classes_are_nvidias_names_and_selectors() {
     let m = manifests();
@@ -2199,6 +2200,13 @@ fn device_classes_are_nvidias_names_and_selectors() {
                 "mig.nvidia.com".to_owned(),
                 vec![format!(
                     "device.driver == '{driver}' && device.attributes['{driver}'].type == 'mig'"
+                )],
+                None,
+            ),
+            (
+                "imex-channel.gpu.nvidia.com".to_owned(),
+                vec![format!(
+                    "device.driver == '{driver}' && device.attributes['{driver}'].type == 'channel'"
                 )],
                 None,
             ),

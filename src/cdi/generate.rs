@@ -5,7 +5,7 @@
 //! into the spec-wide edits, which engines apply once however many devices are asked for,
 //! and each device keeps only its own nodes.
 
-use super::CdiError;
+use super::{CdiError, imex_and_families};
 use crate::capability::Capability;
 use crate::config::Config;
 use crate::delivery::cdi_spec::{CdiSpec, ContainerEdits, Device, KIND, minimum_version, validate};
@@ -131,7 +131,11 @@ impl<'a> Specs<'a> {
 }
 
 /// A validated spec of `kind` with `devices` and `common` edits.
-fn finish(kind: &str, devices: Vec<Device>, common: ContainerEdits) -> Result<CdiSpec, CdiError> {
+pub(super) fn finish(
+    kind: &str,
+    devices: Vec<Device>,
+    common: ContainerEdits,
+) -> Result<CdiSpec, CdiError> {
     let mut spec = CdiSpec {
         cdi_version: String::new(),
         kind: kind.into(),
@@ -173,27 +177,35 @@ pub fn generate(
     finish(KIND, devices, specs.common_edits(config, all))
 }
 
-/// A spec of `kind` for one ResourceClaim: each of `devices` under its name in the spec, and
-/// spec-wide edits for exactly those devices (a DRA driver writes one per claim).
+/// A spec of `kind` for one ResourceClaim (a DRA driver writes one per claim): each of `gpus`
+/// under its name with spec-wide edits for exactly those GPUs, and each of `channels` (IMEX
+/// channel numbers) under its name as its device node alone. A claim for channels only gets
+/// no driver file: the pod's GPU claim brings those.
 pub fn claim_spec(
     config: &Config,
     config_path: Option<&Path>,
     inventory: &Inventory,
     kind: &str,
-    devices: &[(String, DeviceId)],
+    gpus: &[(String, DeviceId)],
+    channels: &[(String, u32)],
 ) -> Result<CdiSpec, CdiError> {
-    let specs = Specs::new(config, config_path, inventory)?;
-    let ids = devices.iter().map(|(_, id)| id.clone()).collect();
-    let claimed = specs.plan(DeviceSelection::List(ids))?;
     let mut own = Vec::new();
-    for (name, id) in devices {
-        let plan = specs.plan(DeviceSelection::List(vec![id.clone()]))?;
-        own.push(Device {
-            name: name.clone(),
-            container_edits: specs.own_edits(&plan),
-        });
+    let mut common = ContainerEdits::default();
+    if !gpus.is_empty() {
+        let specs = Specs::new(config, config_path, inventory)?;
+        let ids = gpus.iter().map(|(_, id)| id.clone()).collect();
+        let claimed = specs.plan(DeviceSelection::List(ids))?;
+        for (name, id) in gpus {
+            let plan = specs.plan(DeviceSelection::List(vec![id.clone()]))?;
+            own.push(Device {
+                name: name.clone(),
+                container_edits: specs.own_edits(&plan),
+            });
+        }
+        common = specs.common_edits(config, claimed);
     }
-    finish(kind, own, specs.common_edits(config, claimed))
+    own.extend(imex_and_families::channel_devices(inventory, channels));
+    finish(kind, own, common)
 }
 
 /// Each GPU, then its MIG devices: (index id, UUID).

@@ -6,7 +6,7 @@
 //! since a workload uses the whole set of its nodes. Only what the host has is offered.
 
 use super::CdiError;
-use crate::delivery::cdi_spec::{CdiSpec, ContainerEdits, Device, minimum_version, validate};
+use crate::delivery::cdi_spec::{CdiSpec, ContainerEdits, Device};
 use crate::delivery::edits::device_node;
 use crate::imex_and_families::Family;
 use crate::inventory::Inventory;
@@ -63,15 +63,24 @@ fn device(name: String, nodes: &[DeviceNode]) -> Device {
 }
 
 fn spec(class: &str, devices: Vec<Device>) -> Result<CdiSpec, CdiError> {
-    let mut spec = CdiSpec {
-        cdi_version: String::new(),
-        kind: format!("{VENDOR}/{class}"),
+    super::generate::finish(
+        &format!("{VENDOR}/{class}"),
         devices,
-        container_edits: ContainerEdits::default(),
-    };
-    spec.cdi_version = minimum_version(&spec).to_string();
-    validate(&spec)?;
-    Ok(spec)
+        ContainerEdits::default(),
+    )
+}
+
+/// A device for each of `wanted` (a name, an IMEX channel number) the host has, carrying its
+/// channel's node.
+pub fn channel_devices(inventory: &Inventory, wanted: &[(String, u32)]) -> Vec<Device> {
+    let nodes = plan::imex_channel_nodes(inventory);
+    wanted
+        .iter()
+        .filter_map(|(name, channel)| {
+            let (_, node) = nodes.iter().find(|(c, _)| c == channel)?;
+            Some(device(name.clone(), std::slice::from_ref(node)))
+        })
+        .collect()
 }
 
 /// Where the spec of `class` goes beside the GPU spec at `gpu_spec`:

@@ -3,7 +3,7 @@
 //! name), and the checkpoint that remembers them; unpreparing removes exactly that.
 
 use super::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, PreparedDevice};
-use super::devices::{DraDevice, devices};
+use super::devices::{DeviceKind, DraDevice, devices};
 use super::{CDI_CLASS, CDI_VENDOR, DRIVER_NAME};
 use crate::cdi::{self, CdiError};
 use crate::config::Config;
@@ -205,17 +205,22 @@ impl Claims {
                 .insert(claim.uid.clone(), prepared.clone());
             checkpoint.save(&self.checkpoint)?;
         }
-        let in_spec: Vec<_> = selected
-            .iter()
-            .map(|(_, device)| (format!("{}-{}", claim.uid, device.name), device.id.clone()))
-            .collect();
+        let (mut gpus, mut channels) = (Vec::new(), Vec::new());
+        for (_, device) in &selected {
+            let in_spec = format!("{}-{}", claim.uid, device.name);
+            match &device.kind {
+                DeviceKind::Gpu(id) => gpus.push((in_spec, id.clone())),
+                DeviceKind::ImexChannel(channel) => channels.push((in_spec, *channel)),
+            }
+        }
         let kind = format!("{CDI_VENDOR}/{CDI_CLASS}");
         let spec = cdi::generate::claim_spec(
             &self.config,
             self.config_path.as_deref(),
             inventory,
             &kind,
-            &in_spec,
+            &gpus,
+            &channels,
         )?;
         cdi::refresh_spec(&self.spec_path(&claim.uid), &spec.to_text(Format::Yaml))?;
         tracing::info!(claim = %claim.id(), uid = %claim.uid, devices = ?prepared.devices.iter().map(|d| &d.device).collect::<Vec<_>>(), "DRA: claim prepared");
@@ -250,8 +255,7 @@ mod tests {
         (0..2)
             .map(|i| DraDevice {
                 name: format!("gpu-{i}"),
-                id: DeviceId::Index(i),
-                uuid: format!("GPU-{i}"),
+                kind: DeviceKind::Gpu(DeviceId::Index(i)),
             })
             .collect()
     }
@@ -406,5 +410,70 @@ mod tests {
         );
         claims.unprepare("u1").expect("unprepared already");
         assert!(claims.prepare(&second, &inventory).is_ok());
+    }
+
+    #[test]
+    fn an_imex_channel_is_given_as_its_node_alone_beside_the_claims_gpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let claims = Claims::new(
+            Config::default(),
+            None,
+            "node-a",
+            &dir.path().join("cdi"),
+            &dir.path().join("plugin"),
+        );
+        let mut inventory = nvhook_model::plan::fixtures::inventory(2, &[]);
+        inventory.majors.extra = vec![(500, "nvidia-caps-imex-channels".into())];
+        inventory.nodes.push(nvhook_model::plan::fixtures::node(
+            "/dev/nvidia-caps-imex-channels/channel3",
+            500,
+            3,
+        ));
+        let nodes = |device: &crate::delivery::cdi_spec::Device| -> Vec<String> {
+            let edits = &device.container_edits;
+            assert!(edits.mounts.is_empty() && edits.hooks.is_empty() && edits.env.is_empty());
+            edits.device_nodes.iter().map(|n| n.path.clone()).collect()
+        };
+        let both = claim(
+            "u1",
+            &[
+                ("gpu.nvidia.com", "node-a", "gpu-0"),
+                ("gpu.nvidia.com", "node-a", "channel-3"),
+            ],
+        );
+        let prepared = claims.prepare(&both, &inventory).unwrap();
+        let ids: Vec<&str> = prepared.iter().map(|d| d.cdi_id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "k8s.gpu.nvidia.com/claim=u1-gpu-0",
+                "k8s.gpu.nvidia.com/claim=u1-channel-3"
+            ]
+        );
+        let spec = cdi::read_spec(&claims.spec_path("u1")).unwrap();
+        assert_eq!(spec.devices[1].name, "u1-channel-3");
+        assert_eq!(
+            nodes(&spec.devices[1]),
+            ["/dev/nvidia-caps-imex-channels/channel3"]
+        );
+        assert!(
+            !spec.container_edits.mounts.is_empty(),
+            "the GPU's driver files"
+        );
+        // The channel is the first claim's until it is unprepared.
+        let channel_only = claim("u2", &[("gpu.nvidia.com", "node-a", "channel-3")]);
+        assert!(matches!(
+            claims.prepare(&channel_only, &inventory),
+            Err(ClaimError::Taken { .. })
+        ));
+        claims.unprepare("u1").unwrap();
+        claims.prepare(&channel_only, &inventory).unwrap();
+        let spec = cdi::read_spec(&claims.spec_path("u2")).unwrap();
+        assert_eq!(spec.devices.len(), 1);
+        assert_eq!(
+            nodes(&spec.devices[0]),
+            ["/dev/nvidia-caps-imex-channels/channel3"]
+        );
+        assert_eq!(spec.container_edits, Default::default(), "no driver file");
     }
 }

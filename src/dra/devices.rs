@@ -1,18 +1,26 @@
-//! The devices this node offers, named as NVIDIA's DRA driver names them.
+//! The devices this node offers, named as NVIDIA's DRA drivers name them.
 
 use crate::inventory::{Gpu, Inventory, MigDevice};
+use crate::plan;
 use crate::request::DeviceId;
 
 /// A device of the node's pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DraDevice {
     /// `gpu-<minor>` for a GPU: its `/dev/nvidia<minor>`, not its NVML index. For a MIG device
-    /// [`mig_name`]'s.
+    /// [`mig_name`]'s, for an IMEX channel `channel-<number>`.
     pub name: String,
-    /// [`DeviceId::Index`] for a GPU, [`DeviceId::MigIndex`] for a MIG device: what a claim's
-    /// CDI spec is made from.
-    pub id: DeviceId,
-    pub uuid: String,
+    pub kind: DeviceKind,
+}
+
+/// What a device of the pool is, as a claim's CDI spec is made from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// [`DeviceId::Index`] for a GPU, [`DeviceId::MigIndex`] for a MIG device.
+    Gpu(DeviceId),
+    /// `/dev/nvidia-caps-imex-channels/channel<N>`: a multi-node NVLink workload's channel,
+    /// given to the claim that asks for it as the device node alone.
+    ImexChannel(u32),
 }
 
 /// Every device of `inventory`, as NVIDIA's driver offers them with MIG left static: a GPU
@@ -20,14 +28,15 @@ pub struct DraDevice {
 /// is not free to give). A MIG device whose name cannot be made (the inventory lacks its
 /// profile, profile id or placement: an older driver, or NVML refused to say) is left out,
 /// with a line in the log, rather than offered under a name a claim for NVIDIA's would miss.
+/// Then each IMEX channel node the host has, under the name NVIDIA's ComputeDomain driver
+/// gives it.
 pub fn devices(inventory: &Inventory) -> Vec<DraDevice> {
     let mut out = Vec::new();
     for gpu in &inventory.gpus {
         if !gpu.mig_enabled {
             out.push(DraDevice {
                 name: format!("gpu-{}", gpu.minor),
-                id: DeviceId::Index(gpu.index),
-                uuid: gpu.uuid.clone(),
+                kind: DeviceKind::Gpu(DeviceId::Index(gpu.index)),
             });
             continue;
         }
@@ -43,14 +52,22 @@ pub fn devices(inventory: &Inventory) -> Vec<DraDevice> {
             };
             out.push(DraDevice {
                 name,
-                id: DeviceId::MigIndex {
+                kind: DeviceKind::Gpu(DeviceId::MigIndex {
                     gpu: gpu.index,
                     mig: mig.index,
-                },
-                uuid: mig.uuid.clone(),
+                }),
             });
         }
     }
+    let mut channels: Vec<u32> = plan::imex_channel_nodes(inventory)
+        .into_iter()
+        .map(|(channel, _)| channel)
+        .collect();
+    channels.sort_unstable();
+    out.extend(channels.into_iter().map(|channel| DraDevice {
+        name: format!("channel-{channel}"),
+        kind: DeviceKind::ImexChannel(channel),
+    }));
     out
 }
 
@@ -91,7 +108,7 @@ fn rfc1123(text: &str) -> String {
 mod tests {
     use super::*;
     use nvhook_model::inventory::MigPlacement;
-    use nvhook_model::plan::fixtures::inventory;
+    use nvhook_model::plan::fixtures::{inventory, node};
 
     #[test]
     fn gpus_are_named_by_their_minor() {
@@ -99,14 +116,17 @@ mod tests {
         // Minors need not follow NVML's order.
         inv.gpus[0].minor = 2;
         inv.gpus[2].minor = 0;
-        let names: Vec<(String, DeviceId)> =
-            devices(&inv).into_iter().map(|d| (d.name, d.id)).collect();
+        let names: Vec<(String, DeviceKind)> = devices(&inv)
+            .into_iter()
+            .map(|d| (d.name, d.kind))
+            .collect();
+        let gpu = |index| DeviceKind::Gpu(DeviceId::Index(index));
         assert_eq!(
             names,
             [
-                ("gpu-2".to_string(), DeviceId::Index(0)),
-                ("gpu-1".to_string(), DeviceId::Index(1)),
-                ("gpu-0".to_string(), DeviceId::Index(2)),
+                ("gpu-2".to_string(), gpu(0)),
+                ("gpu-1".to_string(), gpu(1)),
+                ("gpu-0".to_string(), gpu(2)),
             ]
         );
     }
@@ -116,26 +136,18 @@ mod tests {
         let mut inv = inventory(3, &[(1, 2)]);
         inv.gpus[1].minor = 5;
         let offered = devices(&inv);
-        let names: Vec<(&str, &DeviceId, &str)> = offered
+        let names: Vec<(&str, DeviceKind)> = offered
             .iter()
-            .map(|d| (d.name.as_str(), &d.id, d.uuid.as_str()))
+            .map(|d| (d.name.as_str(), d.kind.clone()))
             .collect();
-        let mig = &inv.gpus[1].mig_devices;
+        let mig = |mig| DeviceKind::Gpu(DeviceId::MigIndex { gpu: 1, mig });
         assert_eq!(
             names,
             [
-                ("gpu-0", &DeviceId::Index(0), inv.gpus[0].uuid.as_str()),
-                (
-                    "gpu-5-mig-3g40gb-9-0",
-                    &DeviceId::MigIndex { gpu: 1, mig: 0 },
-                    mig[0].uuid.as_str()
-                ),
-                (
-                    "gpu-5-mig-3g40gb-9-4",
-                    &DeviceId::MigIndex { gpu: 1, mig: 1 },
-                    mig[1].uuid.as_str()
-                ),
-                ("gpu-2", &DeviceId::Index(2), inv.gpus[2].uuid.as_str()),
+                ("gpu-0", DeviceKind::Gpu(DeviceId::Index(0))),
+                ("gpu-5-mig-3g40gb-9-0", mig(0)),
+                ("gpu-5-mig-3g40gb-9-4", mig(1)),
+                ("gpu-2", DeviceKind::Gpu(DeviceId::Index(2))),
             ]
         );
         // NVIDIA's driver parses its names back with this pattern.
@@ -169,6 +181,36 @@ mod tests {
             Some("gpu-0-mig-1g10gb-20-3")
         );
         assert_eq!(name("+", &mut mig), None);
+    }
+
+    #[test]
+    fn the_hosts_imex_channels_follow_the_gpus() {
+        let mut inv = inventory(1, &[]);
+        inv.majors.extra = vec![(500, "nvidia-caps-imex-channels".into())];
+        // In the order a directory listing gives them, not by number.
+        for c in [10, 0, 3] {
+            inv.nodes.push(node(
+                &format!("/dev/nvidia-caps-imex-channels/channel{c}"),
+                500,
+                c,
+            ));
+        }
+        // A node under the channels' directory with another major is not a channel.
+        inv.nodes
+            .push(node("/dev/nvidia-caps-imex-channels/channel9", 501, 9));
+        let names: Vec<(String, DeviceKind)> = devices(&inv)
+            .into_iter()
+            .map(|d| (d.name, d.kind))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("gpu-0".to_string(), DeviceKind::Gpu(DeviceId::Index(0))),
+                ("channel-0".to_string(), DeviceKind::ImexChannel(0)),
+                ("channel-3".to_string(), DeviceKind::ImexChannel(3)),
+                ("channel-10".to_string(), DeviceKind::ImexChannel(10)),
+            ]
+        );
     }
 
     #[test]

@@ -6,14 +6,21 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, PostParams};
 use nvhook::dra::DRIVER_NAME;
-use nvhook::dra::devices::devices;
+use nvhook::dra::devices::{DeviceKind, devices};
 use nvhook::inventory::{Gpu, Inventory, MigDevice};
 use nvhook::request::DeviceId;
 use serde_json::{Value, json};
 
-/// The slice's name: one slice per node holds its whole pool.
-pub fn slice_name(node: &str) -> String {
-    format!("{node}-{DRIVER_NAME}")
+/// The most devices one slice may list (the API's `ResourceSliceMaxDevices`).
+pub const MAX_DEVICES: usize = 128;
+
+/// The name of slice `index` of the node's pool: the first is `<node>-gpu.nvidia.com`, as a pool
+/// that fits one slice has always been named, the others `<node>-gpu.nvidia.com-<index>`.
+pub fn slice_name(node: &str, index: usize) -> String {
+    match index {
+        0 => format!("{node}-{DRIVER_NAME}"),
+        _ => format!("{node}-{DRIVER_NAME}-{index}"),
+    }
 }
 
 /// A version attribute as the API takes it: semantic versioning, three numbers with no
@@ -35,19 +42,38 @@ pub fn semver(text: &str) -> Option<String> {
 pub fn devices_of(inventory: &Inventory) -> Vec<Value> {
     devices(inventory)
         .into_iter()
-        .filter_map(|device| match device.id {
-            DeviceId::Index(index) => {
+        .filter_map(|device| match device.kind {
+            DeviceKind::Gpu(DeviceId::Index(index)) => {
                 let gpu = inventory.gpus.iter().find(|g| g.index == index)?;
                 Some(gpu_entry(inventory, &device.name, gpu))
             }
-            DeviceId::MigIndex { gpu, mig } => {
+            DeviceKind::Gpu(DeviceId::MigIndex { gpu, mig }) => {
                 let gpu = inventory.gpus.iter().find(|g| g.index == gpu)?;
                 let mig = gpu.mig_devices.iter().find(|m| m.index == mig)?;
                 Some(mig_entry(inventory, &device.name, gpu, mig))
             }
-            _ => None,
+            DeviceKind::Gpu(_) => None,
+            DeviceKind::ImexChannel(channel) => Some(channel_entry(&device.name, channel)),
         })
         .collect()
+}
+
+/// The devices of each slice of the node's pool: as many slices as it takes to list every
+/// device, and one empty slice for a node with none (the pool says the node has nothing).
+pub fn pool(inventory: &Inventory) -> Vec<Vec<Value>> {
+    let devices = devices_of(inventory);
+    if devices.is_empty() {
+        return vec![Vec::new()];
+    }
+    devices.chunks(MAX_DEVICES).map(<[Value]>::to_vec).collect()
+}
+
+/// An IMEX channel as NVIDIA's ComputeDomain driver lists one: `type` channel and its number.
+fn channel_entry(name: &str, channel: u32) -> Value {
+    json!({
+        "name": name,
+        "attributes": {"type": {"string": "channel"}, "id": {"int": channel}},
+    })
 }
 
 /// A whole GPU: `type` gpu, its UUID, and its memory.
@@ -153,52 +179,102 @@ fn board_attributes(inventory: &Inventory, gpu: &Gpu) -> Value {
     attributes
 }
 
-/// The node's slice with `devices` at pool generation `generation`.
-pub fn slice(node: &str, devices: Vec<Value>, generation: i64) -> Result<ResourceSlice> {
+/// Slice `index` of the node's pool of `count` slices, with `devices`, at pool generation
+/// `generation`.
+pub fn slice(
+    node: &str,
+    (index, count): (usize, usize),
+    devices: Vec<Value>,
+    generation: i64,
+) -> Result<ResourceSlice> {
     let slice = json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": slice_name(node)},
+        "metadata": {"name": slice_name(node, index)},
         "spec": {
             "driver": DRIVER_NAME,
             "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
             "devices": devices,
         },
     });
     serde_json::from_value(slice).context("the node's ResourceSlice is not a v1 ResourceSlice")
 }
 
-/// Publishes the node's slice: made when missing, replaced (its pool's generation bumped, as
-/// the API requires when a pool's devices change) when the devices differ, left alone else.
+/// Publishes the node's pool: its slices made when missing and, when any device differs or the
+/// pool needs another number of slices, every slice replaced at the next pool generation (the
+/// API requires one generation across a pool's slices, bumped on every change) and a slice no
+/// longer needed deleted. A pool that has not changed is left alone.
 pub async fn publish(api: &Api<ResourceSlice>, node: &str, inventory: &Inventory) -> Result<()> {
-    let devices = devices_of(inventory);
-    let name = slice_name(node);
-    let current = api
-        .get_opt(&name)
-        .await
-        .with_context(|| format!("cannot read ResourceSlice {name}"))?;
-    match current {
-        None => {
-            api.create(&PostParams::default(), &slice(node, devices, 1)?)
-                .await
-                .with_context(|| format!("cannot create ResourceSlice {name}"))?;
-            tracing::info!(slice = %name, "DRA: ResourceSlice published");
-        }
-        Some(current) => {
-            let now = serde_json::to_value(&current.spec.devices)?;
-            if now == Value::Array(devices.clone()) {
-                return Ok(());
+    let wanted = pool(inventory);
+    let current = of_node(api, node).await?;
+    let unchanged = current.len() == wanted.len()
+        && wanted.iter().enumerate().all(|(index, devices)| {
+            current.iter().any(|slice| {
+                slice.metadata.name.as_deref() == Some(slice_name(node, index).as_str())
+                    && serde_json::to_value(&slice.spec.devices).ok()
+                        == Some(Value::Array(devices.clone()))
+            })
+        });
+    if unchanged {
+        return Ok(());
+    }
+    let generation = current
+        .iter()
+        .map(|slice| slice.spec.pool.generation + 1)
+        .max()
+        .unwrap_or(1);
+    let count = wanted.len();
+    for (index, devices) in wanted.into_iter().enumerate() {
+        let name = slice_name(node, index);
+        let mut next = slice(node, (index, count), devices, generation)?;
+        match current
+            .iter()
+            .find(|s| s.metadata.name.as_deref() == Some(&name))
+        {
+            None => {
+                api.create(&PostParams::default(), &next)
+                    .await
+                    .with_context(|| format!("cannot create ResourceSlice {name}"))?;
             }
-            let generation = current.spec.pool.generation + 1;
-            let mut next = slice(node, devices, generation)?;
-            next.metadata.resource_version = current.metadata.resource_version.clone();
-            api.replace(&name, &PostParams::default(), &next)
-                .await
-                .with_context(|| format!("cannot update ResourceSlice {name}"))?;
-            tracing::info!(slice = %name, generation, "DRA: ResourceSlice updated");
+            Some(existing) => {
+                next.metadata.resource_version = existing.metadata.resource_version.clone();
+                api.replace(&name, &PostParams::default(), &next)
+                    .await
+                    .with_context(|| format!("cannot update ResourceSlice {name}"))?;
+            }
         }
     }
+    let kept: Vec<String> = (0..count).map(|i| slice_name(node, i)).collect();
+    for stale in &current {
+        let name = stale.metadata.name.clone().unwrap_or_default();
+        if !kept.contains(&name) {
+            delete(api, &name).await?;
+        }
+    }
+    tracing::info!(
+        node,
+        slices = count,
+        generation,
+        "DRA: ResourceSlices published"
+    );
+    Ok(())
+}
+
+/// The node's slices of this driver.
+async fn of_node(api: &Api<ResourceSlice>, node: &str) -> Result<Vec<ResourceSlice>> {
+    let selector = format!("spec.nodeName={node},spec.driver={DRIVER_NAME}");
+    let slices = api
+        .list(&kube::api::ListParams::default().fields(&selector))
+        .await
+        .with_context(|| format!("cannot list the ResourceSlices of node {node}"))?;
+    Ok(slices.items)
+}
+
+async fn delete(api: &Api<ResourceSlice>, name: &str) -> Result<()> {
+    api.delete(name, &kube::api::DeleteParams::default())
+        .await
+        .with_context(|| format!("cannot delete ResourceSlice {name}"))?;
     Ok(())
 }
 
@@ -206,16 +282,8 @@ pub async fn publish(api: &Api<ResourceSlice>, node: &str, inventory: &Inventory
 /// no kubelet is left to do it), one by one: the plugin's role may list and delete slices, not
 /// delete a collection.
 pub async fn remove(api: &Api<ResourceSlice>, node: &str) -> Result<()> {
-    let selector = format!("spec.nodeName={node},spec.driver={DRIVER_NAME}");
-    let slices = api
-        .list(&kube::api::ListParams::default().fields(&selector))
-        .await
-        .with_context(|| format!("cannot list the ResourceSlices of node {node}"))?;
-    for slice in slices {
-        let name = slice.metadata.name.unwrap_or_default();
-        api.delete(&name, &kube::api::DeleteParams::default())
-            .await
-            .with_context(|| format!("cannot delete ResourceSlice {name}"))?;
+    for slice in of_node(api, node).await? {
+        delete(api, &slice.metadata.name.unwrap_or_default()).await?;
     }
     Ok(())
 }
@@ -249,7 +317,7 @@ mod tests {
         let mut inventory = nvhook_model::plan::fixtures::inventory(2, &[]);
         inventory.gpus[1].minor = 5;
         inventory.gpus[1].memory_mib = Some(81_559);
-        let slice = slice("node-a", devices_of(&inventory), 3).unwrap();
+        let slice = slice("node-a", (0, 1), devices_of(&inventory), 3).unwrap();
         assert_eq!(
             slice.metadata.name.as_deref(),
             Some("node-a-gpu.nvidia.com")
@@ -275,7 +343,7 @@ mod tests {
     fn a_gpu_in_mig_mode_is_listed_as_its_mig_devices_with_nvidias_attributes() {
         let mut inventory = nvhook_model::plan::fixtures::inventory(2, &[(1, 2)]);
         inventory.gpus[1].minor = 3;
-        let slice = slice("node-a", devices_of(&inventory), 1).unwrap();
+        let slice = slice("node-a", (0, 1), devices_of(&inventory), 1).unwrap();
         let devices = slice.spec.devices.unwrap();
         let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(
@@ -324,5 +392,48 @@ mod tests {
         // The other MIG device holds the other slices.
         let other = devices[1].capacity.as_ref().unwrap();
         assert!(other.contains_key("memorySlice0") && !other.contains_key("memorySlice4"));
+    }
+
+    #[test]
+    fn imex_channels_are_listed_as_nvidias_and_a_pool_past_one_slice_takes_more() {
+        let mut inventory = nvhook_model::plan::fixtures::inventory(8, &[]);
+        inventory.majors.extra = vec![(500, "nvidia-caps-imex-channels".into())];
+        for c in 0..130 {
+            inventory.nodes.push(nvhook_model::plan::fixtures::node(
+                &format!("/dev/nvidia-caps-imex-channels/channel{c}"),
+                500,
+                c,
+            ));
+        }
+        let pool = pool(&inventory);
+        let sizes: Vec<usize> = pool.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [MAX_DEVICES, 138 - MAX_DEVICES]);
+        let slices: Vec<ResourceSlice> = pool
+            .into_iter()
+            .enumerate()
+            .map(|(i, devices)| slice("node-a", (i, 2), devices, 4).unwrap())
+            .collect();
+        let names: Vec<&str> = slices
+            .iter()
+            .map(|s| s.metadata.name.as_deref().unwrap())
+            .collect();
+        assert_eq!(names, ["node-a-gpu.nvidia.com", "node-a-gpu.nvidia.com-1"]);
+        assert!(
+            slices
+                .iter()
+                .all(|s| s.spec.pool.resource_slice_count == 2 && s.spec.pool.generation == 4)
+        );
+        let first = &slices[0].spec.devices.as_ref().unwrap()[8];
+        assert_eq!(first.name, "channel-0");
+        let attributes = first.attributes.as_ref().unwrap();
+        assert_eq!(attributes["type"].string.as_deref(), Some("channel"));
+        assert_eq!(attributes["id"].int, Some(0));
+        let last = slices[1].spec.devices.as_ref().unwrap().last().unwrap();
+        assert_eq!(last.name, "channel-129");
+        // A node with no device still says so, in one empty slice.
+        assert_eq!(
+            super::pool(&nvhook_model::plan::fixtures::inventory(0, &[])),
+            [Vec::<Value>::new()]
+        );
     }
 }
