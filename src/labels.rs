@@ -290,6 +290,7 @@ mod tests {
                     memory_mib: None,
                 })
                 .collect(),
+            mig_profiles: Vec::new(),
         }
     }
 

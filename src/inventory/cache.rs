@@ -78,7 +78,8 @@ struct Stored {
 
 /// The layout of [`Stored`] and [`System`]; raised whenever what NVML's answer holds changes.
 /// 3: MIG devices' profile, GPU instance profile id, placement and memory.
-const FORMAT: u32 = 3;
+/// 4: the MIG profiles and placements of each MIG-enabled GPU.
+const FORMAT: u32 = 4;
 
 /// The cache file, with the fingerprint of the host as it was before NVML was asked: state
 /// that changes during the query makes the stored answer stale at once, never wrongly fresh.

@@ -116,6 +116,7 @@ mod tests {
             mig_capable: true,
             mig_enabled: false,
             mig_devices: vec![],
+            mig_profiles: vec![],
         }
     }
 

@@ -33,17 +33,7 @@ fn q<T>(call: &'static str, r: Result<T, nvml_wrapper::error::NvmlError>) -> Res
 /// initialised until the returned handle is dropped: a real driver takes a while to shut it
 /// down, which a process about to exit need not wait for.
 pub fn query(library: &Path) -> Result<(System, Nvml), NvmlError> {
-    // dlopen's own message for this names the path twice and blames nothing.
-    if !library.exists() {
-        return Err(NvmlError::Missing(library.to_path_buf()));
-    }
-    let nvml = Nvml::builder()
-        .lib_path(library.as_os_str())
-        .init()
-        .map_err(|source| NvmlError::Init {
-            path: library.to_path_buf(),
-            source,
-        })?;
+    let nvml = init(library)?;
     let driver_version = q("nvmlSystemGetDriverVersion", nvml.sys_driver_version())?;
     let cuda = q(
         "nvmlSystemGetCudaDriverVersion",
@@ -64,6 +54,21 @@ pub fn query(library: &Path) -> Result<(System, Nvml), NvmlError> {
     Ok((system, nvml))
 }
 
+/// NVML initialised from `library`.
+pub fn init(library: &Path) -> Result<Nvml, NvmlError> {
+    // dlopen's own message for this names the path twice and blames nothing.
+    if !library.exists() {
+        return Err(NvmlError::Missing(library.to_path_buf()));
+    }
+    Nvml::builder()
+        .lib_path(library.as_os_str())
+        .init()
+        .map_err(|source| NvmlError::Init {
+            path: library.to_path_buf(),
+            source,
+        })
+}
+
 const MIB: u64 = 1024 * 1024;
 
 fn read_gpu(nvml: &Nvml, index: u32, device: &Device) -> Result<Gpu, NvmlError> {
@@ -74,10 +79,13 @@ fn read_gpu(nvml: &Nvml, index: u32, device: &Device) -> Result<Gpu, NvmlError> 
     // MIG queries are unsupported on pre-Ampere GPUs: that means "no MIG", not an error.
     let mig_mode = device.mig_mode();
     let mig_enabled = mig_mode.as_ref().is_ok_and(|m| m.current == 1);
-    let mig_devices = if mig_enabled {
-        read_mig_devices(nvml, device)?
+    let (mig_devices, mig_profiles) = if mig_enabled {
+        (
+            read_mig_devices(nvml, device)?,
+            crate::mig::profiles(nvml, device),
+        )
     } else {
-        Vec::new()
+        (Vec::new(), Vec::new())
     };
     Ok(Gpu {
         index,
@@ -101,6 +109,7 @@ fn read_gpu(nvml: &Nvml, index: u32, device: &Device) -> Result<Gpu, NvmlError> 
         mig_capable: mig_mode.is_ok(),
         mig_enabled,
         mig_devices,
+        mig_profiles,
     })
 }
 
@@ -133,7 +142,7 @@ fn read_mig_devices(nvml: &Nvml, parent: &Device) -> Result<Vec<MigDevice>, Nvml
 }
 
 /// nvml-wrapper does not wrap the instance-id getters; call them through the loaded library.
-fn instance_ids(nvml: &Nvml, mig: &Device) -> Result<(u32, u32), NvmlError> {
+pub(crate) fn instance_ids(nvml: &Nvml, mig: &Device) -> Result<(u32, u32), NvmlError> {
     let lib = nvml.lib();
     let get_gi = symbol(
         "nvmlDeviceGetGpuInstanceId",

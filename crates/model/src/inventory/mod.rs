@@ -16,7 +16,10 @@ use std::path::PathBuf;
 pub use device_numbers::{DeviceMajors, MODESET_MINOR, NVIDIACTL_MINOR};
 pub use files::{ConfigLibraryPath, DriverFiles, GLX_SERVER, HostFile, Library};
 pub use nodes::{DrmNode, HostNode};
-pub use nvml::{Gpu, MigDevice, MigPlacement, Reply, System};
+pub use nvml::{
+    CreateMigReply, CreatedMig, DestroyMigReply, Gpu, MigActionFailure, MigDevice, MigPlacement,
+    MigProfile, Reply, System, nvml_return,
+};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Inventory {

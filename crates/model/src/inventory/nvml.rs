@@ -25,7 +25,72 @@ pub struct Gpu {
     pub mig_capable: bool,
     pub mig_enabled: bool,
     pub mig_devices: Vec<MigDevice>,
+    /// The GPU instance profiles a MIG-enabled GPU offers, each with every placement it can
+    /// take whether or not an instance holds it now; empty with MIG off.
+    #[serde(default)]
+    pub mig_profiles: Vec<MigProfile>,
 }
+
+/// A GPU instance profile, as `nvidia-smi mig -lgip` and `-lgipp` list it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigProfile {
+    /// NVML's profile id, the ID column of `nvidia-smi mig -lgip`: the number
+    /// [`MigDevice::gpu_instance_profile_id`] holds.
+    pub id: u32,
+    /// As nvidia-smi names it (`1g.10gb`, `1g.10gb+me`): the spelling of [`MigDevice::profile`].
+    pub name: String,
+    /// Compute slices (the `7` of 7g).
+    pub slices: u32,
+    pub memory_mib: u64,
+    pub multiprocessors: u32,
+    pub copy_engines: u32,
+    pub decoders: u32,
+    pub encoders: u32,
+    pub jpegs: u32,
+    pub ofas: u32,
+    pub placements: Vec<MigPlacement>,
+}
+
+impl MigProfile {
+    /// The profile in NVML's name for it (`MIG 1g.10gb`), as nvidia-smi prints it.
+    pub fn name_in_nvml(name: &str) -> &str {
+        let name = name.trim();
+        name.strip_prefix("MIG ").unwrap_or(name).trim()
+    }
+}
+
+/// What `nvhook-nvml LIBRARY create-mig` made: one compute instance spanning a new GPU
+/// instance, which NVML lists as one MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreatedMig {
+    pub uuid: String,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+}
+
+/// Why NVML refused a MIG action: its `nvmlReturn_t` where it gave one, and the whole cause
+/// and fix in one line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct MigActionFailure {
+    pub code: Option<u32>,
+    pub message: String,
+}
+
+/// `nvmlReturn_t` values a MIG action's caller may act on.
+pub mod nvml_return {
+    pub const INVALID_ARGUMENT: u32 = 2;
+    pub const NOT_SUPPORTED: u32 = 3;
+    pub const NO_PERMISSION: u32 = 4;
+    pub const NOT_FOUND: u32 = 6;
+    pub const IN_USE: u32 = 19;
+    pub const INSUFFICIENT_RESOURCES: u32 = 23;
+}
+
+/// What `create-mig` writes on stdout.
+pub type CreateMigReply = Result<CreatedMig, MigActionFailure>;
+/// What `destroy-mig` writes on stdout.
+pub type DestroyMigReply = Result<(), MigActionFailure>;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MigDevice {
@@ -99,6 +164,12 @@ mod tests {
         );
         assert_eq!(profile("NVIDIA A100-SXM4-80GB"), None);
         assert_eq!(profile("A100 MIG "), None);
+    }
+
+    #[test]
+    fn a_profiles_name_drops_nvmls_prefix() {
+        assert_eq!(MigProfile::name_in_nvml("MIG 1g.10gb+me"), "1g.10gb+me");
+        assert_eq!(MigProfile::name_in_nvml("3g.40gb"), "3g.40gb");
     }
 
     /// Answers cached by an nvhook that did not read them still parse, the facts absent.

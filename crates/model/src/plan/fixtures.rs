@@ -201,6 +201,7 @@ pub fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
                 mig_capable: true,
                 mig_enabled: count > 0,
                 mig_devices,
+                mig_profiles: Vec::new(),
             }
         })
         .collect();
