@@ -103,6 +103,20 @@ impl NvmlCache {
         Some(NvmlCache { path, fingerprint })
     }
 
+    /// Drops the stored answer, for a change the fingerprint may not see: a MIG device made or
+    /// removed shows as capability paths, but removing one and making another in its place
+    /// gives back the same paths (a GPU instance's id names its placement, not its profile).
+    pub fn forget(config: &Config) {
+        let Some(path) = config.nvml_cache() else {
+            return;
+        };
+        if let Err(e) = std::fs::remove_file(path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %path.display(), error = %e, "stale NVML answer not removed");
+        }
+    }
+
     /// The stored answer, when it was stored for this very host state.
     pub fn read(&self) -> Option<System> {
         let stored = self.stored()?;
@@ -407,6 +421,15 @@ mod tests {
         std::fs::write(host.path("elsewhere.json"), b"{}").unwrap();
         std::os::unix::fs::symlink(host.path("elsewhere.json"), &file).unwrap();
         assert!(host.cache().read().is_none());
+    }
+
+    #[test]
+    fn a_forgotten_answer_is_asked_again() {
+        let host = Host::new();
+        host.cache().write(&system());
+        NvmlCache::forget(&host.config);
+        assert!(host.cache().read().is_none());
+        NvmlCache::forget(&host.config);
     }
 
     #[test]

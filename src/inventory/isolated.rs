@@ -18,6 +18,7 @@ use crate::config::Config;
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -138,13 +139,7 @@ fn query_in_child(
 ) -> Result<Inventory, InventoryError> {
     let library = nvml_library(config, host_cache)?;
     let helper = crate::binary_paths::beside_nvhook(HELPER);
-    let mut command = Command::new(&helper);
-    command
-        .arg(&library)
-        .env_clear()
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped());
+    let mut command = helper_command(&helper, &library);
     // An engine that kills the hook at its timeout kills only the hook: without this, a
     // helper stuck in a hung NVML would outlive every start that gave up on it.
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
@@ -173,6 +168,19 @@ fn query_in_child(
         let _ = child.try_wait();
     }
     super::around(config, host_cache, result?, scope)
+}
+
+/// `helper` run on NVML library `library` with no environment, at `/`, its stdin closed and its
+/// stdout piped: the arguments of what to do are the caller's to add.
+pub(super) fn helper_command(helper: &Path, library: &Path) -> Command {
+    let mut command = Command::new(helper);
+    command
+        .arg(library)
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    command
 }
 
 fn child_err(message: String) -> InventoryError {

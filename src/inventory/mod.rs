@@ -11,6 +11,7 @@ pub mod gpu_layout;
 pub mod graphics;
 mod host_file;
 pub mod isolated;
+pub mod mig_admin;
 mod resolve;
 pub mod text;
 

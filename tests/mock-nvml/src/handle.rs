@@ -4,7 +4,7 @@
 //! is never null, stays valid across shutdown and re-init (as indices into the topology
 //! do), and a pointer that did not come from us is recognised and rejected.
 
-use crate::topology::{MAX_GPU_INSTANCES, MAX_GPUS, MAX_MIG_DEVICES};
+use crate::topology::{MAX_COMPUTE_INSTANCES, MAX_GPU_INSTANCES, MAX_GPUS, MAX_MIG_DEVICES};
 
 /// `nvmlDevice_st`: never dereferenced, only its address matters.
 #[repr(C)]
@@ -94,6 +94,57 @@ impl InstanceHandle {
     }
 }
 
+/// `nvmlComputeInstance_st`: never dereferenced, only its address matters.
+#[repr(C)]
+pub struct NvmlComputeInstance {
+    _opaque: [u8; 0],
+}
+
+/// `nvmlComputeInstance_t`.
+pub type ComputeInstanceHandle = *mut NvmlComputeInstance;
+
+const CI_SLOTS: usize = MAX_GPUS * MAX_GPU_INSTANCES * MAX_COMPUTE_INSTANCES;
+
+/// One slot per compute instance id of each GPU instance, apart from the other tables.
+static COMPUTE_ANCHORS: [u8; CI_SLOTS] = [0; CI_SLOTS];
+
+/// Compute instance `ci` of GPU instance `gi` of GPU `gpu` (its NVML index).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ComputeHandle {
+    pub gpu: usize,
+    pub gi: usize,
+    pub ci: usize,
+}
+
+impl ComputeHandle {
+    /// The C handle; callers only build handles for instances the topology has.
+    pub fn to_raw(self) -> ComputeInstanceHandle {
+        let slot = (self.gpu * MAX_GPU_INSTANCES + self.gi) * MAX_COMPUTE_INSTANCES + self.ci;
+        COMPUTE_ANCHORS
+            .as_ptr()
+            .wrapping_add(slot)
+            .cast_mut()
+            .cast()
+    }
+
+    /// Decodes a handle; `None` for null or anything not produced by `to_raw`.
+    pub fn from_raw(raw: ComputeInstanceHandle) -> Option<Self> {
+        let offset = raw.addr().checked_sub(COMPUTE_ANCHORS.as_ptr().addr())?;
+        if offset >= COMPUTE_ANCHORS.len() {
+            return None;
+        }
+        let (gpu_gi, ci) = (
+            offset / MAX_COMPUTE_INSTANCES,
+            offset % MAX_COMPUTE_INSTANCES,
+        );
+        Some(Self {
+            gpu: gpu_gi / MAX_GPU_INSTANCES,
+            gi: gpu_gi % MAX_GPU_INSTANCES,
+            ci,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +175,33 @@ mod tests {
             None
         );
         assert_eq!(InstanceHandle::from_raw(std::ptr::null_mut()), None);
+    }
+
+    #[test]
+    fn compute_handles_round_trip_and_are_no_other_handles() {
+        let last = ComputeHandle {
+            gpu: MAX_GPUS - 1,
+            gi: MAX_GPU_INSTANCES - 1,
+            ci: MAX_COMPUTE_INSTANCES - 1,
+        };
+        let some = ComputeHandle {
+            gpu: 1,
+            gi: 9,
+            ci: 2,
+        };
+        for handle in [
+            ComputeHandle {
+                gpu: 0,
+                gi: 0,
+                ci: 0,
+            },
+            some,
+            last,
+        ] {
+            assert_eq!(ComputeHandle::from_raw(handle.to_raw()), Some(handle));
+            assert_eq!(InstanceHandle::from_raw(handle.to_raw().cast()), None);
+        }
+        assert_eq!(ComputeHandle::from_raw(std::ptr::null_mut()), None);
     }
 
     #[test]

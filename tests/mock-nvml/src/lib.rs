@@ -7,7 +7,8 @@
 //! MIG device handles answer identity queries (UUID, name, index, GPU/compute
 //! instance ids, parent), their memory, and the board properties they share with their
 //! GPU (PCI info, brand, architecture, compute capability); the per-GPU queries (minor
-//! number, MIG mode, MIG enumeration and GPU instances) need the parent's handle.
+//! number, MIG mode, MIG enumeration and GPU instances) need the parent's handle. GPU and
+//! compute instances are made and removed too ([`instances`]), and the change kept on the node.
 
 // Each entry point's `# Safety` doc is its C contract; its unsafe blocks only pass that
 // contract on to the pointer writers, so they carry no comment of their own.
@@ -16,6 +17,7 @@
 mod device;
 mod ffi;
 mod handle;
+mod instances;
 mod pci;
 mod state;
 mod status;
@@ -54,8 +56,8 @@ pub struct NvmlMemoryV2 {
 /// `nvmlGpuInstancePlacement_t`.
 #[repr(C)]
 pub struct NvmlGpuInstancePlacement {
-    start: c_uint,
-    size: c_uint,
+    pub(crate) start: c_uint,
+    pub(crate) size: c_uint,
 }
 
 /// `nvmlGpuInstanceInfo_t`.

@@ -2,12 +2,12 @@
 
 use std::fmt;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// A PCI function address. Function is kept because NVML's lookup compares it too.
 /// The topology spells it as text; parsing while deserialising rejects bad ids early.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct BusId {
     pub domain: u32,
     pub bus: u32,
@@ -73,6 +73,12 @@ fn hex(digits: &str, max: u32) -> Result<u32, BadBusId> {
     match u32::from_str_radix(digits, 16) {
         Ok(value) if value <= max => Ok(value),
         _ => Err(BadBusId),
+    }
+}
+
+impl From<BusId> for String {
+    fn from(id: BusId) -> String {
+        id.canonical()
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::{ptr, thread, time::Duration};
 
 use crate::status::{NvmlResult, Status};
-use crate::topology::{Topology, TopologyError};
+use crate::topology::{TOPOLOGY_FILE, Topology, TopologyError};
 
 struct State {
     /// NVML counts inits: only the shutdown matching the first init tears down.
@@ -76,6 +76,28 @@ pub fn shutdown() -> NvmlResult {
 /// The topology, or `UNINITIALIZED` before init and after the last shutdown.
 pub fn topology() -> NvmlResult<Arc<Topology>> {
     lock().topology.clone().ok_or(Status::UNINITIALIZED)
+}
+
+/// Changes the topology as `change` says, with what it returns: the new topology is written
+/// back beside the library, for the processes that load it next, and answers this one's
+/// queries from now on. A change that fails leaves both as they were.
+pub fn update<T>(change: impl FnOnce(&mut Topology) -> NvmlResult<T>) -> NvmlResult<T> {
+    let mut state = lock();
+    let mut topology = Topology::clone(state.topology.as_ref().ok_or(Status::UNINITIALIZED)?);
+    let answer = change(&mut topology)?;
+    let dir = library_dir().ok_or(Status::UNKNOWN)?;
+    write_topology(&dir, &topology).map_err(|_| Status::UNKNOWN)?;
+    state.topology = Some(Arc::new(topology));
+    Ok(answer)
+}
+
+/// Replaces the topology file in one step: a process that loads it meanwhile reads the old one
+/// or the new one, never half of one.
+fn write_topology(dir: &std::path::Path, topology: &Topology) -> std::io::Result<()> {
+    let text = serde_json::to_vec_pretty(topology).map_err(std::io::Error::other)?;
+    let staged = dir.join(format!(".{TOPOLOGY_FILE}.{}", std::process::id()));
+    std::fs::write(&staged, text)?;
+    std::fs::rename(&staged, dir.join(TOPOLOGY_FILE))
 }
 
 /// The directory this library was loaded from. The hook clears its environment

@@ -14,9 +14,12 @@ impl Status {
     pub const UNINITIALIZED: Self = Self(1);
     pub const INVALID_ARGUMENT: Self = Self(2);
     pub const NOT_SUPPORTED: Self = Self(3);
+    pub const NO_PERMISSION: Self = Self(4);
     pub const NOT_FOUND: Self = Self(6);
     pub const INSUFFICIENT_SIZE: Self = Self(7);
     pub const DRIVER_NOT_LOADED: Self = Self(9);
+    pub const IN_USE: Self = Self(19);
+    pub const INSUFFICIENT_RESOURCES: Self = Self(23);
     pub const ARGUMENT_VERSION_MISMATCH: Self = Self(25);
     pub const UNKNOWN: Self = Self(999);
 
@@ -39,7 +42,9 @@ impl Status {
             15 => c"GPU is lost",
             17 => c"The operating system has blocked the request.",
             18 => c"RM has detected an NVML/RM version mismatch.",
+            19 => c"In use by another client",
             20 => c"Insufficient Memory",
+            23 => c"Insufficient resources",
             25 => c"Argument version mismatch",
             _ => c"Unknown Error",
         }

@@ -1,8 +1,9 @@
-//! The topology file, the contract between `simnode` (which writes it) and this mock.
+//! The topology file, the contract between `simnode` (which writes it) and this mock (which
+//! reads it, and writes it back with the MIG devices it made or removed).
 
 use std::{fs, io, path::Path};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::pci::BusId;
 use crate::status::Status;
@@ -14,9 +15,11 @@ pub const MAX_GPUS: usize = 64;
 /// `nvmlDeviceGetMaxMigDeviceCount` on an A100/H100 with MIG enabled.
 pub const MAX_MIG_DEVICES: usize = 7;
 /// GPU instance ids run 0..=14 on an A100/H100 (7g is 0, 1g instances 7 to 14).
-pub const MAX_GPU_INSTANCES: usize = 15;
+pub const MAX_GPU_INSTANCES: usize = simmig::MAX_GPU_INSTANCES as usize;
+/// Compute instance ids run 0..=7 in a GPU instance.
+pub const MAX_COMPUTE_INSTANCES: usize = simmig::MAX_COMPUTE_INSTANCES as usize;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct Topology {
     pub driver_version: String,
     /// `1000 * major + 10 * minor`, as `nvmlSystemGetCudaDriverVersion` reports it.
@@ -32,10 +35,23 @@ pub struct Topology {
     /// Where each init appends its process id (the simulated node's `nvml-inits`).
     #[serde(default)]
     pub init_record: Option<std::path::PathBuf>,
+    /// Where MIG instances made or removed show on the node; absent, only this file changes.
+    #[serde(default)]
+    pub node: Option<NodeLayout>,
     pub gpus: Vec<Gpu>,
 }
 
-#[derive(Debug, Deserialize)]
+/// The node's MIG capability files and nodes, as simnode laid them out.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct NodeLayout {
+    /// The driver's `capabilities` directory under the node's proc root.
+    pub capabilities: std::path::PathBuf,
+    /// `/dev/nvidia-caps` under the node's dev root.
+    pub caps_dev: std::path::PathBuf,
+    pub caps_major: u32,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct Gpu {
     pub uuid: String,
     pub minor: u32,
@@ -56,10 +72,21 @@ pub struct Gpu {
     pub mig_mode: u32,
     /// Visible only while `mig_mode` is 1, as real MIG devices exist only then.
     #[serde(default)]
-    mig_devices: Vec<MigDevice>,
+    pub mig_devices: Vec<MigDevice>,
+    /// GPU instances without a compute instance, so without a MIG device: made, not yet filled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub empty_gpu_instances: Vec<EmptyGpuInstance>,
 }
 
-#[derive(Debug, Deserialize)]
+/// A GPU instance no compute instance is in.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+pub struct EmptyGpuInstance {
+    pub id: u32,
+    #[serde(flatten)]
+    pub instance: GpuInstance,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct MigDevice {
     pub uuid: String,
     pub gpu_instance_id: u32,
@@ -72,10 +99,13 @@ pub struct MigDevice {
     /// The MIG device's framebuffer in bytes; absent: its memory query is not supported.
     #[serde(default)]
     pub memory_total: Option<u64>,
+    /// Its compute instance's profile id; absent: the one spanning its GPU instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_profile_id: Option<u32>,
 }
 
 /// `nvmlGpuInstanceInfo_t` less its parent handle and id, which the topology already has.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 pub struct GpuInstance {
     pub profile_id: u32,
     pub placement_start: u32,
@@ -123,9 +153,13 @@ impl Topology {
             .iter()
             .any(|gpu| gpu.mig_devices.len() > MAX_MIG_DEVICES);
         let bad_instance = self.gpus.iter().any(|gpu| {
-            gpu.mig_devices
+            let empty = gpu.empty_gpu_instances.iter().map(|gi| gi.id);
+            let ids = gpu.mig_devices.iter().map(|mig| mig.gpu_instance_id);
+            let bad_ci = gpu
+                .mig_devices
                 .iter()
-                .any(|mig| mig.gpu_instance_id as usize >= MAX_GPU_INSTANCES)
+                .any(|mig| mig.compute_instance_id as usize >= MAX_COMPUTE_INSTANCES);
+            bad_ci || ids.chain(empty).any(|id| id as usize >= MAX_GPU_INSTANCES)
         });
         let has_nul = self.strings().any(|text| text.contains('\0'));
         if self.gpus.len() > MAX_GPUS || too_many_migs || bad_instance || has_nul {
@@ -177,12 +211,26 @@ impl Gpu {
     }
 
     /// GPU instance `id` as its MIG devices describe it (every compute instance of one GPU
-    /// instance lists the same); None where no MIG device is in it or none describes it.
+    /// instance lists the same), or as made with none in it; None where there is none or no
+    /// MIG device describes it.
     pub fn gpu_instance(&self, id: u32) -> Option<GpuInstance> {
-        self.mig_devices()
+        self.gpu_instances()
+            .find(|&(gi, _)| gi == id)
+            .map(|(_, instance)| instance)
+    }
+
+    /// Every GPU instance that NVML would describe, by id, with MIG enabled.
+    pub fn gpu_instances(&self) -> impl Iterator<Item = (u32, GpuInstance)> + '_ {
+        let filled = self
+            .mig_devices()
             .iter()
-            .filter(|mig| mig.gpu_instance_id == id)
-            .find_map(|mig| mig.gpu_instance)
+            .filter_map(|mig| Some((mig.gpu_instance_id, mig.gpu_instance?)));
+        let empty = self
+            .empty_gpu_instances
+            .iter()
+            .filter(|_| self.mig_enabled())
+            .map(|gi| (gi.id, gi.instance));
+        filled.chain(empty)
     }
 }
 

@@ -20,6 +20,7 @@ pub fn build(
     params: &Params,
     gpus: &[Gpu],
     mock_nvml: &Path,
+    caps_major: u32,
     firmware_path: Option<&str>,
 ) -> Result<()> {
     let version = &params.driver_version;
@@ -60,8 +61,7 @@ pub fn build(
     })?;
     write(
         &lib64.join(topology::FILE_NAME),
-        // Beside the driver root, not in it: nvhook fingerprints the NVML library's directory.
-        &topology::render(params, gpus, &root.with_file_name("nvml-inits"))?,
+        &topology::render(params, gpus, root.parent().unwrap_or(root), caps_major)?,
     )?;
 
     firmware(root, version, firmware_path.unwrap_or("/lib/firmware"))?;

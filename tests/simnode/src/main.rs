@@ -39,7 +39,7 @@ struct CreateArgs {
     /// Number of GPUs (0 to 64).
     #[arg(long, default_value_t = 4)]
     gpus: u32,
-    /// GPU:COUNT: turn MIG on for GPU and give it COUNT (1 to 7) MIG devices.
+    /// GPU:COUNT: turn MIG on for GPU and give it COUNT (0 to 7) MIG devices.
     #[arg(long, value_name = "GPU:COUNT", value_parser = parse_mig)]
     mig: Vec<(u32, u32)>,
     #[arg(long, default_value = "550.54.15")]

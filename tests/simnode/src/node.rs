@@ -139,6 +139,7 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
         inputs.params,
         &gpus,
         inputs.mock_nvml,
+        majors.caps,
         firmware_path,
     )?;
     let caps = devices::capabilities(&gpus);

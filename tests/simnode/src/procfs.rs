@@ -39,10 +39,7 @@ pub fn write(
         )?;
     }
     for cap in caps {
-        let text = format!(
-            "DeviceFileMinor: {}\nDeviceFileMode: {}\nDeviceFileModify: 1\n",
-            cap.minor, cap.mode
-        );
+        let text = simmig::capability_text(cap.minor, cap.mode);
         put(&nv.join("capabilities").join(&cap.proc_path), &text)?;
     }
     Ok(())

@@ -9,8 +9,7 @@ use serde::Serialize;
 /// The most GPUs one node may have (NVML minors and PCI ids stay distinct).
 pub const MAX_GPUS: u32 = 64;
 
-/// The simulated board; A100 is the card most MIG documentation describes.
-const GPU_NAME: &str = "NVIDIA A100-SXM4-80GB";
+use simmig::{GPU_NAME, Profile, uuid_hex};
 /// Its framebuffer as NVML reports it: 81920 MiB.
 pub const GPU_MEMORY_BYTES: u64 = 80 << 30;
 
@@ -18,7 +17,8 @@ pub const GPU_MEMORY_BYTES: u64 = 80 << 30;
 #[derive(Debug, Clone, Serialize)]
 pub struct Params {
     pub gpus: u32,
-    /// (GPU index, MIG device count), GPU indices unique.
+    /// (GPU index, MIG device count), GPU indices unique; a count of 0 is MIG mode on with no
+    /// MIG device.
     pub mig: Vec<(u32, u32)>,
     pub driver_version: String,
     pub cuda_version: String,
@@ -42,6 +42,7 @@ pub struct Gpu {
     pub persistence_mode: bool,
     /// Bus number on PCI domain 0; rendered in NVML and kernel forms below.
     pub pci_bus: u8,
+    pub mig_enabled: bool,
     pub mig: Vec<MigDevice>,
 }
 
@@ -92,8 +93,8 @@ impl Params {
                 self.gpus
             );
             ensure!(
-                (1..=7).contains(&count),
-                "--mig {gpu}:{count}: a GPU holds 1 to 7 MIG devices"
+                count <= 7,
+                "--mig {gpu}:{count}: a GPU holds 0 to 7 MIG devices"
             );
             ensure!(
                 !self.mig[..i].iter().any(|&(g, _)| g == gpu),
@@ -130,11 +131,7 @@ impl Params {
 
     /// The GPU in board `slot` (which fixes its minor, UUID and bus), at NVML `index`.
     fn gpu(&self, slot: u32, index: u32) -> Gpu {
-        let mig_count = self
-            .mig
-            .iter()
-            .find(|&&(g, _)| g == index)
-            .map_or(0, |&(_, c)| c);
+        let mig_count = self.mig.iter().find(|&&(g, _)| g == index).map(|&(_, c)| c);
         Gpu {
             index,
             minor: slot,
@@ -144,71 +141,40 @@ impl Params {
             // Stride 3 spreads GPUs over root ports like a real board and
             // keeps 64 GPUs below bus 0xff.
             pci_bus: u8::try_from(0x18 + 3 * slot).expect("at most 64 GPUs"),
-            mig: mig_devices(index, mig_count),
+            mig_enabled: mig_count.is_some(),
+            mig: mig_devices(index, mig_count.unwrap_or(0)),
         }
     }
 }
 
-/// An A100-80GB GPU instance profile, as `nvidia-smi mig -lgip` and `-lgipp` list it.
-struct Profile {
-    name: &'static str,
-    id: u32,
-    /// Memory slices per instance (of the GPU's 8).
-    size: u32,
-    /// `-lgip`'s memory column in MiB (9.50 GiB for 1g.10gb).
-    memory_mib: u64,
-    /// The GPU instance ids the driver assigns to this profile's instances, in creation order,
-    /// and where each sits: the driver fills placements from the top (the MIG user guide's
-    /// two 3g instances are GI 1 at 4:4 and GI 2 at 0:4).
-    instances: &'static [(u32, u32)],
-}
-
-/// The profile that splits the GPU into `count` equal parts.
-fn mig_profile(count: u32) -> Profile {
-    match count {
-        1 => Profile {
-            name: "7g.80gb",
-            id: 0,
-            size: 8,
-            memory_mib: 81_152,
-            instances: &[(0, 0)],
-        },
-        2 => Profile {
-            name: "3g.40gb",
-            id: 9,
-            size: 4,
-            memory_mib: 40_192,
-            instances: &[(1, 4), (2, 0)],
-        },
-        3 => Profile {
-            name: "2g.20gb",
-            id: 14,
-            size: 2,
-            memory_mib: 19_968,
-            instances: &[(3, 4), (4, 2), (5, 0)],
-        },
-        _ => Profile {
-            name: "1g.10gb",
-            id: 19,
-            size: 1,
-            memory_mib: 9_728,
-            instances: &[(7, 6), (8, 5), (9, 4), (10, 3), (11, 2), (12, 1), (13, 0)],
-        },
-    }
+/// The profile that splits the GPU into `count` equal parts, and the placements its
+/// instances take, in the order the driver fills them: from the top.
+fn mig_layout(count: u32) -> (&'static Profile, &'static [u32]) {
+    let (name, starts): (&str, &'static [u32]) = match count {
+        1 => ("7g.80gb", &[0]),
+        2 => ("3g.40gb", &[4, 0]),
+        3 => ("2g.20gb", &[4, 2, 0]),
+        _ => ("1g.10gb", &[6, 5, 4, 3, 2, 1, 0]),
+    };
+    let profile = Profile::by_name(name).expect("an A100-80GB profile");
+    (profile, starts)
 }
 
 fn mig_devices(gpu: u32, count: u32) -> Vec<MigDevice> {
-    let profile = mig_profile(count);
-    profile
-        .instances
+    if count == 0 {
+        return Vec::new();
+    }
+    let (profile, starts) = mig_layout(count);
+    starts
         .iter()
         .take(count as usize)
         .enumerate()
-        .map(|(i, &(gi, start))| MigDevice {
+        .map(|(i, &start)| MigDevice {
             // The high bit keeps MIG seeds apart from GPU seeds.
             uuid: format!("MIG-{}", uuid_hex(1 << 63 | u64::from(gpu) << 8 | i as u64)),
             name: format!("{GPU_NAME} MIG {}", profile.name),
-            gpu_instance_id: gi,
+            gpu_instance_id: simmig::gpu_instance_id(start, profile.size)
+                .expect("a placement of the profile"),
             compute_instance_id: 0,
             gpu_instance: GpuInstance {
                 profile_id: profile.id,
@@ -218,27 +184,6 @@ fn mig_devices(gpu: u32, count: u32) -> Vec<MigDevice> {
             memory_total: profile.memory_mib << 20,
         })
         .collect()
-}
-
-/// A realistic-looking, deterministic UUID body (8-4-4-4-12 hex) from a seed.
-fn uuid_hex(seed: u64) -> String {
-    let hi = splitmix64(seed ^ 0x6e76_686f_6f6b_0001);
-    let lo = splitmix64(hi ^ seed);
-    format!(
-        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-        hi >> 32,
-        (hi >> 16) & 0xffff,
-        hi & 0xffff,
-        lo >> 48,
-        lo & 0xffff_ffff_ffff
-    )
-}
-
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 /// The driver's branch number (550 in 550.54.15).
@@ -341,6 +286,9 @@ mod tests {
         let instance = gpus[1].mig[0].gpu_instance;
         assert_eq!(instance.profile_id, 9);
         assert_eq!(gpus[1].mig[0].memory_total, 40_192 << 20);
+        let empty = params(1, vec![(0, 0)]).gpu_list();
+        assert!(empty[0].mig_enabled && empty[0].mig.is_empty());
+        assert!(!params(1, vec![]).gpu_list()[0].mig_enabled);
     }
 
     /// No two GPU instances of a GPU share a memory slice, and all fit its 8.
@@ -369,7 +317,7 @@ mod tests {
         let err = |p: Params| p.validate().unwrap_err().to_string();
         assert!(err(params(65, vec![])).contains("--gpus 65"));
         assert!(err(params(4, vec![(4, 1)])).contains("no GPU 4"));
-        assert!(err(params(4, vec![(0, 8)])).contains("1 to 7"));
+        assert!(err(params(4, vec![(0, 8)])).contains("0 to 7"));
         assert!(err(params(4, vec![(0, 1), (0, 2)])).contains("given twice"));
         let mut bad = params(1, vec![]);
         bad.driver_version = "latest".into();

@@ -4,7 +4,7 @@
 use crate::spec::{GPU_MEMORY_BYTES, Gpu, MigDevice, Params, cuda_driver_version};
 use anyhow::Result;
 use serde::Serialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub const FILE_NAME: &str = "nvml-topology.json";
 
@@ -27,8 +27,19 @@ struct Topology<'a> {
     init_error: u32,
     init_delay_ms: u64,
     /// The file each init appends its process id to, for tests that count NVML's inits.
-    init_record: &'a Path,
+    init_record: PathBuf,
+    /// Where the mock lays out the MIG devices it makes, as simnode laid out the first ones.
+    node: NodeLayout,
     gpus: Vec<TopologyGpu<'a>>,
+}
+
+/// The node's MIG capability files and nodes: the driver's `capabilities` directory under the
+/// proc root, `/dev/nvidia-caps` under the dev root, and the nvidia-caps major.
+#[derive(Serialize)]
+struct NodeLayout {
+    capabilities: PathBuf,
+    caps_dev: PathBuf,
+    caps_major: u32,
 }
 
 #[derive(Serialize)]
@@ -47,7 +58,8 @@ struct TopologyGpu<'a> {
     mig_devices: &'a [MigDevice],
 }
 
-pub fn render(params: &Params, gpus: &[Gpu], init_record: &Path) -> Result<String> {
+/// The topology of the node in `node_dir`, whose nvidia-caps major is `caps_major`.
+pub fn render(params: &Params, gpus: &[Gpu], node_dir: &Path, caps_major: u32) -> Result<String> {
     let cuda = cuda_driver_version(&params.cuda_version)?;
     let topology = Topology {
         driver_version: &params.driver_version,
@@ -56,7 +68,13 @@ pub fn render(params: &Params, gpus: &[Gpu], init_record: &Path) -> Result<Strin
         nvml_version: format!("{}.{}", cuda / 1000, params.driver_version),
         init_error: params.nvml_init_error,
         init_delay_ms: params.nvml_init_delay_ms,
-        init_record,
+        // Beside the driver root, not in it: nvhook fingerprints the NVML library's directory.
+        init_record: node_dir.join("nvml-inits"),
+        node: NodeLayout {
+            capabilities: node_dir.join("proc/driver/nvidia/capabilities"),
+            caps_dev: node_dir.join("dev/nvidia-caps"),
+            caps_major,
+        },
         gpus: gpus
             .iter()
             .map(|gpu| TopologyGpu {
@@ -70,7 +88,7 @@ pub fn render(params: &Params, gpus: &[Gpu], init_record: &Path) -> Result<Strin
                 cuda_compute_capability: COMPUTE_CAPABILITY,
                 memory_total: GPU_MEMORY_BYTES,
                 persistence_mode: gpu.persistence_mode,
-                mig_mode: if gpu.mig.is_empty() { 0 } else { MIG_ENABLED },
+                mig_mode: if gpu.mig_enabled { MIG_ENABLED } else { 0 },
                 mig_devices: &gpu.mig,
             })
             .collect(),
@@ -96,13 +114,19 @@ mod tests {
             persistence_off: vec![],
         };
         let json: serde_json::Value = serde_json::from_str(
-            &render(&params, &params.gpu_list(), Path::new("/node/nvml-inits")).unwrap(),
+            &render(&params, &params.gpu_list(), Path::new("/node"), 510).unwrap(),
         )
         .unwrap();
         assert_eq!(json["cuda_driver_version"], 12040);
         assert_eq!(json["nvml_version"], "12.550.54.15");
         assert_eq!(json["init_error"], 3);
         assert_eq!(json["init_delay_ms"], 250);
+        assert_eq!(json["init_record"], "/node/nvml-inits");
+        assert_eq!(
+            json["node"],
+            serde_json::json!({"capabilities": "/node/proc/driver/nvidia/capabilities",
+                "caps_dev": "/node/dev/nvidia-caps", "caps_major": 510})
+        );
         assert_eq!(json["gpus"][0]["pci_device_id"], 0x20B2_10DE);
         assert_eq!(json["gpus"][0]["mig_mode"], 0);
         assert_eq!(json["gpus"][0]["memory_total"], 80u64 << 30);
