@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds nvhook, nvhook-runtime and nvhook-nvml for aarch64-unknown-linux-gnu (issue 29), in
+# Builds nvhook, nvhook-runtime, nvhook-nvml and nvhook-dra for aarch64-unknown-linux-gnu, in
 # the Debian sid root that scripts/arm64-toolchain.sh makes (run it first; it is fast once
 # done). The binaries land in .cross/aarch64/ (or $NVHOOK_ARM64_OUT), with what the emulated
 # arm64 node of tests/arm64_e2e.rs needs besides: the mock NVML (libmock_nvml.so) and the
@@ -12,7 +12,7 @@
 # host first if Cargo.lock changed), and every mount goes when the build ends.
 #
 #   NVHOOK_CROSS_ROOT    the toolchain root (default: .cross/sid-root)
-#   NVHOOK_ARM64_OUT     where the three binaries are copied (default: .cross/aarch64)
+#   NVHOOK_ARM64_OUT     where the binaries are copied (default: .cross/aarch64)
 #   NVHOOK_ARM64_PROFILE release (default: what packages ship), dev, or arm64-check (Cargo.toml:
 #                        release's panic = "abort" without fat LTO or debug info; what every test
 #                        run builds, a fraction of release's time)
@@ -28,7 +28,7 @@ OUT=${NVHOOK_ARM64_OUT:-$PROJECT/.cross/aarch64}
 PROFILE=${NVHOOK_ARM64_PROFILE:-release}
 REGISTRY=${CARGO_HOME:-$HOME/.cargo}/registry
 TARGET=aarch64-unknown-linux-gnu
-BINARIES=(nvhook nvhook-runtime nvhook-nvml)
+BINARIES=(nvhook nvhook-runtime nvhook-nvml nvhook-dra)
 
 [ "$(id -u)" = 0 ] || { echo "build-arm64.sh: run as root (the build runs in a chroot)" >&2; exit 1; }
 [ -f "$ROOT/.nvhook-toolchain" ] || {
@@ -67,7 +67,8 @@ build() {
   # As packaging/build-packages.sh builds amd64's: packages ship the binaries as they are.
   export CARGO_PROFILE_RELEASE_STRIP=symbols
   cargo build --offline --locked --profile "$PROFILE" --target "$TARGET" \
-    -p nvhook --bin nvhook -p nvhook-runtime --bin nvhook-runtime -p nvhook-nvml --bin nvhook-nvml
+    -p nvhook --bin nvhook -p nvhook-runtime --bin nvhook-runtime -p nvhook-nvml --bin nvhook-nvml \
+    -p nvhook-dra-driver --bin nvhook-dra
   # Apart: with --bin above, cargo would build only binaries of every package named.
   cargo build --offline --locked --profile "$PROFILE" --target "$TARGET" -p mock-nvml --lib
   aarch64-linux-gnu-gcc -O1 -Wall -Wextra -Werror -o "/src/.cross/target/$TARGET/gpucheck" \

@@ -12,9 +12,7 @@
 #             then one name for both with `docker manifest create NAME AMD64-IMAGE ARM64-IMAGE`
 #             and `docker manifest push NAME` (a manifest list lives in a registry).
 #   BIN_DIR   take nvhook, nvhook-runtime, nvhook-nvml and nvhook-dra from here instead of
-#             building them (cargo build --release into target/release). scripts/build-arm64.sh
-#             builds no nvhook-dra: an arm64 image without one is built, with a warning, and
-#             nvhook-dra.yaml cannot run from it
+#             building them (cargo build --release into target/release)
 #   BASE      the base image (default debian:bookworm-slim, of ARCH)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,10 +40,6 @@ trap 'rm -rf "$context"' EXIT
 mkdir "$context/bin"
 for name in nvhook nvhook-runtime nvhook-nvml nvhook-dra; do
     [ -x "$BIN_DIR/$name" ] || {
-        if [ "$name" = nvhook-dra ] && [ "$arch" = arm64 ]; then
-            echo "build-installer-image: warning: $BIN_DIR/nvhook-dra is missing: the image has no nvhook-dra, and nvhook-dra.yaml cannot run from it" >&2
-            continue
-        fi
         hint=""
         [ "$arch" = arm64 ] && hint=" (run scripts/arm64-toolchain.sh and scripts/build-arm64.sh first)"
         echo "build-installer-image: $BIN_DIR/$name is missing$hint" >&2

@@ -657,3 +657,151 @@ fn a_pool_past_one_slice_is_published_in_two_and_shrinks_back_to_one() {
     assert_eq!(slice.spec.pool.generation, 2);
     assert_eq!(slice.spec.pool.resource_slice_count, 1);
 }
+
+/// With `--dynamic-mig`, a GPU in MIG mode with no MIG device is offered as partitionable
+/// devices (KEP-4815, as NVIDIA's DynamicMIG): its counter set in a slice of its own, every
+/// place of every MIG profile a device that consumes from it, all accepted by the API server
+/// double's v1 validation. A claim for one place gets its MIG device made through NVML at
+/// prepare (the mock's), and a pod through containerd 2.1.9 and runc gets exactly that MIG
+/// device; an overlapping place is refused in one line with nothing kept; the pool does not
+/// change while the device exists; a plugin restarted before unprepare still destroys it.
+#[test]
+fn a_claim_for_a_mig_partition_makes_that_mig_device_and_unprepare_destroys_it() {
+    require_root();
+    let node = SimNode::create_with(GPUS, &["--mig", "1:0"]);
+    let dir = EngineDir::new("dra-dynamic-mig");
+    let api = ApiServer::start();
+    let plugin = Plugin::start_with(&node, dir.path(), &api, &["--dynamic-mig"]);
+    let slices = slices_when(&api, |slices| slices.len() == 2);
+    let counters = slices[0]
+        .spec
+        .shared_counters
+        .as_ref()
+        .expect("the first slice holds the counter sets");
+    assert_eq!(counters.len(), 1);
+    assert_eq!(counters[0].name, "gpu-1-counter-set");
+    let whole = &counters[0].counters;
+    assert_eq!(whole["multiprocessors"].value.0, "98");
+    assert_eq!(
+        (0..8)
+            .filter(|i| whole.contains_key(&format!("memory-slice-{i}")))
+            .count(),
+        8
+    );
+    let names = device_names(&slices[1]);
+    assert!(names.starts_with(&["gpu-0".to_string()]), "{names:?}");
+    assert!(!names.contains(&"gpu-1".to_string()), "{names:?}");
+    let place = "gpu-1-mig-3g40gb-9-4";
+    let listed = slices[1].spec.devices.as_ref().unwrap();
+    let device = listed
+        .iter()
+        .find(|d| d.name == place)
+        .unwrap_or_else(|| panic!("no {place}: {names:?}"));
+    let attributes = device.attributes.as_ref().unwrap();
+    assert_eq!(attributes["type"].string.as_deref(), Some("mig"));
+    assert_eq!(attributes["profile"].string.as_deref(), Some("3g.40gb"));
+    assert!(!attributes.contains_key("uuid"), "a place has no UUID");
+    let capacity = device.capacity.as_ref().unwrap();
+    assert_eq!(capacity["multiprocessors"].value.0, "42");
+    let consumed = device.consumes_counters.as_ref().unwrap();
+    assert_eq!(consumed.len(), 1);
+    assert_eq!(consumed[0].counter_set, "gpu-1-counter-set");
+    let mut taken: Vec<&str> = consumed[0]
+        .counters
+        .keys()
+        .filter(|k| k.starts_with("memory-slice-"))
+        .map(String::as_str)
+        .collect();
+    taken.sort_unstable();
+    assert_eq!(
+        taken,
+        [
+            "memory-slice-4",
+            "memory-slice-5",
+            "memory-slice-6",
+            "memory-slice-7"
+        ]
+    );
+
+    let kubelet = Kubelet::new().expect("a kubelet double");
+    let registered = kubelet.register(&plugin.registration_socket()).unwrap();
+    let mut engine = Engine::start(dir.path(), "dra-dyn");
+    let (claim, claim_ref) = allocated_claim("part", NODE, &[place]);
+    api.put_claim(claim);
+    let answer = registered
+        .prepare(std::slice::from_ref(&claim_ref))
+        .expect("prepare");
+    let devices = answer[&claim_ref.uid].as_ref().expect("the claim prepared");
+    assert_eq!(
+        devices[0].cdi_ids,
+        [format!(
+            "k8s.gpu.nvidia.com/claim={}-{place}",
+            claim_ref.uid
+        )]
+    );
+    let topology = node.topology();
+    let made = topology["gpus"][1]["mig_devices"]
+        .as_array()
+        .expect("GPU 1's MIG devices");
+    assert_eq!(made.len(), 1, "{made:?}");
+    let gi = format!("gpu1/mig/gi{}", made[0]["gpu_instance_id"]);
+    let ci = format!("{gi}/ci{}", made[0]["compute_instance_id"]);
+    let caps = [&gi, &ci].map(|c| {
+        format!(
+            "/dev/nvidia-caps/nvidia-cap{}",
+            cap_minor(&node, &format!("{c}/access"))
+        )
+    });
+    let output = engine.run(
+        &node,
+        &devices[0].cdi_ids,
+        &[
+            "--ls",
+            "/dev/nvidia-caps",
+            "--dev",
+            &caps[0],
+            "--dev",
+            &caps[1],
+        ],
+    );
+    output.assert_success();
+    output.assert_gpus(GPUS, &[1]);
+    for cap in &caps {
+        output.assert_lines(&[&format!("dev {cap} ENXIO")]);
+    }
+    output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
+
+    // An overlapping place, which the scheduler's counters would not give: refused in one
+    // line, nothing kept.
+    let (over, over_ref) = allocated_claim("over", NODE, &["gpu-1-mig-1g10gb-19-5"]);
+    api.put_claim(over);
+    let answer = registered
+        .prepare(std::slice::from_ref(&over_ref))
+        .expect("the kubelet's call");
+    let refused = answer[&over_ref.uid].as_ref().unwrap_err();
+    assert!(
+        refused.contains("cannot make MIG device gpu-1-mig-1g10gb-19-5")
+            && refused.contains("INSUFFICIENT_RESOURCES")
+            && !refused.contains('\n'),
+        "{refused}"
+    );
+    assert!(!plugin.spec(&over_ref.uid).exists());
+    assert!(!plugin.checkpoint().contains(&over_ref.uid));
+    // The pool is as it was: the place's device did not change with its MIG device made.
+    std::thread::sleep(Duration::from_secs(2));
+    let now = slices_when(&api, |slices| slices.len() == 2);
+    assert!(now.iter().all(|s| s.spec.pool.generation == 1), "{now:#?}");
+
+    // Killed before the unprepare: the restarted plugin still destroys what it made.
+    drop(plugin);
+    let plugin = Plugin::start_with(&node, dir.path(), &api, &["--dynamic-mig"]);
+    let registered = kubelet.register(&plugin.registration_socket()).unwrap();
+    let answer = registered
+        .unprepare(std::slice::from_ref(&claim_ref))
+        .expect("unprepare");
+    assert_eq!(answer[&claim_ref.uid], Ok(()));
+    let left = node.topology()["gpus"][1]["mig_devices"].clone();
+    assert_eq!(left, serde_json::json!([]), "{left}");
+    assert!(!plugin.spec(&claim_ref.uid).exists());
+    assert!(!plugin.checkpoint().contains(&claim_ref.uid));
+}

@@ -3,7 +3,7 @@
 
 use crate::atomic_file::{NewFile, write_atomic};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The file's name in the plugin's directory (NVIDIA's driver's name for its own).
@@ -17,6 +17,10 @@ pub struct PreparedDevice {
     pub pool: String,
     pub device: String,
     pub cdi_id: String,
+    /// The plugin made the MIG device behind this device for the claim (or was making it when
+    /// it stopped), and destroys it when the claim is unprepared.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub made_mig: bool,
 }
 
 /// A prepared claim.
@@ -89,6 +93,16 @@ impl Checkpoint {
             })
     }
 
+    /// The devices whose MIG device the plugin made for a claim it holds.
+    pub fn made_here(&self) -> BTreeSet<String> {
+        self.claims
+            .values()
+            .flat_map(|claim| &claim.devices)
+            .filter(|d| d.made_mig)
+            .map(|d| d.device.clone())
+            .collect()
+    }
+
     /// The prepared claim other than `uid` that holds `device`, if any.
     pub fn holder(&self, device: &str, uid: &str) -> Option<(&str, &PreparedClaim)> {
         self.claims
@@ -120,6 +134,7 @@ mod tests {
                     pool: "node-a".into(),
                     device: "gpu-0".into(),
                     cdi_id: "k8s.gpu.nvidia.com/claim=u1-gpu-0".into(),
+                    made_mig: false,
                 }],
             },
         );

@@ -1,8 +1,10 @@
 //! The devices this node offers, named as NVIDIA's DRA drivers name them.
 
+use super::partitions::{Partition, partitions};
 use crate::inventory::{Gpu, Inventory, MigDevice};
 use crate::plan;
 use crate::request::DeviceId;
+use std::collections::BTreeSet;
 
 /// A device of the node's pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,6 +20,12 @@ pub struct DraDevice {
 pub enum DeviceKind {
     /// [`DeviceId::Index`] for a GPU, [`DeviceId::MigIndex`] for a MIG device.
     Gpu(DeviceId),
+    /// A place on a GPU in MIG mode where a MIG device is made for the claim that is given
+    /// it, unless one is there already (`made`: its MIG index).
+    MigPartition {
+        partition: Partition,
+        made: Option<u32>,
+    },
     /// `/dev/nvidia-caps-imex-channels/channel<N>`: a multi-node NVLink workload's channel,
     /// given to the claim that asks for it as the device node alone.
     ImexChannel(u32),
@@ -31,6 +39,21 @@ pub enum DeviceKind {
 /// Then each IMEX channel node the host has, under the name NVIDIA's ComputeDomain driver
 /// gives it.
 pub fn devices(inventory: &Inventory) -> Vec<DraDevice> {
+    offered(inventory, Mig::Static)
+}
+
+/// How a GPU in MIG mode is offered.
+#[derive(Debug, Clone, Copy)]
+pub enum Mig<'a> {
+    /// As the MIG devices it has.
+    Static,
+    /// As every place each MIG profile can take on it ([`partitions`]), where NVML gave the
+    /// GPU's profiles; `made_here` names the MIG devices nvhook-dra made for prepared claims.
+    Partitionable { made_here: &'a BTreeSet<String> },
+}
+
+/// Every device of `inventory`, GPUs in MIG mode offered as `mig` says.
+pub fn offered(inventory: &Inventory, mig: Mig<'_>) -> Vec<DraDevice> {
     let mut out = Vec::new();
     for gpu in &inventory.gpus {
         if !gpu.mig_enabled {
@@ -38,6 +61,12 @@ pub fn devices(inventory: &Inventory) -> Vec<DraDevice> {
                 name: format!("gpu-{}", gpu.minor),
                 kind: DeviceKind::Gpu(DeviceId::Index(gpu.index)),
             });
+            continue;
+        }
+        if let Mig::Partitionable { made_here } = mig
+            && !gpu.mig_profiles.is_empty()
+        {
+            out.extend(partitions(gpu, made_here));
             continue;
         }
         for mig in &gpu.mig_devices {
@@ -76,9 +105,18 @@ pub fn devices(inventory: &Inventory) -> Vec<DraDevice> {
 /// without its dots and made a DNS label (`1g.10gb` → `1g10gb`, `1g.10gb+me` → `1g10gb-me`).
 /// Unique on a node, as no two GPU instances of a GPU start at the same slice.
 pub fn mig_name(gpu: &Gpu, mig: &MigDevice) -> Option<String> {
-    let profile = rfc1123(&mig.profile.as_deref()?.replace('.', ""));
-    let profile_id = mig.gpu_instance_profile_id?;
-    let start = mig.placement?.start;
+    place_name(
+        gpu,
+        mig.profile.as_deref()?,
+        mig.gpu_instance_profile_id?,
+        mig.placement?.start,
+    )
+}
+
+/// [`mig_name`] of a MIG device of `profile` (NVML's id `profile_id`) starting at memory slice
+/// `start`, made or not.
+pub fn place_name(gpu: &Gpu, profile: &str, profile_id: u32, start: u32) -> Option<String> {
+    let profile = rfc1123(&profile.replace('.', ""));
     if profile.is_empty() {
         return None;
     }

@@ -3,9 +3,10 @@
 
 use anyhow::{Context, Result};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use nvhook::dra::claims::{Allocated, ClaimView, Claims};
-use nvhook::dra::devices::devices;
+use nvhook::dra::claims::{Allocated, ClaimView, Claims, Node, NodeError};
+use nvhook::dra::devices::DraDevice;
 use nvhook::inventory::isolated::Remembered;
+use nvhook::inventory::mig_admin;
 use nvhook::inventory::{Inventory, Scope};
 use nvhook_dra::{Claim, DeviceHealth, Driver, Health, PreparedDevice};
 use std::collections::BTreeSet;
@@ -86,6 +87,36 @@ impl GpuDriver {
             .map(|(inventory, _)| inventory)
             .map_err(|e| e.to_string())
     }
+
+    /// The node's inventory and the devices it offers now.
+    pub fn offered(&self) -> Result<(Inventory, Vec<DraDevice>), String> {
+        let inventory = self.inventory()?;
+        let offered = self.claims.offered(&inventory).map_err(|e| e.to_string())?;
+        Ok((inventory, offered))
+    }
+
+    /// NVML's answer no longer holds: the plugin changed the GPUs' MIG devices.
+    fn forget(&self) {
+        self.nvml.lock().unwrap_or_else(|e| e.into_inner()).forget();
+    }
+}
+
+impl Node for GpuDriver {
+    fn inventory(&self) -> Result<Inventory, NodeError> {
+        GpuDriver::inventory(self).map_err(Into::into)
+    }
+
+    fn make_mig(&self, gpu_uuid: &str, profile_id: u32, start: u32) -> Result<String, NodeError> {
+        let made = mig_admin::create_mig(&self.claims.config, gpu_uuid, profile_id, start);
+        self.forget();
+        Ok(made?.uuid)
+    }
+
+    fn destroy_mig(&self, mig_uuid: &str) -> Result<(), NodeError> {
+        let destroyed = mig_admin::destroy_mig(&self.claims.config, mig_uuid);
+        self.forget();
+        Ok(destroyed?)
+    }
 }
 
 /// The allocation results of `got`, as the policy reads them.
@@ -119,10 +150,9 @@ fn view(claim: &Claim, got: &ResourceClaim) -> ClaimView {
 impl Driver for GpuDriver {
     fn prepare(&self, claim: &Claim) -> Result<Vec<PreparedDevice>, String> {
         let view = self.read(claim)?;
-        let inventory = self.inventory()?;
         let prepared = self
             .claims
-            .prepare(&view, &inventory)
+            .prepare(&view, self)
             .map_err(|e| e.to_string())?;
         Ok(prepared
             .into_iter()
@@ -136,7 +166,9 @@ impl Driver for GpuDriver {
     }
 
     fn unprepare(&self, claim: &Claim) -> Result<(), String> {
-        self.claims.unprepare(&claim.uid).map_err(|e| e.to_string())
+        self.claims
+            .unprepare(&claim.uid, self)
+            .map_err(|e| e.to_string())
     }
 
     /// Each device the node offers is healthy; one it offered before and no longer has (a
@@ -144,8 +176,8 @@ impl Driver for GpuDriver {
     fn health(&self) -> Vec<DeviceHealth> {
         let pool = &self.claims.node;
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-        let now: BTreeSet<String> = match self.inventory() {
-            Ok(inventory) => devices(&inventory).into_iter().map(|d| d.name).collect(),
+        let now: BTreeSet<String> = match self.offered() {
+            Ok((_, offered)) => offered.into_iter().map(|d| d.name).collect(),
             Err(e) => {
                 return seen
                     .iter()

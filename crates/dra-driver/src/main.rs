@@ -37,6 +37,13 @@ struct Args {
     /// in-cluster service account or KUBECONFIG, as kubectl finds them.
     #[arg(long)]
     api_server: Option<String>,
+    /// Offers each GPU in MIG mode as partitionable devices, one for every place each MIG
+    /// profile can take, and makes the MIG device when a claim for one is prepared (NVIDIA's
+    /// DynamicMIG). The cluster must serve partitionable devices: Kubernetes 1.35 or newer with
+    /// the DRAPartitionableDevices feature gate, on by default from 1.36. Without it, a GPU in
+    /// MIG mode is offered as the MIG devices it has.
+    #[arg(long, env = "NVHOOK_DRA_DYNAMIC_MIG")]
+    dynamic_mig: bool,
     /// How often the node's devices are looked at again, to keep its ResourceSlice current.
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     resync: u64,
@@ -83,13 +90,14 @@ fn run(args: Args) -> Result<()> {
     if let Some(Command::RemoveSlices) = args.command {
         return runtime.block_on(slices::remove(&slices, &args.node_name));
     }
-    let claims = nvhook::dra::claims::Claims::new(
+    let mut claims = nvhook::dra::claims::Claims::new(
         config,
         args.config,
         &args.node_name,
         &args.cdi_root,
         &options.plugin_dir,
     );
+    claims.dynamic_mig = args.dynamic_mig;
     let driver = Arc::new(driver::GpuDriver::new(
         claims,
         client,
@@ -132,9 +140,9 @@ async fn keep_slice_current(
 ) {
     loop {
         let asked = driver.clone();
-        match tokio::task::spawn_blocking(move || asked.inventory()).await {
-            Ok(Ok(inventory)) => {
-                if let Err(e) = slices::publish(&api, &node, &inventory).await {
+        match tokio::task::spawn_blocking(move || asked.offered()).await {
+            Ok(Ok((inventory, offered))) => {
+                if let Err(e) = slices::publish(&api, &node, &inventory, &offered).await {
                     tracing::warn!("DRA: {e:#}");
                 }
             }

@@ -3,13 +3,15 @@
 //! selects the same devices here), published for the node's pool and kept current.
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use kube::api::{Api, PostParams};
 use nvhook::dra::DRIVER_NAME;
-use nvhook::dra::devices::{DeviceKind, devices};
-use nvhook::inventory::{Gpu, Inventory, MigDevice};
+use nvhook::dra::devices::{DeviceKind, DraDevice};
+use nvhook::dra::partitions::{self, Partition};
+use nvhook::inventory::{Gpu, Inventory, MigDevice, MigProfile};
 use nvhook::request::DeviceId;
 use serde_json::{Value, json};
+use std::collections::BTreeSet;
 
 /// The most devices one slice may list (the API's `ResourceSliceMaxDevices`).
 pub const MAX_DEVICES: usize = 128;
@@ -38,34 +40,146 @@ pub fn semver(text: &str) -> Option<String> {
     Some(format!("{}.{}.{}", parts[0], parts[1], parts[2]))
 }
 
-/// The devices of the node's pool as the API lists them.
-pub fn devices_of(inventory: &Inventory) -> Vec<Value> {
-    devices(inventory)
-        .into_iter()
-        .filter_map(|device| match device.kind {
+/// The devices of the node's pool (`offered`, from its `inventory`) as the API lists them.
+pub fn devices_of(inventory: &Inventory, offered: &[DraDevice]) -> Vec<Value> {
+    offered
+        .iter()
+        .filter_map(|device| match &device.kind {
             DeviceKind::Gpu(DeviceId::Index(index)) => {
-                let gpu = inventory.gpus.iter().find(|g| g.index == index)?;
+                let gpu = gpu_of(inventory, *index)?;
                 Some(gpu_entry(inventory, &device.name, gpu))
             }
             DeviceKind::Gpu(DeviceId::MigIndex { gpu, mig }) => {
-                let gpu = inventory.gpus.iter().find(|g| g.index == gpu)?;
-                let mig = gpu.mig_devices.iter().find(|m| m.index == mig)?;
+                let gpu = gpu_of(inventory, *gpu)?;
+                let mig = gpu.mig_devices.iter().find(|m| m.index == *mig)?;
                 Some(mig_entry(inventory, &device.name, gpu, mig))
             }
             DeviceKind::Gpu(_) => None,
-            DeviceKind::ImexChannel(channel) => Some(channel_entry(&device.name, channel)),
+            DeviceKind::MigPartition { partition, .. } => {
+                let gpu = gpu_of(inventory, partition.gpu)?;
+                partition_entry(inventory, &device.name, gpu, partition)
+            }
+            DeviceKind::ImexChannel(channel) => Some(channel_entry(&device.name, *channel)),
         })
         .collect()
 }
 
-/// The devices of each slice of the node's pool: as many slices as it takes to list every
-/// device, and one empty slice for a node with none (the pool says the node has nothing).
-pub fn pool(inventory: &Inventory) -> Vec<Vec<Value>> {
-    let devices = devices_of(inventory);
+fn gpu_of(inventory: &Inventory, index: u32) -> Option<&Gpu> {
+    inventory.gpus.iter().find(|g| g.index == index)
+}
+
+/// What one slice lists: the API lets a slice hold devices or counter sets, not both.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Body {
+    Devices(Vec<Value>),
+    Counters(Vec<Value>),
+}
+
+/// The most counter sets one slice may hold, and the most devices a slice may list when one
+/// of them consumes counters.
+const MAX_COUNTER_SETS: usize = 8;
+const MAX_DEVICES_WITH_COUNTERS: usize = 64;
+
+/// Each slice of the node's pool (`offered`, from its `inventory`): the counter sets of the
+/// GPUs offered as partitions first, then the devices in as many slices as it takes, and one
+/// empty slice for a node with no device (the pool says the node has nothing).
+pub fn pool(inventory: &Inventory, offered: &[DraDevice]) -> Vec<Body> {
+    let partitioned: BTreeSet<u32> = offered
+        .iter()
+        .filter_map(|d| match &d.kind {
+            DeviceKind::MigPartition { partition, .. } => Some(partition.gpu),
+            _ => None,
+        })
+        .collect();
+    let sets: Vec<Value> = partitioned
+        .iter()
+        .filter_map(|index| gpu_of(inventory, *index))
+        .map(|gpu| {
+            json!({
+                "name": partitions::counter_set(gpu),
+                "counters": counters(&partitions::counters(gpu)),
+            })
+        })
+        .collect();
+    let mut out: Vec<Body> = sets
+        .chunks(MAX_COUNTER_SETS)
+        .map(|c| Body::Counters(c.to_vec()))
+        .collect();
+    let devices = devices_of(inventory, offered);
+    let per_slice = match partitioned.is_empty() {
+        true => MAX_DEVICES,
+        false => MAX_DEVICES_WITH_COUNTERS,
+    };
+    out.extend(devices.chunks(per_slice).map(|c| Body::Devices(c.to_vec())));
     if devices.is_empty() {
-        return vec![Vec::new()];
+        out.push(Body::Devices(Vec::new()));
     }
-    devices.chunks(MAX_DEVICES).map(<[Value]>::to_vec).collect()
+    out
+}
+
+/// Counters as the API takes them: `memory` a quantity of bytes, the others counts.
+fn counters(values: &[(String, u64)]) -> Value {
+    values
+        .iter()
+        .map(|(name, value)| (name.clone(), json!({"value": quantity(name, *value)})))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+fn quantity(name: &str, value: u64) -> String {
+    match name {
+        "memory" if value.is_multiple_of(1024 * 1024) => format!("{}Mi", value / (1024 * 1024)),
+        _ => value.to_string(),
+    }
+}
+
+/// A place a MIG profile can take, offered as a partition (KEP-4815): a MIG device's
+/// attributes less its UUID (it may not be made yet), the profile's capacities, and what it
+/// takes of its GPU's counters.
+fn partition_entry(
+    inventory: &Inventory,
+    name: &str,
+    gpu: &Gpu,
+    partition: &Partition,
+) -> Option<Value> {
+    let profile = gpu
+        .mig_profiles
+        .iter()
+        .find(|p| p.id == partition.profile_id)?;
+    let mut attributes = board_attributes(inventory, gpu);
+    attributes["type"] = json!({"string": "mig"});
+    attributes["parentUUID"] = json!({"string": gpu.uuid});
+    attributes["profile"] = json!({"string": profile.name});
+    let consumed = partitions::consumed(profile, &partition.placement);
+    Some(json!({
+        "name": name,
+        "attributes": attributes,
+        "capacity": profile_capacity(profile),
+        "consumesCounters": [{
+            "counterSet": partitions::counter_set(gpu),
+            "counters": counters(&consumed),
+        }],
+    }))
+}
+
+/// A MIG profile's capacities under NVIDIA's names: its multiprocessors, engines and memory.
+fn profile_capacity(profile: &MigProfile) -> serde_json::Map<String, Value> {
+    let count = |n: u32| json!({"value": n.to_string()});
+    [
+        ("multiprocessors", count(profile.multiprocessors)),
+        ("copyEngines", count(profile.copy_engines)),
+        ("decoders", count(profile.decoders)),
+        ("encoders", count(profile.encoders)),
+        ("jpegEngines", count(profile.jpegs)),
+        ("ofaEngines", count(profile.ofas)),
+        (
+            "memory",
+            json!({"value": format!("{}Mi", profile.memory_mib)}),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
 
 /// An IMEX channel as NVIDIA's ComputeDomain driver lists one: `type` channel and its number.
@@ -89,7 +203,7 @@ fn gpu_entry(inventory: &Inventory, name: &str, gpu: &Gpu) -> Value {
 }
 
 /// A MIG device: `type` mig, its UUID and its GPU's, its profile, its GPU's board facts; its
-/// memory and, as NVIDIA's driver gives them, one `memorySlice<i>` of 1 for each memory slice
+/// profile's multiprocessors and engines, its memory and, as NVIDIA's driver gives them, one `memorySlice<i>` of 1 for each memory slice
 /// its GPU instance holds (what keeps two overlapping MIG devices from one claim).
 fn mig_entry(inventory: &Inventory, name: &str, gpu: &Gpu, mig: &MigDevice) -> Value {
     let mut attributes = board_attributes(inventory, gpu);
@@ -99,7 +213,11 @@ fn mig_entry(inventory: &Inventory, name: &str, gpu: &Gpu, mig: &MigDevice) -> V
     if let Some(profile) = &mig.profile {
         attributes["profile"] = json!({"string": profile});
     }
-    let mut capacity = serde_json::Map::new();
+    let profile = gpu
+        .mig_profiles
+        .iter()
+        .find(|p| Some(p.id) == mig.gpu_instance_profile_id);
+    let mut capacity = profile.map(profile_capacity).unwrap_or_default();
     if let Some(mib) = mig.memory_mib {
         capacity.insert("memory".into(), json!({"value": format!("{mib}Mi")}));
     }
@@ -179,42 +297,61 @@ fn board_attributes(inventory: &Inventory, gpu: &Gpu) -> Value {
     attributes
 }
 
-/// Slice `index` of the node's pool of `count` slices, with `devices`, at pool generation
+/// Slice `index` of the node's pool of `count` slices, listing `body`, at pool generation
 /// `generation`.
 pub fn slice(
     node: &str,
     (index, count): (usize, usize),
-    devices: Vec<Value>,
+    body: Body,
     generation: i64,
 ) -> Result<ResourceSlice> {
+    let mut spec = json!({
+        "driver": DRIVER_NAME,
+        "nodeName": node,
+        "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+    });
+    match body {
+        Body::Devices(devices) => spec["devices"] = Value::Array(devices),
+        Body::Counters(sets) => spec["sharedCounters"] = Value::Array(sets),
+    }
     let slice = json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": slice_name(node, index)},
-        "spec": {
-            "driver": DRIVER_NAME,
-            "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
-            "devices": devices,
-        },
+        "spec": spec,
     });
     serde_json::from_value(slice).context("the node's ResourceSlice is not a v1 ResourceSlice")
+}
+
+/// Whether `current` lists what `wanted` does (an empty list and none are the same).
+fn lists_the_same(current: &ResourceSliceSpec, wanted: &ResourceSliceSpec) -> bool {
+    current.devices.clone().unwrap_or_default() == wanted.devices.clone().unwrap_or_default()
+        && current.shared_counters.clone().unwrap_or_default()
+            == wanted.shared_counters.clone().unwrap_or_default()
 }
 
 /// Publishes the node's pool: its slices made when missing and, when any device differs or the
 /// pool needs another number of slices, every slice replaced at the next pool generation (the
 /// API requires one generation across a pool's slices, bumped on every change) and a slice no
 /// longer needed deleted. A pool that has not changed is left alone.
-pub async fn publish(api: &Api<ResourceSlice>, node: &str, inventory: &Inventory) -> Result<()> {
-    let wanted = pool(inventory);
+pub async fn publish(
+    api: &Api<ResourceSlice>,
+    node: &str,
+    inventory: &Inventory,
+    offered: &[DraDevice],
+) -> Result<()> {
+    let count = pool(inventory, offered).len();
+    let wanted: Vec<ResourceSlice> = pool(inventory, offered)
+        .into_iter()
+        .enumerate()
+        .map(|(index, body)| slice(node, (index, count), body, 0))
+        .collect::<Result<_>>()?;
     let current = of_node(api, node).await?;
-    let unchanged = current.len() == wanted.len()
-        && wanted.iter().enumerate().all(|(index, devices)| {
-            current.iter().any(|slice| {
-                slice.metadata.name.as_deref() == Some(slice_name(node, index).as_str())
-                    && serde_json::to_value(&slice.spec.devices).ok()
-                        == Some(Value::Array(devices.clone()))
-            })
+    let unchanged = current.len() == count
+        && wanted.iter().all(|w| {
+            current
+                .iter()
+                .any(|c| c.metadata.name == w.metadata.name && lists_the_same(&c.spec, &w.spec))
         });
     if unchanged {
         return Ok(());
@@ -224,13 +361,12 @@ pub async fn publish(api: &Api<ResourceSlice>, node: &str, inventory: &Inventory
         .map(|slice| slice.spec.pool.generation + 1)
         .max()
         .unwrap_or(1);
-    let count = wanted.len();
-    for (index, devices) in wanted.into_iter().enumerate() {
-        let name = slice_name(node, index);
-        let mut next = slice(node, (index, count), devices, generation)?;
+    for mut next in wanted {
+        next.spec.pool.generation = generation;
+        let name = next.metadata.name.clone().unwrap_or_default();
         match current
             .iter()
-            .find(|s| s.metadata.name.as_deref() == Some(&name))
+            .find(|c| c.metadata.name == next.metadata.name)
         {
             None => {
                 api.create(&PostParams::default(), &next)
@@ -291,6 +427,11 @@ pub async fn remove(api: &Api<ResourceSlice>, node: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nvhook::dra::devices::devices;
+
+    fn static_devices(inventory: &Inventory) -> Vec<Value> {
+        devices_of(inventory, &devices(inventory))
+    }
 
     #[test]
     fn brand_and_architecture_are_spelled_as_nvidias_driver_spells_them() {
@@ -317,7 +458,13 @@ mod tests {
         let mut inventory = nvhook_model::plan::fixtures::inventory(2, &[]);
         inventory.gpus[1].minor = 5;
         inventory.gpus[1].memory_mib = Some(81_559);
-        let slice = slice("node-a", (0, 1), devices_of(&inventory), 3).unwrap();
+        let slice = slice(
+            "node-a",
+            (0, 1),
+            Body::Devices(static_devices(&inventory)),
+            3,
+        )
+        .unwrap();
         assert_eq!(
             slice.metadata.name.as_deref(),
             Some("node-a-gpu.nvidia.com")
@@ -343,7 +490,13 @@ mod tests {
     fn a_gpu_in_mig_mode_is_listed_as_its_mig_devices_with_nvidias_attributes() {
         let mut inventory = nvhook_model::plan::fixtures::inventory(2, &[(1, 2)]);
         inventory.gpus[1].minor = 3;
-        let slice = slice("node-a", (0, 1), devices_of(&inventory), 1).unwrap();
+        let slice = slice(
+            "node-a",
+            (0, 1),
+            Body::Devices(static_devices(&inventory)),
+            1,
+        )
+        .unwrap();
         let devices = slice.spec.devices.unwrap();
         let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(
@@ -405,13 +558,19 @@ mod tests {
                 c,
             ));
         }
-        let pool = pool(&inventory);
-        let sizes: Vec<usize> = pool.iter().map(Vec::len).collect();
+        let pool = pool(&inventory, &devices(&inventory));
+        let sizes: Vec<usize> = pool
+            .iter()
+            .map(|body| match body {
+                Body::Devices(devices) => devices.len(),
+                Body::Counters(_) => panic!("no counter set without partitions"),
+            })
+            .collect();
         assert_eq!(sizes, [MAX_DEVICES, 138 - MAX_DEVICES]);
         let slices: Vec<ResourceSlice> = pool
             .into_iter()
             .enumerate()
-            .map(|(i, devices)| slice("node-a", (i, 2), devices, 4).unwrap())
+            .map(|(i, body)| slice("node-a", (i, 2), body, 4).unwrap())
             .collect();
         let names: Vec<&str> = slices
             .iter()
@@ -431,9 +590,7 @@ mod tests {
         let last = slices[1].spec.devices.as_ref().unwrap().last().unwrap();
         assert_eq!(last.name, "channel-129");
         // A node with no device still says so, in one empty slice.
-        assert_eq!(
-            super::pool(&nvhook_model::plan::fixtures::inventory(0, &[])),
-            [Vec::<Value>::new()]
-        );
+        let none = nvhook_model::plan::fixtures::inventory(0, &[]);
+        assert_eq!(super::pool(&none, &[]), [Body::Devices(Vec::new())]);
     }
 }

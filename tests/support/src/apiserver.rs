@@ -30,6 +30,12 @@ const GROUP: &str = "resource.k8s.io";
 const PREFIX: &str = "/apis/resource.k8s.io/v1/";
 /// The API's limit on devices in one ResourceSlice (`ResourceSliceMaxDevices`).
 const MAX_DEVICES: usize = 128;
+/// The API's limits on partitionable devices (k8s.io/api resource/v1 types.go).
+const MAX_DEVICES_WITH_COUNTERS: usize = 64;
+const MAX_COUNTER_SETS: usize = 8;
+const MAX_COUNTERS: usize = 32;
+const MAX_CONSUMPTIONS: usize = 2;
+const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 const DNS_LABEL: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric \
     characters or '-', and must start and end with an alphanumeric character";
 
@@ -525,21 +531,79 @@ fn validate(slice: &ResourceSlice) -> Result<(), Reply> {
         invalid("spec.pool.name", "Required value".into());
     }
     let devices = slice.spec.devices.as_deref().unwrap_or_default();
-    if devices.len() > MAX_DEVICES {
+    let sets = slice.spec.shared_counters.as_deref().unwrap_or_default();
+    if !devices.is_empty() && !sets.is_empty() {
+        invalid(
+            "spec",
+            "Invalid value: only one of devices and sharedCounters may be set".into(),
+        );
+    }
+    let consuming = devices.iter().any(|d| d.consumes_counters.is_some());
+    let most = match consuming {
+        true => MAX_DEVICES_WITH_COUNTERS,
+        false => MAX_DEVICES,
+    };
+    if devices.len() > most {
         let count = devices.len();
         invalid(
             "spec.devices",
-            format!("Too many: {count}: must have at most {MAX_DEVICES} items"),
+            format!("Too many: {count}: must have at most {most} items"),
         );
     }
     let mut seen = HashSet::new();
-    for (i, Device { name, .. }) in devices.iter().enumerate() {
+    for (i, device) in devices.iter().enumerate() {
+        let Device { name, .. } = device;
         let field = format!("spec.devices[{i}].name");
         if !is_dns_label(name) {
             invalid(&field, format!("Invalid value: \"{name}\": {DNS_LABEL}"));
         } else if !seen.insert(name) {
             invalid(&field, format!("Duplicate value: \"{name}\""));
         }
+        let described = device.attributes.as_ref().map_or(0, |a| a.len())
+            + device.capacity.as_ref().map_or(0, |c| c.len());
+        if described > MAX_ATTRIBUTES_AND_CAPACITIES {
+            invalid(
+                &format!("spec.devices[{i}]"),
+                format!(
+                    "Too many: {described}: must have at most {MAX_ATTRIBUTES_AND_CAPACITIES} attributes and capacities combined"
+                ),
+            );
+        }
+        let consumed = device.consumes_counters.as_deref().unwrap_or_default();
+        if consumed.len() > MAX_CONSUMPTIONS {
+            invalid(
+                &format!("spec.devices[{i}].consumesCounters"),
+                format!(
+                    "Too many: {}: must have at most {MAX_CONSUMPTIONS} items",
+                    consumed.len()
+                ),
+            );
+        }
+        for (j, c) in consumed.iter().enumerate() {
+            counted(
+                &mut invalid,
+                &format!("spec.devices[{i}].consumesCounters[{j}]"),
+                &c.counter_set,
+                &c.counters,
+            );
+        }
+    }
+    if sets.len() > MAX_COUNTER_SETS {
+        invalid(
+            "spec.sharedCounters",
+            format!(
+                "Too many: {}: must have at most {MAX_COUNTER_SETS} items",
+                sets.len()
+            ),
+        );
+    }
+    for (i, set) in sets.iter().enumerate() {
+        counted(
+            &mut invalid,
+            &format!("spec.sharedCounters[{i}]"),
+            &set.name,
+            &set.counters,
+        );
     }
     if causes.is_empty() {
         return Ok(());
@@ -563,6 +627,33 @@ fn validate(slice: &ResourceSlice) -> Result<(), Reply> {
         message,
         details,
     ))
+}
+
+/// A counter set's or a consumption's name and counters: DNS labels, at most 32 counters.
+fn counted(
+    invalid: &mut impl FnMut(&str, String),
+    at: &str,
+    set: &str,
+    counters: &std::collections::BTreeMap<String, k8s_openapi::api::resource::v1::Counter>,
+) {
+    if !is_dns_label(set) {
+        invalid(at, format!("Invalid value: \"{set}\": {DNS_LABEL}"));
+    }
+    if counters.len() > MAX_COUNTERS {
+        invalid(
+            &format!("{at}.counters"),
+            format!(
+                "Too many: {}: must have at most {MAX_COUNTERS} items",
+                counters.len()
+            ),
+        );
+    }
+    for name in counters.keys().filter(|n| !is_dns_label(n)) {
+        invalid(
+            &format!("{at}.counters"),
+            format!("Invalid value: \"{name}\": {DNS_LABEL}"),
+        );
+    }
 }
 
 fn is_dns_label(name: &str) -> bool {
@@ -714,6 +805,8 @@ mod tests {
     use std::io::{Read, Write};
     use std::net::TcpStream;
 
+    use k8s_openapi::api::resource::v1::{Counter, CounterSet, DeviceCounterConsumption};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
     use super::*;
@@ -843,7 +936,44 @@ mod tests {
         no_driver.spec.driver.clear();
         let mut no_pool = slice("s", "node-a", ["gpu-0"]);
         no_pool.spec.pool.name.clear();
+        let set = |name: &str, counters: usize| CounterSet {
+            name: name.into(),
+            counters: (0..counters)
+                .map(|i| {
+                    let value = Counter {
+                        value: Quantity("1".into()),
+                    };
+                    (format!("memory-slice-{i}"), value)
+                })
+                .collect(),
+        };
+        let mut both = slice("s", "node-a", ["gpu-0"]);
+        both.spec.shared_counters = Some(vec![set("gpu-0-counter-set", 1)]);
+        let mut nine_sets = slice("s", "node-a", [] as [&str; 0]);
+        nine_sets.spec.devices = None;
+        nine_sets.spec.shared_counters =
+            Some((0..9).map(|i| set(&format!("gpu-{i}"), 1)).collect());
+        let mut many_counters = nine_sets.clone();
+        many_counters.spec.shared_counters = Some(vec![set("gpu-0", 33)]);
+        let mut bad_set_name = nine_sets.clone();
+        bad_set_name.spec.shared_counters = Some(vec![set("GPU_0", 1)]);
+        let consuming = |devices: usize| {
+            let mut s = slice("s", "node-a", (0..devices).map(|i| format!("mig-{i}")));
+            for device in s.spec.devices.iter_mut().flatten() {
+                device.consumes_counters = Some(vec![DeviceCounterConsumption {
+                    counter_set: "gpu-0-counter-set".into(),
+                    counters: set("x", 1).counters,
+                    ..Default::default()
+                }]);
+            }
+            s
+        };
         for (bad, field) in [
+            (both, "spec"),
+            (nine_sets, "spec.sharedCounters"),
+            (many_counters, "spec.sharedCounters[0].counters"),
+            (bad_set_name, "spec.sharedCounters[0]"),
+            (consuming(65), "spec.devices"),
             (slice("s", "node-a", ["GPU_0"]), "spec.devices[0].name"),
             (
                 slice("s", "node-a", ["gpu-0", "gpu-0"]),
@@ -873,6 +1003,10 @@ mod tests {
             }
         }
         assert!(server.slices().is_empty());
+        slices
+            .create(&PostParams::default(), &consuming(64))
+            .await
+            .expect("64 devices with counters are as many as a slice may list");
     }
 
     /// Posts a body that no typed client would send.

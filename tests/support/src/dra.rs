@@ -24,6 +24,11 @@ pub struct Plugin {
 
 impl Plugin {
     pub fn start(node: &SimNode, dir: &Path, api: &ApiServer) -> Plugin {
+        Plugin::start_with(node, dir, api, &[])
+    }
+
+    /// [`Plugin::start`] with `extra` arguments.
+    pub fn start_with(node: &SimNode, dir: &Path, api: &ApiServer, extra: &[&str]) -> Plugin {
         let child = Command::new(workspace_bin("nvhook-dra"))
             .args(["--node-name", NODE, "--api-server", &api.url()])
             .arg("--config")
@@ -35,6 +40,7 @@ impl Plugin {
             .arg("--plugins-dir")
             .arg(dir.join("plugins"))
             .args(["--resync", "1"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

@@ -2,7 +2,7 @@
 //! crates above the model (the `test-util` feature): no I/O, no root.
 
 use super::*;
-use crate::inventory::{DeviceMajors, DriverFiles, Library, MigPlacement};
+use crate::inventory::{DeviceMajors, DriverFiles, Library, MigPlacement, MigProfile};
 use crate::oci::Spec;
 use serde_json::json;
 use std::path::Path;
@@ -227,6 +227,42 @@ pub fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
 }
 
 /// The standard test node: GPUs 0-3, GPU 3 split into MIG devices 3:0 and 3:1.
+/// Three of an A100 80GB's GPU instance profiles, as `nvidia-smi mig -lgip` and `-lgipp` list
+/// them: 1g.10gb on each of slices 0 to 6, 3g.40gb at 0 and 4, 7g.80gb over all 8.
+pub fn mig_profiles() -> Vec<MigProfile> {
+    let profile =
+        |id, name: &str, slices, memory_mib, sms, engines: [u32; 5], at: &[u32], size| MigProfile {
+            id,
+            name: name.into(),
+            slices,
+            memory_mib,
+            multiprocessors: sms,
+            copy_engines: engines[0],
+            decoders: engines[1],
+            encoders: engines[2],
+            jpegs: engines[3],
+            ofas: engines[4],
+            placements: at
+                .iter()
+                .map(|&start| MigPlacement { start, size })
+                .collect(),
+        };
+    vec![
+        profile(
+            19,
+            "1g.10gb",
+            1,
+            9728,
+            14,
+            [1, 0, 0, 0, 0],
+            &[0, 1, 2, 3, 4, 5, 6],
+            1,
+        ),
+        profile(9, "3g.40gb", 3, 40192, 42, [3, 2, 0, 0, 0], &[0, 4], 4),
+        profile(0, "7g.80gb", 7, 80896, 98, [7, 5, 0, 1, 1], &[0], 8),
+    ]
+}
+
 pub fn standard() -> Inventory {
     inventory(4, &[(3, 2)])
 }
