@@ -31,32 +31,15 @@ const GPUS: u32 = 4;
 const LIBCUDA: &str = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
 const NVIDIA_SMI: &str = "/usr/bin/nvidia-smi";
 
-/// `nvhook --config NODE ARGS...`, which must succeed; its stdout.
-fn nvhook(node: &SimNode, args: &[&str]) -> String {
-    let output = Command::new(nvhook_bin())
-        .arg("--config")
-        .arg(node.config())
-        .args(args)
-        .output()
-        .expect("spawn nvhook");
-    assert!(
-        output.status.success(),
-        "nvhook {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&output.stderr),
-        node.log()
-    );
-    String::from_utf8(output.stdout).expect("nvhook prints UTF-8")
-}
-
 fn generate(node: &SimNode, output: &Path) {
     let output = output.to_str().expect("UTF-8 path");
-    nvhook(node, &["cdi", "generate", "--output", output]);
+    node.nvhook(&["cdi", "generate", "--output", output]);
 }
 
 /// The names a spec should offer, from `nvhook info`'s inventory (not from the CDI code).
 fn expected_names(node: &SimNode, index: bool, uuid: bool) -> Vec<String> {
     let info: Value =
-        serde_json::from_str(&nvhook(node, &["info", "--format", "json"])).expect("info is JSON");
+        serde_json::from_str(&node.nvhook(&["info", "--format", "json"])).expect("info is JSON");
     let mut names = Vec::new();
     for gpu in info["gpus"].as_array().expect("gpus") {
         let i = gpu["index"].as_u64().expect("index");
@@ -94,12 +77,10 @@ fn cdi_generate_and_list_name_every_gpu_and_mig_device() {
     let spec: serde_norway::Value = serde_norway::from_str(&text).expect("the spec is YAML");
     // Index names start with a digit and the node's device nodes live under its dev root.
     assert_eq!(spec["cdiVersion"].as_str(), Some("0.5.0"), "{text}");
-    let listed = nvhook(&node, &["cdi", "list", yaml.to_str().expect("UTF-8")]);
+    let listed = node.nvhook(&["cdi", "list", yaml.to_str().expect("UTF-8")]);
     assert_eq!(lines(&listed), expected_names(&node, true, true));
 
-    let json = nvhook(
-        &node,
-        &[
+    let json = node.nvhook(&[
             "cdi",
             "generate",
             "--format",
@@ -111,7 +92,7 @@ fn cdi_generate_and_list_name_every_gpu_and_mig_device() {
     let spec: Value = serde_json::from_str(&json).expect("--format json prints JSON");
     let json_file = node.root().join("nvidia.json");
     fs::write(&json_file, &json).expect("write the JSON spec");
-    let listed = nvhook(&node, &["cdi", "list", json_file.to_str().expect("UTF-8")]);
+    let listed = node.nvhook(&["cdi", "list", json_file.to_str().expect("UTF-8")]);
     assert_eq!(lines(&listed), expected_names(&node, false, true));
     let hook = &spec["containerEdits"]["hooks"][0];
     assert_eq!(hook["hookName"], "createContainer", "{json}");
@@ -128,9 +109,9 @@ fn cdi_refresh_follows_the_host() {
     let node = SimNode::create(GPUS);
     let spec = node.root().join("run/cdi/nvidia.yaml");
     let path = spec.to_str().unwrap();
-    let refresh = || nvhook(&node, &["cdi", "refresh", "--output", path]);
+    let refresh = || node.nvhook(&["cdi", "refresh", "--output", path]);
     assert!(refresh().starts_with("refreshed "), "{}", node.log());
-    let listed = |node: &SimNode| lines(&nvhook(node, &["cdi", "list", path]));
+    let listed = |node: &SimNode| lines(&node.nvhook(&["cdi", "list", path]));
     assert_eq!(listed(&node), expected_names(&node, true, true));
     let inits = || node.nvml_inits();
     let (inode, inits_before) = (std::fs::metadata(&spec).unwrap().ino(), inits());
@@ -342,7 +323,7 @@ fn a_start_through_a_spec_written_before_a_mig_change_is_refused_until_refreshed
     let node = SimNode::create_with(GPUS, &["--mig", "2:2"]);
     let spec = CdiSpecFile::new("yaml");
     let path = spec.path().to_str().expect("UTF-8 path");
-    let refresh = || nvhook(&node, &["cdi", "refresh", "--output", path]);
+    let refresh = || node.nvhook(&["cdi", "refresh", "--output", path]);
     assert!(refresh().starts_with("refreshed "), "{}", node.log());
     let probe = PodmanProbe::new();
     let run = |device: &str| probe.run(&node, device);
@@ -350,7 +331,7 @@ fn a_start_through_a_spec_written_before_a_mig_change_is_refused_until_refreshed
     before.assert_success();
     assert_gpu_1_usable(&before);
     assert!(
-        !lines(&nvhook(&node, &["cdi", "list", path])).contains(&"nvidia.com/gpu=2:2".into()),
+        !lines(&node.nvhook(&["cdi", "list", path])).contains(&"nvidia.com/gpu=2:2".into()),
         "GPU 2 has two MIG devices, 2:0 and 2:1"
     );
 
@@ -591,9 +572,7 @@ fn podman_runs_imex_channel_and_family_cdi_devices() {
         spec.path().with_file_name(format!("{stem}-{class}.yaml"))
     };
     let imex_spec = beside("imex-channel");
-    let listed = lines(&nvhook(
-        &node,
-        &["cdi", "list", imex_spec.to_str().unwrap()],
+    let listed = lines(&node.nvhook(&["cdi", "list", imex_spec.to_str().unwrap()],
     ));
     assert_eq!(
         listed,
@@ -605,7 +584,7 @@ fn podman_runs_imex_channel_and_family_cdi_devices() {
     );
     let gdr_spec = beside("gdrcopy");
     assert_eq!(
-        lines(&nvhook(&node, &["cdi", "list", gdr_spec.to_str().unwrap()])),
+        lines(&node.nvhook(&["cdi", "list", gdr_spec.to_str().unwrap()])),
         ["nvidia.com/gdrcopy=all"]
     );
     assert!(!beside("gds").exists(), "the node has no GDS");
@@ -643,9 +622,7 @@ fn podman_runs_imex_channel_and_family_cdi_devices() {
 
     // The channels go away: a refresh retires their spec, so engines stop offering them.
     node.change(&["--gpus", &GPUS.to_string(), "--gdrcopy"]);
-    let out = nvhook(
-        &node,
-        &["cdi", "refresh", "--output", spec.path().to_str().unwrap()],
+    let out = node.nvhook(&["cdi", "refresh", "--output", spec.path().to_str().unwrap()],
     );
     assert!(
         out.contains(&format!("removed {}", imex_spec.display())),

@@ -8,8 +8,7 @@ use nvhook::inventory::nvml_return;
 use nvhook_test_support as support;
 use serde_json::Value;
 use std::path::Path;
-use std::process::Command;
-use support::{SimNode, nvhook_bin, workspace_bin};
+use support::{SimNode, workspace_bin};
 
 /// GPU 0 in MIG mode with no MIG device; GPU 1 with MIG off.
 fn node() -> SimNode {
@@ -26,18 +25,7 @@ fn admin() -> MigAdmin {
 
 /// `nvhook --config NODE ARGS...`, which must succeed; its stdout as JSON.
 fn nvhook(node: &SimNode, args: &[&str]) -> Value {
-    let output = Command::new(nvhook_bin())
-        .arg("--config")
-        .arg(node.config())
-        .args(args)
-        .output()
-        .expect("spawn nvhook");
-    assert!(
-        output.status.success(),
-        "nvhook {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("nvhook prints JSON")
+    serde_json::from_str(&node.nvhook(args)).expect("nvhook prints JSON")
 }
 
 fn gpu0(node: &SimNode) -> Value {

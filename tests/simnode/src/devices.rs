@@ -6,10 +6,7 @@ use crate::fabric::Fabric;
 use crate::spec::Gpu;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use std::ffi::CString;
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 pub const GPU_MAJOR: u32 = 195;
@@ -246,25 +243,12 @@ pub fn drm_nodes(gpu: &Gpu) -> [(String, u32, u32); 2] {
 }
 
 fn mknod(path: &Path, major: u32, minor: u32, mode: u32) -> Result<()> {
-    let c_path = CString::new(path.as_os_str().as_bytes()).context("device path contains NUL")?;
-    // SAFETY: c_path is a valid NUL-terminated string that outlives the call.
-    let rc = unsafe {
-        libc::mknod(
-            c_path.as_ptr(),
-            libc::S_IFCHR | mode,
-            libc::makedev(major, minor),
-        )
-    };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        bail!(
-            "mknod {} c {major} {minor}: {err} (simnode must run as root)",
+    simmig::mknod(path, major, minor, mode).with_context(|| {
+        format!(
+            "mknod {} c {major} {minor} (simnode must run as root)",
             path.display()
-        );
-    }
-    // mknod applied the umask; the driver's modes are exact.
-    fs::set_permissions(path, fs::Permissions::from_mode(mode))
-        .with_context(|| format!("cannot chmod {}", path.display()))
+        )
+    })
 }
 
 #[cfg(test)]

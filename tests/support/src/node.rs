@@ -310,6 +310,23 @@ impl SimNode {
     }
 
     /// The node's `nvml-topology.json`: what its mock NVML reports.
+    /// `nvhook --config NODE ARGS...`, which must succeed; its stdout.
+    pub fn nvhook(&self, args: &[&str]) -> String {
+        let output = Command::new(nvhook_bin())
+            .arg("--config")
+            .arg(self.config())
+            .args(args)
+            .output()
+            .expect("spawn nvhook");
+        assert!(
+            output.status.success(),
+            "nvhook {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            self.log()
+        );
+        String::from_utf8(output.stdout).expect("nvhook prints UTF-8")
+    }
+
     pub fn topology(&self) -> serde_json::Value {
         let path = self
             .driver_root()
