@@ -299,6 +299,7 @@ mod tests {
             driver_version: "550.54.15".into(),
             cuda_version: "12.4".into(),
             gpus,
+            memory_limits: false,
         }
     }
 
@@ -531,6 +532,7 @@ mod tests {
             driver_version: format!("{text}.{text}.{text}"),
             cuda_version: format!("{text}.{text}"),
             gpus: vec![g],
+            memory_limits: false,
         }
     }
 

@@ -3,7 +3,7 @@
 //! and the hook's plan see the new MIG devices. Run as root after `cargo build --workspace`.
 
 use nvhook::config::Config;
-use nvhook::inventory::mig_admin::{MigAdmin, MigAdminError};
+use nvhook::inventory::nvml_actions::{NvmlActionError, NvmlActions};
 use nvhook::inventory::nvml_return;
 use nvhook_test_support as support;
 use serde_json::Value;
@@ -19,8 +19,8 @@ fn config(node: &SimNode) -> Config {
     nvhook::config::from_file(&node.config()).expect("the node's config")
 }
 
-fn admin() -> MigAdmin {
-    MigAdmin::at(workspace_bin("nvhook-nvml"))
+fn admin() -> NvmlActions {
+    NvmlActions::at(workspace_bin("nvhook-nvml"))
 }
 
 /// `nvhook --config NODE ARGS...`, which must succeed; its stdout as JSON.
@@ -199,6 +199,6 @@ fn a_gpu_with_mig_off_makes_none() {
     let unknown = admin()
         .destroy_mig(&config, "MIG-00000000-0000-0000-0000-000000000000")
         .expect_err("no such MIG device");
-    assert!(matches!(unknown, MigAdminError::Nvml(_)), "{unknown}");
+    assert!(matches!(unknown, NvmlActionError::Nvml(_)), "{unknown}");
     assert!(!Path::new(&node.root().join("proc/driver/nvidia/capabilities/gpu1")).exists());
 }

@@ -79,7 +79,8 @@ struct Stored {
 /// The layout of [`Stored`] and [`System`]; raised whenever what NVML's answer holds changes.
 /// 3: MIG devices' profile, GPU instance profile id, placement and memory.
 /// 4: the MIG profiles and placements of each MIG-enabled GPU.
-const FORMAT: u32 = 4;
+/// 5: whether the driver can limit a container's GPU memory.
+const FORMAT: u32 = 5;
 
 /// The cache file, with the fingerprint of the host as it was before NVML was asked: state
 /// that changes during the query makes the stored answer stale at once, never wrongly fresh.
@@ -342,6 +343,7 @@ mod tests {
             driver_version: "580.159.04".into(),
             cuda_version: "13.0".into(),
             gpus: Vec::new(),
+            memory_limits: false,
         }
     }
 

@@ -144,6 +144,7 @@ mod tests {
             driver_version: version.into(),
             cuda_version: "12.4".into(),
             gpus,
+            memory_limits: false,
         }
     }
 

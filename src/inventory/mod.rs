@@ -11,7 +11,9 @@ pub mod gpu_layout;
 pub mod graphics;
 mod host_file;
 pub mod isolated;
+pub mod memory_limits;
 pub mod mig_admin;
+pub mod nvml_actions;
 mod resolve;
 pub mod text;
 
@@ -76,5 +78,6 @@ pub fn around(
         mig_monitor_minor: caps.monitor_minor,
         proc_driver: Some(config.proc_path("driver/nvidia")).filter(|p| p.is_dir()),
         arch: cache.arch(),
+        memory_limits: system.memory_limits,
     })
 }

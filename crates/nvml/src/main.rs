@@ -5,37 +5,63 @@
 //! `nvhook-nvml LIBRARY destroy-mig MIG_UUID` make and remove a MIG device, answering
 //! [`nvhook_model::inventory::CreateMigReply`] and [`nvhook_model::inventory::DestroyMigReply`].
 //!
+//! `nvhook-nvml LIBRARY set-memory-limits CGROUP_DIR SOFT_BYTES HARD_BYTES GPU_UUID...` and
+//! `nvhook-nvml LIBRARY get-memory-limits CGROUP_DIR GPU_UUID` set and read a cgroup's GPU memory
+//! limits, answering [`nvhook_model::inventory::SetMemoryLimitsReply`] and
+//! [`nvhook_model::inventory::GetMemoryLimitsReply`].
+//!
 //! nvhook is a static program, which spares every container start the dynamic loader's work,
 //! and a static program cannot load libnvidia-ml. This one is dynamic and does only that; it
 //! is the only program of the project that links nvml-wrapper.
 
+mod action;
+mod memory_limits;
 mod mig;
 mod query;
 
-use nvhook_model::inventory::{CreateMigReply, DestroyMigReply, MigActionFailure};
-use std::ffi::OsString;
+use nvhook_model::inventory::{
+    CreateMigReply, DestroyMigReply, GetMemoryLimitsReply, NvmlActionFailure, SetMemoryLimitsReply,
+};
+use std::ffi::{OsStr, OsString};
 use std::io::Write;
 use std::path::Path;
 
-const USAGE: &str = "usage: nvhook-nvml LIBRARY [create-mig GPU_UUID GI_PROFILE_ID PLACEMENT_START | destroy-mig MIG_UUID] (nvhook runs it to ask NVML about the GPUs and to make MIG devices)";
+const USAGE: &str = "usage: nvhook-nvml LIBRARY [create-mig GPU_UUID GI_PROFILE_ID PLACEMENT_START | destroy-mig MIG_UUID | set-memory-limits CGROUP_DIR SOFT_BYTES HARD_BYTES GPU_UUID... | get-memory-limits CGROUP_DIR GPU_UUID] (nvhook runs it to ask NVML about the GPUs, to make MIG devices and to limit GPU memory)";
 
 fn main() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    let texts: Option<Vec<&str>> = args.iter().skip(1).map(|a| a.to_str()).collect();
-    match (args.first(), texts.as_deref()) {
-        (Some(library), Some([])) => answer(Path::new(library)),
-        (Some(library), Some(["create-mig", gpu, profile, start])) => {
-            let (Ok(profile), Ok(start)) = (profile.parse(), start.parse()) else {
-                usage()
-            };
-            let reply: CreateMigReply = with_nvml(Path::new(library), |nvml| {
-                mig::create(nvml, gpu, profile, start)
+    let Some((library, action)) = args.split_first() else {
+        usage()
+    };
+    let library = Path::new(library);
+    let Some((name, rest)) = action.split_first() else {
+        answer(library)
+    };
+    // Every argument but a cgroup directory is text.
+    let texts: Vec<&str> = rest.iter().map(|a| text(a)).collect();
+    match (text(name), texts.as_slice()) {
+        ("create-mig", [gpu, profile, start]) => {
+            let (profile, start) = (number(profile), number(start));
+            let reply: CreateMigReply =
+                with_nvml(library, |nvml| mig::create(nvml, gpu, profile, start));
+            reply_and_exit(&reply, reply.is_ok())
+        }
+        ("destroy-mig", [mig_uuid]) => {
+            let reply: DestroyMigReply = with_nvml(library, |nvml| mig::destroy(nvml, mig_uuid));
+            reply_and_exit(&reply, reply.is_ok())
+        }
+        ("set-memory-limits", [_, soft, hard, gpus @ ..]) if !gpus.is_empty() => {
+            let (soft, hard) = (number(soft), number(hard));
+            let dir = Path::new(&rest[0]);
+            let reply: SetMemoryLimitsReply = with_nvml(library, |nvml| {
+                memory_limits::set(nvml, library, dir, soft, hard, gpus)
             });
             reply_and_exit(&reply, reply.is_ok())
         }
-        (Some(library), Some(["destroy-mig", mig_uuid])) => {
-            let reply: DestroyMigReply =
-                with_nvml(Path::new(library), |nvml| mig::destroy(nvml, mig_uuid));
+        ("get-memory-limits", [_, gpu]) => {
+            let dir = Path::new(&rest[0]);
+            let reply: GetMemoryLimitsReply =
+                with_nvml(library, |nvml| memory_limits::get(nvml, library, dir, gpu));
             reply_and_exit(&reply, reply.is_ok())
         }
         _ => usage(),
@@ -47,12 +73,21 @@ fn usage() -> ! {
     std::process::exit(2)
 }
 
+/// An argument as text; a cgroup directory need not be, and is read as the path it is.
+fn text(arg: &OsStr) -> &str {
+    arg.to_str().unwrap_or("")
+}
+
+fn number<T: std::str::FromStr>(arg: &str) -> T {
+    arg.parse().unwrap_or_else(|_| usage())
+}
+
 /// `action` on NVML loaded from `library`; a library that cannot be loaded fails it.
 fn with_nvml<T>(
     library: &Path,
-    action: impl FnOnce(&nvml_wrapper::Nvml) -> Result<T, MigActionFailure>,
-) -> Result<T, MigActionFailure> {
-    let nvml = query::init(library).map_err(|e| MigActionFailure {
+    action: impl FnOnce(&nvml_wrapper::Nvml) -> Result<T, NvmlActionFailure>,
+) -> Result<T, NvmlActionFailure> {
+    let nvml = query::init(library).map_err(|e| NvmlActionFailure {
         code: None,
         message: e.to_string(),
     })?;

@@ -5,7 +5,7 @@
 
 use crate::query::instance_ids;
 use nvhook_model::inventory::{
-    CreatedMig, MigActionFailure, MigPlacement, MigProfile, nvml_return,
+    CreatedMig, MigPlacement, MigProfile, NvmlActionFailure, nvml_return,
 };
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings as sys;
@@ -101,51 +101,28 @@ fn c_text(chars: &[c_char]) -> String {
         .unwrap_or_default()
 }
 
-/// The one-line failure for NVML's return code `rc` from `call`, with NVML's own words, the
-/// code's name, and what to do about it.
-fn failure(nvml: &Nvml, call: &str, rc: u32) -> MigActionFailure {
-    let text = match nvml.lib().nvmlErrorString.as_ref() {
-        // SAFETY: nvmlErrorString returns a static NUL-terminated string for any code.
-        Ok(&describe) => unsafe { CStr::from_ptr(describe(rc)) }
-            .to_string_lossy()
-            .into_owned(),
-        Err(_) => "error".into(),
-    };
-    let (name, fix) = match rc {
-        nvml_return::INVALID_ARGUMENT => (
-            "INVALID_ARGUMENT",
-            "no such profile or placement on this GPU (nvidia-smi mig -lgip and -lgipp list them)",
-        ),
-        nvml_return::NOT_SUPPORTED => (
-            "NOT_SUPPORTED",
-            "MIG mode is off on this GPU, or it lacks the profile: turn MIG on (nvidia-smi -i GPU -mig 1)",
-        ),
-        nvml_return::NO_PERMISSION => (
-            "NO_PERMISSION",
-            "making and removing MIG devices needs root: run it as root",
-        ),
-        nvml_return::NOT_FOUND => (
-            "NOT_FOUND",
-            "no such GPU, MIG device or instance (nvidia-smi -L lists them)",
-        ),
-        nvml_return::IN_USE => (
-            "IN_USE",
-            "processes still use it: stop them first (nvidia-smi lists them)",
-        ),
-        nvml_return::INSUFFICIENT_RESOURCES => (
-            "INSUFFICIENT_RESOURCES",
-            "the placement overlaps a GPU instance already there: pick a free placement (nvidia-smi mig -lgi lists the instances)",
-        ),
-        _ => ("", "see the NVIDIA driver's log (dmesg)"),
-    };
-    let name = match name {
-        "" => format!("code {rc}"),
-        name => format!("NVML_ERROR_{name}, code {rc}"),
-    };
-    MigActionFailure {
-        code: Some(rc),
-        message: format!("NVML {call} failed: {text} ({name}): {fix}"),
-    }
+/// The failure of a MIG call for NVML's return code `rc`.
+fn failure(nvml: &Nvml, call: &str, rc: u32) -> NvmlActionFailure {
+    crate::action::failure(nvml, call, "", rc, fix)
+}
+
+/// What to do about NVML's refusal of a MIG call.
+fn fix(rc: u32) -> Option<&'static str> {
+    Some(match rc {
+        nvml_return::INVALID_ARGUMENT => {
+            "no such profile or placement on this GPU (nvidia-smi mig -lgip and -lgipp list them)"
+        }
+        nvml_return::NOT_SUPPORTED => {
+            "MIG mode is off on this GPU, or it lacks the profile: turn MIG on (nvidia-smi -i GPU -mig 1)"
+        }
+        nvml_return::NO_PERMISSION => "making and removing MIG devices needs root: run it as root",
+        nvml_return::NOT_FOUND => "no such GPU, MIG device or instance (nvidia-smi -L lists them)",
+        nvml_return::IN_USE => "processes still use it: stop them first (nvidia-smi lists them)",
+        nvml_return::INSUFFICIENT_RESOURCES => {
+            "the placement overlaps a GPU instance already there: pick a free placement (nvidia-smi mig -lgi lists the instances)"
+        }
+        _ => return None,
+    })
 }
 
 /// A failure nvml-wrapper reported, with NVML's code where it carries one.
@@ -153,10 +130,10 @@ fn wrapper_failure(
     nvml: &Nvml,
     call: &str,
     error: nvml_wrapper::error::NvmlError,
-) -> MigActionFailure {
+) -> NvmlActionFailure {
     use nvml_wrapper::error::NvmlError;
     match error {
-        NvmlError::FailedToLoadSymbol(_) | NvmlError::LibloadingError(_) => MigActionFailure {
+        NvmlError::FailedToLoadSymbol(_) | NvmlError::LibloadingError(_) => NvmlActionFailure {
             code: None,
             message: format!(
                 "NVML {call} failed: {error} (the driver is too old for MIG; upgrade it)"
@@ -170,8 +147,8 @@ fn wrapper_failure(
 fn symbol<F: Copy, E: std::fmt::Display>(
     call: &'static str,
     sym: &Result<F, E>,
-) -> Result<F, MigActionFailure> {
-    sym.as_ref().copied().map_err(|e| MigActionFailure {
+) -> Result<F, NvmlActionFailure> {
+    sym.as_ref().copied().map_err(|e| NvmlActionFailure {
         code: None,
         message: format!(
             "NVML has no {call} ({e}): the driver is too old for MIG management; upgrade it"
@@ -187,7 +164,7 @@ pub fn create(
     gpu_uuid: &str,
     profile_id: u32,
     start: u32,
-) -> Result<CreatedMig, MigActionFailure> {
+) -> Result<CreatedMig, NvmlActionFailure> {
     let lib = nvml.lib();
     let gpu = nvml
         .device_by_uuid(gpu_uuid)
@@ -202,7 +179,7 @@ pub fn create(
         .map_err(|rc| failure(nvml, "nvmlDeviceGetGpuInstancePossiblePlacements_v2", rc))?;
     let Some(placement) = placements.iter().find(|p| p.start == start) else {
         let starts: Vec<String> = placements.iter().map(|p| p.start.to_string()).collect();
-        return Err(MigActionFailure {
+        return Err(NvmlActionFailure {
             code: Some(nvml_return::INVALID_ARGUMENT),
             message: format!(
                 "GPU instance profile {profile_id} has no placement starting at memory slice {start}: pick one of {}",
@@ -235,7 +212,7 @@ pub fn create(
         let rc = unsafe { destroy(gi) };
         if rc != SUCCESS {
             let left = failure(nvml, "nvmlGpuInstanceDestroy", rc);
-            return made.map_err(|e| MigActionFailure {
+            return made.map_err(|e| NvmlActionFailure {
                 code: e.code,
                 message: format!(
                     "{}; and the GPU instance it made stays: {}",
@@ -253,7 +230,7 @@ fn compute_instance_in(
     nvml: &Nvml,
     gpu: &Device,
     gi: sys::nvmlGpuInstance_t,
-) -> Result<CreatedMig, MigActionFailure> {
+) -> Result<CreatedMig, NvmlActionFailure> {
     let lib = nvml.lib();
     let gi_info_fn = symbol("nvmlGpuInstanceGetInfo", &lib.nvmlGpuInstanceGetInfo)?;
     // SAFETY: all-zero is a valid nvmlGpuInstanceInfo_t: a null device handle and zeros.
@@ -280,7 +257,7 @@ fn compute_instance_in(
             true => info,
             false => best,
         })
-        .ok_or_else(|| MigActionFailure {
+        .ok_or_else(|| NvmlActionFailure {
             code: None,
             message: format!(
                 "NVML describes no compute instance profile for GPU instance {}: the driver cannot fill it; report it with nvidia-smi mig -lcip",
@@ -310,7 +287,7 @@ fn compute_instance_in(
         rc => Err(failure(nvml, "nvmlComputeInstanceGetInfo_v2", rc)),
     };
     let found = found.and_then(|mig| {
-        mig.ok_or_else(|| MigActionFailure {
+        mig.ok_or_else(|| NvmlActionFailure {
             code: None,
             message: format!(
                 "NVML lists no MIG device for the compute instance {} it made in GPU instance {}: report it with nvidia-smi -L",
@@ -341,7 +318,7 @@ fn mig_device_of(
     gpu: &Device,
     gi: u32,
     ci: Option<u32>,
-) -> Result<Option<String>, MigActionFailure> {
+) -> Result<Option<String>, NvmlActionFailure> {
     let max = gpu
         .mig_device_count()
         .map_err(|e| wrapper_failure(nvml, "nvmlDeviceGetMaxMigDeviceCount", e))?;
@@ -350,7 +327,7 @@ fn mig_device_of(
         let Ok(mig) = gpu.mig_device_by_index(index) else {
             continue;
         };
-        let ids = instance_ids(nvml, &mig).map_err(|e| MigActionFailure {
+        let ids = instance_ids(nvml, &mig).map_err(|e| NvmlActionFailure {
             code: None,
             message: e.to_string(),
         })?;
@@ -366,7 +343,7 @@ fn mig_device_of(
 
 /// Destroys MIG device `mig_uuid`'s compute instance, and its GPU instance once no other
 /// compute instance is in it.
-pub fn destroy(nvml: &Nvml, mig_uuid: &str) -> Result<(), MigActionFailure> {
+pub fn destroy(nvml: &Nvml, mig_uuid: &str) -> Result<(), NvmlActionFailure> {
     let lib = nvml.lib();
     let mig = nvml
         .device_by_uuid(mig_uuid)
@@ -375,7 +352,7 @@ pub fn destroy(nvml: &Nvml, mig_uuid: &str) -> Result<(), MigActionFailure> {
         .mig_is_mig_device_handle()
         .map_err(|e| wrapper_failure(nvml, "nvmlDeviceIsMigDeviceHandle", e))?;
     if !is_mig {
-        return Err(MigActionFailure {
+        return Err(NvmlActionFailure {
             code: Some(nvml_return::INVALID_ARGUMENT),
             message: format!("{mig_uuid} is a GPU, not a MIG device: pass a MIG device's UUID"),
         });
@@ -383,7 +360,7 @@ pub fn destroy(nvml: &Nvml, mig_uuid: &str) -> Result<(), MigActionFailure> {
     let gpu = mig
         .mig_parent_device()
         .map_err(|e| wrapper_failure(nvml, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", e))?;
-    let (gi_id, ci_id) = instance_ids(nvml, &mig).map_err(|e| MigActionFailure {
+    let (gi_id, ci_id) = instance_ids(nvml, &mig).map_err(|e| NvmlActionFailure {
         code: None,
         message: e.to_string(),
     })?;

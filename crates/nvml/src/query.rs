@@ -50,6 +50,7 @@ pub fn query(library: &Path) -> Result<(System, Nvml), NvmlError> {
         driver_version,
         cuda_version: format!("{}.{}", cuda / 1000, (cuda % 1000) / 10),
         gpus,
+        memory_limits: crate::memory_limits::supported(library),
     };
     Ok((system, nvml))
 }

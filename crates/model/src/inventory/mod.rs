@@ -17,8 +17,9 @@ pub use device_numbers::{DeviceMajors, MODESET_MINOR, NVIDIACTL_MINOR};
 pub use files::{ConfigLibraryPath, DriverFiles, GLX_SERVER, HostFile, Library};
 pub use nodes::{DrmNode, HostNode};
 pub use nvml::{
-    CreateMigReply, CreatedMig, DestroyMigReply, Gpu, MigActionFailure, MigDevice, MigPlacement,
-    MigProfile, Reply, System, nvml_return,
+    CreateMigReply, CreatedMig, DestroyMigReply, GetMemoryLimitsReply, Gpu, MEMORY_LIMIT_MAX,
+    MemoryLimits, MigDevice, MigPlacement, MigProfile, NvmlActionFailure, Reply,
+    SetMemoryLimitsReply, System, nvml_return,
 };
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -42,6 +43,9 @@ pub struct Inventory {
     /// The architecture of the driver's libraries and of the containers: the build target's.
     #[serde(default)]
     pub arch: Arch,
+    /// [`System::memory_limits`]: the driver can limit a container's GPU memory.
+    #[serde(default)]
+    pub memory_limits: bool,
 }
 
 /// How much of the driver's files a caller needs. A start that asks for no graphics or
@@ -73,6 +77,7 @@ impl Inventory {
             driver_version: self.driver_version.clone(),
             cuda_version: self.cuda_version.clone(),
             gpus: self.gpus.clone(),
+            memory_limits: self.memory_limits,
         }
     }
 

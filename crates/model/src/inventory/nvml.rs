@@ -68,29 +68,54 @@ pub struct CreatedMig {
     pub compute_instance_id: u32,
 }
 
-/// Why NVML refused a MIG action: its `nvmlReturn_t` where it gave one, and the whole cause
-/// and fix in one line.
+/// Why NVML refused an action of `nvhook-nvml` (making a MIG device, setting memory limits):
+/// its `nvmlReturn_t` where it gave one, and the whole cause and fix in one line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 #[error("{message}")]
-pub struct MigActionFailure {
+pub struct NvmlActionFailure {
     pub code: Option<u32>,
     pub message: String,
 }
 
-/// `nvmlReturn_t` values a MIG action's caller may act on.
+/// `nvmlReturn_t` values an action's caller may act on.
 pub mod nvml_return {
     pub const INVALID_ARGUMENT: u32 = 2;
     pub const NOT_SUPPORTED: u32 = 3;
     pub const NO_PERMISSION: u32 = 4;
     pub const NOT_FOUND: u32 = 6;
+    /// The library lacks the call: nvhook-nvml answers it for a symbol the driver does not
+    /// export, as NVML's own loader does.
+    pub const FUNCTION_NOT_FOUND: u32 = 13;
+    /// The kernel refused: for memory limits, the cgroup directory cannot be opened.
+    pub const OPERATING_SYSTEM: u32 = 17;
     pub const IN_USE: u32 = 19;
     pub const INSUFFICIENT_RESOURCES: u32 = 23;
 }
 
 /// What `create-mig` writes on stdout.
-pub type CreateMigReply = Result<CreatedMig, MigActionFailure>;
+pub type CreateMigReply = Result<CreatedMig, NvmlActionFailure>;
 /// What `destroy-mig` writes on stdout.
-pub type DestroyMigReply = Result<(), MigActionFailure>;
+pub type DestroyMigReply = Result<(), NvmlActionFailure>;
+
+/// `NVML_DEVICE_MEMORY_LIMIT_MAX`: a hard limit of this many bytes is no limit.
+pub const MEMORY_LIMIT_MAX: u64 = u64::MAX;
+
+/// The memory limits NVML keeps for one GPU and one cgroup (`nvmlGetMemoryLimits_v1_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryLimits {
+    /// Guaranteed to the cgroup's processes.
+    pub soft_bytes: u64,
+    /// The most they may use; [`MEMORY_LIMIT_MAX`] is no limit.
+    pub hard_bytes: u64,
+    /// What they use now.
+    pub used_bytes: u64,
+}
+
+/// What `set-memory-limits` writes on stdout.
+pub type SetMemoryLimitsReply = Result<(), NvmlActionFailure>;
+/// What `get-memory-limits` writes on stdout: None where NVML keeps no limit for the GPU
+/// and cgroup.
+pub type GetMemoryLimitsReply = Result<Option<MemoryLimits>, NvmlActionFailure>;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MigDevice {
@@ -142,6 +167,11 @@ pub struct System {
     pub driver_version: String,
     pub cuda_version: String,
     pub gpus: Vec<Gpu>,
+    /// Whether the driver exports `nvmlDeviceSetMemoryLimits_v1` (CUDA 13.4's driver and
+    /// later): the node can limit a container's GPU memory. A GPU may still refuse it (a MIG
+    /// device, a GPU the driver does not support it on), and it needs cgroup v2.
+    #[serde(default)]
+    pub memory_limits: bool,
 }
 
 /// What nvhook-nvml writes: the answer, or NVML's error in one line.

@@ -223,6 +223,7 @@ pub fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
         drm_nodes: Vec::new(),
         // The paths above are x86_64's, whatever machine runs the tests.
         arch: Arch::X86_64,
+        memory_limits: false,
     }
 }
 
