@@ -9,6 +9,8 @@
 //! GPU (PCI info, brand, architecture, compute capability); the per-GPU queries (minor
 //! number, MIG mode, MIG enumeration and GPU instances) need the parent's handle. GPU and
 //! compute instances are made and removed too ([`instances`]), and the change kept on the node.
+//! GPUs take per-cgroup memory limits (`memory_limits`), unless built without the
+//! `memory-limits` feature, as a driver from before CUDA 13.4 lacks the calls.
 
 // Each entry point's `# Safety` doc is its C contract; its unsafe blocks only pass that
 // contract on to the pointer writers, so they carry no comment of their own.
@@ -18,6 +20,8 @@ mod device;
 mod ffi;
 mod handle;
 mod instances;
+#[cfg(feature = "memory-limits")]
+mod memory_limits;
 mod pci;
 mod state;
 mod status;

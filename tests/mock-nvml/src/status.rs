@@ -18,6 +18,8 @@ impl Status {
     pub const NOT_FOUND: Self = Self(6);
     pub const INSUFFICIENT_SIZE: Self = Self(7);
     pub const DRIVER_NOT_LOADED: Self = Self(9);
+    #[cfg_attr(not(feature = "memory-limits"), allow(dead_code))]
+    pub const OPERATING_SYSTEM: Self = Self(17);
     pub const IN_USE: Self = Self(19);
     pub const INSUFFICIENT_RESOURCES: Self = Self(23);
     pub const ARGUMENT_VERSION_MISMATCH: Self = Self(25);

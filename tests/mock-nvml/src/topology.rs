@@ -38,7 +38,27 @@ pub struct Topology {
     /// Where MIG instances made or removed show on the node; absent, only this file changes.
     #[serde(default)]
     pub node: Option<NodeLayout>,
+    /// Where the memory limits set are kept and recorded; absent: the calls answer
+    /// NOT_SUPPORTED.
+    #[serde(default)]
+    #[cfg_attr(not(feature = "memory-limits"), allow(dead_code))]
+    pub memory_limits: Option<MemoryLimitsLayout>,
     pub gpus: Vec<Gpu>,
+}
+
+/// The node's files for `nvmlDeviceSetMemoryLimits_v1`, outside the driver's directories (whose
+/// state nvhook's cache fingerprints).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[cfg_attr(not(feature = "memory-limits"), allow(dead_code))]
+pub struct MemoryLimitsLayout {
+    /// The limits set, by GPU and cgroup directory.
+    pub state: std::path::PathBuf,
+    /// Where each Set call appends one JSON line: `pid`, `gpu` (UUID), `path`, `soft`, `hard`
+    /// (bytes; null where NVML could not read them) and `result` (the `nvmlReturn_t`).
+    pub record: std::path::PathBuf,
+    /// Fault injection: the `nvmlReturn_t` both calls return for a valid GPU; 0 lets them work.
+    #[serde(default)]
+    pub error: u32,
 }
 
 /// The node's MIG capability files and nodes, as simnode laid them out.

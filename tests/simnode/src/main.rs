@@ -103,6 +103,14 @@ struct CreateArgs {
     /// GDRCopy: /dev/gdrdrv.
     #[arg(long)]
     gdrcopy: bool,
+    /// The driver is from before CUDA 13.4: its NVML exports no nvmlDeviceSetMemoryLimits_v1
+    /// or nvmlDeviceGetMemoryLimits_v1 (the mock built without them,
+    /// libmock_nvml_no_memory_limits.so beside simnode, unless --mock-nvml names another).
+    #[arg(long, conflicts_with = "memory_limits_not_supported")]
+    no_memory_limits: bool,
+    /// The driver has the memory limit calls, and they answer NOT_SUPPORTED.
+    #[arg(long)]
+    memory_limits_not_supported: bool,
 }
 
 fn parse_mig(text: &str) -> Result<(u32, u32), String> {
@@ -151,11 +159,13 @@ fn create(args: CreateArgs) -> Result<()> {
             gdrcopy: args.gdrcopy,
         },
         persistence_off: args.persistence_off,
+        memory_limits_not_supported: args.memory_limits_not_supported,
     };
-    let mock_nvml = absolute(
-        args.mock_nvml
-            .map_or_else(|| beside_self("libmock_nvml.so"), Ok)?,
-    )?;
+    let default_mock = match args.no_memory_limits {
+        true => "libmock_nvml_no_memory_limits.so",
+        false => "libmock_nvml.so",
+    };
+    let mock_nvml = absolute(args.mock_nvml.map_or_else(|| beside_self(default_mock), Ok)?)?;
     let hook_path = absolute(args.hook_path.map_or_else(|| beside_self("nvhook"), Ok)?)?;
     let toolchain = machine::Toolchain::new(args.arch, args.cross_root)?;
     let inputs = node::Inputs {

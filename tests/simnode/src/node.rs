@@ -4,7 +4,7 @@
 use crate::devices::{self, Majors};
 use crate::machine::Toolchain;
 use crate::spec::{Gpu, Params};
-use crate::{driver, procfs, sysfs};
+use crate::{driver, procfs, sysfs, topology};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -75,13 +75,14 @@ pub struct KeepState {
 }
 
 /// What a node changed in place keeps: what nvhook wrote (its log, NVML's cached answer,
-/// the /dev/char links), what the tests wrote (the config they appended to, the record of
-/// NVML inits), and the marker that says it is simnode's.
+/// the /dev/char links), what the tests wrote (the config they appended to, the records of
+/// NVML inits and memory limit calls), and the marker that says it is simnode's.
 const KEPT: &[&str] = &[
     MARKER,
     "config.toml",
     "nvhook.log",
     "nvml-inits",
+    topology::MEMORY_LIMIT_CALLS,
     "run",
     "dev/char",
 ];
@@ -107,7 +108,12 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
                 .with_context(|| format!("cannot resolve {}: no such node", dir.display()))?;
             check_marker(&dir)?;
             let old = read_marker::<MarkerMajors>(&dir)?.majors;
-            clear_except(&dir, KEPT)?;
+            // The driver keeps the memory limits set until its module is unloaded.
+            let mut kept = KEPT.to_vec();
+            if !keep.new_majors {
+                kept.push(topology::MEMORY_LIMITS_STATE);
+            }
+            clear_except(&dir, &kept)?;
             let majors = match keep.new_majors {
                 true => Majors::pick_other_than(old)?,
                 false => old,

@@ -31,6 +31,9 @@ pub struct Params {
     pub fabric: Fabric,
     /// GPUs (by NVML index) whose persistence mode is off; the others have it on.
     pub persistence_off: Vec<u32>,
+    /// The mock's memory limit calls answer NOT_SUPPORTED, as for GPUs the driver cannot
+    /// limit.
+    pub memory_limits_not_supported: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -235,6 +238,7 @@ mod tests {
             lost: vec![],
             fabric: crate::fabric::Fabric::default(),
             persistence_off: vec![],
+            memory_limits_not_supported: false,
         }
     }
 
@@ -331,6 +335,7 @@ mod tests {
     fn persistence_is_on_but_where_turned_off() {
         let off = Params {
             persistence_off: vec![1],
+            memory_limits_not_supported: false,
             ..params(3, vec![])
         };
         let modes: Vec<bool> = off.gpu_list().iter().map(|g| g.persistence_mode).collect();

@@ -135,6 +135,7 @@ mod tests {
             lost: vec![],
             fabric: crate::fabric::Fabric::default(),
             persistence_off: vec![],
+            memory_limits_not_supported: false,
         };
         let gpus = params.gpu_list();
         let source = smi_source("550.54.15", "12.4", &gpus);

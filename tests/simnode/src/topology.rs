@@ -30,8 +30,25 @@ struct Topology<'a> {
     init_record: PathBuf,
     /// Where the mock lays out the MIG devices it makes, as simnode laid out the first ones.
     node: NodeLayout,
+    memory_limits: MemoryLimitsLayout,
     gpus: Vec<TopologyGpu<'a>>,
 }
+
+/// The memory limits the mock keeps, the record of the calls that set them, and the code both
+/// calls answer instead (0: none).
+#[derive(Serialize)]
+struct MemoryLimitsLayout {
+    state: PathBuf,
+    record: PathBuf,
+    error: u32,
+}
+
+/// NVML_ERROR_NOT_SUPPORTED.
+const NOT_SUPPORTED: u32 = 3;
+/// Where the mock keeps the memory limits set, beside the driver root like `nvml-inits`.
+pub const MEMORY_LIMITS_STATE: &str = "nvml-memory-limits.json";
+/// Where each memory limit Set call appends a JSON line.
+pub const MEMORY_LIMIT_CALLS: &str = "nvml-memory-limit-calls";
 
 /// The node's MIG capability files and nodes: the driver's `capabilities` directory under the
 /// proc root, `/dev/nvidia-caps` under the dev root, and the nvidia-caps major.
@@ -75,6 +92,14 @@ pub fn render(params: &Params, gpus: &[Gpu], node_dir: &Path, caps_major: u32) -
             caps_dev: node_dir.join("dev/nvidia-caps"),
             caps_major,
         },
+        memory_limits: MemoryLimitsLayout {
+            state: node_dir.join(MEMORY_LIMITS_STATE),
+            record: node_dir.join(MEMORY_LIMIT_CALLS),
+            error: match params.memory_limits_not_supported {
+                true => NOT_SUPPORTED,
+                false => 0,
+            },
+        },
         gpus: gpus
             .iter()
             .map(|gpu| TopologyGpu {
@@ -112,6 +137,7 @@ mod tests {
             lost: vec![],
             fabric: crate::fabric::Fabric::default(),
             persistence_off: vec![],
+            memory_limits_not_supported: false,
         };
         let json: serde_json::Value = serde_json::from_str(
             &render(&params, &params.gpu_list(), Path::new("/node"), 510).unwrap(),
@@ -126,6 +152,11 @@ mod tests {
             json["node"],
             serde_json::json!({"capabilities": "/node/proc/driver/nvidia/capabilities",
                 "caps_dev": "/node/dev/nvidia-caps", "caps_major": 510})
+        );
+        assert_eq!(
+            json["memory_limits"],
+            serde_json::json!({"state": "/node/nvml-memory-limits.json",
+                "record": "/node/nvml-memory-limit-calls", "error": 0})
         );
         assert_eq!(json["gpus"][0]["pci_device_id"], 0x20B2_10DE);
         assert_eq!(json["gpus"][0]["mig_mode"], 0);

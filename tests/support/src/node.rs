@@ -217,7 +217,6 @@ impl SimNode {
             .to_owned()
     }
 
-    /// The driver version the node's files carry (`libcuda.so.<version>`).
     /// The processes that initialised the node's mock NVML so far, one line each in its
     /// record.
     pub fn nvml_inits(&self) -> usize {
@@ -227,6 +226,18 @@ impl SimNode {
             .count()
     }
 
+    /// Every `nvmlDeviceSetMemoryLimits_v1` call the node's mock NVML answered so far, in
+    /// order: `pid`, `gpu` (UUID), `path` (the cgroup directory), `soft` and `hard` (bytes; null
+    /// where NVML could not read them) and `result` (its `nvmlReturn_t`).
+    pub fn memory_limit_calls(&self) -> Vec<serde_json::Value> {
+        fs::read_to_string(self.root().join("nvml-memory-limit-calls"))
+            .unwrap_or_default()
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("a record line is JSON"))
+            .collect()
+    }
+
+    /// The driver version the node's files carry (`libcuda.so.<version>`).
     pub fn driver_version(&self) -> String {
         self.topology()["driver_version"]
             .as_str()
