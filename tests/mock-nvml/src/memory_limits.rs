@@ -75,7 +75,10 @@ pub unsafe extern "C" fn nvmlDeviceSetMemoryLimits_v1(
 ) -> Status {
     guard(|| {
         let topology = state::topology()?;
-        let layout = topology.memory_limits.as_ref().ok_or(Status::NOT_SUPPORTED)?;
+        let layout = topology
+            .memory_limits
+            .as_ref()
+            .ok_or(Status::NOT_SUPPORTED)?;
         let mut call = Call {
             pid: std::process::id(),
             ..Call::default()
@@ -139,7 +142,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryLimits_v1(
 ) -> Status {
     guard(|| {
         let topology = state::topology()?;
-        let layout = topology.memory_limits.as_ref().ok_or(Status::NOT_SUPPORTED)?;
+        let layout = topology
+            .memory_limits
+            .as_ref()
+            .ok_or(Status::NOT_SUPPORTED)?;
         with_device(device, |_, d| {
             if limits.is_null() {
                 return Err(Status::INVALID_ARGUMENT);
@@ -205,7 +211,11 @@ fn with_kept<T>(
             .create(true)
             .truncate(false)
             .open(path)?;
-        let lock = if exclusive { libc::LOCK_EX } else { libc::LOCK_SH };
+        let lock = if exclusive {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_SH
+        };
         // SAFETY: flock on a descriptor this function owns; released when it is closed.
         if unsafe { libc::flock(file.as_raw_fd(), lock) } != 0 {
             return Err(std::io::Error::last_os_error());
@@ -256,7 +266,12 @@ mod tests {
         assert_eq!(judge(0, LIMIT_MAX, total), Ok(()), "clears them");
         assert_eq!(judge(total, LIMIT_MAX, total), Ok(()));
         assert_eq!(judge(total, total, total), Ok(()));
-        for (soft, hard) in [(2, 1), (total + 1, LIMIT_MAX), (0, total + 1), (LIMIT_MAX, 1)] {
+        for (soft, hard) in [
+            (2, 1),
+            (total + 1, LIMIT_MAX),
+            (0, total + 1),
+            (LIMIT_MAX, 1),
+        ] {
             assert_eq!(
                 judge(soft, hard, total),
                 Err(Status::INVALID_ARGUMENT),

@@ -165,7 +165,10 @@ fn create(args: CreateArgs) -> Result<()> {
         true => "libmock_nvml_no_memory_limits.so",
         false => "libmock_nvml.so",
     };
-    let mock_nvml = absolute(args.mock_nvml.map_or_else(|| beside_self(default_mock), Ok)?)?;
+    let mock_nvml = absolute(
+        args.mock_nvml
+            .map_or_else(|| beside_self(default_mock), Ok)?,
+    )?;
     let hook_path = absolute(args.hook_path.map_or_else(|| beside_self("nvhook"), Ok)?)?;
     let toolchain = machine::Toolchain::new(args.arch, args.cross_root)?;
     let inputs = node::Inputs {
