@@ -11,6 +11,15 @@ pub fn inventory_text(inv: &Inventory, driver: Option<&DriverArch>) -> String {
     let _ = writeln!(s, "NVRM version:   {}", inv.driver_version);
     let _ = writeln!(s, "CUDA version:   {}", inv.cuda_version);
     let _ = writeln!(s, "Driver arch:    {}", driver_arch_text(driver));
+    let _ = writeln!(
+        s,
+        "Memory limits:  {}",
+        match inv.memory_limits {
+            true => "per container (nvmlDeviceSetMemoryLimits_v1; cgroup v2, whole GPUs)",
+            false =>
+                "no (the driver has no nvmlDeviceSetMemoryLimits_v1: CUDA 13.4's driver added it)",
+        }
+    );
     for g in &inv.gpus {
         let _ = writeln!(s);
         let _ = writeln!(s, "Device Index:   {}", g.index);
@@ -131,6 +140,25 @@ mod tests {
         assert!(
             inventory_text(&inv, None)
                 .contains("Driver arch:    unknown (no libnvidia-ml.so.1 or libcuda.so.1 found)")
+        );
+    }
+
+    #[test]
+    fn info_says_whether_the_driver_limits_gpu_memory() {
+        let mut inv = nvhook_model::plan::fixtures::standard();
+        let line = |inv: &Inventory| inventory_text(inv, None).lines().nth(3).map(String::from);
+        assert_eq!(
+            line(&inv).as_deref(),
+            Some(
+                "Memory limits:  no (the driver has no nvmlDeviceSetMemoryLimits_v1: CUDA 13.4's driver added it)"
+            )
+        );
+        inv.memory_limits = true;
+        assert_eq!(
+            line(&inv).as_deref(),
+            Some(
+                "Memory limits:  per container (nvmlDeviceSetMemoryLimits_v1; cgroup v2, whole GPUs)"
+            )
         );
     }
 }
