@@ -81,14 +81,13 @@ fn cdi_generate_and_list_name_every_gpu_and_mig_device() {
     assert_eq!(lines(&listed), expected_names(&node, true, true));
 
     let json = node.nvhook(&[
-            "cdi",
-            "generate",
-            "--format",
-            "json",
-            "--device-name-strategy",
-            "uuid",
-        ],
-    );
+        "cdi",
+        "generate",
+        "--format",
+        "json",
+        "--device-name-strategy",
+        "uuid",
+    ]);
     let spec: Value = serde_json::from_str(&json).expect("--format json prints JSON");
     let json_file = node.root().join("nvidia.json");
     fs::write(&json_file, &json).expect("write the JSON spec");
@@ -572,8 +571,7 @@ fn podman_runs_imex_channel_and_family_cdi_devices() {
         spec.path().with_file_name(format!("{stem}-{class}.yaml"))
     };
     let imex_spec = beside("imex-channel");
-    let listed = lines(&node.nvhook(&["cdi", "list", imex_spec.to_str().unwrap()],
-    ));
+    let listed = lines(&node.nvhook(&["cdi", "list", imex_spec.to_str().unwrap()]));
     assert_eq!(
         listed,
         [
@@ -622,8 +620,7 @@ fn podman_runs_imex_channel_and_family_cdi_devices() {
 
     // The channels go away: a refresh retires their spec, so engines stop offering them.
     node.change(&["--gpus", &GPUS.to_string(), "--gdrcopy"]);
-    let out = node.nvhook(&["cdi", "refresh", "--output", spec.path().to_str().unwrap()],
-    );
+    let out = node.nvhook(&["cdi", "refresh", "--output", spec.path().to_str().unwrap()]);
     assert!(
         out.contains(&format!("removed {}", imex_spec.display())),
         "{out}"

@@ -459,7 +459,11 @@ fn a_claim_for_a_mig_device_by_nvidias_name_gives_a_pod_exactly_that_mig_device(
     let capacity = device.capacity.as_ref().expect("the MIG device's capacity");
     assert!(capacity.contains_key("memory"), "{capacity:?}");
     // Its profile's multiprocessors and engines, as NVML describes 3g.40gb.
-    for (name, count) in [("multiprocessors", "42"), ("copyEngines", "3"), ("decoders", "2")] {
+    for (name, count) in [
+        ("multiprocessors", "42"),
+        ("copyEngines", "3"),
+        ("decoders", "2"),
+    ] {
         assert_eq!(capacity[name].value.0, count, "{name}: {capacity:?}");
     }
     assert!(

@@ -5,7 +5,7 @@
 
 use nvhook::config::Config;
 use nvhook::inventory::nvml_actions::{NvmlActionError, NvmlActions};
-use nvhook::inventory::{MEMORY_LIMIT_MAX, MemoryLimits, nvml_return};
+use nvhook::inventory::{CgroupLimits, MEMORY_LIMIT_MAX, nvml_return};
 use nvhook_test_support as support;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -82,14 +82,14 @@ fn set(
     actions().set_memory_limits(&config(node), dir, soft, hard, &gpus)
 }
 
-fn get(node: &SimNode, dir: &Path, gpu: &str) -> Option<MemoryLimits> {
+fn get(node: &SimNode, dir: &Path, gpu: &str) -> Option<CgroupLimits> {
     actions()
         .memory_limits(&config(node), dir, gpu)
         .expect("get-memory-limits")
 }
 
-fn limits(soft_bytes: u64, hard_bytes: u64) -> Option<MemoryLimits> {
-    Some(MemoryLimits {
+fn limits(soft_bytes: u64, hard_bytes: u64) -> Option<CgroupLimits> {
+    Some(CgroupLimits {
         soft_bytes,
         hard_bytes,
         used_bytes: 0,

@@ -8,7 +8,7 @@
 use super::{CdiError, imex_and_families};
 use crate::capability::Capability;
 use crate::config::Config;
-use crate::delivery::cdi_spec::{CdiSpec, ContainerEdits, Device, KIND, minimum_version, validate};
+use crate::delivery::cdi_spec::{CdiSpec, ContainerEdits, Device, KIND};
 use crate::delivery::edits::{HookBinary, container_edits_with, device_nodes};
 use crate::delivery::hook_args::LinkArgs;
 use crate::inventory::Inventory;
@@ -53,6 +53,7 @@ pub fn request(devices: DeviceSelection, capabilities: Vec<Capability>) -> Reque
         cuda_version: None,
         imex_channels: None,
         families: BTreeSet::new(),
+        memory_limits: None,
     }
 }
 
@@ -131,21 +132,6 @@ impl<'a> Specs<'a> {
 }
 
 /// A validated spec of `kind` with `devices` and `common` edits.
-pub(super) fn finish(
-    kind: &str,
-    devices: Vec<Device>,
-    common: ContainerEdits,
-) -> Result<CdiSpec, CdiError> {
-    let mut spec = CdiSpec {
-        cdi_version: String::new(),
-        kind: kind.into(),
-        devices,
-        container_edits: common,
-    };
-    spec.cdi_version = minimum_version(&spec).to_string();
-    validate(&spec)?;
-    Ok(spec)
-}
 
 /// The spec for every GPU and MIG device of `inventory`, named by each of `names`, plus `all`.
 pub fn generate(
@@ -174,7 +160,7 @@ pub fn generate(
         name: "all".into(),
         container_edits: specs.own_edits(&all),
     });
-    finish(KIND, devices, specs.common_edits(config, all))
+    super::spec_of(KIND, devices, specs.common_edits(config, all))
 }
 
 /// A spec of `kind` for one ResourceClaim (a DRA driver writes one per claim): each of `gpus`
@@ -205,7 +191,7 @@ pub fn claim_spec(
         common = specs.common_edits(config, claimed);
     }
     own.extend(imex_and_families::channel_devices(inventory, channels));
-    finish(kind, own, common)
+    super::spec_of(kind, own, common)
 }
 
 /// Each GPU, then its MIG devices: (index id, UUID).
@@ -373,7 +359,7 @@ mod tests {
             panic!("{:?}", links.ld_so_confs)
         };
         assert!(conf.dirs.contains(&"/usr/lib/x86_64-linux-gnu".to_string()));
-        validate(&spec).unwrap();
+        crate::delivery::cdi_spec::validate(&spec).unwrap();
     }
 
     #[test]

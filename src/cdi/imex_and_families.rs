@@ -63,7 +63,7 @@ fn device(name: String, nodes: &[DeviceNode]) -> Device {
 }
 
 fn spec(class: &str, devices: Vec<Device>) -> Result<CdiSpec, CdiError> {
-    super::generate::finish(
+    super::spec_of(
         &format!("{VENDOR}/{class}"),
         devices,
         ContainerEdits::default(),

@@ -53,6 +53,24 @@ pub enum CdiError {
     Directory(PathBuf),
 }
 
+/// A spec of `kind` with `devices` and the spec-wide edits `common`, at the oldest CDI version
+/// that holds them, validated.
+fn spec_of(
+    kind: &str,
+    devices: Vec<spec::Device>,
+    common: ContainerEdits,
+) -> Result<CdiSpec, CdiError> {
+    let mut made = CdiSpec {
+        cdi_version: String::new(),
+        kind: kind.into(),
+        devices,
+        container_edits: common,
+    };
+    made.cdi_version = spec::minimum_version(&made).to_string();
+    spec::validate(&made)?;
+    Ok(made)
+}
+
 /// Reads and validates the spec at `path`.
 pub fn read_spec(path: &Path) -> Result<CdiSpec, CdiError> {
     let fail = |op, message: String| CdiError::BadFile {

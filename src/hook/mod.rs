@@ -8,6 +8,7 @@
 pub mod container_mounts;
 pub mod create_container;
 pub mod effects;
+pub mod memory_limits;
 pub mod nvidia_hooks;
 pub mod prestart;
 pub mod procfs;
@@ -25,6 +26,8 @@ pub enum HookError {
     Prepare(#[from] PrepareError),
     #[error(transparent)]
     Cgroup(#[from] nvhook_cgroup::CgroupError),
+    #[error(transparent)]
+    MemoryLimits(#[from] memory_limits::LimitError),
     #[error("the OCI state has no pid: run nvhook as a prestart or createRuntime hook")]
     NoPid,
     #[error(

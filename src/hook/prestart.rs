@@ -8,7 +8,7 @@
 //! behind `effects`, so this order is unit-tested (`tests.rs`) as well as run for real.
 
 use super::effects::{ContainerEffects, HostEffects};
-use super::{HookError, container_mounts, effects, userns};
+use super::{HookError, container_mounts, effects, memory_limits, userns};
 use crate::config::Config;
 use crate::delivery::PrepareError;
 use crate::host_plan::{Target, container_view, plan_for_host, probe};
@@ -169,6 +169,13 @@ fn configure(
         plan.proc_overlay = None;
     }
     step.done("plan");
+    // Before anything is written: a container refused for its limits is left as it was.
+    if let Some(limits) = &request.memory_limits {
+        let gpus: Vec<String> = plan.selected.iter().map(|s| s.uuid.clone()).collect();
+        let nvml = memory_limits::Nvml(config);
+        memory_limits::apply(config.gpu_memory_limits, &nvml, limits, &gpus, pid)?;
+        step.done("memory limits");
+    }
     apply(
         effects::System::new(pid, rootfs, userns::container_root(pid)?),
         &container.listed,

@@ -3,7 +3,7 @@
 //! ([`NvmlActions`]). Removing the cgroup clears its limits.
 
 use super::nvml_actions::{NvmlActionError, NvmlActions};
-use super::{InventoryError, MemoryLimits, Scope};
+use super::{CgroupLimits, InventoryError, Scope};
 use crate::config::Config;
 use std::ffi::OsStr;
 use std::path::Path;
@@ -30,7 +30,7 @@ pub fn memory_limits(
     config: &Config,
     cgroup_dir: &Path,
     gpu_uuid: &str,
-) -> Result<Option<MemoryLimits>, NvmlActionError> {
+) -> Result<Option<CgroupLimits>, NvmlActionError> {
     NvmlActions::beside_nvhook().memory_limits(config, cgroup_dir, gpu_uuid)
 }
 
@@ -70,7 +70,7 @@ impl NvmlActions {
         config: &Config,
         cgroup_dir: &Path,
         gpu_uuid: &str,
-    ) -> Result<Option<MemoryLimits>, NvmlActionError> {
+    ) -> Result<Option<CgroupLimits>, NvmlActionError> {
         let args = [
             OsStr::new("get-memory-limits"),
             cgroup_dir.as_os_str(),

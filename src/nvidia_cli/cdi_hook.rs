@@ -19,7 +19,7 @@ use crate::shown::Shown;
 pub const CDI_HOOK_NAME: &str = "nvidia-cdi-hook";
 
 /// The hooks nvhook answers, each with the flags that take a value, and what it does.
-const HOOKS: [(&str, &[&str], &str); 8] = [
+const HOOKS: [(&str, &[&str], &str); 9] = [
     (
         "update-ldcache",
         &["folder", "ldconfig-path"],
@@ -59,6 +59,11 @@ const HOOKS: [(&str, &[&str], &str); 8] = [
         &["folder", "ldconfig-path"],
         "each library in the folders gets its SONAME link",
     ),
+    (
+        "apply-cuda-memory-limits",
+        &["driver-root", "gpu-id"],
+        "sets the container's NVIDIA_GPU_MEMORY_REQUEST and NVIDIA_GPU_MEMORY_LIMIT (MiB) on each --gpu-id for its cgroup, through NVML (nvhook-nvml), as gpu-memory-limits in nvhook's config says",
+    ),
     ("noop", &[], "nothing"),
 ];
 
@@ -69,6 +74,9 @@ pub enum CdiHook {
     Links(Box<LinkArgs>),
     /// A hook that nvhook accepts and has nothing to do for; why, for the log.
     Nothing(&'static str),
+    /// `apply-cuda-memory-limits`, a createRuntime hook: the container's GPU memory limits on
+    /// these GPUs (UUIDs).
+    MemoryLimits(Vec<String>),
     /// No hook, or one nvhook does not know: NVIDIA's warning, and success.
     Unsupported(String),
     /// `--version` (`-v`, `-version`).
@@ -221,6 +229,25 @@ pub fn parse(args: &[String]) -> Result<CdiHook, CdiHookError> {
                 host_cuda: host_cuda.map(str::to_string),
                 dir,
             });
+        }
+        "apply-cuda-memory-limits" => {
+            if let Some(root) = values("driver-root").next_back() {
+                tracing::debug!(
+                    root,
+                    "--driver-root ignored: nvhook's config names the driver root"
+                );
+            }
+            let mut gpus = Vec::new();
+            for value in values("gpu-id") {
+                // A repeated flag, each value also a comma list, as urfave's string slices.
+                for id in value.split(',').map(str::trim) {
+                    if id.is_empty() {
+                        return Err(bad("gpu-id", value, "an empty GPU id"));
+                    }
+                    gpus.push(id.to_string());
+                }
+            }
+            return Ok(CdiHook::MemoryLimits(gpus));
         }
         "disable-device-node-modification" => links.params_view = true,
         "update-application-profile" => links.application_profile = true,

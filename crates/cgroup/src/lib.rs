@@ -78,25 +78,37 @@ pub enum CgroupError {
 /// paths it opens resolve against (the same as /proc/self in the single-threaded hook).
 const MOUNTINFO: &str = "/proc/thread-self/mountinfo";
 
-/// Lets the cgroup of process `pid` open the device nodes in `rules`, on top of what it
-/// may already open, and says which cgroup version enforced it.
-///
-/// Must run as root in the host cgroup namespace; reads `/proc/<pid>/cgroup` and the
-/// caller's mountinfo to find the cgroup directory.
-pub fn allow_devices(pid: i32, rules: &[DeviceRule]) -> Result<CgroupVersion, CgroupError> {
+/// The cgroup2 directory of process `pid` where cgroup v2 alone governs it, as a path in the
+/// caller's mount namespace; None on a cgroup v1 or hybrid host (the driver's per-cgroup GPU
+/// memory limits need cgroup v2). Same requirements as [`allow_devices`].
+pub fn unified_dir(pid: i32) -> Result<Option<PathBuf>, CgroupError> {
+    match locate_dir(pid)? {
+        proc::Location::V1(_) => Ok(None),
+        proc::Location::V2(dir) => Ok(Some(dir)),
+    }
+}
+
+fn locate_dir(pid: i32) -> Result<proc::Location, CgroupError> {
     let cgroup_file = PathBuf::from(format!("/proc/{pid}/cgroup"));
     let read = |path: PathBuf| {
         std::fs::read_to_string(&path).map_err(|source| CgroupError::Read { pid, path, source })
     };
     let membership = read(cgroup_file)?;
     let mountinfo = read(PathBuf::from(MOUNTINFO))?;
-    let location =
-        proc::locate(&membership, &mountinfo).map_err(|reason| CgroupError::NotFound {
-            pid,
-            mountinfo: MOUNTINFO,
-            reason,
-        })?;
-    match location {
+    proc::locate(&membership, &mountinfo).map_err(|reason| CgroupError::NotFound {
+        pid,
+        mountinfo: MOUNTINFO,
+        reason,
+    })
+}
+
+/// Lets the cgroup of process `pid` open the device nodes in `rules`, on top of what it
+/// may already open, and says which cgroup version enforced it.
+///
+/// Must run as root in the host cgroup namespace; reads `/proc/<pid>/cgroup` and the
+/// caller's mountinfo to find the cgroup directory.
+pub fn allow_devices(pid: i32, rules: &[DeviceRule]) -> Result<CgroupVersion, CgroupError> {
+    match locate_dir(pid)? {
         proc::Location::V1(dir) => {
             v1::allow(&dir, rules)?;
             Ok(CgroupVersion::V1)

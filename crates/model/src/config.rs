@@ -67,6 +67,36 @@ pub struct Config {
     pub nri_mode: NriMode,
     /// When a GPU container's `/proc/driver/nvidia` is replaced by the view of its own GPUs.
     pub proc_driver_view: ProcDriverView,
+    /// What a container's GPU memory limits (`NVIDIA_GPU_MEMORY_REQUEST`/`_LIMIT`) get.
+    pub gpu_memory_limits: GpuMemoryLimits,
+    /// Which containers' GPU memory limits count.
+    pub gpu_memory_limits_from: GpuMemoryLimitsFrom,
+    /// The GPU memory request and limit (MiB per GPU) of a GPU container that sets none; both
+    /// or neither.
+    pub default_gpu_memory_request_mib: Option<u64>,
+    pub default_gpu_memory_limit_mib: Option<u64>,
+}
+
+/// `enforce`: a container's limits are set by the driver, or the container is refused where
+/// this node cannot set them (a driver without the call, a MIG device, cgroup v1): it asked.
+/// `best-effort`: set where the node can, logged and left otherwise. `off`: never set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuMemoryLimits {
+    Enforce,
+    BestEffort,
+    Off,
+}
+
+/// `any`: every GPU container's limits count. `allocated`: only those of a container whose GPUs
+/// an orchestrator allocated (the device plugin's mounts, a CDI device or claim, an engine's
+/// `--gpus`), not those of one that picked its GPUs with `NVIDIA_VISIBLE_DEVICES`: a request
+/// reserves memory other tenants of the GPU then lack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuMemoryLimitsFrom {
+    Any,
+    Allocated,
 }
 
 /// `auto`: the view, except in a container whose `/proc` is unmasked (its spec masks nothing
@@ -147,6 +177,10 @@ impl Default for Config {
             nri_annotation_namespaces: Vec::new(),
             nri_mode: NriMode::Hook,
             proc_driver_view: ProcDriverView::Auto,
+            gpu_memory_limits: GpuMemoryLimits::Enforce,
+            gpu_memory_limits_from: GpuMemoryLimitsFrom::Any,
+            default_gpu_memory_request_mib: None,
+            default_gpu_memory_limit_mib: None,
         }
     }
 }
@@ -203,7 +237,29 @@ impl Config {
                 return Err(format!("{key} {p:?} must be an absolute path"));
             }
         }
+        match (
+            self.default_gpu_memory_request_mib,
+            self.default_gpu_memory_limit_mib,
+        ) {
+            (Some(_), None) | (None, Some(_)) => {
+                return Err("default-gpu-memory-request-mib and default-gpu-memory-limit-mib: set both or neither".into());
+            }
+            _ => {}
+        }
+        if let Some(limits) = self.default_gpu_memory_limits() {
+            crate::request::memory_limits::check(limits).map_err(|e| {
+                format!("default-gpu-memory-request-mib and default-gpu-memory-limit-mib: {e}")
+            })?;
+        }
         Ok(())
+    }
+
+    /// The GPU memory limits of a container that sets none.
+    pub fn default_gpu_memory_limits(&self) -> Option<crate::request::memory_limits::MemoryLimits> {
+        Some(crate::request::memory_limits::MemoryLimits {
+            request_mib: self.default_gpu_memory_request_mib?,
+            limit_mib: self.default_gpu_memory_limit_mib?,
+        })
     }
 
     /// What a GPU container that does not set `family`'s variable gets.
@@ -479,5 +535,33 @@ device-families = ["mofed", "gds"]
         }
         assert!(parse("nvml-timeout-ms = 25000").is_ok());
         assert!(NVML_TIMEOUT_MAX < Duration::from_secs(HOOK_TIMEOUT_S.into()));
+    }
+
+    #[test]
+    fn gpu_memory_limit_settings_parse_and_a_half_default_is_refused() {
+        let c = parse(
+            "gpu-memory-limits = \"best-effort\"\ngpu-memory-limits-from = \"allocated\"\ndefault-gpu-memory-request-mib = 1024\ndefault-gpu-memory-limit-mib = 4096\n",
+        )
+        .unwrap();
+        assert_eq!(c.gpu_memory_limits, GpuMemoryLimits::BestEffort);
+        assert_eq!(c.gpu_memory_limits_from, GpuMemoryLimitsFrom::Allocated);
+        assert_eq!(
+            c.default_gpu_memory_limits(),
+            Some(crate::request::MemoryLimits {
+                request_mib: 1024,
+                limit_mib: 4096
+            })
+        );
+        for (text, needle) in [
+            ("default-gpu-memory-limit-mib = 4096", "set both or neither"),
+            (
+                "default-gpu-memory-request-mib = 5\ndefault-gpu-memory-limit-mib = 4",
+                "is more than the limit",
+            ),
+            ("gpu-memory-limits = \"strict\"", "gpu-memory-limits"),
+        ] {
+            let line = parse(text).unwrap_err().to_string();
+            assert!(line.contains(needle) && !line.contains('\n'), "{line}");
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! fails to load, so both are looked up in the loaded library when they are called.
 
 use crate::action;
-use nvhook_model::inventory::{MemoryLimits, NvmlActionFailure, nvml_return};
+use nvhook_model::inventory::{CgroupLimits, NvmlActionFailure, nvml_return};
 use nvml_wrapper::Nvml;
 use nvml_wrapper_sys::bindings as sys;
 use std::ffi::{CStr, CString, c_char, c_ulonglong, c_void};
@@ -91,7 +91,7 @@ pub fn get(
     library: &Path,
     cgroup_dir: &Path,
     gpu_uuid: &str,
-) -> Result<Option<MemoryLimits>, NvmlActionFailure> {
+) -> Result<Option<CgroupLimits>, NvmlActionFailure> {
     let name_space = name_space(cgroup_dir)?;
     let lib = Loaded::open(library).ok_or_else(|| missing(library, GET))?;
     let get = lib.symbol(GET).ok_or_else(|| missing(library, GET))?;
@@ -106,7 +106,7 @@ pub fn get(
     };
     // SAFETY: a live handle, and a struct whose path outlives the call.
     match unsafe { get(handle, &mut limits) } {
-        sys::nvmlReturn_enum_NVML_SUCCESS => Ok(Some(MemoryLimits {
+        sys::nvmlReturn_enum_NVML_SUCCESS => Ok(Some(CgroupLimits {
             soft_bytes: limits.soft_limit,
             hard_bytes: limits.hard_limit,
             used_bytes: limits.current_used,

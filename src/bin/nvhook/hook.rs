@@ -58,6 +58,21 @@ pub(crate) fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) ->
     run_hook(config_path, stage, links)
 }
 
+/// The OCI state the runtime writes on a hook's stdin.
+pub(crate) fn read_state() -> Result<State> {
+    // A state is a few hundred bytes; a runtime never sends more than this.
+    const STATE_LIMIT: u64 = 1 << 20;
+    let mut input = String::new();
+    std::io::stdin()
+        .take(STATE_LIMIT + 1)
+        .read_to_string(&mut input)
+        .map_err(|e| anyhow::anyhow!("cannot read the OCI state on stdin: {e}"))?;
+    if input.len() as u64 > STATE_LIMIT {
+        anyhow::bail!("the OCI state on stdin is larger than {STATE_LIMIT} bytes");
+    }
+    Ok(State::parse(&input)?)
+}
+
 /// The hook at `stage`, with the createContainer hook's work in `links`; the OCI state is read
 /// from stdin.
 pub(crate) fn run_hook(
@@ -70,17 +85,7 @@ pub(crate) fn run_hook(
     // other stages have no use for it.
     let cwd = links.as_ref().and_then(|_| std::env::current_dir().ok());
     let (config, sink) = hook_process(config_path)?;
-    // A state is a few hundred bytes; a runtime never sends more than this.
-    const STATE_LIMIT: u64 = 1 << 20;
-    let mut input = String::new();
-    std::io::stdin()
-        .take(STATE_LIMIT + 1)
-        .read_to_string(&mut input)
-        .map_err(|e| anyhow::anyhow!("cannot read the OCI state on stdin: {e}"))?;
-    if input.len() as u64 > STATE_LIMIT {
-        anyhow::bail!("the OCI state on stdin is larger than {STATE_LIMIT} bytes");
-    }
-    let state = State::parse(&input)?;
+    let state = read_state()?;
     let log_error = |e: &nvhook::hook::HookError| {
         // Without a log file (none set, or one a rootless engine's user may not open),
         // main's stderr line is the only report; with one, keep it there too.

@@ -17,8 +17,8 @@ pub use device_numbers::{DeviceMajors, MODESET_MINOR, NVIDIACTL_MINOR};
 pub use files::{ConfigLibraryPath, DriverFiles, GLX_SERVER, HostFile, Library};
 pub use nodes::{DrmNode, HostNode};
 pub use nvml::{
-    CreateMigReply, CreatedMig, DestroyMigReply, GetMemoryLimitsReply, Gpu, MEMORY_LIMIT_MAX,
-    MemoryLimits, MigDevice, MigPlacement, MigProfile, NvmlActionFailure, Reply,
+    CgroupLimits, CreateMigReply, CreatedMig, DestroyMigReply, GetMemoryLimitsReply, Gpu,
+    MEMORY_LIMIT_MAX, MigDevice, MigPlacement, MigProfile, NvmlActionFailure, Reply,
     SetMemoryLimitsReply, System, nvml_return,
 };
 

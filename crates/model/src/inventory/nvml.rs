@@ -102,7 +102,7 @@ pub const MEMORY_LIMIT_MAX: u64 = u64::MAX;
 
 /// The memory limits NVML keeps for one GPU and one cgroup (`nvmlGetMemoryLimits_v1_t`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemoryLimits {
+pub struct CgroupLimits {
     /// Guaranteed to the cgroup's processes.
     pub soft_bytes: u64,
     /// The most they may use; [`MEMORY_LIMIT_MAX`] is no limit.
@@ -115,7 +115,7 @@ pub struct MemoryLimits {
 pub type SetMemoryLimitsReply = Result<(), NvmlActionFailure>;
 /// What `get-memory-limits` writes on stdout: None where NVML keeps no limit for the GPU
 /// and cgroup.
-pub type GetMemoryLimitsReply = Result<Option<MemoryLimits>, NvmlActionFailure>;
+pub type GetMemoryLimitsReply = Result<Option<CgroupLimits>, NvmlActionFailure>;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MigDevice {

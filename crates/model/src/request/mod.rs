@@ -8,14 +8,16 @@
 
 mod devices;
 mod imex_and_families;
+pub mod memory_limits;
 mod require;
 
 pub use devices::{DEVICE_MOUNT_ROOT, DeviceId, DeviceSelection, UnknownDevice};
 pub use imex_and_families::{IMEX_CHANNELS, ImexChannels, ImexFamilyError, channel_ranges};
+pub use memory_limits::{MemoryLimitError, MemoryLimits};
 pub use require::{ConditionError, GpuFacts, InvalidVersion, Requirements, Unsatisfied, Version};
 
 use crate::capability::{Capability, UnknownCapability};
-use crate::config::Config;
+use crate::config::{Config, GpuMemoryLimitsFrom};
 use crate::imex_and_families::Family;
 use crate::oci::Spec;
 use crate::shown::Shown;
@@ -54,6 +56,8 @@ pub struct Request {
     pub imex_channels: Option<ImexChannels>,
     /// The opt-in device families asked for (or on by the config's default).
     pub families: BTreeSet<Family>,
+    /// `NVIDIA_GPU_MEMORY_REQUEST` and `NVIDIA_GPU_MEMORY_LIMIT`, or the node's default.
+    pub memory_limits: Option<MemoryLimits>,
 }
 
 /// Where the device selection came from.
@@ -134,6 +138,8 @@ pub enum RequestError {
     },
     #[error(transparent)]
     ImexOrFamily(#[from] ImexFamilyError),
+    #[error(transparent)]
+    MemoryLimit(#[from] MemoryLimitError),
     #[error(
         "CUDA_VERSION={value}: not a version, so the legacy requirement cuda>=MAJOR.MINOR cannot be formed (fix CUDA_VERSION, set NVIDIA_REQUIRE_CUDA, or set NVIDIA_DISABLE_REQUIRE=true)"
     )]
@@ -186,6 +192,11 @@ impl Request {
                 &devices::mount_ids(spec),
             )?,
             families: imex_and_families::families(spec, config, env_trusted)?,
+            memory_limits: allowed_limits(
+                memory_limits::memory_limits(spec, config)?,
+                config,
+                source,
+            ),
             privileged,
             source,
             cuda_version: spec
@@ -255,8 +266,30 @@ impl Request {
                 .flatten(),
             // No image environment: the node's defaults.
             families: imex_and_families::families(&Spec::default(), config, false)?,
+            memory_limits: memory_limits::memory_limits(&Spec::default(), config)?,
         })
     }
+}
+
+/// `limits`, unless the node takes limits only from containers whose GPUs were allocated and
+/// this one picked its own with `NVIDIA_VISIBLE_DEVICES`.
+fn allowed_limits(
+    limits: Option<MemoryLimits>,
+    config: &Config,
+    source: SelectionSource,
+) -> Option<MemoryLimits> {
+    if config.gpu_memory_limits_from == GpuMemoryLimitsFrom::Allocated
+        && source == SelectionSource::Env
+    {
+        if let Some(limits) = limits {
+            tracing::warn!(
+                ?limits,
+                "GPU memory limits ignored: the container chose its GPUs with NVIDIA_VISIBLE_DEVICES and gpu-memory-limits-from = \"allocated\""
+            );
+        }
+        return None;
+    }
+    limits
 }
 
 /// A legacy CUDA image (before `NVIDIA_REQUIRE_CUDA` existed) says only `CUDA_VERSION`.

@@ -709,3 +709,37 @@ fn families_by_variable_and_config_default() {
     };
     assert_eq!(r.families, BTreeSet::from([Family::Gds, Family::Mofed]));
 }
+
+/// `gpu-memory-limits-from = "allocated"`: the limits of a container whose GPUs the device
+/// plugin's mounts gave count; those of one that chose its GPUs by variable do not.
+#[test]
+fn memory_limits_from_allocated_containers_only_when_the_node_says_so() {
+    let limits = [
+        "NVIDIA_GPU_MEMORY_REQUEST=512",
+        "NVIDIA_GPU_MEMORY_LIMIT=1024",
+    ];
+    let expected = Some(MemoryLimits {
+        request_mib: 512,
+        limit_mib: 1024,
+    });
+    let mount = device_mount("0");
+    let mounted = spec_with(&limits, &[(mount.0, mount.1.as_str())], &[]);
+    let mut chosen_env = limits.to_vec();
+    chosen_env.push("NVIDIA_VISIBLE_DEVICES=0");
+    let chosen = spec_with(&chosen_env, &[], &[]);
+    let of = |spec: &Spec, config: &Config| {
+        Request::from_spec(spec, config)
+            .unwrap()
+            .unwrap()
+            .memory_limits
+    };
+    let any = Config::default();
+    assert_eq!(of(&mounted, &any), expected);
+    assert_eq!(of(&chosen, &any), expected);
+    let allocated = Config {
+        gpu_memory_limits_from: crate::config::GpuMemoryLimitsFrom::Allocated,
+        ..Config::default()
+    };
+    assert_eq!(of(&mounted, &allocated), expected);
+    assert_eq!(of(&chosen, &allocated), None);
+}

@@ -1,0 +1,285 @@
+//! Setting a container's GPU memory limits ([`MemoryLimits`]) for its cgroup v2 directory,
+//! through NVML ([`crate::inventory::memory_limits`]), as `gpu-memory-limits` says: `enforce`
+//! refuses a container whose limits this node cannot set (a driver without the call, a GPU that
+//! does not support it, a MIG device, cgroup v1); `best-effort` logs that and goes on. A real
+//! failure (NVML refusing the values, a cgroup that cannot be opened) fails the start either
+//! way: the container asked for it.
+
+use crate::config::{Config, GpuMemoryLimits};
+use crate::inventory::nvml_actions::NvmlActionError;
+use crate::request::MemoryLimits;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LimitError {
+    #[error(
+        "GPU memory limits cannot be set on MIG device {uuid}: the driver limits whole GPUs only (unset NVIDIA_GPU_MEMORY_REQUEST and NVIDIA_GPU_MEMORY_LIMIT, or set gpu-memory-limits = \"best-effort\" in nvhook's config)"
+    )]
+    Mig { uuid: String },
+    #[error(
+        "GPU memory limits need cgroup v2, and this container is under cgroup v1 (boot the node with cgroup v2, unset NVIDIA_GPU_MEMORY_REQUEST and NVIDIA_GPU_MEMORY_LIMIT, or set gpu-memory-limits = \"best-effort\")"
+    )]
+    CgroupV1,
+    #[error(transparent)]
+    Cgroup(#[from] nvhook_cgroup::CgroupError),
+    #[error("cannot set GPU memory limits for cgroup {}: {source}{}", cgroup.display(), hint(source))]
+    Nvml {
+        cgroup: PathBuf,
+        #[source]
+        source: NvmlActionError,
+    },
+}
+
+/// What an unsupported answer adds to NVML's line.
+fn hint(source: &NvmlActionError) -> &'static str {
+    match source.is_unsupported() {
+        true => {
+            " (or set gpu-memory-limits = \"best-effort\" in nvhook's config to start such containers unlimited)"
+        }
+        false => "",
+    }
+}
+
+impl LimitError {
+    /// The node cannot set limits here at all, which `best-effort` goes on without.
+    fn cannot_here(&self) -> bool {
+        match self {
+            LimitError::Mig { .. } | LimitError::CgroupV1 => true,
+            LimitError::Nvml { source, .. } => source.is_unsupported(),
+            LimitError::Cgroup(_) => false,
+        }
+    }
+}
+
+/// How the limits reach the driver: NVML through nvhook-nvml on a node, a record in tests.
+pub trait Setter {
+    /// The cgroup v2 directory of process `pid`; None under cgroup v1.
+    fn cgroup_of(&self, pid: i32) -> Result<Option<PathBuf>, LimitError>;
+    fn set(
+        &self,
+        cgroup: &Path,
+        limits: &MemoryLimits,
+        gpu_uuids: &[String],
+    ) -> Result<(), NvmlActionError>;
+}
+
+/// The node's NVML, for the cgroup the process's `/proc/<pid>/cgroup` names.
+pub struct Nvml<'a>(pub &'a Config);
+
+impl Setter for Nvml<'_> {
+    fn cgroup_of(&self, pid: i32) -> Result<Option<PathBuf>, LimitError> {
+        Ok(nvhook_cgroup::unified_dir(pid)?)
+    }
+
+    fn set(
+        &self,
+        cgroup: &Path,
+        limits: &MemoryLimits,
+        gpu_uuids: &[String],
+    ) -> Result<(), NvmlActionError> {
+        let (soft, hard) = limits.bytes();
+        crate::inventory::memory_limits::set_memory_limits(self.0, cgroup, soft, hard, gpu_uuids)
+    }
+}
+
+/// Sets `limits` on each of `gpu_uuids` (GPU or MIG UUIDs) for the cgroup of process `pid`;
+/// whether they were set.
+pub fn apply(
+    policy: GpuMemoryLimits,
+    setter: &impl Setter,
+    limits: &MemoryLimits,
+    gpu_uuids: &[String],
+    pid: i32,
+) -> Result<bool, LimitError> {
+    match set(setter, limits, gpu_uuids, pid) {
+        Ok(()) => Ok(true),
+        Err(e) if policy == GpuMemoryLimits::BestEffort && e.cannot_here() => {
+            tracing::warn!(
+                ?limits,
+                "GPU memory limits not set (gpu-memory-limits = \"best-effort\"): {e}"
+            );
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn set(
+    setter: &impl Setter,
+    limits: &MemoryLimits,
+    gpu_uuids: &[String],
+    pid: i32,
+) -> Result<(), LimitError> {
+    if let Some(mig) = gpu_uuids.iter().find(|u| u.starts_with("MIG-")) {
+        return Err(LimitError::Mig { uuid: mig.clone() });
+    }
+    if gpu_uuids.is_empty() {
+        return Ok(());
+    }
+    let cgroup = setter.cgroup_of(pid)?.ok_or(LimitError::CgroupV1)?;
+    setter
+        .set(&cgroup, limits, gpu_uuids)
+        .map_err(|source| LimitError::Nvml {
+            cgroup: cgroup.clone(),
+            source,
+        })?;
+    tracing::info!(
+        cgroup = %cgroup.display(),
+        request_mib = limits.request_mib,
+        limit_mib = limits.limit_mib,
+        gpus = ?gpu_uuids,
+        "GPU memory limits set"
+    );
+    Ok(())
+}
+
+/// The createRuntime hook NVIDIA's CDI specs carry for each GPU
+/// (`nvidia-cdi-hook apply-cuda-memory-limits --gpu-id UUID`), and nvhook's paths add where a
+/// container asks for limits: the limits its spec asks for (or the node's default) on
+/// `gpu_uuids`, for the cgroup the runtime made for `state`'s process. A container that asks
+/// for none is left alone.
+pub fn create_runtime(
+    config: &Config,
+    state: &crate::oci::State,
+    gpu_uuids: &[String],
+) -> Result<bool, super::HookError> {
+    let spec = crate::oci::load_spec(&state.bundle)?;
+    let Some(limits) = crate::request::memory_limits::memory_limits(&spec, config)
+        .map_err(crate::request::RequestError::from)?
+    else {
+        tracing::debug!(id = %state.id, "no GPU memory limits asked for");
+        return Ok(false);
+    };
+    let pid = state.pid.ok_or(super::HookError::NoPid)?;
+    Ok(apply(
+        config.gpu_memory_limits,
+        &Nvml(config),
+        &limits,
+        gpu_uuids,
+        pid,
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::{NvmlActionFailure, nvml_return};
+    use std::cell::RefCell;
+
+    /// A node whose cgroup and NVML answer as told, recording each call.
+    struct Fake {
+        cgroup: Option<PathBuf>,
+        answer: Option<u32>,
+        calls: RefCell<Vec<(PathBuf, (u64, u64), Vec<String>)>>,
+    }
+
+    impl Fake {
+        fn new(cgroup: Option<&str>, answer: Option<u32>) -> Fake {
+            Fake {
+                cgroup: cgroup.map(PathBuf::from),
+                answer,
+                calls: RefCell::new(Vec::new()),
+            }
+        }
+    }
+
+    impl Setter for Fake {
+        fn cgroup_of(&self, _pid: i32) -> Result<Option<PathBuf>, LimitError> {
+            Ok(self.cgroup.clone())
+        }
+
+        fn set(
+            &self,
+            cgroup: &Path,
+            limits: &MemoryLimits,
+            gpu_uuids: &[String],
+        ) -> Result<(), NvmlActionError> {
+            self.calls
+                .borrow_mut()
+                .push((cgroup.into(), limits.bytes(), gpu_uuids.to_vec()));
+            match self.answer {
+                None => Ok(()),
+                Some(code) => Err(NvmlActionError::Nvml(NvmlActionFailure {
+                    code: Some(code),
+                    message: format!("NVML said {code}"),
+                })),
+            }
+        }
+    }
+
+    const LIMITS: MemoryLimits = MemoryLimits {
+        request_mib: 1,
+        limit_mib: 2,
+    };
+
+    fn gpus(ids: &[&str]) -> Vec<String> {
+        ids.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn the_containers_cgroup_gets_the_limits_in_bytes_on_each_gpu() {
+        let fake = Fake::new(Some("/sys/fs/cgroup/pod/c1"), None);
+        let set = apply(
+            GpuMemoryLimits::Enforce,
+            &fake,
+            &LIMITS,
+            &gpus(&["GPU-a", "GPU-b"]),
+            7,
+        );
+        assert!(set.unwrap());
+        assert_eq!(
+            *fake.calls.borrow(),
+            [(
+                PathBuf::from("/sys/fs/cgroup/pod/c1"),
+                (1 << 20, 2 << 20),
+                gpus(&["GPU-a", "GPU-b"])
+            )]
+        );
+    }
+
+    #[test]
+    fn what_this_node_cannot_do_refuses_under_enforce_and_is_skipped_under_best_effort() {
+        let unsupported = [
+            (
+                Fake::new(Some("/c"), None),
+                gpus(&["GPU-a", "MIG-b"]),
+                "MIG device MIG-b",
+            ),
+            (Fake::new(None, None), gpus(&["GPU-a"]), "need cgroup v2"),
+            (
+                Fake::new(Some("/c"), Some(nvml_return::FUNCTION_NOT_FOUND)),
+                gpus(&["GPU-a"]),
+                "NVML said 13 (or set gpu-memory-limits = \"best-effort\"",
+            ),
+            (
+                Fake::new(Some("/c"), Some(nvml_return::NOT_SUPPORTED)),
+                gpus(&["GPU-a"]),
+                "NVML said 3",
+            ),
+        ];
+        for (fake, ids, needle) in &unsupported {
+            let line = apply(GpuMemoryLimits::Enforce, fake, &LIMITS, ids, 7)
+                .unwrap_err()
+                .to_string();
+            assert!(line.contains(needle) && !line.contains('\n'), "{line}");
+            assert!(!apply(GpuMemoryLimits::BestEffort, fake, &LIMITS, ids, 7).unwrap());
+        }
+        // A MIG device stops the call before NVML is asked.
+        assert!(unsupported[0].0.calls.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_real_failure_refuses_under_either_policy() {
+        let fake = Fake::new(Some("/c"), Some(nvml_return::OPERATING_SYSTEM));
+        for policy in [GpuMemoryLimits::Enforce, GpuMemoryLimits::BestEffort] {
+            let line = apply(policy, &fake, &LIMITS, &gpus(&["GPU-a"]), 7)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                line.starts_with("cannot set GPU memory limits for cgroup /c: NVML said 17"),
+                "{line}"
+            );
+            assert!(!line.contains("best-effort"), "{line}");
+        }
+    }
+}
