@@ -59,7 +59,7 @@ fn check_spec(text: &str) {
             "nvhook-runtime would pass by a config.json nvhook decides on: {text:?}"
         );
         let request = match decision {
-            Ok(Decision::Gpu(request)) => request,
+            Ok(Decision::Gpu(request)) => *request,
             Ok(_) => continue,
             Err(e) => {
                 assert_one_line("request", &text, &e.to_string());

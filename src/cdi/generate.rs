@@ -131,8 +131,6 @@ impl<'a> Specs<'a> {
     }
 }
 
-/// A validated spec of `kind` with `devices` and `common` edits.
-
 /// The spec for every GPU and MIG device of `inventory`, named by each of `names`, plus `all`.
 pub fn generate(
     config: &Config,

@@ -72,15 +72,27 @@ pub fn container_edits_with(plan: &Plan, hook: &HookBinary, links: LinkArgs) -> 
         hooks: (!links.is_empty())
             .then(|| hook.hook("createContainer", links.to_args()))
             .into_iter()
+            .chain(memory_limits_hook(plan, hook))
             .collect(),
     }
+}
+
+/// The createRuntime hook that sets the container's GPU memory limits, where its plan has
+/// some: a container that asks for none runs no such hook.
+pub fn memory_limits_hook(plan: &Plan, hook: &HookBinary) -> Option<Hook> {
+    plan.memory_limits?;
+    let gpus: Vec<String> = plan.selected.iter().map(|s| s.uuid.clone()).collect();
+    let mut entry = hook.hook("memoryLimits", gpus);
+    entry.hook_name = "createRuntime".into();
+    Some(entry)
 }
 
 /// The edits of a plan made for no hook ([`crate::plan::Layout::at_sonames`]): the device
 /// nodes and the bind mounts, all of it for the runtime to make. What only a process in the
 /// container's mount namespace could add is logged as left out: links a plan still asks for
-/// and the `/proc/driver/nvidia` view (runtimes mount nothing under /proc).
-pub fn hookless_edits(plan: &Plan) -> ContainerEdits {
+/// and the `/proc/driver/nvidia` view (runtimes mount nothing under /proc). GPU memory limits
+/// the container asked for are the one hook it still gets: only a process can set them.
+pub fn hookless_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
     for link in &plan.symlinks {
         tracing::info!(link = %link.path, "left out without a hook: a link");
     }
@@ -91,7 +103,7 @@ pub fn hookless_edits(plan: &Plan) -> ContainerEdits {
         env: vec![format!("{VISIBLE_DEVICES}=void")],
         device_nodes: device_nodes(plan),
         mounts: mounts(plan),
-        hooks: Vec::new(),
+        hooks: memory_limits_hook(plan, hook).into_iter().collect(),
     }
 }
 

@@ -166,11 +166,14 @@ mod tests {
     use crate::inventory::{NvmlActionFailure, nvml_return};
     use std::cell::RefCell;
 
+    /// One call: the cgroup, (soft, hard) bytes, the GPUs.
+    type Call = (PathBuf, (u64, u64), Vec<String>);
+
     /// A node whose cgroup and NVML answer as told, recording each call.
     struct Fake {
         cgroup: Option<PathBuf>,
         answer: Option<u32>,
-        calls: RefCell<Vec<(PathBuf, (u64, u64), Vec<String>)>>,
+        calls: RefCell<Vec<Call>>,
     }
 
     impl Fake {

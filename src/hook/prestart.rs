@@ -170,7 +170,7 @@ fn configure(
     }
     step.done("plan");
     // Before anything is written: a container refused for its limits is left as it was.
-    if let Some(limits) = &request.memory_limits {
+    if let Some(limits) = &plan.memory_limits {
         let gpus: Vec<String> = plan.selected.iter().map(|s| s.uuid.clone()).collect();
         let nvml = memory_limits::Nvml(config);
         memory_limits::apply(config.gpu_memory_limits, &nvml, limits, &gpus, pid)?;

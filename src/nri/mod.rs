@@ -17,7 +17,9 @@ use crate::atomic_file::{NewFile, write_atomic};
 use crate::cdi::ContainerEdits;
 use crate::config::{Config, NriMode};
 use crate::delivery::edits::{cdi_device_names, imex_and_family_edits};
-use crate::delivery::{HookBinary, PrepareError, container_edits, hook_mode_edits, hookless_edits};
+use crate::delivery::{
+    HookBinary, PrepareError, container_edits, hook_mode_edits, hookless_edits, memory_limits_hook,
+};
 use crate::host_plan::{Target, plan_for_host};
 use crate::inventory::isolated::Remembered;
 use crate::inventory::{self};
@@ -116,8 +118,13 @@ impl GpuPlugin {
                 ..hook_mode_edits(&plan, &hook, container::has_user_namespace(container))
             },
             NriMode::Cdi => container_edits(&plan, &hook),
-            NriMode::Mounts => hookless_edits(&plan),
-            NriMode::CdiDevices => imex_and_family_edits(&plan),
+            NriMode::Mounts => hookless_edits(&plan, &hook),
+            // The engine injects the GPUs from the spec; the limits this container asks for
+            // are its own.
+            NriMode::CdiDevices => ContainerEdits {
+                hooks: memory_limits_hook(&plan, &hook).into_iter().collect(),
+                ..imex_and_family_edits(&plan)
+            },
         };
         let mut adjustment = adjust::adjustment(&edits);
         if config.nri_mode == NriMode::CdiDevices {

@@ -47,6 +47,7 @@ pub(crate) fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) ->
     // Parsed first: a bad spec entry fails before anything is read or touched.
     let links = match stage {
         Stage::CreateContainer => Some(nvhook::delivery::hook_args::LinkArgs::parse(args)?),
+        Stage::MemoryLimits => return memory_limits(config_path, args),
         _ if !args.is_empty() => {
             return Err(Usage(format!(
                 "{stage:?} takes no arguments (only createContainer does): {args:?}"
@@ -56,6 +57,19 @@ pub(crate) fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) ->
         _ => None,
     };
     run_hook(config_path, stage, links)
+}
+
+/// The container's GPU memory limits on `gpu_uuids`: nvhook's createRuntime hook where it asks
+/// for some, and NVIDIA's (`nvidia-cdi-hook apply-cuda-memory-limits`).
+pub(crate) fn memory_limits(config_path: Option<&Path>, gpu_uuids: &[String]) -> Result<()> {
+    let (config, sink) = hook_process(config_path)?;
+    let state = read_state()?;
+    nvhook::hook::memory_limits::create_runtime(&config, &state, gpu_uuids).inspect_err(|e| {
+        if sink == nvhook::logging::Sink::File {
+            tracing::error!(id = %state.id, "{e}");
+        }
+    })?;
+    Ok(())
 }
 
 /// The OCI state the runtime writes on a hook's stdin.

@@ -45,7 +45,8 @@ enum Command {
     Hook {
         #[arg(value_enum)]
         stage: Stage,
-        /// createContainer only: what to link and cache, as a CDI spec's hook entry says.
+        /// createContainer: what to link and cache, as a CDI spec's hook entry says;
+        /// memoryLimits: the GPUs' UUIDs.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -230,6 +231,10 @@ enum Stage {
     /// In the container's mount namespace: the links and loader cache of a CDI spec.
     #[value(name = "createContainer")]
     CreateContainer,
+    /// At createRuntime: the container's GPU memory limits on the GPUs named (UUIDs), for the
+    /// paths that give the runtime the rest of the work (a CDI route, NRI).
+    #[value(name = "memoryLimits")]
+    MemoryLimits,
 }
 
 #[unsafe(no_mangle)]

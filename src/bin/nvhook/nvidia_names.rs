@@ -5,7 +5,7 @@
 //! and their command lines have no room for nvhook's `--config`.
 
 use crate::Stage;
-use crate::hook::{hook, hook_process, read_state, run_hook};
+use crate::hook::{hook, hook_process, memory_limits, run_hook};
 use nvhook::host_plan::{self, Target};
 use nvhook::inventory::{Scope, isolated};
 use nvhook::logging::Sink;
@@ -62,13 +62,7 @@ pub fn run(name: &Path, args: &[OsString]) -> Option<i32> {
             Ok(CdiHook::Links(links)) => {
                 run_hook(config.as_deref(), Stage::CreateContainer, Some(*links))
             }
-            Ok(CdiHook::MemoryLimits(gpus)) => {
-                hook_process(config.as_deref()).and_then(|(config, _)| {
-                    let state = read_state()?;
-                    nvhook::hook::memory_limits::create_runtime(&config, &state, &gpus)?;
-                    Ok(())
-                })
-            }
+            Ok(CdiHook::MemoryLimits(gpus)) => memory_limits(config.as_deref(), &gpus),
             Ok(CdiHook::Nothing(why)) => hook_process(config.as_deref()).map(|_| {
                 tracing::info!("as {CDI_HOOK_NAME}: {why}");
             }),

@@ -9,7 +9,7 @@ use crate::inventory::GLX_SERVER;
 use crate::inventory::{Gpu, HostFile, HostNode, Inventory, MigDevice};
 use crate::inventory::{MODESET_MINOR, NVIDIACTL_MINOR};
 use crate::request::{
-    DEVICE_MOUNT_ROOT, DeviceId, DeviceSelection, GpuFacts, Request, SelectionSource,
+    DEVICE_MOUNT_ROOT, DeviceId, DeviceSelection, GpuFacts, MemoryLimits, Request, SelectionSource,
     VISIBLE_DEVICES, Version,
 };
 use crate::shown::Shown;
@@ -47,6 +47,10 @@ pub struct Plan {
     /// Optional extras the request asked for that this host lacks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<Skipped>,
+    /// The GPU memory limits the request asked for, set on each selected GPU for the
+    /// container's cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limits: Option<MemoryLimits>,
 }
 
 /// Something asked for and left out, with the reason, for logs and `nvhook plan`.
@@ -431,6 +435,7 @@ pub fn build_with_layout(
         layout,
         cuda_compat: None,
         skipped,
+        memory_limits: request.memory_limits,
     })
 }
 

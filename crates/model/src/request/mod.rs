@@ -90,7 +90,7 @@ pub struct Flags {
 /// The outcome of reading a spec, for callers that log why a container is left alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
-    Gpu(Request),
+    Gpu(Box<Request>),
     /// No GPU asked for (`NVIDIA_VISIBLE_DEVICES` unset, empty or `void`): touch nothing.
     NotRequested,
     /// Asked for through the environment by an unprivileged container while
@@ -151,7 +151,7 @@ impl Request {
     /// left untouched.
     pub fn from_spec(spec: &Spec, config: &Config) -> Result<Option<Request>, RequestError> {
         Ok(match Self::decide(spec, config)? {
-            Decision::Gpu(request) => Some(request),
+            Decision::Gpu(request) => Some(*request),
             Decision::NotRequested => None,
             Decision::EnvIgnored => {
                 // The container asked and gets nothing: say why, where the operator looks.
@@ -179,7 +179,7 @@ impl Request {
         // GPUs: a pod limited to its device plugin's mounts cannot add devices by variable.
         let env_trusted = privileged || config.accept_env_when_unprivileged;
         // Fields are checked in the toolkit's order, so the first error reported matches it.
-        Ok(Decision::Gpu(Request {
+        Ok(Decision::Gpu(Box::new(Request {
             devices,
             mig_config: mig_devices(spec, MIG_CONFIG_DEVICES, privileged)?,
             mig_monitor: mig_devices(spec, MIG_MONITOR_DEVICES, privileged)?,
@@ -203,7 +203,7 @@ impl Request {
                 .env(CUDA_VERSION)
                 .filter(|v| !v.is_empty())
                 .map(str::to_string),
-        }))
+        })))
     }
 }
 

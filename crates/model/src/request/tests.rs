@@ -33,7 +33,7 @@ fn decide(env: &[&str]) -> Result<Decision, RequestError> {
 
 fn request(env: &[&str]) -> Request {
     match decide(env) {
-        Ok(Decision::Gpu(r)) => r,
+        Ok(Decision::Gpu(r)) => *r,
         other => panic!("{env:?}: {other:?}"),
     }
 }
