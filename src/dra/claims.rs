@@ -3,7 +3,8 @@
 //! name), and the checkpoint that remembers them; unpreparing removes exactly that.
 
 use super::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, PreparedDevice};
-use super::devices::{DeviceKind, DraDevice, Mig, mig_name, offered};
+use super::devices::{DeviceKind, DraDevice, Mig, offered};
+use super::names::mig_name;
 use super::partitions::Partition;
 use super::{CDI_CLASS, CDI_VENDOR, DRIVER_NAME};
 use crate::cdi::{self, CdiError};

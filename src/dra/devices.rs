@@ -1,7 +1,8 @@
 //! The devices this node offers, named as NVIDIA's DRA drivers name them.
 
+use super::names::mig_name;
 use super::partitions::{Partition, partitions};
-use crate::inventory::{Gpu, Inventory, MigDevice};
+use crate::inventory::Inventory;
 use crate::plan;
 use crate::request::DeviceId;
 use std::collections::BTreeSet;
@@ -10,7 +11,7 @@ use std::collections::BTreeSet;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DraDevice {
     /// `gpu-<minor>` for a GPU: its `/dev/nvidia<minor>`, not its NVML index. For a MIG device
-    /// [`mig_name`]'s, for an IMEX channel `channel-<number>`.
+    /// [`super::names::mig_name`]'s, for an IMEX channel `channel-<number>`.
     pub name: String,
     pub kind: DeviceKind,
 }
@@ -66,7 +67,17 @@ pub fn offered(inventory: &Inventory, mig: Mig<'_>) -> Vec<DraDevice> {
         if let Mig::Partitionable { made_here } = mig
             && !gpu.mig_profiles.is_empty()
         {
-            out.extend(partitions(gpu, made_here));
+            out.extend(
+                partitions(gpu, made_here)
+                    .into_iter()
+                    .map(|place| DraDevice {
+                        name: place.name,
+                        kind: DeviceKind::MigPartition {
+                            partition: place.partition,
+                            made: place.made,
+                        },
+                    }),
+            );
             continue;
         }
         for mig in &gpu.mig_devices {
@@ -100,52 +111,9 @@ pub fn offered(inventory: &Inventory, mig: Mig<'_>) -> Vec<DraDevice> {
     out
 }
 
-/// NVIDIA's name for a static MIG device:
-/// `gpu-<parent minor>-mig-<profile>-<GPU instance profile id>-<placement start>`, the profile
-/// without its dots and made a DNS label (`1g.10gb` → `1g10gb`, `1g.10gb+me` → `1g10gb-me`).
-/// Unique on a node, as no two GPU instances of a GPU start at the same slice.
-pub fn mig_name(gpu: &Gpu, mig: &MigDevice) -> Option<String> {
-    place_name(
-        gpu,
-        mig.profile.as_deref()?,
-        mig.gpu_instance_profile_id?,
-        mig.placement?.start,
-    )
-}
-
-/// [`mig_name`] of a MIG device of `profile` (NVML's id `profile_id`) starting at memory slice
-/// `start`, made or not.
-pub fn place_name(gpu: &Gpu, profile: &str, profile_id: u32, start: u32) -> Option<String> {
-    let profile = rfc1123(&profile.replace('.', ""));
-    if profile.is_empty() {
-        return None;
-    }
-    Some(format!(
-        "gpu-{}-mig-{profile}-{profile_id}-{start}",
-        gpu.minor
-    ))
-}
-
-/// NVIDIA's `toRFC1123Compliant`: lower case, each character outside `[a-z0-9.-]` a `-`,
-/// leading and trailing `-` and a trailing `.` trimmed, at most 253 characters.
-fn rfc1123(text: &str) -> String {
-    let mapped: String = text
-        .to_lowercase()
-        .chars()
-        .map(|c| match c {
-            'a'..='z' | '0'..='9' | '-' | '.' => c,
-            _ => '-',
-        })
-        .collect();
-    let trimmed = mapped.trim_matches('-');
-    let trimmed = trimmed.strip_suffix('.').unwrap_or(trimmed);
-    trimmed.chars().take(253).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use nvhook_model::inventory::MigPlacement;
     use nvhook_model::plan::fixtures::{inventory, node};
 
     #[test]
@@ -194,31 +162,6 @@ mod tests {
             assert_eq!((parts[0], parts[2]), ("gpu", "mig"), "{}", device.name);
             assert!(parts[1].parse::<u32>().is_ok() && parts[4].parse::<u32>().is_ok());
         }
-    }
-
-    #[test]
-    fn mig_profiles_are_made_dns_labels_as_nvidia_does() {
-        let inv = inventory(1, &[(0, 1)]);
-        let (gpu, mut mig) = (&inv.gpus[0], inv.gpus[0].mig_devices[0].clone());
-        mig.gpu_instance_profile_id = Some(20);
-        mig.placement = Some(MigPlacement { start: 3, size: 1 });
-        let name = |profile: &str, mig: &mut MigDevice| {
-            mig.profile = Some(profile.into());
-            mig_name(gpu, mig)
-        };
-        assert_eq!(
-            name("1g.10gb+me", &mut mig).as_deref(),
-            Some("gpu-0-mig-1g10gb-me-20-3")
-        );
-        assert_eq!(
-            name("1c.2g.20gb", &mut mig).as_deref(),
-            Some("gpu-0-mig-1c2g20gb-20-3")
-        );
-        assert_eq!(
-            name("1G.10GB", &mut mig).as_deref(),
-            Some("gpu-0-mig-1g10gb-20-3")
-        );
-        assert_eq!(name("+", &mut mig), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod checkpoint;
 pub mod claims;
 pub mod devices;
+pub mod names;
 pub mod partitions;
 
 /// NVIDIA's DRA driver name for GPUs (kubernetes-sigs/dra-driver-nvidia-gpu).

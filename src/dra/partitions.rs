@@ -4,7 +4,7 @@
 //! engines), so the scheduler never gives two overlapping places at once. The MIG device is
 //! made when a claim for its place is prepared, and destroyed when the claim is unprepared.
 
-use super::devices::{DeviceKind, DraDevice, mig_name, place_name};
+use super::names::{mig_name, place_name};
 use crate::inventory::{Gpu, MigDevice, MigPlacement, MigProfile};
 use std::collections::BTreeSet;
 
@@ -18,12 +18,22 @@ pub struct Partition {
     pub placement: MigPlacement,
 }
 
+/// A partition offered as a device of the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// The name of the MIG device made there.
+    pub name: String,
+    pub partition: Partition,
+    /// The MIG index of the MIG device there now, if there is one.
+    pub made: Option<u32>,
+}
+
 /// The MIG devices of `gpu` as partitions: one device for each place each profile can take,
 /// named as a static MIG device made there would be, so that a device keeps its name whether
 /// or not its MIG device exists yet. A place is left out where a MIG device nvhook-dra did not
 /// make (the operator's) overlaps it without being exactly it: making a MIG device there would
 /// fail. `made_here` names the devices nvhook-dra made for the claims it holds.
-pub fn partitions(gpu: &Gpu, made_here: &BTreeSet<String>) -> Vec<DraDevice> {
+pub fn partitions(gpu: &Gpu, made_here: &BTreeSet<String>) -> Vec<Place> {
     let mut out = Vec::new();
     for profile in &gpu.mig_profiles {
         for placement in &profile.placements {
@@ -41,16 +51,14 @@ pub fn partitions(gpu: &Gpu, made_here: &BTreeSet<String>) -> Vec<DraDevice> {
             if blocked {
                 continue;
             }
-            out.push(DraDevice {
+            out.push(Place {
                 name,
-                kind: DeviceKind::MigPartition {
-                    partition: Partition {
-                        gpu: gpu.index,
-                        profile_id: profile.id,
-                        placement: *placement,
-                    },
-                    made: existing.map(|m| m.index),
+                partition: Partition {
+                    gpu: gpu.index,
+                    profile_id: profile.id,
+                    placement: *placement,
                 },
+                made: existing.map(|m| m.index),
             });
         }
     }
@@ -159,14 +167,8 @@ mod tests {
         gpu
     }
 
-    fn names(offered: &[DraDevice]) -> Vec<(&str, Option<u32>)> {
-        offered
-            .iter()
-            .map(|d| match &d.kind {
-                DeviceKind::MigPartition { made, .. } => (d.name.as_str(), *made),
-                other => panic!("{other:?}"),
-            })
-            .collect()
+    fn names(offered: &[Place]) -> Vec<(&str, Option<u32>)> {
+        offered.iter().map(|p| (p.name.as_str(), p.made)).collect()
     }
 
     #[test]
@@ -180,11 +182,8 @@ mod tests {
         let got: Vec<String> = names(&offered).iter().map(|(n, _)| n.to_string()).collect();
         assert_eq!(got, expected);
         assert!(names(&offered).iter().all(|(_, made)| made.is_none()));
-        let DeviceKind::MigPartition { partition, .. } = &offered[8].kind else {
-            unreachable!()
-        };
         assert_eq!(
-            *partition,
+            offered[8].partition,
             Partition {
                 gpu: 0,
                 profile_id: 9,

@@ -472,8 +472,8 @@ mod tests {
             ("", "No CDI hook specified"),
             ("--debug", "No CDI hook specified"),
             (
-                "apply-cuda-memory-limits --driver-root / --gpu-id GPU-x",
-                "Unsupported CDI hook: apply-cuda-memory-limits",
+                "apply-cuda-memory-limit",
+                "Unsupported CDI hook: apply-cuda-memory-limit",
             ),
             ("--verbose", "No CDI hook specified"),
             ("--verbose create-symlinks", "No CDI hook specified"),
@@ -489,6 +489,30 @@ mod tests {
                 "{words}"
             );
         }
+    }
+
+    /// NVIDIA's createRuntime hook: every --gpu-id, repeated or a comma list; its driver root
+    /// is nvhook's config's.
+    #[test]
+    fn apply_cuda_memory_limits_names_its_gpus() {
+        assert_eq!(
+            parse_words(
+                "apply-cuda-memory-limits --driver-root /run/nvidia/driver --gpu-id GPU-a --gpu-id=GPU-b,GPU-c"
+            ),
+            Ok(CdiHook::MemoryLimits(vec![
+                "GPU-a".into(),
+                "GPU-b".into(),
+                "GPU-c".into()
+            ]))
+        );
+        assert_eq!(
+            parse_words("apply-cuda-memory-limits"),
+            Ok(CdiHook::MemoryLimits(Vec::new()))
+        );
+        let e = parse_words("apply-cuda-memory-limits --gpu-id GPU-a,,GPU-b").unwrap_err();
+        assert!(e.to_string().contains("an empty GPU id"), "{e}");
+        let e = parse_words("apply-cuda-memory-limits --gpu GPU-a").unwrap_err();
+        assert!(matches!(e, CdiHookError::UnknownOption { .. }), "{e}");
     }
 
     #[test]
