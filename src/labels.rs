@@ -163,6 +163,15 @@ impl Labels {
     }
 
     /// `name=value` lines, as `kubectl label node NODE ...` takes them.
+    /// `<prefix>/gpu.memory-limits`: whether this node sets the GPU memory limits containers
+    /// ask for (NVIDIA_GPU_MEMORY_REQUEST/LIMIT), so that a scheduler can keep such pods off
+    /// nodes that would refuse them or run them unlimited.
+    pub fn with_memory_limits(mut self, prefix: &str, enforced: bool) -> Labels {
+        self.0
+            .insert(format!("{prefix}/gpu.memory-limits"), enforced.to_string());
+        self
+    }
+
     pub fn to_text(&self) -> String {
         self.iter().fold(String::new(), |mut out, (name, value)| {
             let _ = writeln!(out, "{name}={value}");
@@ -669,5 +678,15 @@ mod tests {
         let rest: Vec<&str> = lines.collect();
         assert_eq!(rest, labels.to_text().lines().collect::<Vec<_>>());
         assert!(rest.contains(&"nvidia.com/gpu.count=1"));
+    }
+
+    #[test]
+    fn memory_limits_label_says_whether_the_node_sets_them() {
+        let labels = Labels::for_system(&system(vec![]), None, "example.org", MigStrategy::None)
+            .unwrap()
+            .with_memory_limits("example.org", true);
+        assert_eq!(labels.0["example.org/gpu.memory-limits"], "true");
+        let labels = labels.with_memory_limits("example.org", false);
+        assert_eq!(labels.0["example.org/gpu.memory-limits"], "false");
     }
 }

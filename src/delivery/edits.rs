@@ -231,6 +231,53 @@ mod tests {
         assert!(edits.hooks.is_empty() && edits.mounts.is_empty() && edits.env.is_empty());
     }
 
+    /// A plan with GPU memory limits gets nvhook's createRuntime hook naming its GPUs, with a
+    /// hook or without (the `mounts` edits); one without limits gets none.
+    #[test]
+    fn only_a_container_that_asks_for_memory_limits_gets_their_hook() {
+        let image = ImageInfo {
+            debian: true,
+            has_usr_lib64: false,
+            has_ldcache: true,
+            cuda_compat: None,
+        };
+        let mut req = request(DeviceSelection::List(vec![
+            DeviceId::Index(0),
+            DeviceId::Index(2),
+        ]));
+        let hook = HookBinary {
+            path: "/usr/bin/nvhook".into(),
+            config: None,
+        };
+        let plain = build(&req, &standard(), "/node", image.clone()).unwrap();
+        let stages = |edits: &ContainerEdits| -> Vec<String> {
+            edits.hooks.iter().map(|h| h.hook_name.clone()).collect()
+        };
+        assert_eq!(stages(&container_edits(&plain, &hook)), ["createContainer"]);
+        assert!(hookless_edits(&plain, &hook).hooks.is_empty());
+
+        req.memory_limits = Some(crate::request::MemoryLimits {
+            request_mib: 1,
+            limit_mib: 2,
+        });
+        let limited = build(&req, &standard(), "/node", image).unwrap();
+        let uuids: Vec<String> = limited.selected.iter().map(|s| s.uuid.clone()).collect();
+        assert_eq!(uuids.len(), 2);
+        for edits in [
+            container_edits(&limited, &hook),
+            hookless_edits(&limited, &hook),
+        ] {
+            let entry = edits
+                .hooks
+                .iter()
+                .find(|h| h.hook_name == "createRuntime")
+                .expect("the limits' hook");
+            let mut expected = vec!["nvhook".to_string(), "hook".into(), "memoryLimits".into()];
+            expected.extend(uuids.iter().cloned());
+            assert_eq!(entry.args, expected);
+        }
+    }
+
     #[test]
     fn edits_carry_nodes_mounts_and_one_create_container_hook() {
         let image = ImageInfo {

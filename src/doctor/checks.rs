@@ -3,10 +3,11 @@
 
 use super::Check;
 use super::runtimes::{self, Version};
-use crate::config::Config;
+use crate::config::{Config, GpuMemoryLimits};
 use crate::configure;
 use crate::dev_char::CharLink;
 use crate::elf_machine::{ElfHead, mismatch};
+use crate::hook::memory_limits::OnThisNode;
 use crate::inventory::{DeviceMajors, HostNode, Inventory, Library};
 use nvhook_ldcache::{Arch, ElfClass};
 use std::collections::BTreeSet;
@@ -85,6 +86,30 @@ pub fn persistence(inv: &Inventory) -> Vec<Check> {
             }
         })
         .collect()
+}
+
+/// Whether the GPU memory limits containers ask for (NVIDIA_GPU_MEMORY_REQUEST/LIMIT) are set
+/// on this node, and what a container that asks meets where they are not.
+pub fn memory_limits(limits: OnThisNode, policy: GpuMemoryLimits) -> Check {
+    let name = "GPU memory limits";
+    let why = match limits {
+        OnThisNode::Enforced => {
+            return Check::ok(name, "set per container by the driver (cgroup v2)");
+        }
+        OnThisNode::Off => return Check::ok(name, "off in nvhook's config: never set"),
+        OnThisNode::DriverLacksTheCall => {
+            "the driver has no nvmlDeviceSetMemoryLimits_v1 (it came with CUDA 13.4's driver)"
+        }
+        OnThisNode::CgroupV1 => "/sys/fs/cgroup is not cgroup v2, which the driver's limits need",
+    };
+    // Not a fault of the node: only a container that asks meets it, and is told so.
+    let then = match policy {
+        GpuMemoryLimits::BestEffort => "a container that asks starts unlimited (best-effort)",
+        _ => {
+            "a container that asks is refused (gpu-memory-limits = \"best-effort\" starts it unlimited)"
+        }
+    };
+    Check::ok(name, format!("not set here: {why}; {then}"))
 }
 
 /// Every GPU's `/dev/nvidia<minor>`, `nvidiactl` and `nvidia-uvm`, with the majors the
@@ -1447,5 +1472,24 @@ mod tests {
         let line = policy(&hardened).detail;
         assert!(line.starts_with("NVIDIA_VISIBLE_DEVICES selects GPUs only for privileged containers, the device plugin's"));
         assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn memory_limits_say_whether_a_container_that_asks_is_served_refused_or_unlimited() {
+        let check = memory_limits(OnThisNode::Enforced, GpuMemoryLimits::Enforce);
+        assert_eq!(check.level, super::super::Level::Ok);
+        let check = memory_limits(OnThisNode::DriverLacksTheCall, GpuMemoryLimits::Enforce);
+        assert_eq!(check.level, super::super::Level::Ok);
+        assert!(check.detail.contains("is refused"), "{}", check.detail);
+        assert!(check.detail.contains("nvmlDeviceSetMemoryLimits_v1"));
+        let check = memory_limits(OnThisNode::CgroupV1, GpuMemoryLimits::BestEffort);
+        assert_eq!(check.level, super::super::Level::Ok);
+        assert!(
+            check.detail.contains("starts unlimited"),
+            "{}",
+            check.detail
+        );
+        let check = memory_limits(OnThisNode::Off, GpuMemoryLimits::Off);
+        assert!(check.detail.contains("off in nvhook's config"));
     }
 }

@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::configure::{self, Applied, Engine};
 use crate::delivery::hook_args::gpu_layout_of;
 use crate::dev_char;
+use crate::hook::memory_limits::OnThisNode;
 use crate::inventory::cache::NvmlCache;
 use crate::inventory::change::HostChange;
 use crate::inventory::devices::scan_nodes;
@@ -182,6 +183,14 @@ pub fn run(config: &Config, options: &Options) -> Report {
     ));
     if let Ok(inventory) = &answer {
         out.extend(checks::persistence(inventory));
+        out.push(checks::memory_limits(
+            OnThisNode::of(
+                config,
+                inventory.memory_limits,
+                nvhook_cgroup::host_is_unified(),
+            ),
+            config.gpu_memory_limits,
+        ));
         match &nodes {
             Ok((majors, nodes)) => out.extend(checks::device_nodes(inventory, majors, nodes)),
             Err(e) => out.push(Check::fail(

@@ -51,6 +51,33 @@ impl LimitError {
     }
 }
 
+/// Whether this node sets the GPU memory limits containers ask for, and if not, why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnThisNode {
+    Enforced,
+    /// `gpu-memory-limits = "off"`.
+    Off,
+    /// The driver has no `nvmlDeviceSetMemoryLimits_v1` (before CUDA 13.4's).
+    DriverLacksTheCall,
+    CgroupV1,
+}
+
+impl OnThisNode {
+    /// From the config, NVML's answer (`driver_has_call`) and whether /sys/fs/cgroup is
+    /// cgroup v2 alone.
+    pub fn of(config: &Config, driver_has_call: bool, unified: bool) -> OnThisNode {
+        if config.gpu_memory_limits == GpuMemoryLimits::Off {
+            OnThisNode::Off
+        } else if !driver_has_call {
+            OnThisNode::DriverLacksTheCall
+        } else if !unified {
+            OnThisNode::CgroupV1
+        } else {
+            OnThisNode::Enforced
+        }
+    }
+}
+
 /// How the limits reach the driver: NVML through nvhook-nvml on a node, a record in tests.
 pub trait Setter {
     /// The cgroup v2 directory of process `pid`; None under cgroup v1.

@@ -78,6 +78,16 @@ pub enum CgroupError {
 /// paths it opens resolve against (the same as /proc/self in the single-threaded hook).
 const MOUNTINFO: &str = "/proc/thread-self/mountinfo";
 
+/// Whether this process's /sys/fs/cgroup is cgroup v2 alone (the unified hierarchy mounted
+/// there), as on a node booted with cgroup v2.
+pub fn host_is_unified() -> bool {
+    std::fs::read_to_string(MOUNTINFO).is_ok_and(|text| {
+        proc::visible_mounts(&text).iter().any(|m| {
+            m.mount_point == std::path::Path::new("/sys/fs/cgroup") && m.fstype == "cgroup2"
+        })
+    })
+}
+
 /// The cgroup2 directory of process `pid` where cgroup v2 alone governs it, as a path in the
 /// caller's mount namespace; None on a cgroup v1 or hybrid host (the driver's per-cgroup GPU
 /// memory limits need cgroup v2). Same requirements as [`allow_devices`].

@@ -53,7 +53,7 @@ fn parse_membership(text: &str) -> Vec<Membership<'_>> {
 /// The mounts that path lookups can reach: mountinfo lists mounts in the order they were
 /// made, and a later mount on a path hides every earlier one at or below it (this is how a
 /// cgroup2 mounted over a hybrid /sys/fs/cgroup hides the v1 hierarchies beneath).
-fn visible_mounts(mountinfo: &str) -> Vec<Mount> {
+pub(crate) fn visible_mounts(mountinfo: &str) -> Vec<Mount> {
     let mut visible: Vec<Mount> = Vec::new();
     for mount in mountinfo.lines().filter_map(parse_mount) {
         visible.retain(|earlier| !earlier.mount_point.starts_with(&mount.mount_point));

@@ -21,12 +21,21 @@ pub(crate) fn labels(
     let (inventory, _) = nvhook::inventory::isolated::load(config, nvhook::inventory::Scope::ALL)?;
     let machine_type =
         std::fs::read_to_string(config.sys_path(nvhook::labels::MACHINE_TYPE_FILE)).ok();
+    let limits = nvhook::hook::memory_limits::OnThisNode::of(
+        config,
+        inventory.memory_limits,
+        nvhook_cgroup::host_is_unified(),
+    );
     let labels = nvhook::labels::Labels::for_system(
         &inventory.system(),
         machine_type.as_deref(),
         prefix,
         mig_strategy,
-    )?;
+    )?
+    .with_memory_limits(
+        prefix,
+        limits == nvhook::hook::memory_limits::OnThisNode::Enforced,
+    );
     let text = match format {
         LabelFormat::Text => labels.to_text(),
         LabelFormat::Json => serde_json::to_string_pretty(&labels)? + "\n",
