@@ -298,6 +298,8 @@ impl SimNode {
                 format!("{}.{}", cuda / 1000, cuda % 1000 / 10),
             ),
             ("mig.capable", "true".into()),
+            // The simulated driver has the call; the host's cgroup decides.
+            ("gpu.memory-limits", cgroup_v2_here().to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (format!("nvidia.com/{k}"), v))
@@ -383,4 +385,15 @@ pub fn workspace_bin(name: &str) -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// Whether this process's /sys/fs/cgroup is cgroup v2 (the last mount there is a cgroup2).
+fn cgroup_v2_here() -> bool {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
+    mountinfo
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some("/sys/fs/cgroup"))
+        .next_back()
+        .and_then(|l| l.split_once(" - "))
+        .is_some_and(|(_, rest)| rest.starts_with("cgroup2 "))
 }
