@@ -7,6 +7,7 @@
 #   DIR/gpu-node-check.sh run OUT        # there, as root: results and logs go to OUT
 #   DIR/gpu-node-check.sh compat OUT     # there: only the CUDA forward-compat check
 #   DIR/gpu-node-check.sh nested OUT     # there: only the nested-sandbox check
+#   DIR/gpu-node-check.sh memlimits OUT  # there: only the GPU memory limit check
 #
 # `run` lists the driver's device nodes (GPUs, caps, IMEX channels, NVSwitch, NVLink) and asks
 # for GPU 0 with every capability through each path nvhook offers (runc + the prestart hook,
@@ -26,6 +27,11 @@
 # masked paths, and with /proc unmasked (Kubernetes `procMount: Unmasked`) under
 # proc-driver-view = "always" (nvhook's /proc/driver/nvidia view mounted) and "auto" (left out
 # for unmasked containers), and lists the /proc/driver/nvidia/gpus each container sees.
+# The GPU memory limit check (part of `run`, or alone) asks the driver to limit a cgroup's GPU 0
+# memory (nvmlDeviceSetMemoryLimits_v1 through nvhook-nvml) and prints its answer: SUCCESS,
+# NOT_SUPPORTED, or no such call (a driver before CUDA 13.4's); where it limits, a container
+# with NVIDIA_GPU_MEMORY_LIMIT=1024 (MiB) through the prestart hook allocates 256 MiB and is
+# refused 2 GiB (cuMemAlloc), and the same container without a limit allocates both.
 # NVHOOK_EXTRA_CONFIG: lines added to every config (e.g. driver-root for a driver elsewhere).
 set -euo pipefail
 
@@ -141,6 +147,38 @@ nested() {
   done
 }
 
+# memlimits: the driver's answer to a GPU memory limit, and a container held to one.
+memlimits() {
+  local runc="$KIT/bin/runc --root /run/nvhook-check" lib uuid dir rc
+  echo "== GPU memory limits"
+  config limits ""
+  "$KIT/bin/nvhook" --config "$KIT/limits.toml" info | grep -i 'memory limits' || true
+  if [ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ]; then
+    echo "memory limits: /sys/fs/cgroup is not cgroup v2 here: the driver's limits need it"
+    return
+  fi
+  lib=$(ldconfig -p | awk '$1 == "libnvidia-ml.so.1" && /x86-64/ {print $NF; exit}')
+  uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 0)
+  dir=/sys/fs/cgroup/nvhook-check-$$
+  mkdir "$dir"
+  rc=0
+  "$KIT/bin/nvhook-nvml" "$lib" set-memory-limits "$dir" $((512 << 20)) $((1024 << 20)) "$uuid" || rc=$?
+  echo
+  "$KIT/bin/nvhook-nvml" "$lib" get-memory-limits "$dir" "$uuid" || true
+  echo
+  rmdir "$dir"
+  [ "$rc" = 0 ] || { echo "memory limits: the driver did not set them (above); no container run"; return; }
+  local env='["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_DRIVER_CAPABILITIES=compute,utility"'
+  for limit in 1024 ""; do
+    echo "== a container ${limit:+with NVIDIA_GPU_MEMORY_LIMIT=$limit MiB}${limit:-without a limit}: 256 MiB, then 2 GiB"
+    local vars=$env
+    [ -z "$limit" ] || vars="$vars,\"NVIDIA_GPU_MEMORY_REQUEST=0\",\"NVIDIA_GPU_MEMORY_LIMIT=$limit\""
+    bundle limits '["/gpucheck","--kernel","67108864","--kernel","536870912"]' "$vars]" "$KIT/limits.toml"
+    $runc run --bundle "$KIT/b-limits" "limits-$$" 2>&1 | grep -E '^(kernel|nvhook)' || true
+  done
+  grep -h 'GPU memory limits' "$OUT/limits.log" | tail -2 || true
+}
+
 run() {
   OUT=$1
   mkdir -p "$OUT"
@@ -190,6 +228,7 @@ run() {
   done
   compat
   nested
+  memlimits
 }
 
 case "${1:-}" in
@@ -207,5 +246,11 @@ case "${1:-}" in
     export LD_LIBRARY_PATH=$KIT/bin
     nested
     ;;
-  *) echo "usage: $0 pack DIR | run OUT | compat OUT | nested OUT" >&2; exit 2 ;;
+  memlimits)
+    KIT=$(cd "$(dirname "$0")" && pwd) OUT=$(realpath -m "${2:?memlimits OUT}")
+    mkdir -p "$OUT"
+    export LD_LIBRARY_PATH=$KIT/bin
+    memlimits
+    ;;
+  *) echo "usage: $0 pack DIR | run OUT | compat OUT | nested OUT | memlimits OUT" >&2; exit 2 ;;
 esac

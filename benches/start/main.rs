@@ -6,7 +6,8 @@
 //! nvhook-runtime against runc, nvhook-runtime's cost for a non-GPU container, peak memory,
 //! growth per GPU and per mounted file, and the slow-NVML case. Targets are printed beside
 //! the numbers. `NVHOOK_BENCH_ROUNDS` sets the starts per variant (default 60);
-//! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst`, `=cri`, `=gpus` or `=dra` runs one part (cri:
+//! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst`, `=cri`, `=gpus`, `=dra` or `=limits` runs one
+//! part (limits: a GPU start with and without GPU memory limits; cri:
 //! pods over containerd 2.1.9's CRI, RuntimeClass against NRI; gpus: `docker run --gpus` and
 //! `ctr run --gpus` against the same client's plain start; dra: nvhook-dra's prepare, and pods
 //! through a DRA claim against the device plugin's CDI name; all three need
@@ -21,6 +22,7 @@ mod cycle;
 mod dra;
 mod gpus;
 mod hook_timer;
+mod limits;
 mod setup;
 mod stats;
 
@@ -49,7 +51,8 @@ struct Plan {
 fn main() {
     hook_timer::run_if_wrapper();
     let full = std::env::args().any(|a| a == "--bench");
-    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri|gpus|dra`: one part, for iterating on a profile.
+    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri|gpus|dra|limits`: one part, for iterating on a
+    // profile.
     let only = std::env::var("NVHOOK_BENCH_ONLY").ok();
     let only = only.as_deref();
     let plan = if full {
@@ -292,6 +295,10 @@ fn main() {
 
     if only.is_none_or(|o| o == "dra") {
         dra::run(plan.cri_rounds);
+    }
+
+    if only.is_none_or(|o| o == "limits") {
+        limits::run(plan.gpus_rounds);
     }
 }
 

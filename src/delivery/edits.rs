@@ -69,17 +69,18 @@ pub fn container_edits_with(plan: &Plan, hook: &HookBinary, links: LinkArgs) -> 
         env: vec![format!("{VISIBLE_DEVICES}=void")],
         device_nodes: device_nodes(plan),
         mounts: mounts(plan),
+        // The createContainer hook also sets the GPU memory limits the container asks for.
         hooks: (!links.is_empty())
             .then(|| hook.hook("createContainer", links.to_args()))
             .into_iter()
-            .chain(memory_limits_hook(plan, hook))
             .collect(),
     }
 }
 
 /// The createRuntime hook that sets the container's GPU memory limits, where its plan has
-/// some: a container that asks for none runs no such hook.
-pub fn memory_limits_hook(plan: &Plan, hook: &HookBinary) -> Option<Hook> {
+/// some, for edits with no createContainer hook to set them: a container that asks for none
+/// runs no such hook.
+fn memory_limits_hook(plan: &Plan, hook: &HookBinary) -> Option<Hook> {
     plan.memory_limits?;
     let gpus: Vec<String> = plan.selected.iter().map(|s| s.uuid.clone()).collect();
     let mut entry = hook.hook("memoryLimits", gpus);
@@ -231,8 +232,9 @@ mod tests {
         assert!(edits.hooks.is_empty() && edits.mounts.is_empty() && edits.env.is_empty());
     }
 
-    /// A plan with GPU memory limits gets nvhook's createRuntime hook naming its GPUs, with a
-    /// hook or without (the `mounts` edits); one without limits gets none.
+    /// Edits with no createContainer hook (`mounts`) get nvhook's createRuntime hook naming
+    /// the GPUs where the plan has GPU memory limits, and none where it has not; the edits with
+    /// a createContainer hook leave the limits to it.
     #[test]
     fn only_a_container_that_asks_for_memory_limits_gets_their_hook() {
         let image = ImageInfo {
@@ -253,7 +255,6 @@ mod tests {
         let stages = |edits: &ContainerEdits| -> Vec<String> {
             edits.hooks.iter().map(|h| h.hook_name.clone()).collect()
         };
-        assert_eq!(stages(&container_edits(&plain, &hook)), ["createContainer"]);
         assert!(hookless_edits(&plain, &hook).hooks.is_empty());
 
         req.memory_limits = Some(crate::request::MemoryLimits {
@@ -261,21 +262,14 @@ mod tests {
             limit_mib: 2,
         });
         let limited = build(&req, &standard(), "/node", image).unwrap();
+        assert_eq!(stages(&container_edits(&limited, &hook)), ["createContainer"]);
         let uuids: Vec<String> = limited.selected.iter().map(|s| s.uuid.clone()).collect();
         assert_eq!(uuids.len(), 2);
-        for edits in [
-            container_edits(&limited, &hook),
-            hookless_edits(&limited, &hook),
-        ] {
-            let entry = edits
-                .hooks
-                .iter()
-                .find(|h| h.hook_name == "createRuntime")
-                .expect("the limits' hook");
-            let mut expected = vec!["nvhook".to_string(), "hook".into(), "memoryLimits".into()];
-            expected.extend(uuids.iter().cloned());
-            assert_eq!(entry.args, expected);
-        }
+        let edits = hookless_edits(&limited, &hook);
+        assert_eq!(stages(&edits), ["createRuntime"]);
+        let mut expected = vec!["nvhook".to_string(), "hook".into(), "memoryLimits".into()];
+        expected.extend(uuids);
+        assert_eq!(edits.hooks[0].args, expected);
     }
 
     #[test]

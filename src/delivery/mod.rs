@@ -9,7 +9,7 @@ pub mod config_json;
 pub mod edits;
 pub mod hook_args;
 
-pub use edits::{HookBinary, container_edits, hook_mode_edits, hookless_edits, memory_limits_hook};
+pub use edits::{HookBinary, container_edits, hook_mode_edits, hookless_edits};
 
 use crate::config::ConfigError;
 use crate::host_plan::PlanningError;

@@ -39,6 +39,10 @@ pub fn create_container(
         ),
         Err(e) => (rootfs_without_spec(state, cwd, e)?, None),
     };
+    // Before the rootfs is written: a container refused for its limits is left as it was.
+    if let Some(spec) = &spec {
+        super::memory_limits::in_create_container(config, state, spec)?;
+    }
     let mounts = spec.as_ref().map(Spec::mount_points).unwrap_or_default();
     let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&mounts);
     // Which images have a glibc cache is only known now: a static spec serves them all.

@@ -80,8 +80,8 @@ impl OnThisNode {
 
 /// How the limits reach the driver: NVML through nvhook-nvml on a node, a record in tests.
 pub trait Setter {
-    /// The cgroup v2 directory of process `pid`; None under cgroup v1.
-    fn cgroup_of(&self, pid: i32) -> Result<Option<PathBuf>, LimitError>;
+    /// The container's cgroup v2 directory; None under cgroup v1.
+    fn cgroup(&self) -> Result<Option<PathBuf>, LimitError>;
     fn set(
         &self,
         cgroup: &Path,
@@ -90,12 +90,34 @@ pub trait Setter {
     ) -> Result<(), NvmlActionError>;
 }
 
-/// The node's NVML, for the cgroup the process's `/proc/<pid>/cgroup` names.
-pub struct Nvml<'a>(pub &'a Config);
+/// Whose cgroup the limits are for.
+#[derive(Debug, Clone)]
+pub enum Whose {
+    /// The container's process `pid`, as a hook in the runtime's namespaces sees it.
+    Process(i32),
+    /// The hook's own, which the runtime started in the container's cgroup (a createContainer
+    /// hook); `cgroups_path` is the spec's, for a hook in a cgroup namespace of its own.
+    Hook {
+        cgroups_path: Option<String>,
+        container_id: String,
+    },
+}
+
+/// The node's NVML, for the container's cgroup.
+pub struct Nvml<'a> {
+    pub config: &'a Config,
+    pub whose: Whose,
+}
 
 impl Setter for Nvml<'_> {
-    fn cgroup_of(&self, pid: i32) -> Result<Option<PathBuf>, LimitError> {
-        Ok(nvhook_cgroup::unified_dir(pid)?)
+    fn cgroup(&self) -> Result<Option<PathBuf>, LimitError> {
+        Ok(match &self.whose {
+            Whose::Process(pid) => nvhook_cgroup::unified_dir(*pid)?,
+            Whose::Hook {
+                cgroups_path,
+                container_id,
+            } => nvhook_cgroup::own_unified_dir(cgroups_path.as_deref(), container_id)?,
+        })
     }
 
     fn set(
@@ -105,20 +127,19 @@ impl Setter for Nvml<'_> {
         gpu_uuids: &[String],
     ) -> Result<(), NvmlActionError> {
         let (soft, hard) = limits.bytes();
-        crate::inventory::memory_limits::set_memory_limits(self.0, cgroup, soft, hard, gpu_uuids)
+        crate::inventory::memory_limits::set_memory_limits(self.config, cgroup, soft, hard, gpu_uuids)
     }
 }
 
-/// Sets `limits` on each of `gpu_uuids` (GPU or MIG UUIDs) for the cgroup of process `pid`;
+/// Sets `limits` on each of `gpu_uuids` (GPU or MIG UUIDs) for the container's cgroup;
 /// whether they were set.
 pub fn apply(
     policy: GpuMemoryLimits,
     setter: &impl Setter,
     limits: &MemoryLimits,
     gpu_uuids: &[String],
-    pid: i32,
 ) -> Result<bool, LimitError> {
-    match set(setter, limits, gpu_uuids, pid) {
+    match set(setter, limits, gpu_uuids) {
         Ok(()) => Ok(true),
         Err(e) if policy == GpuMemoryLimits::BestEffort && e.cannot_here() => {
             tracing::warn!(
@@ -131,19 +152,14 @@ pub fn apply(
     }
 }
 
-fn set(
-    setter: &impl Setter,
-    limits: &MemoryLimits,
-    gpu_uuids: &[String],
-    pid: i32,
-) -> Result<(), LimitError> {
+fn set(setter: &impl Setter, limits: &MemoryLimits, gpu_uuids: &[String]) -> Result<(), LimitError> {
     if let Some(mig) = gpu_uuids.iter().find(|u| u.starts_with("MIG-")) {
         return Err(LimitError::Mig { uuid: mig.clone() });
     }
     if gpu_uuids.is_empty() {
         return Ok(());
     }
-    let cgroup = setter.cgroup_of(pid)?.ok_or(LimitError::CgroupV1)?;
+    let cgroup = setter.cgroup()?.ok_or(LimitError::CgroupV1)?;
     setter
         .set(&cgroup, limits, gpu_uuids)
         .map_err(|source| LimitError::Nvml {
@@ -178,13 +194,63 @@ pub fn create_runtime(
         return Ok(false);
     };
     let pid = state.pid.ok_or(super::HookError::NoPid)?;
-    Ok(apply(
-        config.gpu_memory_limits,
-        &Nvml(config),
-        &limits,
-        gpu_uuids,
-        pid,
-    )?)
+    let nvml = Nvml {
+        config,
+        whose: Whose::Process(pid),
+    };
+    Ok(apply(config.gpu_memory_limits, &nvml, &limits, gpu_uuids)?)
+}
+
+/// The limits `spec` asks for, set by nvhook's createContainer hook (the CDI route: nvhook's
+/// specs, DRA claims, nvhook-runtime's and the NRI plugin's `cdi` modes), which the runtime
+/// starts in the container's cgroup: on the GPUs whose nodes the spec lists. A container that
+/// asks for none costs nothing more than reading its spec, which the hook does anyway.
+pub fn in_create_container(
+    config: &Config,
+    state: &crate::oci::State,
+    spec: &crate::oci::Spec,
+) -> Result<bool, super::HookError> {
+    let Some(limits) = crate::request::memory_limits::memory_limits(spec, config)
+        .map_err(crate::request::RequestError::from)?
+    else {
+        return Ok(false);
+    };
+    let (inventory, _) = crate::inventory::isolated::load(config, crate::inventory::Scope { graphics: false })?;
+    let listed: Vec<&Path> = spec.devices().iter().map(|d| d.path.as_path()).collect();
+    let gpus = gpus_of(&inventory, &listed);
+    let nvml = Nvml {
+        config,
+        whose: Whose::Hook {
+            cgroups_path: spec.cgroups_path().map(str::to_string),
+            container_id: state.id.clone(),
+        },
+    };
+    Ok(apply(config.gpu_memory_limits, &nvml, &limits, &gpus)?)
+}
+
+/// The UUIDs of the GPUs and MIG devices whose nodes are among `listed` (a spec's
+/// `linux.devices`): a GPU by its `/dev/nvidia<minor>`, a MIG device by its GPU instance's
+/// capability node.
+fn gpus_of(inventory: &crate::inventory::Inventory, listed: &[&Path]) -> Vec<String> {
+    let has = |path: String| listed.iter().any(|p| *p == Path::new(&path));
+    let mut out = Vec::new();
+    for gpu in &inventory.gpus {
+        let migs: Vec<&str> = gpu
+            .mig_devices
+            .iter()
+            .filter(|m| {
+                m.gi_cap_minor
+                    .is_some_and(|minor| has(format!("/dev/nvidia-caps/nvidia-cap{minor}")))
+            })
+            .map(|m| m.uuid.as_str())
+            .collect();
+        if !migs.is_empty() {
+            out.extend(migs.into_iter().map(str::to_string));
+        } else if has(format!("/dev/nvidia{}", gpu.minor)) {
+            out.push(gpu.uuid.clone());
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -214,7 +280,7 @@ mod tests {
     }
 
     impl Setter for Fake {
-        fn cgroup_of(&self, _pid: i32) -> Result<Option<PathBuf>, LimitError> {
+        fn cgroup(&self) -> Result<Option<PathBuf>, LimitError> {
             Ok(self.cgroup.clone())
         }
 
@@ -288,11 +354,11 @@ mod tests {
             ),
         ];
         for (fake, ids, needle) in &unsupported {
-            let line = apply(GpuMemoryLimits::Enforce, fake, &LIMITS, ids, 7)
+            let line = apply(GpuMemoryLimits::Enforce, fake, &LIMITS, ids)
                 .unwrap_err()
                 .to_string();
             assert!(line.contains(needle) && !line.contains('\n'), "{line}");
-            assert!(!apply(GpuMemoryLimits::BestEffort, fake, &LIMITS, ids, 7).unwrap());
+            assert!(!apply(GpuMemoryLimits::BestEffort, fake, &LIMITS, ids).unwrap());
         }
         // A MIG device stops the call before NVML is asked.
         assert!(unsupported[0].0.calls.borrow().is_empty());
@@ -302,7 +368,7 @@ mod tests {
     fn a_real_failure_refuses_under_either_policy() {
         let fake = Fake::new(Some("/c"), Some(nvml_return::OPERATING_SYSTEM));
         for policy in [GpuMemoryLimits::Enforce, GpuMemoryLimits::BestEffort] {
-            let line = apply(policy, &fake, &LIMITS, &gpus(&["GPU-a"]), 7)
+            let line = apply(policy, &fake, &LIMITS, &gpus(&["GPU-a"]))
                 .unwrap_err()
                 .to_string();
             assert!(

@@ -172,8 +172,11 @@ fn configure(
     // Before anything is written: a container refused for its limits is left as it was.
     if let Some(limits) = &plan.memory_limits {
         let gpus: Vec<String> = plan.selected.iter().map(|s| s.uuid.clone()).collect();
-        let nvml = memory_limits::Nvml(config);
-        memory_limits::apply(config.gpu_memory_limits, &nvml, limits, &gpus, pid)?;
+        let nvml = memory_limits::Nvml {
+            config,
+            whose: memory_limits::Whose::Process(pid),
+        };
+        memory_limits::apply(config.gpu_memory_limits, &nvml, limits, &gpus)?;
         step.done("memory limits");
     }
     apply(

@@ -17,9 +17,7 @@ use crate::atomic_file::{NewFile, write_atomic};
 use crate::cdi::ContainerEdits;
 use crate::config::{Config, NriMode};
 use crate::delivery::edits::{cdi_device_names, imex_and_family_edits};
-use crate::delivery::{
-    HookBinary, PrepareError, container_edits, hook_mode_edits, hookless_edits, memory_limits_hook,
-};
+use crate::delivery::{HookBinary, PrepareError, container_edits, hook_mode_edits, hookless_edits};
 use crate::host_plan::{Target, plan_for_host};
 use crate::inventory::isolated::Remembered;
 use crate::inventory::{self};
@@ -119,12 +117,9 @@ impl GpuPlugin {
             },
             NriMode::Cdi => container_edits(&plan, &hook),
             NriMode::Mounts => hookless_edits(&plan, &hook),
-            // The engine injects the GPUs from the spec; the limits this container asks for
-            // are its own.
-            NriMode::CdiDevices => ContainerEdits {
-                hooks: memory_limits_hook(&plan, &hook).into_iter().collect(),
-                ..imex_and_family_edits(&plan)
-            },
+            // The engine injects the GPUs from the spec, whose createContainer hook sets the
+            // GPU memory limits the container asks for.
+            NriMode::CdiDevices => imex_and_family_edits(&plan),
         };
         let mut adjustment = adjust::adjustment(&edits);
         if config.nri_mode == NriMode::CdiDevices {

@@ -6,6 +6,7 @@
 pub mod bpf;
 pub mod mountinfo;
 mod proc;
+pub mod spec_path;
 
 mod v1;
 mod v2;
@@ -49,6 +50,8 @@ pub enum CgroupError {
         path: PathBuf,
         source: io::Error,
     },
+    #[error("cannot find this container's cgroup: {why}")]
+    FromSpec { why: String },
     #[error("cannot open cgroup directory {path}: {source}")]
     OpenDir { path: PathBuf, source: io::Error },
     #[error("bpf({cmd}) failed: {source} ({})", bpf::sys::hint(cmd, source))]
@@ -85,6 +88,62 @@ pub fn host_is_unified() -> bool {
         proc::visible_mounts(&text).iter().any(|m| {
             m.mount_point == std::path::Path::new("/sys/fs/cgroup") && m.fstype == "cgroup2"
         })
+    })
+}
+
+/// This process's own cgroup2 directory, where cgroup v2 alone governs it (None under v1), as
+/// a path in its mount namespace: from `/proc/self/cgroup`, or, where the process sees its
+/// cgroup as `/` (a cgroup namespace of its own, as a createContainer hook has), from the
+/// container's `cgroups_path` (runc's default for none: `/<container id>`), checked to hold this
+/// process (or one child of it that does: crun may put the container's processes in a child of
+/// the cgroup it was given).
+pub fn own_unified_dir(
+    cgroups_path: Option<&str>,
+    container_id: &str,
+) -> Result<Option<PathBuf>, CgroupError> {
+    let pid = std::process::id() as i32;
+    if !host_is_unified() {
+        return Ok(None);
+    }
+    let read = |path: PathBuf| {
+        std::fs::read_to_string(&path).map_err(|source| CgroupError::Read { pid, path, source })
+    };
+    let membership = read(PathBuf::from("/proc/self/cgroup"))?;
+    let seen = membership
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .unwrap_or("/");
+    if seen != "/" && !seen.contains("..") {
+        return unified_dir(pid);
+    }
+    let root = std::path::Path::new("/sys/fs/cgroup");
+    let not_found = |why: String| CgroupError::FromSpec { why };
+    let default = format!("/{container_id}");
+    let cgroups_path = cgroups_path.or(Some(default.as_str()).filter(|_| !container_id.is_empty()));
+    let Some(relative) = cgroups_path.and_then(spec_path::relative_dir) else {
+        return Err(not_found(format!(
+            "its cgroup namespace hides it and cgroupsPath {cgroups_path:?} names no cgroup"
+        )));
+    };
+    let dir = root.join(relative);
+    let holds_us = |dir: &std::path::Path| {
+        std::fs::read_to_string(dir.join("cgroup.procs"))
+            .is_ok_and(|procs| procs.lines().any(|l| l.trim() == pid.to_string()))
+    };
+    if holds_us(&dir) {
+        return Ok(Some(dir));
+    }
+    let child = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_dir() && holds_us(p));
+    child.map(Some).ok_or_else(|| {
+        not_found(format!(
+            "{} (from cgroupsPath {cgroups_path:?}) does not hold this process",
+            dir.display()
+        ))
     })
 }
 

@@ -113,6 +113,8 @@ pub struct Linux {
     pub masked_paths: Vec<String>,
     #[serde(default, rename = "readonlyPaths")]
     pub readonly_paths: Vec<String>,
+    #[serde(default, rename = "cgroupsPath")]
+    pub cgroups_path: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -185,6 +187,11 @@ impl Spec {
             .iter()
             .chain(&linux.readonly_paths)
             .any(|p| Path::new(p).starts_with("/proc"))
+    }
+
+    /// `linux.cgroupsPath`: where the runtime makes the container's cgroup.
+    pub fn cgroups_path(&self) -> Option<&str> {
+        self.linux.as_ref()?.cgroups_path.as_deref()
     }
 
     pub fn devices(&self) -> &[LinuxDevice] {
