@@ -35,15 +35,15 @@ fn bundle(node: &SimNode, devices: &str, env: &[&str]) -> Bundle {
 }
 
 /// The GPUs (UUIDs) and (soft, hard) bytes of the node's recorded calls, each asserted to have
-/// succeeded for a cgroup of the container `id` (runc makes `/sys/fs/cgroup/<id>` for a
+/// succeeded for the cgroup `cgroup` under /sys/fs/cgroup (runc makes `/<container id>` for a
 /// bundle that names no cgroupsPath).
-fn calls_for(node: &SimNode, id: &str, output: &Output) -> Vec<(String, u64, u64)> {
+fn calls_for(node: &SimNode, cgroup: &str, output: &Output) -> Vec<(String, u64, u64)> {
     node.memory_limit_calls()
         .iter()
         .map(|call| {
             assert_eq!(call["result"], 0, "{call}\n{output}");
             let path = call["path"].as_str().expect("a path");
-            assert_eq!(path, format!("/sys/fs/cgroup/{id}"), "{call}\n{output}");
+            assert_eq!(path, format!("/sys/fs/cgroup/{cgroup}"), "{call}\n{output}");
             (
                 call["gpu"].as_str().expect("a GPU").to_string(),
                 call["soft"].as_u64().unwrap(),
@@ -149,12 +149,12 @@ fn what_the_node_cannot_enforce_refuses_the_start_unless_best_effort() {
 
 /// nvhook-runtime: in `hook` mode the prestart hook sets the limits; in `cdi` mode, where runc
 /// makes everything else, nvhook's createContainer hook does, which runc starts in the
-/// container's cgroup namespace: the cgroup comes from the spec's cgroupsPath, checked to hold
-/// the hook.
+/// container's cgroup (and cgroup namespace, if it has one: then the cgroup comes from the
+/// spec's cgroupsPath, checked to hold the hook). Never the hierarchy's root.
 #[test]
 fn nvhook_runtime_sets_the_limits_in_both_modes() {
     require_root();
-    for mode in ["hook", "cdi"] {
+    for (mode, cgroupns) in [("hook", false), ("cdi", false), ("cdi", true)] {
         let node = SimNode::create(GPUS);
         node.set("runtime-mode", &format!("\"{mode}\""));
         let args = gpucheck_args(GPUS, &[]);
@@ -163,6 +163,13 @@ fn nvhook_runtime_sets_the_limits_in_both_modes() {
         b.env("NVIDIA_VISIBLE_DEVICES=1");
         for var in LIMITS {
             b.env(var);
+        }
+        let cgroup = match cgroupns {
+            true => format!("nvhook-limits/{}", b.id()),
+            false => b.id().to_string(),
+        };
+        if cgroupns {
+            b.cgroup_namespace(&format!("/{cgroup}"));
         }
         let mut output = run_container_with(
             &b,
@@ -174,7 +181,7 @@ fn nvhook_runtime_sets_the_limits_in_both_modes() {
         output.assert_success();
         output.assert_gpus(GPUS, &[1]);
         assert_eq!(
-            calls_for(&node, b.id(), &output),
+            calls_for(&node, &cgroup, &output),
             [(node.gpu_uuid(1), 512 * MIB, 1024 * MIB)],
             "{mode}"
         );

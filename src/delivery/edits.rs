@@ -262,7 +262,10 @@ mod tests {
             limit_mib: 2,
         });
         let limited = build(&req, &standard(), "/node", image).unwrap();
-        assert_eq!(stages(&container_edits(&limited, &hook)), ["createContainer"]);
+        assert_eq!(
+            stages(&container_edits(&limited, &hook)),
+            ["createContainer"]
+        );
         let uuids: Vec<String> = limited.selected.iter().map(|s| s.uuid.clone()).collect();
         assert_eq!(uuids.len(), 2);
         let edits = hookless_edits(&limited, &hook);

@@ -127,7 +127,13 @@ impl Setter for Nvml<'_> {
         gpu_uuids: &[String],
     ) -> Result<(), NvmlActionError> {
         let (soft, hard) = limits.bytes();
-        crate::inventory::memory_limits::set_memory_limits(self.config, cgroup, soft, hard, gpu_uuids)
+        crate::inventory::memory_limits::set_memory_limits(
+            self.config,
+            cgroup,
+            soft,
+            hard,
+            gpu_uuids,
+        )
     }
 }
 
@@ -152,7 +158,11 @@ pub fn apply(
     }
 }
 
-fn set(setter: &impl Setter, limits: &MemoryLimits, gpu_uuids: &[String]) -> Result<(), LimitError> {
+fn set(
+    setter: &impl Setter,
+    limits: &MemoryLimits,
+    gpu_uuids: &[String],
+) -> Result<(), LimitError> {
     if let Some(mig) = gpu_uuids.iter().find(|u| u.starts_with("MIG-")) {
         return Err(LimitError::Mig { uuid: mig.clone() });
     }
@@ -215,7 +225,8 @@ pub fn in_create_container(
     else {
         return Ok(false);
     };
-    let (inventory, _) = crate::inventory::isolated::load(config, crate::inventory::Scope { graphics: false })?;
+    let (inventory, _) =
+        crate::inventory::isolated::load(config, crate::inventory::Scope { graphics: false })?;
     let listed: Vec<&Path> = spec.devices().iter().map(|d| d.path.as_path()).collect();
     let gpus = gpus_of(&inventory, &listed);
     let nvml = Nvml {
@@ -320,7 +331,6 @@ mod tests {
             &fake,
             &LIMITS,
             &gpus(&["GPU-a", "GPU-b"]),
-            7,
         );
         assert!(set.unwrap());
         assert_eq!(

@@ -61,6 +61,8 @@ pub fn spec_of(container: &Container) -> Spec {
             // createContainer hook's, made from the bundle's config.json.
             masked_paths: Vec::new(),
             readonly_paths: Vec::new(),
+            // The cgroup is the createContainer hook's to find, from the bundle too.
+            cgroups_path: None,
         }),
         annotations: container.annotations.clone().into_iter().collect(),
     }

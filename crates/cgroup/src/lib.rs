@@ -114,7 +114,16 @@ pub fn own_unified_dir(
         .find_map(|l| l.strip_prefix("0::"))
         .unwrap_or("/");
     if seen != "/" && !seen.contains("..") {
-        return unified_dir(pid);
+        // /proc/self, not /proc/<pid>: this process may be in a PID namespace of its own, and
+        // /proc the host's.
+        let mountinfo = read(PathBuf::from(MOUNTINFO))?;
+        let location =
+            proc::locate(&membership, &mountinfo).map_err(|reason| CgroupError::NotFound {
+                pid,
+                mountinfo: MOUNTINFO,
+                reason,
+            })?;
+        return not_the_root(location);
     }
     let root = std::path::Path::new("/sys/fs/cgroup");
     let not_found = |why: String| CgroupError::FromSpec { why };
@@ -151,8 +160,19 @@ pub fn own_unified_dir(
 /// caller's mount namespace; None on a cgroup v1 or hybrid host (the driver's per-cgroup GPU
 /// memory limits need cgroup v2). Same requirements as [`allow_devices`].
 pub fn unified_dir(pid: i32) -> Result<Option<PathBuf>, CgroupError> {
-    match locate_dir(pid)? {
+    not_the_root(locate_dir(pid)?)
+}
+
+/// A container's cgroup2 directory, never the hierarchy's root: what is set there would hold
+/// every process of the host.
+fn not_the_root(location: proc::Location) -> Result<Option<PathBuf>, CgroupError> {
+    match location {
         proc::Location::V1(_) => Ok(None),
+        proc::Location::V2(dir) if dir == std::path::Path::new("/sys/fs/cgroup") => {
+            Err(CgroupError::FromSpec {
+                why: "it resolves to the root of the cgroup hierarchy, the whole host's".into(),
+            })
+        }
         proc::Location::V2(dir) => Ok(Some(dir)),
     }
 }

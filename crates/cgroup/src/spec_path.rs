@@ -17,7 +17,11 @@ pub fn relative_dir(cgroups_path: &str) -> Option<PathBuf> {
                 (false, true) => format!("{name}.scope"),
                 (false, false) => format!("{prefix}-{name}.scope"),
             };
-            let slice = if slice.is_empty() { "system.slice" } else { slice };
+            let slice = if slice.is_empty() {
+                "system.slice"
+            } else {
+                slice
+            };
             let mut dir = expand_slice(slice)?;
             dir.push(unit);
             Some(dir)
@@ -67,13 +71,21 @@ mod tests {
         let cases = [
             (
                 "kubepods-burstable-pod1.slice:cri-containerd:abc",
-                Some("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-abc.scope"),
+                Some(
+                    "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-abc.scope",
+                ),
             ),
-            ("machine.slice:libpod:abc", Some("machine.slice/libpod-abc.scope")),
+            (
+                "machine.slice:libpod:abc",
+                Some("machine.slice/libpod-abc.scope"),
+            ),
             (":docker:abc", Some("system.slice/docker-abc.scope")),
             ("-.slice::abc", Some("abc.scope")),
             ("user.slice:x:my.slice", Some("user.slice/my.slice")),
-            ("/kubepods/burstable/pod1/abc", Some("kubepods/burstable/pod1/abc")),
+            (
+                "/kubepods/burstable/pod1/abc",
+                Some("kubepods/burstable/pod1/abc"),
+            ),
             ("/nvhook-e2e-1", Some("nvhook-e2e-1")),
             ("relative/path", None),
             ("/a/../b", None),

@@ -233,6 +233,18 @@ impl Bundle {
         self
     }
 
+    /// Puts the container in a cgroup namespace of its own (where it sees its cgroup as `/`,
+    /// as Kubernetes', Docker's and Podman's containers do on cgroup v2), in the cgroup
+    /// `cgroups_path` names.
+    pub fn cgroup_namespace(&mut self, cgroups_path: &str) -> &mut Self {
+        push(
+            &mut self.spec["linux"]["namespaces"],
+            json!({ "type": "cgroup" }),
+        );
+        self.spec["linux"]["cgroupsPath"] = json!(cgroups_path);
+        self
+    }
+
     /// Runs the process as `uid`:`gid`, with no capabilities, as a pod's unprivileged user.
     pub fn user(&mut self, uid: u32, gid: u32) -> &mut Self {
         self.spec["process"]["user"] = json!({ "uid": uid, "gid": gid });

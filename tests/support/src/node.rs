@@ -392,8 +392,7 @@ fn cgroup_v2_here() -> bool {
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
     mountinfo
         .lines()
-        .filter(|l| l.split(' ').nth(4) == Some("/sys/fs/cgroup"))
-        .next_back()
+        .rfind(|l| l.split(' ').nth(4) == Some("/sys/fs/cgroup"))
         .and_then(|l| l.split_once(" - "))
         .is_some_and(|(_, rest)| rest.starts_with("cgroup2 "))
 }
