@@ -62,7 +62,29 @@ enum Check {
 /// Where nvhook answers otherwise than NVIDIA's v1.20.0 programs, as found when the fixture was
 /// made: (program, args, check, why). Each is left as it is for a decision; the test fails on
 /// any difference not listed here, and on a listed one that is gone (then remove it).
-const KNOWN_DIFFERENCES: &[(&str, &[&str], Check, &str)] = &[];
+const KNOWN_DIFFERENCES: &[(&str, &[&str], Check, &str)] = &[
+    (
+        "nvidia-cdi-hook",
+        LIMITS_HOOK,
+        Check::Exit,
+        "apply-cuda-memory-limits came after v1.20.0 (toolkit PR #2075): v1.20.0 warns of an unknown hook and succeeds; nvhook answers the newer hook, which reads the OCI state and fails without one",
+    ),
+    (
+        "nvidia-cdi-hook",
+        LIMITS_HOOK,
+        Check::Messages,
+        "the same: nvhook does not call the newer toolkit's hook unsupported",
+    ),
+];
+
+/// NVIDIA's createRuntime hook for GPU memory limits, as the fixture asked v1.20.0 for it.
+const LIMITS_HOOK: &[&str] = &[
+    "apply-cuda-memory-limits",
+    "--driver-root",
+    "/",
+    "--gpu-id",
+    "GPU-x",
+];
 
 const FIXTURE: &str = include_str!("fixtures/nvidia-programs/transcripts.json");
 
