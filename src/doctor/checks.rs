@@ -116,12 +116,19 @@ pub fn memory_limits(limits: OnThisNode, policy: GpuMemoryLimits) -> Check {
 /// kernel gave the driver in `/proc/devices`.
 pub fn device_nodes(inv: &Inventory, majors: &DeviceMajors, nodes: &[HostNode]) -> Vec<Check> {
     let fix = "run nvidia-smi (or nvidia-modprobe) as root, which makes the driver's nodes";
+    let Some(nvidia) = majors.nvidia else {
+        return vec![Check::fail(
+            "device nodes",
+            "/proc/devices lists no nvidia character device",
+            "load the nvidia modules (modprobe nvidia nvidia-uvm)",
+        )];
+    };
     let mut wanted: Vec<(String, u32, u32)> = inv
         .gpus
         .iter()
-        .map(|g| (format!("/dev/nvidia{}", g.minor), majors.nvidia, g.minor))
+        .filter_map(|g| Some((format!("/dev/nvidia{}", g.minor?), nvidia, g.minor?)))
         .collect();
-    wanted.push(("/dev/nvidiactl".into(), majors.nvidia, 255));
+    wanted.push(("/dev/nvidiactl".into(), nvidia, 255));
     // A MIG device is opened through the nvidia-caps nodes of its GPU and compute instance.
     if let Some(caps) = majors.caps {
         let cap_minors = inv
