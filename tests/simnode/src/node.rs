@@ -199,7 +199,7 @@ fn finish(
     };
     if inputs.keep_state.is_none() || !config.exists() {
         let toml = toml::to_string(&hook_config).context("cannot render config.toml")?;
-        fs::write(&config, toml).with_context(|| format!("cannot write {}", config.display()))?;
+        fs::write(config, toml).with_context(|| format!("cannot write {}", config.display()))?;
     }
 
     print_summary(dir, inputs.params, gpus, config);
