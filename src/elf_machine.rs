@@ -6,6 +6,7 @@
 
 use crate::inventory::Inventory;
 use nvhook_ldcache::{Arch, ElfClass};
+use nvhook_model::inventory::wsl;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -117,22 +118,28 @@ pub struct DriverArch {
 /// The architecture of the 64-bit `libnvidia-ml.so.1` (else `libcuda.so.1`) the inventory
 /// found; None when it found neither.
 pub fn driver_arch(inv: &Inventory) -> Option<DriverArch> {
-    let library = ["libnvidia-ml.so.1", "libcuda.so.1"]
-        .iter()
-        .find_map(|soname| {
-            inv.files
-                .libraries
+    let library = match &inv.wsl {
+        Some(driver) => &driver.store_file(wsl::NVML)?.host_path,
+        None => {
+            &["libnvidia-ml.so.1", "libcuda.so.1"]
                 .iter()
-                .find(|l| l.soname == *soname && l.class == ElfClass::Lib64)
-        })?;
-    let machine = read_head(&library.host_path)
+                .find_map(|soname| {
+                    inv.files
+                        .libraries
+                        .iter()
+                        .find(|l| l.soname == *soname && l.class == ElfClass::Lib64)
+                })?
+                .host_path
+        }
+    };
+    let machine = read_head(library)
         .map_err(|e| e.to_string())
         .and_then(|head| ElfHead::parse(&head))
         .map(ElfHead::name);
     Some(DriverArch {
         machine: machine.as_ref().ok().cloned(),
         error: machine.err(),
-        library: library.host_path.clone(),
+        library: library.clone(),
     })
 }
 

@@ -272,7 +272,7 @@ mod tests {
         Gpu {
             index,
             uuid: format!("GPU-{index}"),
-            minor: index,
+            minor: Some(index),
             pci_bus_id: format!("0000:{:02x}:00.0", 0x18 + index),
             name: "NVIDIA A100-SXM4-80GB".into(),
             brand: "tesla".into(),

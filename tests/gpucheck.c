@@ -35,6 +35,9 @@ static void print_errno(const char *check, const char *path, int err)
     case ENXIO:
         printf("%s %s ENXIO\n", check, path);
         break;
+    case ENODEV:
+        printf("%s %s ENODEV\n", check, path);
+        break;
     case EPERM:
         printf("%s %s EPERM\n", check, path);
         break;
@@ -93,7 +96,8 @@ static void check_dlopen_name(const char *name)
 }
 
 /* On a simulated node no driver sits behind the nodes, so the open result
- * tells the cgroup verdict: ENXIO means allowed, EPERM means refused. */
+ * tells the cgroup verdict: ENXIO (ENODEV for a misc node such as WSL2's
+ * /dev/dxg) means allowed, EPERM means refused. */
 static void check_dev(const char *path)
 {
     struct stat st;

@@ -131,7 +131,8 @@ impl<'a> Specs<'a> {
     }
 }
 
-/// The spec for every GPU and MIG device of `inventory`, named by each of `names`, plus `all`.
+/// The spec for every GPU and MIG device of `inventory`, named by each of `names`, plus `all`
+/// (on WSL2, `all` alone).
 pub fn generate(
     config: &Config,
     config_path: Option<&Path>,
@@ -141,7 +142,13 @@ pub fn generate(
     let specs = Specs::new(config, config_path, inventory)?;
     let all = specs.plan(DeviceSelection::All)?;
     let mut devices = Vec::new();
-    for (id, uuid) in device_ids(inventory) {
+    // WSL2's GPUs share one /dev/dxg: no device gives one of them alone, and NVIDIA's WSL
+    // spec names `all` only.
+    let singles = match inventory.wsl {
+        None => device_ids(inventory),
+        Some(_) => Vec::new(),
+    };
+    for (id, uuid) in singles {
         let edits = specs.own_edits(&specs.plan(DeviceSelection::List(vec![id.clone()]))?);
         for strategy in names {
             let name = match strategy {

@@ -8,8 +8,9 @@ use crate::configure;
 use crate::dev_char::CharLink;
 use crate::elf_machine::{ElfHead, mismatch};
 use crate::hook::memory_limits::OnThisNode;
-use crate::inventory::{DeviceMajors, HostNode, Inventory, Library};
+use crate::inventory::{DeviceMajors, HostNode, Inventory, Library, WslDriver};
 use nvhook_ldcache::{Arch, ElfClass};
+use nvhook_model::inventory::wsl;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -34,6 +35,49 @@ pub fn kernel_module(version_file: &str, text: Option<&str>) -> Check {
             "load it (modprobe nvidia), or install the NVIDIA driver",
         ),
     }
+}
+
+/// A WSL2 host, in place of the kernel module and device node checks, which cannot apply
+/// there: `/dev/dxg`, the driver store in use (and `others` passed over), the files NVIDIA's
+/// toolkit requires of it, and `libdxcore.so`.
+pub fn wsl(driver: &WslDriver, others: &[String]) -> Vec<Check> {
+    let dxg = &driver.dxg;
+    let mut out = vec![Check::ok(
+        "WSL2",
+        format!(
+            "{} {}:{} and NVIDIA's driver store {}: containers get every GPU through /dev/dxg (NVIDIA_VISIBLE_DEVICES=all), no /dev/nvidia* and no kernel module",
+            dxg.path, dxg.major, dxg.minor, driver.store
+        ),
+    )];
+    if !others.is_empty() {
+        out.push(Check::warn(
+            "WSL2 driver store",
+            format!("other NVIDIA driver stores are passed over: {}", others.join(", ")),
+            "remove the old NVIDIA driver package in Windows (pnputil /delete-driver), then wsl --shutdown",
+        ));
+    }
+    let names = driver
+        .files
+        .iter()
+        .filter(|f| f.dir_and_name().0 == driver.store)
+        .map(|f| f.dir_and_name().1);
+    let missing = wsl::missing_required(names);
+    if !missing.is_empty() {
+        out.push(Check::warn(
+            "WSL2 driver store",
+            format!("{} lacks {}", driver.store, missing.join(", ")),
+            "update NVIDIA's Windows driver, which the store comes from, then wsl --shutdown",
+        ));
+    }
+    let dxcore = format!("{}/{}", wsl::LIB_DIR, wsl::DXCORE);
+    if !driver.files.iter().any(|f| f.container_path == dxcore) {
+        out.push(Check::fail(
+            "WSL2 libdxcore.so",
+            format!("{dxcore} is missing: CUDA and NVML in containers find no GPU"),
+            "restart WSL (wsl --shutdown) so that Windows maps /usr/lib/wsl/lib again",
+        ));
+    }
+    out
 }
 
 /// NVML asked through nvhook-nvml, and how long it took.
@@ -116,12 +160,19 @@ pub fn memory_limits(limits: OnThisNode, policy: GpuMemoryLimits) -> Check {
 /// kernel gave the driver in `/proc/devices`.
 pub fn device_nodes(inv: &Inventory, majors: &DeviceMajors, nodes: &[HostNode]) -> Vec<Check> {
     let fix = "run nvidia-smi (or nvidia-modprobe) as root, which makes the driver's nodes";
+    let Some(nvidia) = majors.nvidia else {
+        return vec![Check::fail(
+            "device nodes",
+            "/proc/devices lists no nvidia character device",
+            "load the nvidia modules (modprobe nvidia nvidia-uvm)",
+        )];
+    };
     let mut wanted: Vec<(String, u32, u32)> = inv
         .gpus
         .iter()
-        .map(|g| (format!("/dev/nvidia{}", g.minor), majors.nvidia, g.minor))
+        .filter_map(|g| Some((format!("/dev/nvidia{}", g.minor?), nvidia, g.minor?)))
         .collect();
-    wanted.push(("/dev/nvidiactl".into(), majors.nvidia, 255));
+    wanted.push(("/dev/nvidiactl".into(), nvidia, 255));
     // A MIG device is opened through the nvidia-caps nodes of its GPU and compute instance.
     if let Some(caps) = majors.caps {
         let cap_minors = inv
@@ -925,6 +976,54 @@ mod tests {
 
     fn levels(checks: &[Check]) -> Vec<Level> {
         checks.iter().map(|c| c.level).collect()
+    }
+
+    #[test]
+    fn wsl_says_so_and_names_what_the_store_lacks() {
+        let store = "/usr/lib/wsl/drivers/nv_dispi.inf_amd64_1";
+        let file = |p: &str| crate::inventory::WslFile {
+            host_path: p.into(),
+            container_path: p.into(),
+        };
+        let mut driver = WslDriver {
+            dxg: HostNode {
+                path: "/dev/dxg".into(),
+                host_path: "/dev/dxg".into(),
+                major: 10,
+                minor: 63,
+                mode: 0o666,
+            },
+            store: store.into(),
+            files: wsl::REQUIRED
+                .iter()
+                .map(|n| file(&format!("{store}/{n}")))
+                .chain([file("/usr/lib/wsl/lib/libdxcore.so")])
+                .collect(),
+        };
+        let all_there = super::wsl(&driver, &[]);
+        assert_eq!(all_there.len(), 1, "{all_there:?}");
+        assert_eq!(all_there[0].level, Level::Ok);
+        assert!(
+            all_there[0]
+                .detail
+                .starts_with("/dev/dxg 10:63 and NVIDIA's driver store")
+        );
+
+        driver.files.retain(|f| {
+            !f.container_path.ends_with("nvcubins.bin") && !f.container_path.ends_with("dxcore.so")
+        });
+        let lacking = super::wsl(&driver, &["/usr/lib/wsl/drivers/nv_old".into()]);
+        let levels: Vec<_> = lacking.iter().map(|c| (c.name.as_str(), c.level)).collect();
+        assert_eq!(
+            levels,
+            [
+                ("WSL2", Level::Ok),
+                ("WSL2 driver store", Level::Warn),
+                ("WSL2 driver store", Level::Warn),
+                ("WSL2 libdxcore.so", Level::Fail),
+            ]
+        );
+        assert_eq!(lacking[2].detail, format!("{store} lacks nvcubins.bin"));
     }
 
     #[test]

@@ -155,10 +155,15 @@ pub fn run(config: &Config, options: &Options) -> Report {
     let mut out = Vec::new();
     let version_file = config.proc_path("driver/nvidia/version");
     let version = std::fs::read_to_string(&version_file).ok();
-    out.push(checks::kernel_module(
-        &version_file.display().to_string(),
-        version.as_deref(),
-    ));
+    // WSL2 has no NVIDIA kernel module, majors or /dev/nvidia* to check: its own checks come
+    // with NVML's answer.
+    let wsl = crate::inventory::wsl::find(config);
+    if wsl.is_none() {
+        out.push(checks::kernel_module(
+            &version_file.display().to_string(),
+            version.as_deref(),
+        ));
+    }
     let started = Instant::now();
     let answer =
         isolated::load_uncached(config, crate::inventory::Scope::ALL).map_err(|e| e.to_string());
@@ -191,9 +196,15 @@ pub fn run(config: &Config, options: &Options) -> Report {
             ),
             config.gpu_memory_limits,
         ));
-        match &nodes {
-            Ok((majors, nodes)) => out.extend(checks::device_nodes(inventory, majors, nodes)),
-            Err(e) => out.push(Check::fail(
+        match (&inventory.wsl, &nodes) {
+            (Some(driver), _) => {
+                let others = wsl.as_ref().map_or(&[][..], |w| &w.others);
+                out.extend(checks::wsl(driver, others));
+            }
+            (None, Ok((majors, nodes))) => {
+                out.extend(checks::device_nodes(inventory, majors, nodes))
+            }
+            (None, Err(e)) => out.push(Check::fail(
                 "device nodes",
                 e.to_string(),
                 "load the nvidia modules (modprobe nvidia nvidia-uvm)",
@@ -210,11 +221,13 @@ pub fn run(config: &Config, options: &Options) -> Report {
             .iter()
             .map(|l| (l.clone(), head(&l.host_path)))
             .collect();
-        out.extend(checks::driver_files(inventory, node_arch, &heads));
-        out.extend(checks::library_versions(
-            version.as_deref().and_then(checks::module_version),
-            inventory,
-        ));
+        if inventory.wsl.is_none() {
+            out.extend(checks::driver_files(inventory, node_arch, &heads));
+            out.extend(checks::library_versions(
+                version.as_deref().and_then(checks::module_version),
+                inventory,
+            ));
+        }
         out.extend(cdi_checks(config, options, inventory));
     }
     if let Ok((_, nodes)) = &nodes {

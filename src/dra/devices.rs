@@ -1,6 +1,6 @@
 //! The devices this node offers, named as NVIDIA's DRA drivers name them.
 
-use super::names::mig_name;
+use super::names::{gpu_number, mig_name};
 use super::partitions::{Partition, partitions};
 use crate::inventory::Inventory;
 use crate::plan;
@@ -59,7 +59,7 @@ pub fn offered(inventory: &Inventory, mig: Mig<'_>) -> Vec<DraDevice> {
     for gpu in &inventory.gpus {
         if !gpu.mig_enabled {
             out.push(DraDevice {
-                name: format!("gpu-{}", gpu.minor),
+                name: format!("gpu-{}", gpu_number(gpu)),
                 kind: DeviceKind::Gpu(DeviceId::Index(gpu.index)),
             });
             continue;
@@ -120,8 +120,8 @@ mod tests {
     fn gpus_are_named_by_their_minor() {
         let mut inv = inventory(3, &[]);
         // Minors need not follow NVML's order.
-        inv.gpus[0].minor = 2;
-        inv.gpus[2].minor = 0;
+        inv.gpus[0].minor = Some(2);
+        inv.gpus[2].minor = Some(0);
         let names: Vec<(String, DeviceKind)> = devices(&inv)
             .into_iter()
             .map(|d| (d.name, d.kind))
@@ -140,7 +140,7 @@ mod tests {
     #[test]
     fn a_gpu_in_mig_mode_is_offered_as_its_mig_devices_under_nvidias_names() {
         let mut inv = inventory(3, &[(1, 2)]);
-        inv.gpus[1].minor = 5;
+        inv.gpus[1].minor = Some(5);
         let offered = devices(&inv);
         let names: Vec<(&str, DeviceKind)> = offered
             .iter()

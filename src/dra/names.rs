@@ -2,6 +2,12 @@
 
 use crate::inventory::{Gpu, MigDevice};
 
+/// The number NVIDIA's names give `gpu`: its minor. A GPU with none (WSL2's, where NVIDIA's DRA
+/// driver does not run) is numbered by its NVML index, which is unique on the node too.
+pub fn gpu_number(gpu: &Gpu) -> u32 {
+    gpu.minor.unwrap_or(gpu.index)
+}
+
 /// NVIDIA's name for a static MIG device:
 /// `gpu-<parent minor>-mig-<profile>-<GPU instance profile id>-<placement start>`, the profile
 /// without its dots and made a DNS label (`1g.10gb` → `1g10gb`, `1g.10gb+me` → `1g10gb-me`).
@@ -24,7 +30,7 @@ pub fn place_name(gpu: &Gpu, profile: &str, profile_id: u32, start: u32) -> Opti
     }
     Some(format!(
         "gpu-{}-mig-{profile}-{profile_id}-{start}",
-        gpu.minor
+        gpu_number(gpu)
     ))
 }
 

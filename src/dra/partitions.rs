@@ -4,7 +4,7 @@
 //! engines), so the scheduler never gives two overlapping places at once. The MIG device is
 //! made when a claim for its place is prepared, and destroyed when the claim is unprepared.
 
-use super::names::{mig_name, place_name};
+use super::names::{gpu_number, mig_name, place_name};
 use crate::inventory::{Gpu, MigDevice, MigPlacement, MigProfile};
 use std::collections::BTreeSet;
 
@@ -138,7 +138,7 @@ fn profile_counts(p: &MigProfile) -> [u64; 7] {
 
 /// The name of `gpu`'s counter set: NVIDIA's.
 pub fn counter_set(gpu: &Gpu) -> String {
-    format!("gpu-{}-counter-set", gpu.minor)
+    format!("gpu-{}-counter-set", gpu_number(gpu))
 }
 
 #[cfg(test)]

@@ -105,7 +105,7 @@ mod tests {
         Gpu {
             index,
             uuid: format!("GPU-{slot}"),
-            minor: slot,
+            minor: Some(slot),
             pci_bus_id: format!("0000:{:02x}:00.0", 0x18 + slot),
             name: "A100".into(),
             brand: "Nvidia".into(),

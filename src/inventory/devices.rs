@@ -112,7 +112,11 @@ impl MigCapabilities {
 
     /// Fills in the GI and CI capability minors of each MIG device of `gpu`.
     pub fn annotate(&self, gpu: &mut Gpu) {
-        let gpu_dir = self.root.join(format!("gpu{}/mig", gpu.minor));
+        // A GPU without a minor (WSL2's) has no capability files, and no MIG devices.
+        let Some(minor) = gpu.minor else {
+            return;
+        };
+        let gpu_dir = self.root.join(format!("gpu{minor}/mig"));
         for mig in &mut gpu.mig_devices {
             let gi = gpu_dir.join(format!("gi{}", mig.gpu_instance_id));
             mig.gi_cap_minor = read_cap_minor(&gi.join("access"));

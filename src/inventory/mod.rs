@@ -16,6 +16,7 @@ pub mod mig_admin;
 pub mod nvml_actions;
 mod resolve;
 pub mod text;
+pub mod wsl;
 
 use crate::config::Config;
 use std::path::PathBuf;
@@ -37,12 +38,16 @@ pub enum InventoryError {
     Timeout(u128),
 }
 
-/// The NVML library to load: `nvml-library`, else `libnvidia-ml.so.1` in the driver root's cache.
+/// The NVML library to load: `nvml-library`, else on WSL2 the driver store's, else
+/// `libnvidia-ml.so.1` in the driver root's cache.
 pub fn nvml_library(config: &Config, cache: &driver::HostCache) -> Result<PathBuf, InventoryError> {
-    Ok(match &config.nvml_library {
-        Some(p) => p.clone(),
-        None => cache.nvml_library(config)?,
-    })
+    if let Some(p) = &config.nvml_library {
+        return Ok(p.clone());
+    }
+    match wsl::find(config) {
+        Some(found) => Ok(found.nvml_library(config)),
+        None => Ok(cache.nvml_library(config)?),
+    }
 }
 
 /// Reads everything: NVML (asked now, in [`isolated::HELPER`]), driver files,
@@ -58,6 +63,9 @@ pub fn around(
     system: System,
     scope: Scope,
 ) -> Result<Inventory, InventoryError> {
+    if let Some(found) = wsl::find(config) {
+        return Ok(around_wsl(config, cache, system, found));
+    }
     let caps = devices::MigCapabilities::read(config);
     let mut gpus = system.gpus;
     for gpu in &mut gpus {
@@ -79,5 +87,31 @@ pub fn around(
         proc_driver: Some(config.proc_path("driver/nvidia")).filter(|p| p.is_dir()),
         arch: cache.arch(),
         memory_limits: system.memory_limits,
+        wsl: None,
     })
+}
+
+/// A WSL2 host's inventory: NVML's GPUs, reached through `/dev/dxg`, and the driver store's
+/// files; none of a Linux driver's nodes, majors, files or `/proc/driver/nvidia`.
+fn around_wsl(
+    config: &Config,
+    cache: &driver::HostCache,
+    system: System,
+    found: wsl::Found,
+) -> Inventory {
+    Inventory {
+        driver_version: system.driver_version,
+        cuda_version: system.cuda_version,
+        gpus: system.gpus,
+        files: DriverFiles::default(),
+        majors: DeviceMajors::default(),
+        nodes: Vec::new(),
+        mig_config_minor: None,
+        mig_monitor_minor: None,
+        proc_driver: None,
+        drm_nodes: Vec::new(),
+        arch: cache.arch(),
+        memory_limits: system.memory_limits,
+        wsl: Some(wsl::read(config, found)),
+    }
 }

@@ -2,6 +2,7 @@
 
 use crate::elf_machine::DriverArch;
 use crate::inventory::Inventory;
+use nvhook_model::inventory::wsl;
 use std::fmt::Write;
 
 /// Like `nvidia-container-cli info`: driver, then one block per GPU, then the files found.
@@ -23,7 +24,10 @@ pub fn inventory_text(inv: &Inventory, driver: Option<&DriverArch>) -> String {
     for g in &inv.gpus {
         let _ = writeln!(s);
         let _ = writeln!(s, "Device Index:   {}", g.index);
-        let _ = writeln!(s, "Device Minor:   {}", g.minor);
+        let _ = match g.minor {
+            Some(minor) => writeln!(s, "Device Minor:   {minor}"),
+            None => writeln!(s, "Device Minor:   none (WSL2: every GPU is {})", wsl::DXG),
+        };
         let _ = writeln!(s, "Model:          {}", g.name);
         let _ = writeln!(s, "Brand:          {}", g.brand);
         let _ = writeln!(s, "GPU UUID:       {}", g.uuid);
@@ -79,11 +83,18 @@ pub fn inventory_text(inv: &Inventory, driver: Option<&DriverArch>) -> String {
         let cap = f.capability.map_or("any", |c| c.name());
         let _ = writeln!(s, "  {:<9} {}", cap, f.host_path.display());
     }
+    if let Some(driver) = &inv.wsl {
+        let _ = writeln!(s, "  WSL2 driver store {}", driver.store);
+        for f in &driver.files {
+            let _ = writeln!(s, "  {:<9} {}", "wsl", f.host_path.display());
+        }
+    }
     let _ = writeln!(s, "\nDevice nodes:");
     let mut nodes = inv
         .nodes
         .iter()
         .chain(inv.drm_nodes.iter().map(|d| &d.node))
+        .chain(inv.wsl.iter().map(|w| &w.dxg))
         .peekable();
     if nodes.peek().is_none() {
         let _ = writeln!(s, "  none");

@@ -25,7 +25,7 @@ pub fn info_text(inventory: &Inventory, csv: bool) -> String {
                 out,
                 "{},{},{},{},{},{},{}",
                 gpu.index,
-                gpu.minor,
+                minor(gpu),
                 gpu.name,
                 brand(&gpu.brand),
                 gpu.uuid,
@@ -40,7 +40,7 @@ pub fn info_text(inventory: &Inventory, csv: bool) -> String {
     for gpu in &inventory.gpus {
         out.push('\n');
         field(&mut out, "Device Index", &gpu.index);
-        field(&mut out, "Device Minor", &gpu.minor);
+        field(&mut out, "Device Minor", &minor(gpu));
         field(&mut out, "Model", &gpu.name);
         field(&mut out, "Brand", &brand(&gpu.brand));
         field(&mut out, "GPU UUID", &gpu.uuid);
@@ -98,6 +98,11 @@ fn bus_location(bus_id: &str) -> String {
 }
 
 /// One `Name:` line, the name padded to 15 columns as libnvidia-container prints it.
+/// A GPU's minor as libnvidia-container prints it: 0 for WSL2's, which have none.
+fn minor(gpu: &crate::inventory::Gpu) -> u32 {
+    gpu.minor.unwrap_or(0)
+}
+
 fn field(out: &mut String, name: &str, value: &dyn std::fmt::Display) {
     let _ = writeln!(out, "{:<15} {value}", format!("{name}:"));
 }

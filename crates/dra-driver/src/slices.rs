@@ -456,7 +456,7 @@ mod tests {
     #[test]
     fn the_slice_names_each_gpu_by_its_minor_with_nvidias_attributes() {
         let mut inventory = nvhook_model::plan::fixtures::inventory(2, &[]);
-        inventory.gpus[1].minor = 5;
+        inventory.gpus[1].minor = Some(5);
         inventory.gpus[1].memory_mib = Some(81_559);
         let slice = slice(
             "node-a",
@@ -489,7 +489,7 @@ mod tests {
     #[test]
     fn a_gpu_in_mig_mode_is_listed_as_its_mig_devices_with_nvidias_attributes() {
         let mut inventory = nvhook_model::plan::fixtures::inventory(2, &[(1, 2)]);
-        inventory.gpus[1].minor = 3;
+        inventory.gpus[1].minor = Some(3);
         let slice = slice(
             "node-a",
             (0, 1),

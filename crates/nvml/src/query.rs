@@ -91,7 +91,11 @@ fn read_gpu(nvml: &Nvml, index: u32, device: &Device) -> Result<Gpu, NvmlError> 
     Ok(Gpu {
         index,
         uuid: q("nvmlDeviceGetUUID", device.uuid())?,
-        minor: q("nvmlDeviceGetMinorNumber", device.minor_number())?,
+        // WSL2's NVML has no minor numbers: its GPUs have no device node of their own.
+        minor: match device.minor_number() {
+            Err(nvml_wrapper::error::NvmlError::NotSupported) => None,
+            minor => Some(q("nvmlDeviceGetMinorNumber", minor)?),
+        },
         pci_bus_id: kernel_bus_id(&q("nvmlDeviceGetPciInfo", device.pci_info())?.bus_id),
         name: q("nvmlDeviceGetName", device.name())?,
         brand: device

@@ -83,7 +83,8 @@ pub(crate) fn info(config: &Config, format: Format) -> Result<()> {
         ),
     }
     // GPUs without their nodes can be given to no container: a wrong dev-root, or no driver.
-    if !inventory.gpus.is_empty() && inventory.nodes.is_empty() {
+    // WSL2's GPUs have one node for all, found with the driver store or not at all.
+    if !inventory.gpus.is_empty() && inventory.nodes.is_empty() && inventory.wsl.is_none() {
         anyhow::bail!(
             "{} GPUs but no NVIDIA device node in {}: check dev-root in the nvhook config, or load the driver (nvidia-modprobe)",
             inventory.gpus.len(),

@@ -216,7 +216,8 @@ pub unsafe extern "C" fn nvmlDeviceGetIndex(device: DeviceHandle, index: *mut c_
     guard(|| with_device(device, |_, d| unsafe { write(index, d.index()) }))
 }
 
-/// A MIG device has no `/dev/nvidia<minor>` of its own; its GPU's minor is the one.
+/// A MIG device has no `/dev/nvidia<minor>` of its own; its GPU's minor is the one. On WSL2
+/// no GPU has one, and NVML answers NOT_SUPPORTED.
 ///
 /// # Safety
 /// `minor` is null or valid for a write.
@@ -226,7 +227,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     minor: *mut c_uint,
 ) -> Status {
     guard(|| {
-        with_device(device, |_, d| unsafe {
+        with_device(device, |topology, d| unsafe {
+            if topology.wsl {
+                return Err(Status::NOT_SUPPORTED);
+            }
             write(minor, d.physical(Status::NOT_SUPPORTED)?.minor)
         })
     })

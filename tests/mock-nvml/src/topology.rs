@@ -43,6 +43,10 @@ pub struct Topology {
     #[serde(default)]
     #[cfg_attr(not(feature = "memory-limits"), allow(dead_code))]
     pub memory_limits: Option<MemoryLimitsLayout>,
+    /// The driver of a WSL2 guest: its GPUs have no device node of their own (all go through
+    /// `/dev/dxg`), so NVML has no minor number for them.
+    #[serde(default)]
+    pub wsl: bool,
     pub gpus: Vec<Gpu>,
 }
 

@@ -284,6 +284,7 @@ mod tests {
             fabric: Fabric::default(),
             persistence_off: vec![],
             memory_limits_not_supported: false,
+            wsl: false,
         };
         let caps = capabilities(&params.gpu_list());
         let minor = |p: &str| caps.iter().find(|c| c.proc_path == p).unwrap().minor;

@@ -34,7 +34,9 @@ pub fn build(
     for dir in dirs.into_iter().flatten() {
         mkdir(&root.join(dir))?;
     }
-    let smi = tools::smi_source(version, &params.cuda_version, gpus);
+    let smi = tools::smi_source(version, &params.cuda_version, gpus, |g| {
+        format!("/dev/nvidia{}", g.minor)
+    });
     let cuda = cuda_driver_version(&params.cuda_version)?;
     let scratch = root.join(".build");
     mkdir(&scratch)?;

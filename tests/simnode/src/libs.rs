@@ -98,22 +98,13 @@ impl Library {
         }
     }
 
-    /// The function every simulated library exports to name itself.
-    pub fn marker_symbol(&self) -> String {
-        format!("nvhook_sim_{}", self.name.replace('-', "_"))
-    }
-
     /// compat32 ships 32-bit copies of the utility and compute libraries.
     fn has_compat32(&self) -> bool {
         matches!(self.cap, Utility | Compute)
     }
 
-    fn source(&self, driver_version: &str, cuda_version: u32) -> String {
-        let mut c = format!(
-            "const char *{}(void) {{ return \"{} (simulated NVIDIA driver {driver_version})\"; }}\n",
-            self.marker_symbol(),
-            self.file_name(driver_version),
-        );
+    pub fn source(&self, driver_version: &str, cuda_version: u32) -> String {
+        let mut c = marker_source(self.name, &self.file_name(driver_version), driver_version);
         if self.name == "cuda" {
             // CUDA_SUCCESS is 0, CUDA_ERROR_INVALID_VALUE is 1.
             c.push_str(&format!(
@@ -123,6 +114,15 @@ impl Library {
         }
         c
     }
+}
+
+/// The C source of a library that only names itself: `nvhook_sim_<name>()` returns its file
+/// name and the driver version.
+pub fn marker_source(name: &str, file_name: &str, driver_version: &str) -> String {
+    format!(
+        "const char *nvhook_sim_{}(void) {{ return \"{file_name} (simulated NVIDIA driver {driver_version})\"; }}\n",
+        name.replace('-', "_")
+    )
 }
 
 /// A 32-bit stand-in for libc.so.6 to link the compat32 libraries against.
@@ -226,9 +226,10 @@ mod tests {
             "libnvidia-glcore.so.550.54.15"
         );
         assert_eq!(find("cuda").file_name("550.54.15"), "libcuda.so.550.54.15");
-        assert_eq!(
-            find("nvidia-pkcs11-openssl3").marker_symbol(),
-            "nvhook_sim_nvidia_pkcs11_openssl3"
+        assert!(
+            find("nvidia-pkcs11-openssl3")
+                .source("550.54.15", 12040)
+                .starts_with("const char *nvhook_sim_nvidia_pkcs11_openssl3(void)")
         );
     }
 

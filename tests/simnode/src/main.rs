@@ -13,6 +13,7 @@ mod spec;
 mod sysfs;
 mod tools;
 mod topology;
+mod wsl;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
@@ -111,6 +112,13 @@ struct CreateArgs {
     /// The driver has the memory limit calls, and they answer NOT_SUPPORTED.
     #[arg(long)]
     memory_limits_not_supported: bool,
+    /// A WSL2 guest: /dev/dxg, libdxcore.so and NVIDIA's driver store under /usr/lib/wsl, an
+    /// NVML without minor numbers; no NVIDIA kernel module, /dev/nvidia* or /proc/driver/nvidia.
+    #[arg(long, conflicts_with_all = [
+        "mig", "drm", "firmware_path", "imex_channels", "nvswitch", "gds", "mofed", "gdrcopy",
+        "keep_state", "lost_gpu",
+    ])]
+    wsl: bool,
 }
 
 fn parse_mig(text: &str) -> Result<(u32, u32), String> {
@@ -160,6 +168,7 @@ fn create(args: CreateArgs) -> Result<()> {
         },
         persistence_off: args.persistence_off,
         memory_limits_not_supported: args.memory_limits_not_supported,
+        wsl: args.wsl,
     };
     let default_mock = match args.no_memory_limits {
         true => "libmock_nvml_no_memory_limits.so",

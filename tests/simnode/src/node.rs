@@ -4,7 +4,7 @@
 use crate::devices::{self, Majors};
 use crate::machine::Toolchain;
 use crate::spec::{Gpu, Params};
-use crate::{driver, procfs, sysfs, topology};
+use crate::{driver, procfs, sysfs, topology, wsl};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -138,6 +138,16 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
     let marker_json = serde_json::to_string_pretty(&marker)? + "\n";
     fs::write(dir.join(MARKER), marker_json).context("cannot write the node marker")?;
 
+    if inputs.params.wsl {
+        wsl::build(
+            &dir,
+            inputs.toolchain,
+            inputs.params,
+            &gpus,
+            inputs.mock_nvml,
+        )?;
+        return finish(&dir, inputs, &gpus, &config, driver_root);
+    }
     let firmware_path = inputs.display.firmware_path.as_deref();
     driver::build(
         &driver_root,
@@ -166,11 +176,22 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
         &caps,
         inputs.display.drm,
     )?;
+    finish(&dir, inputs, &gpus, &config, driver_root)
+}
+
+/// nvhook's config for the node, and the summary.
+fn finish(
+    dir: &Path,
+    inputs: &Inputs,
+    gpus: &[Gpu],
+    config: &Path,
+    driver_root: PathBuf,
+) -> Result<()> {
     let hook_config = HookConfig {
         driver_root,
-        dev_root: dir.clone(),
-        proc_root,
-        sys_root,
+        dev_root: dir.to_path_buf(),
+        proc_root: dir.join("proc"),
+        sys_root: dir.join("sys"),
         log_file: dir.join("nvhook.log"),
         log_level: "debug",
         nvml_cache_file: dir.join("run/nvml-inventory.json"),
@@ -178,10 +199,10 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
     };
     if inputs.keep_state.is_none() || !config.exists() {
         let toml = toml::to_string(&hook_config).context("cannot render config.toml")?;
-        fs::write(&config, toml).with_context(|| format!("cannot write {}", config.display()))?;
+        fs::write(config, toml).with_context(|| format!("cannot write {}", config.display()))?;
     }
 
-    print_summary(&dir, inputs.params, &gpus, &config);
+    print_summary(dir, inputs.params, gpus, config);
     Ok(())
 }
 

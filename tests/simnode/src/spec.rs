@@ -34,6 +34,8 @@ pub struct Params {
     /// The mock's memory limit calls answer NOT_SUPPORTED, as for GPUs the driver cannot
     /// limit.
     pub memory_limits_not_supported: bool,
+    /// A WSL2 guest instead of a Linux host with NVIDIA's kernel module (`wsl`).
+    pub wsl: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -239,6 +241,7 @@ mod tests {
             fabric: crate::fabric::Fabric::default(),
             persistence_off: vec![],
             memory_limits_not_supported: false,
+            wsl: false,
         }
     }
 

@@ -20,10 +20,16 @@ pub fn names() -> impl Iterator<Item = &'static str> {
 }
 
 /// The simulated nvidia-smi: its version, then `nvidia-smi -L` for the GPUs this process
-/// can open, numbered from 0 as the real one numbers a container's GPUs. On the simulated
-/// node an open that the cgroup allows fails with ENXIO (no driver), one it denies with
-/// EPERM, and a GPU whose node the container was not given is absent.
-pub fn smi_source(driver_version: &str, cuda_version: &str, gpus: &[Gpu]) -> String {
+/// can open (each through `node_of` its node), numbered from 0 as the real one numbers a
+/// container's GPUs. On the simulated node an open that the cgroup allows fails with ENXIO
+/// (no driver; ENODEV for WSL2's misc `/dev/dxg`), one it denies with EPERM, and a GPU whose
+/// node the container was not given is absent.
+pub fn smi_source(
+    driver_version: &str,
+    cuda_version: &str,
+    gpus: &[Gpu],
+    node_of: impl Fn(&Gpu) -> String,
+) -> String {
     let header = format!(
         "NVIDIA-SMI simulated {driver_version}\nDriver Version: {driver_version}   CUDA Version: {cuda_version}\n"
     );
@@ -41,7 +47,7 @@ pub fn smi_source(driver_version: &str, cuda_version: &str, gpus: &[Gpu]) -> Str
                 .collect();
             format!(
                 "    {{{}, {}, {}, {}}},\n",
-                c_string(&format!("/dev/nvidia{}", gpu.minor)),
+                c_string(&node_of(gpu)),
                 c_string(&gpu.name),
                 c_string(&gpu.uuid),
                 c_string(&mig)
@@ -62,7 +68,7 @@ int main(void) {{
     int shown = 0;
     for (const struct gpu *g = GPUS; g->node; g++) {{
         int fd = open(g->node, O_RDWR | O_CLOEXEC);
-        if (fd < 0 && errno != ENXIO) continue;
+        if (fd < 0 && errno != ENXIO && errno != ENODEV) continue;
         if (fd >= 0) close(fd);
         printf("GPU %d: %s (UUID: %s)\n", shown++, g->name, g->uuid);
         fputs(g->mig, stdout);
@@ -77,23 +83,30 @@ int main(void) {{
 pub fn jobs(driver_root: &Path, driver_version: &str, smi_source: &str) -> Vec<Job> {
     names()
         .map(|name| {
-            let source = if name == "nvidia-smi" {
-                smi_source.to_owned()
-            } else {
+            let output = driver_root.join(BIN_DIR).join(name);
+            if name == "nvidia-smi" {
+                return tool_job(&output, smi_source.to_owned());
+            }
+            let source = {
                 let text = format!("{name} (simulated NVIDIA driver {driver_version})\n");
                 format!(
                     "#include <stdio.h>\nint main(void) {{ fputs({}, stdout); return 0; }}\n",
                     c_string(&text)
                 )
             };
-            Job {
-                source,
-                // -s: static glibc binaries are ~800 KiB; symbols are useless here.
-                flags: vec!["-static".into(), "-s".into()],
-                output: driver_root.join(BIN_DIR).join(name),
-            }
+            tool_job(&output, source)
         })
         .collect()
+}
+
+/// A tool built from `source` at `output`: static, so that it runs in any image.
+pub fn tool_job(output: &Path, source: String) -> Job {
+    Job {
+        source,
+        // -s: static glibc binaries are ~800 KiB; symbols are useless here.
+        flags: vec!["-static".into(), "-s".into()],
+        output: output.to_path_buf(),
+    }
 }
 
 /// A C string literal for arbitrary text (octal escapes for anything odd).
@@ -136,9 +149,12 @@ mod tests {
             fabric: crate::fabric::Fabric::default(),
             persistence_off: vec![],
             memory_limits_not_supported: false,
+            wsl: false,
         };
         let gpus = params.gpu_list();
-        let source = smi_source("550.54.15", "12.4", &gpus);
+        let source = smi_source("550.54.15", "12.4", &gpus, |g| {
+            format!("/dev/nvidia{}", g.minor)
+        });
         assert!(
             source.contains("NVIDIA-SMI simulated 550.54.15\\n"),
             "{source}"

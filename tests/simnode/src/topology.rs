@@ -31,6 +31,8 @@ struct Topology<'a> {
     /// Where the mock lays out the MIG devices it makes, as simnode laid out the first ones.
     node: NodeLayout,
     memory_limits: MemoryLimitsLayout,
+    /// A WSL2 guest's NVML: no minor numbers.
+    wsl: bool,
     gpus: Vec<TopologyGpu<'a>>,
 }
 
@@ -100,6 +102,7 @@ pub fn render(params: &Params, gpus: &[Gpu], node_dir: &Path, caps_major: u32) -
                 false => 0,
             },
         },
+        wsl: params.wsl,
         gpus: gpus
             .iter()
             .map(|gpu| TopologyGpu {
@@ -138,6 +141,7 @@ mod tests {
             fabric: crate::fabric::Fabric::default(),
             persistence_off: vec![],
             memory_limits_not_supported: false,
+            wsl: false,
         };
         let json: serde_json::Value = serde_json::from_str(
             &render(&params, &params.gpu_list(), Path::new("/node"), 510).unwrap(),

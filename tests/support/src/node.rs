@@ -340,10 +340,19 @@ impl SimNode {
         String::from_utf8(output.stdout).expect("nvhook prints UTF-8")
     }
 
+    /// The mock NVML's topology, beside the node's NVML: in the Linux driver's library
+    /// directory, or on a `--wsl` node in NVIDIA's driver store.
     pub fn topology(&self) -> serde_json::Value {
-        let path = self
-            .driver_root()
-            .join("usr/lib/x86_64-linux-gnu/nvml-topology.json");
+        const FILE: &str = "nvml-topology.json";
+        let root = self.driver_root();
+        let stores = fs::read_dir(root.join("usr/lib/wsl/drivers"))
+            .into_iter()
+            .flatten();
+        let path = stores
+            .flatten()
+            .map(|store| store.path().join(FILE))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| root.join("usr/lib/x86_64-linux-gnu").join(FILE));
         let text = fs::read_to_string(&path)
             .unwrap_or_else(|err| panic!("read {}: {err}", path.display()));
         serde_json::from_str(&text).expect("topology is JSON")

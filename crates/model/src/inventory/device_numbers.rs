@@ -8,9 +8,11 @@ use serde::{Deserialize, Serialize};
 pub const NVIDIACTL_MINOR: u32 = 255;
 pub const MODESET_MINOR: u32 = 254;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceMajors {
-    pub nvidia: u32,
+    /// None on a WSL2 host, whose GPUs are reached through `/dev/dxg` (a misc device), not
+    /// through a major of NVIDIA's.
+    pub nvidia: Option<u32>,
     pub uvm: Option<u32>,
     pub caps: Option<u32>,
     /// The majors of IMEX channels and of the opt-in device families, with their
@@ -63,7 +65,7 @@ pub fn parse_proc_devices(text: &str) -> Option<DeviceMajors> {
         }
     }
     Some(DeviceMajors {
-        nvidia: nvidia?,
+        nvidia: Some(nvidia?),
         uvm,
         caps,
         extra,
@@ -88,7 +90,7 @@ mod tests {
         assert_eq!(
             m,
             DeviceMajors {
-                nvidia: 195,
+                nvidia: Some(195),
                 uvm: Some(234),
                 caps: Some(235),
                 extra: vec![]
@@ -96,7 +98,7 @@ mod tests {
         );
         let old = "Character devices:\n195 nvidia-frontend\n\nBlock devices:\n";
         assert_eq!(parse_proc_devices(old).unwrap().uvm, None);
-        assert_eq!(parse_proc_devices(old).unwrap().nvidia, 195);
+        assert_eq!(parse_proc_devices(old).unwrap().nvidia, Some(195));
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod device_numbers;
 mod files;
 mod nodes;
 pub mod nvml;
+pub mod wsl;
 
 use crate::capability::Capability;
 use nvhook_ldcache::Arch;
@@ -21,6 +22,7 @@ pub use nvml::{
     MEMORY_LIMIT_MAX, MigDevice, MigPlacement, MigProfile, NvmlActionFailure, Reply,
     SetMemoryLimitsReply, System, nvml_return,
 };
+pub use wsl::{WslDriver, WslFile};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Inventory {
@@ -46,6 +48,10 @@ pub struct Inventory {
     /// [`System::memory_limits`]: the driver can limit a container's GPU memory.
     #[serde(default)]
     pub memory_limits: bool,
+    /// A WSL2 host's driver: its GPUs are given from this alone (`/dev/dxg` and the driver
+    /// store), and the Linux driver's fields above stay empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wsl: Option<WslDriver>,
 }
 
 /// How much of the driver's files a caller needs. A start that asks for no graphics or

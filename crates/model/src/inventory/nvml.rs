@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 pub struct Gpu {
     pub index: u32,
     pub uuid: String,
-    pub minor: u32,
+    /// The minor of `/dev/nvidia<minor>`; None where the GPU has no device node of its own
+    /// (WSL2, whose NVML answers NOT_SUPPORTED: every GPU is reached through `/dev/dxg`).
+    pub minor: Option<u32>,
     /// Kernel form, as in /proc/driver/nvidia/gpus: lower case, 4-digit domain.
     pub pci_bus_id: String,
     pub name: String,

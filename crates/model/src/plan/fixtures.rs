@@ -190,7 +190,7 @@ pub fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
             Gpu {
                 index,
                 uuid: gpu_uuid(index),
-                minor: index,
+                minor: Some(index),
                 pci_bus_id: bus_id(index),
                 name: "NVIDIA A100-SXM4-80GB".into(),
                 brand: "tesla".into(),
@@ -211,7 +211,7 @@ pub fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
         gpus,
         files: driver_files(),
         majors: DeviceMajors {
-            nvidia: NVIDIA,
+            nvidia: Some(NVIDIA),
             uvm: Some(UVM),
             caps: Some(CAPS),
             extra: vec![],
@@ -224,6 +224,7 @@ pub fn inventory(gpus: u32, mig: &[(u32, u32)]) -> Inventory {
         // The paths above are x86_64's, whatever machine runs the tests.
         arch: Arch::X86_64,
         memory_limits: false,
+        wsl: None,
     }
 }
 

@@ -279,7 +279,8 @@ pub struct Mount {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Symlink {
     pub path: String,
-    /// Relative to the link's directory: a name beside it, or `../name` from a subdirectory.
+    /// Relative to the link's directory: a name beside it, or `../name` from a subdirectory;
+    /// or absolute in the container, for a file kept at its host path (WSL2's nvidia-smi).
     pub target: String,
 }
 
@@ -325,6 +326,22 @@ pub enum PlanError {
         major: u32,
         minor: u32,
     },
+    #[error(
+        "{origin}: on WSL2 every GPU is reached through the one /dev/dxg, so a container cannot be given some of them (ask for all: {all})"
+    )]
+    WslNeedsAll {
+        origin: String,
+        /// The same request for every GPU, as the container would spell it.
+        all: String,
+    },
+    #[error(
+        "/proc/devices lists no nvidia character device: the NVIDIA kernel module is not loaded (load it: nvidia-modprobe)"
+    )]
+    NoNvidiaMajor,
+    #[error(
+        "GPU {index} has no device node: NVML reports no minor number for it (a WSL2 host needs /dev/dxg and NVIDIA's driver store under /usr/lib/wsl/drivers; run nvhook doctor)"
+    )]
+    NoMinor { index: u32 },
     #[error(
         "compute needs /dev/nvidia-uvm but /proc/devices has no nvidia-uvm (load the module: nvidia-modprobe -u -c=0)"
     )]
@@ -389,7 +406,10 @@ pub fn build(
     let layout = Layout::for_image(&image, inventory.arch);
     let mut plan = build_with_layout(request, inventory, dev_root, layout)?;
     if let Some(found) = &image.cuda_compat {
-        plan.apply_cuda_compat(found, inventory);
+        match inventory.wsl {
+            None => plan.apply_cuda_compat(found, inventory),
+            Some(_) => plan.skipped.push(wsl::compat_skipped(found)),
+        }
     }
     Ok(plan)
 }
@@ -401,6 +421,9 @@ pub fn build_with_layout(
     dev_root: &str,
     layout: Layout,
 ) -> Result<Plan, PlanError> {
+    if let Some(driver) = &inventory.wsl {
+        return wsl::build(request, inventory, driver, layout);
+    }
     let choices = select(&request.devices, request.source, inventory)?;
     check_requirements(request, inventory, &choices)?;
     let nodes = NodeFinder {
@@ -457,20 +480,9 @@ fn select<'a>(
         DeviceSelection::List(ids) => ids,
     };
     for id in ids {
-        let choice = resolve(id, inventory).ok_or_else(|| {
-            let id = Shown(id.to_string());
-            PlanError::NoSuchDevice {
-                // Name what the container set: a pod with the device plugin's mounts has no
-                // NVIDIA_VISIBLE_DEVICES to look for.
-                origin: match source {
-                    SelectionSource::Env => format!("{VISIBLE_DEVICES}={id}"),
-                    SelectionSource::VolumeMounts => {
-                        format!("volume mount {DEVICE_MOUNT_ROOT}/{id}")
-                    }
-                    SelectionSource::CliFlag => format!("--device={id}"),
-                },
-                have: describe_gpus(inventory),
-            }
+        let choice = resolve(id, inventory).ok_or_else(|| PlanError::NoSuchDevice {
+            origin: origin(source, &id.to_string()),
+            have: describe_gpus(inventory),
         })?;
         let key = choice.selected().uuid;
         if !out.iter().any(|c| c.selected().uuid == key) {
@@ -478,6 +490,17 @@ fn select<'a>(
         }
     }
     Ok(out)
+}
+
+/// Where the container named device `id`, for a message: a pod with the device plugin's
+/// mounts has no NVIDIA_VISIBLE_DEVICES to look for.
+fn origin(source: SelectionSource, id: &str) -> String {
+    let id = Shown(id.to_string());
+    match source {
+        SelectionSource::Env => format!("{VISIBLE_DEVICES}={id}"),
+        SelectionSource::VolumeMounts => format!("volume mount {DEVICE_MOUNT_ROOT}/{id}"),
+        SelectionSource::CliFlag => format!("--device={id}"),
+    }
 }
 
 fn resolve<'a>(id: &DeviceId, inventory: &'a Inventory) -> Option<Choice<'a>> {
@@ -608,7 +631,7 @@ fn device_nodes(
     choices: &[Choice],
     nodes: &NodeFinder,
 ) -> Result<Vec<DeviceNode>, PlanError> {
-    let nvidia = inventory.majors.nvidia;
+    let nvidia = inventory.majors.nvidia.ok_or(PlanError::NoNvidiaMajor)?;
     let caps = &request.capabilities;
     let mut out = vec![nodes.get("/dev/nvidiactl", nvidia, NVIDIACTL_MINOR)?];
     if caps.contains(&Capability::Compute) {
@@ -641,7 +664,8 @@ fn device_nodes(
     }
     for choice in choices {
         let gpu = choice.parent();
-        out.push(nodes.get(&format!("/dev/nvidia{}", gpu.minor), nvidia, gpu.minor)?);
+        let minor = gpu.minor.ok_or(PlanError::NoMinor { index: gpu.index })?;
+        out.push(nodes.get(&format!("/dev/nvidia{minor}"), nvidia, minor)?);
         if let Choice::Mig(_, mig) = choice {
             let what = format!("MIG device {}", mig.uuid);
             for minor in [mig.gi_cap_minor, mig.ci_cap_minor] {
@@ -974,6 +998,7 @@ pub fn container_params(host_params: &str) -> String {
 }
 
 mod imex_and_families;
+mod wsl;
 pub use imex_and_families::{family_device_nodes, imex_channel_nodes};
 #[cfg(any(test, feature = "test-util"))]
 pub mod fixtures;
