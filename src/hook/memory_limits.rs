@@ -241,9 +241,16 @@ pub fn in_create_container(
 
 /// The UUIDs of the GPUs and MIG devices whose nodes are among `listed` (a spec's
 /// `linux.devices`): a GPU by its `/dev/nvidia<minor>`, a MIG device by its GPU instance's
-/// capability node.
+/// capability node; on WSL2, every GPU behind the one `/dev/dxg`.
 fn gpus_of(inventory: &crate::inventory::Inventory, listed: &[&Path]) -> Vec<String> {
     let has = |path: String| listed.iter().any(|p| *p == Path::new(&path));
+    if inventory
+        .wsl
+        .as_ref()
+        .is_some_and(|w| has(w.dxg.path.clone()))
+    {
+        return inventory.gpus.iter().map(|g| g.uuid.clone()).collect();
+    }
     let mut out = Vec::new();
     for gpu in &inventory.gpus {
         let migs: Vec<&str> = gpu
@@ -257,7 +264,10 @@ fn gpus_of(inventory: &crate::inventory::Inventory, listed: &[&Path]) -> Vec<Str
             .collect();
         if !migs.is_empty() {
             out.extend(migs.into_iter().map(str::to_string));
-        } else if has(format!("/dev/nvidia{}", gpu.minor)) {
+        } else if gpu
+            .minor
+            .is_some_and(|minor| has(format!("/dev/nvidia{minor}")))
+        {
             out.push(gpu.uuid.clone());
         }
     }
