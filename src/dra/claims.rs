@@ -433,6 +433,12 @@ mod tests {
     use super::*;
     use std::cell::RefCell;
 
+    /// The device nodes a spec's device gives.
+    fn node_paths(device: &crate::delivery::cdi_spec::Device) -> Vec<String> {
+        let edits = &device.container_edits;
+        edits.device_nodes.iter().map(|n| n.path.clone()).collect()
+    }
+
     /// A node whose MIG devices are made and destroyed in memory, as NVML makes them.
     struct FakeNode {
         inventory: RefCell<Inventory>,
@@ -664,13 +670,7 @@ mod tests {
         assert_eq!(spec.kind, "k8s.gpu.nvidia.com/claim");
         let names: Vec<&str> = spec.devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["u1-gpu-1"]);
-        let nodes: Vec<&str> = spec.devices[0]
-            .container_edits
-            .device_nodes
-            .iter()
-            .map(|n| n.path.as_str())
-            .collect();
-        assert_eq!(nodes, ["/dev/nvidia1"]);
+        assert_eq!(node_paths(&spec.devices[0]), ["/dev/nvidia1"]);
         // Prepared again (the kubelet restarted): the same answer, the same spec.
         let before = std::fs::read(&path).unwrap();
         assert_eq!(claims.prepare(&first, &node).unwrap(), devices);
@@ -713,7 +713,7 @@ mod tests {
         let nodes = |device: &crate::delivery::cdi_spec::Device| -> Vec<String> {
             let edits = &device.container_edits;
             assert!(edits.mounts.is_empty() && edits.hooks.is_empty() && edits.env.is_empty());
-            edits.device_nodes.iter().map(|n| n.path.clone()).collect()
+            node_paths(device)
         };
         let both = claim(
             "u1",
@@ -796,13 +796,10 @@ mod tests {
         let caps: Vec<String> = [made.gi_cap_minor, made.ci_cap_minor]
             .map(|m| format!("/dev/nvidia-caps/nvidia-cap{}", m.unwrap()))
             .to_vec();
-        let nodes: Vec<&str> = spec.devices[0]
-            .container_edits
-            .device_nodes
-            .iter()
-            .map(|n| n.path.as_str())
-            .collect();
-        assert_eq!(nodes, ["/dev/nvidia1", &caps[0], &caps[1]]);
+        assert_eq!(
+            node_paths(&spec.devices[0]),
+            ["/dev/nvidia1", &caps[0], &caps[1]]
+        );
         // The same place stays offered, now made; preparing the claim again makes nothing.
         let offered = claims.offered(&node.inventory().unwrap()).unwrap();
         assert_eq!(offered.len(), 11);

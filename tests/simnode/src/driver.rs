@@ -152,17 +152,9 @@ fn socket(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// ld.so.conf, SONAME links and a host-style ld.so.cache made by the real
-/// ldconfig (of the node's architecture), then a check that the cache finds the libraries
-/// nvhook needs.
-fn loader_cache(root: &Path, toolchain: &Toolchain, version: &str) -> Result<()> {
-    let arch = toolchain.arch;
-    let conf: String = [Some(arch.lib_dir()), arch.lib_dir_32()]
-        .into_iter()
-        .flatten()
-        .map(|dir| format!("/{dir}\n"))
-        .collect();
-    write(&root.join("etc/ld.so.conf"), &conf)?;
+/// The node's ldconfig run over `root` as the node's own (`ldconfig -r`): SONAME links and
+/// `etc/ld.so.cache` from `etc/ld.so.conf`; the ldconfig run.
+pub fn run_ldconfig(root: &Path, toolchain: &Toolchain) -> Result<std::path::PathBuf> {
     let ldconfig = toolchain.ldconfig();
     let out = Command::new(&ldconfig)
         .arg("-r")
@@ -177,6 +169,21 @@ fn loader_cache(root: &Path, toolchain: &Toolchain, version: &str) -> Result<()>
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
+    Ok(ldconfig)
+}
+
+/// ld.so.conf, SONAME links and a host-style ld.so.cache made by the real
+/// ldconfig (of the node's architecture), then a check that the cache finds the libraries
+/// nvhook needs.
+fn loader_cache(root: &Path, toolchain: &Toolchain, version: &str) -> Result<()> {
+    let arch = toolchain.arch;
+    let conf: String = [Some(arch.lib_dir()), arch.lib_dir_32()]
+        .into_iter()
+        .flatten()
+        .map(|dir| format!("/{dir}\n"))
+        .collect();
+    write(&root.join("etc/ld.so.conf"), &conf)?;
+    let ldconfig = run_ldconfig(root, toolchain)?;
     let cache = root.join("etc/ld.so.cache");
     let listing = Command::new(&ldconfig)
         .arg("-C")

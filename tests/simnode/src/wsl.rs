@@ -9,10 +9,9 @@ use crate::machine::Toolchain;
 use crate::procfs::put;
 use crate::spec::{Gpu, Params, cuda_driver_version};
 use crate::{tools, topology};
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use std::fs;
 use std::path::Path;
-use std::process::Command;
 
 /// The misc major, which `/dev/dxg` is registered under.
 const MISC_MAJOR: u32 = 10;
@@ -153,20 +152,7 @@ pub fn build(
 /// library directory.
 fn loader_cache(root: &Path, toolchain: &Toolchain) -> Result<()> {
     put(&root.join("etc/ld.so.conf"), &format!("/{LIB_DIR}\n"))?;
-    let ldconfig = toolchain.ldconfig();
-    let out = Command::new(&ldconfig)
-        .arg("-r")
-        .arg(root)
-        .output()
-        .with_context(|| format!("cannot run {}: install libc-bin", ldconfig.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} -r {} failed: {}",
-            ldconfig.display(),
-            root.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    crate::driver::run_ldconfig(root, toolchain)?;
     Ok(())
 }
 

@@ -441,8 +441,52 @@ pub fn build_with_layout(
         ldcache: Vec::new(),
     };
     builder.add_driver_files(request, inventory, !choices.is_empty())?;
-    let ld_so_confs = ld_so_conf(&layout, &builder.ldcache).into_iter().collect();
-    Ok(Plan {
+    let files = Files {
+        mounts: builder.mounts,
+        symlinks: builder.symlinks,
+        ldcache: builder.ldcache,
+    };
+    let gathered = Gathered {
+        devices,
+        files,
+        proc_overlay: proc_overlay(inventory, &choices),
+        skipped,
+    };
+    Ok(assemble(request, inventory, &choices, layout, gathered))
+}
+
+/// The files a plan gives a container: bind mounts, links and loader cache entries.
+struct Files {
+    mounts: Vec<Mount>,
+    symlinks: Vec<Symlink>,
+    ldcache: Vec<CacheEntry>,
+}
+
+/// What a builder gathered for the chosen devices.
+struct Gathered {
+    devices: Vec<DeviceNode>,
+    files: Files,
+    proc_overlay: Option<ProcOverlay>,
+    skipped: Vec<Skipped>,
+}
+
+/// The plan made of what a builder gathered: a cgroup rule for each node, and the
+/// `ld.so.conf.d` files that keep its library directories in an image's later ldconfig.
+fn assemble(
+    request: &Request,
+    inventory: &Inventory,
+    choices: &[Choice],
+    layout: Layout,
+    gathered: Gathered,
+) -> Plan {
+    let Gathered {
+        devices,
+        files,
+        proc_overlay,
+        skipped,
+    } = gathered;
+    let ld_so_confs = ld_so_conf(&layout, &files.ldcache).into_iter().collect();
+    Plan {
         driver_version: inventory.driver_version.clone(),
         selected: choices.iter().map(Choice::selected).collect(),
         cgroup_rules: devices
@@ -450,16 +494,16 @@ pub fn build_with_layout(
             .map(|d| DeviceRule::char_rw(d.major, d.minor))
             .collect(),
         devices,
-        mounts: builder.mounts,
-        symlinks: builder.symlinks,
-        ldcache: builder.ldcache,
+        mounts: files.mounts,
+        symlinks: files.symlinks,
+        ldcache: files.ldcache,
         ld_so_confs,
-        proc_overlay: proc_overlay(inventory, &choices),
+        proc_overlay,
         layout,
         cuda_compat: None,
         skipped,
         memory_limits: request.memory_limits,
-    })
+    }
 }
 
 fn select<'a>(

@@ -3,10 +3,10 @@
 //! No `/dev/nvidia*`, no `/proc/driver/nvidia` view: WSL2 has neither.
 
 use super::{
-    CacheEntry, Choice, CompatDir, DeviceNode, Layout, Mount, MountKind, Plan, PlanError, Skipped,
-    Symlink, check_requirements, imex_and_families, ld_so_conf, origin, required_library,
+    CacheEntry, Choice, CompatDir, DeviceNode, Files, Gathered, Layout, Mount, MountKind, Plan,
+    PlanError,
+    Skipped, Symlink, assemble, check_requirements, imex_and_families, origin, required_library,
 };
-use crate::device_rule::DeviceRule;
 use crate::inventory::Inventory;
 use crate::inventory::wsl::{SMI, SMI_LINK, WslDriver, soname_of};
 use crate::request::{DeviceSelection, Request};
@@ -47,31 +47,13 @@ pub(super) fn build(
             });
         }
     }
-    let ld_so_confs = ld_so_conf(&layout, &files.ldcache).into_iter().collect();
-    Ok(Plan {
-        driver_version: inventory.driver_version.clone(),
-        selected: choices.iter().map(Choice::selected).collect(),
-        cgroup_rules: devices
-            .iter()
-            .map(|d| DeviceRule::char_rw(d.major, d.minor))
-            .collect(),
+    let gathered = Gathered {
         devices,
-        mounts: files.mounts,
-        symlinks: files.symlinks,
-        ldcache: files.ldcache,
-        ld_so_confs,
+        files,
         proc_overlay: None,
-        layout,
-        cuda_compat: None,
         skipped,
-        memory_limits: request.memory_limits,
-    })
-}
-
-struct Files {
-    mounts: Vec<Mount>,
-    symlinks: Vec<Symlink>,
-    ldcache: Vec<CacheEntry>,
+    };
+    Ok(assemble(request, inventory, &choices, layout, gathered))
 }
 
 /// Every file of the driver at its host path, whatever the capabilities: the store is one
