@@ -27,8 +27,8 @@ const FAMILY_NODES: &[(&str, &str, &str)] = &[
     ("NVIDIA_GDS", "/dev/nvidia-fs3", "ENXIO"),
     ("NVIDIA_MOFED", "/dev/infiniband/uverbs0", "ENXIO"),
     ("NVIDIA_MOFED", "/dev/infiniband/umad0", "ENXIO"),
-    // A misc major with a minor no driver registered: ENODEV (errno 19).
-    ("NVIDIA_MOFED", "/dev/infiniband/rdma_cm", "err19"),
+    // A misc major with a minor no driver registered: ENODEV.
+    ("NVIDIA_MOFED", "/dev/infiniband/rdma_cm", "ENODEV"),
     ("NVIDIA_GDRCOPY", "/dev/gdrdrv", "ENXIO"),
 ];
 const FAMILY_FLAGS: &[&str] = &["--nvswitch", "2", "--gds", "--mofed", "--gdrcopy"];

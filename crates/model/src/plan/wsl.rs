@@ -4,8 +4,8 @@
 
 use super::{
     CacheEntry, Choice, CompatDir, DeviceNode, Files, Gathered, Layout, Mount, MountKind, Plan,
-    PlanError,
-    Skipped, Symlink, assemble, check_requirements, imex_and_families, origin, required_library,
+    PlanError, Skipped, Symlink, assemble, check_requirements, imex_and_families, origin,
+    required_library,
 };
 use crate::inventory::Inventory;
 use crate::inventory::wsl::{SMI, SMI_LINK, WslDriver, soname_of};
@@ -119,6 +119,7 @@ mod tests {
     use super::super::{ImageInfo, build as plan};
     use super::*;
     use crate::capability::Capability;
+    use crate::device_rule::DeviceRule;
     use crate::inventory::{HostNode, WslFile};
     use crate::plan::fixtures::standard;
     use crate::request::{DeviceId, SelectionSource};
