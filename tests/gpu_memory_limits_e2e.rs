@@ -3,15 +3,20 @@
 //! proves the exact cgroup, bytes and GPUs the driver was given. cgroup v2 is a cgroup2 mount
 //! over /sys/fs/cgroup in a private mount namespace (this machine's own hierarchy is v1).
 //!
+//! Podman 5 with a CDI spec runs sid's Podman, runc and crun (`scripts/sid-engines.sh`,
+//! `scripts/sid-runtimes.sh`).
+//!
 //! Run as root after `cargo build --workspace`: `cargo test --test gpu_memory_limits_e2e`.
 
 use nvhook_test_support as support;
 
 use serde_json::{Value, json};
-use support::engines::nvhook_runtime_bin;
+use std::path::Path;
+use support::engines::{nvhook_runtime_bin, unique_name};
+use support::podman::{CdiSpecFile, Podman};
 use support::{
-    Bundle, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args, require_root, run_clean,
-    run_container_with,
+    Bundle, MountNs, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args, require_root,
+    run_clean, run_container_with,
 };
 
 const GPUS: u32 = 2;
@@ -195,6 +200,51 @@ fn nvhook_runtime_sets_the_limits_in_both_modes() {
                 node.log()
             );
         }
+    }
+}
+
+/// Debian sid's Podman 5 with nvhook's CDI spec under cgroup v2 (a mount namespace's cgroup2,
+/// which has no pids controller here, so Podman's default pids limit is off), on sid's runc
+/// and on sid's crun: the spec's createContainer hook sets the limits for the container's
+/// cgroup, which Podman's cgroupfs manager makes as `<cgroup parent>/libpod-<container id>`.
+/// Podman gives the container a cgroup namespace of its own on v2, so the hook finds its
+/// cgroup through the spec's cgroupsPath.
+#[test]
+fn podman_5_with_nvhooks_cdi_spec_sets_the_limits() {
+    require_root();
+    for runtime in ["runc", "crun"] {
+        let node = SimNode::create(GPUS);
+        let spec = CdiSpecFile::new("yaml");
+        node.generate_cdi_spec(spec.path());
+        let ns = MountNs::new(RuntimeEnv::CgroupV2);
+        let podman = Podman::sid().within(&ns).running(Path::new(runtime));
+        let image = format!("localhost/{}:latest", unique_name("nvhook-limits"));
+        podman.import(glibc_image().rootfs(), &image);
+        let mut flags = vec!["--device", "nvidia.com/gpu=1", "--pids-limit", "0"];
+        for var in LIMITS {
+            flags.extend(["--env", var]);
+        }
+        let args = gpucheck_args(GPUS, &[]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut output = podman.run(&flags, &image, &args);
+        output.hook_log = Some(node.log());
+        output.assert_success();
+        output.assert_gpus(GPUS, &[1]);
+        // `--rm` takes a cidfile with the container; Podman's event log keeps the id.
+        let events = podman
+            .command()
+            .args(["events", "--stream=false", "--filter", "event=start"])
+            .args(["--format", "{{.ID}}"])
+            .output()
+            .expect("run podman events");
+        let id = String::from_utf8_lossy(&events.stdout).trim().to_string();
+        assert_eq!(id.len(), 64, "one started container: {events:?}");
+        let cgroup = format!("{}/libpod-{id}", podman.cgroup_parent());
+        assert_eq!(
+            calls_for(&node, &cgroup, &output),
+            [(node.gpu_uuid(1), 512 * MIB, 1024 * MIB)],
+            "{runtime}"
+        );
     }
 }
 

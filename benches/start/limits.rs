@@ -1,13 +1,17 @@
 //! 11: GPU memory limits. A container on GPU 0 through runc and the prestart hook (cgroup v2:
 //! cgroup2 mounted over /sys/fs/cgroup in a private mount namespace for each start, as the
 //! tests run it), without limits and with `NVIDIA_GPU_MEMORY_REQUEST`/`_LIMIT`, taking turns
-//! round by round; plus a plain runc start through the same wrapper. What the limits cost is
-//! one NVML helper round trip (`nvhook-nvml set-memory-limits`), the hook's `memory limits`
-//! step; a container without limits runs no such step and starts no helper (the mock's record
-//! proves no call).
+//! round by round (each round beginning at the next); plus a plain runc start through the same wrapper, and a second copy of the
+//! no-limits variant, whose difference from the first is this run's noise on a whole start.
+//! Each hook runs under the bench's timer, so the hook's own wall time is set beside the
+//! start's. What the limits cost is one NVML helper round trip (`nvhook-nvml
+//! set-memory-limits`), the hook's `memory limits` step; a container without limits runs no
+//! such step and starts no helper (the mock's record proves no call).
 
+use crate::hook_timer;
 use crate::stats::Samples;
-use crate::support::{Bundle, RuntimeEnv, SimNode, glibc_image, run_container};
+use crate::support::{Bundle, RuntimeEnv, SimNode, glibc_image, nvhook_bin, run_container};
+use std::path::PathBuf;
 use std::time::Instant;
 
 const LIMITS: [&str; 2] = [
@@ -17,42 +21,57 @@ const LIMITS: [&str; 2] = [
 
 struct Variant {
     label: &'static str,
-    gpu: bool,
     env: &'static [&'static str],
+    /// The hook timer's record; none for the start without a GPU (it runs no hook).
+    record: Option<PathBuf>,
     samples: Samples,
 }
 
 /// `rounds` starts per variant, after one warm-up start each.
 pub fn run(rounds: usize) {
     let node = SimNode::create(8);
-    let variant = |label, gpu, env| Variant {
+    let records = tempfile::tempdir().expect("a dir for the hook records");
+    let variant = |label, gpu: bool, env, slot: usize| Variant {
         label,
-        gpu,
         env,
+        record: gpu.then(|| records.path().join(format!("{slot}.rec"))),
         samples: Samples::default(),
     };
     let mut variants = [
-        variant("runc, no GPU", false, &[]),
-        variant("GPU 0, no limits", true, &[]),
-        variant("GPU 0, request 512 MiB, limit 1024 MiB", true, &LIMITS),
+        variant("runc, no GPU", false, &[], 0),
+        variant("GPU 0, no limits", true, &[], 1),
+        variant("GPU 0, no limits (a second copy: the noise)", true, &[], 2),
+        variant("GPU 0, request 512 MiB, limit 1024 MiB", true, &LIMITS, 3),
     ];
+    let n = variants.len();
+    // The variant of each hook run, in order, to read the shared log's steps back.
+    let mut hook_runs = Vec::new();
     for round in 0..=rounds {
-        for v in variants.iter_mut() {
+        // Each round starts at the next variant: a start runs slower right after a GPU start
+        // (the last one's teardown), and a fixed order would charge that to the same variants.
+        for i in 0..n {
+            let v = &mut variants[(round + i) % n];
             let mut bundle = Bundle::new(glibc_image(), &["/gpucheck"]);
-            if v.gpu {
+            if let Some(record) = &v.record {
                 bundle.env("NVIDIA_VISIBLE_DEVICES=0");
                 bundle.env("NVIDIA_DRIVER_CAPABILITIES=compute,utility");
                 for var in v.env {
                     bundle.env(var);
                 }
-                bundle.prestart_hook(&node);
+                let (path, args) = hook_timer::hook_args(record, nvhook_bin(), &node.config());
+                bundle.prestart_command(&path, &args);
+                hook_runs.push(((round + i) % n, round > 0));
             }
             let started = Instant::now();
             let output = run_container(&bundle, RuntimeEnv::CgroupV2);
             let ms = started.elapsed().as_secs_f64() * 1e3;
             output.assert_success();
-            if round > 0 {
-                v.samples.push(ms);
+            match round {
+                // The warm-up's hook time is not one of the measured starts'.
+                0 => v.record.iter().for_each(|r| {
+                    std::fs::remove_file(r).expect("remove the warm-up's hook record")
+                }),
+                _ => v.samples.push(ms),
             }
         }
     }
@@ -66,12 +85,29 @@ pub fn run(rounds: usize) {
     println!(
         "# GPU memory limits ({rounds} starts per variant, interleaved; runc run of gpucheck, cgroup v2)\n"
     );
-    println!("| variant | p50 | p95 | Δ p50 against GPU 0 without limits |");
-    println!("|---|---|---|---|");
+    println!(
+        "| variant | start p50 | start p95 | Δ start p50 | hook wall p50 | hook wall p95 | Δ hook p50 |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     let base = variants[1].samples.p50();
+    let base_hook = hook_wall(&variants[1]).p50();
     for v in &variants {
-        println!("{}", v.samples.delta_row(v.label, base));
+        let start = v.samples.delta_row(v.label, base);
+        let hook = match v.record {
+            Some(_) => {
+                let wall = hook_wall(v);
+                format!(
+                    " {:.2} | {:.2} | {:+.2} |",
+                    wall.p50(),
+                    wall.p95(),
+                    wall.p50() - base_hook
+                )
+            }
+            None => " - | - | - |".to_string(),
+        };
+        println!("{start}{hook}");
     }
+    print_steps(&node.log(), &hook_runs, &variants);
     println!(
         "\nThe hook's `memory limits` step (the nvhook-nvml round trip): p50 {:.2} ms, p95 {:.2} ms over {} starts; NVML calls recorded: {calls} (one per limited start, none for the others).\n",
         step.p50(),
@@ -80,18 +116,76 @@ pub fn run(rounds: usize) {
     );
 }
 
+/// The hook's wall times of `variant`'s measured starts.
+fn hook_wall(variant: &Variant) -> Samples {
+    hook_timer::read_record(variant.record.as_ref().expect("a variant with a hook")).wall
+}
+/// The p50 of each of the hook's steps, per variant with a hook: the log's runs, each
+/// beginning at its `request` step, in the order of `hook_runs` (variant, measured).
+fn print_steps(log: &str, hook_runs: &[(usize, bool)], variants: &[Variant]) {
+    let mut steps: Vec<String> = Vec::new();
+    let mut per_variant: Vec<Vec<Vec<f64>>> = vec![Vec::new(); variants.len()];
+    let mut run = 0;
+    for line in log.lines() {
+        let Some((step, us)) = step_of(line) else {
+            continue;
+        };
+        if step == "request" {
+            run += 1;
+        }
+        let (variant, measured) = hook_runs[run - 1];
+        if !measured {
+            continue;
+        }
+        let column = match steps.iter().position(|s| *s == step) {
+            Some(column) => column,
+            None => {
+                steps.push(step.to_string());
+                steps.len() - 1
+            }
+        };
+        let columns = &mut per_variant[variant];
+        columns.resize(steps.len(), Vec::new());
+        columns[column].push(us / 1e3);
+    }
+    assert_eq!(run, hook_runs.len(), "one run of steps per hook run");
+    let with_hook: Vec<usize> = (0..variants.len())
+        .filter(|&v| variants[v].record.is_some())
+        .collect();
+    let header: Vec<&str> = with_hook.iter().map(|&v| variants[v].label).collect();
+    println!("\nThe hook's steps, p50 ms (its log):\n");
+    println!("| step | {} |", header.join(" | "));
+    println!("|---|{}", "---|".repeat(header.len()));
+    for (column, step) in steps.iter().enumerate() {
+        let cells: Vec<String> = with_hook
+            .iter()
+            .map(|&v| match per_variant[v].get(column) {
+                Some(values) if !values.is_empty() => {
+                    format!("{:.2}", values.iter().copied().collect::<Samples>().p50())
+                }
+                _ => "-".to_string(),
+            })
+            .collect();
+        println!("| {step} | {} |", cells.join(" | "));
+    }
+}
+
+/// A log line's step and its duration, µs.
+fn step_of(line: &str) -> Option<(&str, f64)> {
+    let step = line.split("step=\"").nth(1)?.split('"').next()?;
+    let us = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("us="))?
+        .parse()
+        .ok()?;
+    Some((step, us))
+}
+
 /// The hook log's `step` durations, ms.
 fn step_samples(log: &str, step: &str) -> Samples {
-    let mut samples = Samples::default();
-    let needle = format!("step=\"{step}\"");
-    for line in log.lines().filter(|l| l.contains(&needle)) {
-        if let Some(us) = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("us="))
-            .and_then(|us| us.parse::<f64>().ok())
-        {
-            samples.push(us / 1e3);
-        }
-    }
-    samples
+    log.lines()
+        .filter_map(step_of)
+        .filter(|(s, _)| *s == step)
+        .map(|(_, us)| us / 1e3)
+        .collect()
 }

@@ -592,13 +592,30 @@ fn machine() -> String {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     format!(
-        "Machine: {cpu}, {cores} cores, kernel {}, load average at start {}",
+        "Machine: {cpu}, {cores} cores, kernel {}, load average at start {}, memory cgroups {}",
         kernel.trim(),
         load.split_whitespace()
             .take(3)
             .collect::<Vec<_>>()
-            .join(" ")
+            .join(" "),
+        memory_cgroups()
     )
+}
+
+/// The kernel's count of memory cgroups, dying ones included (`/proc/cgroups`). On a cgroup
+/// v1 host each finished container's memory cgroup lingers while page cache charged to it
+/// lives, and the hook's mount and file steps slow as they pile up (docs/performance.md,
+/// eighteenth round): a figure to read beside each run's.
+fn memory_cgroups() -> String {
+    std::fs::read_to_string("/proc/cgroups")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            (fields.first() == Some(&"memory")).then(|| fields.get(2).map(|n| n.to_string()))
+        })
+        .flatten()
+        .unwrap_or_else(|| "unknown".to_string())
 }
 
 fn fs_type(path: &Path) -> &'static str {

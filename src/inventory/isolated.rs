@@ -7,7 +7,8 @@
 //!
 //! The child answers before NVML is shut down, and the parent does not wait for it to exit:
 //! nvmlShutdown, or the driver's clean-up when the process exits without it, is time the
-//! container start need not pay (docs/performance.md).
+//! container start need not pay (docs/performance.md). Unless the parent is its PID
+//! namespace's first process, which would inherit the child (see `query_in_child`).
 
 use super::cache::{Fingerprint, NvmlCache};
 use super::change::HostChange;
@@ -161,6 +162,13 @@ fn query_in_child(
     let result = read_reply(OwnedFd::from(pipe).into(), deadline, config.nvml_timeout());
     if result.is_err() {
         let _ = child.kill();
+        let _ = child.wait();
+    } else if nix::unistd::getppid().as_raw() == 1 {
+        // Our parent is the first process of this PID namespace (crun and runc run
+        // createContainer hooks from the container's), which inherits any child we leave.
+        // crun waits for a hook by its SIGCHLD and, handed the helper's instead, misses the
+        // hook's exit until the hook's timeout fails the start; under runc the helper would
+        // stay a zombie of the container's own process. So here it is waited for.
         let _ = child.wait();
     } else {
         // Reaped now if it is gone; otherwise by whoever inherits it (the runtime nvhook-runtime

@@ -93,6 +93,12 @@ impl Podman {
         self.dir.path()
     }
 
+    /// The cgroup every container of this instance is made under (`--cgroup-parent`), relative
+    /// to the hierarchy's root.
+    pub fn cgroup_parent(&self) -> &str {
+        &self.cgroup_parent
+    }
+
     /// `podman` with every global path private, wrapped in a timeout.
     pub fn command(&self) -> Command {
         let mut cmd = behind(&self.prefix, &self.program, timed);
