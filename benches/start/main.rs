@@ -6,8 +6,9 @@
 //! nvhook-runtime against runc, nvhook-runtime's cost for a non-GPU container, peak memory,
 //! growth per GPU and per mounted file, and the slow-NVML case. Targets are printed beside
 //! the numbers. `NVHOOK_BENCH_ROUNDS` sets the starts per variant (default 60);
-//! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst`, `=cri`, `=gpus`, `=dra` or `=limits` runs one
-//! part (limits: a GPU start with and without GPU memory limits; cri:
+//! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst`, `=cri`, `=gpus`, `=dra`, `=limits` or `=cdi`
+//! runs one part (limits: a GPU start with and without GPU memory limits; cdi: nvhook's CDI
+//! device through runc, layer by layer; cri:
 //! pods over containerd 2.1.9's CRI, RuntimeClass against NRI; gpus: `docker run --gpus` and
 //! `ctr run --gpus` against the same client's plain start; dra: nvhook-dra's prepare, and pods
 //! through a DRA claim against the device plugin's CDI name; all three need
@@ -17,6 +18,7 @@
 use nvhook_test_support as support;
 
 mod burst;
+mod cdi_parts;
 mod cri;
 mod cycle;
 mod dra;
@@ -51,7 +53,7 @@ struct Plan {
 fn main() {
     hook_timer::run_if_wrapper();
     let full = std::env::args().any(|a| a == "--bench");
-    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri|gpus|dra|limits`: one part, for iterating on a
+    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri|gpus|dra|limits|cdi`: one part, for iterating on a
     // profile.
     let only = std::env::var("NVHOOK_BENCH_ONLY").ok();
     let only = only.as_deref();
@@ -299,6 +301,11 @@ fn main() {
 
     if only.is_none_or(|o| o == "limits") {
         limits::run(plan.gpus_rounds);
+    }
+
+    if only.is_none_or(|o| o == "cdi") {
+        // 12: nvhook's CDI device through runc, layer by layer.
+        cdi_parts::run(plan.gpus_rounds);
     }
 }
 

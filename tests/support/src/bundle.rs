@@ -154,6 +154,12 @@ impl Bundle {
         self
     }
 
+    /// Adds `mount` (an OCI mount entry) after the spec's mounts, as an engine writes one.
+    pub fn raw_mount(&mut self, mount: Value) -> &mut Self {
+        push(&mut self.spec["mounts"], mount);
+        self
+    }
+
     /// The device plugin's volume-mount device list: `/dev/null` bound at
     /// `/var/run/nvidia-container-devices/<id>`.
     pub fn device_list_mount(&mut self, id: &str) -> &mut Self {
@@ -161,8 +167,7 @@ impl Bundle {
             "destination": format!("/var/run/nvidia-container-devices/{id}"),
             "type": "bind", "source": "/dev/null", "options": ["bind", "ro"],
         });
-        push(&mut self.spec["mounts"], mount);
-        self
+        self.raw_mount(mount)
     }
 
     /// Binds the host directory `source` at `destination`, as an engine binds a volume
@@ -173,8 +178,7 @@ impl Bundle {
         let mount = json!({
             "destination": destination, "type": "bind", "source": source, "options": all,
         });
-        push(&mut self.spec["mounts"], mount);
-        self
+        self.raw_mount(mount)
     }
 
     /// Replaces the rootfs with a fresh copy of `image`, as a new container would get.
