@@ -30,13 +30,10 @@ use support::{containerd2, cri};
 
 use std::path::{Path, PathBuf};
 
-use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin, Pods};
-use cri::{ContainerRequest, Cri};
-use support::engines::{
-    CgroupParent, Containerd, EngineDir, assert_no_mounts_left, nvhook_runtime_bin,
-    sid_runtime_bin, unique_name,
-};
-use support::{MountNs, Output, RuntimeEnv, SimNode, gpucheck_args, require_root};
+use containerd2::{CriNode, DEFAULT_HANDLER};
+use cri::ContainerRequest;
+use support::engines::{nvhook_runtime_bin, sid_runtime_bin};
+use support::{Output, gpucheck_args, write_script};
 
 const GPUS: u32 = 4;
 /// The GPU the kubelet allocates to the GPU pods here.
@@ -86,167 +83,61 @@ enum CrunCgroups {
 }
 
 /// containerd 2.1.9 on sid's crun, in a cgroup v2 mount namespace, with the gpucheck image.
-struct CrunNode {
-    node: SimNode,
-    cri: Cri,
-    containerd: Containerd,
-    image: String,
-    pods: Pods,
-    setup: Containerd2Cri,
-    plugin: Option<NriPlugin>,
-    /// The namespace outlives containerd (dropped after it) and the directory outlives both.
-    ns: MountNs,
-    dir: EngineDir,
-}
+type CrunNode = CriNode;
 
-impl CrunNode {
-    /// Every handler on sid's crun, run as `cgroups` says: the default one runs it directly,
-    /// and `handlers` run nvhook-runtime, whose config names it.
-    fn start(name: &str, handlers: &[&str], cgroups: CrunCgroups) -> CrunNode {
-        require_root();
-        let node = SimNode::create(GPUS);
-        let ns = MountNs::new(RuntimeEnv::CgroupV2);
-        assert_ns_has_pure_cgroup_v2(&ns);
-        let dir = EngineDir::new(name);
+/// Every handler on sid's crun, run as `cgroups` says: the default one runs it directly, and
+/// `handlers` run nvhook-runtime, whose config names it.
+fn start_crun(name: &str, handlers: &[&str], cgroups: CrunCgroups) -> CrunNode {
+    CriNode::start(name, GPUS, &[], true, |dir, node, setup| {
         let crun = match cgroups {
             CrunCgroups::Managed => sid_runtime_bin("crun"),
-            CrunCgroups::Disabled => write_crun_without_cgroups(dir.path()),
+            CrunCgroups::Disabled => write_crun_without_cgroups(dir),
         };
         node.configure(&format!("runtimes = [{crun:?}]"));
-        let mut setup = Containerd2Cri::under(dir.path());
         setup.runc = crun;
         for handler in handlers {
             setup
                 .handlers
                 .push(((*handler).into(), nvhook_runtime_bin().to_path_buf()));
         }
-        std::fs::create_dir_all(&setup.cdi_spec_dirs[0]).expect("create the CDI spec dir");
-        node.generate_cdi_spec(&setup.cdi_spec_dirs[0].join("nvidia.yaml"));
-        let containerd = setup.start_in(&ns, dir.path(), &[("NVHOOK_CONFIG", &node.config())]);
-        let image = containerd.import_gpucheck_image(dir.path());
-        let cri = Cri::connect(containerd.socket());
-        let pods = Pods {
-            cgroups: CgroupParent::new(&format!("nvhook-{name}")),
-            logs: dir.path().join("pods"),
-        };
-        CrunNode {
-            node,
-            cri,
-            containerd,
-            image,
-            pods,
-            setup,
-            plugin: None,
-            ns,
-            dir,
-        }
-    }
+    })
+}
 
-    /// Connects `nvhook nri` (on the host) to containerd's NRI socket, in `mode`.
-    fn connect_nri_plugin(&mut self, mode: &str) {
-        self.node.configure(&format!("nri-mode = {mode:?}"));
-        let plugin = NriPlugin::start(&self.node.config(), &self.setup.nri.socket, self.dir.path());
-        plugin.wait_registered(&self.node.log_file(), 1, &self.containerd);
-        self.plugin = Some(plugin);
-    }
+/// A pod of gpucheck (with `extra` arguments) on `handler`, with `env` and `mounts`.
+fn run(
+    node: &mut CrunNode,
+    handler: &str,
+    env: &[(&str, &str)],
+    mounts: &[(&str, &str)],
+    extra: &[&str],
+) -> Output {
+    let request = ContainerRequest {
+        env,
+        mounts,
+        ..Default::default()
+    };
+    node.run_gpucheck(handler, "crun", &gpucheck(extra), request)
+        .output
+}
 
-    /// A pod of gpucheck (with `extra` arguments) on `handler`, with `env` and `mounts`.
-    fn run(
-        &mut self,
-        handler: &str,
-        env: &[(&str, &str)],
-        mounts: &[(&str, &str)],
-        extra: &[&str],
-    ) -> Output {
-        let args = gpucheck(extra);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let request = ContainerRequest {
-            image: &self.image,
-            args: &args,
-            env,
-            mounts,
-            ..Default::default()
-        };
-        self.pods.run_on(
-            handler,
-            &mut self.cri,
-            &self.containerd,
-            &self.node,
-            "crun",
-            request,
-        )
-    }
-
-    /// The device plugin's volume-mount allocation of GPU ALLOCATED, on the default handler.
-    fn run_allocated(&mut self) -> Output {
-        let mount_point = format!(
-            "{DEVICE_MOUNT_ROOT}/{}",
-            self.node.gpu_uuid(ALLOCATED as usize)
-        );
-        self.run(DEFAULT_HANDLER, &[], &[(&mount_point, "/dev/null")], &[])
-    }
-
-    /// Stops the plugin and containerd, which must stop on SIGTERM, and checks that nothing of
-    /// the pods is left: no mount of a driver file or under the engine's directory, on the host
-    /// or in containerd's namespace, no process in a pod cgroup, and no pod cgroup once the
-    /// test's cgroup parent is removed.
-    fn stop(self) {
-        let CrunNode {
-            node,
-            cri,
-            mut containerd,
-            pods,
-            plugin,
-            ns,
-            dir,
-            ..
-        } = self;
-        drop(plugin);
-        drop(cri);
-        assert!(
-            containerd.shutdown(),
-            "containerd ignored SIGTERM:\n{}",
-            containerd.log()
-        );
-        assert_no_mounts_left(dir.path(), node.root());
-        let needles = [
-            dir.path().display().to_string(),
-            node.root().display().to_string(),
-        ];
-        let leaked: Vec<String> = ns
-            .table()
-            .into_iter()
-            .filter(|l| needles.iter().any(|n| l.contains(n.as_str())))
-            .collect();
-        assert!(
-            leaked.is_empty(),
-            "mounts left in containerd's namespace: {leaked:#?}"
-        );
-        // crun leaves the cgroup of a sandbox it refused (empty); the parent goes with it.
-        let parent = ns.inside(&Path::new("/sys/fs/cgroup").join(&pods.cgroups.path()[1..]));
-        for cgroup in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
-            let procs = cgroup.path().join("cgroup.procs");
-            if let Ok(procs) = std::fs::read_to_string(&procs) {
-                assert!(
-                    procs.trim().is_empty(),
-                    "processes left in {}: {procs}",
-                    cgroup.path().display()
-                );
-            }
-        }
-        drop(pods);
-        assert!(
-            !parent.exists(),
-            "the pods' cgroup parent is left: {}",
-            parent.display()
-        );
-    }
+/// The device plugin's volume-mount allocation of GPU ALLOCATED, on the default handler.
+fn run_allocated(node: &mut CrunNode) -> Output {
+    let mount_point = format!(
+        "{DEVICE_MOUNT_ROOT}/{}",
+        node.node.gpu_uuid(ALLOCATED as usize)
+    );
+    run(
+        node,
+        DEFAULT_HANDLER,
+        &[],
+        &[(&mount_point, "/dev/null")],
+        &[],
+    )
 }
 
 /// Writes `DIR/crun-without-cgroups`, sid's crun with `--cgroup-manager=disabled` (the runc
 /// shim has no option that passes a runtime flags of a test's choosing); returns its path.
 fn write_crun_without_cgroups(dir: &Path) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
     let wrapper = dir.join("crun-without-cgroups");
     let script = format!(
         "#!/bin/sh\n\
@@ -254,42 +145,18 @@ fn write_crun_without_cgroups(dir: &Path) -> PathBuf {
          exec {:?} --cgroup-manager=disabled \"$@\"\n",
         sid_runtime_bin("crun")
     );
-    std::fs::write(&wrapper, script).unwrap_or_else(|e| panic!("write {}: {e}", wrapper.display()));
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
-        .unwrap_or_else(|e| panic!("make {} executable: {e}", wrapper.display()));
+    write_script(&wrapper, &script);
     wrapper
-}
-
-/// The namespace's /sys/fs/cgroup is cgroup2 and nothing else, as crun wants.
-#[track_caller]
-fn assert_ns_has_pure_cgroup_v2(ns: &MountNs) {
-    let cgroup_mounts: Vec<String> = ns
-        .table()
-        .into_iter()
-        .filter(|l| {
-            l.split(' ')
-                .nth(4)
-                .is_some_and(|p| p.starts_with("/sys/fs/cgroup"))
-        })
-        .collect();
-    let top = cgroup_mounts
-        .iter()
-        .rev()
-        .find(|l| l.split(' ').nth(4) == Some("/sys/fs/cgroup"))
-        .unwrap_or_else(|| panic!("no mount at /sys/fs/cgroup: {cgroup_mounts:#?}"));
-    assert!(
-        top.contains(" - cgroup2 "),
-        "/sys/fs/cgroup is not cgroup2 in the namespace: {top}"
-    );
 }
 
 /// The NRI plugin in `mode` on crun with no cgroup: the device plugin's env, then its volume mounts, give the
 /// pod exactly its GPU; a pod allocated nothing gets nothing.
 fn nri_mode_on_crun(mode: &str, check: impl Fn(&CrunNode, &Output)) {
-    let mut node = CrunNode::start(&format!("crun-nri-{mode}"), &[], CrunCgroups::Disabled);
+    let mut node = start_crun(&format!("crun-nri-{mode}"), &[], CrunCgroups::Disabled);
     node.connect_nri_plugin(mode);
     let uuid = node.node.gpu_uuid(ALLOCATED as usize);
-    let output = node.run(
+    let output = run(
+        &mut node,
         DEFAULT_HANDLER,
         &[("NVIDIA_VISIBLE_DEVICES", &uuid)],
         &[],
@@ -297,12 +164,12 @@ fn nri_mode_on_crun(mode: &str, check: impl Fn(&CrunNode, &Output)) {
     );
     assert_allocated_gpu_only(&format!("nri-mode = {mode}, envvar allocation"), &output);
     check(&node, &output);
-    let output = node.run_allocated();
+    let output = run_allocated(&mut node);
     assert_allocated_gpu_only(
         &format!("nri-mode = {mode}, volume-mount allocation"),
         &output,
     );
-    let output = node.run(DEFAULT_HANDLER, &[], &[], &[]);
+    let output = run(&mut node, DEFAULT_HANDLER, &[], &[], &[]);
     assert_no_gpu(&format!("nri-mode = {mode}, no allocation"), &output);
     let log = node.node.log();
     assert!(log.contains("NRI: GPU container adjusted"), "{log}");
@@ -334,15 +201,7 @@ fn nri_mode_cdi_on_crun_without_cgroups_gives_pods_their_allocated_gpu() {
 fn nri_mode_cdi_devices_on_crun_without_cgroups_gives_pods_their_allocated_gpu() {
     nri_mode_on_crun("cdi-devices", |node, _| {
         let log = node.node.log();
-        assert!(
-            log.lines()
-                .any(|l| l.contains("NRI: GPU container adjusted")
-                    && l.contains("devices=0")
-                    && l.contains("mounts=0")),
-            "{log}"
-        );
-        assert!(log.contains("stage=CreateContainer"), "{log}");
-        assert!(!log.contains("stage=Prestart"), "{log}");
+        containerd2::assert_injected_from_the_cdi_spec(&log);
     });
 }
 
@@ -367,10 +226,16 @@ fn nri_mode_mounts_on_crun_without_cgroups_gives_pods_their_allocated_gpu() {
 /// kubelet reads nvhook's one line in the engine's error, and the next pod is not affected.
 #[test]
 fn nri_on_crun_without_cgroups_refuses_a_gpu_the_node_lacks_in_one_line() {
-    let mut node = CrunNode::start("crun-nri-refusal", &[], CrunCgroups::Disabled);
+    let mut node = start_crun("crun-nri-refusal", &[], CrunCgroups::Disabled);
     node.connect_nri_plugin("hook");
     let missing = format!("{DEVICE_MOUNT_ROOT}/7");
-    let output = node.run(DEFAULT_HANDLER, &[], &[(&missing, "/dev/null")], &[]);
+    let output = run(
+        &mut node,
+        DEFAULT_HANDLER,
+        &[],
+        &[(&missing, "/dev/null")],
+        &[],
+    );
     assert!(!output.status.success(), "{output}");
     let refusal = output
         .stderr
@@ -378,7 +243,7 @@ fn nri_on_crun_without_cgroups_refuses_a_gpu_the_node_lacks_in_one_line() {
         .find(|l| l.contains("nvhook: "))
         .unwrap_or_else(|| panic!("no nvhook line in the engine's error\n{output}"));
     assert!(refusal.contains('7'), "{refusal}");
-    let output = node.run_allocated();
+    let output = run_allocated(&mut node);
     assert_allocated_gpu_only("after a refused container", &output);
     node.stop();
 }
@@ -388,18 +253,24 @@ fn nri_on_crun_without_cgroups_refuses_a_gpu_the_node_lacks_in_one_line() {
 /// with no nvhook, and a pod there gets no GPU even when its env asks for one.
 #[test]
 fn nvhooks_runtime_class_runs_crun_without_cgroups() {
-    let mut node = CrunNode::start("crun-rc", &[HANDLER], CrunCgroups::Disabled);
+    let mut node = start_crun("crun-rc", &[HANDLER], CrunCgroups::Disabled);
     let uuid = node.node.gpu_uuid(ALLOCATED as usize);
     let env = [
         ("NVIDIA_VISIBLE_DEVICES", uuid.as_str()),
         ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
     ];
-    let output = node.run(HANDLER, &env, &[], &["--exec", "/usr/bin/nvidia-smi"]);
+    let output = run(
+        &mut node,
+        HANDLER,
+        &env,
+        &[],
+        &["--exec", "/usr/bin/nvidia-smi"],
+    );
     assert_allocated_gpu_only("RuntimeClass nvidia on crun", &output);
     output.assert_lines(&["cuInit 0", "exec /usr/bin/nvidia-smi rc=0"]);
     let log = node.node.log();
     assert!(log.contains("stage=Prestart"), "{log}");
-    let output = node.run(DEFAULT_HANDLER, &env, &[], &[]);
+    let output = run(&mut node, DEFAULT_HANDLER, &env, &[], &[]);
     assert_no_gpu("default handler, no nvhook", &output);
     node.stop();
 }
@@ -410,14 +281,10 @@ fn nvhooks_runtime_class_runs_crun_without_cgroups() {
 /// with the NRI plugin connected alike, before any hook runs, and leaves nothing behind.
 #[test]
 fn crun_with_cgroups_refuses_every_pod_here_for_want_of_a_cpu_controller() {
-    let mut node = CrunNode::start("crun-cgroups", &[HANDLER], CrunCgroups::Managed);
-    let controllers = node
-        .ns
-        .inside(Path::new("/sys/fs/cgroup/cgroup.controllers"));
-    let controllers = std::fs::read_to_string(&controllers)
-        .unwrap_or_else(|e| panic!("read {}: {e}", controllers.display()));
+    let mut node = start_crun("crun-cgroups", &[HANDLER], CrunCgroups::Managed);
+    let controllers = node.controllers();
     assert!(
-        !controllers.split_whitespace().any(|c| c == "cpu"),
+        !controllers.iter().any(|c| c == "cpu"),
         "this machine's cgroup2 has a cpu controller ({controllers:?}): run the tests above with crun's cgroups"
     );
     node.connect_nri_plugin("hook");
@@ -430,29 +297,17 @@ fn crun_with_cgroups_refuses_every_pod_here_for_want_of_a_cpu_controller() {
         "OCI runtime create failed: controller `cpu` is not available under /sys/fs/cgroup{}/",
         node.pods.cgroups.path()
     );
-    let args = gpucheck(&[]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     for handler in [HANDLER, DEFAULT_HANDLER] {
         let request = ContainerRequest {
-            image: &node.image,
-            args: &args,
             mounts: &allocation,
             ..Default::default()
         };
-        let ran = node.cri.try_run_pod(
-            &unique_name("crun"),
+        let message = node.sandbox_refusal(
             handler,
-            &node.pods.cgroups.path(),
-            &node.pods.logs,
-            &request,
+            &gpucheck(&[]),
+            request,
+            &format!("crun with its cgroups ran a pod on {handler}: run the tests above with them"),
         );
-        let message = match ran {
-            Err(message) => message,
-            Ok(run) => panic!(
-                "crun with its cgroups ran a pod on {handler}: run the tests above with them\n{}",
-                run.output
-            ),
-        };
         assert!(
             message.contains("failed to start sandbox")
                 && message.contains(&refused_by)

@@ -21,7 +21,7 @@ use containerd2::{Containerd2Cri, Pods};
 use cri::{ContainerRequest, Cri};
 use support::apiserver::ApiServer;
 use support::dra::{DRIVER, NODE, Plugin, allocated_claim};
-use support::engines::{CgroupParent, Containerd, EngineDir};
+use support::engines::{Containerd, EngineDir};
 use support::{Output, SimNode, gpucheck_args, require_root, workspace_bin};
 
 const GPUS: u32 = 4;
@@ -52,10 +52,7 @@ impl Engine {
         let containerd = setup.start(dir, &[]);
         let image = containerd.import_gpucheck_image(dir);
         let cri = Cri::connect(containerd.socket());
-        let pods = Pods {
-            cgroups: CgroupParent::new(&format!("nvhook-{name}")),
-            logs: dir.join("pods"),
-        };
+        let pods = Pods::new(name, dir);
         Engine {
             containerd,
             cri,

@@ -12,11 +12,9 @@ use support::{containerd2, cri};
 
 use std::fs;
 
-use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin, Pods};
+use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin, Pods, stop_engine};
 use cri::{ContainerRequest, Cri};
-use support::engines::{
-    CgroupParent, Containerd, EngineDir, ImageConfig, assert_no_mounts_left, unique_name,
-};
+use support::engines::{Containerd, EngineDir, ImageConfig, assert_no_mounts_left, unique_name};
 use support::{Output, SimNode, glibc_image, host_mounts_referencing, nvhook_bin, require_root};
 
 const GPUS: u32 = 4;
@@ -71,10 +69,7 @@ fn connected(node: &SimNode, name: &str) -> Connected {
         setup.nri.socket.display()
     );
     wait_for_stderr(&plugin, &attached);
-    let pods = Pods {
-        cgroups: CgroupParent::new(&format!("nvhook-{name}")),
-        logs: dir.path().join("pods"),
-    };
+    let pods = Pods::new(name, dir.path());
     Connected {
         dir,
         containerd,
@@ -143,21 +138,9 @@ fn no_allocation_then_stop(
     };
     let output = pods.run(&mut cri, &containerd, node, "nogpu", request);
     assert_no_gpu(&format!("no allocation, nri-mode = {mode}"), &output);
-    stop(plugin, cri, containerd);
+    stop_engine(plugin, cri, containerd);
     let leaked = host_mounts_referencing(&[node.root()]);
     assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
-}
-
-/// Ends a test's engine in order: the plugin, the CRI client, then containerd, which must stop
-/// on SIGTERM.
-fn stop(plugin: NriPlugin, cri: Cri, mut containerd: Containerd) {
-    drop(plugin);
-    drop(cri);
-    assert!(
-        containerd.shutdown(),
-        "containerd ignored SIGTERM:\n{}",
-        containerd.log()
-    );
 }
 
 #[test]
@@ -169,9 +152,7 @@ fn nri_gives_pods_exactly_what_the_kubelet_allocated() {
     let uuid = node.gpu_uuid(ALLOCATED as usize);
 
     // nvhook's own CDI spec, for the kubelet's CDI request: containerd injects it itself.
-    fs::create_dir_all(&setup.cdi_spec_dirs[0]).expect("create the CDI spec dir");
-    let spec = setup.cdi_spec_dirs[0].join("nvidia.yaml");
-    node.generate_cdi_spec(&spec);
+    setup.write_cdi_spec(&node);
 
     let mut containerd = setup.start(dir.path(), &[]);
     // An image that asks for every GPU by itself, as CUDA base images do.
@@ -186,10 +167,7 @@ fn nri_gives_pods_exactly_what_the_kubelet_allocated() {
     plugin.wait_registered(&log, 1, &containerd);
 
     let mut cri = Cri::connect(containerd.socket());
-    let pods = Pods {
-        cgroups: CgroupParent::new("nvhook-nri"),
-        logs: dir.path().join("pods"),
-    };
+    let pods = Pods::new("nri", dir.path());
     let run = |cri: &mut Cri, containerd: &Containerd, name: &str, request| {
         pods.run(cri, containerd, &node, name, request)
     };
@@ -388,7 +366,7 @@ fn the_plugin_keeps_nvmls_answer_in_memory_and_follows_the_host() {
     let output = run(&mut cri, "after", &allocated);
     assert_allocated_gpu_only("a pod after the change", &output);
     assert_eq!(node.nvml_inits() - before, 2, "{}", node.log());
-    stop(plugin, cri, containerd);
+    stop_engine(plugin, cri, containerd);
 }
 
 #[test]
@@ -481,10 +459,7 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
         .push(("nvidia".into(), support::workspace_bin("nvhook-runtime")));
     let containerd = setup.start(dir.path(), &[("NVHOOK_CONFIG", &node.config())]);
     let image = containerd.import_gpucheck_image(dir.path());
-    let pods = Pods {
-        cgroups: CgroupParent::new("nvhook-nri-same"),
-        logs: dir.path().join("pods"),
-    };
+    let pods = Pods::new("nri-same", dir.path());
     let mut args = vec!["/gpucheck"];
     let nodes = [
         "/dev/nvidia0",
@@ -566,7 +541,7 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
         hook.iter().any(|l| l == "dlopen libcuda.so.1 ok"),
         "{hook:#?}"
     );
-    stop(plugin, cri, containerd);
+    stop_engine(plugin, cri, containerd);
 }
 
 /// `nri-mode = "mounts"`: no hook process at all. runc makes the device nodes and every bind
@@ -658,15 +633,7 @@ fn nri_mode_cdi_devices_names_the_gpu_for_containerd_to_inject() {
     let output = pods.run(&mut cri, &containerd, &node, "cdi-devices", request);
     assert_allocated_gpu_only("nri-mode = cdi-devices", &output);
     let log = node.log();
-    assert!(
-        log.lines()
-            .any(|l| l.contains("NRI: GPU container adjusted")
-                && l.contains("devices=0")
-                && l.contains("mounts=0")),
-        "{log}"
-    );
-    assert!(log.contains("stage=CreateContainer"), "{log}");
-    assert!(!log.contains("stage=Prestart"), "{log}");
+    containerd2::assert_injected_from_the_cdi_spec(&log);
     no_allocation_then_stop("cdi-devices", &node, &image, &pods, cri, containerd, plugin);
 }
 
@@ -702,10 +669,7 @@ fn containerd_starts_nvhook_from_its_plugin_directory() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let pods = Pods {
-        cgroups: CgroupParent::new("nvhook-nri-pre"),
-        logs: dir.path().join("pods"),
-    };
+    let pods = Pods::new("nri-pre", dir.path());
     let mut cri = Cri::connect(containerd.socket());
     let uuid = node.gpu_uuid(ALLOCATED as usize);
     let env = [("NVIDIA_VISIBLE_DEVICES", uuid.as_str())];

@@ -12,14 +12,10 @@
 use nvhook_test_support as support;
 use support::{containerd2, cri};
 
-use std::path::Path;
-
-use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin, PodNetwork, Pods};
-use cri::{ContainerRequest, Cri, PodUserNamespace};
-use support::engines::{
-    CgroupParent, Containerd, EngineDir, assert_no_mounts_left, nvhook_runtime_bin, sid_runtime_bin,
-};
-use support::{Output, SimNode, WRITTEN_SEEN_INSIDE, gpucheck_args, owner_args, require_root};
+use containerd2::{CriNode, DEFAULT_HANDLER, PodNetwork};
+use cri::{ContainerRequest, PodUserNamespace};
+use support::engines::{nvhook_runtime_bin, sid_runtime_bin};
+use support::{Output, WRITTEN_SEEN_INSIDE, gpucheck_args, owner_args};
 
 const GPUS: u32 = 4;
 const GPU: u32 = 1;
@@ -57,31 +53,18 @@ fn assert_gpu_1_in_the_pods_user_namespace(written: &[&str], output: &Output) {
 /// Debian sid's containerd 2.1.9 with its runtimes on sid's runc, a network for pods of their
 /// own, the gpucheck image, nvhook's CDI spec in its CDI directory and nvhook-runtime as the
 /// RuntimeClass handler `nvidia`, for a simulated node of GPUS GPUs.
-struct UsernsNode {
-    node: SimNode,
-    cri: Cri,
-    containerd: Containerd,
-    image: String,
-    pods: Pods,
-    setup: Containerd2Cri,
-    dir: EngineDir,
-    plugin: Option<NriPlugin>,
-}
+type UsernsNode = CriNode;
 
-impl UsernsNode {
-    /// `nodes_at_dev`: the simulated node's device nodes are shown at their /dev paths to
-    /// the default runc, as a GPU host has them, for the ways in whose edits list the nodes
-    /// for runc to bind (CDI, NRI's cdi modes and mounts).
-    fn start(name: &str, nodes_at_dev: bool) -> UsernsNode {
-        require_root();
-        let node = SimNode::create(GPUS);
+/// `nodes_at_dev`: the simulated node's device nodes are shown at their /dev paths to the
+/// default runc, as a GPU host has them, for the ways in whose edits list the nodes for runc to
+/// bind (CDI, NRI's cdi modes and mounts).
+fn start(name: &str, nodes_at_dev: bool) -> UsernsNode {
+    CriNode::start(name, GPUS, &[], false, |_, node, setup| {
         let runc = sid_runtime_bin("runc");
         // nvhook-runtime execs sid's runc as it is: in a user namespace it leaves a node that
         // is not at its /dev path on the host (the simulated node's) to the hook, which binds
         // it from where it is.
         node.configure(&format!("runtimes = [{runc:?}]"));
-        let dir = EngineDir::new(name);
-        let mut setup = Containerd2Cri::under(dir.path());
         setup.runc = runc;
         // CDI and NRI's cdi and mounts modes list the nodes for runc, which binds them into a
         // user-namespaced pod from their /dev paths on the host, whatever the edits' host
@@ -94,106 +77,35 @@ impl UsernsNode {
         setup
             .handlers
             .push((HANDLER.into(), nvhook_runtime_bin().to_path_buf()));
-        std::fs::create_dir_all(&setup.cdi_spec_dirs[0]).expect("create the CDI spec dir");
-        node.generate_cdi_spec(&setup.cdi_spec_dirs[0].join("nvidia.yaml"));
-        let containerd = setup.start(dir.path(), &[("NVHOOK_CONFIG", &node.config())]);
-        let image = containerd.import_gpucheck_image(dir.path());
-        let cri = Cri::connect(containerd.socket());
-        let pods = Pods {
-            cgroups: CgroupParent::new(&format!("nvhook-{name}")),
-            logs: dir.path().join("pods"),
-        };
-        UsernsNode {
-            node,
-            cri,
-            containerd,
-            image,
-            pods,
-            setup,
-            dir,
-            plugin: None,
-        }
-    }
+    })
+}
 
-    /// Connects `nvhook nri` to containerd's NRI socket, in `mode`.
-    fn connect_nri_plugin(&mut self, mode: &str) {
-        self.node.configure(&format!("nri-mode = {mode:?}"));
-        let plugin = NriPlugin::start(&self.node.config(), &self.setup.nri.socket, self.dir.path());
-        plugin.wait_registered(&self.node.log_file(), 1, &self.containerd);
-        self.plugin = Some(plugin);
-    }
-
-    /// A `hostUsers: false` pod of gpucheck on `handler`, with `env` and `cdi_devices`.
-    fn run(&mut self, handler: &str, env: &[(&str, &str)], cdi_devices: &[&str]) -> Output {
-        let args = gpucheck();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let request = ContainerRequest {
-            image: &self.image,
-            args: &args,
-            env,
-            cdi_devices,
-            user_namespace: Some(PodUserNamespace {
-                host_id: HOST_ID,
-                size: IDS,
-            }),
-            ..Default::default()
-        };
-        self.pods.run_on(
-            handler,
-            &mut self.cri,
-            &self.containerd,
-            &self.node,
-            "userns",
-            request,
-        )
-    }
-
-    /// Stops containerd, which must stop on SIGTERM, and checks that nothing of the pods is
-    /// left on the host: no bridge, no mount of a driver file or under the engine's directory.
-    fn stop(self) {
-        let UsernsNode {
-            node,
-            cri,
-            mut containerd,
-            setup,
-            dir,
-            plugin,
-            ..
-        } = self;
-        drop(plugin);
-        drop(cri);
-        assert!(
-            containerd.shutdown(),
-            "containerd ignored SIGTERM:\n{}",
-            containerd.log()
-        );
-        let bridge = setup
-            .pod_network
-            .as_ref()
-            .map(|network| Path::new("/sys/class/net").join(network.bridge()));
-        drop(setup);
-        if let Some(bridge) = bridge {
-            assert!(
-                !bridge.exists(),
-                "the pods' bridge is left: {}",
-                bridge.display()
-            );
-        }
-        assert_no_mounts_left(dir.path(), node.root());
-    }
+/// A `hostUsers: false` pod of gpucheck on `handler`, with `env` and `cdi_devices`.
+fn run(node: &mut UsernsNode, handler: &str, env: &[(&str, &str)], cdi_devices: &[&str]) -> Output {
+    let request = ContainerRequest {
+        env,
+        cdi_devices,
+        user_namespace: Some(PodUserNamespace {
+            host_id: HOST_ID,
+            size: IDS,
+        }),
+        ..Default::default()
+    };
+    node.run_gpucheck(handler, "userns", &gpucheck(), request)
+        .output
 }
 
 /// RuntimeClass `nvidia` (nvhook-runtime, `runtime-mode = "hook"`) on sid's runc: the
 /// device plugin's env asks for GPU 1.
 #[test]
 fn a_host_users_false_pod_gets_its_gpu_through_nvhooks_runtime_class() {
-    let mut node = UsernsNode::start("userns-pod-rc", false);
+    let mut node = start("userns-pod-rc", false);
     let visible = GPU.to_string();
     let env = [
         ("NVIDIA_VISIBLE_DEVICES", visible.as_str()),
         ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
     ];
-    let output = node.run(HANDLER, &env, &[]);
+    let output = run(&mut node, HANDLER, &env, &[]);
     assert_gpu_1_in_the_pods_user_namespace(&WRITTEN_SEEN_INSIDE, &output);
     node.stop();
 }
@@ -203,23 +115,23 @@ fn a_host_users_false_pod_gets_its_gpu_through_nvhooks_runtime_class() {
 /// nodes, nvhook's createContainer hook writes the links and the loader cache.
 #[test]
 fn a_host_users_false_pod_gets_its_gpu_through_a_cdi_request() {
-    let mut node = UsernsNode::start("userns-pod-cdi", true);
+    let mut node = start("userns-pod-cdi", true);
     let device = format!("nvidia.com/gpu={GPU}");
-    let output = node.run(DEFAULT_HANDLER, &[], &[&device]);
+    let output = run(&mut node, DEFAULT_HANDLER, &[], &[&device]);
     assert_gpu_1_in_the_pods_user_namespace(&WRITTEN_SEEN_INSIDE, &output);
     node.stop();
 }
 
 /// The NRI plugin in `mode`, the device plugin's env asking for GPU 1, on the default handler.
 fn through_the_nri_plugin(mode: &str) -> (UsernsNode, Output) {
-    let mut node = UsernsNode::start(&format!("userns-pod-nri-{mode}"), mode != "hook");
+    let mut node = start(&format!("userns-pod-nri-{mode}"), mode != "hook");
     node.connect_nri_plugin(mode);
     let visible = GPU.to_string();
     let env = [
         ("NVIDIA_VISIBLE_DEVICES", visible.as_str()),
         ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
     ];
-    let output = node.run(DEFAULT_HANDLER, &env, &[]);
+    let output = run(&mut node, DEFAULT_HANDLER, &env, &[]);
     (node, output)
 }
 

@@ -25,6 +25,14 @@ pub fn require_program(name: &str) -> PathBuf {
         })
 }
 
+/// Writes the executable script `path` (a runtime's wrapper, say), mode 0755.
+pub fn write_script(path: &Path, script: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, script).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .unwrap_or_else(|e| panic!("make {} executable: {e}", path.display()));
+}
+
 /// Runs `cmd` to completion and panics with its full output if it fails.
 pub fn run_checked(cmd: &mut Command) -> Output {
     let output = cmd

@@ -11,10 +11,13 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::cmd::require_program;
-use super::cri::{ContainerRequest, Cri};
-use super::engines::{CgroupParent, Containerd, ContainerdBuild, PAUSE_IMAGE, unique_name};
-use super::{MountNs, Output, SimNode};
+use super::cmd::{require_program, write_script};
+use super::cri::{ContainerRequest, Cri, PodRun};
+use super::engines::{
+    CgroupParent, Containerd, ContainerdBuild, EngineDir, PAUSE_IMAGE, assert_no_mounts_left,
+    unique_name,
+};
+use super::{MountNs, Output, RuntimeEnv, SimNode};
 
 /// The CRI runtime handler of the default runtime (runc); `""` means the same.
 pub const DEFAULT_HANDLER: &str = "runc";
@@ -274,6 +277,14 @@ impl Containerd2Cri {
         containerd
     }
 
+    /// Writes `node`'s CDI spec (`nvhook cdi generate`) as `nvidia.yaml` in the first of
+    /// [`Containerd2Cri::cdi_spec_dirs`], which it creates.
+    pub fn write_cdi_spec(&self, node: &SimNode) {
+        let dir = &self.cdi_spec_dirs[0];
+        fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        node.generate_cdi_spec(&dir.join("nvidia.yaml"));
+    }
+
     /// The default handler's `BinaryName`: [`Containerd2Cri::runc`], or the wrapper that gives
     /// it [`Containerd2Cri::runc_dev`].
     fn runc_program(&self, dir: &Path) -> PathBuf {
@@ -289,7 +300,6 @@ impl Containerd2Cri {
 /// namespace is a slave of the host's, so the rootfs the shim mounts reaches it, and nothing
 /// of it reaches the host.
 fn write_runc_with_dev(wrapper: &Path, runc: &Path, dev: &Path) {
-    use std::os::unix::fs::PermissionsExt;
     let script = format!(
         "#!/bin/sh\n\
          # runc with {dev} under the host's /dev, written by nvhook's tests (containerd2.rs).\n\
@@ -302,9 +312,7 @@ fn write_runc_with_dev(wrapper: &Path, runc: &Path, dev: &Path) {
         unshare = require_program("unshare").display(),
         mount = require_program("mount").display(),
     );
-    fs::write(wrapper, script).unwrap_or_else(|e| panic!("write {}: {e}", wrapper.display()));
-    fs::set_permissions(wrapper, fs::Permissions::from_mode(0o755))
-        .unwrap_or_else(|e| panic!("make {} executable: {e}", wrapper.display()));
+    write_script(wrapper, &script);
 }
 
 /// Where the pods of a test run: their cgroup parent and logs.
@@ -314,6 +322,14 @@ pub struct Pods {
 }
 
 impl Pods {
+    /// Under a cgroup parent `nvhook-NAME-...` of its own, their logs in `DIR/pods`.
+    pub fn new(name: &str, dir: &Path) -> Pods {
+        Pods {
+            cgroups: CgroupParent::new(&format!("nvhook-{name}")),
+            logs: dir.join("pods"),
+        }
+    }
+
     /// Runs a pod of one container through the CRI on the default handler, its output
     /// carrying the node's and containerd's logs.
     pub fn run(
@@ -324,11 +340,15 @@ impl Pods {
         name: &str,
         request: ContainerRequest,
     ) -> Output {
-        self.run_on(DEFAULT_HANDLER, cri, containerd, node, name, request)
+        self.try_run_on(DEFAULT_HANDLER, cri, containerd, node, name, request)
+            .unwrap_or_else(|message| panic!("RunPodSandbox {name}: {message}"))
+            .output
     }
 
-    /// [`Pods::run`] on the runtime handler `handler` (a RuntimeClass's).
-    pub fn run_on(
+    /// [`Pods::run`] on the runtime handler `handler` (a RuntimeClass's), with the container's
+    /// id and the CRI calls' times; RunPodSandbox's error returned, for a test whose runtime
+    /// is to refuse the pod itself.
+    pub fn try_run_on(
         &self,
         handler: &str,
         cri: &mut Cri,
@@ -336,22 +356,27 @@ impl Pods {
         node: &SimNode,
         name: &str,
         request: ContainerRequest,
-    ) -> Output {
-        let mut output = cri
-            .run_pod(
-                &unique_name(name),
-                handler,
-                &self.cgroups.path(),
-                &self.logs,
-                &request,
-            )
-            .output;
-        output.hook_log = Some(format!(
+    ) -> Result<PodRun, String> {
+        let mut run = cri.try_run_pod(
+            &unique_name(name),
+            handler,
+            &self.cgroups.path(),
+            &self.logs,
+            &request,
+        )?;
+        run.output.hook_log = Some(format!(
             "{}\n(containerd log)\n{}",
             node.log(),
             containerd.log()
         ));
-        output
+        Ok(run)
+    }
+
+    /// The pods' cgroup parent in a cgroup v2 hierarchy at /sys/fs/cgroup, where containerd's
+    /// CRI (cgroupfs driver) has the runtime make each container's and sandbox's cgroup, named
+    /// by its id: `/sys/fs/cgroup/PARENT`.
+    pub fn cgroup_parent_dir(&self) -> PathBuf {
+        Path::new("/sys/fs/cgroup").join(&self.cgroups.path()[1..])
     }
 }
 
@@ -422,4 +447,263 @@ impl Drop for NriPlugin {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A containerd 2 node (sid's) for a test's pods, with the gpucheck image imported, nvhook's
+/// CDI spec in containerd's spec directory, the node's config given to containerd's children
+/// as NVHOOK_CONFIG, and the NRI plugin connected on demand. With `cgroup2`, [`CriNode::start`]
+/// runs containerd in a mount namespace of the test's with the cgroup2 hierarchy at /sys/fs/cgroup
+/// (this machine's own layout is hybrid, its controllers bound to v1), so that the daemon, its
+/// shims, the runtimes and nvhook's hooks see cgroup v2 alone and the pods' cgroup parent is a
+/// path of that hierarchy; the CRI client and the NRI plugin stay on the host either way,
+/// talking to containerd's sockets under the test's directory.
+pub struct CriNode {
+    pub node: SimNode,
+    pub cri: Cri,
+    pub containerd: Containerd,
+    pub image: String,
+    pub pods: Pods,
+    pub setup: Containerd2Cri,
+    plugin: Option<NriPlugin>,
+    /// The namespace outlives containerd (dropped after it) and the directory outlives both.
+    pub ns: Option<MountNs>,
+    pub dir: EngineDir,
+}
+
+impl CriNode {
+    /// Starts a node of `gpus` simulated GPUs (made with `simnode_flags`), its pods under a
+    /// cgroup parent `nvhook-NAME-...`, containerd on the host's mounts, or with `cgroup2` in a
+    /// mount namespace of cgroup v2 alone; `configure` picks the runtimes (it may write
+    /// wrappers into the engine's directory, its first argument) and the pods' network before
+    /// containerd starts. Panics unless run as root.
+    pub fn start(
+        name: &str,
+        gpus: u32,
+        simnode_flags: &[&str],
+        cgroup2: bool,
+        configure: impl FnOnce(&Path, &SimNode, &mut Containerd2Cri),
+    ) -> CriNode {
+        super::require_root();
+        let node = SimNode::create_with(gpus, simnode_flags);
+        let ns = cgroup2.then(|| MountNs::new(RuntimeEnv::CgroupV2));
+        if let Some(ns) = &ns {
+            assert_ns_has_pure_cgroup_v2(ns);
+        }
+        let dir = EngineDir::new(name);
+        let mut setup = Containerd2Cri::under(dir.path());
+        configure(dir.path(), &node, &mut setup);
+        setup.write_cdi_spec(&node);
+        let config = node.config();
+        let env = [("NVHOOK_CONFIG", config.as_path())];
+        let containerd = match &ns {
+            Some(ns) => setup.start_in(ns, dir.path(), &env),
+            None => setup.start(dir.path(), &env),
+        };
+        let image = containerd.import_gpucheck_image(dir.path());
+        CriNode {
+            cri: Cri::connect(containerd.socket()),
+            pods: Pods::new(name, dir.path()),
+            node,
+            containerd,
+            image,
+            setup,
+            plugin: None,
+            ns,
+            dir,
+        }
+    }
+
+    /// Connects `nvhook nri` (on the host) to containerd's NRI socket, in `mode`.
+    pub fn connect_nri_plugin(&mut self, mode: &str) {
+        self.node.configure(&format!("nri-mode = {mode:?}"));
+        let plugin = NriPlugin::start(&self.node.config(), &self.setup.nri.socket, self.dir.path());
+        plugin.wait_registered(&self.node.log_file(), 1, &self.containerd);
+        self.plugin = Some(plugin);
+    }
+
+    /// A pod of one container on `handler`, the gpucheck image running `args`, the rest as
+    /// `request` says (its image and args are set here); its output carries the node's and
+    /// containerd's logs. Panics when RunPodSandbox fails.
+    pub fn run_gpucheck(
+        &mut self,
+        handler: &str,
+        name: &str,
+        args: &[String],
+        request: ContainerRequest,
+    ) -> PodRun {
+        self.try_run_gpucheck(handler, name, args, request)
+            .unwrap_or_else(|message| panic!("RunPodSandbox {name} ({handler}): {message}"))
+    }
+
+    /// RunPodSandbox's error for a pod of [`CriNode::run_gpucheck`] whose sandbox the runtime is
+    /// to refuse; panics with `if_it_ran` and the pod's output when it ran.
+    pub fn sandbox_refusal(
+        &mut self,
+        handler: &str,
+        args: &[String],
+        request: ContainerRequest,
+        if_it_ran: &str,
+    ) -> String {
+        match self.try_run_gpucheck(handler, "refused", args, request) {
+            Err(message) => message,
+            Ok(run) => panic!("{if_it_ran}\n{}", run.output),
+        }
+    }
+
+    fn try_run_gpucheck(
+        &mut self,
+        handler: &str,
+        name: &str,
+        args: &[String],
+        request: ContainerRequest,
+    ) -> Result<PodRun, String> {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let image = self.image.clone();
+        let request = ContainerRequest {
+            image: &image,
+            args: &args,
+            ..request
+        };
+        self.pods.try_run_on(
+            handler,
+            &mut self.cri,
+            &self.containerd,
+            &self.node,
+            name,
+            request,
+        )
+    }
+
+    /// The cgroup v2 namespace containerd runs in. Panics for a node started on the host's
+    /// mounts.
+    pub fn cgroup2_ns(&self) -> &MountNs {
+        self.ns.as_ref().expect("a node started with cgroup2")
+    }
+
+    /// The controllers of the namespace's cgroup2 root (`cgroup.controllers`).
+    pub fn controllers(&self) -> Vec<String> {
+        let path = self
+            .cgroup2_ns()
+            .inside(Path::new("/sys/fs/cgroup/cgroup.controllers"));
+        fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Stops the plugin and containerd, which must stop on SIGTERM, and checks that nothing of
+    /// the pods is left: no pod network's bridge, no mount of a driver file or under the
+    /// engine's directory on the host, and in a cgroup v2 namespace no such mount there, no
+    /// process in a pod cgroup, and no pod cgroup once the test's cgroup parent is removed.
+    pub fn stop(self) {
+        let CriNode {
+            node,
+            cri,
+            containerd,
+            pods,
+            setup,
+            plugin,
+            ns,
+            dir,
+            ..
+        } = self;
+        stop_engine(plugin, cri, containerd);
+        let bridge = setup
+            .pod_network
+            .as_ref()
+            .map(|network| Path::new("/sys/class/net").join(network.bridge()));
+        drop(setup);
+        if let Some(bridge) = bridge {
+            assert!(
+                !bridge.exists(),
+                "the pods' bridge is left: {}",
+                bridge.display()
+            );
+        }
+        assert_no_mounts_left(dir.path(), node.root());
+        let Some(ns) = ns else { return };
+        let needles = [
+            dir.path().display().to_string(),
+            node.root().display().to_string(),
+        ];
+        let leaked: Vec<String> = ns
+            .table()
+            .into_iter()
+            .filter(|l| needles.iter().any(|n| l.contains(n.as_str())))
+            .collect();
+        assert!(
+            leaked.is_empty(),
+            "mounts left in containerd's namespace: {leaked:#?}"
+        );
+        // A runtime may leave the cgroup of a sandbox it refused (empty); the parent goes with it.
+        let parent = ns.inside(&pods.cgroup_parent_dir());
+        for cgroup in fs::read_dir(&parent).into_iter().flatten().flatten() {
+            let procs = cgroup.path().join("cgroup.procs");
+            if let Ok(procs) = fs::read_to_string(&procs) {
+                assert!(
+                    procs.trim().is_empty(),
+                    "processes left in {}: {procs}",
+                    cgroup.path().display()
+                );
+            }
+        }
+        drop(pods);
+        assert!(
+            !parent.exists(),
+            "the pods' cgroup parent is left: {}",
+            parent.display()
+        );
+    }
+}
+
+/// Ends a test's engine in order: the NRI plugin, the CRI client, then containerd, which must
+/// stop on SIGTERM.
+pub fn stop_engine(plugin: impl Into<Option<NriPlugin>>, cri: Cri, mut containerd: Containerd) {
+    drop(plugin.into());
+    drop(cri);
+    assert!(
+        containerd.shutdown(),
+        "containerd ignored SIGTERM:\n{}",
+        containerd.log()
+    );
+}
+
+/// The namespace's /sys/fs/cgroup is cgroup2 and nothing else.
+#[track_caller]
+fn assert_ns_has_pure_cgroup_v2(ns: &MountNs) {
+    let cgroup_mounts: Vec<String> = ns
+        .table()
+        .into_iter()
+        .filter(|l| {
+            l.split(' ')
+                .nth(4)
+                .is_some_and(|p| p.starts_with("/sys/fs/cgroup"))
+        })
+        .collect();
+    let top = cgroup_mounts
+        .iter()
+        .rev()
+        .find(|l| l.split(' ').nth(4) == Some("/sys/fs/cgroup"))
+        .unwrap_or_else(|| panic!("no mount at /sys/fs/cgroup: {cgroup_mounts:#?}"));
+    assert!(
+        top.contains(" - cgroup2 "),
+        "/sys/fs/cgroup is not cgroup2 in the namespace: {top}"
+    );
+}
+
+/// What `nri-mode = "cdi-devices"` leaves in nvhook's `log`: the plugin named the GPU for the
+/// engine to inject from nvhook's CDI spec (an adjustment with no device node and no mount), and
+/// the spec's createContainer hook ran, no prestart hook.
+#[track_caller]
+pub fn assert_injected_from_the_cdi_spec(log: &str) {
+    assert!(
+        log.lines()
+            .any(|l| l.contains("NRI: GPU container adjusted")
+                && l.contains("devices=0")
+                && l.contains("mounts=0")),
+        "{log}"
+    );
+    assert!(log.contains("stage=CreateContainer"), "{log}");
+    assert!(!log.contains("stage=Prestart"), "{log}");
 }

@@ -77,6 +77,8 @@ pub struct PodRun {
     pub sandbox: Duration,
     /// CreateContainer + StartContainer: the runtime's share of a pod start.
     pub container_start: Duration,
+    /// The container's id, as CreateContainer answered it; None when the engine refused it.
+    pub container_id: Option<String>,
 }
 
 impl Cri {
@@ -203,6 +205,7 @@ impl Cri {
                     output: output(1, String::new(), message),
                     sandbox,
                     container_start: started.elapsed(),
+                    container_id: None,
                 });
             }
         };
@@ -220,6 +223,7 @@ impl Cri {
                 output: output(1, String::new(), message),
                 sandbox,
                 container_start: started.elapsed(),
+                container_id: Some(container_id),
             });
         }
         let container_start = started.elapsed();
@@ -230,12 +234,15 @@ impl Cri {
             pod.cri
                 .runtime
                 .clone()
-                .remove_container(RemoveContainerRequest { container_id }),
+                .remove_container(RemoveContainerRequest {
+                    container_id: container_id.clone(),
+                }),
         );
         Ok(PodRun {
             output: output(exit_code, stdout, stderr),
             sandbox,
             container_start,
+            container_id: Some(container_id),
         })
     }
 
