@@ -26,6 +26,9 @@ enum Layer {
     NvhookHook,
     /// The same hook run through the bench's timer, for its wall time as runc runs it.
     TimedNvhookHook,
+    /// The nodes and nvhook's hook of a spec written with `cdi-mounts = "hook"`: no mount for
+    /// runc, the hook makes them.
+    HookMakesMounts,
     PrestartHook,
 }
 
@@ -57,6 +60,15 @@ pub fn run(rounds: usize) {
     };
     let (nodes, mounts, hooks) = (list("deviceNodes"), list("mounts"), list("hooks"));
     assert_eq!(hooks.len(), 1, "nvhook's spec has one hook: {hooks:?}");
+    // The same device from a spec whose hook makes the mounts.
+    node.set("cdi-mounts", "\"hook\"");
+    let hook_spec_path = work.path().join("nvidia-hook-mounts.json");
+    node.generate_cdi_spec(&hook_spec_path);
+    let hook_spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(&hook_spec_path).expect("read the spec"))
+            .expect("the spec is JSON");
+    assert!(hook_spec["containerEdits"]["mounts"].is_null());
+    let mounting_hook = hook_spec["containerEdits"]["hooks"][0].clone();
     let variant = |label: String, layer| Variant {
         label,
         layer,
@@ -85,6 +97,13 @@ pub fn run(rounds: usize) {
             Layer::TimedNvhookHook,
         ),
         variant(
+            format!(
+                "the GPU's nodes and nvhook's createContainer hook making the {} mounts itself (`cdi-mounts = \"hook\"`)",
+                mounts.len()
+            ),
+            Layer::HookMakesMounts,
+        ),
+        variant(
             "nvhook's prestart hook instead, every capability (nodes and mounts by nvhook)".into(),
             Layer::PrestartHook,
         ),
@@ -95,12 +114,24 @@ pub fn run(rounds: usize) {
         for i in 0..n {
             let v = &mut variants[(round + i) % n];
             let mut bundle = Bundle::new_in(work.path(), glibc_image(), &["/gpucheck"]);
-            if v.layer == Layer::PrestartHook {
-                bundle.env(&format!("NVIDIA_VISIBLE_DEVICES={GPU}"));
-                bundle.env("NVIDIA_DRIVER_CAPABILITIES=all");
-                bundle.prestart_hook(&node);
-            } else {
-                inject(&mut bundle, v.layer, &nodes, &mounts, &hooks[0], &record);
+            match v.layer {
+                Layer::PrestartHook => {
+                    bundle.env(&format!("NVIDIA_VISIBLE_DEVICES={GPU}"));
+                    bundle.env("NVIDIA_DRIVER_CAPABILITIES=all");
+                    bundle.prestart_hook(&node);
+                }
+                Layer::HookMakesMounts => {
+                    inject(
+                        &mut bundle,
+                        Layer::Nodes,
+                        &nodes,
+                        &[],
+                        &mounting_hook,
+                        &record,
+                    );
+                    bundle.raw_hook("createContainer", hook_entry(&mounting_hook));
+                }
+                layer => inject(&mut bundle, layer, &nodes, &mounts, &hooks[0], &record),
             }
             let started = std::time::Instant::now();
             let output = run_container(&bundle, RuntimeEnv::CgroupV1);
@@ -201,9 +232,7 @@ fn inject(
             );
         }
         Layer::NvhookHook => {
-            let mut entry = hook.clone();
-            entry.as_object_mut().expect("a hook").remove("hookName");
-            bundle.raw_hook("createContainer", entry);
+            bundle.raw_hook("createContainer", hook_entry(hook));
         }
         Layer::TimedNvhookHook => {
             let bench = std::env::current_exe().expect("locate the bench binary");
@@ -221,4 +250,11 @@ fn inject(
         }
         _ => {}
     }
+}
+
+/// A CDI hook as an OCI hook entry.
+fn hook_entry(hook: &Value) -> Value {
+    let mut entry = hook.clone();
+    entry.as_object_mut().expect("a hook").remove("hookName");
+    entry
 }

@@ -22,6 +22,9 @@ pub const HOOK_ENV: &[&str] = &["PATH=/usr/sbin:/usr/bin:/sbin:/bin"];
 pub struct HookBinary {
     pub path: PathBuf,
     pub config: Option<PathBuf>,
+    /// Whether its createContainer hook makes the driver files' bind mounts
+    /// (`cdi-mounts = "hook"`) instead of the runtime.
+    pub makes_mounts: bool,
 }
 
 impl HookBinary {
@@ -34,6 +37,7 @@ impl HookBinary {
                 .unwrap_or_else(crate::binary_paths::this_nvhook),
             // The hook runs with `/` as its working directory.
             config: config_path.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.into())),
+            makes_mounts: config.cdi_mounts == crate::config::CdiMounts::Hook,
         }
     }
 
@@ -61,14 +65,22 @@ pub fn container_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
     container_edits_with(plan, hook, LinkArgs::from_plan(plan))
 }
 
-/// [`container_edits`] whose createContainer hook does what `links` say.
-pub fn container_edits_with(plan: &Plan, hook: &HookBinary, links: LinkArgs) -> ContainerEdits {
+/// [`container_edits`] whose createContainer hook does what `links` say, and makes the plan's
+/// mounts where `hook` says it does.
+pub fn container_edits_with(plan: &Plan, hook: &HookBinary, mut links: LinkArgs) -> ContainerEdits {
+    let mounts = match hook.makes_mounts {
+        true => {
+            links.mounts = plan.mounts.clone();
+            Vec::new()
+        }
+        false => mounts(plan),
+    };
     ContainerEdits {
         // The devices are in: no hook that reads this variable (nvhook's own from hooks.d,
         // NVIDIA's legacy one) may act on the container again.
         env: vec![format!("{VISIBLE_DEVICES}=void")],
         device_nodes: device_nodes(plan),
-        mounts: mounts(plan),
+        mounts,
         // The createContainer hook also sets the GPU memory limits the container asks for.
         hooks: (!links.is_empty())
             .then(|| hook.hook("createContainer", links.to_args()))
@@ -248,6 +260,7 @@ mod tests {
             DeviceId::Index(2),
         ]));
         let hook = HookBinary {
+            makes_mounts: false,
             path: "/usr/bin/nvhook".into(),
             config: None,
         };
@@ -286,6 +299,7 @@ mod tests {
         let req = request(DeviceSelection::List(vec![DeviceId::Index(1)]));
         let plan = build(&req, &standard(), "/node", image).unwrap();
         let hook = HookBinary {
+            makes_mounts: false,
             path: "/usr/bin/nvhook".into(),
             config: Some("/etc/nvhook/config.toml".into()),
         };
@@ -337,6 +351,31 @@ mod tests {
         );
     }
 
+    /// `cdi-mounts = "hook"`: the edits keep the nodes and leave every mount of the plan to the
+    /// createContainer hook, whose arguments name each with its kind.
+    #[test]
+    fn with_mounts_by_the_hook_the_edits_list_none_and_the_hook_has_them_all() {
+        let req = request(DeviceSelection::List(vec![DeviceId::Index(1)]));
+        let plan = build(&req, &standard(), "/node", ImageInfo::default()).unwrap();
+        assert!(!plan.mounts.is_empty());
+        let hook = HookBinary {
+            makes_mounts: true,
+            path: "/usr/bin/nvhook".into(),
+            config: None,
+        };
+        let edits = container_edits(&plan, &hook);
+        assert!(edits.mounts.is_empty());
+        assert_eq!(edits.device_nodes.len(), plan.devices.len());
+        let [h] = edits.hooks.as_slice() else {
+            panic!("one hook expected: {:?}", edits.hooks)
+        };
+        let args = LinkArgs::parse(&h.args[3..]).unwrap();
+        assert_eq!(args.mounts, plan.mounts);
+        assert_eq!(args.symlinks, plan.symlinks);
+        let at = h.args.iter().position(|a| a == "--bind-file").unwrap();
+        assert!(h.args[at + 1].starts_with("/drv/") && h.args[at + 2].starts_with('/'));
+    }
+
     #[test]
     fn no_hook_when_there_is_nothing_to_link() {
         let mut inventory = standard();
@@ -355,6 +394,7 @@ mod tests {
         plan.ld_so_confs.clear();
         plan.proc_overlay = None;
         let hook = HookBinary {
+            makes_mounts: false,
             path: "/usr/bin/nvhook".into(),
             config: None,
         };

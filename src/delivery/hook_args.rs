@@ -6,7 +6,7 @@
 
 use super::cdi_spec::ContainerEdits;
 use crate::inventory::gpu_layout::GpuLayout;
-use crate::plan::{CacheEntry, LdSoConf, Plan, ProcOverlay, Symlink, compat};
+use crate::plan::{CacheEntry, LdSoConf, Mount, MountKind, Plan, ProcOverlay, Symlink, compat};
 use nvhook_ldcache::ElfClass;
 
 /// NVIDIA's `enable-cuda-compat` hook's input: the host versions its spec was written for, and
@@ -21,6 +21,8 @@ pub struct CompatHook {
 /// The part of a plan the hook applies.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LinkArgs {
+    /// The driver files' bind mounts, where the hook makes them (`cdi-mounts = "hook"`).
+    pub mounts: Vec<Mount>,
     pub symlinks: Vec<Symlink>,
     pub ldcache: Vec<CacheEntry>,
     pub ld_so_confs: Vec<LdSoConf>,
@@ -59,7 +61,7 @@ pub struct LibFolder {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
-    "bad createContainer hook argument {0:?} (expected --link PATH=TARGET, --lib64 PATH[=SONAME], --lib32 PATH[=SONAME], --ld-so-conf FILE, --ld-so-dir DIR, --cuda-compat-host VERSION, --proc-driver DIR, --proc-gpu BUS-ID, --gpu-layout STAMP; regenerate the CDI spec with this nvhook)"
+    "bad createContainer hook argument {0:?} (expected --bind-file|--bind-dir|--bind-socket HOST-PATH PATH, --link PATH=TARGET, --lib64 PATH[=SONAME], --lib32 PATH[=SONAME], --ld-so-conf FILE, --ld-so-dir DIR, --cuda-compat-host VERSION, --proc-driver DIR, --proc-gpu BUS-ID, --gpu-layout STAMP; regenerate the CDI spec with this nvhook)"
 )]
 pub struct BadHookArg(pub String);
 
@@ -86,7 +88,8 @@ impl LinkArgs {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.symlinks.is_empty()
+        self.mounts.is_empty()
+            && self.symlinks.is_empty()
             && self.ldcache.is_empty()
             && self.ld_so_confs.is_empty()
             && self.proc_view.is_none()
@@ -98,6 +101,11 @@ impl LinkArgs {
 
     pub fn to_args(&self) -> Vec<String> {
         let mut out = Vec::new();
+        for mount in &self.mounts {
+            out.push(bind_flag(mount.kind).into());
+            out.push(mount.source.display().to_string());
+            out.push(mount.destination.clone());
+        }
         for link in &self.symlinks {
             out.push("--link".into());
             out.push(format!("{}={}", link.path, link.target));
@@ -175,6 +183,18 @@ impl LinkArgs {
                 continue;
             }
             let value = it.next().filter(|v| v.starts_with('/')).ok_or_else(bad)?;
+            if let Some(kind) = [MountKind::File, MountKind::Dir, MountKind::Socket]
+                .into_iter()
+                .find(|k| bind_flag(*k) == flag)
+            {
+                let destination = it.next().filter(|d| d.starts_with('/')).ok_or_else(bad)?;
+                out.mounts.push(Mount {
+                    source: value.into(),
+                    destination: destination.clone(),
+                    kind,
+                });
+                continue;
+            }
             match flag.as_str() {
                 "--link" => {
                     let (path, target) = value.split_once('=').ok_or_else(bad)?;
@@ -227,6 +247,15 @@ impl LinkArgs {
     }
 }
 
+/// The flag of a bind mount of `kind`'s in the hook's arguments.
+fn bind_flag(kind: MountKind) -> &'static str {
+    match kind {
+        MountKind::File => "--bind-file",
+        MountKind::Dir => "--bind-dir",
+        MountKind::Socket => "--bind-socket",
+    }
+}
+
 /// The GPU layout stamp the createContainer hook of `edits` checks, if it has one (a spec
 /// nvhook wrote).
 pub fn gpu_layout_of(edits: &ContainerEdits) -> Option<&str> {
@@ -247,6 +276,23 @@ mod tests {
     #[test]
     fn arguments_round_trip() {
         let args = LinkArgs {
+            mounts: vec![
+                Mount {
+                    source: "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15".into(),
+                    destination: "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15".into(),
+                    kind: MountKind::File,
+                },
+                Mount {
+                    source: "/lib/firmware/nvidia/550.54.15".into(),
+                    destination: "/lib/firmware/nvidia/550.54.15".into(),
+                    kind: MountKind::Dir,
+                },
+                Mount {
+                    source: "/run/nvidia-persistenced/socket".into(),
+                    destination: "/run/nvidia-persistenced/socket".into(),
+                    kind: MountKind::Socket,
+                },
+            ],
             symlinks: vec![Symlink {
                 path: "/usr/lib/x86_64-linux-gnu/libcuda.so.1".into(),
                 target: "libcuda.so.550.54.15".into(),
@@ -299,6 +345,13 @@ mod tests {
             &["--lib64", "/usr/lib/libcuda.so.1="],
             &["--lib64", "/usr/lib/libcuda.so.1=a/b"],
             &["--frobnicate", "/x"],
+            &["--bind-file", "/usr/lib/libcuda.so.1"],
+            &[
+                "--bind-file",
+                "/usr/lib/libcuda.so.1",
+                "usr/lib/libcuda.so.1",
+            ],
+            &["--bind-dir", "lib/firmware", "/lib/firmware"],
             &["--ld-so-dir", "/usr/lib"],
             &["--ld-so-conf", "/a", "--ld-so-conf", "/a"],
             &["--cuda-compat-host", "/550.54.15"],

@@ -80,6 +80,27 @@ pub fn shares_our_mount_ns(pid: i32) -> Result<bool, std::io::Error> {
     Ok(theirs.dev() == ours.dev() && theirs.ino() == ours.ino())
 }
 
+/// Whether pid 1 of this `/proc` sees the very mount this process has as its root. Before
+/// pivot_root, /proc is still the runtime's, and its pid 1 is in the runtime's mount
+/// namespace: a namespace made for the container copies every mount under new ids. (Its
+/// `ns/mnt` link would say the same but needs ptrace access to pid 1, which a hook in the
+/// container's PID namespace lacks; mountinfo does not.)
+pub fn init_shares_our_root_mount() -> Result<bool, std::io::Error> {
+    let root_id = |mountinfo: &str| {
+        mountinfo
+            .lines()
+            .find(|l| l.split(' ').nth(4) == Some("/"))
+            .and_then(|l| l.split(' ').next())
+            .map(str::to_owned)
+    };
+    let ours = root_id(&std::fs::read_to_string("/proc/self/mountinfo")?);
+    let init = std::fs::read_to_string("/proc/1/mountinfo")?;
+    Ok(ours.is_some_and(|id| {
+        init.lines()
+            .any(|l| l.split(' ').next() == Some(id.as_str()))
+    }))
+}
+
 /// [`classify`] for the process `pid`, from the host's `/proc`.
 pub fn read(pid: i32, rootfs: &Path) -> Result<ContainerMounts, std::io::Error> {
     let container = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;

@@ -8,18 +8,37 @@
 //! cannot point at a per-container plan file, and arguments show in the spec for review.
 
 use super::nvidia_hooks;
-use super::{HookError, procfs, userns};
+use super::{HookError, container_mounts, effects, procfs, userns};
 use crate::config::{Config, CudaCompatMode};
 use crate::delivery::PrepareError;
 use crate::delivery::hook_args::{LibFolder, LinkArgs};
 use crate::inventory::gpu_layout::GpuLayout;
 use crate::oci::{OciError, Spec, State};
-use crate::plan::{CacheEntry, Symlink, compat};
+use crate::plan::{CacheEntry, Mount, Symlink, compat};
 use crate::proc_view;
 use crate::request::CUDA_VERSION;
 use crate::rootfs::{Rootfs, RootfsError, loader};
 use nvhook_ldcache::Arch;
 use std::path::Path;
+
+/// The driver files' bind mounts a spec leaves to this hook (`cdi-mounts = "hook"`): every
+/// source opened as a detached read-only tree, then each attached at its target inside the
+/// rootfs. Only in the container's own mount namespace, where the OCI spec runs this hook:
+/// a runtime that ran it in its own would get the mounts on its side.
+fn mount_driver_files(rootfs: &Rootfs, mounts: &[Mount]) -> Result<(), HookError> {
+    if container_mounts::init_shares_our_root_mount().map_err(HookError::OwnMountNamespace)? {
+        return Err(HookError::HostMountNamespace);
+    }
+    let sources = mounts
+        .iter()
+        .map(effects::open_source)
+        .collect::<Result<Vec<_>, _>>()?;
+    for (mount, source) in mounts.iter().zip(&sources) {
+        effects::attach_in(rootfs, source, mount)?;
+    }
+    tracing::info!(mounts = mounts.len(), "driver files mounted");
+    Ok(())
+}
 
 /// Applies `args` to the rootfs of the container `state` describes; `cwd` is the directory
 /// the runtime started the hook in.
@@ -45,6 +64,9 @@ pub fn create_container(
     }
     let mounts = spec.as_ref().map(Spec::mount_points).unwrap_or_default();
     let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&mounts);
+    if !args.mounts.is_empty() {
+        mount_driver_files(&rootfs, &args.mounts)?;
+    }
     // Which images have a glibc cache is only known now: a static spec serves them all.
     let has_cache = rootfs.probe().has_ldcache || args.makes_cache;
     let mut args = args.clone();

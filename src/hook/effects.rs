@@ -85,32 +85,8 @@ impl HostEffects for System {
         Ok(())
     }
 
-    /// A detached, read-only, nosuid, nodev tree, checked to be the kind of file the plan
-    /// expects.
     fn open_source(&mut self, mount: &Mount) -> Result<OwnedFd, HookError> {
-        let fail = |source| HookError::Source {
-            path: mount.source.clone(),
-            source,
-        };
-        let tree = sys::clone_tree(&mount.source, mount.kind == MountKind::Dir).map_err(fail)?;
-        let st = sys::fstat(tree.as_fd()).map_err(fail)?;
-        let (want, kind) = match mount.kind {
-            MountKind::File => (libc::S_IFREG, "regular file"),
-            MountKind::Socket => (libc::S_IFSOCK, "socket"),
-            MountKind::Dir => (libc::S_IFDIR, "directory"),
-        };
-        if sys::file_type(&st) != want {
-            return Err(HookError::SourceKind {
-                path: mount.source.clone(),
-                kind,
-            });
-        }
-        sys::set_attrs(
-            tree.as_fd(),
-            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
-        )
-        .map_err(fail)?;
-        Ok(tree)
+        open_source(mount)
     }
 
     /// In a user namespace of its own, the host's node as a detached bind mount (nosuid, and
@@ -183,12 +159,7 @@ impl ContainerEffects for SystemInside {
     }
 
     fn attach(&mut self, source: &OwnedFd, mount: &Mount) -> Result<(), HookError> {
-        let (target, existing) = self.rootfs.mount_target(&mount.destination, mount.kind)?;
-        attach(source, &target, &mount.destination)?;
-        if existing == Existing::Replaced {
-            tracing::info!(path = %mount.destination, "covered the image's own file with the host's");
-        }
-        Ok(())
+        attach_in(&self.rootfs, source, mount)
     }
 
     fn link_and_cache(&mut self, plan: &Plan) -> Result<(), HookError> {
@@ -209,6 +180,45 @@ impl ContainerEffects for SystemInside {
             None => Ok(false),
         }
     }
+}
+
+/// `mount`'s source as a detached, read-only, nosuid, nodev tree, checked to be the kind of
+/// file the plan expects.
+pub fn open_source(mount: &Mount) -> Result<OwnedFd, HookError> {
+    let fail = |source| HookError::Source {
+        path: mount.source.clone(),
+        source,
+    };
+    let tree = sys::clone_tree(&mount.source, mount.kind == MountKind::Dir).map_err(fail)?;
+    let st = sys::fstat(tree.as_fd()).map_err(fail)?;
+    let (want, kind) = match mount.kind {
+        MountKind::File => (libc::S_IFREG, "regular file"),
+        MountKind::Socket => (libc::S_IFSOCK, "socket"),
+        MountKind::Dir => (libc::S_IFDIR, "directory"),
+    };
+    if sys::file_type(&st) != want {
+        return Err(HookError::SourceKind {
+            path: mount.source.clone(),
+            kind,
+        });
+    }
+    sys::set_attrs(
+        tree.as_fd(),
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+    )
+    .map_err(fail)?;
+    Ok(tree)
+}
+
+/// Attaches `source` (from [`open_source`]) at `mount`'s destination, resolved inside
+/// `rootfs`, from a process in the container's mount namespace.
+pub fn attach_in(rootfs: &Rootfs, source: &OwnedFd, mount: &Mount) -> Result<(), HookError> {
+    let (target, existing) = rootfs.mount_target(&mount.destination, mount.kind)?;
+    attach(source, &target, &mount.destination)?;
+    if existing == Existing::Replaced {
+        tracing::info!(path = %mount.destination, "covered the image's own file with the host's");
+    }
+    Ok(())
 }
 
 fn attach(source: &OwnedFd, target: &OwnedFd, path: &str) -> Result<(), RootfsError> {

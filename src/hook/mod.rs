@@ -61,6 +61,12 @@ pub enum HookError {
         "the CDI spec that gave this container its GPUs was written for another GPU layout of this host (GPU layout {written_for}, now {now}: GPUs or MIG instances changed since): run `nvhook cdi refresh` (or `nvhook cdi generate` for a spec kept elsewhere) and start the container again"
     )]
     StaleCdiSpec { written_for: String, now: String },
+    #[error(
+        "the runtime ran nvhook's createContainer hook in its own mount namespace, not the container's, so the hook cannot make the driver files' mounts there: use a runtime that follows the OCI spec for createContainer hooks (runc, crun), or set cdi-mounts = \"runtime\" in the nvhook config and regenerate the CDI spec"
+    )]
+    HostMountNamespace,
+    #[error("cannot read this process's mount namespace: {0}")]
+    OwnMountNamespace(#[source] std::io::Error),
     #[error("cannot act as the container's root (host uid {uid}, gid {gid}): {source}")]
     ActAsRoot {
         uid: u32,

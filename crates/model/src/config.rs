@@ -53,6 +53,9 @@ pub struct Config {
     pub hook_path: Option<PathBuf>,
     /// How nvhook-runtime gives a container its GPUs.
     pub runtime_mode: RuntimeMode,
+    /// Who makes the driver files' bind mounts of the CDI-style edits nvhook writes (its
+    /// specs, DRA claims' specs, nvhook-runtime's and the NRI plugin's cdi modes).
+    pub cdi_mounts: CdiMounts,
     /// The device families a GPU container gets when its variable (NVIDIA_NVSWITCH,
     /// NVIDIA_GDS, NVIDIA_MOFED, NVIDIA_GDRCOPY) is unset or empty; those the host has.
     pub device_families: Vec<Family>,
@@ -143,6 +146,18 @@ pub enum RuntimeMode {
     Cdi,
 }
 
+/// `runtime`: the edits list each driver file's bind mount for the engine's runtime to make,
+/// as NVIDIA's specs do. `hook`: they keep the device nodes and nvhook's createContainer hook,
+/// which makes those mounts itself in the container's mount namespace (a detached read-only
+/// tree each, attached onto its target): runc makes each bind mount with several calls and
+/// path walks of its own, the larger part of a CDI start's cost (docs/performance.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CdiMounts {
+    Runtime,
+    Hook,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
@@ -172,6 +187,7 @@ impl Default for Config {
             runtimes: nvhook_runtime::DEFAULT_RUNTIMES.map(String::from).to_vec(),
             hook_path: None,
             runtime_mode: RuntimeMode::Hook,
+            cdi_mounts: CdiMounts::Runtime,
             cuda_compat: CudaCompatMode::Auto,
             device_families: Vec::new(),
             nri_annotation_namespaces: Vec::new(),
