@@ -6,7 +6,8 @@
 //! 1.28 (cgroup v2 in a mount namespace), a container gets exactly its GPU and libcuda loads;
 //! it sees the same driver files, at the same paths, with the same mount options, as through
 //! the default spec, whose runtime makes the mounts; and the hook refuses to mount from the
-//! runtime's own mount namespace. Run as root after `cargo build --workspace` (and
+//! runtime's own mount namespace. A pod through containerd 2.1.9's CRI gets its GPU from such
+//! a spec too. Run as root after `cargo build --workspace` (and
 //! `scripts/sid-engines.sh`, `scripts/sid-runtimes.sh`): `cargo test --test cdi_hook_mounts_e2e`.
 
 use nvhook_test_support as support;
@@ -16,7 +17,9 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::{Value, json};
-use support::engines::{output_of, unique_name};
+use support::containerd2::{Containerd2Cri, DEFAULT_HANDLER};
+use support::cri::{ContainerRequest, Cri};
+use support::engines::{CgroupParent, EngineDir, assert_no_mounts_left, output_of, unique_name};
 use support::podman::{CdiSpecFile, Podman};
 use support::{
     Bundle, MountNs, RuntimeEnv, SimNode, busybox_image, glibc_image, gpucheck_args,
@@ -233,4 +236,57 @@ fn the_hook_refuses_to_mount_from_the_runtimes_mount_namespace() {
             .join("usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
             .exists()
     );
+}
+
+/// A pod through containerd 2.1.9's CRI asking for `nvidia.com/gpu=1` (the device plugin's
+/// `cdi-cri` strategy, Docker 29's `--gpus`, a DRA claim's spec do the same): containerd
+/// injects the spec's nodes and hook, runc runs the hook, and the pod gets exactly GPU 1 with
+/// libcuda loading, nothing left mounted once containerd stops.
+#[test]
+fn a_pod_through_containerds_cri_gets_its_gpu_from_a_spec_whose_hook_mounts() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let dir = EngineDir::new("cdi-hook-mounts-cri");
+    let cdi = dir.path().join("cdi");
+    std::fs::create_dir_all(&cdi).expect("create the CDI spec dir");
+    node.set("cdi-mounts", "\"hook\"");
+    node.generate_cdi_spec(&cdi.join("nvidia.json"));
+    let setup = Containerd2Cri {
+        cdi_spec_dirs: vec![cdi],
+        ..Containerd2Cri::under(dir.path())
+    };
+    let mut containerd = setup.start(dir.path(), &[]);
+    let image = containerd.import_gpucheck_image(dir.path());
+    let mut cri = Cri::connect(containerd.socket());
+    let cgroups = CgroupParent::new("nvhook-cdi-hook-mounts");
+    let args = gpucheck_args(GPUS, &["--write", LIBCUDA]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let request = ContainerRequest {
+        image: &image,
+        args: &args,
+        cdi_devices: &["nvidia.com/gpu=1"],
+        ..Default::default()
+    };
+    let mut run = cri.run_pod(
+        &unique_name("cdi-hook-mounts"),
+        DEFAULT_HANDLER,
+        &cgroups.path(),
+        &dir.path().join("pods"),
+        &request,
+    );
+    run.output.hook_log = Some(node.log());
+    run.output.assert_gpus(GPUS, &[1]);
+    run.output.assert_lines(&[
+        "dlopen libcuda.so.1 ok",
+        "cuInit 0",
+        &format!("write {LIBCUDA} EROFS"),
+    ]);
+    assert!(
+        node.log().contains("driver files mounted"),
+        "{}",
+        node.log()
+    );
+    drop(cri);
+    containerd.shutdown();
+    assert_no_mounts_left(dir.path(), node.root());
 }

@@ -2,8 +2,9 @@
 //! claim over the kubelet's gRPC, the claim read from the API server double and the node's
 //! inventory in memory (and NodeUnprepareResources after it); then a pod's container start on
 //! containerd 2.1.9 through the DRA claim's CDI id against the same pod through the device
-//! plugin's CDI name (`nvidia.com/gpu=3` in nvhook's node spec) and against plain runc, the
-//! variants taking turns round by round. Needs `scripts/sid-engines.sh`.
+//! plugin's CDI name (`nvidia.com/gpu=3` in nvhook's node spec), against the same device from
+//! the node's spec written with `cdi-mounts = "hook"`, and against plain runc, the variants
+//! taking turns round by round. Needs `scripts/sid-engines.sh`.
 
 use crate::stats::Samples;
 use crate::support::SimNode;
@@ -14,6 +15,9 @@ use crate::support::dra::{NODE, Plugin, allocated_claim};
 use crate::support::engines::{CgroupParent, EngineDir, unique_name};
 use nvhook_dra::kubelet::Kubelet;
 use std::time::Instant;
+
+/// The kind of the bench's copy of the node spec written with `cdi-mounts = "hook"`.
+const HOOK_MOUNTS_KIND: &str = "nvhook-bench.example/hook-mounts";
 
 const GPUS: u32 = 8;
 
@@ -61,6 +65,17 @@ pub fn run(rounds: usize) {
     let claim_ids = answer[&named.uid].as_ref().expect("prepared")[0]
         .cdi_ids
         .clone();
+    // The node's spec again, written with `cdi-mounts = "hook"` under a kind of its own so
+    // that both are offered: the same device, its mounts made by nvhook's hook.
+    node.set("cdi-mounts", "\"hook\"");
+    let hook_spec = dir.path().join("hook-mounts.json");
+    node.generate_cdi_spec(&hook_spec);
+    node.set("cdi-mounts", "\"runtime\"");
+    let mut spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&hook_spec).expect("read the spec"))
+            .expect("the spec is JSON");
+    spec["kind"] = HOOK_MOUNTS_KIND.into();
+    std::fs::write(cdi.join("hook-mounts.json"), spec.to_string()).expect("write the spec");
     let setup = Containerd2Cri {
         cdi_spec_dirs: vec![cdi],
         ..Containerd2Cri::under(dir.path())
@@ -69,10 +84,15 @@ pub fn run(rounds: usize) {
     let image = containerd.import_gpucheck_image(dir.path());
     let mut cri = Cri::connect(containerd.socket());
     let device_plugin = ["nvidia.com/gpu=3".to_string()];
-    let variants: [(&str, &[String]); 3] = [
+    let hook_mounts = [format!("{HOOK_MOUNTS_KIND}=3")];
+    let variants: [(&str, &[String]); 4] = [
         ("plain runc, no GPU", &[]),
         ("device plugin's CDI name, nvidia.com/gpu=3", &device_plugin),
         ("DRA claim's CDI id, gpu-3", &claim_ids),
+        (
+            "the same device from a spec written with cdi-mounts = \"hook\"",
+            &hook_mounts,
+        ),
     ];
     let mut samples: Vec<Samples> = variants.iter().map(|_| Samples::default()).collect();
     let cgroups = CgroupParent::new("nvhook-dra-bench");
