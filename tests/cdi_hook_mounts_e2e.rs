@@ -17,9 +17,9 @@ use std::path::Path;
 use std::process::Command;
 
 use serde_json::{Value, json};
-use support::containerd2::{Containerd2Cri, DEFAULT_HANDLER};
-use support::cri::{ContainerRequest, Cri};
-use support::engines::{CgroupParent, EngineDir, assert_no_mounts_left, output_of, unique_name};
+use support::containerd2::{CriNode, DEFAULT_HANDLER};
+use support::cri::ContainerRequest;
+use support::engines::{output_of, unique_name};
 use support::podman::{CdiSpecFile, Podman};
 use support::{
     Bundle, MountNs, RuntimeEnv, SimNode, busybox_image, glibc_image, gpucheck_args,
@@ -244,37 +244,15 @@ fn the_hook_refuses_to_mount_from_the_runtimes_mount_namespace() {
 /// libcuda loading, nothing left mounted once containerd stops.
 #[test]
 fn a_pod_through_containerds_cri_gets_its_gpu_from_a_spec_whose_hook_mounts() {
-    require_root();
-    let node = SimNode::create(GPUS);
-    let dir = EngineDir::new("cdi-hook-mounts-cri");
-    let cdi = dir.path().join("cdi");
-    std::fs::create_dir_all(&cdi).expect("create the CDI spec dir");
-    node.set("cdi-mounts", "\"hook\"");
-    node.generate_cdi_spec(&cdi.join("nvidia.json"));
-    let setup = Containerd2Cri {
-        cdi_spec_dirs: vec![cdi],
-        ..Containerd2Cri::under(dir.path())
-    };
-    let mut containerd = setup.start(dir.path(), &[]);
-    let image = containerd.import_gpucheck_image(dir.path());
-    let mut cri = Cri::connect(containerd.socket());
-    let cgroups = CgroupParent::new("nvhook-cdi-hook-mounts");
+    let mut node = CriNode::start("cdi-hook-mounts", GPUS, &[], false, |_, node, _| {
+        node.set("cdi-mounts", "\"hook\"");
+    });
     let args = gpucheck_args(GPUS, &["--write", LIBCUDA]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let request = ContainerRequest {
-        image: &image,
-        args: &args,
         cdi_devices: &["nvidia.com/gpu=1"],
         ..Default::default()
     };
-    let mut run = cri.run_pod(
-        &unique_name("cdi-hook-mounts"),
-        DEFAULT_HANDLER,
-        &cgroups.path(),
-        &dir.path().join("pods"),
-        &request,
-    );
-    run.output.hook_log = Some(node.log());
+    let run = node.run_gpucheck(DEFAULT_HANDLER, "hook-mounts", &args, request);
     run.output.assert_gpus(GPUS, &[1]);
     run.output.assert_lines(&[
         "dlopen libcuda.so.1 ok",
@@ -282,11 +260,9 @@ fn a_pod_through_containerds_cri_gets_its_gpu_from_a_spec_whose_hook_mounts() {
         &format!("write {LIBCUDA} EROFS"),
     ]);
     assert!(
-        node.log().contains("driver files mounted"),
+        node.node.log().contains("driver files mounted"),
         "{}",
-        node.log()
+        node.node.log()
     );
-    drop(cri);
-    containerd.shutdown();
-    assert_no_mounts_left(dir.path(), node.root());
+    node.stop();
 }

@@ -212,6 +212,15 @@ mod tests {
     use crate::request::{DeviceId, DeviceSelection};
     use nvhook_model::plan::fixtures::standard;
 
+    /// The hook entries' nvhook at /usr/bin, told `config`; its hook makes the mounts or not.
+    fn hook_binary(makes_mounts: bool, config: Option<&str>) -> HookBinary {
+        HookBinary {
+            path: "/usr/bin/nvhook".into(),
+            config: config.map(Into::into),
+            makes_mounts,
+        }
+    }
+
     pub(crate) fn request(devices: DeviceSelection) -> crate::request::Request {
         crate::cdi::generate::request(devices, Config::default().supported_capabilities)
     }
@@ -259,11 +268,7 @@ mod tests {
             DeviceId::Index(0),
             DeviceId::Index(2),
         ]));
-        let hook = HookBinary {
-            makes_mounts: false,
-            path: "/usr/bin/nvhook".into(),
-            config: None,
-        };
+        let hook = hook_binary(false, None);
         let plain = build(&req, &standard(), "/node", image.clone()).unwrap();
         let stages = |edits: &ContainerEdits| -> Vec<String> {
             edits.hooks.iter().map(|h| h.hook_name.clone()).collect()
@@ -298,11 +303,7 @@ mod tests {
         };
         let req = request(DeviceSelection::List(vec![DeviceId::Index(1)]));
         let plan = build(&req, &standard(), "/node", image).unwrap();
-        let hook = HookBinary {
-            makes_mounts: false,
-            path: "/usr/bin/nvhook".into(),
-            config: Some("/etc/nvhook/config.toml".into()),
-        };
+        let hook = hook_binary(false, Some("/etc/nvhook/config.toml"));
         let edits = container_edits(&plan, &hook);
         assert_eq!(edits.env, vec!["NVIDIA_VISIBLE_DEVICES=void"]);
         let gpu1 = edits
@@ -358,11 +359,7 @@ mod tests {
         let req = request(DeviceSelection::List(vec![DeviceId::Index(1)]));
         let plan = build(&req, &standard(), "/node", ImageInfo::default()).unwrap();
         assert!(!plan.mounts.is_empty());
-        let hook = HookBinary {
-            makes_mounts: true,
-            path: "/usr/bin/nvhook".into(),
-            config: None,
-        };
+        let hook = hook_binary(true, None);
         let edits = container_edits(&plan, &hook);
         assert!(edits.mounts.is_empty());
         assert_eq!(edits.device_nodes.len(), plan.devices.len());
@@ -393,11 +390,7 @@ mod tests {
         plan.ldcache.clear();
         plan.ld_so_confs.clear();
         plan.proc_overlay = None;
-        let hook = HookBinary {
-            makes_mounts: false,
-            path: "/usr/bin/nvhook".into(),
-            config: None,
-        };
+        let hook = hook_binary(false, None);
         let edits = container_edits(&plan, &hook);
         assert!(edits.hooks.is_empty());
         // The host's node is at the container's path: no hostPath, so no CDI 0.5.0 needed.
