@@ -78,7 +78,6 @@ pub fn hook_args(record: &Path, nvhook: &Path, config: &Path) -> (PathBuf, Vec<S
 /// A script for a config's `hook-path`: nvhook-runtime writes that path into the hook
 /// entry, and the script hands the hook's arguments to the timer.
 pub fn write_wrapper_script(path: &Path, record: &Path, nvhook: &Path) {
-    use std::os::unix::fs::PermissionsExt;
     let bench = std::env::current_exe().expect("locate the bench binary");
     let text = format!(
         "#!/bin/sh\nexec '{}' {MODE} '{}' '{}' \"$@\"\n",
@@ -86,9 +85,7 @@ pub fn write_wrapper_script(path: &Path, record: &Path, nvhook: &Path) {
         record.display(),
         nvhook.display()
     );
-    std::fs::write(path, text).expect("write the hook wrapper script");
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
-        .expect("chmod the hook wrapper script");
+    crate::support::write_script(path, &text);
 }
 
 /// The hook's costs over all its runs.

@@ -21,25 +21,6 @@ use crate::rootfs::{Rootfs, RootfsError, loader};
 use nvhook_ldcache::Arch;
 use std::path::Path;
 
-/// The driver files' bind mounts a spec leaves to this hook (`cdi-mounts = "hook"`): every
-/// source opened as a detached read-only tree, then each attached at its target inside the
-/// rootfs. Only in the container's own mount namespace, where the OCI spec runs this hook:
-/// a runtime that ran it in its own would get the mounts on its side.
-fn mount_driver_files(rootfs: &Rootfs, mounts: &[Mount]) -> Result<(), HookError> {
-    if container_mounts::init_shares_our_root_mount().map_err(HookError::OwnMountNamespace)? {
-        return Err(HookError::HostMountNamespace);
-    }
-    let sources = mounts
-        .iter()
-        .map(effects::open_source)
-        .collect::<Result<Vec<_>, _>>()?;
-    for (mount, source) in mounts.iter().zip(&sources) {
-        effects::attach_in(rootfs, source, mount)?;
-    }
-    tracing::info!(mounts = mounts.len(), "driver files mounted");
-    Ok(())
-}
-
 /// Applies `args` to the rootfs of the container `state` describes; `cwd` is the directory
 /// the runtime started the hook in.
 pub fn create_container(
@@ -144,6 +125,25 @@ pub fn create_container(
         // no kernel module loaded it has no /proc/driver/nvidia, and there is nothing to hide.
         tracing::info!("the container's procfs has no /proc/driver/nvidia: view skipped");
     }
+    Ok(())
+}
+
+/// The driver files' bind mounts a spec leaves to this hook (`cdi-mounts = "hook"`): every
+/// source opened as a detached read-only tree, then each attached at its target inside the
+/// rootfs. Only in the container's own mount namespace, where the OCI spec runs this hook:
+/// a runtime that ran it in its own would get the mounts on its side.
+fn mount_driver_files(rootfs: &Rootfs, mounts: &[Mount]) -> Result<(), HookError> {
+    if container_mounts::init_shares_our_root_mount().map_err(HookError::MountTables)? {
+        return Err(HookError::HostMountNamespace);
+    }
+    let sources = mounts
+        .iter()
+        .map(effects::open_source)
+        .collect::<Result<Vec<_>, _>>()?;
+    for (mount, source) in mounts.iter().zip(&sources) {
+        effects::attach_in(rootfs, source, mount)?;
+    }
+    tracing::info!(mounts = mounts.len(), "driver files mounted");
     Ok(())
 }
 

@@ -65,8 +65,10 @@ pub enum HookError {
         "the runtime ran nvhook's createContainer hook in its own mount namespace, not the container's, so the hook cannot make the driver files' mounts there: use a runtime that follows the OCI spec for createContainer hooks (runc, crun), or set cdi-mounts = \"runtime\" in the nvhook config and regenerate the CDI spec"
     )]
     HostMountNamespace,
-    #[error("cannot read this process's mount namespace: {0}")]
-    OwnMountNamespace(#[source] std::io::Error),
+    #[error(
+        "cannot read /proc/self/mountinfo or /proc/1/mountinfo to check that the createContainer hook runs in the container's mount namespace: {0} (or set cdi-mounts = \"runtime\" in the nvhook config and regenerate the CDI spec)"
+    )]
+    MountTables(#[source] std::io::Error),
     #[error("cannot act as the container's root (host uid {uid}, gid {gid}): {source}")]
     ActAsRoot {
         uid: u32,
