@@ -5,6 +5,7 @@
 //! side by side, one without the plugin and three with it (one per mode), and the variants take
 //! turns round by round, so that the machine's drift hits them alike. Needs `scripts/sid-engines.sh`.
 
+use crate::pod_parts::{Pods, TimedRunc, engine_dir};
 use crate::stats::Samples;
 use crate::support::containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin};
 use crate::support::cri::{ContainerRequest, Cri};
@@ -67,6 +68,11 @@ pub fn run(rounds: usize) {
     let mount_point = format!("{DEVICE_MOUNT_ROOT}/{uuid}");
     let allocation = [(mount_point.as_str(), "/dev/null")];
 
+    let dirs: Vec<EngineDir> = (0..4).map(|_| engine_dir("cri-bench")).collect();
+    // One timed runc for all engines, and under nvhook-runtime.
+    let runc = TimedRunc::new(dirs[0].path());
+    node.set("runtimes", &format!("[{:?}]", runc.program()));
+
     // The same node's config with each other NRI mode, for the other engines' plugins.
     let text = std::fs::read_to_string(node.config()).expect("read the node's config");
     let with_mode = |mode: &str| {
@@ -83,19 +89,20 @@ pub fn run(rounds: usize) {
         with_mode("mounts"),
     ];
     let runtime: PathBuf = workspace_bin("nvhook-runtime");
-    let dirs: Vec<EngineDir> = plugins
-        .iter()
-        .map(|_| EngineDir::new("cri-bench"))
-        .collect();
     let mut engines = Vec::new();
     let mut running = Vec::new();
     for (dir, plugin) in dirs.iter().zip(&plugins) {
-        let mut setup = Containerd2Cri::under(dir.path());
+        let mut setup = Containerd2Cri {
+            runc: runc.program(),
+            ..Containerd2Cri::under(dir.path())
+        };
         if plugin.is_none() {
             setup.handlers.push((HANDLER.into(), runtime.clone()));
             nodes_only_spec(&setup.cdi_spec_dirs[0], &node);
         }
-        let containerd = setup.start(dir.path(), &[("NVHOOK_CONFIG", &node.config())]);
+        let config = node.config();
+        let [record, program] = runc.env();
+        let containerd = setup.start(dir.path(), &[("NVHOOK_CONFIG", &config), record, program]);
         let image = containerd.import_gpucheck_image(dir.path());
         if let Some(config) = plugin {
             let p = NriPlugin::start(config, &setup.nri.socket, dir.path());
@@ -146,6 +153,7 @@ pub fn run(rounds: usize) {
         ),
     ];
     let floor = variants.len() - 1;
+    let mut pods = Pods::default();
     let cgroups = CgroupParent::new("nvhook-cri-bench");
     let logs = dirs[0].path().join("pods");
     let args = ["/gpucheck", "--dev", "/dev/nvidia3"];
@@ -187,11 +195,14 @@ pub fn run(rounds: usize) {
             );
             if round > 0 {
                 v.samples.push(run.container_start.as_secs_f64() * 1e3);
+                pods.push(index, run);
             }
         }
     }
     drop(running);
     report(&variants, rounds);
+    let labels: Vec<&str> = variants.iter().map(|v| v.label).collect();
+    pods.print_parts(&labels, &runc, &node.log());
     plugin_share(&node.log());
     for mut engine in engines {
         drop(engine.cri);

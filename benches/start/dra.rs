@@ -6,13 +6,14 @@
 //! the node's spec written with `cdi-mounts = "hook"`, and against plain runc, the variants
 //! taking turns round by round. Needs `scripts/sid-engines.sh`.
 
+use crate::pod_parts::{Pods, TimedRunc, engine_dir};
 use crate::stats::Samples;
 use crate::support::SimNode;
 use crate::support::apiserver::ApiServer;
 use crate::support::containerd2::{Containerd2Cri, DEFAULT_HANDLER};
 use crate::support::cri::{ContainerRequest, Cri};
 use crate::support::dra::{NODE, Plugin, allocated_claim};
-use crate::support::engines::{CgroupParent, EngineDir, unique_name};
+use crate::support::engines::{CgroupParent, unique_name};
 use nvhook_dra::kubelet::Kubelet;
 use std::time::Instant;
 
@@ -23,7 +24,7 @@ const GPUS: u32 = 8;
 
 pub fn run(rounds: usize) {
     let node = SimNode::create(GPUS);
-    let dir = EngineDir::new("dra-bench");
+    let dir = engine_dir("dra-bench");
     let api = ApiServer::start();
     let plugin = Plugin::start(&node, dir.path(), &api);
     let kubelet = Kubelet::new().expect("a kubelet double");
@@ -76,11 +77,13 @@ pub fn run(rounds: usize) {
             .expect("the spec is JSON");
     spec["kind"] = HOOK_MOUNTS_KIND.into();
     std::fs::write(cdi.join("hook-mounts.json"), spec.to_string()).expect("write the spec");
+    let runc = TimedRunc::new(dir.path());
     let setup = Containerd2Cri {
         cdi_spec_dirs: vec![cdi],
+        runc: runc.program(),
         ..Containerd2Cri::under(dir.path())
     };
-    let mut containerd = setup.start(dir.path(), &[]);
+    let mut containerd = setup.start(dir.path(), &runc.env());
     let image = containerd.import_gpucheck_image(dir.path());
     let mut cri = Cri::connect(containerd.socket());
     let device_plugin = ["nvidia.com/gpu=3".to_string()];
@@ -94,12 +97,12 @@ pub fn run(rounds: usize) {
             &hook_mounts,
         ),
     ];
-    let mut samples: Vec<Samples> = variants.iter().map(|_| Samples::default()).collect();
+    let mut pods = Pods::default();
     let cgroups = CgroupParent::new("nvhook-dra-bench");
     let logs = dir.path().join("pods");
     let args = ["/gpucheck", "--dev", "/dev/nvidia3"];
     for round in 0..=rounds {
-        for ((label, ids), samples) in variants.iter().zip(&mut samples) {
+        for (variant, (label, ids)) in variants.iter().enumerate() {
             let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
             let request = ContainerRequest {
                 image: &image,
@@ -122,7 +125,7 @@ pub fn run(rounds: usize) {
                 node.log()
             );
             if round > 0 {
-                samples.push(run.container_start.as_secs_f64() * 1e3);
+                pods.push(variant, run);
             }
         }
     }
@@ -152,11 +155,7 @@ pub fn run(rounds: usize) {
     println!(
         "CRI CreateContainer + StartContainer on containerd 2.1.9, ms; Δ p50 against plain runc.\n"
     );
-    println!("| variant | p50 | p95 | Δ p50 |");
-    println!("|---|---|---|---|");
-    let base = samples[0].p50();
-    for ((label, _), samples) in variants.iter().zip(&samples) {
-        println!("{}", samples.delta_row(label, base));
-    }
-    println!();
+    let labels: Vec<&str> = variants.iter().map(|(label, _)| *label).collect();
+    pods.print_totals(&labels);
+    pods.print_parts(&labels, &runc, &node.log());
 }

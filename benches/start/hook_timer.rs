@@ -3,7 +3,8 @@
 //! runc's stdin, waits for it with wait4, and appends `wall_us cpu_us max_rss_kib minor_faults`
 //! to RECORD.
 //! Its own start-up is outside the measured span; the hook's exec, dynamic linking, work and
-//! exit are inside, as they are when runc spawns it.
+//! exit are inside, as they are when runc spawns it. Linked as [`RUNC_NAME`], the same binary
+//! times an engine's runc calls.
 
 use crate::stats::Samples;
 use std::ffi::OsString;
@@ -15,9 +16,36 @@ use std::time::Instant;
 
 pub const MODE: &str = "time-hook";
 
+/// The file name under which the bench binary is the runtime an engine runs (`BinaryName`):
+/// it runs the program named in [`RUNC_PROGRAM`] with the same arguments and appends a record
+/// line naming the call (`wall_us cpu_us max_rss_kib minor_faults SUBCOMMAND ID`) to the file
+/// named in [`RUNC_RECORD`]. The engine hands its environment to its shim and the shim to runc.
+pub const RUNC_NAME: &str = "runc-timed";
+pub const RUNC_RECORD: &str = "NVHOOK_BENCH_RUNC_RECORD";
+pub const RUNC_PROGRAM: &str = "NVHOOK_BENCH_RUNC_PROGRAM";
+const RUNC_CALLS: [&str; 6] = ["create", "start", "delete", "kill", "state", "features"];
+
 /// Runs the wrapper when the process was started as one; returns otherwise.
 pub fn run_if_wrapper() {
     let args: Vec<OsString> = std::env::args_os().collect();
+    if Path::new(&args[0]).file_name() == Some(RUNC_NAME.as_ref()) {
+        let record = std::env::var_os(RUNC_RECORD).expect("the runc record's path");
+        let runc = std::env::var_os(RUNC_PROGRAM).expect("the runc to time");
+        // `runc [global flags] SUBCOMMAND [flags] ID`: the record names the call.
+        let subcommand = args[1..]
+            .iter()
+            .filter_map(|a| a.to_str())
+            .find(|a| RUNC_CALLS.contains(a))
+            .unwrap_or("other");
+        let id = args.last().and_then(|a| a.to_str()).unwrap_or("-");
+        time_child(
+            Path::new(&record),
+            Path::new(&runc),
+            "runc",
+            &args[1..],
+            &format!(" {subcommand} {id}"),
+        );
+    }
     if args.get(1).is_none_or(|a| a != MODE) {
         return;
     }
@@ -25,12 +53,19 @@ pub fn run_if_wrapper() {
         eprintln!("usage: BENCH {MODE} RECORD HOOK [ARGS...]");
         std::process::exit(2);
     };
+    time_child(Path::new(record), Path::new(hook), "nvhook", rest, "");
+}
+
+/// Runs `program` as `arg0` with `args` and this process's stdin, waits for it with wait4,
+/// appends `wall_us cpu_us max_rss_kib minor_faults` and `suffix` to `record`, and exits
+/// with its status.
+fn time_child(record: &Path, program: &Path, arg0: &str, args: &[OsString], suffix: &str) -> ! {
     let started = Instant::now();
-    let child = Command::new(hook)
-        .arg0("nvhook")
-        .args(rest)
+    let child = Command::new(program)
+        .arg0(arg0)
+        .args(args)
         .spawn()
-        .unwrap_or_else(|e| panic!("spawn {hook:?}: {e}"));
+        .unwrap_or_else(|e| panic!("spawn {program:?}: {e}"));
     let pid = child.id() as i32;
     let mut status = 0;
     // SAFETY: a zeroed rusage is a valid out-value.
@@ -43,14 +78,14 @@ pub fn run_if_wrapper() {
         .create(true)
         .append(true)
         .open(record)
-        .expect("open the hook record");
+        .expect("open the record");
     let cpu_us = (crate::cycle::tv(usage.ru_utime) + crate::cycle::tv(usage.ru_stime)).as_micros();
     writeln!(
         f,
-        "{wall_us} {cpu_us} {} {}",
+        "{wall_us} {cpu_us} {} {}{suffix}",
         usage.ru_maxrss, usage.ru_minflt
     )
-    .expect("write the hook record");
+    .expect("write the record");
     let code = if libc::WIFEXITED(status) {
         libc::WEXITSTATUS(status)
     } else {

@@ -25,6 +25,7 @@ mod dra;
 mod gpus;
 mod hook_timer;
 mod limits;
+mod pod_parts;
 mod setup;
 mod stats;
 

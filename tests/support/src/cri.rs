@@ -77,6 +77,9 @@ pub struct PodRun {
     pub sandbox: Duration,
     /// CreateContainer + StartContainer: the runtime's share of a pod start.
     pub container_start: Duration,
+    /// CreateContainer alone (the engine's spec, CDI injection and NRI, the snapshot); the
+    /// rest of `container_start` is StartContainer.
+    pub container_create: Duration,
     /// The container's id, as CreateContainer answered it; None when the engine refused it.
     pub container_id: Option<String>,
 }
@@ -197,6 +200,7 @@ impl Cri {
                     sandbox_config: Some(sandbox_config),
                 }),
         );
+        let container_create = started.elapsed();
         let container_id = match container_id {
             Ok(response) => response.container_id,
             // The engine's refusal (an NRI plugin's error among them) is the result.
@@ -205,6 +209,7 @@ impl Cri {
                     output: output(1, String::new(), message),
                     sandbox,
                     container_start: started.elapsed(),
+                    container_create,
                     container_id: None,
                 });
             }
@@ -223,6 +228,7 @@ impl Cri {
                 output: output(1, String::new(), message),
                 sandbox,
                 container_start: started.elapsed(),
+                container_create,
                 container_id: Some(container_id),
             });
         }
@@ -242,6 +248,7 @@ impl Cri {
             output: output(exit_code, stdout, stderr),
             sandbox,
             container_start,
+            container_create,
             container_id: Some(container_id),
         })
     }

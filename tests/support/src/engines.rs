@@ -99,9 +99,15 @@ pub struct EngineDir {
 
 impl EngineDir {
     pub fn new(prefix: &str) -> EngineDir {
+        EngineDir::new_in(Path::new("/tmp"), prefix)
+    }
+
+    /// The same under `parent`, for a bench that compares the engine's state on the disk with
+    /// the same on a tmpfs.
+    pub fn new_in(parent: &Path, prefix: &str) -> EngineDir {
         let dir = tempfile::Builder::new()
             .prefix(&format!("nvhook-{prefix}-"))
-            .tempdir_in("/tmp")
+            .tempdir_in(parent)
             .expect("create engine dir");
         EngineDir { dir: Some(dir) }
     }

@@ -1,0 +1,194 @@
+//! Where a pod's CreateContainer + StartContainer goes (issue 41), for the CRI parts of the
+//! bench: CreateContainer (the engine's spec, its CDI injection and NRI, the snapshot),
+//! `runc create` as the shim runs it (runc init, the rootfs, the devices, the mounts, the
+//! hooks), nvhook's hooks in it (their own log's totals), `runc start`, and the rest of
+//! StartContainer (containerd and its shim). runc is timed through the bench binary linked as
+//! [`hook_timer::RUNC_NAME`], which every variant of a run pays alike.
+//!
+//! `NVHOOK_BENCH_RUNC` names another runc for the engines (sid's newer runc, or a wrapper that
+//! runs runc under `strace -D -f -T`); `NVHOOK_BENCH_ENGINE_DIR` another parent for their
+//! state and snapshots than /tmp (the VM's disk), a tmpfs such as /dev/shm to take the disk's
+//! share out.
+
+use crate::hook_timer;
+use crate::stats::Samples;
+use crate::support::cri::PodRun;
+use crate::support::engines::EngineDir;
+use crate::support::require_program;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// An engine's state directory under `NVHOOK_BENCH_ENGINE_DIR` (default /tmp).
+pub fn engine_dir(prefix: &str) -> EngineDir {
+    let parent = std::env::var_os("NVHOOK_BENCH_ENGINE_DIR").unwrap_or_else(|| "/tmp".into());
+    EngineDir::new_in(Path::new(&parent), prefix)
+}
+
+/// The runc an engine runs, timed call by call.
+pub struct TimedRunc {
+    link: PathBuf,
+    record: PathBuf,
+    runc: PathBuf,
+}
+
+impl TimedRunc {
+    /// The bench binary linked into `dir`, timing `NVHOOK_BENCH_RUNC` or the host's runc.
+    pub fn new(dir: &Path) -> TimedRunc {
+        let runc = std::env::var_os("NVHOOK_BENCH_RUNC")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| require_program("runc"));
+        let link = dir.join(hook_timer::RUNC_NAME);
+        let bench = std::env::current_exe().expect("locate the bench binary");
+        std::os::unix::fs::symlink(bench, &link).expect("link the runc timer");
+        TimedRunc {
+            link,
+            record: dir.join("runc-calls"),
+            runc,
+        }
+    }
+
+    /// The program for the engine's `BinaryName`.
+    pub fn program(&self) -> PathBuf {
+        self.link.clone()
+    }
+
+    /// The runc being timed, for the report.
+    pub fn timed(&self) -> &Path {
+        &self.runc
+    }
+
+    /// What the engine's environment must carry for the timer.
+    pub fn env(&self) -> [(&'static str, &Path); 2] {
+        [
+            (hook_timer::RUNC_RECORD, &self.record),
+            (hook_timer::RUNC_PROGRAM, &self.runc),
+        ]
+    }
+
+    /// Each container's `create` and `start` wall times, ms, by id.
+    fn calls(&self) -> HashMap<String, RuncCalls> {
+        let text = std::fs::read_to_string(&self.record)
+            .unwrap_or_else(|e| panic!("read {}: {e}", self.record.display()));
+        let mut calls: HashMap<String, RuncCalls> = HashMap::new();
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let [wall_us, _, _, _, call, id] = fields[..] else {
+                panic!("bad runc record line {line:?}");
+            };
+            let ms = wall_us.parse::<f64>().expect("wall_us is a number") / 1e3;
+            let entry = calls.entry(id.to_string()).or_default();
+            match call {
+                "create" => entry.create = Some(ms),
+                "start" => entry.start = Some(ms),
+                _ => {}
+            }
+        }
+        calls
+    }
+}
+
+#[derive(Default)]
+struct RuncCalls {
+    create: Option<f64>,
+    start: Option<f64>,
+}
+
+/// The pods of a run: each measured pod's variant and its times.
+#[derive(Default)]
+pub struct Pods(Vec<(usize, PodRun)>);
+
+impl Pods {
+    pub fn push(&mut self, variant: usize, run: PodRun) {
+        self.0.push((variant, run));
+    }
+
+    /// Prints, per variant (`labels`), the whole start's p50, p95 and Δ p50 against the first
+    /// variant.
+    pub fn print_totals(&self, labels: &[&str]) {
+        println!("| variant | p50 | p95 | Δ p50 |");
+        println!("|---|---|---|---|");
+        let totals: Vec<Samples> = (0..labels.len())
+            .map(|v| {
+                self.0
+                    .iter()
+                    .filter(|(variant, _)| *variant == v)
+                    .map(|(_, run)| run.container_start.as_secs_f64() * 1e3)
+                    .collect()
+            })
+            .collect();
+        for (label, samples) in labels.iter().zip(&totals) {
+            println!("{}", samples.delta_row(label, totals[0].p50()));
+        }
+        println!();
+    }
+
+    /// Prints, per variant (`labels`), its parts' p50 and their Δ against the first variant's,
+    /// from runc's record and nvhook's log (`log`: its `hook finished` lines).
+    pub fn print_parts(&self, labels: &[&str], runc: &TimedRunc, log: &str) {
+        let calls = runc.calls();
+        let hooks = hook_totals(log);
+        let mut parts: Vec<[Samples; PARTS.len()]> = labels.iter().map(|_| Default::default()).collect();
+        for (variant, run) in &self.0 {
+            let id = run.container_id.as_deref().expect("a started container");
+            let call = calls
+                .get(id)
+                .unwrap_or_else(|| panic!("no runc call recorded for {id}"));
+            let (Some(create), Some(start)) = (call.create, call.start) else {
+                panic!("runc create and start of {id} were not both recorded");
+            };
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+            let start_container = ms(run.container_start) - ms(run.container_create);
+            let values = [
+                ms(run.container_start),
+                ms(run.container_create),
+                start_container,
+                create,
+                hooks.get(id).copied().unwrap_or(0.0),
+                start,
+                start_container - create - start,
+            ];
+            for (samples, value) in parts[*variant].iter_mut().zip(values) {
+                samples.push(value);
+            }
+        }
+        println!(
+            "Where the time goes, p50 ms (Δ against the first row); runc is {}:\n",
+            runc.timed().display()
+        );
+        println!("| variant | {} |", PARTS.join(" | "));
+        println!("|---|{}", "---|".repeat(PARTS.len()));
+        for (label, samples) in labels.iter().zip(&parts) {
+            let cells: Vec<String> = samples
+                .iter()
+                .zip(&parts[0])
+                .map(|(s, base)| format!("{:.2} ({:+.2})", s.p50(), s.p50() - base.p50()))
+                .collect();
+            println!("| {label} | {} |", cells.join(" | "));
+        }
+        println!();
+    }
+}
+
+const PARTS: [&str; 7] = [
+    "CreateContainer + StartContainer",
+    "CreateContainer",
+    "StartContainer",
+    "of which runc create",
+    "of which nvhook's hooks (their log)",
+    "runc start",
+    "StartContainer's rest (containerd, shim)",
+];
+
+/// nvhook's own time per container id, ms: the sum of its hooks' `total_us` (a container may
+/// run a prestart and a createContainer hook).
+fn hook_totals(log: &str) -> HashMap<String, f64> {
+    let mut totals: HashMap<String, f64> = HashMap::new();
+    for line in log.lines().filter(|l| l.contains("hook finished")) {
+        let field = |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name));
+        if let (Some(id), Some(us)) = (field("id="), field("total_us=")) {
+            let us: f64 = us.parse().expect("total_us is a number");
+            *totals.entry(id.to_string()).or_default() += us / 1e3;
+        }
+    }
+    totals
+}
