@@ -12,7 +12,9 @@
 //! pods over containerd 2.1.9's CRI, RuntimeClass against NRI; gpus: `docker run --gpus` and
 //! `ctr run --gpus` against the same client's plain start; dra: nvhook-dra's prepare, and pods
 //! through a DRA claim against the device plugin's CDI name; all three need
-//! `scripts/sid-engines.sh`).
+//! `scripts/sid-engines.sh`; the cri and dra parts split each pod's start into its parts,
+//! and take `NVHOOK_BENCH_RUNC` (another runc for the engines) and `NVHOOK_BENCH_ENGINE_DIR`
+//! (another parent than /tmp for the engines' state and snapshots, e.g. a tmpfs)).
 //! Run by `cargo test` (no `--bench` flag) it makes 2 rounds, as a smoke test of itself.
 
 use nvhook_test_support as support;

@@ -127,7 +127,8 @@ impl Pods {
     pub fn print_parts(&self, labels: &[&str], runc: &TimedRunc, log: &str) {
         let calls = runc.calls();
         let hooks = hook_totals(log);
-        let mut parts: Vec<[Samples; PARTS.len()]> = labels.iter().map(|_| Default::default()).collect();
+        let mut parts: Vec<[Samples; PARTS.len()]> =
+            labels.iter().map(|_| Default::default()).collect();
         for (variant, run) in &self.0 {
             let id = run.container_id.as_deref().expect("a started container");
             let call = calls
