@@ -121,7 +121,7 @@ fn hook_wall(variant: &Variant) -> Samples {
     hook_timer::read_record(variant.record.as_ref().expect("a variant with a hook")).wall
 }
 /// The p50 of each of the hook's steps, per variant with a hook: the log's runs, each
-/// beginning at its `request` step, in the order of `hook_runs` (variant, measured).
+/// beginning at its `process` step, in the order of `hook_runs` (variant, measured).
 fn print_steps(log: &str, hook_runs: &[(usize, bool)], variants: &[Variant]) {
     let mut steps: Vec<String> = Vec::new();
     let mut per_variant: Vec<Vec<Vec<f64>>> = vec![Vec::new(); variants.len()];
@@ -130,7 +130,7 @@ fn print_steps(log: &str, hook_runs: &[(usize, bool)], variants: &[Variant]) {
         let Some((step, us)) = step_of(line) else {
             continue;
         };
-        if step == "request" {
+        if step == "process" {
             run += 1;
         }
         let (variant, measured) = hook_runs[run - 1];
@@ -171,7 +171,7 @@ fn print_steps(log: &str, hook_runs: &[(usize, bool)], variants: &[Variant]) {
 }
 
 /// A log line's step and its duration, µs.
-fn step_of(line: &str) -> Option<(&str, f64)> {
+pub fn step_of(line: &str) -> Option<(&str, f64)> {
     let step = line.split("step=\"").nth(1)?.split('"').next()?;
     let us = line
         .split_whitespace()

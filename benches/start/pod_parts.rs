@@ -126,7 +126,10 @@ impl Pods {
     /// from runc's record and nvhook's log (`log`: its `hook finished` lines).
     pub fn print_parts(&self, labels: &[&str], runc: &TimedRunc, log: &str) {
         let calls = runc.calls();
-        let hooks = hook_totals(log);
+        let hooks = hook_logs(log);
+        let mut steps: Vec<String> = Vec::new();
+        let mut step_samples: Vec<HashMap<String, Samples>> =
+            labels.iter().map(|_| HashMap::new()).collect();
         let mut parts: Vec<[Samples; PARTS.len()]> =
             labels.iter().map(|_| Default::default()).collect();
         for (variant, run) in &self.0 {
@@ -144,12 +147,21 @@ impl Pods {
                 ms(run.container_create),
                 start_container,
                 create,
-                hooks.get(id).copied().unwrap_or(0.0),
+                hooks.get(id).map_or(0.0, |h| h.total),
                 start,
                 start_container - create - start,
             ];
             for (samples, value) in parts[*variant].iter_mut().zip(values) {
                 samples.push(value);
+            }
+            for (step, ms) in hooks.get(id).map_or(&[][..], |h| &h.steps) {
+                if !steps.contains(step) {
+                    steps.push(step.clone());
+                }
+                step_samples[*variant]
+                    .entry(step.clone())
+                    .or_default()
+                    .push(*ms);
             }
         }
         println!(
@@ -167,6 +179,27 @@ impl Pods {
             println!("| {label} | {} |", cells.join(" | "));
         }
         println!();
+        if steps.is_empty() {
+            return;
+        }
+        println!("nvhook's hooks step by step, p50 ms (their log):\n");
+        println!("| variant | {} |", steps.join(" | "));
+        println!("|---|{}", "---|".repeat(steps.len()));
+        for (label, by_step) in labels.iter().zip(&step_samples) {
+            if by_step.is_empty() {
+                continue;
+            }
+            let cells: Vec<String> = steps
+                .iter()
+                .map(|step| {
+                    by_step
+                        .get(step)
+                        .map_or("-".into(), |s| format!("{:.2}", s.p50()))
+                })
+                .collect();
+            println!("| {label} | {} |", cells.join(" | "));
+        }
+        println!();
     }
 }
 
@@ -180,16 +213,39 @@ const PARTS: [&str; 7] = [
     "StartContainer's rest (containerd, shim)",
 ];
 
-/// nvhook's own time per container id, ms: the sum of its hooks' `total_us` (a container may
-/// run a prestart and a createContainer hook).
-fn hook_totals(log: &str) -> HashMap<String, f64> {
-    let mut totals: HashMap<String, f64> = HashMap::new();
-    for line in log.lines().filter(|l| l.contains("hook finished")) {
+/// What nvhook's log says of one container: its hooks' total and their steps, ms.
+#[derive(Default)]
+struct HookLog {
+    total: f64,
+    steps: Vec<(String, f64)>,
+}
+
+/// nvhook's log by container id: a container may run a prestart and a createContainer hook,
+/// whose totals and steps add up. A hook's step lines come before its `hook finished` line,
+/// and the bench starts one container at a time.
+fn hook_logs(log: &str) -> HashMap<String, HookLog> {
+    let mut by_id: HashMap<String, HookLog> = HashMap::new();
+    let mut pending = Vec::new();
+    for line in log.lines() {
+        if let Some((step, us)) = crate::limits::step_of(line) {
+            pending.push((step.to_string(), us / 1e3));
+            continue;
+        }
+        if !line.contains("hook finished") {
+            continue;
+        }
         let field = |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name));
         if let (Some(id), Some(us)) = (field("id="), field("total_us=")) {
-            let us: f64 = us.parse().expect("total_us is a number");
-            *totals.entry(id.to_string()).or_default() += us / 1e3;
+            let entry = by_id.entry(id.to_string()).or_default();
+            entry.total += us.parse::<f64>().expect("total_us is a number") / 1e3;
+            for (step, ms) in pending.drain(..) {
+                match entry.steps.iter_mut().find(|(s, _)| *s == step) {
+                    Some((_, sum)) => *sum += ms,
+                    None => entry.steps.push((step, ms)),
+                }
+            }
         }
+        pending.clear();
     }
-    totals
+    by_id
 }

@@ -8,6 +8,7 @@
 //! cannot point at a per-container plan file, and arguments show in the spec for review.
 
 use super::nvidia_hooks;
+use super::step::Step;
 use super::{HookError, container_mounts, effects, procfs, userns};
 use crate::config::{Config, CudaCompatMode};
 use crate::delivery::PrepareError;
@@ -29,6 +30,7 @@ pub fn create_container(
     args: &LinkArgs,
     cwd: Option<&Path>,
 ) -> Result<(), HookError> {
+    let mut step = Step::start();
     if let Some(written_for) = &args.gpu_layout {
         check_gpu_layout(config, written_for)?;
     }
@@ -43,13 +45,16 @@ pub fn create_container(
     if let Some(spec) = &spec {
         super::memory_limits::in_create_container(config, state, spec)?;
     }
+    step.done("request");
     let mounts = spec.as_ref().map(Spec::mount_points).unwrap_or_default();
     let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&mounts);
     if !args.mounts.is_empty() {
         mount_driver_files(&rootfs, &args.mounts)?;
+        step.done("mounts");
     }
     // Which images have a glibc cache is only known now: a static spec serves them all.
     let has_cache = rootfs.probe().has_ldcache || args.makes_cache;
+    step.done("image");
     let mut args = args.clone();
     for folder in &args.folders.clone() {
         add_folder(&rootfs, folder, &mut args);
@@ -91,6 +96,7 @@ pub fn create_container(
         decision.log();
         args.ld_so_confs.splice(0..0, conf);
     }
+    step.done("folders+compat");
     loader::link_and_cache(
         &rootfs,
         &args.symlinks,
@@ -100,6 +106,7 @@ pub fn create_container(
         &args.ld_so_confs,
         has_cache,
     )?;
+    step.done("links+ldcache");
     tracing::info!(
         links = args.symlinks.len(),
         cache_entries = if has_cache { args.ldcache.len() } else { 0 },
@@ -125,6 +132,7 @@ pub fn create_container(
         // no kernel module loaded it has no /proc/driver/nvidia, and there is nothing to hide.
         tracing::info!("the container's procfs has no /proc/driver/nvidia: view skipped");
     }
+    step.done("proc");
     Ok(())
 }
 

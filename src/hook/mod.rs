@@ -12,6 +12,7 @@ pub mod memory_limits;
 pub mod nvidia_hooks;
 pub mod prestart;
 pub mod procfs;
+pub mod step;
 pub mod userns;
 
 pub use prestart::{Outcome, configure_process, prestart};

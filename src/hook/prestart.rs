@@ -8,6 +8,7 @@
 //! behind `effects`, so this order is unit-tested (`tests.rs`) as well as run for real.
 
 use super::effects::{ContainerEffects, HostEffects};
+use super::step::Step;
 use super::{HookError, container_mounts, effects, memory_limits, userns};
 use crate::config::Config;
 use crate::delivery::PrepareError;
@@ -20,7 +21,6 @@ use crate::proc_view;
 use crate::request::Request;
 use crate::rootfs::Rootfs;
 use std::path::PathBuf;
-use std::time::Instant;
 
 /// What the hook did, for the caller's log line.
 #[derive(Debug, PartialEq, Eq)]
@@ -31,21 +31,6 @@ pub enum Outcome {
         devices: usize,
         mounts: usize,
     },
-}
-
-/// Logs how long a step took.
-struct Step(Instant);
-
-impl Step {
-    fn start() -> Step {
-        Step(Instant::now())
-    }
-
-    fn done(&mut self, step: &'static str) {
-        let us = self.0.elapsed().as_micros();
-        tracing::info!(step, us, "done");
-        self.0 = Instant::now();
-    }
 }
 
 /// A live container between its runtime's mounts and pivot_root, as a front end knows it.

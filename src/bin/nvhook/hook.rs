@@ -5,6 +5,7 @@
 use crate::{Stage, Usage};
 use anyhow::Result;
 use nvhook::config::Config;
+use nvhook::hook::step::Step;
 use nvhook::oci::State;
 use std::io::Read;
 use std::path::Path;
@@ -95,11 +96,15 @@ pub(crate) fn run_hook(
     links: Option<nvhook::delivery::hook_args::LinkArgs>,
 ) -> Result<()> {
     let started = Instant::now();
+    let mut step = Step::start();
     // runc starts a createContainer hook in the container's rootfs; scrubbing leaves it. The
     // other stages have no use for it.
     let cwd = links.as_ref().and_then(|_| std::env::current_dir().ok());
     let (config, sink) = hook_process(config_path)?;
+    step.done("process");
+    // Until the runtime has written the state and closed the pipe: its time, not the hook's.
     let state = read_state()?;
+    step.done("state");
     let log_error = |e: &nvhook::hook::HookError| {
         // Without a log file (none set, or one a rootless engine's user may not open),
         // main's stderr line is the only report; with one, keep it there too.
