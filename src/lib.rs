@@ -29,6 +29,7 @@ pub mod nri;
 pub mod nvidia_cli;
 pub mod oci;
 pub mod plan_file;
+pub mod private_file;
 pub mod privileges;
 pub mod rootfs;
 pub mod runtime_create;

@@ -200,6 +200,17 @@ fn nri_gives_pods_exactly_what_the_kubelet_allocated() {
         pod(&env_allocation, &[], &[], &[]),
     );
     assert_allocated_gpu_only("envvar allocation, default policy", &output);
+    // Its hook planned with the inventory the plugin planned with, and took it.
+    assert!(
+        node.log()
+            .contains("the inventory the NRI plugin planned this container with"),
+        "{}",
+        node.log()
+    );
+    let handed: Vec<_> = fs::read_dir(node.root().join("run/nri-inventory"))
+        .expect("the plugin's directory for the hooks")
+        .collect();
+    assert!(handed.is_empty(), "{handed:?}");
 
     // The hardened policy, read for the next container without a restart.
     node.configure("accept-env-when-unprivileged = false");

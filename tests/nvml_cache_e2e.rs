@@ -164,3 +164,115 @@ fn a_corrupt_truncated_or_linked_cache_is_asked_again_and_replaced() {
         "the link's target was written"
     );
 }
+
+/// `nri-mode = "hook"`: the inventory the NRI plugin planned a container with serves that
+/// container's prestart hook, which then reads nothing of NVML; once, and only while the host
+/// is as the plugin found it. A container removed before it started leaves nothing behind,
+/// and a container id that is no plain file name gets nothing handed over.
+#[test]
+fn the_nri_plugins_inventory_serves_its_containers_hook_once() {
+    use nvhook_nri::Plugin;
+    use nvhook_nri::api::{Container, Event, PodSandbox, StateChangeEvent};
+
+    const OLD: &str = "550.54.15";
+    const NEW: &str = "560.35.03";
+    let node = SimNode::create(GPUS);
+    let mut plugin = nvhook::nri::GpuPlugin::new(Some(node.config()));
+    let handed = node.root().join("run/nri-inventory");
+    let left = || -> Vec<String> {
+        std::fs::read_dir(&handed)
+            .map(|dir| {
+                dir.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let container = |id: &str| Container {
+        id: id.into(),
+        name: "train".into(),
+        env: vec!["NVIDIA_VISIBLE_DEVICES=1".into()],
+        ..Default::default()
+    };
+    let bundle = || {
+        let args = gpucheck_args(GPUS, &["--ls", "/usr/lib/x86_64-linux-gnu"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut bundle = Bundle::new(glibc_image(), &args);
+        bundle.env("NVIDIA_VISIBLE_DEVICES=1");
+        bundle.prestart_hook(&node);
+        bundle
+    };
+    let plan = |plugin: &nvhook::nri::GpuPlugin, id: &str| {
+        plugin
+            .adjust(&PodSandbox::default(), &container(id))
+            .expect("the plugin plans")
+            .expect("a GPU container");
+    };
+    let used_line = "the inventory the NRI plugin planned this container with";
+    // The plugin here is this test's process, with no NVML helper beside it: it plans from
+    // the answer a first start stored.
+    start_with_gpu(&node, "0");
+
+    // Planned by the plugin, then started with NVML's stored answer gone: the hook asks NVML
+    // nothing, and takes the file.
+    let first = bundle();
+    plan(&plugin, first.id());
+    assert_eq!(left(), [format!("{}.json", first.id())]);
+    std::fs::remove_file(cache_file(&node)).expect("remove NVML's stored answer");
+    let inits = node.nvml_inits();
+    let output = run_clean(&first, Some(&node), RuntimeEnv::CgroupV1);
+    output.assert_success();
+    output.assert_gpus(GPUS, &[1]);
+    assert_eq!(
+        node.nvml_inits(),
+        inits,
+        "the hook asked NVML\n{}",
+        node.log()
+    );
+    assert!(node.log().contains(used_line), "{}", node.log());
+    assert!(left().is_empty(), "{:?}", left());
+
+    // The same container started again: nothing is handed over twice.
+    let output = run_clean(&first, Some(&node), RuntimeEnv::CgroupV1);
+    output.assert_success();
+    assert_eq!(node.nvml_inits(), inits + 1, "NVML was not asked");
+    assert_eq!(node.log().matches(used_line).count(), 1, "{}", node.log());
+
+    // The driver upgraded between the plugin's planning and the start: the hook finds the new
+    // driver's files itself.
+    let upgraded = bundle();
+    plan(&plugin, upgraded.id());
+    node.change(&["--gpus", "4", "--driver-version", NEW]);
+    let output = run_clean(&upgraded, Some(&node), RuntimeEnv::CgroupV1);
+    output.assert_success();
+    output.assert_gpus(GPUS, &[1]);
+    assert!(
+        output.stdout.contains(&format!("libcuda.so.{NEW}"))
+            && !output.stdout.contains(&format!("libcuda.so.{OLD}")),
+        "{output}"
+    );
+    assert!(
+        node.log()
+            .contains("the host changed since the NRI plugin planned: reading the inventory again"),
+        "{}",
+        node.log()
+    );
+    assert!(left().is_empty(), "{:?}", left());
+
+    // Removed before it started: the plugin removes what it left.
+    plan(&plugin, "removed-before-start");
+    assert_eq!(left(), ["removed-before-start.json"]);
+    plugin
+        .state_change(&StateChangeEvent {
+            event: Event::RemoveContainer as i32,
+            pod: None,
+            container: Some(container("removed-before-start")),
+        })
+        .expect("the removal is taken");
+    assert!(left().is_empty(), "{:?}", left());
+
+    // An id that would name another path is planned for, and nothing is written for it.
+    plan(&plugin, "../../escape");
+    plan(&plugin, ".hidden");
+    assert!(left().is_empty(), "{:?}", left());
+    assert!(!node.root().join("escape.json").exists());
+}

@@ -13,7 +13,7 @@ use super::{HookError, container_mounts, effects, memory_limits, userns};
 use crate::config::Config;
 use crate::delivery::PrepareError;
 use crate::host_plan::{Target, container_view, plan_for_host, probe};
-use crate::inventory;
+use crate::inventory::{self, Inventory};
 use crate::oci::{MountPoint, State};
 use crate::plan::{ImageInfo, ListedNode, Plan};
 use crate::plan_file;
@@ -75,10 +75,36 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
         proc_view: proc_view::choose(config.proc_driver_view, Some(&spec)),
     };
     step.done("request");
-    // nvhook-runtime already queried NVML for this start and left its plan in the bundle.
-    configure(config, &request, &container, step, |image| {
-        plan_file::read(&state.bundle, image)
-    })
+    // nvhook-runtime already queried NVML for this start and left its plan in the bundle; the
+    // NRI plugin, the inventory it planned with.
+    let known = Known {
+        plan: |image: &ImageInfo| plan_file::read(&state.bundle, image),
+        inventory: |scope| {
+            let handed = crate::nri::handoff::take(config, &state.id, scope);
+            if handed.is_some() {
+                tracing::debug!("the inventory the NRI plugin planned this container with");
+            }
+            handed
+        },
+    };
+    configure(config, &request, &container, step, known)
+}
+
+/// What another nvhook process found for this start already, for [`configure`] to use before
+/// reading anything itself.
+struct Known<P, I> {
+    /// The plan for the container's image.
+    plan: P,
+    /// The host's inventory.
+    inventory: I,
+}
+
+impl Known<fn(&ImageInfo) -> Option<Plan>, fn(inventory::Scope) -> Option<Inventory>> {
+    /// Nothing known: the inventory read and the plan made here.
+    const NOTHING: Self = Known {
+        plan: |_| None,
+        inventory: |_| None,
+    };
 }
 
 /// nvidia-container-cli's `configure`: the container whose process `pid` has its rootfs at
@@ -119,17 +145,20 @@ pub fn configure_process(
         cgroups,
         proc_view: proc_view::choose(config.proc_driver_view, None),
     };
-    configure(config, request, &container, step, |_| None)
+    configure(config, request, &container, step, Known::NOTHING)
 }
 
-/// Plans `request` for `container` on this host, unless `planned` has the plan already for
+/// Plans `request` for `container` on this host, unless `known` has the plan already for
 /// its image, and applies it: the one path of every front end that works on a live container.
 fn configure(
     config: &Config,
     request: &Request,
     container: &Container,
     mut step: Step,
-    planned: impl FnOnce(&ImageInfo) -> Option<Plan>,
+    known: Known<
+        impl FnOnce(&ImageInfo) -> Option<Plan>,
+        impl FnOnce(inventory::Scope) -> Option<Inventory>,
+    >,
 ) -> Result<Outcome, HookError> {
     let pid = container.pid;
     // The rootfs as the container will see it, through its mount namespace: the image is
@@ -140,11 +169,16 @@ fn configure(
     let rootfs =
         Rootfs::open(&container_view(pid, &container.rootfs))?.with_mounts(&container.mounts);
     let image = probe(request, config, &rootfs);
-    let mut plan = match planned(&image) {
+    let mut plan = match (known.plan)(&image) {
         Some(plan) => plan,
         None => {
             let scope = inventory::Scope::for_capabilities(&request.capabilities);
-            let (inventory, source) = inventory::isolated::load(config, scope)?;
+            // Handed over, it is as good as NVML's cached answer: a plan that fails on it asks
+            // NVML again.
+            let (inventory, source) = match (known.inventory)(scope) {
+                Some(handed) => (handed, inventory::isolated::Source::Cache),
+                None => inventory::isolated::load(config, scope)?,
+            };
             tracing::debug!(?source, "inventory");
             step.done("inventory");
             plan_for_host(request, inventory, source, config, Target::Image(&image))?

@@ -15,10 +15,10 @@ use super::nvml::System;
 use crate::atomic_file::{NewFile, write_atomic};
 use crate::config::Config;
 use crate::file_id::FileId;
+use crate::private_file::{self, private};
 use serde::{Deserialize, Serialize};
-use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -165,22 +165,8 @@ impl NvmlCache {
     }
 
     fn stored(&self) -> Option<Stored> {
-        let dir = self.path.parent()?;
-        if !private(&std::fs::symlink_metadata(dir).ok()?) {
-            return None;
-        }
-        let mut file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&self.path)
-            .ok()?;
-        if !private(&file.metadata().ok()?) {
-            tracing::warn!(path = %self.path.display(), "NVML cache not private to this user: not used");
-            return None;
-        }
-        let mut text = Vec::new();
-        file.read_to_end(&mut text).ok()?;
-        serde_json::from_slice(&text)
+        let (bytes, _) = private_file::read(&self.path)?;
+        serde_json::from_slice(&bytes)
             .ok()
             .filter(|s: &Stored| s.format == FORMAT)
     }
@@ -205,16 +191,8 @@ impl NvmlCache {
     }
 
     /// The cache's directory, made where missing, and only if it is private to this user.
-    fn private_dir(&self) -> std::io::Result<&Path> {
-        let dir = self.path.parent().unwrap_or(Path::new("/"));
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        if !private(&std::fs::symlink_metadata(dir)?) {
-            return Err(std::io::Error::other("directory not private to this user"));
-        }
-        Ok(dir)
+    fn private_dir(&self) -> std::io::Result<()> {
+        private_file::make_dir(self.path.parent().unwrap_or(Path::new("/")))
     }
 
     /// The lock that lets a burst of starts on a missing or stale cache share one NVML
@@ -269,16 +247,10 @@ pub struct QueryLock {
     _held: std::fs::File,
 }
 
-/// Owned by our effective user, not a symlink, and writable by no one else.
-fn private(meta: &std::fs::Metadata) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    !meta.file_type().is_symlink() && meta.uid() == euid && meta.mode() & 0o022 == 0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     /// A driver root with an NVML library, a proc root with one GPU, and a boot id.
     struct Host {

@@ -68,6 +68,12 @@ impl Remembered {
         Ok((inventory, source))
     }
 
+    /// The host state the answer in memory is for: the state of the last [`Remembered::load`],
+    /// where it could be read.
+    pub fn fingerprint(&self) -> Option<&Fingerprint> {
+        self.0.as_ref().map(|(fingerprint, _)| fingerprint)
+    }
+
     /// Forgets the answer: a plan failed on it.
     pub fn forget(&mut self) {
         self.0 = None;

@@ -11,6 +11,7 @@
 
 pub mod adjust;
 pub mod container;
+pub mod handoff;
 pub mod registration;
 
 use crate::atomic_file::{NewFile, write_atomic};
@@ -24,6 +25,7 @@ use crate::inventory::{self};
 use crate::request::Request;
 use nvhook_nri::api::{
     Container, ContainerAdjustment, CreateContainerResponse, Event, EventMask, PodSandbox,
+    StateChangeEvent,
 };
 use nvhook_nri::{Configuration, HandlerError, Plugin};
 use std::path::{Path, PathBuf};
@@ -94,6 +96,11 @@ impl GpuPlugin {
             NriMode::Mounts => Target::AnyImageNoHook,
         };
         let kept = source == inventory::isolated::Source::Cache;
+        // The hook plans for the image with the same inventory.
+        let handed = match (config.nri_mode, nvml.fingerprint()) {
+            (NriMode::Hook, Some(fingerprint)) => Some((fingerprint.clone(), inventory.clone())),
+            _ => None,
+        };
         let plan =
             plan_for_host(&request, inventory, source, &config, target).inspect_err(|_| {
                 // A kept answer the plan failed on may be stale: the next container asks again.
@@ -103,6 +110,9 @@ impl GpuPlugin {
                 }
             })?;
         drop(nvml);
+        if let Some((fingerprint, inventory)) = handed {
+            handoff::leave(&config, &container.id, &fingerprint, scope, &inventory);
+        }
         crate::dev_char::ensure_for_plan(&config, &plan);
         let hook = HookBinary::new(&config, self.config_path.as_deref());
         let edits = match config.nri_mode {
@@ -165,7 +175,21 @@ impl Plugin for GpuPlugin {
             self.config_path = Some(path.into());
             tracing::info!(copy = %path.display(), "NRI: using the config the engine passed");
         }
-        Ok(EventMask::of(&[Event::CreateContainer]))
+        Ok(EventMask::of(&[
+            Event::CreateContainer,
+            Event::RemoveContainer,
+        ]))
+    }
+
+    /// A container removed before its hook took what was left for it.
+    fn state_change(&mut self, event: &StateChangeEvent) -> Result<(), HandlerError> {
+        if event.event == Event::RemoveContainer as i32
+            && let Some(container) = &event.container
+            && let Ok(config) = self.config()
+        {
+            handoff::discard(&config, &container.id);
+        }
+        Ok(())
     }
 
     fn create_container(
