@@ -169,6 +169,7 @@ fn configure(
     let rootfs =
         Rootfs::open(&container_view(pid, &container.rootfs))?.with_mounts(&container.mounts);
     let image = probe(request, config, &rootfs);
+    step.done("image");
     let mut plan = match (known.plan)(&image) {
         Some(plan) => plan,
         None => {

@@ -47,6 +47,11 @@ impl Fingerprint {
         Self::read(config, library, Path::new(BOOT_ID))
     }
 
+    /// The NVML library it was taken for, canonical.
+    pub fn library(&self) -> &Path {
+        &self.library
+    }
+
     /// The host's state now, or None when part of it cannot be read (then nothing is kept).
     pub fn read(config: &Config, library: &Path, boot_id_file: &Path) -> Option<Fingerprint> {
         let library = std::fs::canonicalize(library).ok()?;

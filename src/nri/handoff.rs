@@ -10,8 +10,7 @@
 
 use crate::config::Config;
 use crate::inventory::cache::Fingerprint;
-use crate::inventory::driver::HostCache;
-use crate::inventory::{Inventory, Scope, nvml_library};
+use crate::inventory::{Inventory, Scope};
 use crate::private_file;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -110,10 +109,9 @@ pub fn take(config: &Config, id: &str, scope: Scope) -> Option<Inventory> {
     if scope.graphics && !handed.graphics {
         return None;
     }
-    let now = HostCache::read(config)
-        .ok()
-        .and_then(|cache| nvml_library(config, &cache).ok())
-        .and_then(|library| Fingerprint::now(config, &library));
+    // The library the plugin found through the driver's loader cache: one the cache no
+    // longer leads to was replaced, or its directory changed, which the fingerprint sees.
+    let now = Fingerprint::now(config, handed.fingerprint.library());
     if now.as_ref() != Some(&handed.fingerprint) {
         tracing::info!(
             "the host changed since the NRI plugin planned: reading the inventory again"
