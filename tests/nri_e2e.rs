@@ -457,8 +457,9 @@ fn a_hundred_gpu_pods_at_once_each_get_their_allocated_gpu() {
 }
 
 /// The same pod through the RuntimeClass path (nvhook-runtime, the prestart hook) and through
-/// NRI, in both of its modes, sees the same thing: the same entries in the driver's directories, the same device
-/// nodes with the same numbers, the same nodes reachable, libcuda from the same file.
+/// NRI, in its hook and cdi modes (runc or nvhook's hook making the driver files' mounts),
+/// sees the same thing: the same entries in the driver's directories, the same device nodes
+/// with the same numbers, the same nodes reachable, libcuda from the same file.
 #[test]
 fn nri_and_the_hook_give_a_container_the_same_view() {
     require_root();
@@ -525,11 +526,15 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
     let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
     plugin.wait_registered(&node.log_file(), 1, &containerd);
     // nri-mode = "hook" (the default): the nodes and the prestart hook; then "cdi": every
-    // edit for runc, and the createContainer hook.
-    for mode in ["hook", "cdi"] {
-        if mode == "cdi" {
-            node.configure("nri-mode = \"cdi\"");
-        }
+    // edit for runc, and the createContainer hook; then "cdi" with the driver files' mounts
+    // made by that hook (`cdi-mounts = "hook"`) instead of runc.
+    for mode in ["hook", "cdi", "cdi, cdi-mounts = hook"] {
+        match mode {
+            "cdi" => node.configure("nri-mode = \"cdi\""),
+            "hook" => &node,
+            _ => node.configure("cdi-mounts = \"hook\""),
+        };
+        let mounted_by_hooks = node.log().matches("step=\"mounts\"").count();
         let nri = by(DEFAULT_HANDLER, &mut cri);
         let diff: Vec<String> = hook
             .iter()
@@ -545,6 +550,15 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
             diff.is_empty(),
             "nri-mode = {mode}: the hook's view (-) and NRI's (+) differ:\n{}\n(node log)\n{}",
             diff.join("\n"),
+            node.log()
+        );
+        // Only the prestart hook and a createContainer hook told to make them log mounts.
+        let made = node.log().matches("step=\"mounts\"").count() - mounted_by_hooks;
+        let expected = usize::from(mode != "cdi");
+        assert_eq!(
+            made,
+            expected,
+            "nri-mode = {mode}: mounts made by nvhook\n{}",
             node.log()
         );
     }
