@@ -6,8 +6,12 @@ use super::host_file::{DriverRoot, is_elf};
 use super::{DriverFiles, HostFile, Library, Scope};
 use crate::capability::Capability;
 use crate::config::Config;
+use crate::file_id::FileId;
 use nvhook_ldcache::{self as ldcache, Arch, ElfClass, LdCache};
-use std::path::PathBuf;
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
@@ -124,6 +128,8 @@ const SOCKETS: &[(Capability, &str)] = &[
 /// The driver root's ld.so.cache, read once per start.
 pub struct HostCache {
     path: PathBuf,
+    /// The file as it was read.
+    id: Option<FileId>,
     cache: LdCache,
     /// Whose entries are taken: the loader of this architecture's (the build target's).
     arch: Arch,
@@ -132,7 +138,14 @@ pub struct HostCache {
 impl HostCache {
     pub fn read(config: &Config) -> Result<HostCache, DriverError> {
         let path = config.driver_path("etc/ld.so.cache");
-        let bytes = std::fs::read(&path).map_err(|source| DriverError::ReadCache {
+        let read = |path: &Path| -> std::io::Result<(Vec<u8>, Option<FileId>)> {
+            let mut file = std::fs::File::open(path)?;
+            let id = FileId::of_fd(file.as_fd());
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)?;
+            Ok((bytes, id))
+        };
+        let (bytes, id) = read(&path).map_err(|source| DriverError::ReadCache {
             path: path.clone(),
             source,
         })?;
@@ -142,6 +155,7 @@ impl HostCache {
         })?;
         Ok(HostCache {
             path,
+            id,
             cache,
             arch: Arch::HOST,
         })
@@ -165,14 +179,123 @@ impl HostCache {
 
 /// Finds every driver file of version `version` under the driver root.
 pub fn find_files(config: &Config, cache: &HostCache, version: &str, scope: Scope) -> DriverFiles {
+    find_files_kept(config, cache, version, scope, &mut None)
+}
+
+/// [`find_files`], from `kept` when a search now would find the same files: it was made for
+/// the same driver root, loader cache, driver version, scope and firmware directories, and
+/// every directory its search looked into is as it was. Otherwise the search is made, and kept
+/// there where it can be ([`Kept::of`]). The sockets are looked up every time: they come and
+/// go with their daemons, in directories (`/run`, `/tmp`) that change all the time.
+pub fn find_files_kept(
+    config: &Config,
+    cache: &HostCache,
+    version: &str,
+    scope: Scope,
+    kept: &mut Option<Kept>,
+) -> DriverFiles {
+    find_files_kept_at(config, cache, version, scope, kept, SystemTime::now())
+}
+
+/// [`find_files_kept`] at time `now`.
+fn find_files_kept_at(
+    config: &Config,
+    cache: &HostCache,
+    version: &str,
+    scope: Scope,
+    kept: &mut Option<Kept>,
+    now: SystemTime,
+) -> DriverFiles {
     let root = DriverRoot::new(&config.driver_root);
-    let configs = graphics::find_configs(&root, scope);
+    let key = Key {
+        driver_root: root.path().to_path_buf(),
+        ld_cache: cache.id.clone(),
+        version: version.to_string(),
+        graphics: scope.graphics,
+        firmware_dirs: firmware_dirs(config),
+    };
+    let mut files = match kept.as_ref().filter(|k| k.key == key && k.unchanged()) {
+        Some(k) => k.files.clone(),
+        None => {
+            let files = search(&root, cache, &key);
+            *kept = Kept::of(key, root.consulted(), &files, now);
+            files
+        }
+    };
+    files.sockets = SOCKETS
+        .iter()
+        .filter_map(|&(cap, p)| root.existing(p, Some(cap)))
+        .collect();
+    files
+}
+
+/// What a search for the driver's files depends on besides the directories it looks into.
+#[derive(Debug, Clone, PartialEq)]
+struct Key {
+    /// Canonical: a driver root that now leads elsewhere is another root.
+    driver_root: PathBuf,
+    ld_cache: Option<FileId>,
+    version: String,
+    graphics: bool,
+    firmware_dirs: Vec<String>,
+}
+
+/// A search's files but the sockets, with what they were found from.
+#[derive(Debug, Clone)]
+pub struct Kept {
+    key: Key,
+    /// Every directory inside the driver root the search looked into, with its identity.
+    dirs: Vec<(PathBuf, FileId)>,
+    files: DriverFiles,
+}
+
+/// How recent a change to a directory may be for a search that read it to be kept: within the
+/// filesystem clock's granularity, a later change could leave its times as they were.
+const SETTLED: Duration = Duration::from_secs(2);
+
+impl Kept {
+    /// The search's result, kept unless some of what it read cannot be identified or changed
+    /// too recently to tell a later change by its times.
+    fn of(
+        key: Key,
+        consulted: Vec<(PathBuf, Option<FileId>)>,
+        files: &DriverFiles,
+        now: SystemTime,
+    ) -> Option<Kept> {
+        let settled = |id: &FileId| !id.changed_lately(now, SETTLED);
+        key.ld_cache.as_ref().filter(|id| settled(id))?;
+        let dirs = consulted
+            .into_iter()
+            .map(|(dir, id)| Some((dir, id.filter(settled)?)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Kept {
+            key,
+            dirs,
+            files: files.clone(),
+        })
+    }
+
+    /// Whether every directory the search looked into is as it was.
+    fn unchanged(&self) -> bool {
+        self.dirs
+            .iter()
+            .all(|(dir, id)| FileId::of(dir).as_ref() == Some(id))
+    }
+}
+
+/// The driver's files but the sockets, found under `root`.
+fn search(root: &DriverRoot, cache: &HostCache, key: &Key) -> DriverFiles {
+    let scope = Scope {
+        graphics: key.graphics,
+    };
+    let version = key.version.as_str();
+    let configs = graphics::find_configs(root, scope);
     let config_library_paths = match scope.graphics {
         true => graphics::absolute_library_paths(&configs),
         false => Vec::new(),
     };
     DriverFiles {
-        libraries: find_libraries(&root, cache, version),
+        libraries: find_libraries(root, cache, version),
         binaries: BINARIES
             .iter()
             .filter_map(|&(cap, name)| {
@@ -186,14 +309,11 @@ pub fn find_files(config: &Config, cache: &HostCache, version: &str, scope: Scop
                 })
             })
             .collect(),
-        firmware: find_firmware(&root, &firmware_dirs(config), version),
-        sockets: SOCKETS
-            .iter()
-            .filter_map(|&(cap, p)| root.existing(p, Some(cap)))
-            .collect(),
+        firmware: find_firmware(root, &key.firmware_dirs, version),
+        sockets: Vec::new(),
         configs,
         xorg_modules: match scope.graphics {
-            true => graphics::find_xorg_modules(&root, version, cache.arch),
+            true => graphics::find_xorg_modules(root, version, cache.arch),
             false => Vec::new(),
         },
         config_library_paths,
@@ -306,7 +426,7 @@ fn find_firmware(root: &DriverRoot, dirs: &[String], version: &str) -> Vec<HostF
     let mut out: Vec<HostFile> = Vec::new();
     for base in dirs {
         let dir = format!("{base}/nvidia/{version}");
-        let Ok(entries) = std::fs::read_dir(root.path().join(dir.trim_start_matches('/'))) else {
+        let Some(entries) = root.list(&dir) else {
             continue;
         };
         for entry in entries.flatten() {
@@ -355,6 +475,7 @@ mod tests {
         }
         let cache = HostCache {
             path: root.path().join("etc/ld.so.cache"),
+            id: None,
             cache,
             arch: Arch::X86_64,
         };
@@ -393,6 +514,7 @@ mod tests {
         for arch in [Arch::X86_64, Arch::Aarch64] {
             let host = HostCache {
                 path: root.path().join("etc/ld.so.cache"),
+                id: None,
                 cache: cache.clone(),
                 arch,
             };
@@ -409,6 +531,90 @@ mod tests {
                 config.driver_path(&format!("/usr/lib/{tuple}/libnvidia-ml.so.1"))
             );
         }
+    }
+
+    /// A search kept between starts gives what a search now would give: a file added or
+    /// removed, a rewritten loader cache, another driver version or a driver root that leads
+    /// elsewhere each make a new search; a search of directories changed too recently to tell
+    /// is not kept.
+    #[test]
+    fn a_kept_search_serves_only_while_what_it_read_is_unchanged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let make_root = |name: &str| {
+            let root = tmp.path().join(name);
+            for dir in ["usr/bin", "etc", "lib/firmware/nvidia/580.1"] {
+                std::fs::create_dir_all(root.join(dir)).unwrap();
+            }
+            std::fs::write(root.join("usr/bin/nvidia-smi"), b"\x7fELF").unwrap();
+            std::fs::write(root.join("etc/ld.so.cache"), b"cache").unwrap();
+            std::fs::write(root.join("lib/firmware/nvidia/580.1/gsp_ga10x.bin"), b"").unwrap();
+            root
+        };
+        let first_root = make_root("a");
+        let link = tmp.path().join("driver");
+        std::os::unix::fs::symlink(&first_root, &link).unwrap();
+        let config = Config {
+            driver_root: link.clone(),
+            proc_root: tmp.path().join("proc"),
+            sys_root: tmp.path().join("sys"),
+            ..Config::default()
+        };
+        let cache = |root: &Path| HostCache {
+            path: root.join("etc/ld.so.cache"),
+            id: FileId::of(&root.join("etc/ld.so.cache")),
+            cache: LdCache::default(),
+            arch: Arch::HOST,
+        };
+        // Seen from a while after every change below: all of it settled.
+        let later = SystemTime::now() + Duration::from_secs(60);
+        let mut kept = None;
+        let found = |kept: &mut Option<Kept>, root: &Path, version: &str, now| {
+            let files = find_files_kept_at(&config, &cache(root), version, Scope::ALL, kept, now);
+            let fresh = find_files(&config, &cache(root), version, Scope::ALL);
+            assert_eq!(files, fresh);
+            files
+        };
+        let names = |files: &DriverFiles| -> Vec<String> {
+            let binaries = files.binaries.iter().map(|f| f.container_path.clone());
+            let firmware = files.firmware.iter().map(|f| f.container_path.clone());
+            binaries.chain(firmware).collect()
+        };
+
+        found(&mut kept, &first_root, "580.1", SystemTime::now());
+        assert!(kept.is_none(), "directories made just now were kept");
+        found(&mut kept, &first_root, "580.1", later);
+        assert!(kept.is_some(), "a settled search was not kept");
+        let served = found(&mut kept, &first_root, "580.1", later);
+        assert_eq!(
+            names(&served),
+            [
+                "/usr/bin/nvidia-smi",
+                "/lib/firmware/nvidia/580.1/gsp_ga10x.bin"
+            ]
+        );
+
+        std::fs::write(first_root.join("usr/bin/nvidia-debugdump"), b"\x7fELF").unwrap();
+        let added = found(&mut kept, &first_root, "580.1", later);
+        assert!(names(&added).contains(&"/usr/bin/nvidia-debugdump".to_string()));
+        std::fs::remove_file(first_root.join("lib/firmware/nvidia/580.1/gsp_ga10x.bin")).unwrap();
+        let removed = found(&mut kept, &first_root, "580.1", later);
+        assert!(removed.firmware.is_empty(), "{removed:?}");
+
+        let rewritten = first_root.join("etc/ld.so.cache.new");
+        std::fs::write(&rewritten, b"cache 2").unwrap();
+        std::fs::rename(&rewritten, first_root.join("etc/ld.so.cache")).unwrap();
+        found(&mut kept, &first_root, "580.1", later);
+        found(&mut kept, &first_root, "580.2", later);
+
+        let second_root = make_root("b");
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(&second_root, &link).unwrap();
+        let moved = found(&mut kept, &second_root, "580.1", later);
+        assert!(
+            moved.binaries[0]
+                .host_path
+                .starts_with(second_root.canonicalize().unwrap())
+        );
     }
 
     #[test]
@@ -428,6 +634,7 @@ mod tests {
         };
         let cache = HostCache {
             path: root.path().join("etc/ld.so.cache"),
+            id: None,
             cache: LdCache::default(),
             arch: Arch::HOST,
         };

@@ -111,8 +111,7 @@ pub(super) fn find_configs(root: &DriverRoot, scope: Scope) -> Vec<HostFile> {
     for set in wanted {
         for base in set.search {
             let dir = format!("{}/{}", base.trim_end_matches('/'), set.dir);
-            let Ok(entries) = std::fs::read_dir(root.path().join(dir.trim_start_matches('/')))
-            else {
+            let Some(entries) = root.list(&dir) else {
                 continue;
             };
             let mut names: Vec<String> = entries

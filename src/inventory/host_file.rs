@@ -4,6 +4,7 @@
 use super::HostFile;
 use super::resolve::Resolver;
 use crate::capability::Capability;
+use crate::file_id::FileId;
 use std::path::{Path, PathBuf};
 
 /// The driver root, canonical, and the resolver its files are looked up with.
@@ -31,6 +32,26 @@ impl DriverRoot {
             .resolver
             .canonical(&self.path.join(path.trim_start_matches('/')))?;
         host.starts_with(&self.path).then_some(host)
+    }
+
+    /// The entries of directory `dir` (absolute, in the driver root's terms), when it exists
+    /// inside the root: listed through the resolver, so that it counts as looked into.
+    pub(super) fn list(&self, dir: &str) -> Option<std::fs::ReadDir> {
+        let host = self
+            .resolver
+            .directory(&self.path.join(dir.trim_start_matches('/')))?;
+        if !host.starts_with(&self.path) {
+            return None;
+        }
+        std::fs::read_dir(host).ok()
+    }
+
+    /// The directories inside the root that lookups and listings have looked into, with their
+    /// identities then: what their results depend on.
+    pub(super) fn consulted(&self) -> Vec<(PathBuf, Option<FileId>)> {
+        let mut dirs = self.resolver.consulted();
+        dirs.retain(|(dir, _)| dir.starts_with(&self.path));
+        dirs
     }
 
     pub(super) fn existing(&self, path: &str, capability: Option<Capability>) -> Option<HostFile> {

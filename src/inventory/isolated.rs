@@ -12,7 +12,7 @@
 
 use super::cache::{Fingerprint, NvmlCache};
 use super::change::HostChange;
-use super::driver::HostCache;
+use super::driver::{HostCache, Kept};
 use super::nvml::{Reply, System};
 use super::{Inventory, InventoryError, Scope, nvml_library};
 use crate::config::Config;
@@ -41,9 +41,13 @@ pub fn load(config: &Config, scope: Scope) -> Result<(Inventory, Source), Invent
 
 /// NVML's answer kept in memory by a process that serves many containers (`nvhook nri`),
 /// with the state of the host it was given for: used while the host is in that state, and
-/// asked again (through [`load`], so the file cache serves when it can) once it is not.
+/// asked again (through [`load`], so the file cache serves when it can) once it is not. The
+/// driver's files found around it are kept too, while a search would find the same.
 #[derive(Debug, Default)]
-pub struct Remembered(Option<(Fingerprint, System)>);
+pub struct Remembered {
+    answer: Option<(Fingerprint, System)>,
+    files: Option<Kept>,
+}
 
 impl Remembered {
     /// Like [`load`], from memory when the host is as it was.
@@ -56,27 +60,28 @@ impl Remembered {
         // Taken before any query: a host that changes during one leaves the answer stale at
         // once, never wrongly fresh.
         let now = Fingerprint::now(config, &nvml_library(config, &host_cache)?);
-        if let (Some(now), Some((then, system))) = (&now, &self.0)
+        if let (Some(now), Some((then, system))) = (&now, &self.answer)
             && now == then
         {
             tracing::debug!("NVML's answer from memory");
-            let inventory = super::around(config, &host_cache, system.clone(), scope)?;
+            let inventory =
+                super::around_kept(config, &host_cache, system.clone(), scope, &mut self.files)?;
             return Ok((inventory, Source::Cache));
         }
         let (inventory, source) = load(config, scope)?;
-        self.0 = now.map(|f| (f, inventory.system()));
+        self.answer = now.map(|f| (f, inventory.system()));
         Ok((inventory, source))
     }
 
     /// The host state the answer in memory is for: the state of the last [`Remembered::load`],
     /// where it could be read.
     pub fn fingerprint(&self) -> Option<&Fingerprint> {
-        self.0.as_ref().map(|(fingerprint, _)| fingerprint)
+        self.answer.as_ref().map(|(fingerprint, _)| fingerprint)
     }
 
-    /// Forgets the answer: a plan failed on it.
+    /// Forgets the answer and the files: a plan failed on them.
     pub fn forget(&mut self) {
-        self.0 = None;
+        *self = Remembered::default();
     }
 }
 

@@ -63,6 +63,18 @@ pub fn around(
     system: System,
     scope: Scope,
 ) -> Result<Inventory, InventoryError> {
+    around_kept(config, cache, system, scope, &mut None)
+}
+
+/// [`around`], with the driver's files from `kept` while a search would find the same
+/// ([`driver::find_files_kept`]).
+pub fn around_kept(
+    config: &Config,
+    cache: &driver::HostCache,
+    system: System,
+    scope: Scope,
+    kept: &mut Option<driver::Kept>,
+) -> Result<Inventory, InventoryError> {
     if let Some(found) = wsl::find(config) {
         return Ok(around_wsl(config, cache, system, found));
     }
@@ -72,7 +84,7 @@ pub fn around(
         caps.annotate(gpu);
     }
     Ok(Inventory {
-        files: driver::find_files(config, cache, &system.driver_version, scope),
+        files: driver::find_files_kept(config, cache, &system.driver_version, scope, kept),
         cuda_version: system.cuda_version,
         driver_version: system.driver_version,
         drm_nodes: match scope.graphics {

@@ -7,21 +7,24 @@
 //! one lookup relative to it (fstatat), plus a readlinkat per symlink hop: the kernel no
 //! longer walks the whole path each time.
 
+use crate::file_id::FileId;
 use nix::fcntl::{AtFlags, OFlag, readlinkat};
 use nix::sys::stat::{Mode, SFlag, fstatat};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 /// The kernel's own limit on symlinks followed in one lookup.
 const MAX_HOPS: usize = 40;
 
-/// A directory, canonical, and opened (O_PATH) for lookups relative to it.
+/// A directory, canonical, and opened (O_PATH) for lookups relative to it, with its identity
+/// as it was opened: a search that read it saw it that way or later.
 struct Dir {
     path: PathBuf,
     fd: OwnedFd,
+    id: Option<FileId>,
 }
 
 #[derive(Default)]
@@ -50,6 +53,26 @@ impl Resolver {
         None
     }
 
+    /// `dir`, canonical, where it is a directory: opened, so that it counts as looked into.
+    pub fn directory(&self, dir: &Path) -> Option<PathBuf> {
+        self.dir(dir).map(|d| d.path.clone())
+    }
+
+    /// Every directory looked into so far (canonical, each once), with its identity when it
+    /// was opened (None where it could not be read).
+    pub fn consulted(&self) -> Vec<(PathBuf, Option<FileId>)> {
+        let mut out: Vec<(PathBuf, Option<FileId>)> = self
+            .dirs
+            .borrow()
+            .values()
+            .flatten()
+            .map(|d| (d.path.clone(), d.id.clone()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.dedup_by(|a, b| a.0 == b.0);
+        out
+    }
+
     fn dir(&self, dir: &Path) -> Option<Rc<Dir>> {
         if let Some(known) = self.dirs.borrow().get(dir) {
             return known.clone();
@@ -58,7 +81,8 @@ impl Resolver {
         let opened = self.canonical(dir).and_then(|path| {
             let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
             let fd = nix::fcntl::open(&path, flags, Mode::empty()).ok()?;
-            Some(Rc::new(Dir { path, fd }))
+            let id = FileId::of_fd(fd.as_fd());
+            Some(Rc::new(Dir { path, fd, id }))
         });
         self.dirs
             .borrow_mut()
