@@ -3,6 +3,7 @@
 
 use super::graphics;
 use super::host_file::{DriverRoot, is_elf};
+use super::kept_files::{Kept, Key};
 use super::{DriverFiles, HostFile, Library, Scope};
 use crate::capability::Capability;
 use crate::config::Config;
@@ -11,7 +12,7 @@ use nvhook_ldcache::{self as ldcache, Arch, ElfClass, LdCache};
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
@@ -214,8 +215,13 @@ fn find_files_kept_at(
         graphics: scope.graphics,
         firmware_dirs: firmware_dirs(config),
     };
-    let mut files = match kept.as_ref().filter(|k| k.key == key && k.unchanged()) {
-        Some(k) => k.files.clone(),
+    let mut files = match kept.as_ref().and_then(|k| k.serves(&key)) {
+        Some(files) => {
+            tracing::debug!(
+                "the driver's files as a search before found them: nothing it read has changed"
+            );
+            files.clone()
+        }
         None => {
             let files = search(&root, cache, &key);
             *kept = Kept::of(key, root.consulted(), &files, now);
@@ -227,60 +233,6 @@ fn find_files_kept_at(
         .filter_map(|&(cap, p)| root.existing(p, Some(cap)))
         .collect();
     files
-}
-
-/// What a search for the driver's files depends on besides the directories it looks into.
-#[derive(Debug, Clone, PartialEq)]
-struct Key {
-    /// Canonical: a driver root that now leads elsewhere is another root.
-    driver_root: PathBuf,
-    ld_cache: Option<FileId>,
-    version: String,
-    graphics: bool,
-    firmware_dirs: Vec<String>,
-}
-
-/// A search's files but the sockets, with what they were found from.
-#[derive(Debug, Clone)]
-pub struct Kept {
-    key: Key,
-    /// Every directory inside the driver root the search looked into, with its identity.
-    dirs: Vec<(PathBuf, FileId)>,
-    files: DriverFiles,
-}
-
-/// How recent a change to a directory may be for a search that read it to be kept: within the
-/// filesystem clock's granularity, a later change could leave its times as they were.
-const SETTLED: Duration = Duration::from_secs(2);
-
-impl Kept {
-    /// The search's result, kept unless some of what it read cannot be identified or changed
-    /// too recently to tell a later change by its times.
-    fn of(
-        key: Key,
-        consulted: Vec<(PathBuf, Option<FileId>)>,
-        files: &DriverFiles,
-        now: SystemTime,
-    ) -> Option<Kept> {
-        let settled = |id: &FileId| !id.changed_lately(now, SETTLED);
-        key.ld_cache.as_ref().filter(|id| settled(id))?;
-        let dirs = consulted
-            .into_iter()
-            .map(|(dir, id)| Some((dir, id.filter(settled)?)))
-            .collect::<Option<Vec<_>>>()?;
-        Some(Kept {
-            key,
-            dirs,
-            files: files.clone(),
-        })
-    }
-
-    /// Whether every directory the search looked into is as it was.
-    fn unchanged(&self) -> bool {
-        self.dirs
-            .iter()
-            .all(|(dir, id)| FileId::of(dir).as_ref() == Some(id))
-    }
 }
 
 /// The driver's files but the sockets, found under `root`.
@@ -566,7 +518,7 @@ mod tests {
             arch: Arch::HOST,
         };
         // Seen from a while after every change below: all of it settled.
-        let later = SystemTime::now() + Duration::from_secs(60);
+        let later = SystemTime::now() + std::time::Duration::from_secs(60);
         let mut kept = None;
         let found = |kept: &mut Option<Kept>, root: &Path, version: &str, now| {
             let files = find_files_kept_at(&config, &cache(root), version, Scope::ALL, kept, now);

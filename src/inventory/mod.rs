@@ -11,6 +11,7 @@ pub mod gpu_layout;
 pub mod graphics;
 mod host_file;
 pub mod isolated;
+pub mod kept_files;
 pub mod memory_limits;
 pub mod mig_admin;
 pub mod nvml_actions;
@@ -73,7 +74,7 @@ pub fn around_kept(
     cache: &driver::HostCache,
     system: System,
     scope: Scope,
-    kept: &mut Option<driver::Kept>,
+    kept: &mut Option<kept_files::Kept>,
 ) -> Result<Inventory, InventoryError> {
     if let Some(found) = wsl::find(config) {
         return Ok(around_wsl(config, cache, system, found));
