@@ -179,46 +179,51 @@ fn a_module_reload_with_new_majors_gives_the_next_start_the_new_uvm_node() {
     out.assert_lines(&[&format!("stat /dev/nvidia-uvm char {after}:0")]);
 }
 
-/// The driver's files a start found are kept for the next start (beside NVML's cached answer)
-/// once the directories it read have settled, and used while they stay as they were: a
-/// firmware file added and a tool removed without NVML's answer changing reach the very next
-/// start, as they would without the kept search.
+/// The NRI plugin keeps the driver's files it found while a search would find the same: a
+/// firmware file added and a tool removed, with NVML's answer unchanged, reach the very next
+/// container's adjustment, as they would without the kept search.
 #[test]
-fn kept_driver_files_follow_files_added_and_removed() {
-    const KEPT: &str = "the driver's files as a search before found them";
-    let firmware = format!("/lib/firmware/nvidia/{OLD}");
+fn the_nri_plugins_kept_driver_files_follow_files_added_and_removed() {
+    use nvhook_nri::api::{Container, PodSandbox};
+
     let node = SimNode::create(GPUS);
+    node.configure("nri-mode = \"cdi\"");
+    // The plugin here is this test's process, with no NVML helper beside it: it plans from the
+    // answer a first start stored.
+    start(&node, "0", &[]).assert_success();
     // Directories changed within the filesystem clock's step are not trusted to show the next
-    // change: the node's must settle before a search of them is kept.
+    // change: the node's settle before a search of them is kept.
     std::thread::sleep(std::time::Duration::from_millis(2500));
-    let look = ["--ls", &firmware, "--ls", "/usr/bin"];
-    // The first start asks NVML; the second reads its stored answer, and keeps its search.
-    start(&node, "0", &look).assert_success();
-    start(&node, "0", &look).assert_success();
-    assert!(
-        node.root().join("run/driver-files.json").is_file(),
-        "no search kept\n{}",
-        node.log()
-    );
-    let served = start(&node, "1", &look);
-    served.assert_success();
-    served.assert_lines(&["ls /usr/bin nvidia-debugdump"]);
-    assert!(node.log().contains(KEPT), "{}", node.log());
+    let plugin = nvhook::nri::GpuPlugin::new(Some(node.config()));
+    let mounted = || -> Vec<String> {
+        let container = Container {
+            id: "kept".into(),
+            env: vec!["NVIDIA_VISIBLE_DEVICES=0".into()],
+            ..Default::default()
+        };
+        let adjustment = plugin
+            .adjust(&PodSandbox::default(), &container)
+            .expect("the plugin plans")
+            .expect("a GPU container");
+        adjustment
+            .mounts
+            .into_iter()
+            .map(|m| m.destination)
+            .collect()
+    };
+    let tool = "/usr/bin/nvidia-debugdump".to_string();
+    let firmware = format!("/lib/firmware/nvidia/{OLD}/gsp_gb10x.bin");
+    let searched = mounted();
+    let kept = mounted();
+    assert_eq!(searched, kept);
+    assert!(kept.contains(&tool), "{kept:#?}");
+    assert!(!kept.contains(&firmware), "{kept:#?}");
 
     let driver = node.driver_root();
-    fs::write(
-        driver.join(format!("lib/firmware/nvidia/{OLD}/gsp_gb10x.bin")),
-        b"firmware",
-    )
-    .expect("add a firmware file");
-    fs::remove_file(driver.join("usr/bin/nvidia-debugdump")).expect("remove a tool");
-    let after = start(&node, "0", &look);
-    after.assert_success();
-    after.assert_gpus(GPUS, &[0]);
-    after.assert_lines(&[&format!("ls {firmware} gsp_gb10x.bin")]);
-    assert!(
-        !after.stdout.contains("ls /usr/bin nvidia-debugdump"),
-        "a removed tool reached the container\n{after}"
-    );
-    assert_eq!(node.log().matches(KEPT).count(), 1, "{}", node.log());
+    fs::write(driver.join(firmware.trim_start_matches('/')), b"firmware")
+        .expect("add a firmware file");
+    fs::remove_file(driver.join(tool.trim_start_matches('/'))).expect("remove a tool");
+    let after = mounted();
+    assert!(after.contains(&firmware), "{after:#?}");
+    assert!(!after.contains(&tool), "{after:#?}");
 }
