@@ -180,20 +180,21 @@ impl HostCache {
 
 /// Finds every driver file of version `version` under the driver root.
 pub fn find_files(config: &Config, cache: &HostCache, version: &str, scope: Scope) -> DriverFiles {
-    find_files_kept(config, cache, version, scope, &mut None)
+    find_files_kept(config, cache, version, scope, None)
 }
 
 /// [`find_files`], from `kept` when a search now would find the same files: it was made for
 /// the same driver root, loader cache, driver version, scope and firmware directories, and
 /// every directory its search looked into is as it was. Otherwise the search is made, and kept
 /// there where it can be ([`Kept::of`]). The sockets are looked up every time: they come and
-/// go with their daemons, in directories (`/run`, `/tmp`) that change all the time.
+/// go with their daemons, in directories (`/run`, `/tmp`) that change all the time. With no
+/// `kept`, nothing is recorded for keeping.
 pub fn find_files_kept(
     config: &Config,
     cache: &HostCache,
     version: &str,
     scope: Scope,
-    kept: &mut Option<Kept>,
+    kept: Option<&mut Option<Kept>>,
 ) -> DriverFiles {
     find_files_kept_at(config, cache, version, scope, kept, SystemTime::now())
 }
@@ -204,10 +205,10 @@ fn find_files_kept_at(
     cache: &HostCache,
     version: &str,
     scope: Scope,
-    kept: &mut Option<Kept>,
+    kept: Option<&mut Option<Kept>>,
     now: SystemTime,
 ) -> DriverFiles {
-    let root = DriverRoot::new(&config.driver_root);
+    let root = DriverRoot::new(&config.driver_root, kept.is_some());
     let key = Key {
         driver_root: root.path().to_path_buf(),
         ld_cache: cache.id.clone(),
@@ -215,18 +216,21 @@ fn find_files_kept_at(
         graphics: scope.graphics,
         firmware_dirs: firmware_dirs(config),
     };
-    let mut files = match kept.as_ref().and_then(|k| k.serves(&key)) {
-        Some(files) => {
-            tracing::debug!(
-                "the driver's files as a search before found them: nothing it read has changed"
-            );
-            files.clone()
-        }
-        None => {
-            let files = search(&root, cache, &key);
-            *kept = Kept::of(key, root.consulted(), &files, now);
-            files
-        }
+    let mut files = match kept {
+        Some(kept) => match kept.as_ref().and_then(|k| k.serves(&key)) {
+            Some(files) => {
+                tracing::debug!(
+                    "the driver's files as a search before found them: nothing it read has changed"
+                );
+                files.clone()
+            }
+            None => {
+                let files = search(&root, cache, &key);
+                *kept = Kept::of(key, root.consulted(), &files, now);
+                files
+            }
+        },
+        None => search(&root, cache, &key),
     };
     files.sockets = SOCKETS
         .iter()
@@ -431,7 +435,7 @@ mod tests {
             cache,
             arch: Arch::X86_64,
         };
-        let found = find_libraries(&DriverRoot::new(root.path()), &cache, "580.159.04");
+        let found = find_libraries(&DriverRoot::new(root.path(), false), &cache, "580.159.04");
         let names: Vec<&str> = found.iter().map(|l| l.soname.as_str()).collect();
         assert_eq!(names, ["libcuda.so.1"]);
         assert_eq!(found[0].file_name, real);
@@ -470,7 +474,7 @@ mod tests {
                 cache: cache.clone(),
                 arch,
             };
-            let found = find_libraries(&DriverRoot::new(root.path()), &host, "580.1");
+            let found = find_libraries(&DriverRoot::new(root.path(), false), &host, "580.1");
             let tuple = arch.multiarch(ElfClass::Lib64);
             let dir = root.path().join(format!("usr/lib/{tuple}"));
             assert_eq!(found.len(), 2, "{arch:?}: {found:?}");
@@ -521,7 +525,8 @@ mod tests {
         let later = SystemTime::now() + std::time::Duration::from_secs(60);
         let mut kept = None;
         let found = |kept: &mut Option<Kept>, root: &Path, version: &str, now| {
-            let files = find_files_kept_at(&config, &cache(root), version, Scope::ALL, kept, now);
+            let files =
+                find_files_kept_at(&config, &cache(root), version, Scope::ALL, Some(kept), now);
             let fresh = find_files(&config, &cache(root), version, Scope::ALL);
             assert_eq!(files, fresh);
             files
@@ -689,7 +694,7 @@ mod tests {
             "/usr/local/nvidia/firmware".to_string(),
             "/lib/firmware".into(),
         ];
-        let found = find_firmware(&DriverRoot::new(root.path()), &dirs, v);
+        let found = find_firmware(&DriverRoot::new(root.path(), false), &dirs, v);
         let paths: Vec<&str> = found.iter().map(|f| f.container_path.as_str()).collect();
         assert_eq!(
             paths,

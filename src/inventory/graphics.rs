@@ -261,7 +261,7 @@ mod tests {
             "etc/OpenCL/vendors/nvidia.icd",
             "libnvidia-opencl.so.1",
         );
-        let found = find_configs(&DriverRoot::new(root), Scope::ALL);
+        let found = find_configs(&DriverRoot::new(root, false), Scope::ALL);
         let paths: Vec<(&str, Capability)> = found
             .iter()
             .map(|f| (f.container_path.as_str(), f.capability.unwrap()))
@@ -310,7 +310,7 @@ mod tests {
         );
         let compute = Scope::for_capabilities(&[Capability::Compute, Capability::Utility]);
         assert_eq!(compute, Scope { graphics: false });
-        let found = find_configs(&DriverRoot::new(root), compute);
+        let found = find_configs(&DriverRoot::new(root, false), compute);
         let paths: Vec<&str> = found.iter().map(|f| f.container_path.as_str()).collect();
         assert_eq!(paths, ["/etc/OpenCL/vendors/nvidia.icd"]);
         assert!(Scope::for_capabilities(&[Capability::Display]).graphics);
@@ -341,7 +341,7 @@ mod tests {
             "usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
             "not json",
         );
-        let configs = find_configs(&DriverRoot::new(root), Scope::ALL);
+        let configs = find_configs(&DriverRoot::new(root, false), Scope::ALL);
         assert_eq!(
             absolute_library_paths(&configs),
             [
@@ -376,7 +376,7 @@ mod tests {
             "usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.580.95.05",
             "\x7fELF",
         );
-        let found = find_xorg_modules(&DriverRoot::new(root), "580.95.05", Arch::X86_64);
+        let found = find_xorg_modules(&DriverRoot::new(root, false), "580.95.05", Arch::X86_64);
         let paths: Vec<&str> = found.iter().map(|f| f.container_path.as_str()).collect();
         assert_eq!(
             paths,
@@ -402,7 +402,7 @@ mod tests {
             (Arch::X86_64, "x86_64-linux-gnu"),
             (Arch::Aarch64, "aarch64-linux-gnu"),
         ] {
-            let found = find_xorg_modules(&DriverRoot::new(root), "580.95.05", arch);
+            let found = find_xorg_modules(&DriverRoot::new(root, false), "580.95.05", arch);
             let paths: Vec<&str> = found.iter().map(|f| f.container_path.as_str()).collect();
             assert_eq!(
                 paths,

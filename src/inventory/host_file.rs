@@ -14,10 +14,12 @@ pub(super) struct DriverRoot {
 }
 
 impl DriverRoot {
-    pub(super) fn new(root: &Path) -> DriverRoot {
+    /// The root at `root`; `recording` for a search to be kept, whose directories' identities
+    /// are then taken as they are opened ([`DriverRoot::consulted`]).
+    pub(super) fn new(root: &Path, recording: bool) -> DriverRoot {
         DriverRoot {
             path: std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf()),
-            resolver: Resolver::default(),
+            resolver: Resolver::new(recording),
         }
     }
 

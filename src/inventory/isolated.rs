@@ -65,8 +65,13 @@ impl Remembered {
             && now == then
         {
             tracing::debug!("NVML's answer from memory");
-            let inventory =
-                super::around_kept(config, &host_cache, system.clone(), scope, &mut self.files)?;
+            let inventory = super::around_kept(
+                config,
+                &host_cache,
+                system.clone(),
+                scope,
+                Some(&mut self.files),
+            )?;
             return Ok((inventory, Source::Cache));
         }
         let (inventory, source) = load(config, scope)?;

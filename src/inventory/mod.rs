@@ -64,17 +64,17 @@ pub fn around(
     system: System,
     scope: Scope,
 ) -> Result<Inventory, InventoryError> {
-    around_kept(config, cache, system, scope, &mut None)
+    around_kept(config, cache, system, scope, None)
 }
 
 /// [`around`], with the driver's files from `kept` while a search would find the same
-/// ([`driver::find_files_kept`]).
+/// ([`driver::find_files_kept`]); with no `kept`, the search is not recorded for keeping.
 pub fn around_kept(
     config: &Config,
     cache: &driver::HostCache,
     system: System,
     scope: Scope,
-    kept: &mut Option<kept_files::Kept>,
+    kept: Option<&mut Option<kept_files::Kept>>,
 ) -> Result<Inventory, InventoryError> {
     if let Some(found) = wsl::find(config) {
         return Ok(around_wsl(config, cache, system, found));

@@ -30,9 +30,18 @@ struct Dir {
 #[derive(Default)]
 pub struct Resolver {
     dirs: RefCell<HashMap<PathBuf, Option<Rc<Dir>>>>,
+    /// Whether each directory's identity is taken as it is opened, for [`Resolver::consulted`].
+    recording: bool,
 }
 
 impl Resolver {
+    pub fn new(recording: bool) -> Resolver {
+        Resolver {
+            recording,
+            ..Resolver::default()
+        }
+    }
+
     /// What `std::fs::canonicalize(path)` returns, or None where it fails.
     pub fn canonical(&self, path: &Path) -> Option<PathBuf> {
         let mut path = path.to_path_buf();
@@ -59,7 +68,7 @@ impl Resolver {
     }
 
     /// Every directory looked into so far (canonical, each once), with its identity when it
-    /// was opened (None where it could not be read).
+    /// was opened (None where it could not be read, or the resolver does not record).
     pub fn consulted(&self) -> Vec<(PathBuf, Option<FileId>)> {
         let mut out: Vec<(PathBuf, Option<FileId>)> = self
             .dirs
@@ -81,7 +90,7 @@ impl Resolver {
         let opened = self.canonical(dir).and_then(|path| {
             let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
             let fd = nix::fcntl::open(&path, flags, Mode::empty()).ok()?;
-            let id = FileId::of_fd(fd.as_fd());
+            let id = self.recording.then(|| FileId::of_fd(fd.as_fd())).flatten();
             Some(Rc::new(Dir { path, fd, id }))
         });
         self.dirs
