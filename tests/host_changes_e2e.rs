@@ -227,3 +227,47 @@ fn the_nri_plugins_kept_driver_files_follow_files_added_and_removed() {
     assert!(after.contains(&firmware), "{after:#?}");
     assert!(!after.contains(&tool), "{after:#?}");
 }
+
+/// The driver's files a start found are kept for the next start (beside NVML's cached answer)
+/// once the directories it read have settled, and used while they stay as they were: a
+/// firmware file added and a tool removed without NVML's answer changing reach the very next
+/// start, as they would without the kept search.
+#[test]
+fn kept_driver_files_follow_files_added_and_removed() {
+    const KEPT: &str = "the driver's files as a search before found them";
+    let firmware = format!("/lib/firmware/nvidia/{OLD}");
+    let node = SimNode::create(GPUS);
+    // Directories changed within the filesystem clock's step are not trusted to show the next
+    // change: the node's must settle before a search of them is kept.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let look = ["--ls", &firmware, "--ls", "/usr/bin"];
+    // The first start asks NVML; the second reads its stored answer, and keeps its search.
+    start(&node, "0", &look).assert_success();
+    start(&node, "0", &look).assert_success();
+    assert!(
+        node.root().join("run/driver-files.json").is_file(),
+        "no search kept\n{}",
+        node.log()
+    );
+    let served = start(&node, "1", &look);
+    served.assert_success();
+    served.assert_lines(&["ls /usr/bin nvidia-debugdump"]);
+    assert!(node.log().contains(KEPT), "{}", node.log());
+
+    let driver = node.driver_root();
+    fs::write(
+        driver.join(format!("lib/firmware/nvidia/{OLD}/gsp_gb10x.bin")),
+        b"firmware",
+    )
+    .expect("add a firmware file");
+    fs::remove_file(driver.join("usr/bin/nvidia-debugdump")).expect("remove a tool");
+    let after = start(&node, "0", &look);
+    after.assert_success();
+    after.assert_gpus(GPUS, &[0]);
+    after.assert_lines(&[&format!("ls {firmware} gsp_gb10x.bin")]);
+    assert!(
+        !after.stdout.contains("ls /usr/bin nvidia-debugdump"),
+        "a removed tool reached the container\n{after}"
+    );
+    assert_eq!(node.log().matches(KEPT).count(), 1, "{}", node.log());
+}

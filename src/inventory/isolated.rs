@@ -13,7 +13,7 @@
 use super::cache::{Fingerprint, NvmlCache};
 use super::change::HostChange;
 use super::driver::HostCache;
-use super::kept_files::Kept;
+use super::kept_files::{self, Kept};
 use super::nvml::{Reply, System};
 use super::{Inventory, InventoryError, Scope, nvml_library};
 use crate::config::Config;
@@ -117,7 +117,7 @@ fn load_from(
             .and_then(NvmlCache::read)
     };
     if let Some(system) = cached() {
-        let inventory = super::around(config, &host_cache, system, scope)?;
+        let inventory = kept_files::around_stored(config, &host_cache, system, scope)?;
         return Ok((inventory, Source::Cache));
     }
     // One query for a burst of starts: the lock's holder asks NVML, the others wait for its
@@ -126,7 +126,7 @@ fn load_from(
     let flight = stored.as_ref().and_then(|s| s.lock_query(deadline));
     if let Some(system) = flight.as_ref().and_then(|_| cached()) {
         tracing::debug!("another start asked NVML while this one waited");
-        let inventory = super::around(config, &host_cache, system, scope)?;
+        let inventory = kept_files::around_stored(config, &host_cache, system, scope)?;
         return Ok((inventory, Source::Cache));
     }
     let inventory = query_in_child(config, &host_cache, deadline, scope)?;

@@ -1,7 +1,6 @@
-//! A search for the driver's files, kept in memory by a process that serves many containers
-//! (`nvhook nri`) while a search would find the same. (A per-start process gains little from a
-//! copy in a file: reading and decoding it costs about what a search for a compute
-//! container's files does; docs/performance.md, twenty-first round.)
+//! A search for the driver's files, kept while a search would find the same: in memory by a
+//! process that serves many containers (`nvhook nri`), and for the next start's process in a
+//! file beside NVML's cached answer, as private as it.
 //!
 //! What a search finds depends on the driver root, its loader cache, the driver version, the
 //! scope, the firmware directories, and the directories it looks into. A directory's inode and
@@ -11,13 +10,18 @@
 //! replace files), and the daemons' sockets are not kept at all: they come and go with their
 //! daemons, in directories that change all the time.
 
-use super::DriverFiles;
+use super::driver::HostCache;
+use super::{DriverFiles, Inventory, InventoryError, Scope, System};
+use crate::atomic_file::{NewFile, write_atomic};
+use crate::config::Config;
 use crate::file_id::FileId;
-use std::path::PathBuf;
+use crate::private_file;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 /// What a search for the driver's files depends on besides the directories it looks into.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(super) struct Key {
     /// Canonical: a driver root that now leads elsewhere is another root.
     pub driver_root: PathBuf,
@@ -28,13 +32,19 @@ pub(super) struct Key {
 }
 
 /// A search's files but the sockets, with what they were found from.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Kept {
+    /// [`FORMAT`] when written.
+    format: u32,
     key: Key,
     /// Every directory inside the driver root the search looked into, with its identity.
     dirs: Vec<(PathBuf, FileId)>,
     files: DriverFiles,
 }
+
+/// The layout of [`Kept`] and [`DriverFiles`] in the file; raised whenever either changes, so
+/// that a file an older nvhook wrote is a miss.
+const FORMAT: u32 = 1;
 
 /// How recent a change to a directory may be for a search that read it to be kept: within the
 /// filesystem clock's granularity, a later change could leave its times as they were.
@@ -56,6 +66,7 @@ impl Kept {
             .map(|(dir, id)| Some((dir, id.filter(settled)?)))
             .collect::<Option<Vec<_>>>()?;
         Some(Kept {
+            format: FORMAT,
             key,
             dirs,
             files: files.clone(),
@@ -70,6 +81,54 @@ impl Kept {
                 .iter()
                 .all(|(dir, id)| FileId::of(dir).as_ref() == Some(id))
         };
-        (&self.key == key && unchanged()).then_some(&self.files)
+        (self.format == FORMAT && &self.key == key && unchanged()).then_some(&self.files)
+    }
+}
+
+/// [`around`](super::around), with the driver's files from the search a start before kept
+/// beside NVML's cached answer, and this start's search kept there when it made one.
+pub fn around_stored(
+    config: &Config,
+    cache: &HostCache,
+    system: System,
+    scope: Scope,
+) -> Result<Inventory, InventoryError> {
+    let Some(path) = path(config, scope) else {
+        return super::around(config, cache, system, scope);
+    };
+    let stored = read(&path);
+    let mut kept = stored.clone();
+    let inventory = super::around_kept(config, cache, system, scope, Some(&mut kept))?;
+    if let Some(kept) = kept.filter(|k| Some(k) != stored.as_ref()) {
+        write(&path, &kept);
+    }
+    Ok(inventory)
+}
+
+/// The file beside NVML's cached answer, one per scope (so that compute and graphics starts
+/// on one node do not replace each other's); none where that cache is off.
+fn path(config: &Config, scope: Scope) -> Option<PathBuf> {
+    let name = match scope.graphics {
+        true => "driver-files-graphics.json",
+        false => "driver-files.json",
+    };
+    Some(config.nvml_cache()?.parent()?.join(name))
+}
+
+fn read(path: &Path) -> Option<Kept> {
+    let (bytes, _) = private_file::read(path)?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Best effort: a host where it cannot be written searches again at the next start.
+fn write(path: &Path, kept: &Kept) {
+    let written = serde_json::to_vec(kept)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| {
+            private_file::make_dir(path.parent().unwrap_or(Path::new("/")))?;
+            write_atomic(path, &bytes, NewFile::mode(0o600))
+        });
+    if let Err(e) = written {
+        tracing::debug!(path = %path.display(), error = %e, "driver files not kept");
     }
 }
