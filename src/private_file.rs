@@ -3,6 +3,7 @@
 //! work, so a file is read only when it and its directory are owned by our effective user and
 //! writable by no one else, and never through a symlink.
 
+use crate::atomic_file::{NewFile, write_atomic};
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
@@ -27,6 +28,14 @@ pub fn make_dir(dir: &Path) -> std::io::Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Replaces `path` with `value` as JSON, private to this user (0600), in its directory made
+/// private where missing.
+pub fn write_json(path: &Path, value: &impl serde::Serialize) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    make_dir(crate::atomic_file::parent(path))?;
+    write_atomic(path, &bytes, NewFile::mode(0o600))
 }
 
 /// The contents of `path` with its metadata, when it and its directory are private to this

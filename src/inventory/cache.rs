@@ -12,7 +12,6 @@
 
 use super::gpu_layout::GpuLayout;
 use super::nvml::System;
-use crate::atomic_file::{NewFile, write_atomic};
 use crate::config::Config;
 use crate::file_id::FileId;
 use crate::private_file::{self, private};
@@ -190,9 +189,7 @@ impl NvmlCache {
     }
 
     fn try_write(&self, stored: &Stored) -> std::io::Result<()> {
-        self.private_dir()?;
-        let bytes = serde_json::to_vec(stored).map_err(std::io::Error::other)?;
-        write_atomic(&self.path, &bytes, NewFile::mode(0o600))
+        private_file::write_json(&self.path, stored)
     }
 
     /// The cache's directory, made where missing, and only if it is private to this user.

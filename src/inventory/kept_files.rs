@@ -12,7 +12,6 @@
 
 use super::driver::HostCache;
 use super::{DriverFiles, Inventory, InventoryError, Scope, System};
-use crate::atomic_file::{NewFile, write_atomic};
 use crate::config::Config;
 use crate::file_id::FileId;
 use crate::private_file;
@@ -122,13 +121,7 @@ fn read(path: &Path) -> Option<Kept> {
 
 /// Best effort: a host where it cannot be written searches again at the next start.
 fn write(path: &Path, kept: &Kept) {
-    let written = serde_json::to_vec(kept)
-        .map_err(std::io::Error::other)
-        .and_then(|bytes| {
-            private_file::make_dir(path.parent().unwrap_or(Path::new("/")))?;
-            write_atomic(path, &bytes, NewFile::mode(0o600))
-        });
-    if let Err(e) = written {
+    if let Err(e) = private_file::write_json(path, kept) {
         tracing::debug!(path = %path.display(), error = %e, "driver files not kept");
     }
 }

@@ -70,17 +70,7 @@ pub fn leave(
         graphics: scope.graphics,
         inventory: inventory.clone(),
     };
-    let written = serde_json::to_vec(&handed)
-        .map_err(std::io::Error::other)
-        .and_then(|bytes| {
-            private_file::make_dir(path.parent().unwrap_or(&path))?;
-            crate::atomic_file::write_atomic(
-                &path,
-                &bytes,
-                crate::atomic_file::NewFile::mode(0o600),
-            )
-        });
-    if let Err(e) = written {
+    if let Err(e) = private_file::write_json(&path, &handed) {
         tracing::debug!(path = %path.display(), error = %e, "NRI: inventory not left for the hook");
     }
 }
