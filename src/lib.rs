@@ -26,6 +26,7 @@ pub mod inventory;
 pub mod labels;
 pub mod logging;
 pub mod nri;
+pub mod nri_handoff;
 pub mod nvidia_cli;
 pub mod oci;
 pub mod plan_file;

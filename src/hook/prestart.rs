@@ -80,7 +80,7 @@ pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
     let known = Known {
         plan: |image: &ImageInfo| plan_file::read(&state.bundle, image),
         inventory: |scope| {
-            let handed = crate::nri::handoff::take(config, &state.id, scope);
+            let handed = crate::nri_handoff::take(config, &state.id, scope);
             if handed.is_some() {
                 tracing::debug!("the inventory the NRI plugin planned this container with");
             }

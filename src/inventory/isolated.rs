@@ -117,7 +117,7 @@ fn load_from(
             .and_then(NvmlCache::read)
     };
     if let Some(system) = cached() {
-        let inventory = kept_files::around_stored(config, &host_cache, system, scope)?;
+        let inventory = around_stored(config, &host_cache, system, scope)?;
         return Ok((inventory, Source::Cache));
     }
     // One query for a burst of starts: the lock's holder asks NVML, the others wait for its
@@ -126,7 +126,7 @@ fn load_from(
     let flight = stored.as_ref().and_then(|s| s.lock_query(deadline));
     if let Some(system) = flight.as_ref().and_then(|_| cached()) {
         tracing::debug!("another start asked NVML while this one waited");
-        let inventory = kept_files::around_stored(config, &host_cache, system, scope)?;
+        let inventory = around_stored(config, &host_cache, system, scope)?;
         return Ok((inventory, Source::Cache));
     }
     let inventory = query_in_child(config, &host_cache, deadline, scope)?;
@@ -141,6 +141,26 @@ fn load_from(
     }
     drop(flight);
     Ok((inventory, Source::Nvml { change }))
+}
+
+/// [`around`](super::around), with the driver's files from the search a start before kept
+/// beside NVML's cached answer, and this start's search kept there when it made one.
+fn around_stored(
+    config: &Config,
+    cache: &HostCache,
+    system: System,
+    scope: Scope,
+) -> Result<Inventory, InventoryError> {
+    let Some(path) = kept_files::path(config, scope) else {
+        return super::around(config, cache, system, scope);
+    };
+    let stored = kept_files::read(&path);
+    let mut kept = stored.clone();
+    let inventory = super::around_kept(config, cache, system, scope, Some(&mut kept))?;
+    if let Some(kept) = kept.filter(|k| Some(k) != stored.as_ref()) {
+        kept_files::write(&path, &kept);
+    }
+    Ok(inventory)
 }
 
 /// The program beside nvhook that loads NVML: nvhook itself is static, and a static program

@@ -10,8 +10,7 @@
 //! replace files), and the daemons' sockets are not kept at all: they come and go with their
 //! daemons, in directories that change all the time.
 
-use super::driver::HostCache;
-use super::{DriverFiles, Inventory, InventoryError, Scope, System};
+use super::{DriverFiles, Scope};
 use crate::config::Config;
 use crate::file_id::FileId;
 use crate::private_file;
@@ -84,29 +83,9 @@ impl Kept {
     }
 }
 
-/// [`around`](super::around), with the driver's files from the search a start before kept
-/// beside NVML's cached answer, and this start's search kept there when it made one.
-pub fn around_stored(
-    config: &Config,
-    cache: &HostCache,
-    system: System,
-    scope: Scope,
-) -> Result<Inventory, InventoryError> {
-    let Some(path) = path(config, scope) else {
-        return super::around(config, cache, system, scope);
-    };
-    let stored = read(&path);
-    let mut kept = stored.clone();
-    let inventory = super::around_kept(config, cache, system, scope, Some(&mut kept))?;
-    if let Some(kept) = kept.filter(|k| Some(k) != stored.as_ref()) {
-        write(&path, &kept);
-    }
-    Ok(inventory)
-}
-
 /// The file beside NVML's cached answer, one per scope (so that compute and graphics starts
 /// on one node do not replace each other's); none where that cache is off.
-fn path(config: &Config, scope: Scope) -> Option<PathBuf> {
+pub(super) fn path(config: &Config, scope: Scope) -> Option<PathBuf> {
     let name = match scope.graphics {
         true => "driver-files-graphics.json",
         false => "driver-files.json",
@@ -114,13 +93,13 @@ fn path(config: &Config, scope: Scope) -> Option<PathBuf> {
     Some(config.nvml_cache()?.parent()?.join(name))
 }
 
-fn read(path: &Path) -> Option<Kept> {
+pub(super) fn read(path: &Path) -> Option<Kept> {
     let (bytes, _) = private_file::read(path)?;
     serde_json::from_slice(&bytes).ok()
 }
 
 /// Best effort: a host where it cannot be written searches again at the next start.
-fn write(path: &Path, kept: &Kept) {
+pub(super) fn write(path: &Path, kept: &Kept) {
     if let Err(e) = private_file::write_json(path, kept) {
         tracing::debug!(path = %path.display(), error = %e, "driver files not kept");
     }

@@ -11,7 +11,6 @@
 
 pub mod adjust;
 pub mod container;
-pub mod handoff;
 pub mod registration;
 
 use crate::atomic_file::{NewFile, write_atomic};
@@ -111,7 +110,7 @@ impl GpuPlugin {
             })?;
         drop(nvml);
         if let Some((fingerprint, inventory)) = handed {
-            handoff::leave(&config, &container.id, &fingerprint, scope, &inventory);
+            crate::nri_handoff::leave(&config, &container.id, &fingerprint, scope, &inventory);
         }
         crate::dev_char::ensure_for_plan(&config, &plan);
         let hook = HookBinary::new(&config, self.config_path.as_deref());
@@ -187,7 +186,7 @@ impl Plugin for GpuPlugin {
             && let Some(container) = &event.container
             && let Ok(config) = self.config()
         {
-            handoff::discard(&config, &container.id);
+            crate::nri_handoff::discard(&config, &container.id);
         }
         Ok(())
     }
