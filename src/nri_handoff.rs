@@ -58,17 +58,17 @@ fn path(config: &Config, id: &str) -> Option<PathBuf> {
 pub fn leave(
     config: &Config,
     id: &str,
-    fingerprint: &Fingerprint,
+    fingerprint: Fingerprint,
     scope: Scope,
-    inventory: &Inventory,
+    inventory: Inventory,
 ) {
     let Some(path) = path(config, id) else {
         return;
     };
     let handed = Handed {
-        fingerprint: fingerprint.clone(),
+        fingerprint,
         graphics: scope.graphics,
-        inventory: inventory.clone(),
+        inventory,
     };
     if let Err(e) = private_file::write_json(&path, &handed) {
         tracing::debug!(path = %path.display(), error = %e, "NRI: inventory not left for the hook");

@@ -154,10 +154,9 @@ fn around_stored(
     let Some(path) = kept_files::path(config, scope) else {
         return super::around(config, cache, system, scope);
     };
-    let stored = kept_files::read(&path);
-    let mut kept = stored.clone();
+    let mut kept = kept_files::read(&path);
     let inventory = super::around_kept(config, cache, system, scope, Some(&mut kept))?;
-    if let Some(kept) = kept.filter(|k| Some(k) != stored.as_ref()) {
+    if let Some(kept) = kept.filter(|k| k.made_now) {
         kept_files::write(&path, &kept);
     }
     Ok(inventory)

@@ -30,8 +30,11 @@ pub(super) struct Key {
 }
 
 /// A search's files but the sockets, with what they were found from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Kept {
+    /// Made by this process's search, not read: what a file store must write.
+    #[serde(skip)]
+    pub(super) made_now: bool,
     /// [`FORMAT`] when written.
     format: u32,
     key: Key,
@@ -64,6 +67,7 @@ impl Kept {
             .map(|(dir, id)| Some((dir, id.filter(settled)?)))
             .collect::<Option<Vec<_>>>()?;
         Some(Kept {
+            made_now: true,
             format: FORMAT,
             key,
             dirs,

@@ -110,7 +110,7 @@ impl GpuPlugin {
             })?;
         drop(nvml);
         if let Some((fingerprint, inventory)) = handed {
-            crate::nri_handoff::leave(&config, &container.id, &fingerprint, scope, &inventory);
+            crate::nri_handoff::leave(&config, &container.id, fingerprint, scope, inventory);
         }
         crate::dev_char::ensure_for_plan(&config, &plan);
         let hook = HookBinary::new(&config, self.config_path.as_deref());
