@@ -54,9 +54,24 @@ pub fn keep_only_what_the_hook_needs() -> Result<(), PrivilegeError> {
     let kept: CapsHashSet = effective.iter().chain(&ID_CHANGES).copied().collect();
     // The bounding set first: dropping from it takes CAP_SETPCAP, which goes below. It holds
     // no ID_CHANGES either: the NVML helper, the one program the hook runs, gets none.
-    for cap in caps::read(None, CapSet::Bounding).map_err(PrivilegeError)? {
-        if !effective.contains(&cap) {
-            caps::drop(None, CapSet::Bounding, cap).map_err(PrivilegeError)?;
+    // Dropped without reading it first (a call per capability fewer): dropping one the set
+    // lacks is no error, and one this kernel does not know (EINVAL) it cannot hold.
+    for cap in caps::all().difference(&effective) {
+        // SAFETY: PR_CAPBSET_DROP takes integer arguments only.
+        if unsafe {
+            libc::prctl(
+                libc::PR_CAPBSET_DROP,
+                libc::c_ulong::from(cap.index()),
+                0,
+                0,
+                0,
+            )
+        } != 0
+        {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                return Err(PrivilegeError(format!("PR_CAPBSET_DROP {cap}: {e}").into()));
+            }
         }
     }
     caps::clear(None, CapSet::Ambient).map_err(PrivilegeError)?;

@@ -137,7 +137,8 @@ impl GpuPlugin {
                 .map(|name| nvhook_nri::api::CdiDevice { name })
                 .collect();
         }
-        tracing::debug!(mode = ?config.nri_mode, us = started.elapsed().as_micros(), "NRI: planned");
+        // One line per GPU container, as the hook's "hook finished".
+        tracing::info!(id = %container.id, mode = ?config.nri_mode, us = started.elapsed().as_micros(), "NRI: planned");
         Ok(Some(adjustment))
     }
 }

@@ -1,12 +1,15 @@
 //! `nvhook`: inventory, plan and the OCI hook, as thin front ends over the library.
-// std's start-up is skipped: see nvhook::entry.
-#![no_main]
+// std's start-up is skipped: see nvhook::entry. The test build keeps the harness's main and
+// tests the command-line readers only, so the rest is unused there.
+#![cfg_attr(not(test), no_main)]
+#![cfg_attr(test, allow(dead_code))]
 
 mod cdi;
 mod configure;
 mod describe;
 mod doctor;
 mod hook;
+mod hook_line;
 mod nri;
 mod nvidia_names;
 mod runtime;
@@ -223,7 +226,7 @@ enum Format {
     Json,
 }
 
-#[derive(Clone, Copy, ValueEnum, Debug)]
+#[derive(Clone, Copy, ValueEnum, Debug, PartialEq)]
 enum Stage {
     Prestart,
     #[value(name = "createRuntime")]
@@ -237,6 +240,7 @@ enum Stage {
     MemoryLimits,
 }
 
+#[cfg(not(test))]
 #[unsafe(no_mangle)]
 extern "C" fn main(
     _argc: std::ffi::c_int,
@@ -254,14 +258,18 @@ fn nvhook_main() -> i32 {
     {
         return status;
     }
-    let mut args = argv.into_iter();
+    let Some((program, args)) = argv.split_first() else {
+        return report(run(Cli::parse()));
+    };
     // nvhook-runtime's hand-over, before clap: the rest is runc's command line, not ours.
-    let program = args.next().unwrap_or_default();
-    if args
-        .next()
-        .is_some_and(|a| a == nvhook_runtime::CREATE_SUBCOMMAND)
+    if let Some((subcommand, rest)) = args.split_first()
+        && subcommand == nvhook_runtime::CREATE_SUBCOMMAND
     {
-        return runtime::main(&program, &args.collect::<Vec<_>>());
+        return runtime::main(program, rest);
+    }
+    // A container start's hook, before clap too: see hook_line.
+    if let Some(line) = hook_line::read(args) {
+        return report(hook::hook(line.config.as_deref(), line.stage, &line.args));
     }
     // Started by the engine from its plugin directory: the socket is in the environment and
     // there are no arguments.
