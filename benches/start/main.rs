@@ -39,6 +39,9 @@ use support::NodeOptions;
 
 const ALL: &str = "all";
 const NVML_DELAY_MS: u64 = 500;
+/// Libraries other than the driver's in a node's loader cache, for the variant that has them:
+/// this many is a GPU node with CUDA and a desktop's libraries installed.
+const OTHER_LIBRARIES: usize = 1000;
 
 struct Plan {
     rounds: usize,
@@ -108,6 +111,7 @@ fn main() {
             ..NodeOptions::gpus(8)
         },
     );
+    let libraries = node("8 GPUs", NodeOptions::gpus(8)).with_other_libraries(OTHER_LIBRARIES);
     let slow = node(
         "8 GPUs, slow NVML",
         NodeOptions {
@@ -161,6 +165,16 @@ fn main() {
             let label = format!("8 GPUs, {c}, hook alone");
             hooks.push(spec(label, &n8, Ask::Gpus(c), Via::Hook, true));
         }
+        let label = format!(
+            "8 GPUs, compute,utility, hook alone, {OTHER_LIBRARIES} other libraries in the loader cache"
+        );
+        hooks.push(spec(
+            label,
+            &libraries,
+            Ask::Gpus("compute,utility"),
+            Via::Hook,
+            true,
+        ));
         let label = "8 GPUs, all caps, hook alone, NVML every start".to_string();
         hooks.push(uncached(label, &n8, Ask::Gpus(ALL), Via::Hook, true));
         run_rounds(&mut hooks, plan.rounds);
@@ -354,7 +368,7 @@ fn report_hooks(hooks: &[Variant]) {
 
     let compute = hooks
         .iter()
-        .filter(|v| v.label == "8 GPUs, compute,utility, hook alone");
+        .filter(|v| v.label.starts_with("8 GPUs, compute,utility, hook alone"));
     for v in eight().chain(compute) {
         println!("Steps of {} (p50 of the hook's own log, µs):", v.label);
         let log = v.log_text();

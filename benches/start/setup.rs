@@ -51,6 +51,27 @@ impl Node {
         }
     }
 
+    /// Adds `count` entries of other libraries to the driver root's loader cache. A node's
+    /// cache lists every library of the system (hundreds; more with CUDA and X installed),
+    /// where the simulated node's lists only the driver's; none of them is a driver file.
+    pub fn with_other_libraries(self, count: usize) -> Node {
+        use nvhook_ldcache::{Arch, ElfClass, Entry, LdCache};
+        let path = self.sim.driver_root().join("etc/ld.so.cache");
+        let bytes = std::fs::read(&path).expect("read the node's loader cache");
+        let mut cache = LdCache::parse(&bytes).expect("the node's loader cache parses");
+        for i in 0..count {
+            let soname = format!("libsystem-component-{i}.so.{}", i % 9);
+            let path = format!(
+                "/usr/lib/{}/{soname}",
+                Arch::HOST.multiarch(ElfClass::Lib64)
+            );
+            cache.insert(Entry::new(soname, path, Arch::HOST, ElfClass::Lib64));
+        }
+        let bytes = cache.to_bytes().expect("write the loader cache");
+        std::fs::write(&path, bytes).expect("write the node's loader cache");
+        self
+    }
+
     /// The node's config with the production log level, this log file and hook path; without
     /// `nvml_cache`, NVML is queried on every start (`nvml-cache-file = ""`).
     pub fn config(&self, dest: &Path, log: &Path, hook_path: &Path, nvml_cache: bool) -> PathBuf {

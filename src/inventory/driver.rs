@@ -8,7 +8,7 @@ use super::{DriverFiles, HostFile, Library, Scope};
 use crate::capability::Capability;
 use crate::config::Config;
 use crate::file_id::FileId;
-use nvhook_ldcache::{self as ldcache, Arch, ElfClass, LdCache};
+use nvhook_ldcache::{self as ldcache, Arch, CacheFile, ElfClass, LdCache};
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -131,7 +131,8 @@ pub struct HostCache {
     path: PathBuf,
     /// The file as it was read.
     id: Option<FileId>,
-    cache: LdCache,
+    /// Its entries are read when used: a start whose driver files are kept reads only NVML's.
+    file: CacheFile,
     /// Whose entries are taken: the loader of this architecture's (the build target's).
     arch: Arch,
 }
@@ -150,14 +151,14 @@ impl HostCache {
             path: path.clone(),
             source,
         })?;
-        let cache = LdCache::parse(&bytes).map_err(|source| DriverError::ParseCache {
+        let file = CacheFile::new(bytes).map_err(|source| DriverError::ParseCache {
             path: path.clone(),
             source,
         })?;
         Ok(HostCache {
             path,
             id,
-            cache,
+            file,
             arch: Arch::HOST,
         })
     }
@@ -169,17 +170,35 @@ impl HostCache {
 
     /// The host path of `libnvidia-ml.so.1`, where NVML is loaded from by default.
     pub fn nvml_library(&self, config: &Config) -> Result<PathBuf, DriverError> {
-        self.cache
+        self.file
             .lookup("libnvidia-ml.so.1", self.arch, ElfClass::Lib64)
+            .map_err(|source| self.bad(source))?
             .map(|e| config.driver_path(&e.path))
             .ok_or_else(|| DriverError::NoNvml {
                 cache: self.path.clone(),
             })
     }
+
+    /// Every entry, in the loader's order.
+    fn entries(&self) -> Result<LdCache, DriverError> {
+        self.file.parse().map_err(|source| self.bad(source))
+    }
+
+    fn bad(&self, source: ldcache::LdCacheError) -> DriverError {
+        DriverError::ParseCache {
+            path: self.path.clone(),
+            source,
+        }
+    }
 }
 
 /// Finds every driver file of version `version` under the driver root.
-pub fn find_files(config: &Config, cache: &HostCache, version: &str, scope: Scope) -> DriverFiles {
+pub fn find_files(
+    config: &Config,
+    cache: &HostCache,
+    version: &str,
+    scope: Scope,
+) -> Result<DriverFiles, DriverError> {
     find_files_kept(config, cache, version, scope, None)
 }
 
@@ -195,7 +214,7 @@ pub fn find_files_kept(
     version: &str,
     scope: Scope,
     kept: Option<&mut Option<Kept>>,
-) -> DriverFiles {
+) -> Result<DriverFiles, DriverError> {
     find_files_kept_at(config, cache, version, scope, kept, SystemTime::now())
 }
 
@@ -207,7 +226,7 @@ fn find_files_kept_at(
     scope: Scope,
     kept: Option<&mut Option<Kept>>,
     now: SystemTime,
-) -> DriverFiles {
+) -> Result<DriverFiles, DriverError> {
     let root = DriverRoot::new(&config.driver_root, kept.is_some());
     let key = Key {
         driver_root: root.path().to_path_buf(),
@@ -225,22 +244,22 @@ fn find_files_kept_at(
                 files.clone()
             }
             None => {
-                let files = search(&root, cache, &key);
+                let files = search(&root, cache, &key)?;
                 *kept = Kept::of(key, root.consulted(), &files, now);
                 files
             }
         },
-        None => search(&root, cache, &key),
+        None => search(&root, cache, &key)?,
     };
     files.sockets = SOCKETS
         .iter()
         .filter_map(|&(cap, p)| root.existing(p, Some(cap)))
         .collect();
-    files
+    Ok(files)
 }
 
 /// The driver's files but the sockets, found under `root`.
-fn search(root: &DriverRoot, cache: &HostCache, key: &Key) -> DriverFiles {
+fn search(root: &DriverRoot, cache: &HostCache, key: &Key) -> Result<DriverFiles, DriverError> {
     let scope = Scope {
         graphics: key.graphics,
     };
@@ -250,8 +269,8 @@ fn search(root: &DriverRoot, cache: &HostCache, key: &Key) -> DriverFiles {
         true => graphics::absolute_library_paths(&configs),
         false => Vec::new(),
     };
-    DriverFiles {
-        libraries: find_libraries(root, cache, version),
+    Ok(DriverFiles {
+        libraries: find_libraries(root, cache, version)?,
         binaries: BINARIES
             .iter()
             .filter_map(|&(cap, name)| {
@@ -273,12 +292,16 @@ fn search(root: &DriverRoot, cache: &HostCache, key: &Key) -> DriverFiles {
             false => Vec::new(),
         },
         config_library_paths,
-    }
+    })
 }
 
-fn find_libraries(root: &DriverRoot, cache: &HostCache, version: &str) -> Vec<Library> {
+fn find_libraries(
+    root: &DriverRoot,
+    cache: &HostCache,
+    version: &str,
+) -> Result<Vec<Library>, DriverError> {
     let mut out: Vec<Library> = Vec::new();
-    for entry in cache.cache.entries() {
+    for entry in cache.entries()?.entries() {
         for (stem, cap) in stems_of(&entry.soname) {
             if let Some(lib) = library(root, cache.arch, entry, stem, cap, version)
                 && !out
@@ -290,7 +313,7 @@ fn find_libraries(root: &DriverRoot, cache: &HostCache, version: &str) -> Vec<Li
         }
     }
     out.sort_by(|a, b| (a.capability, &a.soname).cmp(&(b.capability, &b.soname)));
-    out
+    Ok(out)
 }
 
 /// The library a cache entry names, when it is this driver's file.
@@ -410,6 +433,16 @@ mod tests {
     use super::*;
     use std::path::Path;
 
+    /// The driver root `root`'s loader cache, holding `cache`'s entries.
+    fn host_cache(root: &Path, id: Option<FileId>, cache: &LdCache, arch: Arch) -> HostCache {
+        HostCache {
+            path: root.join("etc/ld.so.cache"),
+            id,
+            file: CacheFile::new(cache.to_bytes().unwrap()).unwrap(),
+            arch,
+        }
+    }
+
     #[test]
     fn development_links_in_the_cache_are_not_sonames() {
         // The cache of a real 580 driver in /usr/local/nvidia/lib64 lists `libcuda.so` too.
@@ -429,13 +462,9 @@ mod tests {
                 ElfClass::Lib64,
             ));
         }
-        let cache = HostCache {
-            path: root.path().join("etc/ld.so.cache"),
-            id: None,
-            cache,
-            arch: Arch::X86_64,
-        };
-        let found = find_libraries(&DriverRoot::new(root.path(), false), &cache, "580.159.04");
+        let cache = host_cache(root.path(), None, &cache, Arch::X86_64);
+        let found =
+            find_libraries(&DriverRoot::new(root.path(), false), &cache, "580.159.04").unwrap();
         let names: Vec<&str> = found.iter().map(|l| l.soname.as_str()).collect();
         assert_eq!(names, ["libcuda.so.1"]);
         assert_eq!(found[0].file_name, real);
@@ -468,13 +497,9 @@ mod tests {
             ..Config::default()
         };
         for arch in [Arch::X86_64, Arch::Aarch64] {
-            let host = HostCache {
-                path: root.path().join("etc/ld.so.cache"),
-                id: None,
-                cache: cache.clone(),
-                arch,
-            };
-            let found = find_libraries(&DriverRoot::new(root.path(), false), &host, "580.1");
+            let host = host_cache(root.path(), None, &cache, arch);
+            let found =
+                find_libraries(&DriverRoot::new(root.path(), false), &host, "580.1").unwrap();
             let tuple = arch.multiarch(ElfClass::Lib64);
             let dir = root.path().join(format!("usr/lib/{tuple}"));
             assert_eq!(found.len(), 2, "{arch:?}: {found:?}");
@@ -515,19 +540,18 @@ mod tests {
             sys_root: tmp.path().join("sys"),
             ..Config::default()
         };
-        let cache = |root: &Path| HostCache {
-            path: root.join("etc/ld.so.cache"),
-            id: FileId::of(&root.join("etc/ld.so.cache")),
-            cache: LdCache::default(),
-            arch: Arch::HOST,
+        let cache = |root: &Path| {
+            let id = FileId::of(&root.join("etc/ld.so.cache"));
+            host_cache(root, id, &LdCache::default(), Arch::HOST)
         };
         // Seen from a while after every change below: all of it settled.
         let later = SystemTime::now() + std::time::Duration::from_secs(60);
         let mut kept = None;
         let found = |kept: &mut Option<Kept>, root: &Path, version: &str, now| {
             let files =
-                find_files_kept_at(&config, &cache(root), version, Scope::ALL, Some(kept), now);
-            let fresh = find_files(&config, &cache(root), version, Scope::ALL);
+                find_files_kept_at(&config, &cache(root), version, Scope::ALL, Some(kept), now)
+                    .unwrap();
+            let fresh = find_files(&config, &cache(root), version, Scope::ALL).unwrap();
             assert_eq!(files, fresh);
             files
         };
@@ -589,13 +613,8 @@ mod tests {
             driver_root: root.path().to_path_buf(),
             ..Config::default()
         };
-        let cache = HostCache {
-            path: root.path().join("etc/ld.so.cache"),
-            id: None,
-            cache: LdCache::default(),
-            arch: Arch::HOST,
-        };
-        let files = find_files(&config, &cache, "580.159.04", Scope::ALL);
+        let cache = host_cache(root.path(), None, &LdCache::default(), Arch::HOST);
+        let files = find_files(&config, &cache, "580.159.04", Scope::ALL).unwrap();
         let found: Vec<(&str, &Path)> = files
             .binaries
             .iter()

@@ -85,7 +85,7 @@ pub fn around_kept(
         caps.annotate(gpu);
     }
     Ok(Inventory {
-        files: driver::find_files_kept(config, cache, &system.driver_version, scope, kept),
+        files: driver::find_files_kept(config, cache, &system.driver_version, scope, kept)?,
         cuda_version: system.cuda_version,
         driver_version: system.driver_version,
         drm_nodes: match scope.graphics {

@@ -268,18 +268,19 @@ impl LdCache {
 
     /// Parses a cache in any of the formats glibc's loader accepts.
     pub fn parse(data: &[u8]) -> Result<LdCache> {
-        let mut cache = if data.starts_with(NEW_MAGIC) {
-            parse_new(data, 0)?
-        } else if data.starts_with(OLD_MAGIC) {
-            parse_old(data)?
-        } else {
-            return Err(LdCacheError::BadMagic);
-        };
-        // A stable sort leaves a well-formed cache as it is and repairs a hostile one, so
-        // that `lookup` and `insert` can rely on the order.
-        let subdirs = &cache.hwcap_subdirs;
-        cache.entries.sort_by(|a, b| ldconfig_cmp(a, b, subdirs));
-        Ok(cache)
+        let layout = Layout::of(data)?;
+        let entries = layout.owned_entries(data)?;
+        Ok(LdCache::in_order(entries, layout.hwcap_subdirs))
+    }
+
+    /// `entries` in ldconfig's order. A stable sort leaves a well-formed cache as it is and
+    /// repairs a hostile one, so that `lookup` and `insert` can rely on the order.
+    fn in_order(mut entries: Vec<Entry>, hwcap_subdirs: Vec<String>) -> LdCache {
+        entries.sort_by(|a, b| ldconfig_cmp(a, b, &hwcap_subdirs));
+        LdCache {
+            entries,
+            hwcap_subdirs,
+        }
     }
 
     /// Reads and parses a cache, refusing files over [`MAX_CACHE_LEN`].
@@ -458,70 +459,173 @@ fn ldconfig_cmp(a: &Entry, b: &Entry, subdirs: &[String]) -> Ordering {
         .then(b.osversion.cmp(&a.osversion))
 }
 
-fn parse_old(data: &[u8]) -> Result<LdCache> {
-    let nlibs = read_u32(data, OLD_NLIBS_AT, "old-format header")? as usize;
-    let entries = table(
-        data,
-        OLD_HEADER_LEN,
-        nlibs,
-        OLD_ENTRY_LEN,
-        "old-format entries",
-    )?;
-    let strings_base = OLD_HEADER_LEN + entries.len();
-    // Older ldconfig hid a new-format cache at the start of the old string table.
-    let new_start = strings_base.next_multiple_of(NEW_ALIGN);
-    let embedded = data
-        .get(new_start..)
-        .filter(|rest| rest.len() >= NEW_HEADER_LEN && rest.starts_with(NEW_MAGIC));
-    if embedded.is_some() {
-        return parse_new(data, new_start);
-    }
-    let entries = entries
-        .chunks_exact(OLD_ENTRY_LEN)
-        .map(|raw| {
-            Ok(Entry {
-                flags: read_i32(raw, 0)?,
-                soname: read_str(data, strings_base, read_u32(raw, 4, "entry")?)?,
-                path: read_str(data, strings_base, read_u32(raw, 8, "entry")?)?,
-                osversion: 0,
-                hwcap: 0,
-            })
-        })
-        .collect::<Result<Vec<Entry>>>()?;
-    Ok(LdCache {
-        entries,
-        hwcap_subdirs: Vec::new(),
-    })
+/// A loader cache file as read, whose entries are read only when asked for: finding one
+/// library in it allocates nothing and reads no other entry's strings. A start that needs only
+/// the host's NVML library from the host's cache (hundreds of entries) reads just that.
+pub struct CacheFile {
+    data: Vec<u8>,
+    layout: Layout,
 }
 
-/// Parses the new-format cache whose header is at `base`; its string offsets are relative
-/// to `base`, its extension offsets to the start of the file (as in glibc's loader).
-fn parse_new(data: &[u8], base: usize) -> Result<LdCache> {
-    let header = slice(data, base, NEW_HEADER_LEN, "header")?;
-    let flags = header[28];
-    if flags != 0 && flags & ENDIAN_MASK != ENDIAN_LITTLE {
-        return Err(LdCacheError::ByteOrder(flags));
+impl CacheFile {
+    /// `data` as a cache whose header and tables are whole, as [`LdCache::parse`] checks them
+    /// (the same errors); the entries' strings are checked as they are read.
+    pub fn new(data: Vec<u8>) -> Result<CacheFile> {
+        let layout = Layout::of(&data)?;
+        Ok(CacheFile { data, layout })
     }
-    let nlibs = read_u32(header, 20, "header")? as usize;
-    let extension_offset = read_u32(header, 32, "header")?;
-    let raw = table(data, base + NEW_HEADER_LEN, nlibs, NEW_ENTRY_LEN, "entries")?;
-    let hwcap_subdirs = parse_extension(data, extension_offset)?;
-    let entries = raw
-        .chunks_exact(NEW_ENTRY_LEN)
-        .map(|raw| {
-            Ok(Entry {
-                flags: read_i32(raw, 0)?,
-                soname: read_str(data, base, read_u32(raw, 4, "entry")?)?,
-                path: read_str(data, base, read_u32(raw, 8, "entry")?)?,
-                osversion: read_u32(raw, 12, "entry")?,
-                hwcap: read_u64(raw, 16)?,
-            })
+
+    /// What [`LdCache::lookup`] finds in the parsed cache. In ldconfig's order the generic
+    /// entries of one name and flags are ordered by osversion, highest first, and keep the
+    /// file's order between equals. Names are compared where they lie in the file; an error
+    /// is the found entry's own.
+    pub fn lookup(&self, soname: &str, arch: Arch, class: ElfClass) -> Result<Option<Entry>> {
+        let flags = class.flags(arch);
+        let named = |at: usize| {
+            let rest = self.data.get(at..).unwrap_or_default();
+            rest.strip_prefix(soname.as_bytes())
+                .is_some_and(|after| after.first() == Some(&0))
+        };
+        let mut found: Option<RawEntry> = None;
+        for e in self.layout.entries(&self.data) {
+            if e.flags == flags
+                && e.hwcap == 0
+                && found.as_ref().is_none_or(|f| e.osversion > f.osversion)
+                && named(e.soname)
+            {
+                found = Some(e);
+            }
+        }
+        found.map(|e| e.owned(&self.data)).transpose()
+    }
+
+    /// The cache, as [`LdCache::parse`] makes it (the same errors).
+    pub fn parse(&self) -> Result<LdCache> {
+        let entries = self.layout.owned_entries(&self.data)?;
+        Ok(LdCache::in_order(
+            entries,
+            self.layout.hwcap_subdirs.clone(),
+        ))
+    }
+}
+
+/// Where a cache file's entries and strings are, as its header says, checked against its
+/// length.
+struct Layout {
+    /// The entry table's bytes.
+    table: std::ops::Range<usize>,
+    entry_len: usize,
+    /// What the entries' string offsets count from.
+    strings_base: usize,
+    /// The new format's entries carry an osversion and a hwcap; the old format's do not.
+    new_format: bool,
+    hwcap_subdirs: Vec<String>,
+}
+
+/// One entry as the file holds it: its strings are where the file says they start.
+struct RawEntry {
+    flags: i32,
+    soname: usize,
+    path: usize,
+    osversion: u32,
+    hwcap: u64,
+}
+
+impl RawEntry {
+    /// The entry, its strings read from `data` (soname first, as the errors say).
+    fn owned(&self, data: &[u8]) -> Result<Entry> {
+        Ok(Entry {
+            soname: read_str(data, self.soname)?.to_owned(),
+            path: read_str(data, self.path)?.to_owned(),
+            flags: self.flags,
+            osversion: self.osversion,
+            hwcap: self.hwcap,
         })
-        .collect::<Result<Vec<Entry>>>()?;
-    Ok(LdCache {
-        entries,
-        hwcap_subdirs,
-    })
+    }
+}
+
+impl Layout {
+    fn of(data: &[u8]) -> Result<Layout> {
+        if data.starts_with(NEW_MAGIC) {
+            return Layout::new_format(data, 0);
+        }
+        if !data.starts_with(OLD_MAGIC) {
+            return Err(LdCacheError::BadMagic);
+        }
+        let nlibs = read_u32(data, OLD_NLIBS_AT, "old-format header")? as usize;
+        let entries = table(
+            data,
+            OLD_HEADER_LEN,
+            nlibs,
+            OLD_ENTRY_LEN,
+            "old-format entries",
+        )?;
+        let strings_base = OLD_HEADER_LEN + entries.len();
+        // Older ldconfig hid a new-format cache at the start of the old string table.
+        let new_start = strings_base.next_multiple_of(NEW_ALIGN);
+        let embedded = data
+            .get(new_start..)
+            .filter(|rest| rest.len() >= NEW_HEADER_LEN && rest.starts_with(NEW_MAGIC));
+        if embedded.is_some() {
+            return Layout::new_format(data, new_start);
+        }
+        Ok(Layout {
+            table: OLD_HEADER_LEN..strings_base,
+            entry_len: OLD_ENTRY_LEN,
+            strings_base,
+            new_format: false,
+            hwcap_subdirs: Vec::new(),
+        })
+    }
+
+    /// The new-format cache whose header is at `base`; its string offsets are relative to
+    /// `base`, its extension offsets to the start of the file (as in glibc's loader).
+    fn new_format(data: &[u8], base: usize) -> Result<Layout> {
+        let header = slice(data, base, NEW_HEADER_LEN, "header")?;
+        let flags = header[28];
+        if flags != 0 && flags & ENDIAN_MASK != ENDIAN_LITTLE {
+            return Err(LdCacheError::ByteOrder(flags));
+        }
+        let nlibs = read_u32(header, 20, "header")? as usize;
+        let extension_offset = read_u32(header, 32, "header")?;
+        let start = base + NEW_HEADER_LEN;
+        let entries = table(data, start, nlibs, NEW_ENTRY_LEN, "entries")?;
+        Ok(Layout {
+            table: start..start + entries.len(),
+            entry_len: NEW_ENTRY_LEN,
+            strings_base: base,
+            new_format: true,
+            hwcap_subdirs: parse_extension(data, extension_offset)?,
+        })
+    }
+
+    /// Every entry of `data`, the file this layout was read from, with its strings.
+    fn owned_entries(&self, data: &[u8]) -> Result<Vec<Entry>> {
+        self.entries(data).map(|e| e.owned(data)).collect()
+    }
+
+    /// The entries of `data`, the file this layout was read from, in the file's order.
+    fn entries<'a>(&'a self, data: &'a [u8]) -> impl Iterator<Item = RawEntry> + 'a {
+        let string_at = move |raw: &[u8], at| {
+            self.strings_base
+                .saturating_add(entry_u32(raw, at) as usize)
+        };
+        data[self.table.clone()]
+            .chunks_exact(self.entry_len)
+            .map(move |raw| RawEntry {
+                flags: entry_u32(raw, 0) as i32,
+                soname: string_at(raw, 4),
+                path: string_at(raw, 8),
+                osversion: match self.new_format {
+                    true => entry_u32(raw, 12),
+                    false => 0,
+                },
+                hwcap: match self.new_format {
+                    true => u64::from(entry_u32(raw, 16)) | u64::from(entry_u32(raw, 20)) << 32,
+                    false => 0,
+                },
+            })
+    }
 }
 
 /// The glibc-hwcaps subdirectory names from the extension directory at `offset`; the other
@@ -555,7 +659,10 @@ fn parse_extension(data: &[u8], offset: u32) -> Result<Vec<String>> {
         if read_u32(section, 0, "extension directory")? == TAG_GLIBC_HWCAPS && usable {
             subdirs = body
                 .chunks_exact(4)
-                .map(|c| read_str(data, 0, read_u32(c, 0, "glibc-hwcaps section")?))
+                .map(|c| {
+                    read_str(data, read_u32(c, 0, "glibc-hwcaps section")? as usize)
+                        .map(str::to_owned)
+                })
                 .collect::<Result<Vec<String>>>()?;
         }
     }
@@ -595,19 +702,13 @@ fn read_u32(data: &[u8], at: usize, what: &'static str) -> Result<u32> {
     Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
 }
 
-fn read_i32(entry: &[u8], at: usize) -> Result<i32> {
-    read_u32(entry, at, "entry").map(|v| v as i32)
+/// The little-endian field at `at` of an entry: inside it, for the table holds whole entries.
+fn entry_u32(raw: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(raw[at..at + 4].try_into().expect("a field of the entry"))
 }
 
-fn read_u64(entry: &[u8], at: usize) -> Result<u64> {
-    let lo = read_u32(entry, at, "entry")?;
-    let hi = read_u32(entry, at + 4, "entry")?;
-    Ok(u64::from(hi) << 32 | u64::from(lo))
-}
-
-/// The NUL-terminated string at `base + offset`.
-fn read_str(data: &[u8], base: usize, offset: u32) -> Result<String> {
-    let start = base.saturating_add(offset as usize);
+/// The NUL-terminated string at `start`.
+fn read_str(data: &[u8], start: usize) -> Result<&str> {
     let rest =
         data.get(start..)
             .filter(|r| !r.is_empty())
@@ -615,12 +716,10 @@ fn read_str(data: &[u8], base: usize, offset: u32) -> Result<String> {
                 offset: start,
                 len: data.len(),
             })?;
-    let nul = rest
-        .iter()
-        .position(|&b| b == 0)
-        .ok_or(LdCacheError::Unterminated { offset: start })?;
-    std::str::from_utf8(&rest[..nul])
-        .map(str::to_owned)
+    // CStr's search for the NUL goes a word at a time.
+    std::ffi::CStr::from_bytes_until_nul(rest)
+        .map_err(|_| LdCacheError::Unterminated { offset: start })?
+        .to_str()
         .map_err(|_| LdCacheError::NonUtf8 { offset: start })
 }
 
@@ -938,6 +1037,85 @@ mod tests {
         assert!(matches!(bad.to_bytes(), Err(E::InteriorNul(_))));
     }
 
+    /// [`CacheFile`] reads `data` as [`LdCache::parse`] does: the same error, the same cache,
+    /// and the same entry for each of its names, architectures and classes.
+    fn assert_cache_file_agrees(data: &[u8]) {
+        let file = CacheFile::new(data.to_vec());
+        let parsed = file.as_ref().map_err(|e| e.to_string());
+        let parsed = parsed.and_then(|f| f.parse().map_err(|e| e.to_string()));
+        let cache = match LdCache::parse(data) {
+            Ok(cache) => cache,
+            Err(e) => {
+                assert_eq!(parsed.err(), Some(e.to_string()));
+                return;
+            }
+        };
+        assert_eq!(parsed.as_ref(), Ok(&cache));
+        let file = file.expect("a cache LdCache parses");
+        for e in cache.entries() {
+            for arch in [Arch::X86_64, Arch::Aarch64] {
+                for class in [ElfClass::Lib64, ElfClass::Lib32] {
+                    let expected = cache.lookup(&e.soname, arch, class).cloned();
+                    let found = file.lookup(&e.soname, arch, class).unwrap();
+                    assert_eq!(found, expected, "{e:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_cache_file_finds_what_the_parsed_cache_finds() {
+        // Entries of one name in an order ldconfig would not write: hwcaps, classes and
+        // osversions mixed, so the parsed cache's sort has work to do.
+        let mut cache = sample();
+        let lib64 = |path: &str, osversion, hwcap| Entry {
+            osversion,
+            hwcap,
+            ..Entry::new("libnvidia-ml.so.1", path, Arch::X86_64, ElfClass::Lib64)
+        };
+        cache.entries.extend([
+            lib64("/first-of-osversion-1", 1, 0),
+            lib64("/hwcap", 5, 1 << 3),
+            lib64("/osversion-3", 3, 0),
+            lib64("/second-of-osversion-3", 3, 0),
+            Entry::new("libnvidia-ml.so.1", "/lib32", Arch::X86_64, ElfClass::Lib32),
+        ]);
+        let data = cache.to_bytes().unwrap();
+        let file = CacheFile::new(data.clone()).unwrap();
+        let found = |file: &CacheFile, soname| {
+            let entry = file.lookup(soname, Arch::X86_64, ElfClass::Lib64);
+            entry.map(|e| e.map(|e| e.path))
+        };
+        assert_eq!(
+            found(&file, "libnvidia-ml.so.1").unwrap().unwrap(),
+            "/osversion-3"
+        );
+        assert_eq!(found(&file, "libnvidia-ml.so.2").unwrap(), None);
+        assert_cache_file_agrees(&data);
+        // A broken entry fails a lookup that finds it, and the parse; other lookups read
+        // only their own entry.
+        let bytes = cache.to_bytes().unwrap();
+        let libc_path = |b: &[u8]| b.windows(14).position(|w| w == b"/lib/libc.so.6").unwrap();
+        let mut broken = bytes.clone();
+        let at = libc_path(&broken);
+        broken[at] = 0xff;
+        let file = CacheFile::new(broken).unwrap();
+        assert!(matches!(file.parse(), Err(LdCacheError::NonUtf8 { .. })));
+        let libc = file.lookup("libc.so.6", Arch::X86_64, ElfClass::Lib64);
+        assert!(matches!(libc, Err(LdCacheError::NonUtf8 { .. })));
+        assert_eq!(
+            found(&file, "libnvidia-ml.so.1").unwrap().unwrap(),
+            "/osversion-3"
+        );
+        // The errors of malformed files, new and old format.
+        assert_cache_file_agrees(&sample().to_bytes().unwrap());
+        assert_cache_file_agrees(b"");
+        assert_cache_file_agrees(b"ld.so-1.7.0\0\xff\xff\xff\xff");
+        assert_cache_file_agrees(&patched(20, u32::MAX));
+        assert_cache_file_agrees(&patched(NEW_HEADER_LEN + 4, 1 << 30));
+        assert_cache_file_agrees(&patched(32, 2));
+    }
+
     #[test]
     fn refuses_oversized_input() {
         let reader = std::io::repeat(0).take(MAX_CACHE_LEN + 1);
@@ -1025,6 +1203,7 @@ mod tests {
             if truncate {
                 data.truncate(cut.index(data.len()));
             }
+            assert_cache_file_agrees(&data);
             if let Ok(cache) = LdCache::parse(&data) {
                 // Whatever parsed must write back and parse to the same thing.
                 let again = LdCache::parse(&cache.to_bytes().unwrap()).unwrap();
@@ -1041,7 +1220,9 @@ mod tests {
             for e in entries {
                 cache.insert(e);
             }
-            let again = LdCache::parse(&cache.to_bytes().unwrap()).unwrap();
+            let data = cache.to_bytes().unwrap();
+            assert_cache_file_agrees(&data);
+            let again = LdCache::parse(&data).unwrap();
             prop_assert_eq!(again, cache);
         }
     }

@@ -3,7 +3,7 @@
 //! library through a cache we wrote. Needs `ldconfig`, `cc`, and root for `unshare -m`.
 //! Entries are the build target's (`Arch::HOST`), which is what this machine's loader takes.
 
-use nvhook_ldcache::{Arch, ElfClass, Entry, GENERATOR, HWCAP_EXTENSION, LdCache};
+use nvhook_ldcache::{Arch, CacheFile, ElfClass, Entry, GENERATOR, HWCAP_EXTENSION, LdCache};
 use std::path::Path;
 use std::process::Command;
 
@@ -77,6 +77,26 @@ fn compile_library(dir: &Path, soname: &str) {
         .status()
         .expect("run cc");
     assert!(status.success(), "cc failed for {soname}");
+}
+
+/// The host's cache as ldconfig wrote it, read in place: the same cache, and for every name in
+/// it the same entry found.
+#[test]
+fn the_host_cache_read_in_place_finds_what_the_parsed_cache_finds() {
+    let bytes = std::fs::read(HOST_CACHE).expect("host ld.so.cache");
+    let file = CacheFile::new(bytes).expect("host cache's header");
+    let cache = host_cache();
+    assert_eq!(file.parse().expect("host cache parses"), cache);
+    assert!(cache.entries().len() > 10, "{cache:?}");
+    for e in cache.entries() {
+        for class in [ElfClass::Lib64, ElfClass::Lib32] {
+            let expected = cache.lookup(&e.soname, Arch::HOST, class).cloned();
+            let found = file
+                .lookup(&e.soname, Arch::HOST, class)
+                .expect("its entry reads");
+            assert_eq!(found, expected, "{e:?}");
+        }
+    }
 }
 
 #[test]
