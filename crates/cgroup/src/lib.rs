@@ -105,10 +105,8 @@ pub fn own_unified_dir(
     if !host_is_unified() {
         return Ok(None);
     }
-    let read = |path: PathBuf| {
-        std::fs::read_to_string(&path).map_err(|source| CgroupError::Read { pid, path, source })
-    };
-    let membership = read(PathBuf::from("/proc/self/cgroup"))?;
+    let read = |path: &str| read_proc(pid, PathBuf::from(path));
+    let membership = read("/proc/self/cgroup")?;
     let seen = membership
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
@@ -116,7 +114,7 @@ pub fn own_unified_dir(
     if seen != "/" && !seen.contains("..") {
         // /proc/self, not /proc/<pid>: this process may be in a PID namespace of its own, and
         // /proc the host's.
-        let mountinfo = read(PathBuf::from(MOUNTINFO))?;
+        let mountinfo = read(MOUNTINFO)?;
         let location =
             proc::locate(&membership, &mountinfo).map_err(|reason| CgroupError::NotFound {
                 pid,
@@ -177,13 +175,19 @@ fn not_the_root(location: proc::Location) -> Result<Option<PathBuf>, CgroupError
     }
 }
 
+/// A procfs file about process `pid`'s cgroups. It says its size is 0, so a plain read starts
+/// with small probing reads, each a syscall; most of these files fit the first buffer.
+fn read_proc(pid: i32, path: PathBuf) -> Result<String, CgroupError> {
+    let mut text = String::with_capacity(16 * 1024);
+    std::fs::File::open(&path)
+        .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
+        .map_err(|source| CgroupError::Read { pid, path, source })?;
+    Ok(text)
+}
+
 fn locate_dir(pid: i32) -> Result<proc::Location, CgroupError> {
-    let cgroup_file = PathBuf::from(format!("/proc/{pid}/cgroup"));
-    let read = |path: PathBuf| {
-        std::fs::read_to_string(&path).map_err(|source| CgroupError::Read { pid, path, source })
-    };
-    let membership = read(cgroup_file)?;
-    let mountinfo = read(PathBuf::from(MOUNTINFO))?;
+    let membership = read_proc(pid, PathBuf::from(format!("/proc/{pid}/cgroup")))?;
+    let mountinfo = read_proc(pid, PathBuf::from(MOUNTINFO))?;
     proc::locate(&membership, &mountinfo).map_err(|reason| CgroupError::NotFound {
         pid,
         mountinfo: MOUNTINFO,
