@@ -5,6 +5,11 @@ use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+/// How long ago a file or directory must have last changed for what was read from it to be
+/// kept as current: within the filesystem clock's granularity, a later change could leave its
+/// times as they were.
+pub const SETTLED: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Device, inode, size, and change times: a file replaced by rename, rewritten in place or
 /// touched compares unequal.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,11 +12,11 @@
 
 use super::{DriverFiles, Scope};
 use crate::config::Config;
-use crate::file_id::FileId;
+use crate::file_id::{FileId, SETTLED};
 use crate::private_file;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 /// What a search for the driver's files depends on besides the directories it looks into.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,10 +46,6 @@ pub struct Kept {
 /// The layout of [`Kept`] and [`DriverFiles`] in the file; raised whenever either changes, so
 /// that a file an older nvhook wrote is a miss.
 const FORMAT: u32 = 1;
-
-/// How recent a change to a directory may be for a search that read it to be kept: within the
-/// filesystem clock's granularity, a later change could leave its times as they were.
-const SETTLED: Duration = Duration::from_secs(2);
 
 impl Kept {
     /// The search's result, kept unless some of what it read cannot be identified or changed

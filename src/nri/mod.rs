@@ -40,10 +40,11 @@ const ENGINE_CONFIG: &str = "(the engine's NRI plugin config for nvhook)";
 const ENGINE_CONFIG_COPY: &str = "nri-config.toml";
 const DEFAULT_STATE_DIR: &str = "/run/nvhook";
 
-/// The plugin. Like the hook, it reads its config for every container, so a policy change
-/// applies to the next container without a restart.
+/// The plugin. Like the hook, it takes its config as it is for every container (read again
+/// once the file changed), so a policy change applies to the next container without a restart.
 pub struct GpuPlugin {
     config_path: Option<PathBuf>,
+    config: Mutex<crate::config::Kept>,
     /// NVML's answer for the host as it is: asked once, not per container.
     nvml: Mutex<Remembered>,
 }
@@ -53,12 +54,15 @@ impl GpuPlugin {
     pub fn new(config_path: Option<PathBuf>) -> GpuPlugin {
         GpuPlugin {
             config_path,
+            config: Mutex::default(),
             nvml: Mutex::new(Remembered::default()),
         }
     }
 
     fn config(&self) -> Result<Config, PrepareError> {
-        Ok(crate::config::load(self.config_path.as_deref(), None)?)
+        // A plugin thread that panicked left the kept config whole: still usable.
+        let mut kept = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(kept.load(self.config_path.as_deref())?)
     }
 
     /// What `container` gets: `None` for a container that asked for no GPU, which is left
