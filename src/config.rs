@@ -45,6 +45,13 @@ impl Kept {
     /// [`Kept::load`] at time `now`.
     fn load_at(&mut self, explicit: Option<&Path>, now: SystemTime) -> Result<Config, ConfigError> {
         let path = explicit.unwrap_or(Path::new(DEFAULT_PATH));
+        // One stat for the usual case, the file as it was.
+        if let (Some(id), Some((kept_path, kept_id, config))) = (FileId::of(path), &self.0)
+            && kept_path == path
+            && *kept_id == id
+        {
+            return Ok(config.clone());
+        }
         let read_err = |source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
@@ -56,14 +63,8 @@ impl Kept {
             }
             Err(e) => return Err(read_err(e)),
         };
-        // The identity of the file read, not of whatever the path names a moment later.
+        // What is kept is the identity of the file read, not of whatever the path names later.
         let id = FileId::of_fd(file.as_fd());
-        if let (Some(id), Some((kept_path, kept_id, config))) = (&id, &self.0)
-            && kept_path == path
-            && kept_id == id
-        {
-            return Ok(config.clone());
-        }
         let mut text = String::new();
         file.read_to_string(&mut text).map_err(read_err)?;
         let config = Config::parse(&text, path)?;
