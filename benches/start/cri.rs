@@ -339,6 +339,9 @@ fn report(variants: &[Variant], rounds: usize) {
             v.samples.p95() - line.samples.p95(),
         )
     };
+    // Beside each difference of percentiles, the median of the pods' differences round by
+    // round (the variants take turns, so drift between rounds cancels in it).
+    let paired = |v: &Variant, line: &Variant| v.samples.paired_minus(&line.samples).p50();
     for v in variants {
         let Kind::Way { hooked } = v.kind else {
             continue;
@@ -346,15 +349,18 @@ fn report(variants: &[Variant], rounds: usize) {
         let floor = find(v.gpus, Kind::Floor { hook: false });
         let (p50, p95) = above(v, floor);
         let mut line = format!(
-            "- {}: floor {p50:+.2} ms at p50, {p95:+.2} at p95 (goal ≤ +1.00 at both): {}",
+            "- {}: floor {p50:+.2} ms at p50, {p95:+.2} at p95 (goal ≤ +1.00 at both): {} (paired {:+.2})",
             v.label,
-            verdict(p50 <= 1.0 && p95 <= 1.0)
+            verdict(p50 <= 1.0 && p95 <= 1.0),
+            paired(v, floor)
         );
         if hooked {
-            let (p50, p95) = above(v, find(v.gpus, Kind::Floor { hook: true }));
+            let with_hook = find(v.gpus, Kind::Floor { hook: true });
+            let (p50, p95) = above(v, with_hook);
             line.push_str(&format!(
-                "; floor with a hook {p50:+.2} at p50, {p95:+.2} at p95: {}",
-                verdict(p50 <= 1.0 && p95 <= 1.0)
+                "; floor with a hook {p50:+.2} at p50, {p95:+.2} at p95: {} (paired {:+.2})",
+                verdict(p50 <= 1.0 && p95 <= 1.0),
+                paired(v, with_hook)
             ));
         }
         println!("{line}");
@@ -368,6 +374,15 @@ fn report(variants: &[Variant], rounds: usize) {
                 .samples
                 .p50()
         };
+        let (floor, with_hook) = (
+            find(gpus, Kind::Floor { hook: false }),
+            find(gpus, Kind::Floor { hook: true }),
+        );
+        println!(
+            "- {gpus} GPU(s): a hook that does nothing costs {:+.2} ms at p50 (paired {:+.2}), what the runtime takes to run any hook",
+            with_hook.samples.p50() - floor.samples.p50(),
+            paired(with_hook, floor)
+        );
         let (runtime_class, nri_hook) = (way("RuntimeClass"), way("NRI plugin, nri-mode = hook"));
         println!(
             "- {gpus} GPU(s): RuntimeClass {runtime_class:.2} ms against NRI hook {nri_hook:.2} at p50 (goal: no slower): {}",
@@ -380,9 +395,10 @@ fn report(variants: &[Variant], rounds: usize) {
         .expect("the plugin-connected pod without a GPU");
     let paid = connected.samples.p50() - base;
     println!(
-        "- {}: {paid:+.2} ms over plain at p50 (goal ≤ +0.50): {}",
+        "- {}: {paid:+.2} ms over plain at p50 (goal ≤ +0.50): {} (paired {:+.2})",
         connected.label,
-        verdict(paid <= 0.5)
+        verdict(paid <= 0.5),
+        paired(connected, &variants[0])
     );
     println!();
 }

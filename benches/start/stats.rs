@@ -29,6 +29,13 @@ impl Samples {
         self.percentile(95.0)
     }
 
+    /// Each sample less the one `base` took in the same round (both pushed once per round):
+    /// a difference in which drift between rounds cancels.
+    pub fn paired_minus(&self, base: &Samples) -> Samples {
+        assert_eq!(self.len(), base.len(), "samples of the same rounds");
+        self.0.iter().zip(&base.0).map(|(a, b)| a - b).collect()
+    }
+
     /// A markdown row `| label | p50 | p95 | Δ p50 |`, Δ against `base_p50`.
     pub fn delta_row(&self, label: &str, base_p50: f64) -> String {
         let p50 = self.p50();
