@@ -4,8 +4,6 @@
 pub use nvhook_model::config::*;
 
 use crate::file_id::{FileId, SETTLED};
-use std::io::Read;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -45,29 +43,16 @@ impl Kept {
     /// [`Kept::load`] at time `now`.
     fn load_at(&mut self, explicit: Option<&Path>, now: SystemTime) -> Result<Config, ConfigError> {
         let path = explicit.unwrap_or(Path::new(DEFAULT_PATH));
-        // One stat for the usual case, the file as it was.
-        if let (Some(id), Some((kept_path, kept_id, config))) = (FileId::of(path), &self.0)
+        // Taken before the read: a change in between leaves a kept identity older than the
+        // file, which costs one more read, never a stale config.
+        let id = FileId::of(path);
+        if let (Some(id), Some((kept_path, kept_id, config))) = (&id, &self.0)
             && kept_path == path
-            && *kept_id == id
+            && kept_id == id
         {
             return Ok(config.clone());
         }
-        let read_err = |source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
-        let mut file = match std::fs::File::open(path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && explicit.is_none() => {
-                return Ok(Config::default());
-            }
-            Err(e) => return Err(read_err(e)),
-        };
-        // What is kept is the identity of the file read, not of whatever the path names later.
-        let id = FileId::of_fd(file.as_fd());
-        let mut text = String::new();
-        file.read_to_string(&mut text).map_err(read_err)?;
-        let config = Config::parse(&text, path)?;
+        let config = load(explicit, None)?;
         self.0 = id
             .filter(|id| !id.changed_lately(now, SETTLED))
             .map(|id| (path.to_path_buf(), id, config.clone()));
