@@ -107,7 +107,9 @@ pub fn prepare_bundle(
     let image = probe_image(&request, config, &rootfs)?;
     let plan = plan_for_host(&request, inventory, source, config, Target::Image(&image))?;
     if config.runtime_mode == RuntimeMode::Cdi {
-        // The runtime makes these mount points itself, before any hook could check them.
+        // Refused before the runtime starts: where it makes the driver files' mounts
+        // (`cdi-mounts = "runtime"`) it would make these mount points before any hook could
+        // check them; where the hook makes them, it is the same refusal, earlier.
         Rootfs::open(&rootfs)?.check_binds(
             plan.mounts.iter().map(|m| m.destination.as_str()),
             &spec.mount_points(),

@@ -18,11 +18,12 @@ use support::engines::{
     Dockerd, DockerdBuild, EngineDir, assert_no_mounts_left, mount_points_below,
     nvhook_runtime_bin, unique_name,
 };
+use support::hook_mounts::assert_same_view_both_ways;
 use support::podman::{CdiSpecFile, Podman};
 use support::rootless::{RootlessPodman, processes_of};
 use support::{
-    Bundle, Output, RuntimeEnv, SimNode, WRITTEN_SEEN_INSIDE, glibc_image, gpucheck_args,
-    host_mounts_referencing, host_snapshot, nvhook_bin, owner_args, require_root,
+    Bundle, Output, RuntimeEnv, SimNode, WRITTEN_SEEN_INSIDE, busybox_image, glibc_image,
+    gpucheck_args, host_mounts_referencing, host_snapshot, nvhook_bin, owner_args, require_root,
     run_container_with,
 };
 
@@ -443,6 +444,7 @@ fn rootless_podman_runs_a_generated_cdi_device_as_an_unprivileged_user() {
         !host_cdi.exists(),
         "the spec reached the host: {host_cdi:?}"
     );
+    same_view_both_ways("rootless Podman 4.3", &podman, &node, &spec_name, &[]);
     drop(podman);
     let left = processes_of(uid);
     assert!(
@@ -484,6 +486,13 @@ fn rootless_podman_5_with_userns_nomap_runs_a_generated_cdi_device() {
     output.assert_gpus(GPUS, &[1]);
     output.assert_lines(&["dlopen libcuda.so.1 ok", "cuInit 0"]);
     output.assert_owned_by_root_inside(&WRITTEN_SEEN_INSIDE);
+    same_view_both_ways(
+        "rootless Podman 5, --userns=nomap",
+        &podman,
+        &node,
+        &spec_name,
+        &["--userns=nomap"],
+    );
     drop(podman);
     let left = processes_of(uid);
     assert!(
@@ -496,24 +505,55 @@ fn rootless_podman_5_with_userns_nomap_runs_a_generated_cdi_device() {
     assert!(changed.is_empty(), "the host changed: {changed:#?}");
 }
 
+/// The driver files' mounts made by nvhook's hook show a rootless container what the runtime's
+/// show it, through specs that replace `spec_name`'s in the user's spec directory.
+fn same_view_both_ways(
+    engine: &str,
+    podman: &RootlessPodman,
+    node: &SimNode,
+    spec_name: &str,
+    flags: &[&str],
+) {
+    fs::remove_file(podman.cdi_spec_path(spec_name)).expect("remove the first spec");
+    let image = format!("localhost/{}:latest", unique_name("nvhook-busybox"));
+    podman.import(busybox_image().rootfs(), &image);
+    let spec = podman.cdi_spec_path(&format!("{}.json", unique_name("nvhook-view")));
+    assert_same_view_both_ways(engine, node, &spec, |args| {
+        let mut run_flags = flags.to_vec();
+        run_flags.extend(["--device", "nvidia.com/gpu=1"]);
+        podman.run(&run_flags, &image, args)
+    });
+    fs::remove_file(&spec).expect("remove the spec");
+}
+
 #[test]
 fn nvhook_runtime_cdi_mode_gives_gpu_1_only_cgroup_v1() {
-    nvhook_runtime_cdi_mode_gives_gpu_1_only(RuntimeEnv::CgroupV1);
+    nvhook_runtime_cdi_mode_gives_gpu_1_only(RuntimeEnv::CgroupV1, "hook");
 }
 
 #[test]
 fn nvhook_runtime_cdi_mode_gives_gpu_1_only_cgroup_v2() {
-    nvhook_runtime_cdi_mode_gives_gpu_1_only(RuntimeEnv::CgroupV2);
+    nvhook_runtime_cdi_mode_gives_gpu_1_only(RuntimeEnv::CgroupV2, "hook");
 }
 
-/// nvhook-runtime with `runtime-mode = "cdi"`: runc makes the nodes, the cgroup rules and
-/// the mounts from config.json; nvhook's createContainer hook makes links and the cache.
-fn nvhook_runtime_cdi_mode_gives_gpu_1_only(env: RuntimeEnv) {
+#[test]
+fn nvhook_runtime_cdi_mode_with_the_runtimes_mounts_gives_gpu_1_only() {
+    nvhook_runtime_cdi_mode_gives_gpu_1_only(RuntimeEnv::CgroupV1, "runtime");
+}
+
+/// nvhook-runtime with `runtime-mode = "cdi"`: runc makes the nodes and the cgroup rules from
+/// config.json, and the driver files' mounts where `cdi-mounts` leaves them to the runtime;
+/// nvhook's createContainer hook makes links and the cache, and the mounts where it is told to.
+fn nvhook_runtime_cdi_mode_gives_gpu_1_only(env: RuntimeEnv, mounts_by: &str) {
     require_root();
     let node = SimNode::create(GPUS);
     let config = node.root().join("config-cdi.toml");
     let base = fs::read_to_string(node.config()).expect("read the node's config");
-    fs::write(&config, format!("{base}runtime-mode = \"cdi\"\n")).expect("write config");
+    fs::write(
+        &config,
+        format!("{base}runtime-mode = \"cdi\"\ncdi-mounts = \"{mounts_by}\"\n"),
+    )
+    .expect("write config");
     let checks = gpucheck_args(GPUS, &["--write", LIBCUDA, "--write", NVIDIA_SMI]);
     let checks: Vec<&str> = checks.iter().map(String::as_str).collect();
     let mut bundle = Bundle::new(glibc_image(), &checks);
@@ -531,21 +571,23 @@ fn nvhook_runtime_cdi_mode_gives_gpu_1_only(env: RuntimeEnv) {
     let text = fs::read_to_string(bundle.dir().join("config.json")).expect("read config.json");
     let spec: Value = serde_json::from_str(&text).expect("config.json is JSON");
     assert!(spec["hooks"]["prestart"].is_null(), "{text}");
-    assert_eq!(
-        spec["hooks"]["createContainer"][0]["args"][4], "createContainer",
-        "{text}"
-    );
+    let hook = &spec["hooks"]["createContainer"][0]["args"];
+    assert_eq!(hook[4], "createContainer", "{text}");
     let env_vars = spec["process"]["env"].as_array().expect("env");
     assert!(
         env_vars.contains(&Value::from("NVIDIA_VISIBLE_DEVICES=void")),
         "{text}"
     );
-    assert!(
-        spec["mounts"]
-            .as_array()
-            .expect("mounts")
-            .iter()
-            .any(|m| m["destination"] == "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"),
+    let libcuda = Value::from("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15");
+    let mounted_by_runc = spec["mounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .any(|m| m["destination"] == libcuda);
+    let given_to_the_hook = hook.as_array().expect("args").contains(&libcuda);
+    assert_eq!(
+        (mounted_by_runc, given_to_the_hook),
+        (mounts_by == "runtime", mounts_by == "hook"),
         "{text}"
     );
     let leaked = host_mounts_referencing(&[bundle.dir(), node.root()]);

@@ -1,25 +1,26 @@
 //! The CDI route with the driver files' mounts made by nvhook's createContainer hook
-//! (`cdi-mounts = "hook"`, issue 41): the spec lists the GPU's device nodes and nvhook's hook,
-//! and no mount; the hook opens each host file as a detached read-only tree and attaches it
-//! inside the rootfs, from the container's mount namespace, before pivot_root. Through Debian
-//! 12's Podman 4.3 on runc 1.1.5, and Debian sid's Podman 5 on sid's runc 1.3 and on sid's crun
-//! 1.28 (cgroup v2 in a mount namespace), a container gets exactly its GPU and libcuda loads;
-//! it sees the same driver files, at the same paths, with the same mount options, as through
-//! the default spec, whose runtime makes the mounts; and the hook refuses to mount from the
-//! runtime's own mount namespace. A pod through containerd 2.1.9's CRI gets its GPU from such
-//! a spec too. Run as root after `cargo build --workspace` (and
-//! `scripts/sid-engines.sh`, `scripts/sid-runtimes.sh`): `cargo test --test cdi_hook_mounts_e2e`.
+//! (`cdi-mounts = "hook"`, the default since issue 41): the spec lists the GPU's device nodes
+//! and nvhook's hook, and no mount; the hook opens each host file as a detached read-only tree
+//! and attaches it inside the rootfs, from the container's mount namespace, before pivot_root.
+//! Through Debian 12's Podman 4.3 on runc 1.1.5, and Debian sid's Podman 5 on sid's runc 1.3
+//! and on sid's crun 1.28 (cgroup v2 in a mount namespace), a container gets exactly its GPU
+//! and libcuda loads; on those and on Podman 4.3 over youki it sees the same driver files, at
+//! the same paths, with the same mount options, as through a spec whose runtime makes the
+//! mounts (`cdi-mounts = "runtime"`); and the hook refuses to mount from the runtime's own mount
+//! namespace. A pod through containerd 2.1.9's CRI gets its GPU from such a spec too. Run as
+//! root after `cargo build --workspace` (and `scripts/sid-engines.sh`,
+//! `scripts/sid-runtimes.sh`, `scripts/youki.sh`): `cargo test --test cdi_hook_mounts_e2e`.
 
 use nvhook_test_support as support;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use support::containerd2::{CriNode, DEFAULT_HANDLER};
 use support::cri::ContainerRequest;
-use support::engines::{output_of, unique_name};
+use support::engines::{output_of, unique_name, youki_bin};
+use support::hook_mounts::{assert_same_view_both_ways, spec_mounts, write_spec};
 use support::podman::{CdiSpecFile, Podman};
 use support::{
     Bundle, MountNs, RuntimeEnv, SimNode, busybox_image, glibc_image, gpucheck_args,
@@ -28,24 +29,6 @@ use support::{
 
 const GPUS: u32 = 4;
 const LIBCUDA: &str = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
-
-/// `node`'s spec with the mounts left to the hook (`hook`) or to the runtime (`runtime`),
-/// written as JSON to `spec` and read back.
-fn write_spec(node: &SimNode, mounts_by: &str, spec: &CdiSpecFile) -> Value {
-    node.set("cdi-mounts", &format!("\"{mounts_by}\""));
-    node.generate_cdi_spec(spec.path());
-    let text = std::fs::read_to_string(spec.path()).expect("read the spec");
-    serde_json::from_str(&text).expect("the spec is JSON")
-}
-
-/// Every mount of the spec, its own and its devices'.
-fn spec_mounts(spec: &Value) -> Vec<Value> {
-    let devices = spec["devices"].as_array().expect("devices");
-    std::iter::once(&spec["containerEdits"])
-        .chain(devices.iter().map(|d| &d["containerEdits"]))
-        .flat_map(|e| e["mounts"].as_array().cloned().unwrap_or_default())
-        .collect()
-}
 
 /// The engines of this test: a name and a Podman with its `podman run` flags.
 fn engines(ns: &MountNs) -> Vec<(&'static str, Podman, Vec<&'static str>)> {
@@ -70,7 +53,7 @@ fn podman_runs_a_device_whose_mounts_nvhooks_hook_makes() {
     for (engine, podman, flags) in engines(&ns) {
         let node = SimNode::create(GPUS);
         let spec = CdiSpecFile::new("json");
-        let written = write_spec(&node, "hook", &spec);
+        let written = write_spec(&node, "hook", spec.path());
         assert!(spec_mounts(&written).is_empty(), "{written:#}");
         let image = format!("localhost/{}:latest", unique_name("nvhook-hook-mounts"));
         podman.import(glibc_image().rootfs(), &image);
@@ -100,99 +83,32 @@ fn podman_runs_a_device_whose_mounts_nvhooks_hook_makes() {
     }
 }
 
-/// What a container sees of the driver's files through each spec, by container path: the
-/// file's type, size, mode and owner (`stat`) and its mount's root, options, propagation and
-/// filesystem type (mountinfo); plus the listing of each directory that holds them (links included).
-fn container_view(podman: &Podman, image: &str, device: &str, paths: &[String]) -> String {
-    let mut dirs: Vec<&str> = paths
-        .iter()
-        .filter_map(|p| p.rsplit_once('/').map(|(dir, _)| dir))
-        .filter(|d| !d.is_empty())
-        .collect();
-    dirs.sort();
-    dirs.dedup();
-    let script = format!(
-        "stat -c '%n %F %s %a %u %g' {paths}; ls -ln {dirs}; cat /proc/self/mountinfo",
-        paths = paths.join(" "),
-        dirs = dirs.join(" "),
-    );
-    let output = podman.run(&["--device", device], image, &["/bin/sh", "-c", &script]);
-    output.assert_success();
-    let mut view = Vec::new();
-    let mut mounts = BTreeMap::new();
-    for line in output.stdout.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        // mountinfo: ID PARENT DEV ROOT MOUNT-POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
-        match fields.iter().position(|f| *f == "-") {
-            Some(dash) if fields.len() > 5 && paths.iter().any(|p| p == fields[4]) => {
-                // Root, options, propagation tags, filesystem type.
-                mounts.insert(
-                    fields[4].to_string(),
-                    format!(
-                        "{} {} [{}] {}",
-                        fields[3],
-                        fields[5],
-                        fields[6..dash].join(" "),
-                        fields[dash + 1]
-                    ),
-                );
-            }
-            Some(_) => {}
-            None => view.push(without_time(line)),
-        }
-    }
-    assert_eq!(
-        mounts.len(),
-        paths.len(),
-        "every file is a mount:\n{output}"
-    );
-    for (path, mount) in mounts {
-        view.push(format!("mount {path} {mount}"));
-    }
-    view.join("\n")
-}
-
-/// `ls -l`'s line without its time (month, day, time): links the hook makes at each start
-/// differ in it. Any other line as it is.
-fn without_time(line: &str) -> String {
-    let fields: Vec<&str> = line.split_whitespace().collect();
-    match line.chars().next() {
-        Some('l' | '-' | 'd' | 's') if fields.len() > 8 => {
-            let mut kept = fields[..5].to_vec();
-            kept.extend(&fields[8..]);
-            kept.join(" ")
-        }
-        _ => line.to_string(),
-    }
-}
-
-/// The hook's mounts give the container what the runtime's give it, file by file: the same
-/// files at the same paths, the same links beside them, each a mount of the same host file
-/// with the same options (read-only, nosuid, nodev).
+/// The hook's mounts give the container what the runtime's give it, file by file, on every
+/// engine of this test and on Podman over youki: the same files at the same paths, the same
+/// links beside them, each a mount of the same host file with the same options (read-only,
+/// nosuid, nodev). The user-namespaced and rootless engines are compared in
+/// tests/userns_e2e.rs and tests/cdi_e2e.rs.
 #[test]
 fn the_hooks_mounts_show_the_container_what_the_runtimes_show_it() {
     require_root();
-    let podman = Podman::new();
-    let image = format!("localhost/{}:latest", unique_name("nvhook-busybox"));
-    podman.import(busybox_image().rootfs(), &image);
-    let node = SimNode::create(GPUS);
-    let mut paths = Vec::new();
-    let mut views = Vec::new();
-    for mounts_by in ["runtime", "hook"] {
+    let ns = MountNs::new(RuntimeEnv::CgroupV2);
+    let mut engines = engines(&ns);
+    engines.push((
+        "Podman 4.3, youki",
+        Podman::with_runtime(youki_bin()),
+        vec![],
+    ));
+    for (engine, podman, flags) in engines {
+        let image = format!("localhost/{}:latest", unique_name("nvhook-busybox"));
+        podman.import(busybox_image().rootfs(), &image);
+        let node = SimNode::create(GPUS);
         let spec = CdiSpecFile::new("json");
-        let mounts = spec_mounts(&write_spec(&node, mounts_by, &spec));
-        if mounts_by == "runtime" {
-            paths = mounts
-                .iter()
-                .map(|m| m["containerPath"].as_str().expect("a path").to_string())
-                .collect();
-            assert!(!paths.is_empty());
-        } else {
-            assert!(mounts.is_empty(), "{mounts:?}");
-        }
-        views.push(container_view(&podman, &image, "nvidia.com/gpu=1", &paths));
+        assert_same_view_both_ways(engine, &node, spec.path(), |args| {
+            let mut run_flags = vec!["--device", "nvidia.com/gpu=1"];
+            run_flags.extend(&flags);
+            podman.run(&run_flags, &image, args)
+        });
     }
-    assert_eq!(views[0], views[1]);
 }
 
 /// Run from the runtime's own mount namespace (a runtime that ran createContainer hooks there,

@@ -187,7 +187,8 @@ fn the_nri_plugins_kept_driver_files_follow_files_added_and_removed() {
     use nvhook_nri::api::{Container, PodSandbox};
 
     let node = SimNode::create(GPUS);
-    node.configure("nri-mode = \"cdi\"");
+    // The adjustment lists the driver's files as mounts where the runtime makes them.
+    node.configure("nri-mode = \"cdi\"\ncdi-mounts = \"runtime\"");
     // The plugin here is this test's process, with no NVML helper beside it: it plans from the
     // answer a first start stored.
     start(&node, "0", &[]).assert_success();

@@ -525,14 +525,16 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
     let hook = by("nvidia", &mut cri);
     let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
     plugin.wait_registered(&node.log_file(), 1, &containerd);
-    // nri-mode = "hook" (the default): the nodes and the prestart hook; then "cdi": every
-    // edit for runc, and the createContainer hook; then "cdi" with the driver files' mounts
-    // made by that hook (`cdi-mounts = "hook"`) instead of runc.
-    for mode in ["hook", "cdi", "cdi, cdi-mounts = hook"] {
+    // nri-mode = "hook" (the default): the nodes and the prestart hook; then "cdi" with every
+    // edit for runc (`cdi-mounts = "runtime"`), and the createContainer hook; then "cdi" with
+    // the driver files' mounts made by that hook (the default) instead of runc.
+    for mode in ["hook", "cdi, cdi-mounts = runtime", "cdi"] {
         match mode {
-            "cdi" => node.configure("nri-mode = \"cdi\""),
             "hook" => &node,
-            _ => node.configure("cdi-mounts = \"hook\""),
+            "cdi" => node.set("cdi-mounts", "\"hook\""),
+            _ => node
+                .set("nri-mode", "\"cdi\"")
+                .set("cdi-mounts", "\"runtime\""),
         };
         let mounted_by_hooks = node.log().matches("step=\"mounts\"").count();
         let nri = by(DEFAULT_HANDLER, &mut cri);
@@ -554,7 +556,7 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
         );
         // Only the prestart hook and a createContainer hook told to make them log mounts.
         let made = node.log().matches("step=\"mounts\"").count() - mounted_by_hooks;
-        let expected = usize::from(mode != "cdi");
+        let expected = usize::from(mode != "cdi, cdi-mounts = runtime");
         assert_eq!(
             made,
             expected,

@@ -11,11 +11,12 @@ use std::path::Path;
 
 use nvhook::nvidia_cli::RUNTIME_HOOK_NAME;
 use support::engines::{Dockerd, EngineDir, unique_name};
+use support::hook_mounts::assert_same_view_both_ways;
 use support::podman::{CdiSpecFile, Podman};
 use support::{
-    Bundle, MountNs, Output, RuntimeEnv, SimNode, WRITTEN_SEEN_INSIDE, glibc_image, gpucheck_args,
-    host_mounts_referencing, host_snapshot, owner_args, require_root, run_clean, run_in_ns,
-    table_diff,
+    Bundle, MountNs, Output, RuntimeEnv, SimNode, WRITTEN_SEEN_INSIDE, busybox_image, glibc_image,
+    gpucheck_args, host_mounts_referencing, host_snapshot, owner_args, require_root, run_clean,
+    run_in_ns, table_diff,
 };
 
 const GPUS: u32 = 4;
@@ -390,6 +391,15 @@ fn podman_runs_a_cdi_device_in_a_user_namespace(row: PodmanRow) {
     assert!(diff.is_empty(), "the host changed: {diff:#?}");
     let leaked = host_mounts_referencing(&[node.root()]);
     assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+
+    // The driver files' mounts made by nvhook's hook show this container what the runtime's do.
+    drop(spec);
+    let spec = CdiSpecFile::new("json");
+    let busybox = format!("localhost/{}:latest", unique_name("nvhook-userns-busybox"));
+    podman.import(busybox_image().rootfs(), &busybox);
+    assert_same_view_both_ways(&format!("{row:?}"), &node, spec.path(), |args| {
+        podman.run(&flags, &busybox, args)
+    });
 }
 
 #[test]

@@ -15,6 +15,7 @@ use std::os::unix::fs::MetadataExt;
 
 use serde_json::{Value, json};
 use support::engines::{nvhook_runtime_bin, unique_name};
+use support::hook_mounts::{spec_mounts, write_spec};
 use support::podman::{CdiSpecFile, Podman};
 use support::{
     Bundle, Output, RuntimeEnv, SimNode, glibc_image, link_to_nvhook, require_root, run_clean,
@@ -222,50 +223,69 @@ fn nvhook_runtime_cdi_mode_gives_dxg_and_the_driver_store_cgroup_v2() {
 }
 
 /// `nvhook cdi generate` on WSL2 names one device, `all` (as NVIDIA's WSL spec), holding
-/// `/dev/dxg`; the driver's files and the createContainer hook are the spec-wide edits.
+/// `/dev/dxg`; the driver's files and the createContainer hook are the spec-wide edits, the
+/// files as the runtime's mounts or as the hook's (`cdi-mounts`), and Podman runs either.
 #[test]
 fn the_cdi_spec_names_all_alone_and_podman_runs_it() {
     require_root();
     let node = wsl_node();
-    let spec_file = CdiSpecFile::new("json");
-    node.generate_cdi_spec(spec_file.path());
-    let text = fs::read_to_string(spec_file.path()).expect("read the spec");
-    let spec: Value = serde_json::from_str(&text).expect("the spec is JSON");
-    let devices = spec["devices"].as_array().expect("devices");
-    assert_eq!(devices.len(), 1, "{text}");
-    assert_eq!(devices[0]["name"], "all", "{text}");
-    let nodes = &devices[0]["containerEdits"]["deviceNodes"];
-    assert_eq!(nodes.as_array().map(Vec::len), Some(1), "{text}");
-    assert_eq!(nodes[0]["path"], "/dev/dxg", "{text}");
-    let common = &spec["containerEdits"];
-    assert!(common["deviceNodes"].is_null(), "{text}");
-    let mounts: Vec<&str> = common["mounts"]
-        .as_array()
-        .expect("mounts")
-        .iter()
-        .filter_map(|m| m["containerPath"].as_str())
-        .collect();
-    assert!(mounts.contains(&DXCORE), "{text}");
-    assert!(
-        mounts.iter().all(|m| m.starts_with("/usr/lib/wsl/")),
-        "{text}"
-    );
-    for mount in common["mounts"].as_array().unwrap() {
-        assert_eq!(
-            mount["options"],
-            json!(["ro", "nosuid", "nodev", "rbind", "rprivate"]),
-            "{text}"
-        );
-    }
-
     let podman = Podman::new();
     let image = format!("localhost/{}:latest", unique_name("nvhook-glibc"));
     podman.import(glibc_image().rootfs(), &image);
-    let args = probe();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut output = podman.run(&["--device", "nvidia.com/gpu=all"], &image, &args);
-    output.hook_log = Some(node.log());
-    assert_wsl_gpus(&output, &node);
+    for mounts_by in ["runtime", "hook"] {
+        let spec_file = CdiSpecFile::new("json");
+        let spec = write_spec(&node, mounts_by, spec_file.path());
+        let text = spec.to_string();
+        let devices = spec["devices"].as_array().expect("devices");
+        assert_eq!(devices.len(), 1, "{text}");
+        assert_eq!(devices[0]["name"], "all", "{text}");
+        let nodes = &devices[0]["containerEdits"]["deviceNodes"];
+        assert_eq!(nodes.as_array().map(Vec::len), Some(1), "{text}");
+        assert_eq!(nodes[0]["path"], "/dev/dxg", "{text}");
+        let common = &spec["containerEdits"];
+        assert!(common["deviceNodes"].is_null(), "{text}");
+        let mounts = spec_mounts(&spec);
+        let [hook] = common["hooks"].as_array().expect("hooks").as_slice() else {
+            panic!("one hook: {text}")
+        };
+        let hook_args: Vec<&str> = hook["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        // The files' container paths: the mounts', or each `--bind-*` argument's second path.
+        let files: Vec<&str> = match mounts_by {
+            "runtime" => mounts
+                .iter()
+                .filter_map(|m| m["containerPath"].as_str())
+                .collect(),
+            _ => hook_args
+                .windows(3)
+                .filter(|w| w[0].starts_with("--bind-"))
+                .map(|w| w[2])
+                .collect(),
+        };
+        assert!(files.contains(&DXCORE), "{text}");
+        assert!(
+            files.iter().all(|m| m.starts_with("/usr/lib/wsl/")),
+            "{text}"
+        );
+        assert_eq!(mounts.is_empty(), mounts_by == "hook", "{text}");
+        for mount in &mounts {
+            assert_eq!(
+                mount["options"],
+                json!(["ro", "nosuid", "nodev", "rbind", "rprivate"]),
+                "{text}"
+            );
+        }
+
+        let args = probe();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut output = podman.run(&["--device", "nvidia.com/gpu=all"], &image, &args);
+        output.hook_log = Some(node.log());
+        assert_wsl_gpus(&output, &node);
+    }
 }
 
 /// Docker's `--gpus` runs `nvidia-container-runtime-hook prestart`: the same container through

@@ -43,6 +43,8 @@ pub fn run(rounds: usize) {
     let node = SimNode::create(8);
     let work = tmpfs_work_dir();
     let spec_path = work.path().join("nvidia.json");
+    // The layers are those of a spec whose runtime makes the driver files' mounts.
+    node.set("cdi-mounts", "\"runtime\"");
     node.generate_cdi_spec(&spec_path);
     let spec: Value =
         serde_json::from_str(&std::fs::read_to_string(&spec_path).expect("read the spec"))

@@ -139,8 +139,8 @@ pub fn run(rounds: usize) {
         with_mode("cdi", "nri-mode = \"cdi\""),
         with_mode("mounts", "nri-mode = \"mounts\""),
         with_mode(
-            "cdi-hook-mounts",
-            "nri-mode = \"cdi\"\ncdi-mounts = \"hook\"",
+            "cdi-runtime-mounts",
+            "nri-mode = \"cdi\"\ncdi-mounts = \"runtime\"",
         ),
     ];
     let runtime: PathBuf = workspace_bin("nvhook-runtime");
@@ -216,7 +216,7 @@ pub fn run(rounds: usize) {
                 Kind::Way { hooked: false },
             ),
             variant(
-                "NRI plugin, nri-mode = cdi, cdi-mounts = hook",
+                "NRI plugin, nri-mode = cdi, cdi-mounts = runtime",
                 4,
                 DEFAULT_HANDLER,
                 gpus,

@@ -3,7 +3,9 @@
 //! inventory in memory (and NodeUnprepareResources after it); then a pod's container start on
 //! containerd 2.1.9 through the DRA claim's CDI id against the same pod through the device
 //! plugin's CDI name (`nvidia.com/gpu=3` in nvhook's node spec), against the same device from
-//! the node's spec written with `cdi-mounts = "hook"`, and against plain runc, the variants
+//! the node's spec written with `cdi-mounts = "runtime"` (the runtime making the driver files'
+//! mounts; the node's own spec leaves them to nvhook's hook, the default), and against plain
+//! runc, the variants
 //! taking turns round by round. Needs `scripts/sid-engines.sh`.
 
 use crate::pod_parts::{Pods, TimedRunc, engine_dir};
@@ -17,8 +19,8 @@ use crate::support::engines::{CgroupParent, unique_name};
 use nvhook_dra::kubelet::Kubelet;
 use std::time::Instant;
 
-/// The kind of the bench's copy of the node spec written with `cdi-mounts = "hook"`.
-const HOOK_MOUNTS_KIND: &str = "nvhook-bench.example/hook-mounts";
+/// The kind of the bench's copy of the node spec written with `cdi-mounts = "runtime"`.
+const RUNTIME_MOUNTS_KIND: &str = "nvhook-bench.example/runtime-mounts";
 
 const GPUS: u32 = 8;
 
@@ -66,17 +68,17 @@ pub fn run(rounds: usize) {
     let claim_ids = answer[&named.uid].as_ref().expect("prepared")[0]
         .cdi_ids
         .clone();
-    // The node's spec again, written with `cdi-mounts = "hook"` under a kind of its own so
-    // that both are offered: the same device, its mounts made by nvhook's hook.
-    node.set("cdi-mounts", "\"hook\"");
-    let hook_spec = dir.path().join("hook-mounts.json");
-    node.generate_cdi_spec(&hook_spec);
+    // The node's spec again, written with `cdi-mounts = "runtime"` under a kind of its own so
+    // that both are offered: the same device, its mounts made by runc.
     node.set("cdi-mounts", "\"runtime\"");
+    let runtime_spec = dir.path().join("runtime-mounts.json");
+    node.generate_cdi_spec(&runtime_spec);
+    node.set("cdi-mounts", "\"hook\"");
     let mut spec: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&hook_spec).expect("read the spec"))
+        serde_json::from_str(&std::fs::read_to_string(&runtime_spec).expect("read the spec"))
             .expect("the spec is JSON");
-    spec["kind"] = HOOK_MOUNTS_KIND.into();
-    std::fs::write(cdi.join("hook-mounts.json"), spec.to_string()).expect("write the spec");
+    spec["kind"] = RUNTIME_MOUNTS_KIND.into();
+    std::fs::write(cdi.join("runtime-mounts.json"), spec.to_string()).expect("write the spec");
     let runc = TimedRunc::new(dir.path());
     let setup = Containerd2Cri {
         cdi_spec_dirs: vec![cdi],
@@ -87,14 +89,14 @@ pub fn run(rounds: usize) {
     let image = containerd.import_gpucheck_image(dir.path());
     let mut cri = Cri::connect(containerd.socket());
     let device_plugin = ["nvidia.com/gpu=3".to_string()];
-    let hook_mounts = [format!("{HOOK_MOUNTS_KIND}=3")];
+    let runtime_mounts = [format!("{RUNTIME_MOUNTS_KIND}=3")];
     let variants: [(&str, &[String]); 4] = [
         ("plain runc, no GPU", &[]),
         ("device plugin's CDI name, nvidia.com/gpu=3", &device_plugin),
         ("DRA claim's CDI id, gpu-3", &claim_ids),
         (
-            "the same device from a spec written with cdi-mounts = \"hook\"",
-            &hook_mounts,
+            "the same device from a spec written with cdi-mounts = \"runtime\"",
+            &runtime_mounts,
         ),
     ];
     let mut pods = Pods::default();

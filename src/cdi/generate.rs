@@ -330,21 +330,45 @@ mod tests {
             assert!(common_nodes.contains(&control), "{common_nodes:?}");
         }
         assert!(!common_nodes.iter().any(|p| p.starts_with("/dev/nvidia0")));
-        // Libraries stay at their host paths relative to the driver root; firmware comes along.
-        let destinations: Vec<&str> = common
-            .mounts
-            .iter()
-            .map(|m| m.container_path.as_str())
-            .collect();
-        assert!(destinations.contains(&"/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"));
-        assert!(destinations.contains(&"/usr/lib/i386-linux-gnu/libcuda.so.550.54.15"));
-        assert!(destinations.contains(&"/usr/bin/nvidia-smi"));
-        assert!(destinations.contains(&"/lib/firmware/nvidia/550.54.15/gsp_ga10x.bin"));
         let [hook] = common.hooks.as_slice() else {
             panic!("{:?}", common.hooks)
         };
         assert_eq!(hook.hook_name, "createContainer");
         let links = crate::delivery::hook_args::LinkArgs::parse(&hook.args[5..]).unwrap();
+        // The driver's files are the hook's to mount (`cdi-mounts = "hook"`, the default), not
+        // the runtime's; libraries stay at their host paths relative to the driver root, and
+        // firmware comes along.
+        assert!(common.mounts.is_empty(), "{:?}", common.mounts);
+        let destinations: Vec<&str> = links
+            .mounts
+            .iter()
+            .map(|m| m.destination.as_str())
+            .collect();
+        assert!(destinations.contains(&"/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"));
+        assert!(destinations.contains(&"/usr/lib/i386-linux-gnu/libcuda.so.550.54.15"));
+        assert!(destinations.contains(&"/usr/bin/nvidia-smi"));
+        assert!(destinations.contains(&"/lib/firmware/nvidia/550.54.15/gsp_ga10x.bin"));
+        let runtime_mounts = Config {
+            cdi_mounts: crate::config::CdiMounts::Runtime,
+            ..config()
+        };
+        let listed = generate(
+            &runtime_mounts,
+            Some(Path::new("/etc/nvhook/config.toml")),
+            &inv,
+            &[NameStrategy::Index],
+        )
+        .unwrap();
+        let listed: Vec<&str> = listed
+            .container_edits
+            .mounts
+            .iter()
+            .map(|m| m.container_path.as_str())
+            .collect();
+        assert_eq!(
+            listed, destinations,
+            "the runtime gets the same files to mount"
+        );
         assert!(links.symlinks.iter().any(|l| {
             l.path == "/usr/lib/x86_64-linux-gnu/libcuda.so.1" && l.target == "libcuda.so.550.54.15"
         }));

@@ -738,8 +738,11 @@ mod tests {
             ["/dev/nvidia-caps-imex-channels/channel3"]
         );
         assert!(
-            !spec.container_edits.mounts.is_empty(),
-            "the GPU's driver files"
+            spec.container_edits.hooks[0]
+                .args
+                .contains(&"--bind-file".to_string())
+                && spec.container_edits.mounts.is_empty(),
+            "the GPU's driver files, for the hook to mount"
         );
         // The channel is the first claim's until it is unprepared.
         let channel_only = claim("u2", &[("gpu.nvidia.com", "node-a", "channel-3")]);

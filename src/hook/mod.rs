@@ -63,7 +63,7 @@ pub enum HookError {
     )]
     StaleCdiSpec { written_for: String, now: String },
     #[error(
-        "the runtime ran nvhook's createContainer hook in its own mount namespace, not the container's, so the hook cannot make the driver files' mounts there: use a runtime that follows the OCI spec for createContainer hooks (runc, crun), or set cdi-mounts = \"runtime\" in the nvhook config and regenerate the CDI spec"
+        "the runtime ran nvhook's createContainer hook in its own mount namespace, not the container's, so the hook cannot make the driver files' mounts there: use a runtime that follows the OCI spec for createContainer hooks (runc, crun, youki), or set cdi-mounts = \"runtime\" in the nvhook config and regenerate the CDI spec"
     )]
     HostMountNamespace,
     #[error(

@@ -187,7 +187,7 @@ impl Default for Config {
             runtimes: nvhook_runtime::DEFAULT_RUNTIMES.map(String::from).to_vec(),
             hook_path: None,
             runtime_mode: RuntimeMode::Hook,
-            cdi_mounts: CdiMounts::Runtime,
+            cdi_mounts: CdiMounts::Hook,
             cuda_compat: CudaCompatMode::Auto,
             device_families: Vec::new(),
             nri_annotation_namespaces: Vec::new(),
