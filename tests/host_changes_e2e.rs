@@ -242,8 +242,7 @@ fn kept_driver_files_follow_files_added_and_removed() {
     // change: the node's must settle before a search of them is kept.
     std::thread::sleep(std::time::Duration::from_millis(2500));
     let look = ["--ls", &firmware, "--ls", "/usr/bin"];
-    // The first start asks NVML; the second reads its stored answer, and keeps its search.
-    start(&node, "0", &look).assert_success();
+    // The first start asks NVML, and keeps its search beside the answer it stores.
     start(&node, "0", &look).assert_success();
     assert!(
         node.root().join("run/driver-files.json").is_file(),

@@ -100,7 +100,9 @@ pub fn load_fresh(config: &Config, scope: Scope) -> Result<Inventory, InventoryE
 /// for the commands that change nothing (`info`, `plan`, `cdi generate`).
 pub fn load_uncached(config: &Config, scope: Scope) -> Result<Inventory, InventoryError> {
     let deadline = Instant::now() + config.nvml_timeout();
-    query_in_child(config, &HostCache::read(config)?, deadline, scope)
+    let host_cache = HostCache::read(config)?;
+    let system = query_in_child(config, &host_cache, deadline)?;
+    super::around(config, &host_cache, system, scope)
 }
 
 fn load_from(
@@ -117,7 +119,7 @@ fn load_from(
             .and_then(NvmlCache::read)
     };
     if let Some(system) = cached() {
-        let inventory = around_stored(config, &host_cache, system, scope)?;
+        let inventory = around_stored(config, &host_cache, system, scope, true)?;
         return Ok((inventory, Source::Cache));
     }
     // One query for a burst of starts: the lock's holder asks NVML, the others wait for its
@@ -126,10 +128,14 @@ fn load_from(
     let flight = stored.as_ref().and_then(|s| s.lock_query(deadline));
     if let Some(system) = flight.as_ref().and_then(|_| cached()) {
         tracing::debug!("another start asked NVML while this one waited");
-        let inventory = around_stored(config, &host_cache, system, scope)?;
+        let inventory = around_stored(config, &host_cache, system, scope, true)?;
         return Ok((inventory, Source::Cache));
     }
-    let inventory = query_in_child(config, &host_cache, deadline, scope)?;
+    let answer = query_in_child(config, &host_cache, deadline)?;
+    // Around the new answer, with its search kept as around a cached one: the next start need
+    // not search again. A start whose plan failed on the cached answer (`load_fresh`) searches
+    // anew, in case the kept search was what failed it.
+    let inventory = around_stored(config, &host_cache, answer, scope, use_cache)?;
     let system = inventory.system();
     let previous = stored.as_ref().and_then(NvmlCache::previous);
     let change = previous.and_then(|old| HostChange::between(&old, &system));
@@ -144,17 +150,19 @@ fn load_from(
 }
 
 /// [`around`](super::around), with the driver's files from the search a start before kept
-/// beside NVML's cached answer, and this start's search kept there when it made one.
+/// beside NVML's cached answer (unless `use_kept` is false), and this start's search kept there
+/// when it made one.
 fn around_stored(
     config: &Config,
     cache: &HostCache,
     system: System,
     scope: Scope,
+    use_kept: bool,
 ) -> Result<Inventory, InventoryError> {
     let Some(path) = kept_files::path(config, scope) else {
         return super::around(config, cache, system, scope);
     };
-    let mut kept = kept_files::read(&path);
+    let mut kept = kept_files::read(&path).filter(|_| use_kept);
     let inventory = super::around_kept(config, cache, system, scope, Some(&mut kept))?;
     if let Some(kept) = kept.filter(|k| k.made_now) {
         kept_files::write(&path, &kept);
@@ -166,14 +174,13 @@ fn around_stored(
 /// cannot load libnvidia-ml (glibc's dlopen there needs the exact glibc it was linked with).
 pub const HELPER: &str = "nvhook-nvml";
 
-/// Asks NVML through [`HELPER`], with no environment, and builds the inventory around its
-/// answer with the parent's reading of the driver root's loader cache.
+/// Asks NVML through [`HELPER`], with no environment, for the library the driver root's
+/// loader cache names.
 fn query_in_child(
     config: &Config,
     host_cache: &HostCache,
     deadline: Instant,
-    scope: Scope,
-) -> Result<Inventory, InventoryError> {
+) -> Result<System, InventoryError> {
     let library = nvml_library(config, host_cache)?;
     let helper = crate::binary_paths::beside_nvhook(HELPER);
     let mut command = helper_command(&helper, &library);
@@ -211,7 +218,7 @@ fn query_in_child(
         // execs, or the engine's subreaper once the hook has exited).
         let _ = child.try_wait();
     }
-    super::around(config, host_cache, result?, scope)
+    result
 }
 
 /// `helper` run on NVML library `library` with no environment, at `/`, its stdin closed and its
