@@ -6,7 +6,9 @@
 //! A file per container id, beside NVML's cached answer and as private: the hook takes it
 //! (reads and removes it) and uses it only while the host is in the state it was found in
 //! (NVML's fingerprint) and for a short while; otherwise it reads the inventory itself, as
-//! without the plugin. The plugin removes the file of a container removed before it started.
+//! without the plugin. The plugin removes the file of a container removed before it started,
+//! and, when it connects and once a while after, every file too old to be used: those of
+//! containers removed while it was not connected, or never started.
 
 use crate::config::Config;
 use crate::inventory::cache::Fingerprint;
@@ -20,7 +22,7 @@ const DIR: &str = "nri-inventory";
 
 /// How long after the plugin's planning the hook still uses its inventory. A kubelet starts a
 /// container right after creating it; one started later reads the host as it is then.
-const MAX_AGE: Duration = Duration::from_secs(60);
+pub const MAX_AGE: Duration = Duration::from_secs(60);
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Handed {
@@ -31,9 +33,13 @@ struct Handed {
     inventory: Inventory,
 }
 
-/// The file for container `id`: none where NVML's answer is not cached (the config turns the
-/// cache off, and with it every file kept between processes), or for an id that is no plain
-/// file name.
+/// The files' directory: none where NVML's answer is not cached (the config turns the cache
+/// off, and with it every file kept between processes).
+fn dir(config: &Config) -> Option<PathBuf> {
+    Some(config.nvml_cache()?.parent()?.join(DIR))
+}
+
+/// The file for container `id`: none without [`dir`], or for an id that is no plain file name.
 fn path(config: &Config, id: &str) -> Option<PathBuf> {
     let plain = !id.is_empty()
         && id.len() <= 128
@@ -44,13 +50,7 @@ fn path(config: &Config, id: &str) -> Option<PathBuf> {
     if !plain {
         return None;
     }
-    Some(
-        config
-            .nvml_cache()?
-            .parent()?
-            .join(DIR)
-            .join(format!("{id}.json")),
-    )
+    Some(dir(config)?.join(format!("{id}.json")))
 }
 
 /// Leaves `inventory`, found for `scope` with the host in state `fingerprint`, for the hook
@@ -118,5 +118,76 @@ pub fn discard(config: &Config, id: &str) {
         && e.kind() != std::io::ErrorKind::NotFound
     {
         tracing::debug!(path = %path.display(), error = %e, "NRI plugin's inventory not removed");
+    }
+}
+
+/// Removes every file left that [`take`] would refuse for its age, and says how many it
+/// removed. Best effort, like leaving them: a file it cannot remove is refused all the same.
+pub fn sweep(config: &Config) -> usize {
+    sweep_at(config, SystemTime::now())
+}
+
+/// [`sweep`] at time `now`.
+fn sweep_at(config: &Config, now: SystemTime) -> usize {
+    let Some(entries) = dir(config).and_then(|dir| std::fs::read_dir(dir).ok()) else {
+        return 0;
+    };
+    let too_old = |entry: &std::fs::DirEntry| {
+        // The entry itself, not what a link there leads to.
+        let Ok(meta) = entry.metadata() else {
+            return false;
+        };
+        let age = meta
+            .modified()
+            .ok()
+            .and_then(|at| now.duration_since(at).ok());
+        meta.is_file()
+            && entry.file_name().to_string_lossy().ends_with(".json")
+            && age.is_some_and(|age| age > MAX_AGE)
+    };
+    entries
+        .flatten()
+        .filter(too_old)
+        .filter(|entry| std::fs::remove_file(entry.path()).is_ok())
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sweep_removes_only_the_files_too_old_to_be_taken() {
+        let state = tempfile::tempdir().unwrap();
+        let config = Config {
+            nvml_cache_file: state.path().join("nvml-inventory.json"),
+            ..Config::default()
+        };
+        assert_eq!(sweep(&config), 0, "no directory yet");
+        let dir = dir(&config).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        let now = SystemTime::now();
+        let file = |name: &str, age: Duration| {
+            let path = dir.join(name);
+            std::fs::write(&path, b"{}").unwrap();
+            let file = std::fs::File::options().write(true).open(&path).unwrap();
+            file.set_modified(now - age).unwrap();
+            path
+        };
+        let young = file("young.json", MAX_AGE - Duration::from_secs(5));
+        let old = file("old.json", MAX_AGE + Duration::from_secs(5));
+        let other = file("old.txt", MAX_AGE * 10);
+        let kept_dir = dir.join("sub.json");
+        std::fs::create_dir(&kept_dir).unwrap();
+        assert_eq!(sweep_at(&config, now), 1);
+        assert!(young.exists() && other.exists() && kept_dir.exists());
+        assert!(!old.exists());
+        // Without NVML's cache there is no directory to sweep.
+        let uncached = Config {
+            nvml_cache_file: "".into(),
+            ..Config::default()
+        };
+        assert_eq!(sweep_at(&uncached, now + MAX_AGE * 10), 0);
+        assert!(young.exists());
     }
 }

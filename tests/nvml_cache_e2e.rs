@@ -168,7 +168,8 @@ fn a_corrupt_truncated_or_linked_cache_is_asked_again_and_replaced() {
 /// `nri-mode = "hook"`: the inventory the NRI plugin planned a container with serves that
 /// container's prestart hook, which then reads nothing of NVML; once, and only while the host
 /// is as the plugin found it. A container removed before it started leaves nothing behind,
-/// and a container id that is no plain file name gets nothing handed over.
+/// one removed while the plugin was away leaves nothing once it connects again, and a
+/// container id that is no plain file name gets nothing handed over.
 #[test]
 fn the_nri_plugins_inventory_serves_its_containers_hook_once() {
     use nvhook_nri::Plugin;
@@ -275,4 +276,20 @@ fn the_nri_plugins_inventory_serves_its_containers_hook_once() {
     plan(&plugin, ".hidden");
     assert!(left().is_empty(), "{:?}", left());
     assert!(!node.root().join("escape.json").exists());
+
+    // Removed while the plugin was not connected: what it left, too old for a hook to take by
+    // the time it connects again, goes then; what a container created just before is kept.
+    plan(&plugin, "removed-while-away");
+    plan(&plugin, "created-just-before");
+    let aged = std::fs::File::options()
+        .write(true)
+        .open(handed.join("removed-while-away.json"))
+        .expect("open what was left");
+    aged.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(120))
+        .expect("age it");
+    let mut reconnected = nvhook::nri::GpuPlugin::new(Some(node.config()));
+    reconnected
+        .synchronize(Vec::new(), Vec::new())
+        .expect("synchronized");
+    assert_eq!(left(), ["created-just-before.json"]);
 }

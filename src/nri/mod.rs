@@ -47,6 +47,8 @@ pub struct GpuPlugin {
     config: Mutex<crate::config::Kept>,
     /// NVML's answer for the host as it is: asked once, not per container.
     nvml: Mutex<Remembered>,
+    /// When the inventories left for hooks were last swept ([`crate::nri_handoff::sweep`]).
+    swept: Mutex<Option<std::time::Instant>>,
 }
 
 impl GpuPlugin {
@@ -56,6 +58,24 @@ impl GpuPlugin {
             config_path,
             config: Mutex::default(),
             nvml: Mutex::new(Remembered::default()),
+            swept: Mutex::default(),
+        }
+    }
+
+    /// Removes the inventories left for hooks that can no longer take them: always when
+    /// `now` (the plugin connecting: containers may have gone while it was away), else when
+    /// the last sweep is older than what a hook may take.
+    fn sweep_handoffs(&self, config: &Config, now: bool) {
+        let mut swept = self.swept.lock().unwrap_or_else(|e| e.into_inner());
+        if now || swept.is_none_or(|at| at.elapsed() >= crate::nri_handoff::MAX_AGE) {
+            let removed = crate::nri_handoff::sweep(config);
+            if removed > 0 {
+                tracing::info!(
+                    removed,
+                    "NRI: inventories left for containers that never took them removed"
+                );
+            }
+            *swept = Some(std::time::Instant::now());
         }
     }
 
@@ -114,6 +134,7 @@ impl GpuPlugin {
             })?;
         drop(nvml);
         if let Some((fingerprint, inventory)) = handed {
+            self.sweep_handoffs(&config, false);
             crate::nri_handoff::leave(&config, &container.id, fingerprint, scope, inventory);
         }
         crate::dev_char::ensure_for_plan(&config, &plan);
@@ -183,6 +204,19 @@ impl Plugin for GpuPlugin {
             Event::CreateContainer,
             Event::RemoveContainer,
         ]))
+    }
+
+    /// The plugin (re)connected: what was left for containers removed while it was not
+    /// connected goes.
+    fn synchronize(
+        &mut self,
+        _pods: Vec<PodSandbox>,
+        _containers: Vec<Container>,
+    ) -> Result<Vec<nvhook_nri::api::ContainerUpdate>, HandlerError> {
+        if let Ok(config) = self.config() {
+            self.sweep_handoffs(&config, true);
+        }
+        Ok(Vec::new())
     }
 
     /// A container removed before its hook took what was left for it.
