@@ -84,21 +84,15 @@ pub fn shares_our_mount_ns(pid: i32) -> Result<bool, std::io::Error> {
 /// pivot_root, /proc is still the runtime's, and its pid 1 is in the runtime's mount
 /// namespace: a namespace made for the container copies every mount under new ids. (Its
 /// `ns/mnt` link would say the same but needs ptrace access to pid 1, which a hook in the
-/// container's PID namespace lacks; mountinfo does not.)
+/// container's PID namespace lacks; mountinfo does not.) Only pid 1's table is read, which
+/// grows with every mount of the node: this process's root mount is known by its id.
 pub fn init_shares_our_root_mount() -> Result<bool, std::io::Error> {
-    let root_id = |mountinfo: &str| {
-        mountinfo
-            .lines()
-            .find(|l| l.split(' ').nth(4) == Some("/"))
-            .and_then(|l| l.split(' ').next())
-            .map(str::to_owned)
-    };
-    let ours = root_id(&std::fs::read_to_string("/proc/self/mountinfo")?);
+    let root = std::fs::File::open("/")?;
+    let ours = crate::rootfs::sys::mount_id(std::os::fd::AsFd::as_fd(&root))?.to_string();
     let init = std::fs::read_to_string("/proc/1/mountinfo")?;
-    Ok(ours.is_some_and(|id| {
-        init.lines()
-            .any(|l| l.split(' ').next() == Some(id.as_str()))
-    }))
+    Ok(init
+        .lines()
+        .any(|l| l.split(' ').next() == Some(ours.as_str())))
 }
 
 /// [`classify`] for the process `pid`, from the host's `/proc`.
@@ -159,6 +153,12 @@ mod tests {
                 rootfs_is_mount: true,
             }
         );
+    }
+
+    /// The tests run in the host's mount namespace, where pid 1 sees this process's root.
+    #[test]
+    fn the_hosts_mount_namespace_is_init_s() {
+        assert!(init_shares_our_root_mount().unwrap());
     }
 
     #[test]

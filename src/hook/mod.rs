@@ -67,7 +67,7 @@ pub enum HookError {
     )]
     HostMountNamespace,
     #[error(
-        "cannot read /proc/self/mountinfo or /proc/1/mountinfo to check that the createContainer hook runs in the container's mount namespace: {0} (or set cdi-mounts = \"runtime\" in the nvhook config and regenerate the CDI spec)"
+        "cannot tell whether the createContainer hook runs in the container's mount namespace (from /proc/1/mountinfo and the mount of /): {0} (or set cdi-mounts = \"runtime\" in the nvhook config and regenerate the CDI spec)"
     )]
     MountTables(#[source] std::io::Error),
     #[error("cannot act as the container's root (host uid {uid}, gid {gid}): {source}")]
