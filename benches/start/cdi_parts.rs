@@ -6,7 +6,8 @@
 //! from nvhook's prestart hook, which makes the nodes and mounts itself. The variants take
 //! turns, each round starting at the next. The hook's own time comes from its log
 //! (`hook finished ... total_us`), so that what is left of a layer is runc's work for it and
-//! the hook process's exec and exit.
+//! the hook process's exec and exit. Then the same starts on a busy node, with a thousand
+//! more mounts in the host's mount namespace, in rounds of their own.
 
 use crate::hook_timer;
 use crate::setup::tmpfs_work_dir;
@@ -111,43 +112,16 @@ pub fn run(rounds: usize) {
         ),
     ];
     let record = work.path().join("create-container.rec");
-    let n = variants.len();
-    for round in 0..=rounds {
-        for i in 0..n {
-            let v = &mut variants[(round + i) % n];
-            let mut bundle = Bundle::new_in(work.path(), glibc_image(), &["/gpucheck"]);
-            match v.layer {
-                Layer::PrestartHook => {
-                    bundle.env(&format!("NVIDIA_VISIBLE_DEVICES={GPU}"));
-                    bundle.env("NVIDIA_DRIVER_CAPABILITIES=all");
-                    bundle.prestart_hook(&node);
-                }
-                Layer::HookMakesMounts => {
-                    inject(
-                        &mut bundle,
-                        Layer::Nodes,
-                        &nodes,
-                        &[],
-                        &mounting_hook,
-                        &record,
-                    );
-                    bundle.raw_hook("createContainer", hook_entry(&mounting_hook));
-                }
-                layer => inject(&mut bundle, layer, &nodes, &mounts, &hooks[0], &record),
-            }
-            let started = std::time::Instant::now();
-            let output = run_container(&bundle, RuntimeEnv::CgroupV1);
-            let ms = started.elapsed().as_secs_f64() * 1e3;
-            output.assert_success();
-            match round {
-                // The warm-up's hook time is not one of the measured starts'.
-                0 => {
-                    let _ = std::fs::remove_file(&record);
-                }
-                _ => v.samples.push(ms),
-            }
-        }
-    }
+    let start = Start {
+        node: &node,
+        work: work.path(),
+        nodes: &nodes,
+        mounts: &mounts,
+        hook: &hooks[0],
+        mounting_hook: &mounting_hook,
+        record: &record,
+    };
+    start.rounds(&mut variants, rounds);
     let log = node.log();
     let hook_total = |stage: &str| -> Samples {
         log.lines()
@@ -196,6 +170,240 @@ pub fn run(rounds: usize) {
         prestart.p50(),
         prestart.len()
     );
+    print_steps(&log);
+    println!();
+    with_host_mounts(&start, rounds);
+}
+
+/// How many mounts the busy node's phase adds to the host's mount namespace: a Kubernetes node
+/// running its hundred pods has about as many (each pod's rootfs, its pause container's, its
+/// `/dev/shm`, its secrets' and service account token's tmpfs).
+const HOST_MOUNTS: usize = 1000;
+
+/// The same starts on a busy node: `HOST_MOUNTS` more mounts in the host's mount namespace,
+/// which runc copies into each container's and whose table nvhook reads where it must. Its own
+/// rounds, after the others: the mounts slow every start on the host alike.
+fn with_host_mounts(start: &Start, rounds: usize) {
+    let variant = |label: &str, layer| Variant {
+        label: label.to_string(),
+        layer,
+        samples: Samples::default(),
+    };
+    let mut variants = [
+        variant("runc, no GPU", Layer::Plain),
+        variant("the whole CDI device, runc's mounts", Layer::NvhookHook),
+        variant(
+            "the GPU's nodes, nvhook's createContainer hook making the mounts",
+            Layer::HookMakesMounts,
+        ),
+        variant("nvhook's prestart hook instead", Layer::PrestartHook),
+    ];
+    let logged = start.node.log().len();
+    {
+        let _mounts = HostMounts::add(HOST_MOUNTS);
+        start.rounds(&mut variants, rounds);
+    }
+    println!(
+        "## The same on a busy node: {HOST_MOUNTS} more mounts in the host's mount namespace ({rounds} starts per variant, turns)\n"
+    );
+    println!("| variant | p50 | p95 | Δ p50 against plain |");
+    println!("|---|---|---|---|");
+    let plain = variants[0].samples.p50();
+    for v in &variants {
+        let p50 = v.samples.p50();
+        println!(
+            "| {} | {p50:.2} | {:.2} | {:+.2} |",
+            v.label,
+            v.samples.p95(),
+            p50 - plain
+        );
+    }
+    print_steps(&start.node.log()[logged..]);
+    println!();
+}
+
+/// The step of nvhook's hooks that reads the host's mount table where it must, and their
+/// total, from the runs in `log`.
+fn print_steps(log: &str) {
+    let runs = hook_runs(log);
+    for (stage, step) in [("CreateContainer", "mounts"), ("Prestart", "cgroup")] {
+        // The runs of the variant with that step (the CDI device's runtime-mounted hook has
+        // no `mounts` step).
+        let with_step: Vec<(&HookRun, f64)> = runs
+            .iter()
+            .filter(|r| r.stage == stage)
+            .filter_map(|r| Some((r, r.steps.iter().find(|(s, _)| s == step)?.1)))
+            .collect();
+        let step_ms: Samples = with_step.iter().map(|(_, us)| us / 1e3).collect();
+        let total: Samples = with_step.iter().map(|(r, _)| r.total_us / 1e3).collect();
+        if !with_step.is_empty() {
+            println!(
+                "\nnvhook's {stage} hook: its `{step}` step p50 {:.2} ms, its total p50 {:.2} ms, over {} runs.",
+                step_ms.p50(),
+                total.p50(),
+                with_step.len()
+            );
+        }
+    }
+}
+
+/// One hook run in nvhook's log: its stage, its steps' times and its total, in µs.
+struct HookRun {
+    stage: String,
+    steps: Vec<(String, f64)>,
+    total_us: f64,
+}
+
+/// The hook runs of `log`: a run's `done step=` lines come before its `hook finished` line.
+fn hook_runs(log: &str) -> Vec<HookRun> {
+    let field = |line: &str, name: &str| -> Option<String> {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(name))
+            .map(|v| v.trim_matches('"').to_string())
+    };
+    let mut runs = Vec::new();
+    let mut steps = Vec::new();
+    for line in log.lines() {
+        if line.contains("done step=")
+            && let (Some(step), Some(us)) = (field(line, "step="), field(line, "us="))
+        {
+            steps.push((step, us.parse().expect("us= is a number")));
+        } else if line.contains("hook finished")
+            && let (Some(stage), Some(us)) = (field(line, "stage="), field(line, "total_us="))
+        {
+            runs.push(HookRun {
+                stage,
+                steps: std::mem::take(&mut steps),
+                total_us: us.parse().expect("total_us= is a number"),
+            });
+        }
+    }
+    runs
+}
+
+/// `count` tmpfs mounts in the host's mount namespace, under a private tmpfs of their own, all
+/// lazily unmounted when dropped.
+struct HostMounts {
+    dir: tempfile::TempDir,
+}
+
+impl HostMounts {
+    fn add(count: usize) -> HostMounts {
+        let dir = tempfile::Builder::new()
+            .prefix("nvhook-bench-mounts-")
+            .tempdir()
+            .expect("a directory for the mounts");
+        let mounted = HostMounts { dir };
+        let top = c_path(mounted.dir.path());
+        mount_tmpfs(&top);
+        // SAFETY: the target is a NUL-terminated string that outlives the call; the other
+        // pointers may be null for a propagation change.
+        let rc = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                top.as_ptr(),
+                std::ptr::null(),
+                libc::MS_PRIVATE,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "make private: {}", std::io::Error::last_os_error());
+        for i in 0..count {
+            let target = mounted.dir.path().join(i.to_string());
+            std::fs::create_dir(&target).expect("a mount point");
+            mount_tmpfs(&c_path(&target));
+        }
+        mounted
+    }
+}
+
+fn c_path(path: &Path) -> std::ffi::CString {
+    std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("a path without NUL")
+}
+
+/// A small tmpfs at `target`.
+fn mount_tmpfs(target: &std::ffi::CStr) {
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            c"nvhook-bench".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            0,
+            c"size=4k".as_ptr().cast(),
+        )
+    };
+    assert_eq!(rc, 0, "mount a tmpfs: {}", std::io::Error::last_os_error());
+}
+
+impl Drop for HostMounts {
+    fn drop(&mut self) {
+        let path = c_path(self.dir.path());
+        // SAFETY: the path is a NUL-terminated string that outlives the call.
+        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// What every start of this part takes: the node, where bundles go, the spec's edits, and the
+/// timed hook's record.
+struct Start<'a> {
+    node: &'a SimNode,
+    work: &'a Path,
+    nodes: &'a [Value],
+    mounts: &'a [Value],
+    hook: &'a Value,
+    mounting_hook: &'a Value,
+    record: &'a Path,
+}
+
+impl Start<'_> {
+    /// `rounds` starts of each variant, taking turns, after a warm-up round not counted.
+    fn rounds(&self, variants: &mut [Variant], rounds: usize) {
+        let n = variants.len();
+        for round in 0..=rounds {
+            for i in 0..n {
+                let v = &mut variants[(round + i) % n];
+                let mut bundle = Bundle::new_in(self.work, glibc_image(), &["/gpucheck"]);
+                match v.layer {
+                    Layer::PrestartHook => {
+                        bundle.env(&format!("NVIDIA_VISIBLE_DEVICES={GPU}"));
+                        bundle.env("NVIDIA_DRIVER_CAPABILITIES=all");
+                        bundle.prestart_hook(self.node);
+                    }
+                    Layer::HookMakesMounts => {
+                        inject(
+                            &mut bundle,
+                            Layer::Nodes,
+                            self.nodes,
+                            &[],
+                            self.mounting_hook,
+                            self.record,
+                        );
+                        bundle.raw_hook("createContainer", hook_entry(self.mounting_hook));
+                    }
+                    layer => inject(
+                        &mut bundle,
+                        layer,
+                        self.nodes,
+                        self.mounts,
+                        self.hook,
+                        self.record,
+                    ),
+                }
+                let started = std::time::Instant::now();
+                let output = run_container(&bundle, RuntimeEnv::CgroupV1);
+                let ms = started.elapsed().as_secs_f64() * 1e3;
+                output.assert_success();
+                match round {
+                    // The warm-up's hook time is not one of the measured starts'.
+                    0 => {
+                        let _ = std::fs::remove_file(self.record);
+                    }
+                    _ => v.samples.push(ms),
+                }
+            }
+        }
+    }
 }
 
 /// The spec's edits up to `layer`, as an engine's CDI injection writes them into config.json;

@@ -12,7 +12,7 @@ mod v1;
 mod v2;
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use nvhook_model::device_rule::{Access, DeviceKind, DeviceRule};
 pub use proc::LocateError;
@@ -133,10 +133,7 @@ pub fn own_unified_dir(
         )));
     };
     let dir = root.join(relative);
-    let holds_us = |dir: &std::path::Path| {
-        std::fs::read_to_string(dir.join("cgroup.procs"))
-            .is_ok_and(|procs| procs.lines().any(|l| l.trim() == pid.to_string()))
-    };
+    let holds_us = |dir: &Path| holds_process(dir, pid);
     if holds_us(&dir) {
         return Ok(Some(dir));
     }
@@ -185,14 +182,67 @@ fn read_proc(pid: i32, path: PathBuf) -> Result<String, CgroupError> {
     Ok(text)
 }
 
+/// The cgroup directory of process `pid`: where most hosts have it, when it is there
+/// ([`proc::usual_location`], checked by [`holds`]), else found through the caller's mount
+/// table, which a busy node's thousand mounts make costly to read.
 fn locate_dir(pid: i32) -> Result<proc::Location, CgroupError> {
     let membership = read_proc(pid, PathBuf::from(format!("/proc/{pid}/cgroup")))?;
-    let mountinfo = read_proc(pid, PathBuf::from(MOUNTINFO))?;
-    proc::locate(&membership, &mountinfo).map_err(|reason| CgroupError::NotFound {
-        pid,
-        mountinfo: MOUNTINFO,
-        reason,
+    locate_with(
+        &membership,
+        |location| holds(location, pid),
+        || read_proc(pid, PathBuf::from(MOUNTINFO)),
+    )
+    .map_err(|e| match e {
+        Located::Read(e) => e,
+        Located::NotFound(reason) => CgroupError::NotFound {
+            pid,
+            mountinfo: MOUNTINFO,
+            reason,
+        },
     })
+}
+
+/// Why [`locate_with`] found no directory.
+enum Located {
+    Read(CgroupError),
+    NotFound(LocateError),
+}
+
+/// [`locate_dir`]'s decision: the usual location where `holds` confirms it, else what the
+/// mount table `mountinfo` gives says.
+fn locate_with(
+    membership: &str,
+    holds: impl Fn(&proc::Location) -> bool,
+    mountinfo: impl FnOnce() -> Result<String, CgroupError>,
+) -> Result<proc::Location, Located> {
+    if let Some(usual) = proc::usual_location(membership).filter(|l| holds(l)) {
+        return Ok(usual);
+    }
+    let mountinfo = mountinfo().map_err(Located::Read)?;
+    proc::locate(membership, &mountinfo).map_err(Located::NotFound)
+}
+
+/// Whether `location` is a directory of its cgroup kind (a v1 hierarchy with the `devices`
+/// controller, or cgroup2) that holds process `pid`: then it is that process's cgroup.
+fn holds(location: &proc::Location, pid: i32) -> bool {
+    let (dir, magic, marker) = match location {
+        proc::Location::V1(dir) => (dir, libc::CGROUP_SUPER_MAGIC, "devices.allow"),
+        proc::Location::V2(dir) => (dir, libc::CGROUP2_SUPER_MAGIC, "cgroup.procs"),
+    };
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: a zeroed statfs is a valid out-value.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the path is NUL-terminated and `st` is writable, both for the call.
+    let on_kind = unsafe { libc::statfs(path.as_ptr(), &mut st) } == 0 && st.f_type == magic;
+    on_kind && dir.join(marker).is_file() && holds_process(dir, pid)
+}
+
+/// Whether cgroup directory `dir` lists process `pid` (as the caller's PID namespace numbers it).
+fn holds_process(dir: &Path, pid: i32) -> bool {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .is_ok_and(|procs| procs.lines().any(|l| l.trim() == pid.to_string()))
 }
 
 /// Lets the cgroup of process `pid` open the device nodes in `rules`, on top of what it
@@ -210,5 +260,63 @@ pub fn allow_devices(pid: i32, rules: &[DeviceRule]) -> Result<CgroupVersion, Cg
             v2::allow(&dir, rules)?;
             Ok(CgroupVersion::V2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "12:devices:/docker/abc\n0::/docker/abc\n";
+    const MOUNTINFO: &str = "\
+22 1 259:1 / / rw - ext4 /dev/root rw
+26 22 0:22 / /sys/fs/cgroup ro - tmpfs tmpfs ro
+35 26 0:31 / /srv/devices rw - cgroup cgroup rw,devices
+";
+
+    #[test]
+    fn the_usual_location_serves_when_it_holds_the_process() {
+        let read = std::cell::Cell::new(false);
+        let mountinfo = || {
+            read.set(true);
+            Ok(MOUNTINFO.to_string())
+        };
+        let found = locate_with(HYBRID, |_| true, mountinfo);
+        assert!(
+            matches!(found, Ok(proc::Location::V1(dir)) if dir == Path::new("/sys/fs/cgroup/devices/docker/abc"))
+        );
+        assert!(!read.get(), "the mount table was read");
+    }
+
+    #[test]
+    fn the_mount_table_decides_where_the_usual_location_does_not_hold_it() {
+        let found = locate_with(HYBRID, |_| false, || Ok(MOUNTINFO.to_string()));
+        assert!(
+            matches!(found, Ok(proc::Location::V1(dir)) if dir == Path::new("/srv/devices/docker/abc"))
+        );
+        // No usual location for a path with `..`: the table says it is outside the namespace.
+        let outside = locate_with("12:devices:/../x\n", |_| true, || Ok(MOUNTINFO.to_string()));
+        assert!(matches!(
+            outside,
+            Err(Located::NotFound(LocateError::OutsideNamespace(_)))
+        ));
+        let unreadable = locate_with(
+            HYBRID,
+            |_| false,
+            || Err(CgroupError::FromSpec { why: "gone".into() }),
+        );
+        assert!(matches!(unreadable, Err(Located::Read(_))));
+    }
+
+    /// On this machine (any host that mounts its hierarchies where systemd does), the usual
+    /// location of this test's own cgroup is confirmed: the mount table is not read for it.
+    #[test]
+    fn this_hosts_usual_location_holds_this_process() {
+        let pid = std::process::id() as i32;
+        let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let usual = proc::usual_location(&membership).expect("a usual location");
+        assert!(holds(&usual, pid), "{usual:?} does not hold pid {pid}");
+        let found = locate_with(&membership, |l| holds(l, pid), || panic!("read the table"));
+        assert_eq!(found.ok(), Some(usual));
     }
 }

@@ -4,6 +4,7 @@
 //! namespaces, over-mounts) is tested without root.
 
 use crate::mountinfo::{Mount, parse_mount};
+use std::collections::HashSet;
 use std::path::{Component, Path, PathBuf};
 
 /// The directory that holds a process's device policy, by mechanism.
@@ -53,13 +54,23 @@ fn parse_membership(text: &str) -> Vec<Membership<'_>> {
 /// The mounts that path lookups can reach: mountinfo lists mounts in the order they were
 /// made, and a later mount on a path hides every earlier one at or below it (this is how a
 /// cgroup2 mounted over a hybrid /sys/fs/cgroup hides the v1 hierarchies beneath).
+///
+/// A busy node has a thousand mounts and more (every pod's rootfs, shm and volumes): each mount
+/// is looked up by its mount point and the directories above it among the mount points of the
+/// mounts after it, not compared with every other mount.
 pub(crate) fn visible_mounts(mountinfo: &str) -> Vec<Mount> {
-    let mut visible: Vec<Mount> = Vec::new();
-    for mount in mountinfo.lines().filter_map(parse_mount) {
-        visible.retain(|earlier| !earlier.mount_point.starts_with(&mount.mount_point));
-        visible.push(mount);
+    let mounts: Vec<Mount> = mountinfo.lines().filter_map(parse_mount).collect();
+    let mut later: HashSet<&Path> = HashSet::with_capacity(mounts.len());
+    let mut visible = vec![false; mounts.len()];
+    for (i, mount) in mounts.iter().enumerate().rev() {
+        visible[i] = !mount.mount_point.ancestors().any(|dir| later.contains(dir));
+        later.insert(&mount.mount_point);
     }
-    visible
+    mounts
+        .into_iter()
+        .zip(visible)
+        .filter_map(|(mount, visible)| visible.then_some(mount))
+        .collect()
 }
 
 /// The directory of cgroup `path` under a mount of the right kind whose root contains it.
@@ -85,6 +96,37 @@ fn resolve(
         })
     });
     Ok(dir)
+}
+
+/// Where the device policy of the process whose `/proc/<pid>/cgroup` is `membership` lives
+/// on most hosts, from its membership alone: its `devices` directory under
+/// `/sys/fs/cgroup/devices` when it is in a v1 `devices` hierarchy, else its cgroup2 directory
+/// under `/sys/fs/cgroup`. A guess, for the caller to check before trusting it (the directory
+/// is of that kind and holds the process); None for a path with `..` in it.
+pub(crate) fn usual_location(membership: &str) -> Option<Location> {
+    let entries = parse_membership(membership);
+    let below = |root: &str, path: &str| {
+        let relative = Path::new(path.trim_start_matches('/'));
+        let up = relative.components().any(|c| c == Component::ParentDir);
+        (!up).then(|| {
+            Path::new(root)
+                .join(relative)
+                .components()
+                .collect::<PathBuf>()
+        })
+    };
+    match entries
+        .iter()
+        .find(|e| e.hierarchy != "0" && e.controllers.split(',').any(|c| c == "devices"))
+    {
+        Some(v1) => below("/sys/fs/cgroup/devices", v1.path).map(Location::V1),
+        None => {
+            let v2 = entries
+                .iter()
+                .find(|e| e.hierarchy == "0" && e.controllers.is_empty())?;
+            below("/sys/fs/cgroup", v2.path).map(Location::V2)
+        }
+    }
 }
 
 /// Where the device policy of the process whose `/proc/<pid>/cgroup` is `membership`
@@ -149,6 +191,77 @@ mod tests {
 35 26 0:31 / /sys/fs/cgroup/devices rw,nosuid,nodev,noexec,relatime shared:17 - cgroup cgroup rw,devices
 36 26 0:32 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:18 - cgroup cgroup rw,memory
 ";
+
+    /// The mounts each later one does not cover, by comparing every pair: what
+    /// [`visible_mounts`] must find.
+    fn visible_pairwise(mountinfo: &str) -> Vec<Mount> {
+        let mut visible: Vec<Mount> = Vec::new();
+        for mount in mountinfo.lines().filter_map(parse_mount) {
+            visible.retain(|earlier| !earlier.mount_point.starts_with(&mount.mount_point));
+            visible.push(mount);
+        }
+        visible
+    }
+
+    #[test]
+    fn visible_mounts_are_those_no_later_mount_covers() {
+        // Below the root, mount points drawn over and over from a few nested paths, so that
+        // mounts stack on one point, cover whole subtrees, and are made again below a cover.
+        let points = [
+            "/sys",
+            "/sys/fs/cgroup",
+            "/sys/fs/cgroup/devices",
+            "/sys/fs/cgroup/unified",
+            "/sys/fs/cgroupx",
+            "/run",
+            "/run/containerd/io.containerd.runtime.v2.task/k8s.io/a/rootfs",
+            "/run/containerd/io.containerd.runtime.v2.task/k8s.io/a/rootfs/dev",
+            "/var/lib/kubelet/pods/p/volumes/kubernetes.io~projected/token",
+        ];
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut mountinfo = String::from("1 0 259:1 / / rw - ext4 /dev/root rw\n");
+        for id in 2..600 {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let point = points[(seed >> 33) as usize % points.len()];
+            mountinfo.push_str(&format!("{id} 1 0:{id} / {point} rw - tmpfs tmpfs rw\n"));
+        }
+        let pairwise = visible_pairwise(&mountinfo);
+        assert!(pairwise.len() < 600 && !pairwise.is_empty());
+        assert_eq!(visible_mounts(&mountinfo), pairwise);
+        assert_eq!(
+            visible_mounts(HYBRID_MOUNTINFO),
+            visible_pairwise(HYBRID_MOUNTINFO)
+        );
+    }
+
+    #[test]
+    fn the_usual_location_is_by_membership_alone() {
+        assert_eq!(
+            usual_location(HYBRID_CGROUP),
+            Some(Location::V1(PathBuf::from(
+                "/sys/fs/cgroup/devices/docker/0123abcd"
+            )))
+        );
+        assert_eq!(
+            usual_location("0::/kubepods.slice/pod1/abc\n"),
+            Some(Location::V2(PathBuf::from(
+                "/sys/fs/cgroup/kubepods.slice/pod1/abc"
+            )))
+        );
+        // The hierarchy's root is the mount itself, with no trailing slash.
+        assert_eq!(
+            usual_location("0::/\n"),
+            Some(Location::V2(PathBuf::from("/sys/fs/cgroup")))
+        );
+        // A v1 devices hierarchy is the guess even where a cgroup2 entry is listed too.
+        assert!(matches!(
+            usual_location("5:devices:/\n0::/x\n"),
+            Some(Location::V1(dir)) if dir == Path::new("/sys/fs/cgroup/devices")
+        ));
+        assert_eq!(usual_location("0::/../../escape\n"), None);
+        assert_eq!(usual_location("12:devices:/a/../b\n0::/ok\n"), None);
+        assert_eq!(usual_location("1:name=systemd:/x\n"), None);
+    }
 
     #[test]
     fn v1_devices_hierarchy_wins_on_hybrid_hosts() {
