@@ -137,21 +137,7 @@ pub fn run(rounds: usize) {
     println!(
         "# nvhook's CDI device through runc, layer by layer ({rounds} starts per variant, turns; runc run of gpucheck, cgroup v1, bundles on tmpfs)\n"
     );
-    println!("| variant | p50 | p95 | Δ p50 against the row above | Δ p50 against plain |");
-    println!("|---|---|---|---|---|");
-    let plain = variants[0].samples.p50();
-    let mut above = plain;
-    for v in &variants {
-        let p50 = v.samples.p50();
-        println!(
-            "| {} | {p50:.2} | {:.2} | {:+.2} | {:+.2} |",
-            v.label,
-            v.samples.p95(),
-            p50 - above,
-            p50 - plain
-        );
-        above = p50;
-    }
+    print_table(&variants, true);
     let timed = hook_timer::read_record(&record);
     println!(
         "\nnvhook's createContainer hook as runc runs it (the timer: exec to exit): wall p50 {:.2} ms, p95 {:.2} ms, CPU p50 {:.2} ms, page faults p50 {:.0}, over {} runs.",
@@ -206,20 +192,38 @@ fn with_host_mounts(start: &Start, rounds: usize) {
     println!(
         "## The same on a busy node: {HOST_MOUNTS} more mounts in the host's mount namespace ({rounds} starts per variant, turns)\n"
     );
-    println!("| variant | p50 | p95 | Δ p50 against plain |");
-    println!("|---|---|---|---|");
+    print_table(&variants, false);
+    print_steps(&start.node.log()[logged..]);
+    println!();
+}
+
+/// The variants' starts, p50 and p95 in ms, with their difference from the first (plain
+/// runc) and, for layers, from the row above.
+fn print_table(variants: &[Variant], layers: bool) {
+    let above_column = if layers {
+        " Δ p50 against the row above |"
+    } else {
+        ""
+    };
+    println!("| variant | p50 | p95 |{above_column} Δ p50 against plain |");
+    println!("|---|---|---|{}---|", if layers { "---|" } else { "" });
     let plain = variants[0].samples.p50();
-    for v in &variants {
+    let mut above = plain;
+    for v in variants {
         let p50 = v.samples.p50();
+        let above_cell = if layers {
+            format!(" {:+.2} |", p50 - above)
+        } else {
+            String::new()
+        };
         println!(
-            "| {} | {p50:.2} | {:.2} | {:+.2} |",
+            "| {} | {p50:.2} | {:.2} |{above_cell} {:+.2} |",
             v.label,
             v.samples.p95(),
             p50 - plain
         );
+        above = p50;
     }
-    print_steps(&start.node.log()[logged..]);
-    println!();
 }
 
 /// The step of nvhook's hooks that reads the host's mount table where it must, and their
