@@ -268,7 +268,7 @@ mod tests {
     use super::*;
 
     const HYBRID: &str = "12:devices:/docker/abc\n0::/docker/abc\n";
-    const MOUNTINFO: &str = "\
+    const TABLE: &str = "\
 22 1 259:1 / / rw - ext4 /dev/root rw
 26 22 0:22 / /sys/fs/cgroup ro - tmpfs tmpfs ro
 35 26 0:31 / /srv/devices rw - cgroup cgroup rw,devices
@@ -279,7 +279,7 @@ mod tests {
         let read = std::cell::Cell::new(false);
         let mountinfo = || {
             read.set(true);
-            Ok(MOUNTINFO.to_string())
+            Ok(TABLE.to_string())
         };
         let found = locate_with(HYBRID, |_| true, mountinfo);
         assert!(
@@ -290,12 +290,12 @@ mod tests {
 
     #[test]
     fn the_mount_table_decides_where_the_usual_location_does_not_hold_it() {
-        let found = locate_with(HYBRID, |_| false, || Ok(MOUNTINFO.to_string()));
+        let found = locate_with(HYBRID, |_| false, || Ok(TABLE.to_string()));
         assert!(
             matches!(found, Ok(proc::Location::V1(dir)) if dir == Path::new("/srv/devices/docker/abc"))
         );
         // No usual location for a path with `..`: the table says it is outside the namespace.
-        let outside = locate_with("12:devices:/../x\n", |_| true, || Ok(MOUNTINFO.to_string()));
+        let outside = locate_with("12:devices:/../x\n", |_| true, || Ok(TABLE.to_string()));
         assert!(matches!(
             outside,
             Err(Located::NotFound(LocateError::OutsideNamespace(_)))
@@ -308,15 +308,22 @@ mod tests {
         assert!(matches!(unreadable, Err(Located::Read(_))));
     }
 
-    /// On this machine (any host that mounts its hierarchies where systemd does), the usual
-    /// location of this test's own cgroup is confirmed: the mount table is not read for it.
+    /// This test's own cgroup: the usual location, where it serves, is where the mount table
+    /// leads, and it serves wherever the table finds one (a host that mounts its hierarchies
+    /// where systemd does, as this one; the arm64 tests' chroot has none mounted).
     #[test]
-    fn this_hosts_usual_location_holds_this_process() {
+    fn the_usual_location_is_where_the_mount_table_leads() {
         let pid = std::process::id() as i32;
         let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        let usual = proc::usual_location(&membership).expect("a usual location");
-        assert!(holds(&usual, pid), "{usual:?} does not hold pid {pid}");
-        let found = locate_with(&membership, |l| holds(l, pid), || panic!("read the table"));
-        assert_eq!(found.ok(), Some(usual));
+        let mountinfo = std::fs::read_to_string(MOUNTINFO).unwrap();
+        let by_table = proc::locate(&membership, &mountinfo).ok();
+        let usual = proc::usual_location(&membership).filter(|l| holds(l, pid));
+        assert_eq!(
+            usual.is_some(),
+            by_table.is_some(),
+            "{usual:?} {by_table:?}"
+        );
+        let found = locate_with(&membership, |l| holds(l, pid), || Ok(mountinfo.clone()));
+        assert_eq!(found.ok(), by_table);
     }
 }
