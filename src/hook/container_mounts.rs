@@ -90,8 +90,8 @@ pub fn init_shares_our_root_mount() -> Result<bool, std::io::Error> {
     let root = std::fs::File::open("/")?;
     let ours = match crate::rootfs::sys::mount_id(std::os::fd::AsFd::as_fd(&root)) {
         Ok(id) if id != 0 => id.to_string(),
-        // A kernel before 5.8, or an emulator that passes statx's mask on without the id
-        // (qemu-user): this process's own table says.
+        // A kernel before 5.8 gives no id (and an id of 0 is taken as none): this process's
+        // own table says.
         _ => {
             let own = std::fs::read_to_string("/proc/self/mountinfo")?;
             let root_line = own.lines().find(|l| l.split(' ').nth(4) == Some("/"));
