@@ -225,9 +225,11 @@ fn locate_with(
 /// Whether `location` is a directory of its cgroup kind (a v1 hierarchy with the `devices`
 /// controller, or cgroup2) that holds process `pid`: then it is that process's cgroup.
 fn holds(location: &proc::Location, pid: i32) -> bool {
-    let (dir, magic, marker) = match location {
-        proc::Location::V1(dir) => (dir, libc::CGROUP_SUPER_MAGIC, "devices.allow"),
-        proc::Location::V2(dir) => (dir, libc::CGROUP2_SUPER_MAGIC, "cgroup.procs"),
+    // A v1 hierarchy is the devices one by its controller's file; cgroup2 has every
+    // controller in one hierarchy.
+    let (dir, magic, controller) = match location {
+        proc::Location::V1(dir) => (dir, libc::CGROUP_SUPER_MAGIC, Some("devices.allow")),
+        proc::Location::V2(dir) => (dir, libc::CGROUP2_SUPER_MAGIC, None),
     };
     let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
         return false;
@@ -236,13 +238,14 @@ fn holds(location: &proc::Location, pid: i32) -> bool {
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: the path is NUL-terminated and `st` is writable, both for the call.
     let on_kind = unsafe { libc::statfs(path.as_ptr(), &mut st) } == 0 && st.f_type == magic;
-    on_kind && dir.join(marker).is_file() && holds_process(dir, pid)
+    on_kind && controller.is_none_or(|file| dir.join(file).is_file()) && holds_process(dir, pid)
 }
 
 /// Whether cgroup directory `dir` lists process `pid` (as the caller's PID namespace numbers it).
 fn holds_process(dir: &Path, pid: i32) -> bool {
+    let pid = pid.to_string();
     std::fs::read_to_string(dir.join("cgroup.procs"))
-        .is_ok_and(|procs| procs.lines().any(|l| l.trim() == pid.to_string()))
+        .is_ok_and(|procs| procs.lines().any(|l| l.trim() == pid))
 }
 
 /// Lets the cgroup of process `pid` open the device nodes in `rules`, on top of what it
