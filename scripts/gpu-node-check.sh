@@ -224,7 +224,7 @@ run() {
   done
   echo "== the hook's inventory step, p50 ms"
   for mode in kept every; do
-    echo "$mode $(grep -h 'step="inventory"' "$OUT/$mode.log" | sed 's/.*us=//' | p50)"
+    echo "$mode $(grep -h 'steps:' "$OUT/$mode.log" | grep -o ' inventory=[0-9]*' | sed 's/.*=//' | p50)"
   done
   compat
   nested

@@ -536,7 +536,7 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
                 .set("nri-mode", "\"cdi\"")
                 .set("cdi-mounts", "\"runtime\""),
         };
-        let mounted_by_hooks = node.log().matches("step=\"mounts\"").count();
+        let mounted_by_hooks = node.step_us("mounts").len();
         let nri = by(DEFAULT_HANDLER, &mut cri);
         let diff: Vec<String> = hook
             .iter()
@@ -555,7 +555,7 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
             node.log()
         );
         // Only the prestart hook and a createContainer hook told to make them log mounts.
-        let made = node.log().matches("step=\"mounts\"").count() - mounted_by_hooks;
+        let made = node.step_us("mounts").len() - mounted_by_hooks;
         let expected = usize::from(mode != "cdi, cdi-mounts = runtime");
         assert_eq!(
             made,

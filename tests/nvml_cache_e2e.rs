@@ -22,18 +22,6 @@ fn start_with_gpu(node: &SimNode, visible: &str) -> Output {
     output
 }
 
-/// The `us=` of each `step="inventory"` line in the hook's log, in order.
-fn inventory_steps_us(node: &SimNode) -> Vec<u64> {
-    node.log()
-        .lines()
-        .filter(|l| l.contains("step=\"inventory\""))
-        .map(|l| {
-            let us = l.rsplit("us=").next().expect("us= field");
-            us.trim().parse().expect("us is a number")
-        })
-        .collect()
-}
-
 fn cache_file(node: &SimNode) -> std::path::PathBuf {
     node.root().join("run/nvml-inventory.json")
 }
@@ -79,7 +67,7 @@ fn a_second_start_does_not_pay_nvml_init() {
     assert!(cache_file(&node).is_file(), "no cache written");
     start_with_gpu(&node, "2").assert_gpus(GPUS, &[2]);
 
-    let steps = inventory_steps_us(&node);
+    let steps = node.step_us("inventory");
     assert_eq!(steps.len(), 2, "{}", node.log());
     assert!(steps[0] >= NVML_INIT_MS * 1000, "first start: {steps:?}");
     assert!(

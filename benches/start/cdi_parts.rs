@@ -258,7 +258,7 @@ struct HookRun {
     total_us: f64,
 }
 
-/// The hook runs of `log`: a run's `done step=` lines come before its `hook finished` line.
+/// The hook runs of `log`: a run's `steps:` lines come before its `hook finished` line.
 fn hook_runs(log: &str) -> Vec<HookRun> {
     let field = |line: &str, name: &str| -> Option<String> {
         line.split_whitespace()
@@ -268,10 +268,9 @@ fn hook_runs(log: &str) -> Vec<HookRun> {
     let mut runs = Vec::new();
     let mut steps = Vec::new();
     for line in log.lines() {
-        if line.contains("done step=")
-            && let (Some(step), Some(us)) = (field(line, "step="), field(line, "us="))
-        {
-            steps.push((step, us.parse().expect("us= is a number")));
+        let listed = crate::limits::steps_of(line);
+        if !listed.is_empty() {
+            steps.extend(listed.into_iter().map(|(step, us)| (step.to_string(), us)));
         } else if line.contains("hook finished")
             && let (Some(stage), Some(us)) = (field(line, "stage="), field(line, "total_us="))
         {

@@ -5,7 +5,7 @@
 //! no-limits variant, whose difference from the first is this run's noise on a whole start.
 //! Each hook runs under the bench's timer, so the hook's own wall time is set beside the
 //! start's. What the limits cost is one NVML helper round trip (`nvhook-nvml
-//! set-memory-limits`), the hook's `memory limits` step; a container without limits runs no
+//! set-memory-limits`), the hook's `memory-limits` step; a container without limits runs no
 //! such step and starts no helper (the mock's record proves no call).
 
 use crate::hook_timer;
@@ -81,7 +81,7 @@ pub fn run(rounds: usize) {
         rounds + 1,
         "one NVML call per limited start, none for the others"
     );
-    let step = step_samples(&node.log(), "memory limits");
+    let step = step_samples(&node.log(), "memory-limits");
     println!(
         "# GPU memory limits ({rounds} starts per variant, interleaved; runc run of gpucheck, cgroup v2)\n"
     );
@@ -109,7 +109,7 @@ pub fn run(rounds: usize) {
     }
     print_steps(&node.log(), &hook_runs, &variants);
     println!(
-        "\nThe hook's `memory limits` step (the nvhook-nvml round trip): p50 {:.2} ms, p95 {:.2} ms over {} starts; NVML calls recorded: {calls} (one per limited start, none for the others).\n",
+        "\nThe hook's `memory-limits` step (the nvhook-nvml round trip): p50 {:.2} ms, p95 {:.2} ms over {} starts; NVML calls recorded: {calls} (one per limited start, none for the others).\n",
         step.p50(),
         step.p95(),
         rounds + 1
@@ -126,10 +126,7 @@ fn print_steps(log: &str, hook_runs: &[(usize, bool)], variants: &[Variant]) {
     let mut steps: Vec<String> = Vec::new();
     let mut per_variant: Vec<Vec<Vec<f64>>> = vec![Vec::new(); variants.len()];
     let mut run = 0;
-    for line in log.lines() {
-        let Some((step, us)) = step_of(line) else {
-            continue;
-        };
+    for (step, us) in log.lines().flat_map(steps_of) {
         if step == "process" {
             run += 1;
         }
@@ -170,21 +167,25 @@ fn print_steps(log: &str, hook_runs: &[(usize, bool)], variants: &[Variant]) {
     }
 }
 
-/// A log line's step and its duration, µs.
-pub fn step_of(line: &str) -> Option<(&str, f64)> {
-    let step = line.split("step=\"").nth(1)?.split('"').next()?;
-    let us = line
+/// A log line's steps with their durations, µs: the hook's `steps: name=us ...` line, none
+/// for any other line.
+pub fn steps_of(line: &str) -> Vec<(&str, f64)> {
+    let Some((_, steps)) = line.split_once("steps:") else {
+        return Vec::new();
+    };
+    steps
         .split_whitespace()
-        .find_map(|w| w.strip_prefix("us="))?
-        .parse()
-        .ok()?;
-    Some((step, us))
+        .filter_map(|w| {
+            let (step, us) = w.split_once('=')?;
+            Some((step, us.parse().ok()?))
+        })
+        .collect()
 }
 
 /// The hook log's `step` durations, ms.
 fn step_samples(log: &str, step: &str) -> Samples {
     log.lines()
-        .filter_map(step_of)
+        .flat_map(steps_of)
         .filter(|(s, _)| *s == step)
         .map(|(_, us)| us / 1e3)
         .collect()

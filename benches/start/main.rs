@@ -509,7 +509,12 @@ fn report_slow_nvml(slow: &[Variant], fast: &[Variant]) {
             extra / NVML_DELAY_MS as f64
         );
     }
-    let hook_inventories = slow[0].log_text().matches("step=\"inventory\"").count();
+    let hook_inventories = slow[0]
+        .log_text()
+        .lines()
+        .flat_map(limits::steps_of)
+        .filter(|(step, _)| *step == "inventory")
+        .count();
     println!(
         "\nThe hook after nvhook-runtime ran its own NVML inventory {hook_inventories} times in {} starts (it reads nvhook-runtime's plan from the bundle).\n",
         slow[0].starts.len()
@@ -572,19 +577,10 @@ fn log_values(log: &str, key: &str) -> Vec<f64> {
         .collect()
 }
 
-/// p50 of each `step="X" us=N` in the log, in the order the steps first appear.
+/// p50 of each of the hook's steps in the log, in the order the steps first appear.
 fn step_medians(log: &str) -> Vec<(String, f64)> {
     let mut steps: Vec<(String, Samples)> = Vec::new();
-    for line in log.lines() {
-        let Some(at) = line.find("step=\"") else {
-            continue;
-        };
-        let rest = &line[at + 6..];
-        let Some(end) = rest.find('"') else { continue };
-        let name = &rest[..end];
-        let Some(us) = log_values(line, "us").first().copied() else {
-            continue;
-        };
+    for (name, us) in log.lines().flat_map(limits::steps_of) {
         match steps.iter_mut().find(|(n, _)| n == name) {
             Some((_, s)) => s.push(us),
             None => steps.push((name.to_string(), Samples::from_iter([us]))),

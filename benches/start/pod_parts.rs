@@ -221,14 +221,19 @@ struct HookLog {
 }
 
 /// nvhook's log by container id: a container may run a prestart and a createContainer hook,
-/// whose totals and steps add up. A hook's step lines come before its `hook finished` line,
+/// whose totals and steps add up. A hook's steps lines come before its `hook finished` line,
 /// and the bench starts one container at a time.
 fn hook_logs(log: &str) -> HashMap<String, HookLog> {
     let mut by_id: HashMap<String, HookLog> = HashMap::new();
     let mut pending = Vec::new();
     for line in log.lines() {
-        if let Some((step, us)) = crate::limits::step_of(line) {
-            pending.push((step.to_string(), us / 1e3));
+        let steps = crate::limits::steps_of(line);
+        if !steps.is_empty() {
+            pending.extend(
+                steps
+                    .into_iter()
+                    .map(|(step, us)| (step.to_string(), us / 1e3)),
+            );
             continue;
         }
         if !line.contains("hook finished") {

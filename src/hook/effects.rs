@@ -81,7 +81,7 @@ impl HostEffects for System {
 
     fn allow_devices(&mut self, rules: &[DeviceRule]) -> Result<(), HookError> {
         let version = cgroup::allow_devices(self.pid, rules)?;
-        tracing::info!(?version, rules = rules.len(), "cgroup device rules set");
+        tracing::debug!(?version, rules = rules.len(), "cgroup device rules set");
         Ok(())
     }
 

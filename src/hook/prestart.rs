@@ -197,7 +197,7 @@ fn configure(
             whose: memory_limits::Whose::Process(pid),
         };
         memory_limits::apply(config.gpu_memory_limits, &nvml, limits, &gpus)?;
-        step.done("memory limits");
+        step.done("memory-limits");
     }
     apply(
         effects::System::new(pid, rootfs, userns::container_root(pid)?),

@@ -105,6 +105,8 @@ pub(crate) fn run_hook(
     // Until the runtime has written the state and closed the pipe: its time, not the hook's.
     let state = read_state()?;
     step.done("state");
+    // Its line now, before the stage's own steps and the "hook finished" line.
+    drop(step);
     let log_error = |e: &nvhook::hook::HookError| {
         // Without a log file (none set, or one a rootless engine's user may not open),
         // main's stderr line is the only report; with one, keep it there too.
