@@ -165,6 +165,15 @@ fn main() {
             let label = format!("8 GPUs, {c}, hook alone");
             hooks.push(spec(label, &n8, Ask::Gpus(c), Via::Hook, true));
         }
+        // The RuntimeClass route's hook for a compute container: nvhook-runtime planned it.
+        let label = "8 GPUs, compute,utility, hook after nvhook-runtime".to_string();
+        hooks.push(spec(
+            label,
+            &n8,
+            Ask::Gpus("compute,utility"),
+            Via::NvhookRuntime,
+            true,
+        ));
         let label = format!(
             "8 GPUs, compute,utility, hook alone, {OTHER_LIBRARIES} other libraries in the loader cache"
         );
@@ -368,7 +377,7 @@ fn report_hooks(hooks: &[Variant]) {
 
     let compute = hooks
         .iter()
-        .filter(|v| v.label.starts_with("8 GPUs, compute,utility, hook alone"));
+        .filter(|v| v.label.starts_with("8 GPUs, compute,utility, hook"));
     for v in eight().chain(compute) {
         println!("Steps of {} (p50 of the hook's own log, µs):", v.label);
         let log = v.log_text();
@@ -376,7 +385,11 @@ fn report_hooks(hooks: &[Variant]) {
             .iter()
             .map(|(s, us)| format!("{s} {us:.0}"))
             .collect();
-        let total = Samples::from_iter(log_values(&log, "total_us"));
+        let total: Samples = log
+            .lines()
+            .filter(|l| l.contains("hook finished"))
+            .flat_map(|l| log_values(l, "total_us"))
+            .collect();
         println!(
             "{}; in-process total {:.0}\n",
             steps.join(", "),
@@ -463,6 +476,24 @@ fn report_starts(starts: &[Variant], exec: &(Samples, Samples)) {
             .map(|(p, b)| format!("{:.2} ({:+.2})", p.p50(), p.p50() - b.p50()))
             .collect();
         println!("| {} | {} |", v.label, cells.join(" | "));
+    }
+    println!();
+    for v in starts {
+        let prepared: Samples = v
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("GPU container prepared"))
+            .flat_map(|l| log_values(l, "total_us"))
+            .map(|us| us / 1e3)
+            .collect();
+        if prepared.len() > 0 {
+            println!(
+                "- {}: nvhook-runtime's create until it execs runc (its log): p50 {:.2} ms, p95 {:.2} ms",
+                v.label,
+                prepared.p50(),
+                prepared.p95()
+            );
+        }
     }
     println!();
     let gpu8 = starts[2].starts.p50();

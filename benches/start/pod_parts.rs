@@ -142,14 +142,16 @@ impl Pods {
             };
             let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
             let start_container = ms(run.container_start) - ms(run.container_create);
+            let prepared = hooks.get(id).map_or(0.0, |h| h.prepared);
             let values = [
                 ms(run.container_start),
                 ms(run.container_create),
                 start_container,
+                prepared,
                 create,
                 hooks.get(id).map_or(0.0, |h| h.total),
                 start,
-                start_container - create - start,
+                start_container - prepared - create - start,
             ];
             for (samples, value) in parts[*variant].iter_mut().zip(values) {
                 samples.push(value);
@@ -203,21 +205,24 @@ impl Pods {
     }
 }
 
-const PARTS: [&str; 7] = [
+const PARTS: [&str; 8] = [
     "CreateContainer + StartContainer",
     "CreateContainer",
     "StartContainer",
+    "of which nvhook-runtime's create (its log)",
     "of which runc create",
     "of which nvhook's hooks (their log)",
     "runc start",
     "StartContainer's rest (containerd, shim)",
 ];
 
-/// What nvhook's log says of one container: its hooks' total and their steps, ms.
+/// What nvhook's log says of one container: its hooks' total and their steps, and
+/// nvhook-runtime's create (before it execs runc), ms.
 #[derive(Default)]
 struct HookLog {
     total: f64,
     steps: Vec<(String, f64)>,
+    prepared: f64,
 }
 
 /// nvhook's log by container id: a container may run a prestart and a createContainer hook,
@@ -236,10 +241,19 @@ fn hook_logs(log: &str) -> HashMap<String, HookLog> {
             );
             continue;
         }
+        let field = |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name));
+        // nvhook-runtime's line names the bundle, whose directory the engine names by the id.
+        if line.contains("GPU container prepared")
+            && let (Some(bundle), Some(us)) = (field("bundle="), field("total_us="))
+        {
+            let id = Path::new(bundle).file_name().expect("a bundle directory");
+            let entry = by_id.entry(id.to_string_lossy().into_owned()).or_default();
+            entry.prepared += us.parse::<f64>().expect("total_us is a number") / 1e3;
+            continue;
+        }
         if !line.contains("hook finished") {
             continue;
         }
-        let field = |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name));
         if let (Some(id), Some(us)) = (field("id="), field("total_us=")) {
             let entry = by_id.entry(id.to_string()).or_default();
             entry.total += us.parse::<f64>().expect("total_us is a number") / 1e3;

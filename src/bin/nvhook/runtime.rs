@@ -10,6 +10,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
+use std::time::Instant;
 
 /// Runs the create path on runc's arguments; returns only on failure. `program` is argv[0]:
 /// nvhook-runtime passes its own on.
@@ -37,6 +38,7 @@ pub fn main(program: &OsStr, args: &[OsString]) -> i32 {
 
 /// Prepares the bundle when needed and returns the runtime to exec.
 fn run(args: &[OsString]) -> Result<PathBuf> {
+    let started = Instant::now();
     let config_path = std::env::var_os(config::ENV_VAR).map(PathBuf::from);
     let config = config::load(config_path.as_deref(), None)?;
     let runtime = find_runtime(&config, std::env::var_os("PATH").as_deref())?;
@@ -50,7 +52,13 @@ fn run(args: &[OsString]) -> Result<PathBuf> {
             })?,
         };
         if prepare_bundle(&config, config_path.as_deref(), &bundle)? {
-            tracing::info!(bundle = %bundle.display(), runtime = %runtime.display(), "GPU container prepared");
+            // Its own time until it execs the runtime, as the hooks' `total_us`.
+            tracing::info!(
+                bundle = %bundle.display(),
+                runtime = %runtime.display(),
+                total_us = started.elapsed().as_micros(),
+                "GPU container prepared"
+            );
         }
     }
     Ok(runtime)
