@@ -252,14 +252,14 @@ fn print_steps(log: &str) {
 }
 
 /// One hook run in nvhook's log: its stage, its steps' times and its total, in µs.
-struct HookRun {
-    stage: String,
-    steps: Vec<(String, f64)>,
-    total_us: f64,
+pub struct HookRun {
+    pub stage: String,
+    pub steps: Vec<(String, f64)>,
+    pub total_us: f64,
 }
 
 /// The hook runs of `log`: a run's `steps:` lines come before its `hook finished` line.
-fn hook_runs(log: &str) -> Vec<HookRun> {
+pub fn hook_runs(log: &str) -> Vec<HookRun> {
     let field = |line: &str, name: &str| -> Option<String> {
         line.split_whitespace()
             .find_map(|w| w.strip_prefix(name))
