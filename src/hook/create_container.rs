@@ -23,14 +23,15 @@ use nvhook_ldcache::Arch;
 use std::path::Path;
 
 /// Applies `args` to the rootfs of the container `state` describes; `cwd` is the directory
-/// the runtime started the hook in.
+/// the runtime started the hook in, and `step` holds the steps of the hook's process before
+/// it, whose line this run's steps join.
 pub fn create_container(
     config: &Config,
     state: &State,
     args: &LinkArgs,
     cwd: Option<&Path>,
+    mut step: Step,
 ) -> Result<(), HookError> {
-    let mut step = Step::start();
     if let Some(written_for) = &args.gpu_layout {
         check_gpu_layout(config, written_for)?;
     }
@@ -301,7 +302,7 @@ mod tests {
             gpu_layout: Some(written_for.clone()),
             ..LinkArgs::default()
         };
-        let e = create_container(&config, &state, &args, None).unwrap_err();
+        let e = create_container(&config, &state, &args, None, Step::start()).unwrap_err();
         assert!(matches!(e, HookError::StaleCdiSpec { .. }), "{e:?}");
         // A GPU gone is another layout too.
         let (_gone, config) = proc_root(&GPUS[..1], &MIG);

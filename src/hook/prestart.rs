@@ -50,9 +50,9 @@ struct Container<'a> {
     proc_view: proc_view::Choice,
 }
 
-/// Runs the whole prestart hook for the container described by `state`.
-pub fn prestart(config: &Config, state: &State) -> Result<Outcome, HookError> {
-    let mut step = Step::start();
+/// Runs the whole prestart hook for the container described by `state`; `step` holds the
+/// steps of the hook's process before it, whose line this run's steps join.
+pub fn prestart(config: &Config, state: &State, mut step: Step) -> Result<Outcome, HookError> {
     let spec = crate::oci::load_spec(&state.bundle)?;
     let Some(request) = Request::from_spec(&spec, config)? else {
         tracing::info!(bundle = %state.bundle.display(), "no GPU requested; nothing to do");

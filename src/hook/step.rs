@@ -1,7 +1,7 @@
 //! The hook's step log: how long each step took, logged in one line when the steps end
-//! (`steps: request=51 image=63 ...`, µs), which the bench reads back to say where a hook's
-//! time goes. One line, not one per step: every line costs the hook a formatted timestamp and
-//! a write.
+//! (`steps: process=185 state=29 request=68 ...`, µs), which the bench reads back to say where
+//! a hook's time goes. One line, not one per step: every line costs the hook a formatted
+//! timestamp and a write.
 
 use std::fmt::Write;
 use std::time::Instant;

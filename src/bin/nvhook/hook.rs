@@ -105,8 +105,6 @@ pub(crate) fn run_hook(
     // Until the runtime has written the state and closed the pipe: its time, not the hook's.
     let state = read_state()?;
     step.done("state");
-    // Its line now, before the stage's own steps and the "hook finished" line.
-    drop(step);
     let log_error = |e: &nvhook::hook::HookError| {
         // Without a log file (none set, or one a rootless engine's user may not open),
         // main's stderr line is the only report; with one, keep it there too.
@@ -115,12 +113,18 @@ pub(crate) fn run_hook(
         }
     };
     if let Some(links) = links {
-        nvhook::hook::create_container::create_container(&config, &state, &links, cwd.as_deref())
-            .inspect_err(log_error)?;
+        nvhook::hook::create_container::create_container(
+            &config,
+            &state,
+            &links,
+            cwd.as_deref(),
+            step,
+        )
+        .inspect_err(log_error)?;
         tracing::info!(?stage, id = %state.id, total_us = started.elapsed().as_micros(), "hook finished");
         return Ok(());
     }
-    let outcome = nvhook::hook::prestart(&config, &state).inspect_err(log_error)?;
+    let outcome = nvhook::hook::prestart(&config, &state, step).inspect_err(log_error)?;
     tracing::info!(
         ?stage,
         id = %state.id,
