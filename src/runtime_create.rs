@@ -95,7 +95,7 @@ pub fn prepare_bundle(
         source,
     };
     let text = std::fs::read_to_string(&path).map_err(io_err("read"))?;
-    let spec = Spec::parse(&text, &path)?;
+    let (spec, mut value) = Spec::parse_with_document(&text, &path)?;
     let Some(request) = Request::from_spec(&spec, config)? else {
         return Ok(false);
     };
@@ -117,7 +117,6 @@ pub fn prepare_bundle(
     }
     // Before the runtime turns the rules into systemd's DeviceAllow= entries.
     dev_char::ensure_for_plan(config, &plan);
-    let mut value: Value = serde_json::from_str(&text).map_err(json_err)?;
     match config.runtime_mode {
         RuntimeMode::Hook => edit_spec(&mut value, &plan, &HookBinary::new(config, config_path)),
         // The same edits a CDI spec would make, for this container's image and request.
@@ -126,7 +125,8 @@ pub fn prepare_bundle(
             &delivery::container_edits(&plan, &HookBinary::new(config, config_path)),
         ),
     }
-    let out = serde_json::to_vec_pretty(&value).map_err(json_err)?;
+    // Compact, as engines write it: the runtime reads it once, and pretty printing costs more.
+    let out = serde_json::to_vec(&value).map_err(json_err)?;
     let mode = std::fs::metadata(&path)
         .map(|m| m.permissions().mode() & 0o7777)
         .unwrap_or(0o644);

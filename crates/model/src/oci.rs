@@ -136,6 +136,21 @@ impl Spec {
         })
     }
 
+    /// The spec of config.json `text`, with the whole document as JSON for a caller that edits
+    /// it and writes it back (unknown fields kept): the text is parsed once.
+    pub fn parse_with_document(
+        text: &str,
+        path: &Path,
+    ) -> Result<(Spec, serde_json::Value), OciError> {
+        let parse_error = |message: String| OciError::ParseSpec {
+            path: path.to_path_buf(),
+            message,
+        };
+        let document: serde_json::Value = from_json_object(text).map_err(parse_error)?;
+        let spec = Spec::deserialize(&document).map_err(|e| parse_error(e.to_string()))?;
+        Ok((spec, document))
+    }
+
     /// The value of an environment variable in `process.env`; the last entry wins, as in execve users.
     pub fn env(&self, name: &str) -> Option<&str> {
         self.process
@@ -244,6 +259,25 @@ mod tests {
         assert!(State::parse("not json").is_err());
         assert!(State::parse(r#"["c", 42, "/b"]"#).is_err());
         assert!(Spec::parse("[]", Path::new("c.json")).is_err());
+    }
+
+    #[test]
+    fn the_spec_with_its_document_is_the_spec_parse_reads() {
+        let text = r#"{"ociVersion":"1.2.0","process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},
+            "root":{"path":"rootfs"},"mounts":[{"destination":"/proc","type":"proc"}],
+            "annotations":{"a":"b"},"hooks":{"prestart":[]},"x-unknown":{"kept":true}}"#;
+        let path = Path::new("config.json");
+        let (spec, document) = Spec::parse_with_document(text, path).unwrap();
+        let alone = Spec::parse(text, path).unwrap();
+        assert_eq!(format!("{spec:?}"), format!("{alone:?}"));
+        assert_eq!(
+            document,
+            serde_json::from_str::<serde_json::Value>(text).unwrap()
+        );
+        for bad in ["[]", "not json", r#"{"process":{"env":"A=1"}}"#] {
+            let e = Spec::parse_with_document(bad, path).unwrap_err();
+            assert!(matches!(e, OciError::ParseSpec { .. }), "{bad}: {e}");
+        }
     }
 
     #[test]
