@@ -500,7 +500,7 @@ fn report_starts(starts: &[Variant], exec: &(Samples, Samples)) {
         println!("| {} | {} |", v.label, cells.join(" | "));
     }
     println!();
-    for v in starts {
+    for (i, v) in starts.iter().enumerate() {
         let prepared: Samples = v
             .log_text()
             .lines()
@@ -508,6 +508,14 @@ fn report_starts(starts: &[Variant], exec: &(Samples, Samples)) {
             .flat_map(|l| log_values(l, "total_us"))
             .map(|us| us / 1e3)
             .collect();
+        // starts[2], nvhook-runtime with 8 GPUs, prepares every one of its containers.
+        assert!(
+            i != 2 || prepared.len() == v.starts.len(),
+            "{}: {} of {} creates logged their time",
+            v.label,
+            prepared.len(),
+            v.starts.len()
+        );
         if prepared.len() > 0 {
             println!(
                 "- {}: nvhook-runtime's create until it execs runc (its log): p50 {:.2} ms, p95 {:.2} ms",
