@@ -12,6 +12,7 @@
 use crate::hook_timer;
 use crate::setup::tmpfs_work_dir;
 use crate::stats::Samples;
+use crate::support::hook_log::{HookRun, hook_runs};
 use crate::support::{Bundle, RuntimeEnv, SimNode, glibc_image, run_container};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -123,15 +124,11 @@ pub fn run(rounds: usize) {
     };
     start.rounds(&mut variants, rounds);
     let log = node.log();
+    let runs = hook_runs(&log);
     let hook_total = |stage: &str| -> Samples {
-        log.lines()
-            .filter(|l| l.contains("hook finished") && l.contains(&format!("stage={stage}")))
-            .filter_map(|l| {
-                l.split_whitespace()
-                    .find_map(|w| w.strip_prefix("total_us="))
-            })
-            .filter_map(|us| us.parse::<f64>().ok())
-            .map(|us| us / 1e3)
+        runs.iter()
+            .filter(|r| r.stage == stage)
+            .map(|r| r.total_us as f64 / 1e3)
             .collect()
     };
     println!(
@@ -156,7 +153,7 @@ pub fn run(rounds: usize) {
         prestart.p50(),
         prestart.len()
     );
-    print_steps(&log);
+    print_steps(&runs);
     println!();
     with_host_mounts(&start, rounds);
 }
@@ -193,7 +190,7 @@ fn with_host_mounts(start: &Start, rounds: usize) {
         "## The same on a busy node: {HOST_MOUNTS} more mounts in the host's mount namespace ({rounds} starts per variant, turns)\n"
     );
     print_table(&variants, false);
-    print_steps(&start.node.log()[logged..]);
+    print_steps(&hook_runs(&start.node.log()[logged..]));
     println!();
 }
 
@@ -227,19 +224,21 @@ fn print_table(variants: &[Variant], layers: bool) {
 }
 
 /// The step of nvhook's hooks that reads the host's mount table where it must, and their
-/// total, from the runs in `log`.
-fn print_steps(log: &str) {
-    let runs = hook_runs(log);
+/// total, from `runs`.
+fn print_steps(runs: &[HookRun]) {
     for (stage, step) in [("CreateContainer", "mounts"), ("Prestart", "cgroup")] {
         // The runs of the variant with that step (the CDI device's runtime-mounted hook has
         // no `mounts` step).
-        let with_step: Vec<(&HookRun, f64)> = runs
+        let with_step: Vec<(&HookRun, u64)> = runs
             .iter()
             .filter(|r| r.stage == stage)
             .filter_map(|r| Some((r, r.steps.iter().find(|(s, _)| s == step)?.1)))
             .collect();
-        let step_ms: Samples = with_step.iter().map(|(_, us)| us / 1e3).collect();
-        let total: Samples = with_step.iter().map(|(r, _)| r.total_us / 1e3).collect();
+        let step_ms: Samples = with_step.iter().map(|(_, us)| *us as f64 / 1e3).collect();
+        let total: Samples = with_step
+            .iter()
+            .map(|(r, _)| r.total_us as f64 / 1e3)
+            .collect();
         if !with_step.is_empty() {
             println!(
                 "\nnvhook's {stage} hook: its `{step}` step p50 {:.2} ms, its total p50 {:.2} ms, over {} runs.",
@@ -249,39 +248,6 @@ fn print_steps(log: &str) {
             );
         }
     }
-}
-
-/// One hook run in nvhook's log: its stage, its steps' times and its total, in µs.
-pub struct HookRun {
-    pub stage: String,
-    pub steps: Vec<(String, f64)>,
-    pub total_us: f64,
-}
-
-/// The hook runs of `log`: a run's `steps:` lines come before its `hook finished` line.
-pub fn hook_runs(log: &str) -> Vec<HookRun> {
-    let field = |line: &str, name: &str| -> Option<String> {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(name))
-            .map(|v| v.trim_matches('"').to_string())
-    };
-    let mut runs = Vec::new();
-    let mut steps = Vec::new();
-    for line in log.lines() {
-        let listed = crate::limits::steps_of(line);
-        if !listed.is_empty() {
-            steps.extend(listed.into_iter().map(|(step, us)| (step.to_string(), us)));
-        } else if line.contains("hook finished")
-            && let (Some(stage), Some(us)) = (field(line, "stage="), field(line, "total_us="))
-        {
-            runs.push(HookRun {
-                stage,
-                steps: std::mem::take(&mut steps),
-                total_us: us.parse().expect("total_us= is a number"),
-            });
-        }
-    }
-    runs
 }
 
 /// `count` tmpfs mounts in the host's mount namespace, under a private tmpfs of their own, all

@@ -10,6 +10,7 @@
 
 use crate::hook_timer;
 use crate::stats::Samples;
+use crate::support::hook_log::steps_of;
 use crate::support::{Bundle, RuntimeEnv, SimNode, glibc_image, nvhook_bin, run_container};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -143,7 +144,7 @@ fn print_steps(log: &str, hook_runs: &[(usize, bool)], variants: &[Variant]) {
         };
         let columns = &mut per_variant[variant];
         columns.resize(steps.len(), Vec::new());
-        columns[column].push(us / 1e3);
+        columns[column].push(us as f64 / 1e3);
     }
     assert_eq!(run, hook_runs.len(), "one run of steps per hook run");
     let with_hook: Vec<usize> = (0..variants.len())
@@ -167,26 +168,11 @@ fn print_steps(log: &str, hook_runs: &[(usize, bool)], variants: &[Variant]) {
     }
 }
 
-/// A log line's steps with their durations, µs: the hook's `steps: name=us ...` line, none
-/// for any other line.
-pub fn steps_of(line: &str) -> Vec<(&str, f64)> {
-    let Some((_, steps)) = line.split_once("steps:") else {
-        return Vec::new();
-    };
-    steps
-        .split_whitespace()
-        .filter_map(|w| {
-            let (step, us) = w.split_once('=')?;
-            Some((step, us.parse().ok()?))
-        })
-        .collect()
-}
-
 /// The hook log's `step` durations, ms.
 fn step_samples(log: &str, step: &str) -> Samples {
     log.lines()
         .flat_map(steps_of)
         .filter(|(s, _)| *s == step)
-        .map(|(_, us)| us / 1e3)
+        .map(|(_, us)| us as f64 / 1e3)
         .collect()
 }

@@ -36,6 +36,7 @@ use setup::{Ask, Node, Variant, VariantSpec, Via, run_rounds};
 use stats::{Samples, fit_line};
 use std::path::Path;
 use support::NodeOptions;
+use support::hook_log::{HookRun, hook_runs, steps_of};
 
 const ALL: &str = "all";
 const NVML_DELAY_MS: u64 = 500;
@@ -380,16 +381,12 @@ fn report_hooks(hooks: &[Variant]) {
         .filter(|v| v.label.starts_with("8 GPUs, compute,utility, hook"));
     for v in eight().chain(compute) {
         println!("Steps of {} (p50 of the hook's own log, µs):", v.label);
-        let log = v.log_text();
-        let steps: Vec<String> = step_medians(&log)
+        let runs = hook_runs(&v.log_text());
+        let steps: Vec<String> = step_medians(&runs)
             .iter()
             .map(|(s, us)| format!("{s} {us:.0}"))
             .collect();
-        let total: Samples = log
-            .lines()
-            .filter(|l| l.contains("hook finished"))
-            .flat_map(|l| log_values(l, "total_us"))
-            .collect();
+        let total: Samples = runs.iter().map(|r| r.total_us as f64).collect();
         println!(
             "{}; in-process total {:.0}\n",
             steps.join(", "),
@@ -399,16 +396,17 @@ fn report_hooks(hooks: &[Variant]) {
         // files mounted, its nodes made, its rules set) is the kernel's whatever the hook; what
         // nvhook reads and decides around it is held to 0.5 ms.
         if v.label.contains("compute,utility") {
-            let runs: Vec<(f64, f64)> = cdi_parts::hook_runs(&log)
+            let runs: Vec<(f64, f64)> = runs
                 .iter()
                 .map(|run| {
-                    let work: f64 = run
+                    let work: u64 = run
                         .steps
                         .iter()
                         .filter(|(step, _)| CONTAINER_WORK.contains(&step.as_str()))
                         .map(|(_, us)| us)
                         .sum();
-                    (work / 1e3, (run.total_us - work) / 1e3)
+                    let rest = run.total_us.saturating_sub(work);
+                    (work as f64 / 1e3, rest as f64 / 1e3)
                 })
                 .collect();
             let work: Samples = runs.iter().map(|(work, _)| *work).collect();
@@ -573,7 +571,7 @@ fn report_slow_nvml(slow: &[Variant], fast: &[Variant]) {
     let hook_inventories = slow[0]
         .log_text()
         .lines()
-        .flat_map(limits::steps_of)
+        .flat_map(steps_of)
         .filter(|(step, _)| *step == "inventory")
         .count();
     println!(
@@ -642,13 +640,14 @@ fn log_values(log: &str, key: &str) -> Vec<f64> {
         .collect()
 }
 
-/// p50 of each of the hook's steps in the log, in the order the steps first appear.
-fn step_medians(log: &str) -> Vec<(String, f64)> {
+/// p50 of each of the hook's steps over `runs`, in the order the steps first appear.
+fn step_medians(runs: &[HookRun]) -> Vec<(String, f64)> {
     let mut steps: Vec<(String, Samples)> = Vec::new();
-    for (name, us) in log.lines().flat_map(limits::steps_of) {
+    for (name, us) in runs.iter().flat_map(|r| &r.steps) {
+        let us = *us as f64;
         match steps.iter_mut().find(|(n, _)| n == name) {
             Some((_, s)) => s.push(us),
-            None => steps.push((name.to_string(), Samples::from_iter([us]))),
+            None => steps.push((name.clone(), Samples::from_iter([us]))),
         }
     }
     steps.into_iter().map(|(n, s)| (n, s.p50())).collect()

@@ -14,6 +14,7 @@ use crate::hook_timer;
 use crate::stats::Samples;
 use crate::support::cri::PodRun;
 use crate::support::engines::EngineDir;
+use crate::support::hook_log::hook_runs;
 use crate::support::require_program;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -226,45 +227,29 @@ struct HookLog {
 }
 
 /// nvhook's log by container id: a container may run a prestart and a createContainer hook,
-/// whose totals and steps add up. A hook's steps lines come before its `hook finished` line,
-/// and the bench starts one container at a time.
+/// whose totals and steps add up, after nvhook-runtime's create.
 fn hook_logs(log: &str) -> HashMap<String, HookLog> {
     let mut by_id: HashMap<String, HookLog> = HashMap::new();
-    let mut pending = Vec::new();
-    for line in log.lines() {
-        let steps = crate::limits::steps_of(line);
-        if !steps.is_empty() {
-            pending.extend(
-                steps
-                    .into_iter()
-                    .map(|(step, us)| (step.to_string(), us / 1e3)),
-            );
-            continue;
-        }
-        let field = |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name));
-        // nvhook-runtime's line names the bundle, whose directory the engine names by the id.
-        if line.contains("GPU container prepared")
-            && let (Some(bundle), Some(us)) = (field("bundle="), field("total_us="))
-        {
-            let id = Path::new(bundle).file_name().expect("a bundle directory");
-            let entry = by_id.entry(id.to_string_lossy().into_owned()).or_default();
-            entry.prepared += us.parse::<f64>().expect("total_us is a number") / 1e3;
-            continue;
-        }
-        if !line.contains("hook finished") {
-            continue;
-        }
-        if let (Some(id), Some(us)) = (field("id="), field("total_us=")) {
-            let entry = by_id.entry(id.to_string()).or_default();
-            entry.total += us.parse::<f64>().expect("total_us is a number") / 1e3;
-            for (step, ms) in pending.drain(..) {
-                match entry.steps.iter_mut().find(|(s, _)| *s == step) {
-                    Some((_, sum)) => *sum += ms,
-                    None => entry.steps.push((step, ms)),
-                }
+    for run in hook_runs(log) {
+        let entry = by_id.entry(run.id).or_default();
+        entry.total += run.total_us as f64 / 1e3;
+        for (step, us) in run.steps {
+            let ms = us as f64 / 1e3;
+            match entry.steps.iter_mut().find(|(s, _)| *s == step) {
+                Some((_, sum)) => *sum += ms,
+                None => entry.steps.push((step, ms)),
             }
         }
-        pending.clear();
+    }
+    // nvhook-runtime's line names the bundle, whose directory the engine names by the id.
+    for line in log.lines().filter(|l| l.contains("GPU container prepared")) {
+        let field = |name: &str| line.split_whitespace().find_map(|w| w.strip_prefix(name));
+        let (Some(bundle), Some(us)) = (field("bundle="), field("total_us=")) else {
+            panic!("nvhook-runtime's line without its bundle or time: {line:?}");
+        };
+        let id = Path::new(bundle).file_name().expect("a bundle directory");
+        let entry = by_id.entry(id.to_string_lossy().into_owned()).or_default();
+        entry.prepared += us.parse::<f64>().expect("total_us is a number") / 1e3;
     }
     by_id
 }

@@ -92,19 +92,23 @@ pub fn init_shares_our_root_mount() -> Result<bool, std::io::Error> {
         Ok(id) if id != 0 => id.to_string(),
         // A kernel before 5.8 gives no id (and an id of 0 is taken as none): this process's
         // own table says.
-        _ => {
-            let own = std::fs::read_to_string("/proc/self/mountinfo")?;
-            let root_line = own.lines().find(|l| l.split(' ').nth(4) == Some("/"));
-            match root_line.and_then(|l| l.split(' ').next()) {
-                Some(id) => id.to_owned(),
-                None => return Ok(false),
-            }
-        }
+        _ => match root_mount_id(&std::fs::read_to_string("/proc/self/mountinfo")?) {
+            Some(id) => id.to_owned(),
+            None => return Ok(false),
+        },
     };
     let init = std::fs::read_to_string("/proc/1/mountinfo")?;
     Ok(init
         .lines()
         .any(|l| l.split(' ').next() == Some(ours.as_str())))
+}
+
+/// The id of the mount at `/` in mount table `mountinfo`.
+fn root_mount_id(mountinfo: &str) -> Option<&str> {
+    let line = mountinfo
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some("/"))?;
+    line.split(' ').next()
 }
 
 /// [`classify`] for the process `pid`, from the host's `/proc`.
@@ -172,11 +176,7 @@ mod tests {
     fn by_both_tables() -> bool {
         let own = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let init = std::fs::read_to_string("/proc/1/mountinfo").unwrap();
-        let root = own
-            .lines()
-            .find(|l| l.split(' ').nth(4) == Some("/"))
-            .and_then(|l| l.split(' ').next());
-        root.is_some_and(|id| init.lines().any(|l| l.split(' ').next() == Some(id)))
+        root_mount_id(&own).is_some_and(|id| init.lines().any(|l| l.split(' ').next() == Some(id)))
     }
 
     /// The root mount's id from statx gives what reading both tables gives: yes in the host's

@@ -15,6 +15,7 @@ pub mod cri;
 pub mod dra;
 pub mod engines;
 mod gpucheck;
+pub mod hook_log;
 pub mod hook_mounts;
 mod image;
 mod mountns;

@@ -209,20 +209,13 @@ impl SimNode {
         fs::read_to_string(self.log_file()).unwrap_or_default()
     }
 
-    /// The µs of each of the hooks' `step` in the log (their `steps: name=us ...` lines), in
-    /// order.
+    /// The µs of each of the hooks' `step` in the log, in order.
     pub fn step_us(&self, step: &str) -> Vec<u64> {
         self.log()
             .lines()
-            .filter_map(|l| l.split_once("steps:"))
-            .flat_map(|(_, steps)| {
-                steps
-                    .split_whitespace()
-                    .filter_map(|w| w.split_once('='))
-                    .filter(|(name, _)| *name == step)
-                    .map(|(_, us)| us.parse().expect("a step's µs is a number"))
-                    .collect::<Vec<u64>>()
-            })
+            .flat_map(crate::hook_log::steps_of)
+            .filter(|(name, _)| *name == step)
+            .map(|(_, us)| us)
             .collect()
     }
 
