@@ -859,6 +859,24 @@ fn nri_mode_is_checked_engine_socket_plugin_and_double_work() {
     };
     let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     let mut plugin = start_plugin(&socket);
+    // Doctor looks once the plugin has connected: by then it has dropped any record an
+    // earlier plugin with its pid left behind (pids are reused).
+    listener.set_nonblocking(true).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let _connection = loop {
+        match listener.accept() {
+            Ok((connection, _)) => break connection,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the plugin did not connect to {}",
+                    socket.display()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("accept on {}: {e}", socket.display()),
+        }
+    };
     node.expect(
         1,
         "FAIL NRI plugin: ",

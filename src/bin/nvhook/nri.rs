@@ -33,6 +33,9 @@ pub(crate) fn nri(config_path: Option<&Path>, socket: &Path, index: &str) -> Res
             nvhook::nri::registration::ENGINE_CONNECTION.to_string()
         }
     };
+    // A record under this pid is an earlier plugin's that was killed before it could remove
+    // it (pids are reused): this one is registered nowhere until the engine configures it.
+    nvhook::nri::registration::ended();
     stub.run_reporting(&mut plugin, &mut |event| {
         // Doctor reads where this plugin is registered, while it is.
         match event {
