@@ -34,3 +34,4 @@ pub mod private_file;
 pub mod privileges;
 pub mod rootfs;
 pub mod runtime_create;
+mod whole_file;

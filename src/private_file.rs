@@ -4,7 +4,6 @@
 //! writable by no one else, and never through a symlink.
 
 use crate::atomic_file::{NewFile, write_atomic};
-use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
@@ -55,8 +54,7 @@ pub fn read(path: &Path) -> Option<(Vec<u8>, std::fs::Metadata)> {
         tracing::warn!(path = %path.display(), "not private to this user: not used");
         return None;
     }
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).ok()?;
+    let bytes = crate::whole_file::read_sized(&mut file, meta.len()).ok()?;
     Some((bytes, meta))
 }
 

@@ -15,6 +15,7 @@ use super::nvml::System;
 use crate::config::Config;
 use crate::file_id::FileId;
 use crate::private_file::{self, private};
+use crate::whole_file::read_kernel_text;
 use serde::{Deserialize, Serialize};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
@@ -57,14 +58,11 @@ impl Fingerprint {
         let nvidia = config.proc_path("driver/nvidia");
         let layout = GpuLayout::read(config);
         Some(Fingerprint {
-            boot_id: std::fs::read_to_string(boot_id_file)
-                .ok()?
-                .trim()
-                .to_owned(),
+            boot_id: read_kernel_text(boot_id_file).ok()?.trim().to_owned(),
             library_file: FileId::of(&library)?,
             library_dir: FileId::of(library.parent()?)?,
             library,
-            module_version: std::fs::read_to_string(nvidia.join("version")).ok(),
+            module_version: read_kernel_text(&nvidia.join("version")).ok(),
             gpus: layout.gpus,
             capabilities: layout.capabilities,
         })

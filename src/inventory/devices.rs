@@ -5,6 +5,7 @@ use super::device_numbers::{parse_cap_minor, parse_proc_devices};
 use super::{DeviceMajors, Gpu, HostNode};
 use crate::config::Config;
 use crate::imex_and_families;
+use crate::whole_file::read_kernel_text;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -25,7 +26,7 @@ pub enum DevicesError {
 /// The device majors the host's `/proc/devices` lists now.
 pub fn read_majors(config: &Config) -> Result<DeviceMajors, DevicesError> {
     let path = config.proc_path("devices");
-    let text = std::fs::read_to_string(&path).map_err(|source| DevicesError::Read {
+    let text = read_kernel_text(&path).map_err(|source| DevicesError::Read {
         path: path.clone(),
         source,
     })?;
@@ -73,8 +74,12 @@ fn scan_dir(
         let Some(name) = name.to_str().filter(|n| wanted(n)) else {
             continue;
         };
-        // symlink_metadata: a node is taken as it is, never through a link.
-        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+        // The entry itself, never what a link leads to: its type from the listing, so that a
+        // directory (nvidia-caps) costs no lookup, then its numbers, relative to the directory.
+        if !entry.file_type().is_ok_and(|t| t.is_char_device()) {
+            continue;
+        }
+        let Ok(meta) = entry.metadata() else {
             continue;
         };
         if !meta.file_type().is_char_device() {
@@ -127,5 +132,5 @@ impl MigCapabilities {
 }
 
 fn read_cap_minor(path: &Path) -> Option<u32> {
-    parse_cap_minor(&std::fs::read_to_string(path).ok()?)
+    parse_cap_minor(&read_kernel_text(path).ok()?)
 }

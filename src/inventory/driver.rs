@@ -8,8 +8,8 @@ use super::{DriverFiles, HostFile, Library, Scope};
 use crate::capability::Capability;
 use crate::config::Config;
 use crate::file_id::FileId;
+use crate::whole_file::{read_kernel_text, read_sized};
 use nvhook_ldcache::{self as ldcache, Arch, CacheFile, ElfClass, LdCache};
-use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -143,8 +143,7 @@ impl HostCache {
         let read = |path: &Path| -> std::io::Result<(Vec<u8>, Option<FileId>)> {
             let mut file = std::fs::File::open(path)?;
             let id = FileId::of_fd(file.as_fd());
-            let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes)?;
+            let bytes = read_sized(&mut file, id.as_ref().map_or(0, FileId::size))?;
             Ok((bytes, id))
         };
         let (bytes, id) = read(&path).map_err(|source| DriverError::ReadCache {
@@ -381,11 +380,11 @@ fn stems_of(soname: &str) -> impl Iterator<Item = (&'static str, Capability)> + 
 /// (`firmware_class.path`, e.g. a driver kept under /usr/local/nvidia), then the standard
 /// directories, the running kernel's release first.
 fn firmware_dirs(config: &Config) -> Vec<String> {
-    let custom = std::fs::read_to_string(config.sys_path("module/firmware_class/parameters/path"))
+    let custom = read_kernel_text(&config.sys_path("module/firmware_class/parameters/path"))
         .ok()
         .map(|p| p.trim().trim_end_matches('/').to_string())
         .filter(|p| p.starts_with('/') && p.len() > 1);
-    let release = std::fs::read_to_string(config.proc_path("sys/kernel/osrelease"))
+    let release = read_kernel_text(&config.proc_path("sys/kernel/osrelease"))
         .ok()
         .map(|r| r.trim().to_string())
         .filter(|r| !r.is_empty() && !r.contains('/'));

@@ -17,10 +17,15 @@ impl DriverRoot {
     /// The root at `root`; `recording` for a search to be kept, whose directories' identities
     /// are then taken as they are opened ([`DriverRoot::consulted`]).
     pub(super) fn new(root: &Path, recording: bool) -> DriverRoot {
-        DriverRoot {
-            path: std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf()),
-            resolver: Resolver::new(recording),
-        }
+        let resolver = Resolver::new(recording);
+        let path = match std::fs::canonicalize(root) {
+            Ok(path) => {
+                resolver.start_at(&path);
+                path
+            }
+            Err(_) => root.to_path_buf(),
+        };
+        DriverRoot { path, resolver }
     }
 
     /// The host file `path` (absolute, in the driver root's terms) ends at, when it exists

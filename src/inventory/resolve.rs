@@ -82,21 +82,31 @@ impl Resolver {
         out
     }
 
+    /// Makes `dir`, canonical already, where lookups below it start: the walk from `/` down to
+    /// it is not made again, one component at a time, for the files under it.
+    pub fn start_at(&self, dir: &Path) {
+        let opened = self.open(dir.to_path_buf());
+        self.dirs.borrow_mut().insert(dir.to_path_buf(), opened);
+    }
+
     fn dir(&self, dir: &Path) -> Option<Rc<Dir>> {
         if let Some(known) = self.dirs.borrow().get(dir) {
             return known.clone();
         }
         // Resolved like a file, relative to its own parent: directories share prefixes.
-        let opened = self.canonical(dir).and_then(|path| {
-            let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-            let fd = nix::fcntl::open(&path, flags, Mode::empty()).ok()?;
-            let id = self.recording.then(|| FileId::of_fd(fd.as_fd())).flatten();
-            Some(Rc::new(Dir { path, fd, id }))
-        });
+        let opened = self.canonical(dir).and_then(|path| self.open(path));
         self.dirs
             .borrow_mut()
             .insert(dir.to_path_buf(), opened.clone());
         opened
+    }
+
+    /// The directory at `path`, which is canonical.
+    fn open(&self, path: PathBuf) -> Option<Rc<Dir>> {
+        let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        let fd = nix::fcntl::open(&path, flags, Mode::empty()).ok()?;
+        let id = self.recording.then(|| FileId::of_fd(fd.as_fd())).flatten();
+        Some(Rc::new(Dir { path, fd, id }))
     }
 }
 
@@ -132,6 +142,9 @@ mod tests {
         symlink("loop-b", lib.join("loop-a")).unwrap();
         symlink("loop-a", lib.join("loop-b")).unwrap();
         let resolver = Resolver::default();
+        // One that starts at the root, as a driver root's does, agrees as well.
+        let from_root = Resolver::default();
+        from_root.start_at(&std::fs::canonicalize(root).unwrap());
         for rel in [
             "lib/x86_64-linux-gnu/libcuda.so",
             "lib/x86_64-linux-gnu/libcuda.so.1",
@@ -146,10 +159,14 @@ mod tests {
             "lib",
         ] {
             let path = root.join(rel);
+            let expected = std::fs::canonicalize(&path).ok();
+            assert_eq!(resolver.canonical(&path), expected, "{rel}");
+            // The tempdir's own path may lead through links (/tmp): from the canonical root.
+            let under_root = std::fs::canonicalize(root).unwrap().join(rel);
             assert_eq!(
-                resolver.canonical(&path),
-                std::fs::canonicalize(&path).ok(),
-                "{rel}"
+                from_root.canonical(&under_root),
+                expected,
+                "{rel}, from the root"
             );
         }
     }
