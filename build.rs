@@ -34,5 +34,38 @@ fn main() {
     }
     println!("cargo:rustc-link-arg-bin=nvhook=-L{}", dir.display());
     println!("cargo:rustc-link-arg-bin=nvhook=-static-pie");
+
+    // The code a container start runs is a few hundred functions scattered through ~4 MB of
+    // text: each start faults in a 64 KB window of it per function far from the last, and walks
+    // the page tables for each 4 KB page it runs (costly under a hypervisor). link/hot-text.txt
+    // names those functions, found by sampling starts (scripts/hot-text.sh), and glibc's objects
+    // they call; a linker script puts them together, ahead of the rest of the text.
+    let hot = std::fs::read_to_string(HOT_TEXT).expect("link/hot-text.txt is in the source tree");
+    let script = dir.join("hot-text.ld");
+    std::fs::write(&script, hot_text_script(&hot)).expect("write to OUT_DIR");
+    println!(
+        "cargo:rustc-link-arg-bin=nvhook=-Wl,-T,{}",
+        script.display()
+    );
+    println!("cargo:rerun-if-changed={HOT_TEXT}");
     println!("cargo:rerun-if-changed=build.rs");
+}
+
+const HOT_TEXT: &str = "link/hot-text.txt";
+
+/// A linker script that adds an output section of the listed functions' sections (rustc gives
+/// each function its own, `.text.<symbol>`, or `.text.unlikely.<symbol>` for a cold one) and
+/// the listed glibc objects' text, placed before the default script's `.text`.
+fn hot_text_script(list: &str) -> String {
+    let mut script = String::from("SECTIONS\n{\n  .text.nvhook_hot :\n  {\n");
+    for line in list.lines().map(str::trim) {
+        if let Some(symbol) = line.strip_prefix("function ") {
+            script += &format!("    *(.text.{symbol} .text.unlikely.{symbol})\n");
+        } else if let Some(member) = line.strip_prefix("libc ") {
+            script += &format!("    *libc.a:{member}(.text .text.*)\n");
+        } else if !line.is_empty() && !line.starts_with('#') {
+            panic!("{HOT_TEXT}: not a `function` or `libc` line: {line}");
+        }
+    }
+    script + "  }\n}\nINSERT BEFORE .text;\n"
 }

@@ -314,6 +314,50 @@ fn nvhook_is_a_static_pie_and_its_nvml_helper_is_dynamic() {
     assert!(support::readelf("-l", &helper).contains("INTERP"));
 }
 
+/// The code a container start runs is laid out together, ahead of the rest of nvhook's text
+/// (build.rs, from link/hot-text.txt): the hook's and nvhook-runtime's create's main functions
+/// are in that section. Failing here, the list no longer names the code a start runs (it was
+/// renamed or moved): run scripts/hot-text.sh.
+#[test]
+fn the_code_a_start_runs_is_laid_out_together() {
+    let nvhook = support::nvhook_bin();
+    let sections = support::readelf("-S", nvhook);
+    let index_of = |name: &str| {
+        sections
+            .lines()
+            .find(|line| line.split_whitespace().nth(1) == Some(name))
+            .and_then(|line| line.trim_start().strip_prefix('['))
+            .and_then(|rest| rest.split(']').next())
+            .map(|index| index.trim().to_string())
+            .unwrap_or_else(|| panic!("no {name} section in {}:\n{sections}", nvhook.display()))
+    };
+    let hot = index_of(".text.nvhook_hot");
+    let text = index_of(".text");
+    assert!(
+        hot.parse::<u32>().unwrap() < text.parse::<u32>().unwrap(),
+        "{sections}"
+    );
+    let symbols = support::readelf("-sC", nvhook);
+    for function in [
+        "nvhook::hook::run_hook",
+        "nvhook::hook::prestart::configure",
+        "nvhook::hook::prestart::apply",
+        "nvhook::inventory::isolated::load_from",
+        "nvhook::runtime_create::prepare_bundle",
+    ] {
+        let line = symbols
+            .lines()
+            .find(|line| line.split_whitespace().nth(7) == Some(function))
+            .unwrap_or_else(|| panic!("{function} is not in {}'s symbols", nvhook.display()));
+        let section = line.split_whitespace().nth(6);
+        assert_eq!(
+            section,
+            Some(hot.as_str()),
+            "{function} is not with the hot code: {line}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------- plan
 
 #[test]
