@@ -12,6 +12,10 @@ use std::path::Path;
 /// What a kernel file of a few lines takes; a longer one is read all the same.
 const KERNEL_FILE: usize = 4096;
 
+/// The most allocated before reading, whatever size the file's metadata gave: a larger file is
+/// read all the same, its buffer growing as it goes.
+const UP_FRONT: usize = 16 << 20;
+
 /// The rest of `file`, which its metadata says holds `size` bytes: read in one call, plus the
 /// one that finds the end. A file that has grown or shrunk since is read to its end all the same.
 pub fn read_sized(file: &mut std::fs::File, size: u64) -> std::io::Result<Vec<u8>> {
@@ -24,10 +28,10 @@ pub fn read_kernel_text(path: &Path) -> std::io::Result<String> {
     String::from_utf8(bytes).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
-/// Reads to the end into a buffer of `expected` bytes and one more, so that a file of that size
-/// ends at the second read; the buffer doubles whenever a read fills it.
+/// Reads to the end into a buffer of `expected` bytes (at most [`UP_FRONT`]) and one more, so
+/// that a file of that size ends at the second read; the buffer doubles whenever a read fills it.
 fn read_to_end(file: &mut std::fs::File, expected: usize) -> std::io::Result<Vec<u8>> {
-    let mut bytes = vec![0; expected.saturating_add(1)];
+    let mut bytes = vec![0; expected.min(UP_FRONT) + 1];
     let mut filled = 0;
     loop {
         match file.read(&mut bytes[filled..]) {
