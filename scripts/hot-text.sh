@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Writes link/hot-text.txt: the functions nvhook runs in a container start, and glibc's objects
 # among them, which build.rs has the linker place together (docs/performance.md, twenty-fifth
-# round). They are found on a simulated 8-GPU node, for the prestart hook alone and for
-# nvhook-runtime's create with the hook after it: by sampling real starts with perf, and by
-# callgrind for the small functions sampling misses (it runs the create whole, and the hook until
-# its first mount: valgrind does not know the mount API's calls). Run it when the hook's code
-# has moved (tests/cli.rs checks that its main functions are still in the hot section).
+# round). They are found on a simulated 8-GPU node, for three ways in: the prestart hook alone,
+# nvhook-runtime's create with the hook after it, and the createContainer hook of nvhook's CDI
+# spec (a kubelet CDI request, a DRA claim, NRI's cdi mode). perf samples real starts, and
+# callgrind adds the small functions sampling misses (it runs the create whole, and the hook
+# until its first mount: valgrind does not know the mount API's calls). Run it when the hook's
+# code has moved (tests/cli.rs checks that its main functions are still in the hot section).
 # Needs root, perf (linux-perf), valgrind, runc, busybox-static, binutils; STARTS sets the
-# sampled starts per route.
+# sampled starts per way in.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/require.sh
@@ -40,6 +41,25 @@ json.dump(spec, open(path + ".plain", "w"))
 spec["hooks"] = {"prestart": [{"path": hook, "args": ["nvhook", "--config", config, "hook", "prestart"]}]}
 json.dump(spec, open(path + ".hook", "w"))
 PY
+# The CDI route: the spec's edits for device `all`, applied as an engine applies them.
+"$bin/nvhook" --config "$config" cdi generate --format json > "$work/cdi.json"
+python3 - "$work/bundle/config.json" "$work/cdi.json" <<'PY'
+import json, sys
+path, cdi = sys.argv[1:]
+spec = json.load(open(path + ".plain"))
+cdi = json.load(open(cdi))
+device = next(d for d in cdi["devices"] if d["name"] == "all")
+for edits in (cdi.get("containerEdits", {}), device["containerEdits"]):
+    spec["process"]["env"] += edits.get("env", [])
+    for node in edits.get("deviceNodes", []):
+        spec["linux"].setdefault("devices", []).append({k: node[k] for k in ("path", "type", "major", "minor", "fileMode")})
+        spec["linux"]["resources"]["devices"].append(
+            {"allow": True, "type": node["type"], "major": node["major"], "minor": node["minor"], "access": "rwm"})
+    for hook in edits.get("hooks", []):
+        entry = {k: hook[k] for k in ("path", "args", "env") if k in hook}
+        spec.setdefault("hooks", {}).setdefault(hook["hookName"], []).append(entry)
+json.dump(spec, open(path + ".cdi", "w"))
+PY
 cp -a "$work/bundle/rootfs" "$work/rootfs.orig"
 
 # Each start gets a fresh rootfs and config.json (nvhook-runtime rewrites it).
@@ -52,10 +72,11 @@ run() {
     (cd "$work/bundle" && $2 run "hot-text-$i" >/dev/null)
   done
 }
-echo "== sampling $starts starts of the prestart hook alone and $starts through nvhook-runtime =="
+echo "== sampling $starts starts each: the prestart hook alone, the CDI spec's createContainer hook, nvhook-runtime =="
 perf record -q -F 25000 -o "$work/perf.data" -- bash -c "
   set -e; $(declare -f run); work=$work; starts=$starts
   run hook runc
+  run cdi runc
   export NVHOOK_CONFIG=$config
   run plain $bin/nvhook-runtime"
 
@@ -108,8 +129,8 @@ for symbol in open(symbols).read().split():
         functions.add(symbol)
 print("# The functions a container start runs in nvhook, and glibc's objects it runs, which")
 print("# build.rs has the linker place together. Written by scripts/hot-text.sh from")
-print(f"# {starts} sampled starts each of the prestart hook alone and of nvhook-runtime's route,")
-print("# and callgrind's run of each.")
+print(f"# {starts} sampled starts each of the prestart hook alone, of the CDI spec's createContainer")
+print("# hook and of nvhook-runtime's route, and callgrind's run of the first and the last.")
 for function in sorted(functions):
     print("function", function)
 for member in sorted(objects):
