@@ -919,8 +919,13 @@ impl FileBuilder<'_> {
     }
 
     fn add_file(&mut self, file: &HostFile, kind: MountKind) {
-        // /var/run and /run name the same host file: mount it once.
-        if self.mounts.iter().any(|m| m.source == file.host_path) {
+        // /var/run and /run name the same host file: mount it once. Host paths are canonical,
+        // so equal paths are equal bytes (`Path`'s own `==` parses both into components).
+        if self
+            .mounts
+            .iter()
+            .any(|m| m.source.as_os_str() == file.host_path.as_os_str())
+        {
             return;
         }
         self.mounts.push(Mount {

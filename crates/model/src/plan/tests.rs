@@ -461,6 +461,26 @@ fn mounts_come_from_the_driver_root() {
 }
 
 #[test]
+fn a_host_file_found_under_two_names_is_mounted_once() {
+    // The driver root's /var/run is a link to /run: the socket's lookups under both names end
+    // at the same host file, and the container gets it once, at the first name.
+    let mut inv = standard();
+    let socket = inv.files.sockets[0].clone();
+    inv.files.sockets.push(HostFile {
+        container_path: "/var/run/nvidia-persistenced/socket".into(),
+        ..socket.clone()
+    });
+    let p = plan_on(&inv, &[&visible("0"), &caps("utility")], DEBIAN);
+    let at_socket: Vec<&str> = p
+        .mounts
+        .iter()
+        .filter(|m| m.source == socket.host_path)
+        .map(|m| m.destination.as_str())
+        .collect();
+    assert_eq!(at_socket, [socket.container_path.as_str()]);
+}
+
+#[test]
 fn firmware_only_when_a_gpu_is_selected() {
     for (value, want) in [("0", true), ("3:1", true), ("all", true), ("none", false)] {
         let p = plan(&[&visible(value)]);
