@@ -30,6 +30,7 @@ mod limits;
 mod pod_parts;
 mod setup;
 mod stats;
+mod ways;
 
 use cycle::Runtime;
 use setup::{Ask, Node, Variant, VariantSpec, Via, run_rounds};
@@ -60,7 +61,7 @@ struct Plan {
 fn main() {
     hook_timer::run_if_wrapper();
     let full = std::env::args().any(|a| a == "--bench");
-    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri|gpus|dra|limits|cdi`: one part, for iterating on a
+    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri|gpus|dra|limits|cdi|ways`: one part, for iterating on a
     // profile.
     let only = std::env::var("NVHOOK_BENCH_ONLY").ok();
     let only = only.as_deref();
@@ -333,6 +334,11 @@ fn main() {
     if only.is_none_or(|o| o == "cdi") {
         // 12: nvhook's CDI device through runc, layer by layer.
         cdi_parts::run(plan.gpus_rounds);
+    }
+
+    if only.is_none_or(|o| o == "ways") {
+        // 13: every way in at the runtime, against its floors.
+        ways::run(plan.gpus_rounds);
     }
 }
 

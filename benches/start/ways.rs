@@ -1,0 +1,385 @@
+//! 13: every way in as the runtime sees it, against its floors, without containerd. Each
+//! start is what one way in hands runc (or nvhook-runtime) for the same container, a GPU of
+//! an 8-GPU node and then all eight with every capability, started as an engine's shim starts
+//! it (create, start, wait, delete), with bundles on tmpfs. The ways in: the prestart hook alone (hooks.d, Docker's `--gpus`),
+//! nvhook-runtime (the RuntimeClass), NRI's `hook` mode (the plugin's planning runs in this
+//! process, as in its daemon, and is inside the start's time), and a kubelet CDI request for
+//! nvhook's spec (its nodes and createContainer hook, as an engine injects them). The floors:
+//! the GPU's device nodes alone, and the same with a prestart hook that is /bin/true. At the
+//! CRI the same pods' totals move by milliseconds from run to run (docs/performance.md,
+//! twenty-third round); here a start is a handful of processes, whose CPU time and paired
+//! differences resolve far less.
+
+use crate::cycle::{self, Runtime};
+use crate::setup::{image, tmpfs_work_dir};
+use crate::stats::Samples;
+use crate::support::hook_log::hook_runs;
+use crate::support::{Bundle, SimNode};
+use nvhook::nri::GpuPlugin;
+use nvhook_nri::api::{Container, ContainerAdjustment, Hook, PodSandbox};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, PartialEq)]
+enum Way {
+    Plain,
+    Floor,
+    FloorWithHook,
+    HookAlone,
+    RuntimeClass,
+    /// nvhook-runtime with a container that names the variable but asks for no GPU: what
+    /// handing a create to nvhook's own process costs before any of its work.
+    RuntimeClassHop,
+    NriHook,
+    CdiRequest,
+}
+
+const WAYS: [(Way, &str); 8] = [
+    (Way::Plain, "runc, no GPU"),
+    (Way::Floor, "floor: the GPUs' device nodes"),
+    (
+        Way::FloorWithHook,
+        "floor with a hook: the nodes and a prestart hook that is /bin/true",
+    ),
+    (
+        Way::HookAlone,
+        "the prestart hook alone (hooks.d, `--gpus`)",
+    ),
+    (Way::RuntimeClass, "RuntimeClass (nvhook-runtime)"),
+    (
+        Way::RuntimeClassHop,
+        "RuntimeClass, no GPU asked (`NVIDIA_VISIBLE_DEVICES=void`): nvhook's process, no work",
+    ),
+    (
+        Way::NriHook,
+        "NRI `hook` (the plugin's planning in the start)",
+    ),
+    (
+        Way::CdiRequest,
+        "kubelet CDI request for nvhook's spec (DRA, `cdi-cri`)",
+    ),
+];
+
+struct Variant {
+    way: Way,
+    label: &'static str,
+    /// Whole starts (create, start, wait, delete), ms.
+    samples: Samples,
+    /// Their `create`, where the hooks run (and, for NRI, the plugin's planning before it).
+    create: Samples,
+    /// The CPU time of every process of the start, and of the plugin's planning, ms.
+    cpu: Samples,
+    /// The NRI plugin's planning, inside the start's time.
+    planning: Samples,
+    /// The bundle of each start, to find its lines in the log.
+    bundles: Vec<String>,
+    ids: Vec<String>,
+}
+
+/// `rounds` starts per way in, for one GPU and for eight.
+pub fn run(rounds: usize) {
+    let node = SimNode::create(8);
+    // The packaged config's level: the simulated node's is debug.
+    node.set("log-level", "\"info\"");
+    let work = tmpfs_work_dir();
+    let spec_path = work.path().join("nvidia.json");
+    node.generate_cdi_spec(&spec_path);
+    let spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(&spec_path).expect("read the spec"))
+            .expect("the spec is JSON");
+    let plugin = GpuPlugin::new(Some(node.config()));
+    println!(
+        "# Every way in as the runtime sees it, against its floors ({rounds} starts per variant, turns; create, start, wait and delete of /usr/bin/true, cgroup v1, bundles on tmpfs, every capability)\n"
+    );
+    for (gpus, device) in [("1 GPU", "3"), ("8 GPUs", "all")] {
+        let ways = Ways {
+            node: &node,
+            work: work.path(),
+            device,
+            spec: &spec,
+            plugin: &plugin,
+        };
+        let logged = node.log().len();
+        let variants = ways.rounds(rounds);
+        report(gpus, &variants, &node.log()[logged..]);
+    }
+}
+
+struct Ways<'a> {
+    node: &'a SimNode,
+    work: &'a Path,
+    /// The device of nvhook's CDI spec, and NVIDIA_VISIBLE_DEVICES: a GPU, or `all`.
+    device: &'a str,
+    spec: &'a Value,
+    plugin: &'a GpuPlugin,
+}
+
+impl Ways<'_> {
+    fn rounds(&self, rounds: usize) -> Vec<Variant> {
+        let mut variants: Vec<Variant> = WAYS
+            .iter()
+            .map(|&(way, label)| Variant {
+                way,
+                label,
+                samples: Samples::default(),
+                create: Samples::default(),
+                cpu: Samples::default(),
+                planning: Samples::default(),
+                bundles: Vec::new(),
+                ids: Vec::new(),
+            })
+            .collect();
+        let n = variants.len();
+        // Round 0 warms each way up (the plugin's first answer, the kept search) and is not
+        // counted.
+        for round in 0..=rounds {
+            for i in 0..n {
+                let v = &mut variants[(round + i) % n];
+                let mut bundle = Bundle::new_in(self.work, image(), &["/usr/bin/true"]);
+                let (cost, planning) = self.start(v.way, &mut bundle);
+                if round > 0 {
+                    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+                    let planning_cpu = planning.map_or(0.0, |p| ms(p.cpu));
+                    v.samples
+                        .push(ms(cost.wall) + planning.map_or(0.0, |p| ms(p.wall)));
+                    v.create
+                        .push(ms(cost.phases[0]) + planning.map_or(0.0, |p| ms(p.wall)));
+                    v.cpu.push(ms(cost.cpu) + planning_cpu);
+                    let planning = planning.map(|p| ms(p.wall));
+                    if let Some(planning) = planning {
+                        v.planning.push(planning);
+                    }
+                    v.bundles.push(bundle.dir().display().to_string());
+                    v.ids.push(bundle.id().to_string());
+                }
+            }
+        }
+        variants
+    }
+
+    /// One start of `way` as an engine's shim makes it, and for NRI the plugin's planning,
+    /// which containerd waits for before it creates the container.
+    fn start(&self, way: Way, bundle: &mut Bundle) -> (cycle::Cost, Option<Planning>) {
+        let request = [
+            format!("NVIDIA_VISIBLE_DEVICES={}", self.device),
+            "NVIDIA_DRIVER_CAPABILITIES=all".to_string(),
+        ];
+        if matches!(way, Way::HookAlone | Way::RuntimeClass | Way::NriHook) {
+            for var in &request {
+                bundle.env(var);
+            }
+        }
+        if way == Way::RuntimeClassHop {
+            bundle.env("NVIDIA_VISIBLE_DEVICES=void");
+        }
+        match way {
+            Way::Plain | Way::NriHook | Way::RuntimeClass | Way::RuntimeClassHop => {}
+            Way::Floor | Way::FloorWithHook | Way::CdiRequest => {
+                for edits in self.cdi_edits() {
+                    for node in edits["deviceNodes"].as_array().into_iter().flatten() {
+                        let number = |key: &str| node[key].as_u64().expect("a number") as u32;
+                        let path = node["path"].as_str().expect("a device path");
+                        bundle.extra_device(path, number("major"), number("minor"));
+                        bundle.allow_device(number("major"), number("minor"));
+                    }
+                    if way == Way::CdiRequest {
+                        for var in edits["env"].as_array().into_iter().flatten() {
+                            bundle.env(var.as_str().expect("an env entry"));
+                        }
+                        for hook in edits["hooks"].as_array().into_iter().flatten() {
+                            let mut entry = hook.clone();
+                            let stage = entry
+                                .as_object_mut()
+                                .and_then(|h| h.remove("hookName"))
+                                .expect("a hook's stage");
+                            bundle.raw_hook(stage.as_str().expect("a stage"), entry);
+                        }
+                    }
+                }
+                if way == Way::FloorWithHook {
+                    bundle.prestart_command(Path::new("/bin/true"), &["true".to_string()]);
+                }
+            }
+            Way::HookAlone => {
+                bundle.prestart_hook(self.node);
+            }
+        }
+        let planning = (way == Way::NriHook).then(|| {
+            let (started, cpu) = (Instant::now(), thread_cpu());
+            let adjustment = self.plan_through_plugin(bundle.id(), &request);
+            let planning = Planning {
+                wall: started.elapsed(),
+                cpu: thread_cpu() - cpu,
+            };
+            apply(bundle, &adjustment);
+            planning
+        });
+        bundle.write_config();
+        let runtime = match way {
+            Way::RuntimeClass | Way::RuntimeClassHop => Runtime::NvhookRuntime(self.node.config()),
+            _ => Runtime::Runc,
+        };
+        (cycle::run(&runtime, bundle), planning)
+    }
+
+    /// The spec's common edits and the device's.
+    fn cdi_edits(&self) -> [&Value; 2] {
+        let device = self.spec["devices"]
+            .as_array()
+            .and_then(|d| d.iter().find(|d| d["name"] == self.device))
+            .expect("the spec has the device");
+        [&self.spec["containerEdits"], &device["containerEdits"]]
+    }
+
+    /// What the plugin answers containerd for container `id` with `env`.
+    fn plan_through_plugin(&self, id: &str, env: &[String]) -> ContainerAdjustment {
+        let pod = PodSandbox {
+            namespace: "default".into(),
+            ..PodSandbox::default()
+        };
+        let container = Container {
+            id: id.into(),
+            env: env.to_vec(),
+            ..Container::default()
+        };
+        self.plugin
+            .adjust(&pod, &container)
+            .expect("the plugin plans the container")
+            .expect("a GPU container gets an adjustment")
+    }
+}
+
+/// `adjustment`'s devices, their rules and its hooks, in `bundle`'s config.json, as
+/// containerd applies them.
+fn apply(bundle: &mut Bundle, adjustment: &ContainerAdjustment) {
+    if let Some(linux) = &adjustment.linux {
+        for device in &linux.devices {
+            let number = |n: i64| u32::try_from(n).expect("a device number");
+            bundle.extra_device(&device.path, number(device.major), number(device.minor));
+            bundle.allow_device(number(device.major), number(device.minor));
+        }
+    }
+    let Some(hooks) = &adjustment.hooks else {
+        return;
+    };
+    let entry = |hook: &Hook| json!({ "path": hook.path, "args": hook.args, "env": hook.env });
+    for (stage, list) in [
+        ("prestart", &hooks.prestart),
+        ("createRuntime", &hooks.create_runtime),
+        ("createContainer", &hooks.create_container),
+        ("startContainer", &hooks.start_container),
+    ] {
+        for hook in list {
+            bundle.raw_hook(stage, entry(hook));
+        }
+    }
+}
+
+/// The NRI plugin's planning of one container: its wall time and this thread's CPU time.
+#[derive(Clone, Copy)]
+struct Planning {
+    wall: Duration,
+    cpu: Duration,
+}
+
+/// User + system time of this thread.
+fn thread_cpu() -> Duration {
+    // SAFETY: a zeroed rusage is a valid out-value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+    cycle::tv(u.ru_utime) + cycle::tv(u.ru_stime)
+}
+
+fn report(gpus: &str, variants: &[Variant], log: &str) {
+    let by = |way: Way| variants.iter().find(|v| v.way == way).expect("every way");
+    let (floor, floor_hook) = (by(Way::Floor), by(Way::FloorWithHook));
+    println!("## {gpus}\n");
+    println!(
+        "| way in | start p50 ms | p95 | its create p50 | CPU p50 | over the floor, paired: start / create / CPU | over the floor with a hook, paired: create / CPU | nvhook's own (its log, p50) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let runs = hook_runs(log);
+    for v in variants {
+        let paired = |metric: fn(&Variant) -> &Samples, base: &Variant| {
+            metric(v).paired_minus(metric(base)).p50()
+        };
+        let start: fn(&Variant) -> &Samples = |v| &v.samples;
+        let create: fn(&Variant) -> &Samples = |v| &v.create;
+        let cpu: fn(&Variant) -> &Samples = |v| &v.cpu;
+        // nvhook's processes' own time in this way's starts: the hooks' totals, and
+        // nvhook-runtime's create until it execs runc.
+        let own: Samples = v
+            .ids
+            .iter()
+            .zip(&v.bundles)
+            .map(|(id, bundle)| {
+                let hooks: u64 = runs
+                    .iter()
+                    .filter(|r| &r.id == id)
+                    .map(|r| r.total_us)
+                    .sum();
+                let create: u64 = log
+                    .lines()
+                    .filter(|l| {
+                        l.contains("GPU container prepared")
+                            && l.contains(&format!("bundle={bundle} "))
+                    })
+                    .filter_map(|l| field(l, "total_us"))
+                    .sum();
+                (hooks + create) as f64 / 1e3
+            })
+            .collect();
+        println!(
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:+.2} / {:+.2} / {:+.2} | {:+.2} / {:+.2} | {:.2} |",
+            v.label,
+            v.samples.p50(),
+            v.samples.p95(),
+            v.create.p50(),
+            v.cpu.p50(),
+            paired(start, floor),
+            paired(create, floor),
+            paired(cpu, floor),
+            paired(create, floor_hook),
+            paired(cpu, floor_hook),
+            own.p50(),
+        );
+    }
+    let planning = &by(Way::NriHook).planning;
+    println!(
+        "\nThe NRI plugin's planning (`GpuPlugin::adjust` in this process, inside the NRI row's starts): p50 {:.2} ms, p95 {:.2} ms.",
+        planning.p50(),
+        planning.p95()
+    );
+    // The RuntimeClass's goal (issue 41): no slower than NRI `hook`. What it pays that NRI
+    // does not is nvhook's process between the shim and runc, which the plugin's daemon saves.
+    let against = |a: Way, b: Way| {
+        let (a, b) = (by(a), by(b));
+        format!(
+            "start {:+.2} ms, create {:+.2} ms, CPU {:+.2} ms",
+            a.samples.paired_minus(&b.samples).p50(),
+            a.create.paired_minus(&b.create).p50(),
+            a.cpu.paired_minus(&b.cpu).p50()
+        )
+    };
+    println!(
+        "- RuntimeClass against NRI `hook`, paired p50: {}",
+        against(Way::RuntimeClass, Way::NriHook)
+    );
+    println!(
+        "- nvhook's process between the shim and runc, no work (the `void` row against runc, no GPU), paired p50: {}",
+        against(Way::RuntimeClassHop, Way::Plain)
+    );
+    println!();
+}
+
+/// The number a log line gives `name` (`name=123`).
+fn field(line: &str, name: &str) -> Option<u64> {
+    let at = line.find(&format!(" {name}="))? + name.len() + 2;
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
