@@ -320,15 +320,15 @@ fn report(gpus: &str, variants: &[Variant], log: &str) {
                     .filter(|r| &r.id == id)
                     .map(|r| r.total_us)
                     .sum();
-                let create: u64 = log
+                let create: f64 = log
                     .lines()
                     .filter(|l| {
                         l.contains("GPU container prepared")
                             && l.contains(&format!("bundle={bundle} "))
                     })
-                    .filter_map(|l| field(l, "total_us"))
+                    .flat_map(|l| crate::log_values(l, "total_us"))
                     .sum();
-                (hooks + create) as f64 / 1e3
+                (hooks as f64 + create) / 1e3
             })
             .collect();
         println!(
@@ -372,14 +372,4 @@ fn report(gpus: &str, variants: &[Variant], log: &str) {
         against(Way::RuntimeClassHop, Way::Plain)
     );
     println!();
-}
-
-/// The number a log line gives `name` (`name=123`).
-fn field(line: &str, name: &str) -> Option<u64> {
-    let at = line.find(&format!(" {name}="))? + name.len() + 2;
-    line[at..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
 }
