@@ -20,21 +20,53 @@ use crate::proc_view;
 use crate::request::CUDA_VERSION;
 use crate::rootfs::{Rootfs, RootfsError, loader};
 use nvhook_ldcache::Arch;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
-/// Applies `args` to the rootfs of the container `state` describes; `cwd` is the directory
-/// the runtime started the hook in, and `step` holds the steps of the hook's process before
-/// it, whose line this run's steps join.
+/// What the hook does before it reads the container's state, which none of it needs: runc
+/// writes a createContainer hook's state late, from `runc init` (docs/performance.md,
+/// twenty-sixth round), and the hook would otherwise wait for it with nothing done.
+pub struct BeforeState {
+    /// The driver files' sources (`cdi-mounts = "hook"`), opened, in the order of the mounts.
+    sources: Vec<OwnedFd>,
+}
+
+/// Checks the spec's GPU layout stamp and, where the hook makes mounts, that it runs in the
+/// container's own mount namespace; then opens the driver files' sources. Nothing of the
+/// container is touched.
+pub fn before_state(config: &Config, args: &LinkArgs) -> Result<BeforeState, HookError> {
+    if let Some(written_for) = &args.gpu_layout {
+        check_gpu_layout(config, written_for)?;
+    }
+    if args.mounts.is_empty() {
+        return Ok(BeforeState {
+            sources: Vec::new(),
+        });
+    }
+    // Only in the container's own mount namespace, where the OCI spec runs this hook: a
+    // runtime that ran it in its own would get the mounts on its side.
+    if container_mounts::init_shares_our_root_mount().map_err(HookError::MountTables)? {
+        return Err(HookError::HostMountNamespace);
+    }
+    let sources = args
+        .mounts
+        .iter()
+        .map(effects::open_source)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(BeforeState { sources })
+}
+
+/// Applies `args` to the rootfs of the container `state` describes, with what
+/// [`before_state`] did; `cwd` is the directory the runtime started the hook in, and `step`
+/// holds the steps of the hook's process before it, whose line this run's steps join.
 pub fn create_container(
     config: &Config,
     state: &State,
     args: &LinkArgs,
+    before: BeforeState,
     cwd: Option<&Path>,
     mut step: Step,
 ) -> Result<(), HookError> {
-    if let Some(written_for) = &args.gpu_layout {
-        check_gpu_layout(config, written_for)?;
-    }
     let (rootfs_path, spec) = match crate::oci::load_spec(&state.bundle) {
         Ok(spec) => (
             spec.rootfs(&state.bundle).ok_or(PrepareError::NoRoot)?,
@@ -50,7 +82,7 @@ pub fn create_container(
     let mounts = spec.as_ref().map(Spec::mount_points).unwrap_or_default();
     let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&mounts);
     if !args.mounts.is_empty() {
-        mount_driver_files(&rootfs, &args.mounts)?;
+        mount_driver_files(&rootfs, &args.mounts, &before.sources)?;
         step.done("mounts");
     }
     // Which images have a glibc cache is only known now: a static spec serves them all.
@@ -137,19 +169,15 @@ pub fn create_container(
     Ok(())
 }
 
-/// The driver files' bind mounts a spec leaves to this hook (`cdi-mounts = "hook"`): every
-/// source opened as a detached read-only tree, then each attached at its target inside the
-/// rootfs. Only in the container's own mount namespace, where the OCI spec runs this hook:
-/// a runtime that ran it in its own would get the mounts on its side.
-fn mount_driver_files(rootfs: &Rootfs, mounts: &[Mount]) -> Result<(), HookError> {
-    if container_mounts::init_shares_our_root_mount().map_err(HookError::MountTables)? {
-        return Err(HookError::HostMountNamespace);
-    }
-    let sources = mounts
-        .iter()
-        .map(effects::open_source)
-        .collect::<Result<Vec<_>, _>>()?;
-    for (mount, source) in mounts.iter().zip(&sources) {
+/// The driver files' bind mounts a spec leaves to this hook (`cdi-mounts = "hook"`): each
+/// source, opened by [`before_state`] as a detached read-only tree, attached at its target
+/// inside the rootfs.
+fn mount_driver_files(
+    rootfs: &Rootfs,
+    mounts: &[Mount],
+    sources: &[OwnedFd],
+) -> Result<(), HookError> {
+    for (mount, source) in mounts.iter().zip(sources) {
         effects::attach_in(rootfs, source, mount)?;
     }
     tracing::info!(mounts = mounts.len(), "driver files mounted");
@@ -291,18 +319,14 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("run `nvhook cdi refresh`"), "{line}");
-        // The start stops there, before the bundle is even read (it does not exist).
-        let state = State {
-            id: "stale".into(),
-            pid: Some(1),
-            bundle: config.proc_root.join("no-such-bundle"),
-            root: None,
-        };
+        // The start stops there, before the runtime's state is even read.
         let args = LinkArgs {
             gpu_layout: Some(written_for.clone()),
             ..LinkArgs::default()
         };
-        let e = create_container(&config, &state, &args, None, Step::start()).unwrap_err();
+        let Err(e) = before_state(&config, &args) else {
+            panic!("a stale spec passed the checks before the state");
+        };
         assert!(matches!(e, HookError::StaleCdiSpec { .. }), "{e:?}");
         // A GPU gone is another layout too.
         let (_gone, config) = proc_root(&GPUS[..1], &MIG);

@@ -5,6 +5,7 @@
 use crate::{Stage, Usage};
 use anyhow::Result;
 use nvhook::config::Config;
+use nvhook::hook::create_container;
 use nvhook::hook::step::Step;
 use nvhook::oci::State;
 use std::io::Read;
@@ -102,6 +103,19 @@ pub(crate) fn run_hook(
     let cwd = links.as_ref().and_then(|_| std::env::current_dir().ok());
     let (config, sink) = hook_process(config_path)?;
     step.done("process");
+    let before = match &links {
+        Some(links) => {
+            let before = create_container::before_state(&config, links).inspect_err(|e| {
+                // No container id yet: see log_error below.
+                if sink == nvhook::logging::Sink::File {
+                    tracing::error!("{e}");
+                }
+            })?;
+            step.done("sources");
+            Some(before)
+        }
+        None => None,
+    };
     // Until the runtime has written the state and closed the pipe: its time, not the hook's.
     let state = read_state()?;
     step.done("state");
@@ -112,15 +126,9 @@ pub(crate) fn run_hook(
             tracing::error!(id = %state.id, "{e}");
         }
     };
-    if let Some(links) = links {
-        nvhook::hook::create_container::create_container(
-            &config,
-            &state,
-            &links,
-            cwd.as_deref(),
-            step,
-        )
-        .inspect_err(log_error)?;
+    if let (Some(links), Some(before)) = (links, before) {
+        create_container::create_container(&config, &state, &links, before, cwd.as_deref(), step)
+            .inspect_err(log_error)?;
         tracing::info!(?stage, id = %state.id, total_us = started.elapsed().as_micros(), "hook finished");
         return Ok(());
     }
