@@ -432,7 +432,7 @@ fn inject(
 }
 
 /// A CDI hook as an OCI hook entry.
-fn hook_entry(hook: &Value) -> Value {
+pub fn hook_entry(hook: &Value) -> Value {
     let mut entry = hook.clone();
     entry.as_object_mut().expect("a hook").remove("hookName");
     entry

@@ -10,6 +10,7 @@
 //! twenty-third round); here a start is a handful of processes, whose CPU time and paired
 //! differences resolve far less.
 
+use crate::cdi_parts;
 use crate::cycle::{self, Runtime};
 use crate::setup::{image, tmpfs_work_dir};
 use crate::stats::Samples;
@@ -139,16 +140,14 @@ impl Ways<'_> {
                 let mut bundle = Bundle::new_in(self.work, image(), &["/usr/bin/true"]);
                 let (cost, planning) = self.start(v.way, &mut bundle);
                 if round > 0 {
-                    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-                    let planning_cpu = planning.map_or(0.0, |p| ms(p.cpu));
-                    v.samples
-                        .push(ms(cost.wall) + planning.map_or(0.0, |p| ms(p.wall)));
-                    v.create
-                        .push(ms(cost.phases[0]) + planning.map_or(0.0, |p| ms(p.wall)));
-                    v.cpu.push(ms(cost.cpu) + planning_cpu);
-                    let planning = planning.map(|p| ms(p.wall));
-                    if let Some(planning) = planning {
-                        v.planning.push(planning);
+                    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                    let (plan_wall, plan_cpu) =
+                        planning.map_or((0.0, 0.0), |p| (ms(p.wall), ms(p.cpu)));
+                    v.samples.push(ms(cost.wall) + plan_wall);
+                    v.create.push(ms(cost.phases[0]) + plan_wall);
+                    v.cpu.push(ms(cost.cpu) + plan_cpu);
+                    if planning.is_some() {
+                        v.planning.push(plan_wall);
                     }
                     v.bundles.push(bundle.dir().display().to_string());
                     v.ids.push(bundle.id().to_string());
@@ -188,12 +187,8 @@ impl Ways<'_> {
                             bundle.env(var.as_str().expect("an env entry"));
                         }
                         for hook in edits["hooks"].as_array().into_iter().flatten() {
-                            let mut entry = hook.clone();
-                            let stage = entry
-                                .as_object_mut()
-                                .and_then(|h| h.remove("hookName"))
-                                .expect("a hook's stage");
-                            bundle.raw_hook(stage.as_str().expect("a stage"), entry);
+                            let stage = hook["hookName"].as_str().expect("a hook's stage");
+                            bundle.raw_hook(stage, cdi_parts::hook_entry(hook));
                         }
                     }
                 }

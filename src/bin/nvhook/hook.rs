@@ -103,16 +103,16 @@ pub(crate) fn run_hook(
     let cwd = links.as_ref().and_then(|_| std::env::current_dir().ok());
     let (config, sink) = hook_process(config_path)?;
     step.done("process");
-    let before = match &links {
+    let create = match links {
         Some(links) => {
-            let before = create_container::before_state(&config, links).inspect_err(|e| {
+            let before = create_container::before_state(&config, &links).inspect_err(|e| {
                 // No container id yet: see log_error below.
                 if sink == nvhook::logging::Sink::File {
                     tracing::error!("{e}");
                 }
             })?;
             step.done("sources");
-            Some(before)
+            Some((links, before))
         }
         None => None,
     };
@@ -126,7 +126,7 @@ pub(crate) fn run_hook(
             tracing::error!(id = %state.id, "{e}");
         }
     };
-    if let (Some(links), Some(before)) = (links, before) {
+    if let Some((links, before)) = create {
         create_container::create_container(&config, &state, &links, before, cwd.as_deref(), step)
             .inspect_err(log_error)?;
         tracing::info!(?stage, id = %state.id, total_us = started.elapsed().as_micros(), "hook finished");
