@@ -31,7 +31,7 @@ pub enum PlanningError {
 }
 
 /// What a plan is made for: an image probed already, or any image (a CDI spec, an NRI
-/// adjustment), whose createContainer hook probes it when it exists.
+/// adjustment), whose hook probes it when it exists.
 #[derive(Debug, Clone, Copy)]
 pub enum Target<'a> {
     Image(&'a ImageInfo),

@@ -6,7 +6,7 @@
 
 use caps::{CapSet, Capability, CapsHashSet};
 
-/// What the hook and the CDI createContainer hook need, and why.
+/// What the hook and the CDI route's hook need, and why.
 pub const KEPT: &[(Capability, &str)] = &[
     (
         Capability::CAP_SYS_ADMIN,
@@ -95,13 +95,22 @@ pub fn keep_only_what_the_hook_needs() -> Result<(), PrivilegeError> {
 }
 
 /// Makes `uid` and `gid` the filesystem ids of this thread (what it creates is theirs), then
-/// gives up changing ids again.
+/// gives up changing ids again. The hook keeps the file capabilities of [`KEPT`] in effect,
+/// as a container's root has them in its own namespace: an image's root directory is often
+/// read-only to its owner (`dr-xr-xr-x`), and the mount targets are made in it.
 pub fn act_as(uid: u32, gid: u32) -> std::io::Result<()> {
     for cap in ID_CHANGES {
         // Not permitted when the start could not drop capabilities: then root has them all.
         let _ = caps::raise(None, CapSet::Effective, cap);
     }
+    // The kernel takes them out of the effective set when the filesystem uid leaves 0.
+    let effective = caps::read(None, CapSet::Effective);
     let set = crate::rootfs::sys::set_fs_ids(uid, gid);
+    if let Ok(effective) = effective
+        && let Err(e) = caps::set(None, CapSet::Effective, &effective)
+    {
+        tracing::warn!("cannot keep the file capabilities as the container's root: {e}");
+    }
     give_up_id_changes();
     set
 }

@@ -585,7 +585,7 @@ fn nvidia_names_with_bad_arguments() {
     }
 }
 
-/// A log file the hook may not open (a rootless engine runs the createContainer hook as an
+/// A log file the hook may not open (a rootless engine runs a CDI spec's hook as an
 /// unprivileged user): the error first, once, not once per sink (Podman shows only a failing
 /// hook's first stderr line), then one warning that says where the log went.
 #[test]

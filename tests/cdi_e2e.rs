@@ -95,7 +95,7 @@ fn cdi_generate_and_list_name_every_gpu_and_mig_device() {
     let listed = node.nvhook(&["cdi", "list", json_file.to_str().expect("UTF-8")]);
     assert_eq!(lines(&listed), expected_names(&node, false, true));
     let hook = &spec["containerEdits"]["hooks"][0];
-    assert_eq!(hook["hookName"], "createContainer", "{json}");
+    assert_eq!(hook["hookName"], "createRuntime", "{json}");
     assert!(
         hook["env"].as_array().is_some_and(|e| !e.is_empty()),
         "{json}"
@@ -381,7 +381,7 @@ fn a_start_through_a_spec_written_before_a_mig_change_is_refused_until_refreshed
 }
 
 /// `podman run --device nvidia.com/gpu=N` by an unprivileged user (see support/rootless.rs):
-/// the runtime bind-mounts the device nodes and driver files, and nvhook's createContainer
+/// the runtime bind-mounts the device nodes and driver files, and nvhook's createRuntime
 /// hook makes the links and the loader cache as the user namespace's root. With no device
 /// cgroup, what the container holds decides what it reaches: the nodes it was given open
 /// through to the (absent) driver, ENXIO, and the others are not there to open.
@@ -458,9 +458,9 @@ fn rootless_podman_runs_a_generated_cdi_device_as_an_unprivileged_user() {
 }
 
 /// sid's rootless Podman 5 over its runc 1.3, with `--userns=nomap`: the user's own id is
-/// not mapped in the container, so nvhook's createContainer hook, run as the container's
-/// root, may enter neither the user's storage (the bundle) nor the node's log. The container
-/// gets exactly its GPU, with what the hook wrote owned by its root, and nothing is left.
+/// not mapped in the container; nvhook's createRuntime hook runs as the user, from runc's
+/// side, and creates what it writes as the container's root. The container gets exactly its
+/// GPU, with what the hook wrote owned by its root, and nothing is left.
 #[test]
 fn rootless_podman_5_with_userns_nomap_runs_a_generated_cdi_device() {
     require_root();
@@ -543,7 +543,7 @@ fn nvhook_runtime_cdi_mode_with_the_runtimes_mounts_gives_gpu_1_only() {
 
 /// nvhook-runtime with `runtime-mode = "cdi"`: runc makes the nodes and the cgroup rules from
 /// config.json, and the driver files' mounts where `cdi-mounts` leaves them to the runtime;
-/// nvhook's createContainer hook makes links and the cache, and the mounts where it is told to.
+/// nvhook's createRuntime hook makes links and the cache, and the mounts where it is told to.
 fn nvhook_runtime_cdi_mode_gives_gpu_1_only(env: RuntimeEnv, mounts_by: &str) {
     require_root();
     let node = SimNode::create(GPUS);
@@ -571,8 +571,9 @@ fn nvhook_runtime_cdi_mode_gives_gpu_1_only(env: RuntimeEnv, mounts_by: &str) {
     let text = fs::read_to_string(bundle.dir().join("config.json")).expect("read config.json");
     let spec: Value = serde_json::from_str(&text).expect("config.json is JSON");
     assert!(spec["hooks"]["prestart"].is_null(), "{text}");
-    let hook = &spec["hooks"]["createContainer"][0]["args"];
-    assert_eq!(hook[4], "createContainer", "{text}");
+    assert!(spec["hooks"]["createContainer"].is_null(), "{text}");
+    let hook = &spec["hooks"]["createRuntime"][0]["args"];
+    assert_eq!(hook[4], "createRuntime", "{text}");
     let env_vars = spec["process"]["env"].as_array().expect("env");
     assert!(
         env_vars.contains(&Value::from("NVIDIA_VISIBLE_DEVICES=void")),

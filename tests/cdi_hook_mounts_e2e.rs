@@ -1,4 +1,4 @@
-//! The CDI route with the driver files' mounts made by nvhook's createContainer hook
+//! The CDI route with the driver files' mounts made by nvhook's createRuntime hook
 //! (`cdi-mounts = "hook"`, the default since issue 41): the spec lists the GPU's device nodes
 //! and nvhook's hook, and no mount; the hook opens each host file as a detached read-only tree
 //! and attaches it inside the rootfs, from the container's mount namespace, before pivot_root.
@@ -6,8 +6,8 @@
 //! and on sid's crun 1.28 (cgroup v2 in a mount namespace), a container gets exactly its GPU
 //! and libcuda loads; on those and on Podman 4.3 over youki it sees the same driver files, at
 //! the same paths, with the same mount options, as through a spec whose runtime makes the
-//! mounts (`cdi-mounts = "runtime"`); and the hook refuses to mount from the runtime's own mount
-//! namespace. A pod through containerd 2.1.9's CRI gets its GPU from such a spec too. Run as
+//! mounts (`cdi-mounts = "runtime"`); and the createContainer hook of a spec written before
+//! refuses to mount from the runtime's own mount namespace. A pod through containerd 2.1.9's CRI gets its GPU from such a spec too. Run as
 //! root after `cargo build --workspace` (and `scripts/sid-engines.sh`,
 //! `scripts/sid-runtimes.sh`, `scripts/youki.sh`): `cargo test --test cdi_hook_mounts_e2e`.
 
@@ -111,8 +111,9 @@ fn the_hooks_mounts_show_the_container_what_the_runtimes_show_it() {
     }
 }
 
-/// Run from the runtime's own mount namespace (a runtime that ran createContainer hooks there,
-/// against the OCI spec), the hook makes no mount: one line, and the rootfs is as it was.
+/// The hook makes no mount on the runtime's side: at createContainer when the runtime runs it
+/// in its own mount namespace (against the OCI spec), at createRuntime when the state's pid
+/// shares that namespace (no container's process). One line each, and the rootfs is as it was.
 #[test]
 fn the_hook_refuses_to_mount_from_the_runtimes_mount_namespace() {
     require_root();
@@ -122,36 +123,50 @@ fn the_hook_refuses_to_mount_from_the_runtimes_mount_namespace() {
     let source = node
         .driver_root()
         .join("usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15");
+    let pid = std::process::id();
     let state = json!({
         "ociVersion": "1.2.0", "id": bundle.id(), "status": "creating",
-        "pid": std::process::id(), "bundle": bundle.dir(),
+        "pid": pid, "bundle": bundle.dir(),
     });
     let state_file = bundle.dir().join("state.json");
     std::fs::write(&state_file, state.to_string()).expect("write the state");
-    let output = output_of(
-        Command::new(nvhook_bin())
-            .arg("--config")
-            .arg(node.config())
-            .args(["hook", "createContainer", "--bind-file"])
-            .arg(&source)
-            .arg("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
-            .stdin(std::fs::File::open(&state_file).expect("open the state")),
-    );
-    assert!(!output.status.success(), "{output}");
-    let line = output.stderr.trim();
-    assert!(
-        line.starts_with(
+    let refusals = [
+        (
+            "createContainer",
             "nvhook: the runtime ran nvhook's createContainer hook in its own mount namespace"
-        ) && !line.contains('\n'),
-        "{output}"
-    );
-    assert!(host_mounts_referencing(&[node.root()]).is_empty());
-    assert!(
-        !bundle
-            .rootfs()
-            .join("usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
-            .exists()
-    );
+                .to_string(),
+        ),
+        (
+            "createRuntime",
+            format!(
+                "nvhook: pid {pid}, the container's process by the OCI state, shares the runtime's mount namespace"
+            ),
+        ),
+    ];
+    for (stage, refusal) in refusals {
+        let output = output_of(
+            Command::new(nvhook_bin())
+                .arg("--config")
+                .arg(node.config())
+                .args(["hook", stage, "--bind-file"])
+                .arg(&source)
+                .arg("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+                .stdin(std::fs::File::open(&state_file).expect("open the state")),
+        );
+        assert!(!output.status.success(), "{stage}: {output}");
+        let line = output.stderr.trim();
+        assert!(
+            line.starts_with(&refusal) && !line.contains('\n'),
+            "{stage}: {output}"
+        );
+        assert!(host_mounts_referencing(&[node.root()]).is_empty());
+        assert!(
+            !bundle
+                .rootfs()
+                .join("usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+                .exists()
+        );
+    }
 }
 
 /// A pod through containerd 2.1.9's CRI asking for `nvidia.com/gpu=1` (the device plugin's

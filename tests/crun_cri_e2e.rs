@@ -185,18 +185,18 @@ fn nri_mode_hook_on_crun_without_cgroups_gives_pods_their_allocated_gpu() {
     });
 }
 
-/// `nri-mode = "cdi"`: the plugin hands containerd every edit and nvhook's createContainer
+/// `nri-mode = "cdi"`: the plugin hands containerd every edit and nvhook's createRuntime
 /// hook, which crun runs.
 #[test]
 fn nri_mode_cdi_on_crun_without_cgroups_gives_pods_their_allocated_gpu() {
     nri_mode_on_crun("cdi", |node, _| {
         let log = node.node.log();
-        assert!(log.contains("stage=CreateContainer"), "{log}");
+        assert!(log.contains("stage=CreateRuntime"), "{log}");
     });
 }
 
 /// `nri-mode = "cdi-devices"`: the plugin names the GPU in nvhook's CDI spec, and containerd
-/// injects it from the spec, its createContainer hook included.
+/// injects it from the spec, its createRuntime hook included.
 #[test]
 fn nri_mode_cdi_devices_on_crun_without_cgroups_gives_pods_their_allocated_gpu() {
     nri_mode_on_crun("cdi-devices", |node, _| {
@@ -317,7 +317,9 @@ fn crun_with_cgroups_refuses_every_pod_here_for_want_of_a_cpu_controller() {
     }
     let log = node.node.log();
     assert!(
-        !log.contains("stage=Prestart") && !log.contains("stage=CreateContainer"),
+        !log.contains("stage=Prestart")
+            && !log.contains("stage=CreateRuntime")
+            && !log.contains("stage=CreateContainer"),
         "a hook ran:\n{log}"
     );
     node.stop();

@@ -124,7 +124,7 @@ fn an_older_host_driver_loads_the_images_compat_libcuda() {
 }
 
 /// nvhook-runtime in `runtime-mode = "cdi"`: the per-container plan decided, and the
-/// createContainer hook writes its cache entries.
+/// createRuntime hook writes its cache entries.
 #[test]
 fn nvhook_runtimes_cdi_mode_loads_the_compat_libcuda() {
     require_root();
@@ -153,7 +153,7 @@ fn nvhook_runtimes_cdi_mode_loads_the_compat_libcuda() {
     assert!(leaked.is_empty(), "mounts left on the host: {leaked:#?}");
 }
 
-/// A static CDI spec serves any image: its createContainer hook decides when the container
+/// A static CDI spec serves any image: its createRuntime hook decides when the container
 /// is made, from the host driver version the spec was written for.
 #[test]
 fn a_generated_cdi_spec_loads_the_compat_libcuda_through_podman() {

@@ -584,7 +584,7 @@ fn nvhooks_own_argument_checks_exit_2() {
         ),
         (
             vec!["hook", "prestart", "--link", "a=b"],
-            "nvhook: Prestart takes no arguments (only createContainer does): [\"--link\", \"a=b\"]",
+            "nvhook: Prestart takes no arguments (only createRuntime and createContainer do): [\"--link\", \"a=b\"]",
         ),
     ];
     for (args, line) in cases {

@@ -169,7 +169,7 @@ fn assert_hook_refused_volume(output: &Output, destination: &str, said_by: &str)
     );
 }
 
-/// A CDI start refused by nvhook's createContainer hook, which would have written in the host
+/// A CDI start refused by nvhook's createRuntime hook, which would have written in the host
 /// directory `volume`, bound at `destination`, where the runtime left only its mount points.
 #[track_caller]
 fn assert_cdi_volume_refused(output: &Output, volume: &Path, destination: &str) {
@@ -195,7 +195,7 @@ enum GpusRoute {
     /// (containerd to 2.2).
     Hook,
     /// CDI names of kind `nvidia.com/gpu`, which the engine applies from the CDI spec (whose
-    /// createContainer hook is nvhook's). Docker 29.2 on, when `nvidia-cdi-hook` is on
+    /// createRuntime hook is nvhook's). Docker 29.2 on, when `nvidia-cdi-hook` is on
     /// dockerd's PATH at start-up (moby #50228): `all`, the ids, or `0`..`N-1` for a count, and
     /// a request no spec resolves falls back to the hook. ctr from containerd 2.3 (containerd
     /// #12537): `nvidia.com/gpu=N` from the specs in /etc/cdi and /var/run/cdi, no fallback.
@@ -218,7 +218,7 @@ const DOCKERD_CDI_GPUS: (u32, u32) = (29, 2);
 const CTR_CDI_GPUS: (u32, u32) = (2, 3);
 
 /// How many containers nvhook's log says it served: (as NVIDIA's hook, prestart or
-/// `configure`; as the createContainer hook of a CDI spec).
+/// `configure`; as the createRuntime hook of a CDI spec).
 fn served(node: &SimNode) -> (usize, usize) {
     let log = node.log();
     let count = |served: &dyn Fn(&str) -> bool| log.lines().filter(|l| served(l)).count();
@@ -227,7 +227,7 @@ fn served(node: &SimNode) -> (usize, usize) {
             l.contains(&format!("configured as {CLI_NAME}"))
                 || l.contains("hook finished") && l.contains("stage=Prestart")
         }),
-        count(&|l| l.contains("hook finished") && l.contains("stage=CreateContainer")),
+        count(&|l| l.contains("hook finished") && l.contains("stage=CreateRuntime")),
     )
 }
 
@@ -305,7 +305,7 @@ fn docker_run_gpus_with_the_runtime_hook_name_on_dockerds_path() {
 }
 
 /// The `--gpus` values people type, each giving exactly its GPUs by `route` (read from
-/// nvhook's log: the prestart hook, or the createContainer hook of nvhook's CDI spec); a GPU
+/// nvhook's log: the prestart hook, or the createRuntime hook of nvhook's CDI spec); a GPU
 /// the node lacks is refused with nvhook's line (by the hook, which the CDI route falls back
 /// to); a container without `--gpus` gets none; a volume over /dev gets no node.
 fn docker_run_gpus_flags(
@@ -347,7 +347,7 @@ fn docker_run_gpus_flags(
 /// A start with the host directory `volume` bound over the runtime's /dev tmpfs, refused
 /// with no device node in `volume`: by nvhook on the hook route (the volume left empty); on
 /// the CDI route by runc, which makes no device node in a /dev the container brought (CDI's
-/// included) and fails on the missing /dev/null before any createContainer hook runs.
+/// included) and fails on the missing /dev/null before the spec's hook runs.
 #[track_caller]
 fn assert_dev_volume_refused(output: &Output, volume: &Path, route: GpusRoute) {
     match route {
@@ -370,7 +370,7 @@ fn assert_dev_volume_refused(output: &Output, volume: &Path, route: GpusRoute) {
 /// registered when `nvidia-container-runtime-hook` is on dockerd's PATH at start-up, sets
 /// NVIDIA_VISIBLE_DEVICES and that prestart hook); from 29.2 (moby #50228) it becomes CDI names
 /// because `nvidia-cdi-hook` is on the PATH. Either way each `--gpus` form gives exactly its
-/// GPUs, and `--device nvidia.com/gpu=N` gives CDI devices through nvhook's createContainer
+/// GPUs, and `--device nvidia.com/gpu=N` gives CDI devices through nvhook's createRuntime
 /// hook.
 #[test]
 fn sids_dockerd_serves_gpus_by_its_route_and_cdi_devices_by_name() {

@@ -153,9 +153,9 @@ fn what_the_node_cannot_enforce_refuses_the_start_unless_best_effort() {
 }
 
 /// nvhook-runtime: in `hook` mode the prestart hook sets the limits; in `cdi` mode, where runc
-/// makes everything else, nvhook's createContainer hook does, which runc starts in the
-/// container's cgroup (and cgroup namespace, if it has one: then the cgroup comes from the
-/// spec's cgroupsPath, checked to hold the hook). Never the hierarchy's root.
+/// makes everything else, nvhook's createRuntime hook does, from runc's side, for the cgroup
+/// of the container's process, whether or not the container has a cgroup namespace of its
+/// own. Never the hierarchy's root.
 #[test]
 fn nvhook_runtime_sets_the_limits_in_both_modes() {
     require_root();
@@ -193,7 +193,10 @@ fn nvhook_runtime_sets_the_limits_in_both_modes() {
         if mode == "cdi" {
             let text = std::fs::read_to_string(b.dir().join("config.json")).unwrap();
             let spec: Value = serde_json::from_str(&text).unwrap();
-            assert!(spec["hooks"]["createRuntime"].is_null(), "{text}");
+            // The spec's one hook sets them: no memoryLimits hook of its own.
+            let hooks = spec["hooks"]["createRuntime"].as_array().expect("a hook");
+            assert_eq!(hooks.len(), 1, "{text}");
+            assert_eq!(hooks[0]["args"][4], "createRuntime", "{text}");
             assert!(
                 node.log().contains("GPU memory limits set"),
                 "{}",
@@ -205,10 +208,10 @@ fn nvhook_runtime_sets_the_limits_in_both_modes() {
 
 /// Debian sid's Podman 5 with nvhook's CDI spec under cgroup v2 (a mount namespace's cgroup2,
 /// which has no pids controller here, so Podman's default pids limit is off), on sid's runc
-/// and on sid's crun: the spec's createContainer hook sets the limits for the container's
+/// and on sid's crun: the spec's createRuntime hook sets the limits for the container's
 /// cgroup, which Podman's cgroupfs manager makes as `<cgroup parent>/libpod-<container id>`.
-/// Podman gives the container a cgroup namespace of its own on v2, so the hook finds its
-/// cgroup through the spec's cgroupsPath.
+/// Podman gives the container a cgroup namespace of its own on v2; the hook, run from the
+/// runtime's side, takes the cgroup of the container's process.
 #[test]
 fn podman_5_with_nvhooks_cdi_spec_sets_the_limits() {
     require_root();

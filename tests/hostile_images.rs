@@ -253,7 +253,7 @@ impl Plant<'_> {
     }
 
     /// nvhook-runtime in `runtime-mode = "cdi"`: runc makes the mounts, and nvhook's
-    /// createContainer hook the links and the loader cache.
+    /// createRuntime hook the links and the loader cache.
     fn via_nvhook_runtime_cdi_mode(&self) {
         let base = fs::read_to_string(&self.node_config).expect("read node config");
         let config = self
@@ -928,7 +928,7 @@ fn volumes() -> Vec<Case> {
                 Refused("cannot write /etc/ld.so.cache"),
             ),
             // nvhook-runtime plans from the bundle, where /data is still empty: no loader cache,
-            // so no cache entries; the createContainer hook then leaves the volume's cache as it
+            // so no cache entries; the createRuntime hook then leaves the volume's cache as it
             // is (a cache with nothing to add is not rewritten) and the container starts with
             // its GPU (utility asks for no libcuda to load).
             case(

@@ -127,7 +127,7 @@ fn masked_containers_and_always_keep_the_view() {
     assert_logged(&node, false);
 }
 
-/// nvhook-runtime in `runtime-mode = "cdi"`: the view is the createContainer hook's, which
+/// nvhook-runtime in `runtime-mode = "cdi"`: the view is the createRuntime hook's, which
 /// reads the container's masked paths from the bundle.
 #[test]
 fn nvhook_runtimes_cdi_mode_leaves_an_unmasked_containers_proc_whole() {

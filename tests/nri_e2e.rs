@@ -526,7 +526,7 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
     let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
     plugin.wait_registered(&node.log_file(), 1, &containerd);
     // nri-mode = "hook" (the default): the nodes and the prestart hook; then "cdi" with every
-    // edit for runc (`cdi-mounts = "runtime"`), and the createContainer hook; then "cdi" with
+    // edit for runc (`cdi-mounts = "runtime"`), and the createRuntime hook; then "cdi" with
     // the driver files' mounts made by that hook (the default) instead of runc.
     for mode in ["hook", "cdi, cdi-mounts = runtime", "cdi"] {
         match mode {
@@ -554,7 +554,7 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
             diff.join("\n"),
             node.log()
         );
-        // Only the prestart hook and a createContainer hook told to make them log mounts.
+        // Only the prestart hook and a createRuntime hook told to make them log mounts.
         let made = node.step_us("mounts").len() - mounted_by_hooks;
         let expected = usize::from(mode != "cdi, cdi-mounts = runtime");
         assert_eq!(
@@ -633,7 +633,7 @@ fn nri_mode_mounts_gives_the_gpu_with_no_hook_process() {
 /// `nri-mode = "cdi-devices"`: the adjustment names the allocated GPU in nvhook's CDI spec
 /// (the one `nvhook cdi generate` writes into a directory containerd reads) and carries no OCI
 /// hook, which containerd's NRI validator can refuse; containerd injects the device from the
-/// spec itself, the spec's createContainer hook included. A pod with no allocation gets nothing.
+/// spec itself, the spec's createRuntime hook included. A pod with no allocation gets nothing.
 #[test]
 fn nri_mode_cdi_devices_names_the_gpu_for_containerd_to_inject() {
     require_root();

@@ -1,8 +1,8 @@
 //! Per-container GPU memory limits (issue 40) through nvhook's NRI plugin, end to end: Debian
 //! sid's containerd 2.1.9 and Debian 12's runc 1.1.5 run Kubernetes pods with real cgroups under
 //! cgroup v2, the kubelet's CRI calls made by the test, and `nvhook nri` in each `nri-mode`
-//! (hook: nvhook's prestart hook sets the limits; cdi and cdi-devices: nvhook's createContainer
-//! hook; mounts: the createRuntime hook `nvhook hook memoryLimits UUID...`). The simulated
+//! (hook: nvhook's prestart hook sets the limits; cdi and cdi-devices: the createRuntime hook
+//! of nvhook's CDI edits; mounts: the createRuntime hook `nvhook hook memoryLimits UUID...`). The simulated
 //! node's mock NVML records every `nvmlDeviceSetMemoryLimits_v1` call, so each test proves the
 //! GPU, the bytes and the exact cgroup the driver was given: the one runc made for the pod's
 //! container, `/sys/fs/cgroup/PARENT/CONTAINER_ID` (containerd's CRI with the cgroupfs driver),
@@ -185,22 +185,22 @@ fn limits_through_nri(mode: &str, check: impl Fn(&str, &str)) {
 fn nri_mode_hook_limits_the_pods_gpu_for_its_containers_cgroup() {
     limits_through_nri("hook", |log, _| {
         assert!(log.contains("stage=Prestart"), "{log}");
-        assert!(!log.contains("stage=CreateContainer"), "{log}");
+        assert!(!log.contains("stage=CreateRuntime"), "{log}");
     });
 }
 
-/// `nri-mode = "cdi"`: the plugin hands containerd every edit and nvhook's createContainer
-/// hook, which sets the limits from inside the container's cgroup namespace.
+/// `nri-mode = "cdi"`: the plugin hands containerd every edit and nvhook's createRuntime
+/// hook, which sets the limits for the cgroup of the container's process, from runc's side.
 #[test]
 fn nri_mode_cdi_limits_the_pods_gpu_for_its_containers_cgroup() {
     limits_through_nri("cdi", |log, _| {
-        assert!(log.contains("stage=CreateContainer"), "{log}");
+        assert!(log.contains("stage=CreateRuntime"), "{log}");
         assert!(!log.contains("stage=Prestart"), "{log}");
     });
 }
 
 /// `nri-mode = "cdi-devices"`: containerd injects the GPU from nvhook's CDI spec, whose
-/// createContainer hook sets the limits.
+/// createRuntime hook sets the limits.
 #[test]
 fn nri_mode_cdi_devices_limits_the_pods_gpu_for_its_containers_cgroup() {
     limits_through_nri("cdi-devices", |log, _| {
@@ -225,12 +225,12 @@ fn nri_mode_mounts_limits_the_pods_gpu_for_its_containers_cgroup() {
 
 /// A driver without `nvmlDeviceSetMemoryLimits_v1` (simnode `--no-memory-limits`), in
 /// `nri-mode = "cdi"`: under the default `gpu-memory-limits = "enforce"` nvhook's
-/// createContainer hook refuses the pod's start, and its one line reaches the kubelet in
+/// createRuntime hook refuses the pod's start, and its one line reaches the kubelet in
 /// StartContainer's error; under `"best-effort"` the same pod starts with its GPU, unlimited.
-/// The createContainer hook is the route picked because it is the one that finds the cgroup
-/// from the spec (containerd gives the container a cgroup namespace of its own) and refuses
-/// from inside runc's create: the route nvhook's CDI specs, DRA claims and NRI's `cdi` and
-/// `cdi-devices` modes share; the prestart hook's refusal is `gpu_memory_limits_e2e`'s.
+/// The createRuntime hook of the CDI edits is the route picked because it refuses from inside
+/// runc's create, for a container that has a cgroup namespace of its own (containerd gives it
+/// one): the route nvhook's CDI specs, DRA claims and NRI's `cdi` and `cdi-devices` modes
+/// share; the prestart hook's refusal is `gpu_memory_limits_e2e`'s.
 #[test]
 fn a_driver_without_the_call_refuses_the_pod_unless_best_effort() {
     let mut node = start("nri-limits-refusal", &["--no-memory-limits"]);

@@ -232,7 +232,7 @@ fn sid_crun_refuses_this_machines_hybrid_cgroup_v1_before_any_hook() {
 }
 
 /// Podman with `--runtime` youki and nvhook's generated CDI spec: youki makes the nodes and
-/// mounts the spec lists, and runs nvhook's createContainer hook for the links and the cache.
+/// mounts the spec lists, and runs nvhook's createRuntime hook for the links and the cache.
 #[test]
 fn podman_runs_a_cdi_device_on_youki() {
     require_root();
@@ -251,7 +251,7 @@ fn podman_runs_a_cdi_device_on_youki() {
 
 /// Debian sid's Podman 5 and nvhook's generated CDI spec on `runtime_version`'s runtime
 /// (the start of what `podman info` says of it), with `flags` added to `podman run`: the
-/// runtime makes the nodes and mounts the spec lists, and runs nvhook's createContainer hook
+/// runtime makes the nodes and mounts the spec lists, and runs nvhook's createRuntime hook
 /// for the links and the cache.
 fn podman_5_runs_a_cdi_device(podman: Podman, runtime_version: &str, flags: &[&str]) {
     let node = SimNode::create(GPUS);
@@ -280,11 +280,7 @@ fn podman_5_runs_a_cdi_device(podman: Podman, runtime_version: &str, flags: &[&s
     let mut output = podman.run(&run_flags, &image, &args);
     output.hook_log = Some(node.log());
     assert_gpu_1_only(&output);
-    assert!(
-        node.log().contains("stage=CreateContainer"),
-        "{}",
-        node.log()
-    );
+    assert!(node.log().contains("stage=CreateRuntime"), "{}", node.log());
 }
 
 #[test]

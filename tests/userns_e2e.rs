@@ -323,9 +323,10 @@ enum PodmanRow {
 /// Rootful Podman with `--userns=auto` (the container's ids mapped into the `containers`
 /// user's range in /etc/subuid, 100000..) and nvhook's CDI spec: the runtime binds the nodes
 /// from their host paths (so Podman runs where the node's are at /dev, as on a GPU host), and
-/// nvhook's createContainer hook makes the links and the cache. The hook runs as the
-/// container's root there, which may not enter Podman's bundle directory: it takes the rootfs
-/// from its runtime (runc's working directory, crun's state).
+/// nvhook's createRuntime hook makes the links and the cache. The hook runs as the host's root
+/// from the runtime's side, reads the bundle (crun names its working directory, `/`, as the
+/// bundle: there the hook takes the rootfs from crun's state) and creates what it writes as
+/// the container's root.
 fn podman_runs_a_cdi_device_in_a_user_namespace(row: PodmanRow) {
     require_root();
     let node = SimNode::create(GPUS);
@@ -381,7 +382,7 @@ fn podman_runs_a_cdi_device_in_a_user_namespace(row: PodmanRow) {
     let mut output = podman.run(&flags, &image, &args);
     output.hook_log = Some(node.log());
     assert_gpu_1_only(&output);
-    // The cache, the conf file and the links nvhook's createContainer hook wrote are the
+    // The cache, the conf file and the links nvhook's createRuntime hook wrote are the
     // container's root's.
     output.assert_owned_by_root_inside(&WRITTEN_SEEN_INSIDE);
     // The driver's own file, the host root's: proof that the container has a user namespace

@@ -112,7 +112,7 @@ fn a_host_users_false_pod_gets_its_gpu_through_nvhooks_runtime_class() {
 
 /// The kubelet's CDI request for nvhook's spec (`nvidia.com/gpu=1`, the device plugin's
 /// cdi-cri strategy, DRA) on the default handler: containerd makes the edits, runc binds the
-/// nodes, nvhook's createContainer hook writes the links and the loader cache.
+/// nodes, nvhook's createRuntime hook writes the links and the loader cache.
 #[test]
 fn a_host_users_false_pod_gets_its_gpu_through_a_cdi_request() {
     let mut node = start("userns-pod-cdi", true);
@@ -144,7 +144,7 @@ fn a_host_users_false_pod_gets_its_gpu_through_nri_hook_mode() {
     node.stop();
 }
 
-/// `nri-mode = "cdi"`: the plugin hands containerd the CDI edits and nvhook's createContainer
+/// `nri-mode = "cdi"`: the plugin hands containerd the CDI edits and nvhook's createRuntime
 /// hook.
 #[test]
 fn a_host_users_false_pod_gets_its_gpu_through_nri_cdi_mode() {
@@ -154,7 +154,7 @@ fn a_host_users_false_pod_gets_its_gpu_through_nri_cdi_mode() {
 }
 
 /// `nri-mode = "cdi-devices"`: the plugin names GPU 1 in nvhook's CDI spec and containerd
-/// injects it, the spec's createContainer hook included.
+/// injects it, the spec's createRuntime hook included.
 #[test]
 fn a_host_users_false_pod_gets_its_gpu_through_nri_cdi_devices_mode() {
     let (node, output) = through_the_nri_plugin("cdi-devices");

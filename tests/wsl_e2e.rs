@@ -223,7 +223,7 @@ fn nvhook_runtime_cdi_mode_gives_dxg_and_the_driver_store_cgroup_v2() {
 }
 
 /// `nvhook cdi generate` on WSL2 names one device, `all` (as NVIDIA's WSL spec), holding
-/// `/dev/dxg`; the driver's files and the createContainer hook are the spec-wide edits, the
+/// `/dev/dxg`; the driver's files and the createRuntime hook are the spec-wide edits, the
 /// files as the runtime's mounts or as the hook's (`cdi-mounts`), and Podman runs either.
 #[test]
 fn the_cdi_spec_names_all_alone_and_podman_runs_it() {

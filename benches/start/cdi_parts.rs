@@ -144,7 +144,7 @@ pub fn run(rounds: usize) {
         timed.faults.p50(),
         timed.wall.len()
     );
-    let create = hook_total("CreateContainer");
+    let create = hook_total("CreateRuntime");
     let prestart = hook_total("Prestart");
     println!(
         "\nnvhook's own time (its log's total, from its start to its end): createContainer hook p50 {:.2} ms over {} runs; prestart hook p50 {:.2} ms over {} runs.\n",
@@ -226,7 +226,7 @@ fn print_table(variants: &[Variant], layers: bool) {
 /// The step of nvhook's hooks that reads the host's mount table where it must, and their
 /// total, from `runs`.
 fn print_steps(runs: &[HookRun]) {
-    for (stage, step) in [("CreateContainer", "mounts"), ("Prestart", "cgroup")] {
+    for (stage, step) in [("CreateRuntime", "mounts"), ("Prestart", "cgroup")] {
         // The runs of the variant with that step (the CDI device's runtime-mounted hook has
         // no `mounts` step).
         let with_step: Vec<(&HookRun, u64)> = runs
@@ -348,7 +348,7 @@ impl Start<'_> {
                             self.mounting_hook,
                             self.record,
                         );
-                        bundle.raw_hook("createContainer", hook_entry(self.mounting_hook));
+                        bundle.raw_hook(stage(self.mounting_hook), hook_entry(self.mounting_hook));
                     }
                     layer => inject(
                         &mut bundle,
@@ -406,12 +406,12 @@ fn inject(
     match layer {
         Layer::TrueHook => {
             bundle.raw_hook(
-                "createContainer",
+                stage(hook),
                 json!({ "path": "/bin/true", "args": ["true"] }),
             );
         }
         Layer::NvhookHook => {
-            bundle.raw_hook("createContainer", hook_entry(hook));
+            bundle.raw_hook(stage(hook), hook_entry(hook));
         }
         Layer::TimedNvhookHook => {
             let bench = std::env::current_exe().expect("locate the bench binary");
@@ -423,12 +423,17 @@ fn inject(
                     .cloned(),
             );
             bundle.raw_hook(
-                "createContainer",
+                stage(hook),
                 json!({ "path": bench, "args": args, "env": hook["env"] }),
             );
         }
         _ => {}
     }
+}
+
+/// The OCI stage a CDI hook names.
+pub fn stage(hook: &Value) -> &str {
+    hook["hookName"].as_str().expect("a hook's stage")
 }
 
 /// A CDI hook as an OCI hook entry.

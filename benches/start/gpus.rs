@@ -157,9 +157,9 @@ fn report(variants: &[Variant], rounds: usize, build: &DockerdBuild, log: &str) 
     // Which route served the GPU starts, from nvhook's log.
     let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
     println!(
-        "\nnvhook served: {} as the prestart hook, {} as `nvidia-container-cli configure`, {} as a CDI spec's createContainer hook.\n",
+        "\nnvhook served: {} as the prestart hook, {} as `nvidia-container-cli configure`, {} as a CDI spec's hook.\n",
         count("stage=Prestart"),
         count("configured as nvidia-container-cli"),
-        count("stage=CreateContainer")
+        count("stage=CreateRuntime")
     );
 }

@@ -4,7 +4,8 @@
 //! it (create, start, wait, delete), with bundles on tmpfs. The ways in: the prestart hook alone (hooks.d, Docker's `--gpus`),
 //! nvhook-runtime (the RuntimeClass), NRI's `hook` mode (the plugin's planning runs in this
 //! process, as in its daemon, and is inside the start's time), and a kubelet CDI request for
-//! nvhook's spec (its nodes and createContainer hook, as an engine injects them). The floors:
+//! nvhook's spec (its nodes and createRuntime hook, as an engine injects them; and the same
+//! spec as an earlier nvhook wrote it, its hook at createContainer). The floors:
 //! the GPU's device nodes alone, and the same with a prestart hook that is /bin/true. At the
 //! CRI the same pods' totals move by milliseconds from run to run (docs/performance.md,
 //! twenty-third round); here a start is a handful of processes, whose CPU time and paired
@@ -34,9 +35,11 @@ enum Way {
     RuntimeClassHop,
     NriHook,
     CdiRequest,
+    /// The same spec with its hook at createContainer, as nvhook wrote it before.
+    CdiRequestAtCreateContainer,
 }
 
-const WAYS: [(Way, &str); 8] = [
+const WAYS: [(Way, &str); 9] = [
     (Way::Plain, "runc, no GPU"),
     (Way::Floor, "floor: the GPUs' device nodes"),
     (
@@ -59,6 +62,10 @@ const WAYS: [(Way, &str); 8] = [
     (
         Way::CdiRequest,
         "kubelet CDI request for nvhook's spec (DRA, `cdi-cri`)",
+    ),
+    (
+        Way::CdiRequestAtCreateContainer,
+        "the same, a spec of an earlier nvhook (its hook at createContainer)",
     ),
 ];
 
@@ -174,7 +181,10 @@ impl Ways<'_> {
         }
         match way {
             Way::Plain | Way::NriHook | Way::RuntimeClass | Way::RuntimeClassHop => {}
-            Way::Floor | Way::FloorWithHook | Way::CdiRequest => {
+            Way::Floor
+            | Way::FloorWithHook
+            | Way::CdiRequest
+            | Way::CdiRequestAtCreateContainer => {
                 for edits in self.cdi_edits() {
                     for node in edits["deviceNodes"].as_array().into_iter().flatten() {
                         let number = |key: &str| node[key].as_u64().expect("a number") as u32;
@@ -182,13 +192,19 @@ impl Ways<'_> {
                         bundle.extra_device(path, number("major"), number("minor"));
                         bundle.allow_device(number("major"), number("minor"));
                     }
-                    if way == Way::CdiRequest {
+                    if matches!(way, Way::CdiRequest | Way::CdiRequestAtCreateContainer) {
                         for var in edits["env"].as_array().into_iter().flatten() {
                             bundle.env(var.as_str().expect("an env entry"));
                         }
                         for hook in edits["hooks"].as_array().into_iter().flatten() {
-                            let stage = hook["hookName"].as_str().expect("a hook's stage");
-                            bundle.raw_hook(stage, cdi_parts::hook_entry(hook));
+                            match way {
+                                Way::CdiRequest => bundle
+                                    .raw_hook(cdi_parts::stage(hook), cdi_parts::hook_entry(hook)),
+                                _ => bundle.raw_hook(
+                                    "createContainer",
+                                    at_create_container(cdi_parts::hook_entry(hook)),
+                                ),
+                            };
                         }
                     }
                 }
@@ -278,6 +294,18 @@ struct Planning {
     cpu: Duration,
 }
 
+/// A createRuntime hook entry of nvhook's spec as an earlier nvhook wrote it, for the
+/// createContainer stage.
+fn at_create_container(mut entry: Value) -> Value {
+    let args = entry["args"].as_array_mut().expect("hook args");
+    let stage = args
+        .iter()
+        .position(|a| a == "createRuntime")
+        .expect("the hook's stage among its arguments");
+    args[stage] = json!("createContainer");
+    entry
+}
+
 /// User + system time of this thread.
 fn thread_cpu() -> Duration {
     // SAFETY: a zeroed rusage is a valid out-value.
@@ -365,6 +393,10 @@ fn report(gpus: &str, variants: &[Variant], log: &str) {
     println!(
         "- nvhook's process between the shim and runc, no work (the `void` row against runc, no GPU), paired p50: {}",
         against(Way::RuntimeClassHop, Way::Plain)
+    );
+    println!(
+        "- the CDI request's hook at createRuntime against createContainer, paired p50: {}",
+        against(Way::CdiRequest, Way::CdiRequestAtCreateContainer)
     );
     println!();
 }

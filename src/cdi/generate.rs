@@ -116,7 +116,7 @@ impl<'a> Specs<'a> {
     }
 
     /// The spec-wide edits for containers given any of the devices of `plan`: the shared
-    /// nodes, every driver file and the createContainer hook, with no one container's
+    /// nodes, every driver file and the createRuntime hook, with no one container's
     /// /proc/driver/nvidia view, and stamped with the GPU layout its names stand for.
     fn common_edits(&self, config: &Config, mut plan: Plan) -> ContainerEdits {
         plan.proc_overlay = None;
@@ -333,7 +333,7 @@ mod tests {
         let [hook] = common.hooks.as_slice() else {
             panic!("{:?}", common.hooks)
         };
-        assert_eq!(hook.hook_name, "createContainer");
+        assert_eq!(hook.hook_name, "createRuntime");
         let links = crate::delivery::hook_args::LinkArgs::parse(&hook.args[5..]).unwrap();
         // The driver's files are the hook's to mount (`cdi-mounts = "hook"`, the default), not
         // the runtime's; libraries stay at their host paths relative to the driver root, and
@@ -406,7 +406,7 @@ mod tests {
         // No --config given: the hook reads the default config.
         assert_eq!(
             spec.container_edits.hooks[0].args[..3],
-            ["nvhook", "hook", "createContainer"]
+            ["nvhook", "hook", "createRuntime"]
         );
     }
 

@@ -3,7 +3,7 @@
 //! containerd ≥ 1.7, CRI-O, Podman and Docker ≥ 25 inject devices from CDI specs
 //! (`/etc/cdi`, `/var/run/cdi`) themselves. `nvhook cdi generate` writes such a spec from
 //! the same inventory and plans the hook uses, nvhook-runtime's cdi mode writes the same
-//! edits into config.json, and both leave to nvhook only a `createContainer` hook for the
+//! edits into config.json, and both leave to nvhook only a `createRuntime` hook for the
 //! links and the loader cache.
 
 pub mod generate;

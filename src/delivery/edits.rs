@@ -2,8 +2,8 @@
 //! create path's cdi mode, and the device nodes of its hook mode.
 //!
 //! With CDI the engine or runtime makes the device nodes, their cgroup rules and the bind
-//! mounts itself; what is left for nvhook is a `createContainer` hook that creates the
-//! SONAME links and writes the image's loader cache.
+//! mounts itself; what is left for nvhook is a `createRuntime` hook that creates the SONAME
+//! links and writes the image's loader cache (and, with `cdi-mounts = "hook"`, makes the mounts).
 
 use crate::config::Config;
 use crate::delivery::cdi_spec::{ContainerEdits, DeviceNode, Hook, KIND, Mount};
@@ -22,7 +22,7 @@ pub const HOOK_ENV: &[&str] = &["PATH=/usr/sbin:/usr/bin:/sbin:/bin"];
 pub struct HookBinary {
     pub path: PathBuf,
     pub config: Option<PathBuf>,
-    /// Whether its createContainer hook makes the driver files' bind mounts
+    /// Whether its createRuntime hook makes the driver files' bind mounts
     /// (`cdi-mounts = "hook"`) instead of the runtime.
     pub makes_mounts: bool,
 }
@@ -65,7 +65,7 @@ pub fn container_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
     container_edits_with(plan, hook, LinkArgs::from_plan(plan))
 }
 
-/// [`container_edits`] whose createContainer hook does what `links` say, and makes the plan's
+/// [`container_edits`] whose createRuntime hook does what `links` say, and makes the plan's
 /// mounts where `hook` says it does.
 pub fn container_edits_with(plan: &Plan, hook: &HookBinary, mut links: LinkArgs) -> ContainerEdits {
     let mounts = match hook.makes_mounts {
@@ -81,16 +81,16 @@ pub fn container_edits_with(plan: &Plan, hook: &HookBinary, mut links: LinkArgs)
         env: vec![format!("{VISIBLE_DEVICES}=void")],
         device_nodes: device_nodes(plan),
         mounts,
-        // The createContainer hook also sets the GPU memory limits the container asks for.
+        // The hook also sets the GPU memory limits the container asks for.
         hooks: (!links.is_empty())
-            .then(|| hook.hook("createContainer", links.to_args()))
+            .then(|| hook.hook("createRuntime", links.to_args()))
             .into_iter()
             .collect(),
     }
 }
 
 /// The createRuntime hook that sets the container's GPU memory limits, where its plan has
-/// some, for edits with no createContainer hook to set them: a container that asks for none
+/// some, for edits with no hook of nvhook's spec to set them: a container that asks for none
 /// runs no such hook.
 fn memory_limits_hook(plan: &Plan, hook: &HookBinary) -> Option<Hook> {
     plan.memory_limits?;
@@ -253,9 +253,9 @@ mod tests {
         assert!(edits.hooks.is_empty() && edits.mounts.is_empty() && edits.env.is_empty());
     }
 
-    /// Edits with no createContainer hook (`mounts`) get nvhook's createRuntime hook naming
-    /// the GPUs where the plan has GPU memory limits, and none where it has not; the edits with
-    /// a createContainer hook leave the limits to it.
+    /// Edits with no hook of a spec (`mounts`) get nvhook's memoryLimits hook naming the GPUs
+    /// where the plan has GPU memory limits, and none where it has not; the edits with the
+    /// spec's hook leave the limits to it.
     #[test]
     fn only_a_container_that_asks_for_memory_limits_gets_their_hook() {
         let image = ImageInfo {
@@ -280,10 +280,7 @@ mod tests {
             limit_mib: 2,
         });
         let limited = build(&req, &standard(), "/node", image).unwrap();
-        assert_eq!(
-            stages(&container_edits(&limited, &hook)),
-            ["createContainer"]
-        );
+        assert_eq!(stages(&container_edits(&limited, &hook)), ["createRuntime"]);
         let uuids: Vec<String> = limited.selected.iter().map(|s| s.uuid.clone()).collect();
         assert_eq!(uuids.len(), 2);
         let edits = hookless_edits(&limited, &hook);
@@ -294,7 +291,7 @@ mod tests {
     }
 
     #[test]
-    fn edits_carry_nodes_mounts_and_one_create_container_hook() {
+    fn edits_carry_nodes_mounts_and_one_create_runtime_hook() {
         let image = ImageInfo {
             debian: true,
             has_usr_lib64: false,
@@ -332,7 +329,7 @@ mod tests {
         let [h] = edits.hooks.as_slice() else {
             panic!("one hook expected: {:?}", edits.hooks)
         };
-        assert_eq!(h.hook_name, "createContainer");
+        assert_eq!(h.hook_name, "createRuntime");
         assert_eq!(h.path, "/usr/bin/nvhook");
         assert_eq!(
             h.args[..5],
@@ -341,7 +338,7 @@ mod tests {
                 "--config",
                 "/etc/nvhook/config.toml",
                 "hook",
-                "createContainer"
+                "createRuntime"
             ]
         );
         assert!(!h.env.is_empty() && h.timeout.is_some());
@@ -353,7 +350,7 @@ mod tests {
     }
 
     /// `cdi-mounts = "hook"`: the edits keep the nodes and leave every mount of the plan to the
-    /// createContainer hook, whose arguments name each with its kind.
+    /// createRuntime hook, whose arguments name each with its kind.
     #[test]
     fn with_mounts_by_the_hook_the_edits_list_none_and_the_hook_has_them_all() {
         let req = request(DeviceSelection::List(vec![DeviceId::Index(1)]));

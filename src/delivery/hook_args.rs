@@ -1,4 +1,4 @@
-//! The arguments of nvhook's `createContainer` hook: the part of a plan the runtime cannot
+//! The arguments of the hook of nvhook's CDI edits (`createRuntime`, `createContainer` before): the part of a plan the runtime cannot
 //! apply itself (links, the loader cache, the `/proc/driver/nvidia` view, NVIDIA's compat
 //! rule), written into a CDI spec or config.json by the delivery layer and read back by the
 //! hook stage ([`crate::hook::create_container`]). A static spec cannot point at a plan file,
@@ -256,7 +256,7 @@ fn bind_flag(kind: MountKind) -> &'static str {
     }
 }
 
-/// The GPU layout stamp the createContainer hook of `edits` checks, if it has one (a spec
+/// The GPU layout stamp the hook of `edits` checks, if it has one (a spec
 /// nvhook wrote).
 pub fn gpu_layout_of(edits: &ContainerEdits) -> Option<&str> {
     edits.hooks.iter().find_map(|hook| {

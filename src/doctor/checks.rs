@@ -578,7 +578,7 @@ pub fn hooks(dirs: &[HooksDir]) -> Vec<Check> {
 pub struct SpecFile {
     pub file: PathBuf,
     pub devices: Result<Vec<(String, Vec<SpecNode>)>, String>,
-    /// The GPU layout stamp its createContainer hook checks (specs nvhook wrote).
+    /// The GPU layout stamp its hook checks (specs nvhook wrote).
     pub gpu_layout: Option<String>,
 }
 

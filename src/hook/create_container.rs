@@ -1,14 +1,18 @@
-//! The `createContainer` hook of CDI specs and of nvhook-runtime's cdi mode.
+//! The hook of CDI specs and of nvhook-runtime's and the NRI plugin's cdi modes.
 //!
-//! The runtime has made the device nodes and bind-mounted the driver files; this hook makes
-//! the SONAME and `libcuda.so` links and writes the image's loader cache. It runs in the
-//! container's mount namespace before pivot_root, so it enters no namespace: it opens
-//! `root.path` with pathrs and works relative to that, like the prestart hook does once it
-//! has entered the namespace. What to do comes in its arguments, because a static spec
-//! cannot point at a per-container plan file, and arguments show in the spec for review.
+//! The runtime has made the device nodes (and, with `cdi-mounts = "runtime"`, bind-mounted
+//! the driver files); this hook makes the mounts left to it, the SONAME and `libcuda.so`
+//! links, and the image's loader cache. It works before pivot_root in the container's mount
+//! namespace: the specs nvhook writes now run it at `createRuntime`, from the runtime's
+//! namespaces, and it enters the container's by the state's pid, as the prestart hook does;
+//! specs written before ran it at `createContainer`, where the runtime starts it in the
+//! container's namespace already. There it opens `root.path` with pathrs and works relative
+//! to that. What to do comes in its arguments, because a static spec cannot point at a
+//! per-container plan file, and arguments show in the spec for review.
 
 use super::nvidia_hooks;
 use super::step::Step;
+use super::userns::ContainerRoot;
 use super::{HookError, container_mounts, effects, procfs, userns};
 use crate::config::{Config, CudaCompatMode};
 use crate::delivery::PrepareError;
@@ -23,29 +27,48 @@ use nvhook_ldcache::Arch;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
-/// What the hook does before it reads the container's state, which none of it needs: runc
-/// writes a createContainer hook's state late, from `runc init` (docs/performance.md,
-/// twenty-sixth round), and the hook would otherwise wait for it with nothing done.
+/// The OCI stage the spec runs the hook at, which says where the runtime starts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// In the runtime's namespaces, from the runtime's own process: the hook enters the
+    /// container's mount namespace itself.
+    CreateRuntime,
+    /// In the container's mount namespace already, from the runtime's process there: runc
+    /// writes this stage's state late, from `runc init` (docs/performance.md, twenty-sixth
+    /// round), which is why nvhook's specs no longer use it.
+    CreateContainer,
+}
+
+/// What the hook does before it reads the container's state, which none of it needs, so
+/// that it does not wait for the state with nothing done.
 pub struct BeforeState {
+    stage: Stage,
     /// The driver files' sources (`cdi-mounts = "hook"`), opened, in the order of the mounts.
     sources: Vec<OwnedFd>,
 }
 
-/// Checks the spec's GPU layout stamp and, where the hook makes mounts, that it runs in the
-/// container's own mount namespace; then opens the driver files' sources. Nothing of the
-/// container is touched.
-pub fn before_state(config: &Config, args: &LinkArgs) -> Result<BeforeState, HookError> {
+/// Checks the spec's GPU layout stamp and, where the hook makes mounts at createContainer,
+/// that it runs in the container's own mount namespace; then opens the driver files'
+/// sources. Nothing of the container is touched.
+pub fn before_state(
+    config: &Config,
+    args: &LinkArgs,
+    stage: Stage,
+) -> Result<BeforeState, HookError> {
     if let Some(written_for) = &args.gpu_layout {
         check_gpu_layout(config, written_for)?;
     }
     if args.mounts.is_empty() {
         return Ok(BeforeState {
+            stage,
             sources: Vec::new(),
         });
     }
-    // Only in the container's own mount namespace, where the OCI spec runs this hook: a
-    // runtime that ran it in its own would get the mounts on its side.
-    if container_mounts::init_shares_our_root_mount().map_err(HookError::MountTables)? {
+    // At createContainer the OCI spec runs this hook in the container's own mount namespace:
+    // a runtime that ran it in its own would get the mounts on its side.
+    if stage == Stage::CreateContainer
+        && container_mounts::init_shares_our_root_mount().map_err(HookError::MountTables)?
+    {
         return Err(HookError::HostMountNamespace);
     }
     let sources = args
@@ -53,7 +76,7 @@ pub fn before_state(config: &Config, args: &LinkArgs) -> Result<BeforeState, Hoo
         .iter()
         .map(effects::open_source)
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(BeforeState { sources })
+    Ok(BeforeState { stage, sources })
 }
 
 /// Applies `args` to the rootfs of the container `state` describes, with what
@@ -72,15 +95,31 @@ pub fn create_container(
             spec.rootfs(&state.bundle).ok_or(PrepareError::NoRoot)?,
             Some(spec),
         ),
-        Err(e) => (rootfs_without_spec(state, cwd, e)?, None),
+        Err(e) => (rootfs_without_spec(state, cwd, before.stage, e)?, None),
+    };
+    if let Some(p) = spec
+        .as_ref()
+        .and_then(Spec::rootfs_propagation)
+        .filter(|p| p.contains("shared"))
+    {
+        return Err(HookError::SharedRootfs(p.into()));
+    }
+    let pid = match before.stage {
+        Stage::CreateRuntime => Some(container_pid(state)?),
+        Stage::CreateContainer => None,
     };
     // Before the rootfs is written: a container refused for its limits is left as it was.
     if let Some(spec) = &spec {
-        super::memory_limits::in_create_container(config, state, spec)?;
+        super::memory_limits::in_spec_hook(config, state, spec, pid)?;
     }
     step.done("request");
+    let container_root = pid.map(enter_container).transpose()?;
     let mounts = spec.as_ref().map(Spec::mount_points).unwrap_or_default();
     let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&mounts);
+    if let Some(root) = container_root {
+        effects::act_as_container_root(root)?;
+        step.done("enter");
+    }
     if !args.mounts.is_empty() {
         mount_driver_files(&rootfs, &args.mounts, &before.sources)?;
         step.done("mounts");
@@ -169,6 +208,27 @@ pub fn create_container(
     Ok(())
 }
 
+/// The container's process the state names at createRuntime, checked to be in a mount
+/// namespace other than the hook's, the runtime's: the mounts would be the host's otherwise.
+fn container_pid(state: &State) -> Result<i32, HookError> {
+    let pid = state.pid.filter(|&pid| pid > 0).ok_or(HookError::NoPid)?;
+    if container_mounts::shares_our_mount_ns(pid)
+        .map_err(|source| HookError::ContainerGone { pid, source })?
+    {
+        return Err(HookError::NotInAContainer { pid });
+    }
+    Ok(pid)
+}
+
+/// Enters the mount namespace of the container's process `pid` from the runtime's: its
+/// rootfs is then at the path the spec gives, before pivot_root. Returns the container's
+/// root, for what the hook creates there.
+fn enter_container(pid: i32) -> Result<Option<ContainerRoot>, HookError> {
+    let root = userns::container_root(pid)?;
+    effects::enter_mount_ns(pid)?;
+    Ok(root)
+}
+
 /// The driver files' bind mounts a spec leaves to this hook (`cdi-mounts = "hook"`): each
 /// source, opened by [`before_state`] as a detached read-only tree, attached at its target
 /// inside the rootfs.
@@ -184,25 +244,35 @@ fn mount_driver_files(
     Ok(())
 }
 
-/// The rootfs of a container whose config.json the hook may not read: run as the container's
-/// root in its user namespace, it is where the runtime says (see
-/// [`userns::rootfs_from_runtime`]). Without the spec, no mount but the rootfs's own is
-/// written on, and the image's `CUDA_VERSION` is not known. Any other failure is the error.
+/// The rootfs of a container whose config.json the hook cannot read, where its runtime says
+/// where the rootfs is (see [`userns::rootfs_from_runtime`]):
+/// - at createContainer, run as the container's root in its user namespace, the hook may not
+///   enter the bundle (Podman's is open to the host's root only);
+/// - crun names its working directory as the bundle, which for a container in a user
+///   namespace of Podman's is `/`, and the root it names (an intermediate mount of Podman's)
+///   is the rootfs in the container's mount namespace.
+///
+/// Without the spec, no mount but the rootfs's own is written on, and the image's
+/// `CUDA_VERSION` is not known. Any other failure is the error.
 fn rootfs_without_spec(
     state: &State,
     cwd: Option<&Path>,
+    stage: Stage,
     e: OciError,
 ) -> Result<std::path::PathBuf, HookError> {
-    let closed = matches!(&e, OciError::ReadSpec { source, .. }
-        if source.kind() == std::io::ErrorKind::PermissionDenied);
+    let unreadable =
+        |kind| matches!(&e, OciError::ReadSpec { source, .. } if source.kind() == kind);
+    let runtime_knows = match stage {
+        Stage::CreateContainer => {
+            unreadable(std::io::ErrorKind::PermissionDenied) && userns::in_user_namespace()
+        }
+        Stage::CreateRuntime => unreadable(std::io::ErrorKind::NotFound) && state.root.is_some(),
+    };
     let parent = i32::try_from(std::os::unix::process::parent_id()).unwrap_or_default();
-    if closed
-        && userns::in_user_namespace()
-        && let Some(rootfs) = userns::rootfs_from_runtime(state, cwd, parent)
-    {
+    if runtime_knows && let Some(rootfs) = userns::rootfs_from_runtime(state, cwd, parent) {
         tracing::info!(
             rootfs = %rootfs.display(),
-            "{e}: in the container's user namespace, the rootfs is the one its runtime gave, and only its own mount is written on"
+            "{e}: the rootfs is the one the runtime names, and only its own mount is written on"
         );
         return Ok(rootfs);
     }
@@ -324,7 +394,7 @@ mod tests {
             gpu_layout: Some(written_for.clone()),
             ..LinkArgs::default()
         };
-        let Err(e) = before_state(&config, &args) else {
+        let Err(e) = before_state(&config, &args, Stage::CreateRuntime) else {
             panic!("a stale spec passed the checks before the state");
         };
         assert!(matches!(e, HookError::StaleCdiSpec { .. }), "{e:?}");

@@ -124,16 +124,8 @@ impl HostEffects for System {
     }
 
     fn enter_container(self) -> Result<SystemInside, HookError> {
-        let pid = self.pid;
-        let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
-            .map_err(|source| HookError::Namespace { pid, source })?;
-        sys::enter_mount_ns(&ns).map_err(|source| HookError::Namespace { pid, source })?;
-        // What the hook creates from here on is the container root's (see super::userns).
-        match self.root {
-            Some(ContainerRoot { uid, gid }) => crate::privileges::act_as(uid, gid)
-                .map_err(|source| HookError::ActAsRoot { uid, gid, source })?,
-            None => crate::privileges::give_up_id_changes(),
-        }
+        enter_mount_ns(self.pid)?;
+        act_as_container_root(self.root)?;
         Ok(SystemInside {
             rootfs: self.rootfs,
             proc: self.proc,
@@ -178,6 +170,26 @@ impl ContainerEffects for SystemInside {
         match self.proc.take() {
             Some(prepared) => Ok(procfs::apply(&self.rootfs, prepared)?),
             None => Ok(false),
+        }
+    }
+}
+
+/// Enters the mount namespace of the process `pid`.
+pub fn enter_mount_ns(pid: i32) -> Result<(), HookError> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
+        .map_err(|source| HookError::Namespace { pid, source })?;
+    sys::enter_mount_ns(&ns).map_err(|source| HookError::Namespace { pid, source })
+}
+
+/// Makes what the hook creates from here on the container root's, `root` where it is not the
+/// host's (see super::userns); with the host's, the hook gives up changing its ids.
+pub fn act_as_container_root(root: Option<ContainerRoot>) -> Result<(), HookError> {
+    match root {
+        Some(ContainerRoot { uid, gid }) => crate::privileges::act_as(uid, gid)
+            .map_err(|source| HookError::ActAsRoot { uid, gid, source }),
+        None => {
+            crate::privileges::give_up_id_changes();
+            Ok(())
         }
     }
 }

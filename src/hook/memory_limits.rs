@@ -95,8 +95,8 @@ pub trait Setter {
 pub enum Whose {
     /// The container's process `pid`, as a hook in the runtime's namespaces sees it.
     Process(i32),
-    /// The hook's own, which the runtime started in the container's cgroup (a createContainer
-    /// hook); `cgroups_path` is the spec's, for a hook in a cgroup namespace of its own.
+    /// The hook's own, which the runtime started in the container's cgroup (at
+    /// createContainer); `cgroups_path` is the spec's, for a hook in a cgroup namespace of its own.
     Hook {
         cgroups_path: Option<String>,
         container_id: String,
@@ -211,14 +211,16 @@ pub fn create_runtime(
     Ok(apply(config.gpu_memory_limits, &nvml, &limits, gpu_uuids)?)
 }
 
-/// The limits `spec` asks for, set by nvhook's createContainer hook (the CDI route: nvhook's
-/// specs, DRA claims, nvhook-runtime's and the NRI plugin's `cdi` modes), which the runtime
-/// starts in the container's cgroup: on the GPUs whose nodes the spec lists. A container that
-/// asks for none costs nothing more than reading its spec, which the hook does anyway.
-pub fn in_create_container(
+/// The limits `spec` asks for, set by the hook of the CDI route (nvhook's specs, DRA claims,
+/// nvhook-runtime's and the NRI plugin's `cdi` modes) on the GPUs whose nodes the spec lists,
+/// for the cgroup of the container's process `pid` (at createRuntime) or, at createContainer,
+/// for the hook's own, which the runtime starts it in. A container that asks for none costs
+/// nothing more than reading its spec, which the hook does anyway.
+pub fn in_spec_hook(
     config: &Config,
     state: &crate::oci::State,
     spec: &crate::oci::Spec,
+    pid: Option<i32>,
 ) -> Result<bool, super::HookError> {
     let Some(limits) = crate::request::memory_limits::memory_limits(spec, config)
         .map_err(crate::request::RequestError::from)?
@@ -229,13 +231,14 @@ pub fn in_create_container(
         crate::inventory::isolated::load(config, crate::inventory::Scope { graphics: false })?;
     let listed: Vec<&Path> = spec.devices().iter().map(|d| d.path.as_path()).collect();
     let gpus = gpus_of(&inventory, &listed);
-    let nvml = Nvml {
-        config,
-        whose: Whose::Hook {
+    let whose = match pid {
+        Some(pid) => Whose::Process(pid),
+        None => Whose::Hook {
             cgroups_path: spec.cgroups_path().map(str::to_string),
             container_id: state.id.clone(),
         },
     };
+    let nvml = Nvml { config, whose };
     Ok(apply(config.gpu_memory_limits, &nvml, &limits, &gpus)?)
 }
 

@@ -1,7 +1,7 @@
 //! nvhook's hook stages, run by the OCI runtime inside a container's start: the prestart hook
-//! (also `nvidia-container-cli configure`), the `createContainer` hook of CDI specs and of
-//! nvhook-runtime's cdi mode, and NVIDIA's `nvidia-cdi-hook` commands. What they share:
-//! entering the container's mount namespace ([`effects`]), the view of its mounts
+//! (also `nvidia-container-cli configure`), the hook of CDI specs and of the cdi modes (at
+//! `createRuntime`, or `createContainer` in specs written before), and NVIDIA's
+//! `nvidia-cdi-hook` commands. What they share: entering the container's mount namespace ([`effects`]), the view of its mounts
 //! ([`container_mounts`]), `/proc/driver/nvidia` ([`procfs`]) and its user namespace
 //! ([`userns`]).
 
@@ -70,6 +70,10 @@ pub enum HookError {
         "cannot tell whether the createContainer hook runs in the container's mount namespace (from /proc/1/mountinfo and the mount of /): {0} (or set cdi-mounts = \"runtime\" in the nvhook config and regenerate the CDI spec)"
     )]
     MountTables(#[source] std::io::Error),
+    #[error(
+        "pid {pid}, the container's process by the OCI state, shares the runtime's mount namespace: the runtime ran nvhook's createRuntime hook on a process that is not the container's; use a runtime that follows the OCI spec for createRuntime hooks (runc, crun, youki)"
+    )]
+    NotInAContainer { pid: i32 },
     #[error("cannot act as the container's root (host uid {uid}, gid {gid}): {source}")]
     ActAsRoot {
         uid: u32,

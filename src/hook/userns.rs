@@ -66,10 +66,11 @@ fn maps_every_id_to_itself(map: &str) -> bool {
     lines == [["0", "0", "4294967295"]]
 }
 
-/// The rootfs of a container whose createContainer hook, run as the container's root in its
-/// user namespace, cannot read the bundle's config.json (Podman's bundle is in a directory
-/// only the host's root may enter). crun puts the spec's `root.path` in the state; runc runs
-/// the hook from the container's first process (the state's pid, the hook's parent) with the
+/// The rootfs of a container whose hook cannot read the bundle's config.json: at
+/// createContainer, run as the container's root in its user namespace (Podman's bundle is in
+/// a directory only the host's root may enter); at createRuntime, where crun names its working
+/// directory, not the bundle. crun puts the spec's `root.path` in the state; runc runs
+/// a createContainer hook from the container's first process (the state's pid, the hook's parent) with the
 /// rootfs as its working directory `cwd`. None when neither says where the rootfs is.
 pub fn rootfs_from_runtime(state: &State, cwd: Option<&Path>, parent: i32) -> Option<PathBuf> {
     match &state.root {

@@ -3,7 +3,7 @@
 //! unbound, MIG turned on or off, or its instances made anew change it; a reboot into the same
 //! GPUs and MIG layout, or the module rebuilt for a new kernel, does not.
 //!
-//! Its [`stamp`](GpuLayout::stamp) goes into the createContainer hook of the specs nvhook
+//! Its [`stamp`](GpuLayout::stamp) goes into the hook of the specs nvhook
 //! writes, so that a start through a spec written for another layout (a MIG reconfiguration
 //! not yet followed by `nvhook cdi refresh`) is refused, instead of giving the container
 //! whatever the stale names now point at.

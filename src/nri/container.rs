@@ -58,10 +58,10 @@ pub fn spec_of(container: &Container) -> Spec {
                 .unwrap_or_default(),
             rootfs_propagation: None,
             // Not in NRI's view; the /proc view's choice, which needs them, is the
-            // createContainer hook's, made from the bundle's config.json.
+            // spec's hook's, made from the bundle's config.json.
             masked_paths: Vec::new(),
             readonly_paths: Vec::new(),
-            // The cgroup is the createContainer hook's to find, from the bundle too.
+            // The cgroup is the spec's hook's to find, from the container's process.
             cgroups_path: None,
         }),
         annotations: container.annotations.clone().into_iter().collect(),

@@ -1,5 +1,5 @@
 //! `nvhook nri`: nvhook as an NRI plugin. The engine asks it about every container it
-//! creates; a GPU container gets its devices, driver files and createContainer hook as an
+//! creates; a GPU container gets its devices, driver files and createRuntime hook as an
 //! adjustment, with no engine config, no restart and no RuntimeClass.
 //!
 //! The request is read by the hook's own code ([`Request::from_spec`]) from the container's
@@ -151,7 +151,7 @@ impl GpuPlugin {
             },
             NriMode::Cdi => container_edits(&plan, &hook),
             NriMode::Mounts => hookless_edits(&plan, &hook),
-            // The engine injects the GPUs from the spec, whose createContainer hook sets the
+            // The engine injects the GPUs from the spec, whose createRuntime hook sets the
             // GPU memory limits the container asks for.
             NriMode::CdiDevices => imex_and_family_edits(&plan),
         };

@@ -10,7 +10,7 @@ const CACHE_PATH: &str = "/etc/ld.so.cache";
 /// Creates `symlinks`, then, when the image has a loader cache, adds `entries` (libraries of
 /// `arch`) to it, each in place of the image's same-named ones, and `ahead` before them,
 /// keeping them (a cache with nothing to add is left as it is), and writes `confs`. Shared by
-/// the prestart hook and the CDI createContainer hook.
+/// the prestart hook and the CDI route's hook.
 pub fn link_and_cache(
     rootfs: &Rootfs,
     symlinks: &[Symlink],

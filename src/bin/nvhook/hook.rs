@@ -47,12 +47,16 @@ pub(crate) fn hook_process(config_path: Option<&Path>) -> Result<(Config, nvhook
 
 pub(crate) fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()> {
     // Parsed first: a bad spec entry fails before anything is read or touched.
+    // createRuntime with arguments is a CDI spec's hook; without, the prestart hook's work.
     let links = match stage {
         Stage::CreateContainer => Some(nvhook::delivery::hook_args::LinkArgs::parse(args)?),
+        Stage::CreateRuntime if !args.is_empty() => {
+            Some(nvhook::delivery::hook_args::LinkArgs::parse(args)?)
+        }
         Stage::MemoryLimits => return memory_limits(config_path, args),
         _ if !args.is_empty() => {
             return Err(Usage(format!(
-                "{stage:?} takes no arguments (only createContainer does): {args:?}"
+                "{stage:?} takes no arguments (only createRuntime and createContainer do): {args:?}"
             ))
             .into());
         }
@@ -89,7 +93,7 @@ pub(crate) fn read_state() -> Result<State> {
     Ok(State::parse(&input)?)
 }
 
-/// The hook at `stage`, with the createContainer hook's work in `links`; the OCI state is read
+/// The hook at `stage`, with the work of a CDI spec's hook in `links`; the OCI state is read
 /// from stdin.
 pub(crate) fn run_hook(
     config_path: Option<&Path>,
@@ -98,19 +102,27 @@ pub(crate) fn run_hook(
 ) -> Result<()> {
     let started = Instant::now();
     let mut step = Step::start();
+    let spec_stage = match stage {
+        Stage::CreateRuntime => create_container::Stage::CreateRuntime,
+        _ => create_container::Stage::CreateContainer,
+    };
     // runc starts a createContainer hook in the container's rootfs; scrubbing leaves it. The
     // other stages have no use for it.
-    let cwd = links.as_ref().and_then(|_| std::env::current_dir().ok());
+    let cwd = links
+        .as_ref()
+        .filter(|_| spec_stage == create_container::Stage::CreateContainer)
+        .and_then(|_| std::env::current_dir().ok());
     let (config, sink) = hook_process(config_path)?;
     step.done("process");
     let create = match links {
         Some(links) => {
-            let before = create_container::before_state(&config, &links).inspect_err(|e| {
-                // No container id yet: see log_error below.
-                if sink == nvhook::logging::Sink::File {
-                    tracing::error!("{e}");
-                }
-            })?;
+            let before =
+                create_container::before_state(&config, &links, spec_stage).inspect_err(|e| {
+                    // No container id yet: see log_error below.
+                    if sink == nvhook::logging::Sink::File {
+                        tracing::error!("{e}");
+                    }
+                })?;
             step.done("sources");
             Some((links, before))
         }

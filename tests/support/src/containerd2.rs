@@ -694,7 +694,7 @@ fn assert_ns_has_pure_cgroup_v2(ns: &MountNs) {
 
 /// What `nri-mode = "cdi-devices"` leaves in nvhook's `log`: the plugin named the GPU for the
 /// engine to inject from nvhook's CDI spec (an adjustment with no device node and no mount), and
-/// the spec's createContainer hook ran, no prestart hook.
+/// the spec's createRuntime hook ran, no prestart hook.
 #[track_caller]
 pub fn assert_injected_from_the_cdi_spec(log: &str) {
     assert!(
@@ -704,6 +704,6 @@ pub fn assert_injected_from_the_cdi_spec(log: &str) {
                 && l.contains("mounts=0")),
         "{log}"
     );
-    assert!(log.contains("stage=CreateContainer"), "{log}");
+    assert!(log.contains("stage=CreateRuntime"), "{log}");
     assert!(!log.contains("stage=Prestart"), "{log}");
 }

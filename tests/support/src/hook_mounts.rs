@@ -1,5 +1,5 @@
 //! The proof behind `cdi-mounts = "hook"`: what a container sees of the driver's files through
-//! a spec whose runtime makes the mounts, and through one whose createContainer hook makes
+//! a spec whose runtime makes the mounts, and through one whose createRuntime hook makes
 //! them, compared file by file on whatever engine runs the container.
 
 use std::collections::BTreeMap;
