@@ -2,7 +2,7 @@
 # Writes link/hot-text.txt: the functions nvhook runs in a container start, and glibc's objects
 # among them, which build.rs has the linker place together (docs/performance.md, twenty-fifth
 # round). They are found on a simulated 8-GPU node, for three ways in: the prestart hook alone,
-# nvhook-runtime's create with the hook after it, and the createContainer hook of nvhook's CDI
+# nvhook-runtime's create with the hook after it, and the createRuntime hook of nvhook's CDI
 # spec (a kubelet CDI request, a DRA claim, NRI's cdi mode). perf samples real starts, and
 # callgrind adds the small functions sampling misses (it runs the create whole, and the hook
 # until its first mount: valgrind does not know the mount API's calls). Run it when the hook's
@@ -72,7 +72,7 @@ run() {
     (cd "$work/bundle" && $2 run "hot-text-$i" >/dev/null)
   done
 }
-echo "== sampling $starts starts each: the prestart hook alone, the CDI spec's createContainer hook, nvhook-runtime =="
+echo "== sampling $starts starts each: the prestart hook alone, the CDI spec's createRuntime hook, nvhook-runtime =="
 perf record -q -F 25000 -o "$work/perf.data" -- bash -c "
   set -e; $(declare -f run); work=$work; starts=$starts
   run hook runc
@@ -129,7 +129,7 @@ for symbol in open(symbols).read().split():
         functions.add(symbol)
 print("# The functions a container start runs in nvhook, and glibc's objects it runs, which")
 print("# build.rs has the linker place together. Written by scripts/hot-text.sh from")
-print(f"# {starts} sampled starts each of the prestart hook alone, of the CDI spec's createContainer")
+print(f"# {starts} sampled starts each of the prestart hook alone, of the CDI spec's createRuntime")
 print("# hook and of nvhook-runtime's route, and callgrind's run of the first and the last.")
 for function in sorted(functions):
     print("function", function)

@@ -169,6 +169,43 @@ fn the_hook_refuses_to_mount_from_the_runtimes_mount_namespace() {
     }
 }
 
+/// A rootfs whose propagation is shared would carry the hook's mounts to the host's view of
+/// it: the hook refuses to make them, in one line that names the way out, before it looks at
+/// the container.
+#[test]
+fn the_hook_makes_no_mount_under_a_shared_rootfs() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let mut bundle = Bundle::new(busybox_image(), &["/bin/true"]);
+    bundle.rootfs_propagation("rshared");
+    bundle.write_config();
+    let source = node
+        .driver_root()
+        .join("usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15");
+    let state = json!({
+        "ociVersion": "1.2.0", "id": bundle.id(), "status": "creating",
+        "pid": std::process::id(), "bundle": bundle.dir(),
+    });
+    let state_file = bundle.dir().join("state.json");
+    std::fs::write(&state_file, state.to_string()).expect("write the state");
+    let output = output_of(
+        Command::new(nvhook_bin())
+            .arg("--config")
+            .arg(node.config())
+            .args(["hook", "createRuntime", "--bind-file"])
+            .arg(&source)
+            .arg("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15")
+            .stdin(std::fs::File::open(&state_file).expect("open the state")),
+    );
+    assert!(!output.status.success(), "{output}");
+    assert_eq!(
+        output.stderr.trim(),
+        "nvhook: linux.rootfsPropagation is \"rshared\": the driver files' mounts nvhook's CDI hook makes would propagate to the host; use private or slave, or set cdi-mounts = \"runtime\" in the nvhook config and regenerate the CDI spec",
+        "{output}"
+    );
+    assert!(host_mounts_referencing(&[node.root()]).is_empty());
+}
+
 /// A pod through containerd 2.1.9's CRI asking for `nvidia.com/gpu=1` (the device plugin's
 /// `cdi-cri` strategy, Docker 29's `--gpus`, a DRA claim's spec do the same): containerd
 /// injects the spec's nodes and hook, runc runs the hook, and the pod gets exactly GPU 1 with

@@ -97,12 +97,16 @@ pub fn create_container(
         ),
         Err(e) => (rootfs_without_spec(state, cwd, before.stage, e)?, None),
     };
-    if let Some(p) = spec
+    // Mounts under a shared rootfs would propagate to the host's view of it. The driver files
+    // were asked for; the /proc view is an extra, skipped below.
+    let shared = spec
         .as_ref()
         .and_then(Spec::rootfs_propagation)
-        .filter(|p| p.contains("shared"))
+        .filter(|p| p.contains("shared"));
+    if let Some(p) = shared
+        && !args.mounts.is_empty()
     {
-        return Err(HookError::SharedRootfs(p.into()));
+        return Err(HookError::SharedRootfsForHookMounts(p.into()));
     }
     let pid = match before.stage {
         Stage::CreateRuntime => Some(container_pid(state)?),
@@ -188,6 +192,10 @@ pub fn create_container(
         nvidia_hooks::application_profile(&rootfs);
     }
     let wanted = proc_view::choose(config.proc_driver_view, spec.as_ref()).view();
+    if wanted && args.proc_view.is_some() && shared.is_some() {
+        tracing::info!("the rootfs's propagation is shared: the /proc/driver/nvidia view skipped");
+    }
+    let wanted = wanted && shared.is_none();
     let applied = match &args.proc_view {
         Some(view) if wanted => {
             rootfs.resolve(procfs::TARGET).is_some()

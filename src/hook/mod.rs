@@ -35,6 +35,10 @@ pub enum HookError {
         "linux.rootfsPropagation is \"{0}\": mounts would propagate to the host; use private or slave"
     )]
     SharedRootfs(Shown),
+    #[error(
+        "linux.rootfsPropagation is \"{0}\": the driver files' mounts nvhook's CDI hook makes would propagate to the host; use private or slave, or set cdi-mounts = \"runtime\" in the nvhook config and regenerate the CDI spec"
+    )]
+    SharedRootfsForHookMounts(Shown),
     #[error("cannot open mount source {path}: {source}")]
     Source {
         path: PathBuf,

@@ -144,6 +144,12 @@ impl Bundle {
     }
 
     /// Adds a prestart hook entry as given (for hooks wrapped in another program).
+    /// Sets `linux.rootfsPropagation`.
+    pub fn rootfs_propagation(&mut self, propagation: &str) -> &mut Self {
+        self.spec["linux"]["rootfsPropagation"] = Value::from(propagation);
+        self
+    }
+
     pub fn raw_prestart_hook(&mut self, hook: Value) -> &mut Self {
         self.raw_hook("prestart", hook)
     }
