@@ -2,8 +2,9 @@
 //! start is what one way in hands runc (or nvhook-runtime) for the same container, a GPU of
 //! an 8-GPU node and then all eight with every capability, started as an engine's shim starts
 //! it (create, start, wait, delete), with bundles on tmpfs. The ways in: the prestart hook alone (hooks.d, Docker's `--gpus`),
-//! nvhook-runtime (the RuntimeClass), NRI's `hook` mode (the plugin's planning runs in this
-//! process, as in its daemon, and is inside the start's time), and a kubelet CDI request for
+//! nvhook-runtime (the RuntimeClass), NRI's `hook`, `cdi` and `mounts` modes (the plugin's
+//! planning runs in this process, as in its daemon, and is inside the start's time), and a
+//! kubelet CDI request for
 //! nvhook's spec (its nodes and createRuntime hook, as an engine injects them; and the same
 //! spec as an earlier nvhook wrote it, its hook at createContainer). The floors:
 //! the GPU's device nodes alone, and the same with a prestart hook that is /bin/true. At the
@@ -34,12 +35,14 @@ enum Way {
     /// handing a create to nvhook's own process costs before any of its work.
     RuntimeClassHop,
     NriHook,
+    NriCdi,
+    NriMounts,
     CdiRequest,
     /// The same spec with its hook at createContainer, as nvhook wrote it before.
     CdiRequestAtCreateContainer,
 }
 
-const WAYS: [(Way, &str); 9] = [
+const WAYS: [(Way, &str); 11] = [
     (Way::Plain, "runc, no GPU"),
     (Way::Floor, "floor: the GPUs' device nodes"),
     (
@@ -58,6 +61,14 @@ const WAYS: [(Way, &str); 9] = [
     (
         Way::NriHook,
         "NRI `hook` (the plugin's planning in the start)",
+    ),
+    (
+        Way::NriCdi,
+        "NRI `cdi` (the CDI edits and the createRuntime hook)",
+    ),
+    (
+        Way::NriMounts,
+        "NRI `mounts` (every driver file a bind mount, no hook)",
     ),
     (
         Way::CdiRequest,
@@ -96,7 +107,25 @@ pub fn run(rounds: usize) {
     let spec: Value =
         serde_json::from_str(&std::fs::read_to_string(&spec_path).expect("read the spec"))
             .expect("the spec is JSON");
-    let plugin = GpuPlugin::new(Some(node.config()));
+    // One plugin per mode, each with its own copy of the node's config.
+    let plugins: Vec<(Way, GpuPlugin)> = [
+        (Way::NriHook, "hook"),
+        (Way::NriCdi, "cdi"),
+        (Way::NriMounts, "mounts"),
+    ]
+    .into_iter()
+    .map(|(way, mode)| {
+        let config = work.path().join(format!("nri-{mode}.toml"));
+        let text = std::fs::read_to_string(node.config()).expect("read the node's config");
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|l| l.split('=').next().map(str::trim) != Some("nri-mode"))
+            .collect();
+        let text = format!("{}\nnri-mode = \"{mode}\"\n", kept.join("\n"));
+        std::fs::write(&config, text).expect("write the plugin's config");
+        (way, GpuPlugin::new(Some(config)))
+    })
+    .collect();
     println!(
         "# Every way in as the runtime sees it, against its floors ({rounds} starts per variant, turns; create, start, wait and delete of /usr/bin/true, cgroup v1, bundles on tmpfs, every capability)\n"
     );
@@ -106,7 +135,7 @@ pub fn run(rounds: usize) {
             work: work.path(),
             device,
             spec: &spec,
-            plugin: &plugin,
+            plugins: &plugins,
         };
         let logged = node.log().len();
         let variants = ways.rounds(rounds);
@@ -120,7 +149,8 @@ struct Ways<'a> {
     /// The device of nvhook's CDI spec, and NVIDIA_VISIBLE_DEVICES: a GPU, or `all`.
     device: &'a str,
     spec: &'a Value,
-    plugin: &'a GpuPlugin,
+    /// The NRI plugin of each NRI way.
+    plugins: &'a [(Way, GpuPlugin)],
 }
 
 impl Ways<'_> {
@@ -180,7 +210,12 @@ impl Ways<'_> {
             bundle.env("NVIDIA_VISIBLE_DEVICES=void");
         }
         match way {
-            Way::Plain | Way::NriHook | Way::RuntimeClass | Way::RuntimeClassHop => {}
+            Way::Plain
+            | Way::NriHook
+            | Way::NriCdi
+            | Way::NriMounts
+            | Way::RuntimeClass
+            | Way::RuntimeClassHop => {}
             Way::Floor
             | Way::FloorWithHook
             | Way::CdiRequest
@@ -216,9 +251,10 @@ impl Ways<'_> {
                 bundle.prestart_hook(self.node);
             }
         }
-        let planning = (way == Way::NriHook).then(|| {
+        let plugin = self.plugins.iter().find(|(w, _)| *w == way).map(|(_, p)| p);
+        let planning = plugin.map(|plugin| {
             let (started, cpu) = (Instant::now(), thread_cpu());
-            let adjustment = self.plan_through_plugin(bundle.id(), &request);
+            let adjustment = plan_through(plugin, bundle.id(), &request);
             let planning = Planning {
                 wall: started.elapsed(),
                 cpu: thread_cpu() - cpu,
@@ -242,28 +278,39 @@ impl Ways<'_> {
             .expect("the spec has the device");
         [&self.spec["containerEdits"], &device["containerEdits"]]
     }
-
-    /// What the plugin answers containerd for container `id` with `env`.
-    fn plan_through_plugin(&self, id: &str, env: &[String]) -> ContainerAdjustment {
-        let pod = PodSandbox {
-            namespace: "default".into(),
-            ..PodSandbox::default()
-        };
-        let container = Container {
-            id: id.into(),
-            env: env.to_vec(),
-            ..Container::default()
-        };
-        self.plugin
-            .adjust(&pod, &container)
-            .expect("the plugin plans the container")
-            .expect("a GPU container gets an adjustment")
-    }
 }
 
-/// `adjustment`'s devices, their rules and its hooks, in `bundle`'s config.json, as
-/// containerd applies them.
+/// What `plugin` answers containerd for container `id` with `env`.
+fn plan_through(plugin: &GpuPlugin, id: &str, env: &[String]) -> ContainerAdjustment {
+    let pod = PodSandbox {
+        namespace: "default".into(),
+        ..PodSandbox::default()
+    };
+    let container = Container {
+        id: id.into(),
+        env: env.to_vec(),
+        ..Container::default()
+    };
+    plugin
+        .adjust(&pod, &container)
+        .expect("the plugin plans the container")
+        .expect("a GPU container gets an adjustment")
+}
+
+/// `adjustment`'s environment, mounts, devices, their rules and its hooks, in `bundle`'s
+/// config.json, as containerd applies them.
 fn apply(bundle: &mut Bundle, adjustment: &ContainerAdjustment) {
+    for kv in &adjustment.env {
+        bundle.env(&format!("{}={}", kv.key, kv.value));
+    }
+    for mount in &adjustment.mounts {
+        bundle.raw_mount(json!({
+            "destination": mount.destination,
+            "type": mount.r#type,
+            "source": mount.source,
+            "options": mount.options,
+        }));
+    }
     if let Some(linux) = &adjustment.linux {
         for device in &linux.devices {
             let number = |n: i64| u32::try_from(n).expect("a device number");
@@ -369,11 +416,20 @@ fn report(gpus: &str, variants: &[Variant], log: &str) {
             own.p50(),
         );
     }
-    let planning = &by(Way::NriHook).planning;
+    let planning: Vec<String> = [
+        (Way::NriHook, "hook"),
+        (Way::NriCdi, "cdi"),
+        (Way::NriMounts, "mounts"),
+    ]
+    .iter()
+    .map(|&(way, mode)| {
+        let p = &by(way).planning;
+        format!("`{mode}` p50 {:.2} ms, p95 {:.2} ms", p.p50(), p.p95())
+    })
+    .collect();
     println!(
-        "\nThe NRI plugin's planning (`GpuPlugin::adjust` in this process, inside the NRI row's starts): p50 {:.2} ms, p95 {:.2} ms.",
-        planning.p50(),
-        planning.p95()
+        "\nThe NRI plugin's planning (`GpuPlugin::adjust` in this process, inside the NRI rows' starts): {}.",
+        planning.join("; ")
     );
     // The RuntimeClass's goal (issue 41): no slower than NRI `hook`. What it pays that NRI
     // does not is nvhook's process between the shim and runc, which the plugin's daemon saves.
