@@ -69,9 +69,10 @@ fn maps_every_id_to_itself(map: &str) -> bool {
 /// The rootfs of a container whose hook cannot read the bundle's config.json: at
 /// createContainer, run as the container's root in its user namespace (Podman's bundle is in
 /// a directory only the host's root may enter); at createRuntime, where crun names its working
-/// directory, not the bundle. crun puts the spec's `root.path` in the state; runc runs
-/// a createContainer hook from the container's first process (the state's pid, the hook's parent) with the
-/// rootfs as its working directory `cwd`. None when neither says where the rootfs is.
+/// directory, not the bundle. crun puts the spec's `root.path` in the state; runc runs a
+/// createContainer hook from the container's first process (the state's pid, the hook's
+/// parent) with the rootfs as its working directory `cwd`. None when neither says where the
+/// rootfs is.
 pub fn rootfs_from_runtime(state: &State, cwd: Option<&Path>, parent: i32) -> Option<PathBuf> {
     match &state.root {
         Some(root) => Some(state.bundle.join(root)),
