@@ -6,7 +6,7 @@
 use nvhook_test_support as support;
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use nvhook::nvidia_cli::RUNTIME_HOOK_NAME;
@@ -220,6 +220,30 @@ fn the_hook_gives_a_user_namespaced_container_its_gpu_cgroup_v1() {
 #[test]
 fn the_hook_gives_a_user_namespaced_container_its_gpu_cgroup_v2() {
     hook_gives_a_user_namespaced_container_its_gpu(RuntimeEnv::CgroupV2);
+}
+
+/// An image whose directories are read-only to their owner (`dr-xr-xr-x`, as Podman leaves
+/// an imported image's `/`): the container's root may still write there in its namespace, and
+/// so does nvhook acting as that root, which keeps its file capabilities when it takes that
+/// root's ids.
+#[test]
+fn the_hook_writes_in_directories_read_only_to_the_container_root() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let mut bundle = userns_bundle(&["--write", LIBCUDA]);
+    bundle
+        .env("NVIDIA_VISIBLE_DEVICES=1")
+        .env("NVIDIA_DRIVER_CAPABILITIES=compute,utility")
+        .prestart_hook(&node);
+    let lib = bundle.rootfs().join("usr/lib/x86_64-linux-gnu");
+    for dir in [bundle.rootfs(), lib.as_path()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555))
+            .expect("make the directory read-only to its owner");
+    }
+    let output = run_clean(&bundle, Some(&node), RuntimeEnv::CgroupV1);
+    assert_gpu_1_only(&output);
+    let link = std::fs::symlink_metadata(lib.join("libcuda.so.1")).expect("the SONAME link");
+    assert_eq!((link.uid(), link.gid()), (HOST_ID, HOST_ID));
 }
 
 /// The device plugin's way with Kubernetes `hostUsers: false`: GPU 1's nodes come in the
