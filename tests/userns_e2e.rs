@@ -185,14 +185,21 @@ fn assert_gpu_1_only(output: &Output) {
     output.assert_only_gpu_with_read_only_driver(GPUS, 1, LIBCUDA);
 }
 
-fn hook_gives_a_user_namespaced_container_its_gpu(env: RuntimeEnv) {
-    require_root();
-    let node = SimNode::create(GPUS);
+/// A user-namespaced container asking for GPU 1 (compute, utility) through nvhook's prestart
+/// hook on `node`, which checks that it can write libcuda.
+fn gpu_1_through_the_hook(node: &SimNode) -> Bundle {
     let mut bundle = userns_bundle(&["--write", LIBCUDA]);
     bundle
         .env("NVIDIA_VISIBLE_DEVICES=1")
         .env("NVIDIA_DRIVER_CAPABILITIES=compute,utility")
-        .prestart_hook(&node);
+        .prestart_hook(node);
+    bundle
+}
+
+fn hook_gives_a_user_namespaced_container_its_gpu(env: RuntimeEnv) {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let mut bundle = gpu_1_through_the_hook(&node);
     let dev = list_dev_after_nvhook(&mut bundle);
     let host = host_snapshot();
     let before = tree(bundle.rootfs());
@@ -230,11 +237,7 @@ fn the_hook_gives_a_user_namespaced_container_its_gpu_cgroup_v2() {
 fn the_hook_writes_in_directories_read_only_to_the_container_root() {
     require_root();
     let node = SimNode::create(GPUS);
-    let mut bundle = userns_bundle(&["--write", LIBCUDA]);
-    bundle
-        .env("NVIDIA_VISIBLE_DEVICES=1")
-        .env("NVIDIA_DRIVER_CAPABILITIES=compute,utility")
-        .prestart_hook(&node);
+    let bundle = gpu_1_through_the_hook(&node);
     let lib = bundle.rootfs().join("usr/lib/x86_64-linux-gnu");
     for dir in [bundle.rootfs(), lib.as_path()] {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o555))
