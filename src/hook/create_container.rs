@@ -99,10 +99,7 @@ pub fn create_container(
     };
     // Mounts under a shared rootfs would propagate to the host's view of it. The driver files
     // were asked for; the /proc view is an extra, skipped below.
-    let shared = spec
-        .as_ref()
-        .and_then(Spec::rootfs_propagation)
-        .filter(|p| p.contains("shared"));
+    let shared = spec.as_ref().and_then(Spec::shared_rootfs_propagation);
     if let Some(p) = shared
         && !args.mounts.is_empty()
     {

@@ -59,7 +59,7 @@ pub fn prestart(config: &Config, state: &State, mut step: Step) -> Result<Outcom
         return Ok(Outcome::NotGpu);
     };
     let pid = state.pid.ok_or(HookError::NoPid)?;
-    if let Some(p) = spec.rootfs_propagation().filter(|p| p.contains("shared")) {
+    if let Some(p) = spec.shared_rootfs_propagation() {
         return Err(HookError::SharedRootfs(p.into()));
     }
     let container = Container {

@@ -187,8 +187,11 @@ impl Spec {
         self.root.as_ref().map(|r| bundle.join(&r.path))
     }
 
-    pub fn rootfs_propagation(&self) -> Option<&str> {
-        self.linux.as_ref()?.rootfs_propagation.as_deref()
+    /// `linux.rootfsPropagation` where it is shared (`shared`, `rshared`): mounts made under
+    /// the rootfs would then propagate to the host's view of it.
+    pub fn shared_rootfs_propagation(&self) -> Option<&str> {
+        let propagation = self.linux.as_ref()?.rootfs_propagation.as_deref()?;
+        propagation.contains("shared").then_some(propagation)
     }
 
     /// Whether the runtime leaves the container's procfs whole: no masked or read-only path
