@@ -9,7 +9,7 @@ use crate::capability::Capability;
 use crate::config::{Config, CudaCompatMode};
 use crate::inventory::change::HostChange;
 use crate::inventory::{self, Inventory, isolated::Source};
-use crate::plan::{self, ImageInfo, Layout, Plan};
+use crate::plan::{self, DriverDirs, ImageInfo, Layout, Plan};
 use crate::request::Request;
 use crate::rootfs::{Rootfs, RootfsError};
 use std::path::{Path, PathBuf};
@@ -37,8 +37,9 @@ pub enum Target<'a> {
     Image(&'a ImageInfo),
     AnyImage,
     /// Any image, and no nvhook process at all (NRI's hookless mode): libraries under their
-    /// SONAMEs in the loaders' default directories ([`Layout::at_sonames`]).
-    AnyImageNoHook,
+    /// SONAMEs in the loaders' default directories, or in the driver directories the image's
+    /// environment names ([`Layout::at_sonames`]).
+    AnyImageNoHook(DriverDirs),
 }
 
 /// Libraries at their host paths, relative to the canonical driver root: the layout of plans
@@ -101,11 +102,11 @@ pub fn plan_for(
             &dev_root,
             any_image_layout(config, inventory.arch),
         )?,
-        Target::AnyImageNoHook => plan::build_with_layout(
+        Target::AnyImageNoHook(driver_dirs) => plan::build_with_layout(
             request,
             inventory,
             &dev_root,
-            Layout::at_sonames(inventory.arch),
+            Layout::at_sonames(inventory.arch, driver_dirs),
         )?,
     })
 }

@@ -222,6 +222,45 @@ fn nri_mode_mounts_on_crun_without_cgroups_gives_pods_their_allocated_gpu() {
     });
 }
 
+/// `nri-mode = "mounts"` for a pod whose environment searches /usr/local/nvidia/lib64 and
+/// bin, as a CUDA image's does, with containerd in another mount namespace than the plugin's
+/// (here, the test's own): the plugin cannot gather the driver's files where the engine would
+/// see them, so crun binds each of them into those directories, where the loader finds them.
+#[test]
+fn nri_mode_mounts_on_crun_binds_each_file_where_the_engine_cannot_see_the_plugins_mounts() {
+    let mut node = start_crun("crun-nri-mounts-apart", &[], CrunCgroups::Disabled);
+    node.connect_nri_plugin("mounts");
+    let uuid = node.node.gpu_uuid(ALLOCATED as usize);
+    let env = [
+        ("NVIDIA_VISIBLE_DEVICES", uuid.as_str()),
+        (
+            "LD_LIBRARY_PATH",
+            "/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+        ),
+        ("PATH", "/usr/local/nvidia/bin:/usr/bin:/bin"),
+    ];
+    let output = run(
+        &mut node,
+        DEFAULT_HANDLER,
+        &env,
+        &[],
+        &["--exec", "/usr/local/nvidia/bin/nvidia-smi"],
+    );
+    assert_allocated_gpu_only("nri-mode = mounts, a CUDA image's environment", &output);
+    output.assert_lines(&[
+        "dlopen libcuda.so.1 path /usr/local/nvidia/lib64/libcuda.so.1",
+        "cuInit 0",
+        "exec /usr/local/nvidia/bin/nvidia-smi rc=0",
+    ]);
+    let log = node.node.log();
+    assert!(
+        log.contains("the engine is in another mount namespace"),
+        "{log}"
+    );
+    assert!(!log.contains("driver files gathered"), "{log}");
+    node.stop();
+}
+
 /// A GPU the node lacks is refused by the plugin before crun is asked to create anything: the
 /// kubelet reads nvhook's one line in the engine's error, and the next pod is not affected.
 #[test]

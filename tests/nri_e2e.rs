@@ -11,10 +11,13 @@ use nvhook_test_support as support;
 use support::{containerd2, cri};
 
 use std::fs;
+use std::path::PathBuf;
 
 use containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin, Pods, stop_engine};
 use cri::{ContainerRequest, Cri};
-use support::engines::{Containerd, EngineDir, ImageConfig, assert_no_mounts_left, unique_name};
+use support::engines::{
+    Containerd, EngineDir, ImageConfig, assert_no_mounts_left, sid_runtime_bin, unique_name,
+};
 use support::{Output, SimNode, glibc_image, host_mounts_referencing, nvhook_bin, require_root};
 
 const GPUS: u32 = 4;
@@ -57,8 +60,16 @@ struct Connected {
 }
 
 fn connected(node: &SimNode, name: &str) -> Connected {
+    connected_with(node, name, None)
+}
+
+/// [`connected`], its pods run by `runc` where one is given (Debian 12's otherwise).
+fn connected_with(node: &SimNode, name: &str, runc: Option<PathBuf>) -> Connected {
     let dir = EngineDir::new(name);
-    let setup = Containerd2Cri::under(dir.path());
+    let mut setup = Containerd2Cri::under(dir.path());
+    if let Some(runc) = runc {
+        setup.runc = runc;
+    }
     let containerd = setup.start(dir.path(), &[]);
     let image = containerd.import_gpucheck_image(dir.path());
     let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
@@ -627,6 +638,163 @@ fn nri_mode_mounts_gives_the_gpu_with_no_hook_process() {
         !log.contains("nvhook::hook"),
         "a hook ran in nri-mode = mounts:\n{log}"
     );
+    no_allocation_then_stop("mounts", &node, &image, &pods, cri, containerd, plugin);
+}
+
+/// `nri-mode = "mounts"` for a CUDA image, whose environment searches /usr/local/nvidia/lib,
+/// lib64 and bin: the plugin gathers the driver's files of each such directory into one
+/// directory on the host, and runc makes one bind mount of it where it made one per file.
+/// The image's loader finds libcuda there through its LD_LIBRARY_PATH, the binaries run, and
+/// the directory holds the very names the per-file mounts give any other image. Stopped, the
+/// plugin leaves nothing mounted on the host.
+#[test]
+fn nri_mode_mounts_gathers_the_driver_files_where_a_cuda_image_looks() {
+    gathered_where_a_cuda_image_looks("nri-gathered", None);
+}
+
+/// The same on sid's runc 1.3.6.
+#[test]
+fn nri_mode_mounts_gathers_the_driver_files_on_runc_1_3() {
+    gathered_where_a_cuda_image_looks("nri-gathered-13", Some(sid_runtime_bin("runc")));
+}
+
+fn gathered_where_a_cuda_image_looks(name: &str, runc: Option<PathBuf>) {
+    require_root();
+    let node = SimNode::create(GPUS);
+    node.configure("nri-mode = \"mounts\"");
+    let Connected {
+        dir,
+        containerd,
+        image,
+        plugin,
+        pods,
+    } = connected_with(&node, name, runc);
+    // NVIDIA's CUDA base images set these two.
+    let cuda = format!(
+        "docker.io/nvhook-test/{}:latest",
+        unique_name("cuda-layout")
+    );
+    let cuda_env = ImageConfig {
+        cmd: &["/gpucheck"],
+        env: &[
+            "PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+        ],
+    };
+    containerd.import_rootfs(dir.path(), glibc_image().rootfs(), &cuda, &cuda_env);
+    let uuid = node.gpu_uuid(ALLOCATED as usize);
+    let mount_point = format!("{DEVICE_MOUNT_ROOT}/{uuid}");
+    let allocation = [(mount_point.as_str(), "/dev/null")];
+    let mut cri = Cri::connect(containerd.socket());
+    let listed = |output: &Output, dir: &str| -> Vec<String> {
+        let prefix = format!("ls {dir} ");
+        output
+            .stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .map(str::to_string)
+            .collect()
+    };
+    let adjusted_mounts = |log: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains("NRI: GPU container adjusted"))
+            .filter_map(|l| l.split("mounts=").nth(1))
+            .map(|v| v.split_whitespace().next().unwrap_or_default().to_string())
+            .collect()
+    };
+
+    // Any other image: each library at its SONAME in /usr/lib64 (and the multiarch directory).
+    let mut args = GPUCHECK.to_vec();
+    args.extend(["--ls", "/usr/lib64", "--ls", "/usr/bin"]);
+    let request = ContainerRequest {
+        image: &image,
+        args: &args,
+        mounts: &allocation,
+        ..Default::default()
+    };
+    let per_file = pods.run(&mut cri, &containerd, &node, "perfile", request);
+    assert_allocated_gpu_only("nri-mode = mounts, per file", &per_file);
+
+    let lib64 = "/usr/local/nvidia/lib64";
+    let libcuda = format!("{lib64}/libcuda.so.1");
+    let mut args = GPUCHECK.to_vec();
+    args.extend([
+        "--exec",
+        "/usr/local/nvidia/bin/nvidia-smi",
+        "--write",
+        &libcuda,
+        "--ls",
+        lib64,
+        "--ls",
+        "/usr/local/nvidia/bin",
+        "--ls",
+        "/usr/lib64",
+    ]);
+    let request = ContainerRequest {
+        image: &cuda,
+        args: &args,
+        mounts: &allocation,
+        ..Default::default()
+    };
+    let gathered = pods.run(&mut cri, &containerd, &node, "gathered", request);
+    assert_allocated_gpu_only("nri-mode = mounts, a CUDA image", &gathered);
+    gathered.assert_lines(&[
+        // Through LD_LIBRARY_PATH, before any cache or default directory.
+        &format!("dlopen libcuda.so.1 path {libcuda}"),
+        "cuInit 0",
+        "exec /usr/local/nvidia/bin/nvidia-smi rc=0",
+        &format!("write {libcuda} EROFS"),
+    ]);
+    // The same libraries under the same names, in one directory instead of two.
+    let libraries = listed(&gathered, lib64);
+    assert!(
+        libraries.contains(&"libnvidia-ml.so.1".to_string()),
+        "{gathered}"
+    );
+    // /usr/lib64 keeps the image's own files (its loader's link), and no driver file.
+    let own = listed(&gathered, "/usr/lib64");
+    let per_file_libraries: Vec<String> = listed(&per_file, "/usr/lib64")
+        .into_iter()
+        .filter(|name| !own.contains(name))
+        .collect();
+    assert_eq!(libraries, per_file_libraries, "{gathered}\n{per_file}");
+    assert!(
+        !own.iter().any(|name| libraries.contains(name)),
+        "{gathered}"
+    );
+    let binaries = listed(&gathered, "/usr/local/nvidia/bin");
+    assert!(binaries.contains(&"nvidia-smi".to_string()), "{gathered}");
+    let per_file_bins = listed(&per_file, "/usr/bin");
+    assert!(
+        binaries.iter().all(|b| per_file_bins.contains(b)),
+        "{binaries:?}"
+    );
+
+    // The runtime was handed a bind of each gathered directory instead of its files.
+    let log = node.log();
+    let counts = adjusted_mounts(&log);
+    let [per_file_count, gathered_count] = counts.as_slice() else {
+        panic!("two adjusted containers in the log:\n{log}");
+    };
+    let (per_file_count, gathered_count): (usize, usize) = (
+        per_file_count.parse().unwrap(),
+        gathered_count.parse().unwrap(),
+    );
+    // Per file: each library twice (the multiarch directory and /usr/lib64) and each binary
+    // once; gathered: one bind for the libraries and one for the binaries.
+    assert_eq!(
+        gathered_count,
+        per_file_count - 2 * libraries.len() - binaries.len() + 2,
+        "{per_file_count} mounts per file, {gathered_count} gathered"
+    );
+    assert!(
+        log.contains("NRI: driver files gathered into one directory"),
+        "{log}"
+    );
+    assert!(!log.contains("nvhook::hook"), "a hook ran:\n{log}");
+    // The gathered files are mounted on the host while the plugin runs...
+    assert!(!host_mounts_referencing(&[node.root()]).is_empty());
+    // ...and not once it stopped (checked there).
     no_allocation_then_stop("mounts", &node, &image, &pods, cri, containerd, plugin);
 }
 

@@ -105,7 +105,13 @@ fn memory_limits_hook(plan: &Plan, hook: &HookBinary) -> Option<Hook> {
 /// container's mount namespace could add is logged as left out: links a plan still asks for
 /// and the `/proc/driver/nvidia` view (runtimes mount nothing under /proc). GPU memory limits
 /// the container asked for are the one hook it still gets: only a process can set them.
-pub fn hookless_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
+/// Each driver directory in `gathered` (its path in the container, and the host's directory
+/// holding its files) is one recursive bind mount instead of one per file.
+pub fn hookless_edits(
+    plan: &Plan,
+    hook: &HookBinary,
+    gathered: &[(&str, PathBuf)],
+) -> ContainerEdits {
     for link in &plan.symlinks {
         tracing::info!(link = %link.path, "left out without a hook: a link");
     }
@@ -115,7 +121,14 @@ pub fn hookless_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
     ContainerEdits {
         env: vec![format!("{VISIBLE_DEVICES}=void")],
         device_nodes: device_nodes(plan),
-        mounts: mounts(plan),
+        mounts: gathered
+            .iter()
+            .map(|(dir, tree)| bind(tree, dir))
+            .chain(mounts(plan).into_iter().filter(|m| {
+                let parent = m.container_path.rsplit_once('/').map(|(p, _)| p);
+                !gathered.iter().any(|(dir, _)| Some(*dir) == parent)
+            }))
+            .collect(),
         hooks: memory_limits_hook(plan, hook).into_iter().collect(),
     }
 }
@@ -123,15 +136,19 @@ pub fn hookless_edits(plan: &Plan, hook: &HookBinary) -> ContainerEdits {
 fn mounts(plan: &Plan) -> Vec<Mount> {
     plan.mounts
         .iter()
-        .map(|m| Mount {
-            host_path: m.source.display().to_string(),
-            container_path: m.destination.clone(),
-            // Untyped, as in NVIDIA's specs: `rbind` makes it a bind mount, and the spec
-            // stays readable by engines whose CDI library predates 0.4.0.
-            kind: None,
-            options: MOUNT_OPTIONS.iter().map(|o| o.to_string()).collect(),
-        })
+        .map(|m| bind(&m.source, &m.destination))
         .collect()
+}
+
+fn bind(source: &Path, destination: &str) -> Mount {
+    Mount {
+        host_path: source.display().to_string(),
+        container_path: destination.to_string(),
+        // Untyped, as in NVIDIA's specs: `rbind` makes it a bind mount (with what is mounted
+        // under it), and the spec stays readable by engines whose CDI library predates 0.4.0.
+        kind: None,
+        options: MOUNT_OPTIONS.iter().map(|o| o.to_string()).collect(),
+    }
 }
 
 /// The edits of `runtime-mode = "hook"`: the plan's device nodes (so that their rules are the
@@ -273,7 +290,7 @@ mod tests {
         let stages = |edits: &ContainerEdits| -> Vec<String> {
             edits.hooks.iter().map(|h| h.hook_name.clone()).collect()
         };
-        assert!(hookless_edits(&plain, &hook).hooks.is_empty());
+        assert!(hookless_edits(&plain, &hook, &[]).hooks.is_empty());
 
         req.memory_limits = Some(crate::request::MemoryLimits {
             request_mib: 1,
@@ -283,11 +300,54 @@ mod tests {
         assert_eq!(stages(&container_edits(&limited, &hook)), ["createRuntime"]);
         let uuids: Vec<String> = limited.selected.iter().map(|s| s.uuid.clone()).collect();
         assert_eq!(uuids.len(), 2);
-        let edits = hookless_edits(&limited, &hook);
+        let edits = hookless_edits(&limited, &hook, &[]);
         assert_eq!(stages(&edits), ["createRuntime"]);
         let mut expected = vec!["nvhook".to_string(), "hook".into(), "memoryLimits".into()];
         expected.extend(uuids);
         assert_eq!(edits.hooks[0].args, expected);
+    }
+
+    /// A gathered driver directory is one recursive, read-only bind of the host's directory
+    /// in place of its files' mounts; the files of a directory not gathered keep theirs.
+    #[test]
+    fn a_gathered_driver_directory_is_one_bind_mount() {
+        let inventory = standard();
+        let req = request(DeviceSelection::List(vec![DeviceId::Index(1)]));
+        let dirs = crate::plan::DriverDirs {
+            lib64: true,
+            lib32: false,
+            bin: true,
+        };
+        let layout = crate::plan::Layout::at_sonames(inventory.arch, dirs);
+        let plan = crate::plan::build_with_layout(&req, &inventory, "/node", layout).unwrap();
+        let hook = hook_binary(false, None);
+        let per_file = hookless_edits(&plan, &hook, &[]);
+        let lib64 = "/usr/local/nvidia/lib64";
+        let tree = PathBuf::from("/run/nvhook/driver-dirs/0123456789abcdef");
+        let edits = hookless_edits(&plan, &hook, &[(lib64, tree)]);
+        let in_dir = |edits: &ContainerEdits, dir: &str| {
+            edits
+                .mounts
+                .iter()
+                .filter(|m| m.container_path.rsplit_once('/').map(|(p, _)| p) == Some(dir))
+                .count()
+        };
+        assert!(in_dir(&per_file, lib64) > 1);
+        assert_eq!(in_dir(&edits, lib64), 0);
+        let bind = edits
+            .mounts
+            .iter()
+            .find(|m| m.container_path == lib64)
+            .unwrap();
+        assert_eq!(bind.host_path, "/run/nvhook/driver-dirs/0123456789abcdef");
+        assert_eq!(bind.options, ["ro", "nosuid", "nodev", "rbind", "rprivate"]);
+        let bin = "/usr/local/nvidia/bin";
+        assert!(in_dir(&edits, bin) > 0);
+        assert_eq!(in_dir(&edits, bin), in_dir(&per_file, bin));
+        assert_eq!(
+            edits.mounts.len(),
+            per_file.mounts.len() - in_dir(&per_file, lib64) + 1
+        );
     }
 
     #[test]

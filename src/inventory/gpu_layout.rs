@@ -39,21 +39,14 @@ impl GpuLayout {
     /// Sixteen hex digits naming this layout: FNV-1a (64 bits) of its entries, a hash with a
     /// fixed definition, so that a spec one nvhook build wrote is checked the same by the next.
     pub fn stamp(&self) -> String {
-        const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-        const PRIME: u64 = 0x0000_0100_0000_01b3;
-        let mut hash = OFFSET;
         let lists = [&self.gpus, &self.capabilities];
-        for (i, list) in lists.into_iter().enumerate() {
-            // Separators that no name holds keep ("a", "bc") and ("ab", "c") apart.
-            let bytes = list
-                .iter()
+        // Separators that no name holds keep ("a", "bc") and ("ab", "c") apart.
+        let bytes = lists.into_iter().enumerate().flat_map(|(i, list)| {
+            list.iter()
                 .flat_map(|name| name.bytes().chain([0]))
-                .chain([0xff, i as u8]);
-            for byte in bytes {
-                hash = (hash ^ u64::from(byte)).wrapping_mul(PRIME);
-            }
-        }
-        format!("{hash:016x}")
+                .chain([0xff, i as u8])
+        });
+        format!("{:016x}", crate::stable_hash::fnv1a(bytes))
     }
 
     /// Whether `text` has the shape of a [`stamp`](GpuLayout::stamp).

@@ -7,10 +7,13 @@
 //! the device nodes and the prestart hook; in `"cdi"` the plan a CDI spec holds for those
 //! devices (libraries at their host paths, for any image) as edits for the runtime; in
 //! `"mounts"` no hook: every file a bind mount, libraries under their SONAMEs where the
-//! loader looks without a cache entry.
+//! loader looks without a cache entry, or, in an image whose environment searches
+//! `/usr/local/nvidia/lib64` (NVIDIA's CUDA images), each such directory one bind mount of the
+//! files gathered on the host ([`driver_trees`]).
 
 pub mod adjust;
 pub mod container;
+pub mod driver_trees;
 pub mod registration;
 
 use crate::atomic_file::{NewFile, write_atomic};
@@ -49,6 +52,11 @@ pub struct GpuPlugin {
     nvml: Mutex<Remembered>,
     /// When the inventories left for hooks were last swept ([`crate::nri_handoff::sweep`]).
     swept: Mutex<Option<std::time::Instant>>,
+    /// Whether the engine sees the mounts this process makes on the host (it runs in this
+    /// process's mount namespace), which gathered driver directories need.
+    engine_sees_mounts: std::sync::atomic::AtomicBool,
+    /// The gathered driver directories, once one was made.
+    trees: Mutex<Option<driver_trees::DriverTrees>>,
 }
 
 impl GpuPlugin {
@@ -59,7 +67,66 @@ impl GpuPlugin {
             config: Mutex::default(),
             nvml: Mutex::new(Remembered::default()),
             swept: Mutex::default(),
+            engine_sees_mounts: Default::default(),
+            trees: Mutex::default(),
         }
+    }
+
+    /// The engine on the other end of the connection is the process `pid` (as this process's
+    /// pid namespace numbers it; None where the kernel gave none): whether it shares this
+    /// process's mount namespace decides if driver directories can be gathered on the host.
+    pub fn engine_connected(&self, pid: Option<i32>) {
+        let ns = |pid: &str| {
+            std::fs::metadata(format!("/proc/{pid}/ns/mnt"))
+                .ok()
+                .map(|m| {
+                    (
+                        std::os::unix::fs::MetadataExt::dev(&m),
+                        std::os::unix::fs::MetadataExt::ino(&m),
+                    )
+                })
+        };
+        let shared = pid
+            .filter(|&p| p > 0)
+            .and_then(|p| ns(&p.to_string()))
+            .is_some_and(|engine| ns("self") == Some(engine));
+        self.engine_sees_mounts
+            .store(shared, std::sync::atomic::Ordering::Relaxed);
+        match shared {
+            true => tracing::info!(
+                ?pid,
+                "NRI: the engine shares this plugin's mount namespace: driver directories an image searches are gathered on the host"
+            ),
+            false => tracing::info!(
+                ?pid,
+                "NRI: the engine is in another mount namespace, or its pid is not visible here: in nri-mode = \"mounts\" the runtime binds each driver file"
+            ),
+        }
+    }
+
+    /// The gathered directory of each driver directory `plan` uses, where the engine can see
+    /// them; a directory that cannot be gathered is left to per-file mounts, with a warning.
+    fn gathered(&self, config: &Config, plan: &crate::plan::Plan) -> Vec<(&'static str, PathBuf)> {
+        let by_dir = crate::plan::driver_dirs::files_by_dir(plan);
+        if by_dir.is_empty()
+            || !self
+                .engine_sees_mounts
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Vec::new();
+        }
+        let mut trees = self.trees.lock().unwrap_or_else(|e| e.into_inner());
+        let trees = trees.get_or_insert_with(|| driver_trees::DriverTrees::new(&state_dir(config)));
+        by_dir
+            .into_iter()
+            .filter_map(|(dir, files)| match trees.gather(&files) {
+                Ok(tree) => Some((dir, tree)),
+                Err(e) => {
+                    tracing::warn!(dir, "NRI: cannot gather the driver's files ({e}): the runtime binds each of them");
+                    None
+                }
+            })
+            .collect()
     }
 
     /// Removes the inventories left for hooks that can no longer take them: always when
@@ -116,7 +183,9 @@ impl GpuPlugin {
         let (inventory, source) = nvml.load(&config, scope)?;
         let target = match config.nri_mode {
             NriMode::Hook | NriMode::Cdi | NriMode::CdiDevices => Target::AnyImage,
-            NriMode::Mounts => Target::AnyImageNoHook,
+            NriMode::Mounts => {
+                Target::AnyImageNoHook(crate::plan::DriverDirs::from_env(&container.env))
+            }
         };
         let kept = source == inventory::isolated::Source::Cache;
         // The hook plans for the image with the same inventory.
@@ -150,7 +219,7 @@ impl GpuPlugin {
                 ..hook_mode_edits(&plan, &hook, container::has_user_namespace(container))
             },
             NriMode::Cdi => container_edits(&plan, &hook),
-            NriMode::Mounts => hookless_edits(&plan, &hook),
+            NriMode::Mounts => hookless_edits(&plan, &hook, &self.gathered(&config, &plan)),
             // The engine injects the GPUs from the spec, whose createRuntime hook sets the
             // GPU memory limits the container asks for.
             NriMode::CdiDevices => imex_and_family_edits(&plan),
@@ -168,7 +237,20 @@ impl GpuPlugin {
     }
 }
 
+/// nvhook's runtime state directory: beside NVML's cached answer.
+pub fn state_dir(config: &Config) -> PathBuf {
+    config
+        .nvml_cache()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new(DEFAULT_STATE_DIR))
+        .to_path_buf()
+}
+
 impl Plugin for GpuPlugin {
+    fn connected(&mut self, engine_pid: Option<i32>) {
+        self.engine_connected(engine_pid);
+    }
+
     fn configure(&mut self, config: &Configuration) -> Result<EventMask, HandlerError> {
         tracing::info!(
             runtime = %config.runtime_name,
@@ -184,11 +266,7 @@ impl Plugin for GpuPlugin {
             crate::logging::redirect_service(&parsed);
             // Read from a file for every container, as every hook entry reads it: beside
             // nvhook's other runtime state (NVML's cached answer).
-            let dir = parsed
-                .nvml_cache()
-                .and_then(Path::parent)
-                .unwrap_or(Path::new(DEFAULT_STATE_DIR));
-            let path = &dir.join(ENGINE_CONFIG_COPY);
+            let path = &state_dir(&parsed).join(ENGINE_CONFIG_COPY);
             std::fs::create_dir_all(path.parent().unwrap_or(Path::new("/")))
                 .and_then(|()| write_atomic(path, config.config.as_bytes(), NewFile::mode(0o644)))
                 .map_err(|e| {

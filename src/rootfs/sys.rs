@@ -353,7 +353,8 @@ fn statx(fd: BorrowedFd, mask: libc::c_uint) -> io::Result<libc::statx> {
     Ok(unsafe { stx.assume_init() })
 }
 
-fn is_mount_root(fd: BorrowedFd) -> io::Result<bool> {
+/// Whether `fd` is the root of a mount (statx, Linux 5.8+; false where the kernel cannot say).
+pub fn is_mount_root(fd: BorrowedFd) -> io::Result<bool> {
     let stx = statx(fd, 0)?;
     let known = stx.stx_attributes_mask & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0;
     Ok(known && stx.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0)

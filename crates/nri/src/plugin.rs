@@ -29,6 +29,10 @@ pub struct Configuration {
 /// An NRI plugin. The engine calls the handlers of the events [`Plugin::configure`] subscribed
 /// to, one call at a time; every handler but `configure` has a default that changes nothing.
 pub trait Plugin {
+    /// A connection to the engine is made; `engine_pid` is the engine's process as the
+    /// socket's peer credentials give it (None where this pid namespace cannot see it).
+    fn connected(&mut self, _engine_pid: Option<i32>) {}
+
     /// Called once per connection, first: returns the events to subscribe to.
     fn configure(&mut self, config: &Configuration) -> Result<EventMask, HandlerError>;
 
@@ -265,9 +269,15 @@ pub(crate) mod tests {
         pub nri_version: String,
         /// Lifecycle events, with the container's name (the pod's for a pod's event).
         pub events: Vec<(i32, String)>,
+        /// The engine's pid, as the connection gave it.
+        pub engine_pid: Option<i32>,
     }
 
     impl Plugin for Recorder {
+        fn connected(&mut self, engine_pid: Option<i32>) {
+            self.engine_pid = engine_pid;
+        }
+
         fn configure(&mut self, config: &Configuration) -> Result<EventMask, HandlerError> {
             if config.config == "refuse" {
                 return Err("refused by configuration".into());

@@ -160,6 +160,7 @@ impl Stub {
         plugin: &mut P,
         report: &mut dyn FnMut(Event<'_>),
     ) -> Result<Ended, NriError> {
+        plugin.connected(peer_pid(&stream));
         let mut conn = Connection::new(stream);
         let register = ttrpc::Request {
             service: api::RUNTIME_SERVICE.into(),
@@ -304,6 +305,29 @@ impl Retry {
     fn reset(&mut self) {
         self.delay = Duration::ZERO;
     }
+}
+
+/// The pid of the process on the other end of `stream`, from its credentials (SO_PEERCRED);
+/// None where the kernel gives 0 (a process this pid namespace cannot see).
+fn peer_pid(stream: &UnixStream) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are valid out-pointers of the sizes given, for a socket fd.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && cred.pid > 0).then_some(cred.pid)
 }
 
 #[cfg(test)]
@@ -546,5 +570,8 @@ mod engine_double {
         ];
         assert_eq!(old.events, expected);
         assert_eq!(new.events, expected);
+        // The engine's end is this process: its pid comes from the socket's credentials.
+        let this = i32::try_from(std::process::id()).ok();
+        assert_eq!((old.engine_pid, new.engine_pid), (this, this));
     }
 }

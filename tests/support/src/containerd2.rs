@@ -385,7 +385,7 @@ fn go_duration(duration: Duration) -> String {
     format!("{}ms", duration.as_millis())
 }
 
-/// `nvhook nri` beside the engine, as nvhook-nri.service runs it, reading `config`; killed
+/// `nvhook nri` beside the engine, as nvhook-nri.service runs it, reading `config`; stopped
 /// on drop.
 pub struct NriPlugin {
     child: std::process::Child,
@@ -437,7 +437,20 @@ impl NriPlugin {
         fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 
+    /// Stops it as its unit or the kubelet does (SIGTERM), and kills it if it is still there
+    /// after ten seconds.
     pub fn kill(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) with a child's pid; it has not been waited for.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -19,8 +19,10 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
 pub mod compat;
+pub mod driver_dirs;
 pub mod shadow;
 pub use compat::{CompatDir, CudaCompat};
+pub use driver_dirs::DriverDirs;
 
 /// Every mount nvhook makes is a read-only, private bind that cannot carry setuid or devices.
 pub const MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "rbind", "rprivate"];
@@ -147,6 +149,10 @@ pub struct Layout {
     /// so that neither a link nor a cache entry is needed (see [`Layout::at_sonames`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub at_sonames: bool,
+    /// With `at_sonames`: the driver directories the image's environment searches, which
+    /// then hold its libraries and binaries instead of the image's own directories.
+    #[serde(default, skip_serializing_if = "DriverDirs::is_none")]
+    pub driver_dirs: DriverDirs,
 }
 
 /// What the plan needs to know about the image, probed safely by the caller.
@@ -181,6 +187,7 @@ impl Layout {
             ldcache: image.has_ldcache,
             host_driver_root: None,
             at_sonames: false,
+            driver_dirs: DriverDirs::default(),
         }
     }
 
@@ -188,12 +195,15 @@ impl Layout {
     /// Debian family's multiarch directory (`/usr/lib/x86_64-linux-gnu`) and the Fedora
     /// family's `/usr/lib64` (`/usr/lib` for 32-bit), each library in both, as the image is
     /// not known. No link, no cache entry, no ld.so.conf.d file: nothing for a hook to do.
-    pub fn at_sonames(arch: Arch) -> Layout {
+    /// Where the image's environment names a driver directory (`driver_dirs`), the libraries
+    /// or binaries go there alone.
+    pub fn at_sonames(arch: Arch, driver_dirs: DriverDirs) -> Layout {
         Layout {
             lib64_dir: format!("/usr/lib/{}", arch.multiarch(ElfClass::Lib64)),
             lib32_dir: format!("/usr/lib/{}", arch.multiarch(ElfClass::Lib32)),
             ldcache: false,
             at_sonames: true,
+            driver_dirs,
             ..Layout::for_image(&ImageInfo::default(), arch)
         }
     }
@@ -772,10 +782,26 @@ impl FileBuilder<'_> {
                 self.add_library(lib);
             }
             let files = &inventory.files;
+            let bin_dir = self
+                .layout
+                .driver_dirs
+                .bin_dir()
+                .filter(|_| self.layout.at_sonames);
             for f in files
                 .binaries
                 .iter()
-                .chain(&files.configs)
+                .filter(|f| f.capability == Some(lib_cap))
+            {
+                match (bin_dir, f.container_path.rsplit_once('/')) {
+                    (Some(dir), Some((_, name))) => {
+                        self.add_file_at(&f.host_path, &format!("{dir}/{name}"))
+                    }
+                    _ => self.add_file(f, MountKind::File),
+                }
+            }
+            for f in files
+                .configs
+                .iter()
                 .chain(&files.xorg_modules)
                 .filter(|f| f.capability == Some(lib_cap))
             {
@@ -856,8 +882,13 @@ impl FileBuilder<'_> {
 
     fn add_library(&mut self, lib: &crate::inventory::Library) {
         if self.layout.at_sonames {
-            for dir in self.layout.soname_dirs(lib.class) {
-                self.add_file_at(&lib.host_path, &format!("{dir}/{}", lib.soname));
+            match self.layout.driver_dirs.lib_dir(lib.class) {
+                Some(dir) => self.add_file_at(&lib.host_path, &format!("{dir}/{}", lib.soname)),
+                None => {
+                    for dir in self.layout.soname_dirs(lib.class) {
+                        self.add_file_at(&lib.host_path, &format!("{dir}/{}", lib.soname));
+                    }
+                }
             }
             return;
         }

@@ -1218,7 +1218,7 @@ fn compute_alone_gets_no_graphics_extras_and_mig_no_drm_nodes() {
 fn an_at_sonames_plan_mounts_each_library_under_its_soname_in_both_families_dirs() {
     let inv = standard();
     let request = request(&[&visible("1"), &caps("compute,utility,graphics,compat32")]);
-    let layout = Layout::at_sonames(inv.arch);
+    let layout = Layout::at_sonames(inv.arch, DriverDirs::default());
     let plan = build_with_layout(&request, &inv, DEV_ROOT, layout).unwrap();
     for dir in ["/usr/lib/x86_64-linux-gnu", "/usr/lib64"] {
         let at = format!("{dir}/libcuda.so.1");
@@ -1242,6 +1242,84 @@ fn an_at_sonames_plan_mounts_each_library_under_its_soname_in_both_families_dirs
     assert!(plan.ldcache.is_empty() && plan.ld_so_confs.is_empty());
     assert!(has_mount(&plan, "/usr/bin/nvidia-smi"));
     assert!(device_paths(&plan).contains(&"/dev/nvidia1"));
+}
+
+/// A CUDA image's environment names the driver's directories: each library goes there once,
+/// under its SONAME, and each binary beside them; nothing lands in the image's own
+/// directories, and the directories' files are listed for gathering.
+#[test]
+fn an_at_sonames_plan_uses_the_driver_dirs_the_image_searches() {
+    let inv = standard();
+    let request = request(&[&visible("1"), &caps("compute,utility,graphics,compat32")]);
+    let all = DriverDirs {
+        lib64: true,
+        lib32: true,
+        bin: true,
+    };
+    let plan =
+        build_with_layout(&request, &inv, DEV_ROOT, Layout::at_sonames(inv.arch, all)).unwrap();
+    let at_sonames = build_with_layout(
+        &request,
+        &inv,
+        DEV_ROOT,
+        Layout::at_sonames(inv.arch, DriverDirs::default()),
+    )
+    .unwrap();
+    let names_in = |plan: &Plan, dir: &str| -> BTreeSet<(String, PathBuf)> {
+        plan.mounts
+            .iter()
+            .filter_map(|m| {
+                let (parent, name) = m.destination.rsplit_once('/')?;
+                (parent == dir).then(|| (name.to_string(), m.source.clone()))
+            })
+            .collect()
+    };
+    // The same files from the same sources, in one directory instead of two.
+    let lib64 = names_in(&plan, "/usr/local/nvidia/lib64");
+    assert!(!lib64.is_empty());
+    assert_eq!(lib64, names_in(&at_sonames, "/usr/lib64"));
+    assert_eq!(
+        names_in(&plan, "/usr/local/nvidia/lib"),
+        names_in(&at_sonames, "/usr/lib/i386-linux-gnu")
+    );
+    assert_eq!(
+        names_in(&plan, "/usr/local/nvidia/bin"),
+        names_in(&at_sonames, "/usr/bin")
+    );
+    for dir in [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/usr/bin",
+    ] {
+        assert!(names_in(&plan, dir).is_empty(), "{dir}");
+    }
+    // Every other mount is as before.
+    let elsewhere = |plan: &Plan| -> Vec<String> {
+        plan.mounts
+            .iter()
+            .map(|m| m.destination.clone())
+            .filter(|d| {
+                !d.starts_with("/usr/lib")
+                    && !d.starts_with("/usr/bin")
+                    && !d.starts_with("/usr/local/nvidia/")
+            })
+            .collect()
+    };
+    assert_eq!(elsewhere(&plan), elsewhere(&at_sonames));
+    let gathered = crate::plan::driver_dirs::files_by_dir(&plan);
+    let dirs: Vec<&str> = gathered.iter().map(|(dir, _)| *dir).collect();
+    assert_eq!(
+        dirs,
+        [
+            "/usr/local/nvidia/lib64",
+            "/usr/local/nvidia/lib",
+            "/usr/local/nvidia/bin"
+        ]
+    );
+    assert_eq!(gathered[0].1.len(), lib64.len());
+    // A plan with no driver directory gathers nothing.
+    assert!(crate::plan::driver_dirs::files_by_dir(&at_sonames).is_empty());
 }
 
 mod shadow {

@@ -1,0 +1,235 @@
+//! The driver's files of each driver directory an image searches
+//! ([`crate::plan::driver_dirs`]), gathered on the host into one directory, so that the
+//! runtime makes one recursive bind mount where it would make one per file: runc's own work
+//! per bind mount is most of what NRI's `mounts` mode costs a start (docs/performance.md).
+//!
+//! The directories live in a tmpfs of nvhook's own (`driver-dirs` in its state directory),
+//! mounted private: nothing made there propagates to the host's other mount namespaces, and a
+//! container's copy is its own, so unmounting them on the host leaves every running
+//! container's files in place. Each file is a read-only, nosuid, nodev bind of its source,
+//! opened and checked as the hook opens a mount's source. A directory is named by what it
+//! holds (names, sources, and the sources' identities), and is complete once it has its name:
+//! a driver whose files changed gets a new one.
+
+use crate::hook::HookError;
+use crate::hook::effects::open_source;
+use crate::plan::{Mount, MountKind};
+use crate::rootfs::sys;
+use std::ffi::{CString, OsStr};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// The tmpfs's name in nvhook's state directory.
+pub const DIR_NAME: &str = "driver-dirs";
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatherError {
+    #[error("cannot {op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Source(#[from] HookError),
+    #[error("a driver file's name {0:?} is not a plain file name")]
+    Name(String),
+}
+
+/// The gathered directories under `state_dir`, mounted on first use.
+pub struct DriverTrees {
+    root: PathBuf,
+    fd: Option<OwnedFd>,
+}
+
+impl DriverTrees {
+    pub fn new(state_dir: &Path) -> DriverTrees {
+        DriverTrees {
+            root: state_dir.join(DIR_NAME),
+            fd: None,
+        }
+    }
+
+    /// The directory holding `files` (each a name and its host source), made once.
+    pub fn gather(&mut self, files: &[(&str, &Path)]) -> Result<PathBuf, GatherError> {
+        let name = name_of(files)?;
+        let building = format!(".{name}.{}", std::process::id());
+        let building_path = self.root.join(&building);
+        let path = self.root.join(&name);
+        let root = self.root()?;
+        let c_name = cstring(&name)?;
+        let io = |op, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| GatherError::Io { op, path, source }
+        };
+        if sys::lstat_at(root.as_fd(), &c_name)
+            .map_err(io("look for", &path))?
+            .is_some()
+        {
+            return Ok(path);
+        }
+        let c_building = cstring(&building)?;
+        sys::mkdir_at(root.as_fd(), &c_building, 0o755).map_err(io("create", &building_path))?;
+        let filled = fill(root.as_fd(), &c_building, &building_path, files).and_then(|()| {
+            sys::rename_at(root.as_fd(), &c_building, &c_name).map_err(io("name", &path))
+        });
+        match filled {
+            Ok(()) => {
+                tracing::info!(dir = %path.display(), files = files.len(), "NRI: driver files gathered into one directory");
+                Ok(path)
+            }
+            Err(e) => {
+                remove(&building_path);
+                // Made meanwhile by another plugin: the same files.
+                match path.is_dir() {
+                    true => Ok(path),
+                    false => Err(e),
+                }
+            }
+        }
+    }
+
+    /// The tmpfs at `root`: mounted private where nothing is mounted yet.
+    fn root(&mut self) -> Result<&OwnedFd, GatherError> {
+        if self.fd.is_none() {
+            let root = &self.root;
+            let io = |op| {
+                move |source| GatherError::Io {
+                    op,
+                    path: root.clone(),
+                    source,
+                }
+            };
+            std::fs::create_dir_all(root).map_err(io("create"))?;
+            let open = || {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+                    .open(root)
+                    .map(OwnedFd::from)
+                    .map_err(io("open"))
+            };
+            let mut fd = open()?;
+            if !sys::is_mount_root(fd.as_fd()).map_err(io("inspect"))? {
+                let tmpfs = sys::new_tmpfs().map_err(io("make a tmpfs for"))?;
+                // Private: the files bound in it propagate nowhere, and copies of it are
+                // their own.
+                sys::set_attrs(tmpfs.as_fd(), 0).map_err(io("make private"))?;
+                sys::attach(tmpfs.as_fd(), fd.as_fd()).map_err(io("mount a tmpfs on"))?;
+                MOUNTED
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(root.clone());
+                fd = open()?;
+            }
+            self.fd = Some(fd);
+        }
+        Ok(self.fd.as_ref().expect("opened above"))
+    }
+}
+
+/// The tmpfs this process mounted, for [`detach_all`].
+static MOUNTED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Unmounts the gathered directories this process made (the plugin is stopping). Running
+/// containers keep their own copies.
+pub fn detach_all() {
+    let mounted = std::mem::take(&mut *MOUNTED.lock().unwrap_or_else(|e| e.into_inner()));
+    for root in mounted {
+        let Ok(path) = cstring_path(&root) else {
+            continue;
+        };
+        // SAFETY: path is a valid NUL-terminated string for the call.
+        if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
+            tracing::info!(dir = %root.display(), "NRI: gathered driver directories unmounted");
+        }
+    }
+}
+
+/// Binds each of `files` into the new directory `dir` (in `root`).
+fn fill(
+    root: std::os::fd::BorrowedFd,
+    dir: &CString,
+    dir_path: &Path,
+    files: &[(&str, &Path)],
+) -> Result<(), GatherError> {
+    let io = |op, path: PathBuf| move |source| GatherError::Io { op, path, source };
+    let dir = sys::open_at(root, dir, libc::O_PATH | libc::O_DIRECTORY, 0)
+        .map_err(io("open", dir_path.to_path_buf()))?;
+    for &(name, source) in files {
+        let tree = open_source(&Mount {
+            source: source.to_path_buf(),
+            destination: name.to_string(),
+            kind: MountKind::File,
+        })?;
+        let at = dir_path.join(name);
+        let c_name = cstring(name)?;
+        sys::open_at(
+            dir.as_fd(),
+            &c_name,
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+            0o644,
+        )
+        .map_err(io("create", at.clone()))?;
+        let target =
+            sys::open_at(dir.as_fd(), &c_name, libc::O_PATH, 0).map_err(io("open", at.clone()))?;
+        sys::attach(tree.as_fd(), target.as_fd()).map_err(io("mount on", at))?;
+    }
+    Ok(())
+}
+
+/// Unmounts what a failed build bound, and removes its directory.
+fn remove(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if let Ok(path) = cstring_path(&entry.path()) {
+            // SAFETY: path is a valid NUL-terminated string for the call.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        tracing::warn!(dir = %dir.display(), "cannot remove a half-gathered directory: {e}");
+    }
+}
+
+/// The directory's name: what it holds and the identity of each source, as sixteen hex
+/// digits.
+fn name_of(files: &[(&str, &Path)]) -> Result<String, GatherError> {
+    let mut sorted = files.to_vec();
+    sorted.sort();
+    let mut bytes = Vec::new();
+    for (name, source) in sorted {
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            return Err(GatherError::Name(name.to_string()));
+        }
+        let meta = std::fs::metadata(source).map_err(|e| GatherError::Io {
+            op: "inspect",
+            path: source.to_path_buf(),
+            source: e,
+        })?;
+        bytes.extend(name.bytes().chain([0]));
+        bytes.extend(source.as_os_str().as_bytes().iter().copied().chain([0]));
+        for n in [
+            meta.dev(),
+            meta.ino(),
+            meta.size(),
+            meta.mtime() as u64,
+            meta.mtime_nsec() as u64,
+        ] {
+            bytes.extend(n.to_le_bytes());
+        }
+    }
+    Ok(format!("{:016x}", crate::stable_hash::fnv1a(bytes)))
+}
+
+fn cstring(name: &str) -> Result<CString, GatherError> {
+    CString::new(name).map_err(|_| GatherError::Name(name.to_string()))
+}
+
+fn cstring_path(path: &Path) -> Result<CString, GatherError> {
+    let bytes: &OsStr = path.as_os_str();
+    CString::new(bytes.as_bytes()).map_err(|_| GatherError::Name(path.display().to_string()))
+}
