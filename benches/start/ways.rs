@@ -2,7 +2,8 @@
 //! start is what one way in hands runc (or nvhook-runtime) for the same container, a GPU of
 //! an 8-GPU node and then all eight with every capability, started as an engine's shim starts
 //! it (create, start, wait, delete), with bundles on tmpfs. The ways in: the prestart hook alone (hooks.d, Docker's `--gpus`),
-//! nvhook-runtime (the RuntimeClass), NRI's `hook`, `cdi` and `mounts` modes (the plugin's
+//! nvhook-runtime (the RuntimeClass), NRI's `hook`, `cdi` and `mounts` modes (`mounts` also for
+//! a CUDA image's environment, whose driver directories the plugin gathers; the plugin's
 //! planning runs in this process, as in its daemon, and is inside the start's time), and a
 //! kubelet CDI request for
 //! nvhook's spec (its nodes and createRuntime hook, as an engine injects them; and the same
@@ -37,12 +38,15 @@ enum Way {
     NriHook,
     NriCdi,
     NriMounts,
+    /// NRI `mounts` for an image whose environment searches NVIDIA's driver directories (a
+    /// CUDA image's): each gathered on the host, one bind mount.
+    NriMountsCudaImage,
     CdiRequest,
     /// The same spec with its hook at createContainer, as nvhook wrote it before.
     CdiRequestAtCreateContainer,
 }
 
-const WAYS: [(Way, &str); 11] = [
+const WAYS: [(Way, &str); 12] = [
     (Way::Plain, "runc, no GPU"),
     (Way::Floor, "floor: the GPUs' device nodes"),
     (
@@ -69,6 +73,10 @@ const WAYS: [(Way, &str); 11] = [
     (
         Way::NriMounts,
         "NRI `mounts` (every driver file a bind mount, no hook)",
+    ),
+    (
+        Way::NriMountsCudaImage,
+        "NRI `mounts`, a CUDA image's environment (its driver directories gathered, one bind mount each)",
     ),
     (
         Way::CdiRequest,
@@ -123,7 +131,10 @@ pub fn run(rounds: usize) {
             .collect();
         let text = format!("{}\nnri-mode = \"{mode}\"\n", kept.join("\n"));
         std::fs::write(&config, text).expect("write the plugin's config");
-        (way, GpuPlugin::new(Some(config)))
+        let plugin = GpuPlugin::new(Some(config));
+        // The engine is this process: it sees the mounts the plugin makes.
+        plugin.engine_connected(i32::try_from(std::process::id()).ok());
+        (way, plugin)
     })
     .collect();
     println!(
@@ -197,10 +208,16 @@ impl Ways<'_> {
     /// One start of `way` as an engine's shim makes it, and for NRI the plugin's planning,
     /// which containerd waits for before it creates the container.
     fn start(&self, way: Way, bundle: &mut Bundle) -> (cycle::Cost, Option<Planning>) {
-        let request = [
+        let mut request = vec![
             format!("NVIDIA_VISIBLE_DEVICES={}", self.device),
             "NVIDIA_DRIVER_CAPABILITIES=all".to_string(),
         ];
+        if way == Way::NriMountsCudaImage {
+            request.extend(CUDA_IMAGE_ENV.map(String::from));
+            for var in CUDA_IMAGE_ENV {
+                bundle.env(var);
+            }
+        }
         if matches!(way, Way::HookAlone | Way::RuntimeClass | Way::NriHook) {
             for var in &request {
                 bundle.env(var);
@@ -214,6 +231,7 @@ impl Ways<'_> {
             | Way::NriHook
             | Way::NriCdi
             | Way::NriMounts
+            | Way::NriMountsCudaImage
             | Way::RuntimeClass
             | Way::RuntimeClassHop => {}
             Way::Floor
@@ -251,7 +269,16 @@ impl Ways<'_> {
                 bundle.prestart_hook(self.node);
             }
         }
-        let plugin = self.plugins.iter().find(|(w, _)| *w == way).map(|(_, p)| p);
+        // A CUDA image's container goes to the same `mounts` plugin.
+        let plugin_way = match way {
+            Way::NriMountsCudaImage => Way::NriMounts,
+            other => other,
+        };
+        let plugin = self
+            .plugins
+            .iter()
+            .find(|(w, _)| *w == plugin_way)
+            .map(|(_, p)| p);
         let planning = plugin.map(|plugin| {
             let (started, cpu) = (Instant::now(), thread_cpu());
             let adjustment = plan_through(plugin, bundle.id(), &request);
@@ -279,6 +306,12 @@ impl Ways<'_> {
         [&self.spec["containerEdits"], &device["containerEdits"]]
     }
 }
+
+/// What NVIDIA's CUDA images set: their loader and shell search the driver's directories.
+const CUDA_IMAGE_ENV: [&str; 2] = [
+    "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+    "PATH=/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+];
 
 /// What `plugin` answers containerd for container `id` with `env`.
 fn plan_through(plugin: &GpuPlugin, id: &str, env: &[String]) -> ContainerAdjustment {
@@ -420,6 +453,7 @@ fn report(gpus: &str, variants: &[Variant], log: &str) {
         (Way::NriHook, "hook"),
         (Way::NriCdi, "cdi"),
         (Way::NriMounts, "mounts"),
+        (Way::NriMountsCudaImage, "mounts, a CUDA image"),
     ]
     .iter()
     .map(|&(way, mode)| {
@@ -453,6 +487,10 @@ fn report(gpus: &str, variants: &[Variant], log: &str) {
     println!(
         "- the CDI request's hook at createRuntime against createContainer, paired p50: {}",
         against(Way::CdiRequest, Way::CdiRequestAtCreateContainer)
+    );
+    println!(
+        "- NRI `mounts`, a CUDA image's gathered driver directories against every file a bind mount, paired p50: {}",
+        against(Way::NriMountsCudaImage, Way::NriMounts)
     );
     println!();
 }
