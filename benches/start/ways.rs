@@ -99,6 +99,8 @@ struct Variant {
     cpu: Samples,
     /// The NRI plugin's planning, inside the start's time.
     planning: Samples,
+    /// The mounts the NRI plugin's adjustment handed the runtime.
+    mounts: usize,
     /// The bundle of each start, to find its lines in the log.
     bundles: Vec<String>,
     ids: Vec<String>,
@@ -175,6 +177,7 @@ impl Ways<'_> {
                 create: Samples::default(),
                 cpu: Samples::default(),
                 planning: Samples::default(),
+                mounts: 0,
                 bundles: Vec::new(),
                 ids: Vec::new(),
             })
@@ -194,8 +197,9 @@ impl Ways<'_> {
                     v.samples.push(ms(cost.wall) + plan_wall);
                     v.create.push(ms(cost.phases[0]) + plan_wall);
                     v.cpu.push(ms(cost.cpu) + plan_cpu);
-                    if planning.is_some() {
+                    if let Some(planning) = planning {
                         v.planning.push(plan_wall);
+                        v.mounts = planning.mounts;
                     }
                     v.bundles.push(bundle.dir().display().to_string());
                     v.ids.push(bundle.id().to_string());
@@ -285,6 +289,7 @@ impl Ways<'_> {
             let planning = Planning {
                 wall: started.elapsed(),
                 cpu: thread_cpu() - cpu,
+                mounts: adjustment.mounts.len(),
             };
             apply(bundle, &adjustment);
             planning
@@ -367,11 +372,13 @@ fn apply(bundle: &mut Bundle, adjustment: &ContainerAdjustment) {
     }
 }
 
-/// The NRI plugin's planning of one container: its wall time and this thread's CPU time.
+/// The NRI plugin's planning of one container: its wall time, this thread's CPU time, and
+/// the mounts its adjustment hands the runtime.
 #[derive(Clone, Copy)]
 struct Planning {
     wall: Duration,
     cpu: Duration,
+    mounts: usize,
 }
 
 /// A createRuntime hook entry of nvhook's spec as an earlier nvhook wrote it, for the
@@ -457,8 +464,14 @@ fn report(gpus: &str, variants: &[Variant], log: &str) {
     ]
     .iter()
     .map(|&(way, mode)| {
-        let p = &by(way).planning;
-        format!("`{mode}` p50 {:.2} ms, p95 {:.2} ms", p.p50(), p.p95())
+        let v = by(way);
+        let p = &v.planning;
+        format!(
+            "`{mode}` p50 {:.2} ms, p95 {:.2} ms, {} mounts for the runtime",
+            p.p50(),
+            p.p95(),
+            v.mounts
+        )
     })
     .collect();
     println!(

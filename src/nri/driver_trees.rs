@@ -233,3 +233,46 @@ fn cstring_path(path: &Path) -> Result<CString, GatherError> {
     let bytes: &OsStr = path.as_os_str();
     CString::new(bytes.as_bytes()).map_err(|_| GatherError::Name(path.display().to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory's name follows what it holds: the same files give the same name in any
+    /// order, a source rewritten in place gives another, and a name that is not a plain file
+    /// name is refused.
+    #[test]
+    fn a_directory_is_named_by_its_files_and_their_identities() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::write(&a, "one").unwrap();
+        std::fs::write(&b, "two").unwrap();
+        let files = [
+            ("libcuda.so.1", a.as_path()),
+            ("libnvidia-ml.so.1", b.as_path()),
+        ];
+        let name = name_of(&files).unwrap();
+        assert_eq!(name.len(), 16);
+        let reversed = [files[1], files[0]];
+        assert_eq!(name_of(&reversed).unwrap(), name);
+        // Another name for the same source is another directory.
+        assert_ne!(
+            name_of(&[("libcuda.so", a.as_path())]).unwrap(),
+            name_of(&files[..1]).unwrap()
+        );
+        // A driver file replaced (a new inode, as an upgrade makes it).
+        std::fs::remove_file(&a).unwrap();
+        std::fs::write(&a, "one, again").unwrap();
+        assert_ne!(name_of(&files).unwrap(), name);
+        for bad in ["", ".", "..", "lib/cuda"] {
+            assert!(
+                matches!(name_of(&[(bad, a.as_path())]), Err(GatherError::Name(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            name_of(&[("gone", dir.path().join("gone").as_path())]),
+            Err(GatherError::Io { op: "inspect", .. })
+        ));
+    }
+}
