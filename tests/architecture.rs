@@ -239,6 +239,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "private_file",
             "privileges",
             "rootfs",
+            "stable_hash",
             "whole_file",
         ],
     ),
