@@ -794,6 +794,23 @@ fn gathered_where_a_cuda_image_looks(name: &str, runc: Option<PathBuf>) {
     assert!(!log.contains("nvhook::hook"), "a hook ran:\n{log}");
     // The gathered files are mounted on the host while the plugin runs...
     assert!(!host_mounts_referencing(&[node.root()]).is_empty());
+    // ...and made again for the next container when someone unmounted them by hand.
+    let gathered_dirs = node.root().join("run/driver-dirs");
+    let unmounted = std::process::Command::new("umount")
+        .arg("--lazy")
+        .arg(&gathered_dirs)
+        .status()
+        .expect("run umount");
+    assert!(unmounted.success(), "umount {}", gathered_dirs.display());
+    let request = ContainerRequest {
+        image: &cuda,
+        args: &args,
+        mounts: &allocation,
+        ..Default::default()
+    };
+    let again = pods.run(&mut cri, &containerd, &node, "again", request);
+    assert_allocated_gpu_only("nri-mode = mounts, a CUDA image, gathered again", &again);
+    again.assert_lines(&[&format!("dlopen libcuda.so.1 path {libcuda}"), "cuInit 0"]);
     // ...and not once it stopped (checked there).
     no_allocation_then_stop("mounts", &node, &image, &pods, cri, containerd, plugin);
 }

@@ -43,19 +43,17 @@ pub enum GatherError {
 /// The gathered directories under `state_dir`, mounted on first use.
 pub struct DriverTrees {
     root: PathBuf,
-    fd: Option<OwnedFd>,
 }
 
 impl DriverTrees {
     pub fn new(state_dir: &Path) -> DriverTrees {
         DriverTrees {
             root: state_dir.join(DIR_NAME),
-            fd: None,
         }
     }
 
     /// The directory holding `files` (each a name and its host source), made once.
-    pub fn gather(&mut self, files: &[(&str, &Path)]) -> Result<PathBuf, GatherError> {
+    pub fn gather(&self, files: &[(&str, &Path)]) -> Result<PathBuf, GatherError> {
         let name = name_of(files)?;
         let building = format!(".{name}.{}", std::process::id());
         let building_path = self.root.join(&building);
@@ -93,42 +91,44 @@ impl DriverTrees {
         }
     }
 
-    /// The tmpfs at `root`: mounted private where nothing is mounted yet.
-    fn root(&mut self) -> Result<&OwnedFd, GatherError> {
-        if self.fd.is_none() {
-            let root = &self.root;
-            let io = |op| {
-                move |source| GatherError::Io {
-                    op,
-                    path: root.clone(),
-                    source,
-                }
-            };
-            std::fs::create_dir_all(root).map_err(io("create"))?;
-            let open = || {
-                std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
-                    .open(root)
-                    .map(OwnedFd::from)
-                    .map_err(io("open"))
-            };
-            let mut fd = open()?;
-            if !sys::is_mount_root(fd.as_fd()).map_err(io("inspect"))? {
-                let tmpfs = sys::new_tmpfs().map_err(io("make a tmpfs for"))?;
-                // Private: the files bound in it propagate nowhere, and copies of it are
-                // their own.
-                sys::set_attrs(tmpfs.as_fd(), 0).map_err(io("make private"))?;
-                sys::attach(tmpfs.as_fd(), fd.as_fd()).map_err(io("mount a tmpfs on"))?;
-                MOUNTED
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(root.clone());
-                fd = open()?;
+    /// The tmpfs at `root`, as the runtime will find it by path: opened for each container,
+    /// and mounted private again where it is gone (unmounted by hand).
+    fn root(&self) -> Result<OwnedFd, GatherError> {
+        let root = &self.root;
+        let io = |op| {
+            move |source| GatherError::Io {
+                op,
+                path: root.clone(),
+                source,
             }
-            self.fd = Some(fd);
+        };
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+                .open(root)
+                .map(OwnedFd::from)
+                .map_err(io("open"))
+        };
+        let fd = match open() {
+            Ok(fd) => fd,
+            Err(_) => {
+                std::fs::create_dir_all(root).map_err(io("create"))?;
+                open()?
+            }
+        };
+        if sys::is_mount_root(fd.as_fd()).map_err(io("inspect"))? {
+            return Ok(fd);
         }
-        Ok(self.fd.as_ref().expect("opened above"))
+        let tmpfs = sys::new_tmpfs().map_err(io("make a tmpfs for"))?;
+        // Private: the files bound in it propagate nowhere, and copies of it are their own.
+        sys::set_attrs(tmpfs.as_fd(), 0).map_err(io("make private"))?;
+        sys::attach(tmpfs.as_fd(), fd.as_fd()).map_err(io("mount a tmpfs on"))?;
+        MOUNTED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(root.clone());
+        open()
     }
 }
 
@@ -264,6 +264,12 @@ mod tests {
         std::fs::remove_file(&a).unwrap();
         std::fs::write(&a, "one, again").unwrap();
         assert_ne!(name_of(&files).unwrap(), name);
+        // A state directory nothing can be made in: an error for the caller to log.
+        let trees = DriverTrees::new(&a);
+        assert!(matches!(
+            trees.gather(&files),
+            Err(GatherError::Io { op: "create", .. })
+        ));
         for bad in ["", ".", "..", "lib/cuda"] {
             assert!(
                 matches!(name_of(&[(bad, a.as_path())]), Err(GatherError::Name(_))),

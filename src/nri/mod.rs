@@ -55,8 +55,6 @@ pub struct GpuPlugin {
     /// Whether the engine sees the mounts this process makes on the host (it runs in this
     /// process's mount namespace), which gathered driver directories need.
     engine_sees_mounts: std::sync::atomic::AtomicBool,
-    /// The gathered driver directories, once one was made.
-    trees: Mutex<Option<driver_trees::DriverTrees>>,
 }
 
 impl GpuPlugin {
@@ -68,7 +66,6 @@ impl GpuPlugin {
             nvml: Mutex::new(Remembered::default()),
             swept: Mutex::default(),
             engine_sees_mounts: Default::default(),
-            trees: Mutex::default(),
         }
     }
 
@@ -115,8 +112,7 @@ impl GpuPlugin {
         {
             return Vec::new();
         }
-        let mut trees = self.trees.lock().unwrap_or_else(|e| e.into_inner());
-        let trees = trees.get_or_insert_with(|| driver_trees::DriverTrees::new(&state_dir(config)));
+        let trees = driver_trees::DriverTrees::new(&state_dir(config));
         by_dir
             .into_iter()
             .filter_map(|(dir, files)| match trees.gather(&files) {
