@@ -153,6 +153,58 @@ fn a_host_users_false_pod_gets_its_gpu_through_nri_cdi_mode() {
     node.stop();
 }
 
+/// `nri-mode = "mounts"` for a pod whose environment searches /usr/local/nvidia/lib64, as a
+/// CUDA image's does: the plugin gathers the libraries on the host, and runc binds that one
+/// directory into the pod's user namespace, where the loader finds libcuda.
+#[test]
+fn a_host_users_false_pod_of_a_cuda_image_gets_its_gpu_through_nri_mounts_mode() {
+    let mut node = start("userns-pod-nri-gathered", true);
+    node.connect_nri_plugin("mounts");
+    let visible = GPU.to_string();
+    let env = [
+        ("NVIDIA_VISIBLE_DEVICES", visible.as_str()),
+        ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
+        (
+            "LD_LIBRARY_PATH",
+            "/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
+        ),
+        ("PATH", "/usr/local/nvidia/bin:/usr/bin:/bin"),
+    ];
+    let libcuda = "/usr/local/nvidia/lib64/libcuda.so.1";
+    let smi = "/usr/local/nvidia/bin/nvidia-smi";
+    let args = gpucheck_args(
+        GPUS,
+        &[
+            "--ls", "/dev", "--write", libcuda, "--owner", libcuda, "--exec", smi,
+        ],
+    );
+    let request = ContainerRequest {
+        env: &env,
+        user_namespace: Some(PodUserNamespace {
+            host_id: HOST_ID,
+            size: IDS,
+        }),
+        ..Default::default()
+    };
+    let output = node
+        .run_gpucheck(DEFAULT_HANDLER, "userns", &args, request)
+        .output;
+    output.assert_allocated_gpu_only("hostUsers: false, a CUDA image", GPUS, GPU);
+    output.assert_only_gpu_with_read_only_driver(GPUS, GPU, libcuda);
+    output.assert_lines(&[
+        &format!("dlopen libcuda.so.1 path {libcuda}"),
+        // The host's file, seen from the pod's user namespace: no one's.
+        &format!("owner {libcuda} 65534:65534"),
+        &format!("exec {smi} rc=0"),
+    ]);
+    let log = node.node.log();
+    assert!(
+        log.contains("driver files gathered into one directory"),
+        "{log}"
+    );
+    node.stop();
+}
+
 /// `nri-mode = "cdi-devices"`: the plugin names GPU 1 in nvhook's CDI spec and containerd
 /// injects it, the spec's createRuntime hook included.
 #[test]

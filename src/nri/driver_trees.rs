@@ -105,7 +105,7 @@ impl DriverTrees {
         let open = || {
             std::fs::OpenOptions::new()
                 .read(true)
-                .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+                .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW)
                 .open(root)
                 .map(OwnedFd::from)
                 .map_err(io("open"))
