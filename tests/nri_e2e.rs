@@ -662,13 +662,8 @@ fn gathered_where_a_cuda_image_looks(name: &str, runc: Option<PathBuf>) {
     require_root();
     let node = SimNode::create(GPUS);
     node.configure("nri-mode = \"mounts\"");
-    let Connected {
-        dir,
-        containerd,
-        image,
-        plugin,
-        pods,
-    } = connected_with(&node, name, runc);
+    let engine = connected_with(&node, name, runc);
+    let (containerd, pods) = (&engine.containerd, &engine.pods);
     // NVIDIA's CUDA base images set these two.
     let cuda = format!(
         "docker.io/nvhook-test/{}:latest",
@@ -681,7 +676,7 @@ fn gathered_where_a_cuda_image_looks(name: &str, runc: Option<PathBuf>) {
             "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
         ],
     };
-    containerd.import_rootfs(dir.path(), glibc_image().rootfs(), &cuda, &cuda_env);
+    containerd.import_rootfs(engine.dir.path(), glibc_image().rootfs(), &cuda, &cuda_env);
     let uuid = node.gpu_uuid(ALLOCATED as usize);
     let mount_point = format!("{DEVICE_MOUNT_ROOT}/{uuid}");
     let allocation = [(mount_point.as_str(), "/dev/null")];
@@ -707,12 +702,12 @@ fn gathered_where_a_cuda_image_looks(name: &str, runc: Option<PathBuf>) {
     let mut args = GPUCHECK.to_vec();
     args.extend(["--ls", "/usr/lib64", "--ls", "/usr/bin"]);
     let request = ContainerRequest {
-        image: &image,
+        image: &engine.image,
         args: &args,
         mounts: &allocation,
         ..Default::default()
     };
-    let per_file = pods.run(&mut cri, &containerd, &node, "perfile", request);
+    let per_file = pods.run(&mut cri, containerd, &node, "perfile", request);
     assert_allocated_gpu_only("nri-mode = mounts, per file", &per_file);
 
     let lib64 = "/usr/local/nvidia/lib64";
@@ -730,13 +725,16 @@ fn gathered_where_a_cuda_image_looks(name: &str, runc: Option<PathBuf>) {
         "--ls",
         "/usr/lib64",
     ]);
-    let request = ContainerRequest {
-        image: &cuda,
-        args: &args,
-        mounts: &allocation,
-        ..Default::default()
+    let cuda_pod = |cri: &mut Cri, name: &str| {
+        let request = ContainerRequest {
+            image: &cuda,
+            args: &args,
+            mounts: &allocation,
+            ..Default::default()
+        };
+        pods.run(cri, containerd, &node, name, request)
     };
-    let gathered = pods.run(&mut cri, &containerd, &node, "gathered", request);
+    let gathered = cuda_pod(&mut cri, "gathered");
     assert_allocated_gpu_only("nri-mode = mounts, a CUDA image", &gathered);
     gathered.assert_lines(&[
         // Through LD_LIBRARY_PATH, before any cache or default directory.
@@ -802,17 +800,19 @@ fn gathered_where_a_cuda_image_looks(name: &str, runc: Option<PathBuf>) {
         .status()
         .expect("run umount");
     assert!(unmounted.success(), "umount {}", gathered_dirs.display());
-    let request = ContainerRequest {
-        image: &cuda,
-        args: &args,
-        mounts: &allocation,
-        ..Default::default()
-    };
-    let again = pods.run(&mut cri, &containerd, &node, "again", request);
+    let again = cuda_pod(&mut cri, "again");
     assert_allocated_gpu_only("nri-mode = mounts, a CUDA image, gathered again", &again);
     again.assert_lines(&[&format!("dlopen libcuda.so.1 path {libcuda}"), "cuInit 0"]);
     // ...and not once it stopped (checked there).
-    no_allocation_then_stop("mounts", &node, &image, &pods, cri, containerd, plugin);
+    no_allocation_then_stop(
+        "mounts",
+        &node,
+        &engine.image,
+        &engine.pods,
+        cri,
+        engine.containerd,
+        engine.plugin,
+    );
 }
 
 /// `nri-mode = "cdi-devices"`: the adjustment names the allocated GPU in nvhook's CDI spec
