@@ -73,20 +73,9 @@ impl GpuPlugin {
     /// pid namespace numbers it; None where the kernel gave none): whether it shares this
     /// process's mount namespace decides if driver directories can be gathered on the host.
     pub fn engine_connected(&self, pid: Option<i32>) {
-        let ns = |pid: &str| {
-            std::fs::metadata(format!("/proc/{pid}/ns/mnt"))
-                .ok()
-                .map(|m| {
-                    (
-                        std::os::unix::fs::MetadataExt::dev(&m),
-                        std::os::unix::fs::MetadataExt::ino(&m),
-                    )
-                })
-        };
-        let shared = pid
-            .filter(|&p| p > 0)
-            .and_then(|p| ns(&p.to_string()))
-            .is_some_and(|engine| ns("self") == Some(engine));
+        let shared = pid.filter(|&p| p > 0).is_some_and(|p| {
+            crate::hook::container_mounts::shares_our_mount_ns(p).unwrap_or(false)
+        });
         self.engine_sees_mounts
             .store(shared, std::sync::atomic::Ordering::Relaxed);
         match shared {
