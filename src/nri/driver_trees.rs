@@ -15,7 +15,7 @@ use crate::hook::HookError;
 use crate::hook::effects::open_source;
 use crate::plan::{Mount, MountKind};
 use crate::rootfs::sys;
-use std::ffi::{CString, OsStr};
+use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -140,11 +140,7 @@ static MOUNTED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new(
 pub fn detach_all() {
     let mounted = std::mem::take(&mut *MOUNTED.lock().unwrap_or_else(|e| e.into_inner()));
     for root in mounted {
-        let Ok(path) = cstring_path(&root) else {
-            continue;
-        };
-        // SAFETY: path is a valid NUL-terminated string for the call.
-        if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
+        if sys::unmount_lazily(&root).is_ok() {
             tracing::info!(dir = %root.display(), "NRI: gathered driver directories unmounted");
         }
     }
@@ -185,10 +181,7 @@ fn fill(
 /// Unmounts what a failed build bound, and removes its directory.
 fn remove(dir: &Path) {
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if let Ok(path) = cstring_path(&entry.path()) {
-            // SAFETY: path is a valid NUL-terminated string for the call.
-            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
-        }
+        let _ = sys::unmount_lazily(&entry.path());
     }
     if let Err(e) = std::fs::remove_dir_all(dir) {
         tracing::warn!(dir = %dir.display(), "cannot remove a half-gathered directory: {e}");
@@ -227,11 +220,6 @@ fn name_of(files: &[(&str, &Path)]) -> Result<String, GatherError> {
 
 fn cstring(name: &str) -> Result<CString, GatherError> {
     CString::new(name).map_err(|_| GatherError::Name(name.to_string()))
-}
-
-fn cstring_path(path: &Path) -> Result<CString, GatherError> {
-    let bytes: &OsStr = path.as_os_str();
-    CString::new(bytes.as_bytes()).map_err(|_| GatherError::Name(path.display().to_string()))
 }
 
 #[cfg(test)]

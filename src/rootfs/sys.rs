@@ -69,6 +69,13 @@ pub fn clone_at(dir: BorrowedFd, name: &CStr) -> io::Result<OwnedFd> {
     fd_result(unsafe { libc::syscall(libc::SYS_open_tree, dir.as_raw_fd(), name.as_ptr(), flags) })
 }
 
+/// Lazily unmounts the mount at `path` (with every mount under it).
+pub fn unmount_lazily(path: &Path) -> io::Result<()> {
+    let p = cstr(path)?;
+    // SAFETY: p is a valid NUL-terminated string for the call.
+    unit_result(unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) }.into())
+}
+
 /// Lazily unmounts the mount whose root `root` refers to.
 pub fn detach(root: BorrowedFd) -> io::Result<()> {
     let path = CString::new(format!("/proc/self/fd/{}", root.as_raw_fd()))
