@@ -32,8 +32,9 @@ use std::path::{Path, PathBuf};
 
 use containerd2::{CriNode, DEFAULT_HANDLER};
 use cri::ContainerRequest;
+use nvhook::nri::driver_trees;
 use support::engines::{nvhook_runtime_bin, sid_runtime_bin};
-use support::{Output, gpucheck_args, write_script};
+use support::{Output, gpucheck_args, host_mounts_referencing, write_script};
 
 const GPUS: u32 = 4;
 /// The GPU the kubelet allocates to the GPU pods here.
@@ -224,10 +225,12 @@ fn nri_mode_mounts_on_crun_without_cgroups_gives_pods_their_allocated_gpu() {
 
 /// `nri-mode = "mounts"` for a pod whose environment searches /usr/local/nvidia/lib64 and
 /// bin, as a CUDA image's does, with containerd in another mount namespace than the plugin's
-/// (here, the test's own): the plugin cannot gather the driver's files where the engine would
-/// see them, so crun binds each of them into those directories, where the loader finds them.
+/// (here, the test's own): the plugin gathers the driver's files in containerd's namespace,
+/// where crun binds each gathered directory in one mount and the loader finds libcuda. Nothing
+/// of it is mounted in the plugin's own namespace, and nothing is left in containerd's once
+/// the plugin stopped (`stop` checks both).
 #[test]
-fn nri_mode_mounts_on_crun_binds_each_file_where_the_engine_cannot_see_the_plugins_mounts() {
+fn nri_mode_mounts_on_crun_gathers_in_the_engines_mount_namespace() {
     let mut node = start_crun("crun-nri-mounts-apart", &[], CrunCgroups::Disabled);
     node.connect_nri_plugin("mounts");
     let uuid = node.node.gpu_uuid(ALLOCATED as usize);
@@ -254,10 +257,22 @@ fn nri_mode_mounts_on_crun_binds_each_file_where_the_engine_cannot_see_the_plugi
     ]);
     let log = node.node.log();
     assert!(
-        log.contains("the engine is in another mount namespace"),
+        log.contains("the engine is in another mount namespace: driver directories an image searches are gathered in the engine's"),
         "{log}"
     );
-    assert!(!log.contains("driver files gathered"), "{log}");
+    assert!(log.contains("driver files gathered"), "{log}");
+    let gathered = node.node.root().join("run").join(driver_trees::DIR_NAME);
+    let gathered = gathered.display().to_string();
+    let in_containerds = node.ns.as_ref().expect("containerd's namespace").table();
+    assert!(
+        in_containerds.iter().any(|l| l.contains(&gathered)),
+        "{in_containerds:#?}"
+    );
+    let in_ours = host_mounts_referencing(&[node.node.root()]);
+    assert!(
+        !in_ours.iter().any(|l| l.contains(&gathered)),
+        "{in_ours:#?}"
+    );
     node.stop();
 }
 

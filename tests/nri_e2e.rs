@@ -60,11 +60,17 @@ struct Connected {
 }
 
 fn connected(node: &SimNode, name: &str) -> Connected {
-    connected_with(node, name, None)
+    connected_with(node, name, None, &[])
 }
 
-/// [`connected`], its pods run by `runc` where one is given (Debian 12's otherwise).
-fn connected_with(node: &SimNode, name: &str, runc: Option<PathBuf>) -> Connected {
+/// [`connected`], its pods run by `runc` where one is given (Debian 12's otherwise), the
+/// plugin run by `wrapper` where it is not empty ([`NriPlugin::start_under`]).
+fn connected_with(
+    node: &SimNode,
+    name: &str,
+    runc: Option<PathBuf>,
+    wrapper: &[&str],
+) -> Connected {
     let dir = EngineDir::new(name);
     let mut setup = Containerd2Cri::under(dir.path());
     if let Some(runc) = runc {
@@ -72,7 +78,7 @@ fn connected_with(node: &SimNode, name: &str, runc: Option<PathBuf>) -> Connecte
     }
     let containerd = setup.start(dir.path(), &[]);
     let image = containerd.import_gpucheck_image(dir.path());
-    let plugin = NriPlugin::start(&node.config(), &setup.nri.socket, dir.path());
+    let plugin = NriPlugin::start_under(wrapper, &node.config(), &setup.nri.socket, dir.path());
     plugin.wait_registered(&node.log_file(), 1, &containerd);
     // Run by hand or by a unit, the plugin says on stderr that it is attached (its log is a file).
     let attached = format!(
@@ -649,22 +655,83 @@ fn nri_mode_mounts_gives_the_gpu_with_no_hook_process() {
 /// plugin leaves nothing mounted on the host.
 #[test]
 fn nri_mode_mounts_gathers_the_driver_files_where_a_cuda_image_looks() {
-    gathered_where_a_cuda_image_looks("nri-gathered", None);
+    gathered_where_a_cuda_image_looks("nri-gathered", None, &[]);
 }
 
 /// The same on sid's runc 1.3.6.
 #[test]
 fn nri_mode_mounts_gathers_the_driver_files_on_runc_1_3() {
-    gathered_where_a_cuda_image_looks("nri-gathered-13", Some(sid_runtime_bin("runc")));
+    gathered_where_a_cuda_image_looks("nri-gathered-13", Some(sid_runtime_bin("runc")), &[]);
 }
 
-fn gathered_where_a_cuda_image_looks(name: &str, runc: Option<PathBuf>) {
+/// The same with the plugin in a mount namespace of its own, its mounts propagating nowhere,
+/// as a DaemonSet's container runs it (with the node's PIDs, `hostPID`): it gathers the files
+/// in containerd's namespace, the host's here, which the runtime resolves its mounts in; a
+/// SIGTERM unmounts them there.
+#[test]
+fn nri_mode_mounts_from_a_plugin_in_a_mount_namespace_of_its_own_gathers_in_the_engines() {
+    gathered_where_a_cuda_image_looks(
+        "nri-gathered-apart",
+        None,
+        &["unshare", "--mount", "--propagation", "slave"],
+    );
+}
+
+/// A CUDA image's environment with the plugin in a PID namespace of its own, where it cannot
+/// tell which process the engine is (a DaemonSet without `hostPID`): the runtime binds each
+/// driver file into the directories the image searches, where the loader and PATH find them.
+#[test]
+fn nri_mode_mounts_binds_each_file_where_the_engines_pid_is_not_visible() {
     require_root();
     let node = SimNode::create(GPUS);
     node.configure("nri-mode = \"mounts\"");
-    let engine = connected_with(&node, name, runc);
-    let (containerd, pods) = (&engine.containerd, &engine.pods);
-    // NVIDIA's CUDA base images set these two.
+    let engine = connected_with(
+        &node,
+        "nri-pid-apart",
+        None,
+        &[
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child=SIGTERM",
+        ],
+    );
+    let cuda = import_cuda_image(&engine);
+    let uuid = node.gpu_uuid(ALLOCATED as usize);
+    let mount_point = format!("{DEVICE_MOUNT_ROOT}/{uuid}");
+    let mut args = GPUCHECK.to_vec();
+    args.extend(["--exec", "/usr/local/nvidia/bin/nvidia-smi"]);
+    let request = ContainerRequest {
+        image: &cuda,
+        args: &args,
+        mounts: &[(mount_point.as_str(), "/dev/null")],
+        ..Default::default()
+    };
+    let mut cri = Cri::connect(engine.containerd.socket());
+    let output = engine
+        .pods
+        .run(&mut cri, &engine.containerd, &node, "perfile", request);
+    assert_allocated_gpu_only("nri-mode = mounts, the engine unseen", &output);
+    output.assert_lines(&[
+        "dlopen libcuda.so.1 path /usr/local/nvidia/lib64/libcuda.so.1",
+        "cuInit 0",
+        "exec /usr/local/nvidia/bin/nvidia-smi rc=0",
+    ]);
+    let log = node.log();
+    assert!(
+        log.contains("the engine's pid is not visible here"),
+        "{log}"
+    );
+    assert!(!log.contains("driver files gathered"), "{log}");
+    stop_engine(engine.plugin, cri, engine.containerd);
+    let leaked = host_mounts_referencing(&[node.root()]);
+    assert!(leaked.is_empty(), "driver files still mounted: {leaked:#?}");
+}
+
+/// A copy of the glibc image with the environment NVIDIA's CUDA base images set, imported
+/// into `engine`'s containerd; its name.
+fn import_cuda_image(engine: &Connected) -> String {
     let cuda = format!(
         "docker.io/nvhook-test/{}:latest",
         unique_name("cuda-layout")
@@ -676,7 +743,19 @@ fn gathered_where_a_cuda_image_looks(name: &str, runc: Option<PathBuf>) {
             "LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
         ],
     };
-    containerd.import_rootfs(engine.dir.path(), glibc_image().rootfs(), &cuda, &cuda_env);
+    engine
+        .containerd
+        .import_rootfs(engine.dir.path(), glibc_image().rootfs(), &cuda, &cuda_env);
+    cuda
+}
+
+fn gathered_where_a_cuda_image_looks(name: &str, runc: Option<PathBuf>, wrapper: &[&str]) {
+    require_root();
+    let node = SimNode::create(GPUS);
+    node.configure("nri-mode = \"mounts\"");
+    let engine = connected_with(&node, name, runc, wrapper);
+    let (containerd, pods) = (&engine.containerd, &engine.pods);
+    let cuda = import_cuda_image(&engine);
     let uuid = node.gpu_uuid(ALLOCATED as usize);
     let mount_point = format!("{DEVICE_MOUNT_ROOT}/{uuid}");
     let allocation = [(mount_point.as_str(), "/dev/null")];
@@ -789,6 +868,13 @@ fn gathered_where_a_cuda_image_looks(name: &str, runc: Option<PathBuf>) {
         log.contains("NRI: driver files gathered into one directory"),
         "{log}"
     );
+    let namespace = match wrapper {
+        [] => "the engine shares this plugin's mount namespace",
+        _ => {
+            "the engine is in another mount namespace: driver directories an image searches are gathered in the engine's"
+        }
+    };
+    assert!(log.contains(namespace), "{log}");
     assert!(!log.contains("nvhook::hook"), "a hook ran:\n{log}");
     // The gathered files are mounted on the host while the plugin runs...
     assert!(!host_mounts_referencing(&[node.root()]).is_empty());

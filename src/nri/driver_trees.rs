@@ -4,13 +4,14 @@
 //! per bind mount is most of what NRI's `mounts` mode costs a start (docs/performance.md).
 //!
 //! The directories live in a tmpfs of nvhook's own (`driver-dirs` in its state directory),
-//! mounted private: nothing made there propagates to the host's other mount namespaces, and a
+//! mounted in the engine's mount namespace ([`super::engine_view`]), private: nothing made there propagates to the host's other mount namespaces, and a
 //! container's copy is its own, so unmounting them on the host leaves every running
 //! container's files in place. Each file is a read-only, nosuid, nodev bind of its source,
 //! opened and checked as the hook opens a mount's source. A directory is named by what it
 //! holds (names, sources, and the sources' identities), and is complete once it has its name:
 //! a driver whose files changed gets a new one.
 
+use super::engine_view::EngineView;
 use crate::hook::HookError;
 use crate::hook::effects::open_source;
 use crate::plan::{Mount, MountKind};
@@ -40,20 +41,34 @@ pub enum GatherError {
     Name(String),
 }
 
-/// The gathered directories under `state_dir`, mounted on first use.
+/// The gathered directories under `state_dir`, mounted on first use, where the engine sees
+/// them.
 pub struct DriverTrees {
     root: PathBuf,
+    view: EngineView,
 }
 
 impl DriverTrees {
-    pub fn new(state_dir: &Path) -> DriverTrees {
+    pub fn new(state_dir: &Path, view: EngineView) -> DriverTrees {
         DriverTrees {
             root: state_dir.join(DIR_NAME),
+            view,
         }
     }
 
     /// The directory holding `files` (each a name and its host source), made once.
     pub fn gather(&self, files: &[(&str, &Path)]) -> Result<PathBuf, GatherError> {
+        self.view
+            .run(|| self.gather_here(files))
+            .map_err(|source| GatherError::Io {
+                op: "enter the engine's mount namespace for",
+                path: self.root.clone(),
+                source,
+            })?
+    }
+
+    /// [`DriverTrees::gather`], in the engine's mount namespace.
+    fn gather_here(&self, files: &[(&str, &Path)]) -> Result<PathBuf, GatherError> {
         let name = name_of(files)?;
         let building = format!(".{name}.{}", std::process::id());
         let building_path = self.root.join(&building);
@@ -127,20 +142,20 @@ impl DriverTrees {
         MOUNTED
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(root.clone());
+            .push((root.clone(), self.view.clone()));
         open()
     }
 }
 
-/// The tmpfs this process mounted, for [`detach_all`].
-static MOUNTED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+/// The tmpfs this process mounted, and where, for [`detach_all`].
+static MOUNTED: std::sync::Mutex<Vec<(PathBuf, EngineView)>> = std::sync::Mutex::new(Vec::new());
 
 /// Unmounts the gathered directories this process made (the plugin is stopping). Running
 /// containers keep their own copies.
 pub fn detach_all() {
     let mounted = std::mem::take(&mut *MOUNTED.lock().unwrap_or_else(|e| e.into_inner()));
-    for root in mounted {
-        if sys::unmount_lazily(&root).is_ok() {
+    for (root, view) in mounted {
+        if let Ok(Ok(())) = view.run(|| sys::unmount_lazily(&root)) {
             tracing::info!(dir = %root.display(), "NRI: gathered driver directories unmounted");
         }
     }
@@ -253,7 +268,7 @@ mod tests {
         std::fs::write(&a, "one, again").unwrap();
         assert_ne!(name_of(&files).unwrap(), name);
         // A state directory nothing can be made in: an error for the caller to log.
-        let trees = DriverTrees::new(&a);
+        let trees = DriverTrees::new(&a, EngineView::Shared);
         assert!(matches!(
             trees.gather(&files),
             Err(GatherError::Io { op: "create", .. })

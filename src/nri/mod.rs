@@ -14,6 +14,7 @@
 pub mod adjust;
 pub mod container;
 pub mod driver_trees;
+pub mod engine_view;
 pub mod registration;
 
 use crate::atomic_file::{NewFile, write_atomic};
@@ -25,6 +26,7 @@ use crate::host_plan::{Target, plan_for_host};
 use crate::inventory::isolated::Remembered;
 use crate::inventory::{self};
 use crate::request::Request;
+use engine_view::EngineView;
 use nvhook_nri::api::{
     Container, ContainerAdjustment, CreateContainerResponse, Event, EventMask, PodSandbox,
     StateChangeEvent,
@@ -52,9 +54,8 @@ pub struct GpuPlugin {
     nvml: Mutex<Remembered>,
     /// When the inventories left for hooks were last swept ([`crate::nri_handoff::sweep`]).
     swept: Mutex<Option<std::time::Instant>>,
-    /// Whether the engine sees the mounts this process makes on the host (it runs in this
-    /// process's mount namespace), which gathered driver directories need.
-    engine_sees_mounts: std::sync::atomic::AtomicBool,
+    /// Where mounts the engine sees are made, which gathered driver directories need.
+    engine: Mutex<EngineView>,
 }
 
 impl GpuPlugin {
@@ -65,43 +66,45 @@ impl GpuPlugin {
             config: Mutex::default(),
             nvml: Mutex::new(Remembered::default()),
             swept: Mutex::default(),
-            engine_sees_mounts: Default::default(),
+            engine: Mutex::new(EngineView::Unseen("no engine connected yet")),
         }
     }
 
     /// The engine on the other end of the connection is the process `pid` (as this process's
-    /// pid namespace numbers it; None where the kernel gave none): whether it shares this
-    /// process's mount namespace decides if driver directories can be gathered on the host.
+    /// pid namespace numbers it; None where the kernel gave none): where it sees mounts
+    /// decides where driver directories are gathered, if anywhere.
     pub fn engine_connected(&self, pid: Option<i32>) {
-        let shared = pid.filter(|&p| p > 0).is_some_and(|p| {
-            crate::hook::container_mounts::shares_our_mount_ns(p).unwrap_or(false)
-        });
-        self.engine_sees_mounts
-            .store(shared, std::sync::atomic::Ordering::Relaxed);
-        match shared {
-            true => tracing::info!(
+        let view = EngineView::of(pid);
+        match &view {
+            EngineView::Shared => tracing::info!(
                 ?pid,
                 "NRI: the engine shares this plugin's mount namespace: driver directories an image searches are gathered on the host"
             ),
-            false => tracing::info!(
+            EngineView::Entered(_) => tracing::info!(
                 ?pid,
-                "NRI: the engine is in another mount namespace, or its pid is not visible here: in nri-mode = \"mounts\" the runtime binds each driver file"
+                "NRI: the engine is in another mount namespace: driver directories an image searches are gathered in the engine's"
+            ),
+            EngineView::Unseen(why) => tracing::info!(
+                ?pid,
+                "NRI: {why}: in nri-mode = \"mounts\" the runtime binds each driver file"
             ),
         }
+        *self.engine.lock().unwrap_or_else(|e| e.into_inner()) = view;
     }
 
     /// The gathered directory of each driver directory `plan` uses, where the engine can see
     /// them; a directory that cannot be gathered is left to per-file mounts, with a warning.
     fn gathered(&self, config: &Config, plan: &crate::plan::Plan) -> Vec<(&'static str, PathBuf)> {
         let by_dir = crate::plan::driver_dirs::files_by_dir(plan);
-        if by_dir.is_empty()
-            || !self
-                .engine_sees_mounts
-                .load(std::sync::atomic::Ordering::Relaxed)
-        {
+        let view = self
+            .engine
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if by_dir.is_empty() || !view.sees_gathered() {
             return Vec::new();
         }
-        let trees = driver_trees::DriverTrees::new(&state_dir(config));
+        let trees = driver_trees::DriverTrees::new(&state_dir(config), view);
         by_dir
             .into_iter()
             .filter_map(|(dir, files)| match trees.gather(&files) {

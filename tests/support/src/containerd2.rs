@@ -396,8 +396,22 @@ pub struct NriPlugin {
 impl NriPlugin {
     /// Starts it against `socket`, its stderr kept in a file under `dir`.
     pub fn start(config: &Path, socket: &Path, dir: &Path) -> NriPlugin {
+        NriPlugin::start_under(&[], config, socket, dir)
+    }
+
+    /// [`NriPlugin::start`], run by the command line `wrapper` (a program and its arguments,
+    /// `unshare ...` say, which must stop the plugin when it gets SIGTERM); none when empty.
+    pub fn start_under(wrapper: &[&str], config: &Path, socket: &Path, dir: &Path) -> NriPlugin {
         let stderr = dir.join(format!("{}.stderr", unique_name("nri")));
-        let child = std::process::Command::new(super::nvhook_bin())
+        let mut command = match wrapper {
+            [] => std::process::Command::new(super::nvhook_bin()),
+            [program, args @ ..] => {
+                let mut command = std::process::Command::new(super::require_program(program));
+                command.args(args).arg(super::nvhook_bin());
+                command
+            }
+        };
+        let child = command
             .arg("--config")
             .arg(config)
             .arg("nri")
