@@ -972,13 +972,19 @@ fn client_first(client: &Path) -> std::ffi::OsString {
 
 // ---- NRI plugin mode: nvhook-installer-nri.yaml ----
 
-/// The NRI DaemonSet: install.sh in NRI mode, with no hostPID (it restarts nothing), and a
-/// long-running container that runs the installed nvhook as the plugin in the host's root.
+/// The NRI DaemonSet: install.sh in NRI mode, and a long-running container that runs the
+/// installed nvhook as the plugin in the host's root, with the host's PIDs, which it needs to
+/// gather driver directories in the engine's mount namespace (nri_e2e's plugin in a mount
+/// namespace of its own; restarting nothing is install_sh_nri_mode_gives_a_pod_its_gpu...'s).
 #[test]
 fn nri_daemon_set_installs_then_runs_the_plugin_and_restarts_nothing() {
     let m = manifests();
     let spec = pod_spec(&m.nri_daemon_set);
-    assert_ne!(spec.host_pid, Some(true), "NRI mode restarts no engine");
+    assert_eq!(
+        spec.host_pid,
+        Some(true),
+        "the plugin sees the engine's pid"
+    );
     assert_eq!(
         spec.node_selector,
         pod_spec(&m.daemon_set).node_selector,
@@ -1731,6 +1737,46 @@ fn uninstall_sh_undoes_install_sh_with_containerds_drop_in() {
 fn uninstall_sh_undoes_install_sh_in_nri_mode() {
     let m = manifests();
     install_then_uninstall(&m.nri_daemon_set, "containerd-2.3-default.toml", 0);
+}
+
+/// NRI mode, where the plugin was killed before it could unmount the driver directories it
+/// gathered in nvhook's state directory (a tmpfs with a driver file bound in it): uninstall.sh
+/// unmounts them and removes the state directory, and leaves nothing mounted.
+#[test]
+fn uninstall_sh_unmounts_the_driver_directories_a_killed_nri_plugin_left() {
+    support::require_root();
+    let m = manifests();
+    let host = Host::with_containerd_config("containerd-2.3-default.toml");
+    fs::create_dir_all(host.at("/usr/local")).unwrap();
+    host.install(&m.nri_daemon_set);
+    let gathered = host.at("/run/nvhook/driver-dirs");
+    fs::create_dir_all(&gathered).unwrap();
+    let mount = |args: &[&std::ffi::OsStr]| {
+        let status = Command::new("mount").args(args).status().unwrap();
+        assert!(status.success(), "mount {args:?}");
+    };
+    mount(&[
+        "-t".as_ref(),
+        "tmpfs".as_ref(),
+        "tmpfs".as_ref(),
+        gathered.as_os_str(),
+    ]);
+    let set = gathered.join("0123456789abcdef");
+    fs::create_dir(&set).unwrap();
+    let file = set.join("libcuda.so.1");
+    fs::write(&file, "").unwrap();
+    let source = host.at("/usr/local/nvhook/bin/nvhook");
+    mount(&["--bind".as_ref(), source.as_os_str(), file.as_os_str()]);
+
+    let said = host.uninstall(&m.nri_daemon_set);
+    assert!(
+        said.contains("unmounted the NRI plugin's driver directories (/run/nvhook/driver-dirs)"),
+        "{said}"
+    );
+    assert!(said.contains("nvhook-uninstall: done"), "{said}");
+    let left = support::host_mounts_referencing(&[&host.root()]);
+    assert!(left.is_empty(), "{left:#?}");
+    assert!(!host.at("/run/nvhook").exists(), "{said}");
 }
 
 /// After install.sh and a round of refresh.sh on a simulated node (in runtime mode),

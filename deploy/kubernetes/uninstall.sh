@@ -22,7 +22,8 @@
 #    an admin's own file loses only the hook-path line naming the nvhook removed here, and keeps
 #    its other keys, the Kubernetes policy and the backup (loosening it is the admin's call).
 # 4. The binaries and NVIDIA's command names in $NVHOOK_DIR/bin, then $NVHOOK_DIR/bin and
-#    $NVHOOK_DIR when empty, and nvhook's state directory /run/nvhook.
+#    $NVHOOK_DIR when empty, and nvhook's state directory /run/nvhook (the NRI plugin's
+#    gathered driver directories unmounted first).
 # Directories other programs use too (/var/run/cdi, /etc/containerd/conf.d, NFD's features.d,
 # /dev/char) stay, and so does a log-file the admin configured. Safe to run again: a node
 # without nvhook is left as it is.
@@ -138,5 +139,14 @@ for name in nvhook nvhook-runtime nvhook-nvml \
 done
 rmdir "$host$nvhook_dir/bin" 2>/dev/null || true
 rmdir "$host$nvhook_dir" 2>/dev/null || true
+# The driver directories an NRI plugin gathered beside NVML's cache, if it was killed before
+# it could unmount them: the host's mount (its namespace entered through PID 1), then this
+# container's own copy of it where it has one; rm cannot remove a mount point.
+for gathered in "$host/run/nvhook/driver-dirs" "$(dirname "$cache")/driver-dirs"; do
+    mountpoint -q "$gathered" 2>/dev/null || continue
+    nsenter --target 1 --mount -- umount --lazy "${gathered#"$host"}" 2>/dev/null || true
+    umount --lazy "$gathered" 2>/dev/null || true
+    say "unmounted the NRI plugin's driver directories (${gathered#"$host"})"
+done
 rm -rf "$host/run/nvhook"
 say "done: nvhook is off this node"
