@@ -56,18 +56,23 @@ impl DriverTrees {
         }
     }
 
-    /// The directory holding `files` (each a name and its host source), made once.
-    pub fn gather(&self, files: &[(&str, &Path)]) -> Result<PathBuf, GatherError> {
+    /// The directory holding each of `sets` (each file a name and its host source), in order,
+    /// each made once; all of them in one visit to the engine's mount namespace, whose entry
+    /// is the error when it fails.
+    pub fn gather(
+        &self,
+        sets: &[&[(&str, &Path)]],
+    ) -> Result<Vec<Result<PathBuf, GatherError>>, GatherError> {
         self.view
-            .run(|| self.gather_here(files))
+            .run(|| sets.iter().map(|files| self.gather_here(files)).collect())
             .map_err(|source| GatherError::Io {
                 op: "enter the engine's mount namespace for",
                 path: self.root.clone(),
                 source,
-            })?
+            })
     }
 
-    /// [`DriverTrees::gather`], in the engine's mount namespace.
+    /// One set of [`DriverTrees::gather`], in the engine's mount namespace.
     fn gather_here(&self, files: &[(&str, &Path)]) -> Result<PathBuf, GatherError> {
         let name = name_of(files)?;
         let building = format!(".{name}.{}", std::process::id());
@@ -270,8 +275,8 @@ mod tests {
         // A state directory nothing can be made in: an error for the caller to log.
         let trees = DriverTrees::new(&a, EngineView::Shared);
         assert!(matches!(
-            trees.gather(&files),
-            Err(GatherError::Io { op: "create", .. })
+            trees.gather(&[&files]).unwrap().as_slice(),
+            [Err(GatherError::Io { op: "create", .. })]
         ));
         for bad in ["", ".", "..", "lib/cuda"] {
             assert!(

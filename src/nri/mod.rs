@@ -105,10 +105,19 @@ impl GpuPlugin {
             return Vec::new();
         }
         let trees = driver_trees::DriverTrees::new(&state_dir(config), view);
+        let sets: Vec<&[(&str, &Path)]> =
+            by_dir.iter().map(|(_, files)| files.as_slice()).collect();
+        let gathered = trees.gather(&sets).unwrap_or_else(|e| {
+            tracing::warn!(
+                "NRI: cannot gather the driver's files ({e}): the runtime binds each of them"
+            );
+            Vec::new()
+        });
         by_dir
-            .into_iter()
-            .filter_map(|(dir, files)| match trees.gather(&files) {
-                Ok(tree) => Some((dir, tree)),
+            .iter()
+            .zip(gathered)
+            .filter_map(|((dir, _), tree)| match tree {
+                Ok(tree) => Some((*dir, tree)),
                 Err(e) => {
                     tracing::warn!(dir, "NRI: cannot gather the driver's files ({e}): the runtime binds each of them");
                     None
