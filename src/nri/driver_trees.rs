@@ -4,9 +4,9 @@
 //! per bind mount is most of what NRI's `mounts` mode costs a start (docs/performance.md).
 //!
 //! The directories live in a tmpfs of nvhook's own (`driver-dirs` in its state directory),
-//! mounted in the engine's mount namespace ([`super::engine_view`]), private: nothing made there propagates to the host's other mount namespaces, and a
-//! container's copy is its own, so unmounting them on the host leaves every running
-//! container's files in place. Each file is a read-only, nosuid, nodev bind of its source,
+//! mounted in the engine's mount namespace ([`super::engine_view`]), private: nothing made
+//! there propagates to the host's other mount namespaces, and a container's copy is its own,
+//! so unmounting them on the host leaves every running container's files in place. Each file is a read-only, nosuid, nodev bind of its source,
 //! opened and checked as the hook opens a mount's source. A directory is named by what it
 //! holds (names, sources, and the sources' identities), and is complete once it has its name:
 //! a driver whose files changed gets a new one.

@@ -22,7 +22,7 @@ pub enum EngineView {
     /// The engine's mount namespace, entered for each piece of work.
     Entered(Arc<OwnedFd>),
     /// Nowhere: the reason, for the log.
-    Unseen(&'static str),
+    Unseen(String),
 }
 
 impl EngineView {
@@ -31,27 +31,35 @@ impl EngineView {
     pub fn of(pid: Option<i32>) -> EngineView {
         let Some(pid) = pid.filter(|&p| p > 0) else {
             return EngineView::Unseen(
-                "the engine's pid is not visible here (a plugin in a pod needs hostPID)",
+                "the engine's pid is not visible here (a plugin in a pod needs hostPID)".into(),
             );
         };
         match crate::hook::container_mounts::shares_our_mount_ns(pid) {
             Ok(true) => return EngineView::Shared,
             Ok(false) => {}
-            Err(_) => return EngineView::Unseen("the engine's mount namespace cannot be read"),
+            Err(e) => {
+                return EngineView::Unseen(format!(
+                    "the engine's mount namespace cannot be read: {e}"
+                ));
+            }
         }
         let opened = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
             .and_then(|ns| Ok((ns, std::fs::metadata(format!("/proc/{pid}/root"))?)));
-        let Ok((ns, engine_root)) = opened else {
-            return EngineView::Unseen("the engine's mount namespace cannot be opened");
+        let (ns, engine_root) = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                return EngineView::Unseen(format!(
+                    "the engine's mount namespace cannot be opened: {e}"
+                ));
+            }
         };
         let view = EngineView::Entered(Arc::new(OwnedFd::from(ns)));
-        let ns_root = view.run(|| std::fs::metadata("/"));
-        match ns_root {
-            Ok(Ok(root)) if (root.dev(), root.ino()) == (engine_root.dev(), engine_root.ino()) => {
-                view
-            }
-            Ok(Ok(_)) => EngineView::Unseen("the engine runs chrooted in its mount namespace"),
-            _ => EngineView::Unseen("the engine's mount namespace cannot be entered"),
+        match view.run(|| std::fs::metadata("/")).and_then(|root| root) {
+            Ok(root) if (root.dev(), root.ino()) == (engine_root.dev(), engine_root.ino()) => view,
+            Ok(_) => EngineView::Unseen("the engine runs chrooted in its mount namespace".into()),
+            Err(e) => EngineView::Unseen(format!(
+                "the engine's mount namespace cannot be entered: {e}"
+            )),
         }
     }
 
@@ -78,7 +86,7 @@ impl EngineView {
                         ))
                     })
             }),
-            EngineView::Unseen(why) => Err(io::Error::other(*why)),
+            EngineView::Unseen(why) => Err(io::Error::other(why.clone())),
         }
     }
 }

@@ -66,7 +66,7 @@ impl GpuPlugin {
             config: Mutex::default(),
             nvml: Mutex::new(Remembered::default()),
             swept: Mutex::default(),
-            engine: Mutex::new(EngineView::Unseen("no engine connected yet")),
+            engine: Mutex::new(EngineView::Unseen("no engine connected yet".into())),
         }
     }
 
