@@ -30,6 +30,9 @@ enum Way {
     Plain,
     Floor,
     FloorWithHook,
+    /// The floor with a hook whose hook, still /bin/true, has the arguments of the hook of
+    /// nvhook's CDI spec: what runc pays for carrying them.
+    FloorWithCdiHookArguments,
     HookAlone,
     RuntimeClass,
     /// nvhook-runtime with a container that names the variable but asks for no GPU: what
@@ -46,12 +49,16 @@ enum Way {
     CdiRequestAtCreateContainer,
 }
 
-const WAYS: [(Way, &str); 12] = [
+const WAYS: [(Way, &str); 13] = [
     (Way::Plain, "runc, no GPU"),
     (Way::Floor, "floor: the GPUs' device nodes"),
     (
         Way::FloorWithHook,
         "floor with a hook: the nodes and a prestart hook that is /bin/true",
+    ),
+    (
+        Way::FloorWithCdiHookArguments,
+        "the same hook at createRuntime with the arguments of nvhook's CDI hook",
     ),
     (
         Way::HookAlone,
@@ -279,6 +286,7 @@ impl Ways<'_> {
             | Way::RuntimeClassHop => {}
             Way::Floor
             | Way::FloorWithHook
+            | Way::FloorWithCdiHookArguments
             | Way::CdiRequest
             | Way::CdiRequestAtCreateContainer => {
                 for edits in self.cdi_edits() {
@@ -292,16 +300,21 @@ impl Ways<'_> {
                         for var in edits["env"].as_array().into_iter().flatten() {
                             bundle.env(var.as_str().expect("an env entry"));
                         }
-                        for hook in edits["hooks"].as_array().into_iter().flatten() {
-                            match way {
-                                Way::CdiRequest => bundle
-                                    .raw_hook(cdi_parts::stage(hook), cdi_parts::hook_entry(hook)),
-                                _ => bundle.raw_hook(
-                                    "createContainer",
-                                    at_create_container(cdi_parts::hook_entry(hook)),
-                                ),
-                            };
-                        }
+                    }
+                    for hook in edits["hooks"].as_array().into_iter().flatten() {
+                        let entry = cdi_parts::hook_entry(hook);
+                        match way {
+                            Way::CdiRequest => bundle.raw_hook(cdi_parts::stage(hook), entry),
+                            Way::CdiRequestAtCreateContainer => {
+                                bundle.raw_hook("createContainer", at_create_container(entry))
+                            }
+                            Way::FloorWithCdiHookArguments => {
+                                let mut entry = entry;
+                                entry["path"] = json!("/bin/true");
+                                bundle.raw_hook(cdi_parts::stage(hook), entry)
+                            }
+                            _ => bundle,
+                        };
                     }
                 }
                 if way == Way::FloorWithHook {
@@ -535,6 +548,10 @@ fn report(gpus: &str, variants: &[Variant], log: &str) {
     println!(
         "- nvhook's process between the shim and runc, no work (the `void` row against runc, no GPU), paired p50: {}",
         against(Way::RuntimeClassHop, Way::Plain)
+    );
+    println!(
+        "- runc carrying the arguments of nvhook's CDI hook (a /bin/true hook at createRuntime with them, against the floor's at prestart without), paired p50: {}",
+        against(Way::FloorWithCdiHookArguments, Way::FloorWithHook)
     );
     println!(
         "- the CDI request's hook at createRuntime against createContainer, paired p50: {}",
