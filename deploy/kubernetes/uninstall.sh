@@ -140,11 +140,17 @@ done
 rmdir "$host$nvhook_dir/bin" 2>/dev/null || true
 rmdir "$host$nvhook_dir" 2>/dev/null || true
 # The driver directories an NRI plugin gathered beside NVML's cache, if it was killed before
-# it could unmount them: the host's mount (its namespace entered through PID 1), then this
-# container's own copy of it where it has one; rm cannot remove a mount point.
+# it could unmount them: the host's mount (its namespace entered through PID 1, where $host
+# is PID 1's root), then this container's own copy of it where it has one; rm cannot remove
+# a mount point.
+host_is_pid1s_root=false
+[ "$(stat -L -c %d:%i "$host/" 2>/dev/null)" != "$(stat -L -c %d:%i /proc/1/root/ 2>/dev/null)" ] ||
+    host_is_pid1s_root=true
 for gathered in "$host/run/nvhook/driver-dirs" "$(dirname "$cache")/driver-dirs"; do
     mountpoint -q "$gathered" 2>/dev/null || continue
-    nsenter --target 1 --mount -- umount --lazy "${gathered#"$host"}" 2>/dev/null || true
+    if $host_is_pid1s_root; then
+        nsenter --target 1 --mount -- umount --lazy "${gathered#"$host"}" 2>/dev/null || true
+    fi
     umount --lazy "$gathered" 2>/dev/null || true
     say "unmounted the NRI plugin's driver directories (${gathered#"$host"})"
 done

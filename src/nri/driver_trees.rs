@@ -1,15 +1,17 @@
 //! The driver's files of each driver directory an image searches
-//! ([`crate::plan::driver_dirs`]), gathered on the host into one directory, so that the
-//! runtime makes one recursive bind mount where it would make one per file: runc's own work
-//! per bind mount is most of what NRI's `mounts` mode costs a start (docs/performance.md).
+//! ([`crate::plan::driver_dirs`]), gathered into one directory where the engine sees it, so
+//! that the runtime makes one recursive bind mount where it would make one per file: runc's
+//! own work per bind mount is most of what NRI's `mounts` mode costs a start
+//! (docs/performance.md).
 //!
 //! The directories live in a tmpfs of nvhook's own (`driver-dirs` in its state directory),
 //! mounted in the engine's mount namespace ([`super::engine_view`]), private: nothing made
 //! there propagates to the host's other mount namespaces, and a container's copy is its own,
-//! so unmounting them on the host leaves every running container's files in place. Each file is a read-only, nosuid, nodev bind of its source,
-//! opened and checked as the hook opens a mount's source. A directory is named by what it
-//! holds (names, sources, and the sources' identities), and is complete once it has its name:
-//! a driver whose files changed gets a new one.
+//! so unmounting them on the host leaves every running container's files in place. Each file
+//! is a read-only, nosuid, nodev bind of its source, opened and checked as the hook opens a
+//! mount's source. A directory is named by what it holds (names, sources, and the sources'
+//! identities), and is complete once it has its name: a driver whose files changed gets a
+//! new one.
 
 use super::engine_view::EngineView;
 use crate::hook::HookError;

@@ -108,9 +108,7 @@ impl GpuPlugin {
         let sets: Vec<&[(&str, &Path)]> =
             by_dir.iter().map(|(_, files)| files.as_slice()).collect();
         let gathered = trees.gather(&sets).unwrap_or_else(|e| {
-            tracing::warn!(
-                "NRI: cannot gather the driver's files ({e}): the runtime binds each of them"
-            );
+            tracing::warn!("NRI: {e}: the runtime binds each driver file");
             Vec::new()
         });
         by_dir
