@@ -1,8 +1,8 @@
 //! 8: a pod's container start over CRI on containerd 2.1.9 (Debian sid), by the way it gets
-//! its GPUs: none (plain runc), the RuntimeClass path (nvhook-runtime as the handler's runtime)
-//! and the NRI plugin (`nvhook nri`, runc as the default runtime) in each of its modes, for a
-//! pod with one GPU and one with eight, against the floors: the GPUs' device nodes alone, and
-//! the same with a hook that does nothing. What is timed is what the kubelet waits for:
+//! its GPUs: none (plain runc), the RuntimeClass path (nvhook-runtime as the handler's runtime),
+//! the NRI plugin (`nvhook nri`, runc as the default runtime) in each of its modes, and the
+//! kubelet's CDI request for nvhook's spec, for a pod with one GPU and one with eight, against
+//! the floors: the GPUs' device nodes alone, and the same with a hook that does nothing. What is timed is what the kubelet waits for:
 //! CreateContainer + StartContainer. Five containerds run side by side, one without the
 //! plugin and four with it (one per mode), and the variants take turns round by round, so that
 //! the machine's drift hits them alike. Needs `scripts/sid-engines.sh`.
@@ -24,6 +24,10 @@ const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
 /// add a prestart hook that does nothing (static busybox's `true`), the least any way in
 /// that runs a hook asks of it.
 const FLOOR_KIND: &str = "nvhook-bench.example/gpu";
+/// nvhook's spec, as `nvhook cdi generate` writes it and with its hook's arguments one entry
+/// each (as nvhook wrote them before they named a directory's files in one group).
+const NVHOOK_KIND: &str = "nvidia.com/gpu";
+const ONE_ENTRY_KIND: &str = "nvhook-bench.example/gpu-one-entry";
 const EMPTY_HOOK: [&str; 2] = ["/bin/busybox", "true"];
 
 /// The pod's GPUs: one (GPU 3) or all eight of the node's.
@@ -35,11 +39,15 @@ fn gpu_indices(gpus: u32) -> Vec<usize> {
     }
 }
 
+/// The name of a spec's device of `gpus` GPUs: GPU 3's, or every GPU's.
+fn device_name(gpus: u32) -> &'static str {
+    if gpus == 1 { "3" } else { "all" }
+}
+
 /// The floor device's CDI name for `gpus` GPUs, with or without the empty hook.
 fn floor_device(gpus: u32, hook: bool) -> String {
-    let name = if gpus == 1 { "3" } else { "all" };
     let hook = if hook { "-hook" } else { "" };
-    format!("{FLOOR_KIND}={name}{hook}")
+    format!("{FLOOR_KIND}={}{hook}", device_name(gpus))
 }
 
 /// A CDI spec of [`FLOOR_KIND`] in `dir` with the [`floor_device`]s of one GPU and of eight.
@@ -73,6 +81,20 @@ fn floor_spec(dir: &std::path::Path, node: &SimNode) {
     std::fs::write(dir.join("floor.json"), spec.to_string()).expect("write the spec");
 }
 
+/// nvhook's spec for `node` in `dir`, and its copy of [`ONE_ENTRY_KIND`].
+fn nvhook_specs(dir: &std::path::Path, node: &SimNode) {
+    let path = dir.join("nvidia.json");
+    node.generate_cdi_spec(&path);
+    let text = std::fs::read_to_string(&path).expect("read the spec");
+    let mut spec: serde_json::Value = serde_json::from_str(&text).expect("the spec is JSON");
+    assert_eq!(spec["kind"], NVHOOK_KIND);
+    spec["kind"] = ONE_ENTRY_KIND.into();
+    let args = &mut spec["containerEdits"]["hooks"][0]["args"];
+    let grouped: Vec<String> = serde_json::from_value(args.take()).expect("the hook's arguments");
+    *args = crate::support::hook_mounts::one_entry_each(&grouped).into();
+    std::fs::write(dir.join("one-entry.json"), spec.to_string()).expect("write the spec");
+}
+
 /// What a variant's pod is.
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -91,6 +113,9 @@ struct Variant {
     handler: &'static str,
     gpus: u32,
     kind: Kind,
+    /// The CDI kind of the device the pod asks for by name, as the kubelet does for a device
+    /// plugin's `cdi-cri` answer or a DRA claim.
+    cdi_kind: Option<&'static str>,
     samples: Samples,
 }
 
@@ -154,6 +179,7 @@ pub fn run(rounds: usize) {
         if plugin.is_none() {
             setup.handlers.push((HANDLER.into(), runtime.clone()));
             floor_spec(&setup.cdi_spec_dirs[0], &node);
+            nvhook_specs(&setup.cdi_spec_dirs[0], &node);
         }
         let config = node.config();
         let [record, program] = runc.env();
@@ -181,7 +207,12 @@ pub fn run(rounds: usize) {
         handler,
         gpus,
         kind,
+        cdi_kind: None,
         samples: Samples::default(),
+    };
+    let requested = |label: &str, gpus, cdi_kind| Variant {
+        cdi_kind: Some(cdi_kind),
+        ..variant(label, 0, DEFAULT_HANDLER, gpus, Kind::Way { hooked: true })
     };
     let hooked = Kind::Way { hooked: true };
     let mut variants = vec![variant(
@@ -222,6 +253,16 @@ pub fn run(rounds: usize) {
                 gpus,
                 hooked,
             ),
+            requested(
+                "kubelet CDI request for nvhook's spec (DRA, `cdi-cri`)",
+                gpus,
+                NVHOOK_KIND,
+            ),
+            requested(
+                "the same, its hook's arguments one entry each (a spec of an earlier nvhook)",
+                gpus,
+                ONE_ENTRY_KIND,
+            ),
             variant(
                 "floor: the GPUs' device nodes alone (a CDI spec)",
                 0,
@@ -255,21 +296,19 @@ pub fn run(rounds: usize) {
         for (index, v) in variants.iter_mut().enumerate() {
             let engine = &mut engines[v.engine];
             let mounts: Vec<(&str, &str)> = match v.kind {
-                Kind::Way { .. } => allocations
+                Kind::Way { .. } if v.cdi_kind.is_none() => allocations
                     .iter()
                     .find(|(gpus, _)| *gpus == v.gpus)
                     .map(|(_, a)| a.iter().map(|(m, d)| (m.as_str(), *d)).collect())
                     .expect("an allocation of the variant's GPUs"),
                 _ => Vec::new(),
             };
-            let floor;
-            let cdi_devices: Vec<&str> = match v.kind {
-                Kind::Floor { hook } => {
-                    floor = floor_device(v.gpus, hook);
-                    vec![floor.as_str()]
-                }
-                _ => Vec::new(),
+            let device = match (v.kind, v.cdi_kind) {
+                (Kind::Floor { hook }, _) => Some(floor_device(v.gpus, hook)),
+                (_, Some(kind)) => Some(format!("{kind}={}", device_name(v.gpus))),
+                _ => None,
             };
+            let cdi_devices: Vec<&str> = device.iter().map(String::as_str).collect();
             let request = ContainerRequest {
                 image: &engine.image,
                 args: &args,

@@ -45,11 +45,14 @@ enum Way {
     /// CUDA image's): each gathered on the host, one bind mount.
     NriMountsCudaImage,
     CdiRequest,
+    /// The same spec with its hook's arguments one entry each, as nvhook wrote them before
+    /// they named a directory's files in one group.
+    CdiRequestOneEntryEach,
     /// The same spec with its hook at createContainer, as nvhook wrote it before.
     CdiRequestAtCreateContainer,
 }
 
-const WAYS: [(Way, &str); 13] = [
+const WAYS: [(Way, &str); 14] = [
     (Way::Plain, "runc, no GPU"),
     (Way::Floor, "floor: the GPUs' device nodes"),
     (
@@ -88,6 +91,10 @@ const WAYS: [(Way, &str); 13] = [
     (
         Way::CdiRequest,
         "kubelet CDI request for nvhook's spec (DRA, `cdi-cri`)",
+    ),
+    (
+        Way::CdiRequestOneEntryEach,
+        "the same, its hook's arguments one entry each (a spec of an earlier nvhook)",
     ),
     (
         Way::CdiRequestAtCreateContainer,
@@ -146,6 +153,21 @@ pub fn run(rounds: usize) {
         (way, plugin)
     })
     .collect();
+    let hook = one_entry_each(spec["containerEdits"]["hooks"][0].clone());
+    let size = |args: &Value| {
+        let args = args.as_array().expect("a hook's arguments");
+        let bytes: usize = args
+            .iter()
+            .map(|a| a.as_str().map_or(0, str::len) + 1)
+            .sum();
+        format!("{} arguments, {bytes} bytes", args.len())
+    };
+    println!(
+        "nvhook's CDI hook: {} (one entry each: {}); the spec {} bytes\n",
+        size(&spec["containerEdits"]["hooks"][0]["args"]),
+        size(&hook["args"]),
+        std::fs::metadata(&spec_path).expect("the spec").len()
+    );
     println!(
         "# Every way in as the runtime sees it, against its floors ({rounds} starts per variant, turns; create, start, wait and delete of /usr/bin/true, cgroup v1, bundles on tmpfs, every capability)\n"
     );
@@ -288,6 +310,7 @@ impl Ways<'_> {
             | Way::FloorWithHook
             | Way::FloorWithCdiHookArguments
             | Way::CdiRequest
+            | Way::CdiRequestOneEntryEach
             | Way::CdiRequestAtCreateContainer => {
                 for edits in self.cdi_edits() {
                     for node in edits["deviceNodes"].as_array().into_iter().flatten() {
@@ -296,7 +319,13 @@ impl Ways<'_> {
                         bundle.extra_device(path, number("major"), number("minor"));
                         bundle.allow_device(number("major"), number("minor"));
                     }
-                    if matches!(way, Way::CdiRequest | Way::CdiRequestAtCreateContainer) {
+                    let requested = matches!(
+                        way,
+                        Way::CdiRequest
+                            | Way::CdiRequestOneEntryEach
+                            | Way::CdiRequestAtCreateContainer
+                    );
+                    if requested {
                         for var in edits["env"].as_array().into_iter().flatten() {
                             bundle.env(var.as_str().expect("an env entry"));
                         }
@@ -305,6 +334,9 @@ impl Ways<'_> {
                         let entry = cdi_parts::hook_entry(hook);
                         match way {
                             Way::CdiRequest => bundle.raw_hook(cdi_parts::stage(hook), entry),
+                            Way::CdiRequestOneEntryEach => {
+                                bundle.raw_hook(cdi_parts::stage(hook), one_entry_each(entry))
+                            }
                             Way::CdiRequestAtCreateContainer => {
                                 bundle.raw_hook("createContainer", at_create_container(entry))
                             }
@@ -362,6 +394,18 @@ impl Ways<'_> {
             .expect("the spec has the device");
         [&self.spec["containerEdits"], &device["containerEdits"]]
     }
+}
+
+/// A hook entry of nvhook's spec with its arguments one entry each.
+fn one_entry_each(mut entry: Value) -> Value {
+    let args: Vec<String> = entry["args"]
+        .as_array()
+        .expect("a hook's arguments")
+        .iter()
+        .map(|a| a.as_str().expect("text").to_owned())
+        .collect();
+    entry["args"] = json!(crate::support::hook_mounts::one_entry_each(&args));
+    entry
 }
 
 /// What NVIDIA's CUDA images set: their loader and shell search the driver's directories.
@@ -552,6 +596,10 @@ fn report(gpus: &str, variants: &[Variant], log: &str) {
     println!(
         "- runc carrying the arguments of nvhook's CDI hook (a /bin/true hook at createRuntime with them, against the floor's at prestart without), paired p50: {}",
         against(Way::FloorWithCdiHookArguments, Way::FloorWithHook)
+    );
+    println!(
+        "- the CDI request's hook arguments grouped by directory against one entry each, paired p50: {}",
+        against(Way::CdiRequest, Way::CdiRequestOneEntryEach)
     );
     println!(
         "- the CDI request's hook at createRuntime against createContainer, paired p50: {}",

@@ -359,12 +359,15 @@ mod tests {
             &[NameStrategy::Index],
         )
         .unwrap();
-        let listed: Vec<&str> = listed
+        let mut listed: Vec<&str> = listed
             .container_edits
             .mounts
             .iter()
             .map(|m| m.container_path.as_str())
             .collect();
+        let mut destinations = destinations;
+        listed.sort_unstable();
+        destinations.sort_unstable();
         assert_eq!(
             listed, destinations,
             "the runtime gets the same files to mount"

@@ -740,7 +740,7 @@ mod tests {
         assert!(
             spec.container_edits.hooks[0]
                 .args
-                .contains(&"--bind-file".to_string())
+                .contains(&"--bind-files".to_string())
                 && spec.container_edits.mounts.is_empty(),
             "the GPU's driver files, for the hook to mount"
         );

@@ -1,6 +1,7 @@
 //! The proof behind `cdi-mounts = "hook"`: what a container sees of the driver's files through
-//! a spec whose runtime makes the mounts, and through one whose createRuntime hook makes
-//! them, compared file by file on whatever engine runs the container.
+//! a spec whose runtime makes the mounts, through one whose createRuntime hook makes them, and
+//! through such a spec as nvhook wrote it before its hook's arguments named a directory's
+//! files in one group, compared file by file on whatever engine runs the container.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,7 +32,8 @@ pub fn spec_mounts(spec: &Value) -> Vec<Value> {
 /// Asserts that a container sees the same driver files through `node`'s spec written each way,
 /// written to `spec` (a `.json` path where the engine reads specs): `run` starts a container
 /// with the spec's GPU and a shell (an image with `sh`, `stat`, `ls` and `cat`) running the
-/// arguments it is given. The node is left with `cdi-mounts = "hook"`.
+/// arguments it is given. The node is left with `cdi-mounts = "hook"`, and `spec` with its
+/// hook's arguments one entry per flag.
 pub fn assert_same_view_both_ways(
     engine: &str,
     node: &SimNode,
@@ -55,6 +57,67 @@ pub fn assert_same_view_both_ways(
         by_runtime, by_hook,
         "{engine}: the runtime's mounts (left) and the hook's (right) show different files"
     );
+    let mut earlier = hook_spec.clone();
+    let hooks = earlier["containerEdits"]["hooks"]
+        .as_array_mut()
+        .expect("hooks");
+    let args = hooks[0]["args"]
+        .as_array_mut()
+        .expect("the hook's arguments");
+    let grouped: Vec<String> = args
+        .iter()
+        .map(|a| a.as_str().expect("text").into())
+        .collect();
+    assert!(
+        grouped.iter().any(|a| a == "--bind-files"),
+        "{engine}: {grouped:?}"
+    );
+    *args = one_entry_each(&grouped)
+        .into_iter()
+        .map(Value::from)
+        .collect();
+    std::fs::write(spec, earlier.to_string()).expect("write the spec");
+    let by_earlier_hook = container_view(&paths, &run);
+    assert_eq!(
+        by_hook, by_earlier_hook,
+        "{engine}: the hook's grouped arguments (left) and one entry each (right) show different files"
+    );
+}
+
+/// nvhook's hook arguments with each group (`--bind-files DIR A,B`, `--links`, `--lib64s`,
+/// `--lib32s`, and the `--host-root` their sources are under) written out one entry per flag.
+pub fn one_entry_each(args: &[String]) -> Vec<String> {
+    let root = args
+        .iter()
+        .position(|a| a == "--host-root")
+        .map(|at| args[at + 1].clone())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let one = match arg.as_str() {
+            "--host-root" => {
+                it.next();
+                continue;
+            }
+            "--bind-files" | "--bind-dirs" | "--bind-sockets" | "--links" | "--lib64s"
+            | "--lib32s" => &arg[..arg.len() - 1],
+            _ => {
+                out.push(arg.clone());
+                continue;
+            }
+        };
+        let dir = it.next().expect("a group's directory");
+        let dir = dir.strip_suffix('/').unwrap_or(dir);
+        for entry in it.next().expect("a group's entries").split(',') {
+            out.push(one.to_string());
+            if one.starts_with("--bind-") {
+                out.push(format!("{root}{dir}/{entry}"));
+            }
+            out.push(format!("{dir}/{entry}"));
+        }
+    }
+    out
 }
 
 /// What a container sees of the driver's files, by container path: the file's type, size, mode

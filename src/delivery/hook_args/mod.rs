@@ -7,7 +7,10 @@
 use super::cdi_spec::ContainerEdits;
 use crate::inventory::gpu_layout::GpuLayout;
 use crate::plan::{CacheEntry, LdSoConf, Mount, MountKind, Plan, ProcOverlay, Symlink, compat};
+use entries::{Group, bind_flag};
 use nvhook_ldcache::ElfClass;
+
+mod entries;
 
 /// NVIDIA's `enable-cuda-compat` hook's input: the host versions its spec was written for, and
 /// the image's compat directory.
@@ -61,7 +64,7 @@ pub struct LibFolder {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
-    "bad createContainer hook argument {0:?} (expected --bind-file|--bind-dir|--bind-socket HOST-PATH PATH, --link PATH=TARGET, --lib64 PATH[=SONAME], --lib32 PATH[=SONAME], --ld-so-conf FILE, --ld-so-dir DIR, --cuda-compat-host VERSION, --proc-driver DIR, --proc-gpu BUS-ID, --gpu-layout STAMP; regenerate the CDI spec with this nvhook)"
+    "bad createContainer hook argument {0:?} (expected --host-root DIR, --bind-files|--bind-dirs|--bind-sockets DIR NAME,..., --links DIR NAME=TARGET,..., --lib64s|--lib32s DIR NAME[=SONAME],..., --bind-file|--bind-dir|--bind-socket HOST-PATH PATH, --link PATH=TARGET, --lib64 PATH[=SONAME], --lib32 PATH[=SONAME], --ld-so-conf FILE, --ld-so-dir DIR, --cuda-compat-host VERSION, --proc-driver DIR, --proc-gpu BUS-ID, --gpu-layout STAMP; regenerate the CDI spec with this nvhook)"
 )]
 pub struct BadHookArg(pub String);
 
@@ -101,32 +104,7 @@ impl LinkArgs {
 
     pub fn to_args(&self) -> Vec<String> {
         let mut out = Vec::new();
-        for mount in &self.mounts {
-            out.push(bind_flag(mount.kind).into());
-            out.push(mount.source.display().to_string());
-            out.push(mount.destination.clone());
-        }
-        for link in &self.symlinks {
-            out.push("--link".into());
-            out.push(format!("{}={}", link.path, link.target));
-        }
-        for entry in &self.ldcache {
-            out.push(
-                match entry.class {
-                    ElfClass::Lib64 => "--lib64",
-                    ElfClass::Lib32 => "--lib32",
-                }
-                .into(),
-            );
-            // A compat library is named by its file (`libcuda.so.580.95.05`), not its SONAME.
-            let by_soname = entry.path.rsplit_once('/').map(|(_, n)| n) == Some(&entry.soname)
-                && !entry.path.contains('=');
-            out.push(if by_soname {
-                entry.path.clone()
-            } else {
-                format!("{}={}", entry.path, entry.soname)
-            });
-        }
+        entries::write(self, &mut out);
         for conf in &self.ld_so_confs {
             out.push("--ld-so-conf".into());
             out.push(conf.path.clone());
@@ -156,6 +134,8 @@ impl LinkArgs {
 
     pub fn parse(args: &[String]) -> Result<LinkArgs, BadHookArg> {
         let mut out = LinkArgs::default();
+        // Named before the groups of bind mounts under it.
+        let mut host_root: Option<&String> = None;
         let mut it = args.iter();
         while let Some(flag) = it.next() {
             let bad = || BadHookArg(flag.clone());
@@ -183,6 +163,22 @@ impl LinkArgs {
                 continue;
             }
             let value = it.next().filter(|v| v.starts_with('/')).ok_or_else(bad)?;
+            if flag == "--host-root" {
+                let first = host_root.is_none() && out.mounts.is_empty();
+                host_root = Some(
+                    Some(value)
+                        .filter(|r| first && !r.ends_with('/'))
+                        .ok_or_else(bad)?,
+                );
+                continue;
+            }
+            if let Some(group) = Group::of_flag(flag) {
+                let list = it.next().ok_or_else(bad)?;
+                group
+                    .read(value, list, host_root.map(String::as_str), &mut out)
+                    .ok_or_else(bad)?;
+                continue;
+            }
             if let Some(kind) = [MountKind::File, MountKind::Dir, MountKind::Socket]
                 .into_iter()
                 .find(|k| bind_flag(*k) == flag)
@@ -244,15 +240,6 @@ impl LinkArgs {
             }
         }
         Ok(out)
-    }
-}
-
-/// The flag of a bind mount of `kind`'s in the hook's arguments.
-fn bind_flag(kind: MountKind) -> &'static str {
-    match kind {
-        MountKind::File => "--bind-file",
-        MountKind::Dir => "--bind-dir",
-        MountKind::Socket => "--bind-socket",
     }
 }
 
@@ -336,6 +323,137 @@ mod tests {
         assert_eq!(LinkArgs::parse(&[]).unwrap(), LinkArgs::default());
     }
 
+    fn file(source: &str, destination: &str) -> Mount {
+        Mount {
+            source: source.into(),
+            destination: destination.into(),
+            kind: MountKind::File,
+        }
+    }
+
+    fn lib(path: &str, soname: &str, class: ElfClass) -> CacheEntry {
+        CacheEntry {
+            soname: soname.into(),
+            path: path.into(),
+            class,
+        }
+    }
+
+    fn link(path: &str, target: &str) -> Symlink {
+        Symlink {
+            path: path.into(),
+            target: target.into(),
+        }
+    }
+
+    /// A plan's lists go through its libraries, each in both of its directories; written,
+    /// they are one group per directory, in a fraction of the strings and bytes.
+    #[test]
+    fn a_directory_s_entries_are_written_as_one_group() {
+        let (x64, x86) = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/i386-linux-gnu");
+        let mut args = LinkArgs::default();
+        for name in [
+            "libcuda",
+            "libnvidia-ml",
+            "libnvidia-ptxjitcompiler",
+            "libnvidia-nvvm",
+        ] {
+            for (dir, class) in [(x64, ElfClass::Lib64), (x86, ElfClass::Lib32)] {
+                let path = format!("{dir}/{name}.so.550.54.15");
+                args.mounts
+                    .push(file(&format!("/run/nvidia/driver{path}"), &path));
+                args.symlinks.push(link(
+                    &format!("{dir}/{name}.so.1"),
+                    &format!("{name}.so.550.54.15"),
+                ));
+                let soname = format!("{name}.so.1");
+                args.ldcache
+                    .push(lib(&format!("{dir}/{soname}"), &soname, class));
+            }
+        }
+        // A file kept at another path in the container, and a name a group cannot hold.
+        args.mounts.push(file(
+            "/run/nvidia/driver/usr/share/vulkan/icd.d/nvidia_icd.json",
+            "/etc/vulkan/icd.d/nvidia_icd.json",
+        ));
+        args.mounts
+            .push(file("/run/nvidia/driver/usr/bin/a,b", "/usr/bin/a,b"));
+        args.ldcache.push(lib(
+            "/usr/local/cuda/compat/libcuda.so.580.95.05",
+            "libcuda.so.1",
+            ElfClass::Lib64,
+        ));
+        let written = args.to_args();
+        let read = LinkArgs::parse(&written).unwrap();
+        assert!(read.applies_like(&args), "{written:?}\n{read:?}");
+        let count = |flag: &str| written.iter().filter(|a| *a == flag).count();
+        assert_eq!(count("--host-root"), 1);
+        assert_eq!((count("--bind-files"), count("--bind-file")), (2, 2));
+        assert_eq!(
+            (count("--links"), count("--lib64s"), count("--lib32s")),
+            (2, 2, 1)
+        );
+        assert_eq!(written.len(), 2 + 2 * 3 + 2 * 3 + 2 * 3 + 3 * 3);
+        assert!(written.contains(&"libcuda.so.550.54.15,libnvidia-ml.so.550.54.15,libnvidia-ptxjitcompiler.so.550.54.15,libnvidia-nvvm.so.550.54.15".to_owned()));
+        // Sources at their paths in the container name no root.
+        let at_home = LinkArgs {
+            mounts: vec![file("/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi")],
+            ..LinkArgs::default()
+        };
+        let written = at_home.to_args();
+        assert_eq!(written, ["--bind-files", "/usr/bin", "nvidia-smi"]);
+        assert_eq!(LinkArgs::parse(&written).unwrap(), at_home);
+    }
+
+    /// An entry joins its directory's group only where nothing it depends on would then
+    /// follow it: a mount inside a directory mounted before, or a second library of one
+    /// SONAME, which the loader takes only when it is not the first.
+    #[test]
+    fn grouping_keeps_each_dependent_pair_in_its_order() {
+        let args = LinkArgs {
+            mounts: vec![
+                file("/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi"),
+                Mount {
+                    source: "/opt/nv".into(),
+                    destination: "/usr/bin/nv".into(),
+                    kind: MountKind::Dir,
+                },
+                file("/usr/bin/nv", "/usr/bin/nv"),
+                file("/usr/bin/nv/x", "/usr/bin/nv/x"),
+            ],
+            ldcache: vec![
+                lib("/usr/lib/libcuda.so.1", "libcuda.so.1", ElfClass::Lib64),
+                lib("/compat/libcuda.so.580", "libcuda.so.1", ElfClass::Lib64),
+                lib("/usr/lib/libcuda.so.550", "libcuda.so.1", ElfClass::Lib64),
+                lib(
+                    "/usr/lib/libnvidia-ml.so.1",
+                    "libnvidia-ml.so.1",
+                    ElfClass::Lib64,
+                ),
+            ],
+            ..LinkArgs::default()
+        };
+        let written = args.to_args();
+        let read = LinkArgs::parse(&written).unwrap();
+        assert_eq!(read, args, "{written:?}");
+        assert_eq!(
+            written.iter().filter(|a| *a == "--lib64s").count(),
+            3,
+            "{written:?}"
+        );
+        // Independent entries do move into their group.
+        let mut free = args.clone();
+        free.ldcache.remove(2);
+        free.mounts.truncate(2);
+        free.mounts.push(file(
+            "/usr/bin/nvidia-debugdump",
+            "/usr/bin/nvidia-debugdump",
+        ));
+        let read = LinkArgs::parse(&free.to_args()).unwrap();
+        assert_ne!(read, free);
+        assert!(read.applies_like(&free));
+    }
+
     #[test]
     fn bad_arguments_are_refused() {
         for bad in [
@@ -373,6 +491,27 @@ mod tests {
                 "--cuda-compat-host",
                 "550.54.15",
             ],
+            &["--bind-files", "/usr/lib"],
+            &["--bind-files", "usr/lib", "libcuda.so.1"],
+            &["--bind-files", "/usr/lib/", "libcuda.so.1"],
+            &[
+                "--bind-files",
+                "/usr/lib",
+                "libcuda.so.1,,libnvidia-ml.so.1",
+            ],
+            &["--bind-files", "/usr/lib", ""],
+            &["--bind-dirs", "/lib/firmware", ".."],
+            &["--bind-sockets", "/run", "nvidia/socket"],
+            &["--links", "/usr/lib", "libcuda.so.1"],
+            &["--links", "/usr/lib", "libcuda.so.1="],
+            &["--links", "/usr/lib", "../libcuda.so.1=libcuda.so"],
+            &["--lib64s", "/usr/lib", "libcuda.so.1=a/b"],
+            &["--lib32s", "/usr/lib", "libcuda.so.1="],
+            &["--host-root", "/"],
+            &["--host-root", "/drv/"],
+            &["--host-root", "drv"],
+            &["--host-root", "/drv", "--host-root", "/drv"],
+            &["--bind-files", "/usr/lib", "a", "--host-root", "/drv"],
         ] {
             let e = LinkArgs::parse(&strings(bad)).unwrap_err();
             assert!(e.to_string().contains("regenerate"), "{bad:?}: {e}");
