@@ -422,6 +422,18 @@ fn report(variants: &[Variant], rounds: usize) {
             with_hook.samples.p50() - floor.samples.p50(),
             paired(with_hook, floor)
         );
+        let requested = |kind: &str| {
+            variants
+                .iter()
+                .find(|v| v.gpus == gpus && v.cdi_kind == Some(kind))
+                .expect("every GPU count has both CDI requests")
+        };
+        let (grouped, one_entry) = (requested(NVHOOK_KIND), requested(ONE_ENTRY_KIND));
+        println!(
+            "- {gpus} GPU(s): the CDI request's hook arguments grouped against one entry each: {:+.2} ms at p50 (paired {:+.2})",
+            grouped.samples.p50() - one_entry.samples.p50(),
+            paired(grouped, one_entry)
+        );
         let (runtime_class, nri_hook) = (way("RuntimeClass"), way("NRI plugin, nri-mode = hook"));
         println!(
             "- {gpus} GPU(s): RuntimeClass {runtime_class:.2} ms against NRI hook {nri_hook:.2} at p50 (goal: no slower): {}",
