@@ -585,8 +585,7 @@ fn nvhook_runtime_cdi_mode_gives_gpu_1_only(env: RuntimeEnv, mounts_by: &str) {
         .expect("mounts")
         .iter()
         .any(|m| m["destination"] == libcuda);
-    let args: Vec<String> = serde_json::from_value(hook.clone()).expect("the hook's arguments");
-    let given_to_the_hook = support::hook_mounts::one_entry_each(&args)
+    let given_to_the_hook = support::hook_mounts::one_entry_each(hook)
         .iter()
         .any(|a| *a == libcuda);
     assert_eq!(

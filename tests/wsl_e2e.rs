@@ -248,9 +248,7 @@ fn the_cdi_spec_names_all_alone_and_podman_runs_it() {
         let [hook] = common["hooks"].as_array().expect("hooks").as_slice() else {
             panic!("one hook: {text}")
         };
-        let hook_args: Vec<String> =
-            serde_json::from_value(hook["args"].clone()).expect("the hook's arguments");
-        let hook_args = support::hook_mounts::one_entry_each(&hook_args);
+        let hook_args = support::hook_mounts::one_entry_each(&hook["args"]);
         let hook_args: Vec<&str> = hook_args.iter().map(String::as_str).collect();
         // The files' container paths: the mounts', or each `--bind-*` argument's second path
         // (its groups written out one entry each).

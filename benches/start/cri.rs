@@ -90,8 +90,7 @@ fn nvhook_specs(dir: &std::path::Path, node: &SimNode) {
     assert_eq!(spec["kind"], NVHOOK_KIND);
     spec["kind"] = ONE_ENTRY_KIND.into();
     let args = &mut spec["containerEdits"]["hooks"][0]["args"];
-    let grouped: Vec<String> = serde_json::from_value(args.take()).expect("the hook's arguments");
-    *args = crate::support::hook_mounts::one_entry_each(&grouped).into();
+    *args = crate::support::hook_mounts::one_entry_each(args).into();
     std::fs::write(dir.join("one-entry.json"), spec.to_string()).expect("write the spec");
 }
 

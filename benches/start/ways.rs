@@ -398,13 +398,7 @@ impl Ways<'_> {
 
 /// A hook entry of nvhook's spec with its arguments one entry each.
 fn one_entry_each(mut entry: Value) -> Value {
-    let args: Vec<String> = entry["args"]
-        .as_array()
-        .expect("a hook's arguments")
-        .iter()
-        .map(|a| a.as_str().expect("text").to_owned())
-        .collect();
-    entry["args"] = json!(crate::support::hook_mounts::one_entry_each(&args));
+    entry["args"] = json!(crate::support::hook_mounts::one_entry_each(&entry["args"]));
     entry
 }
 
@@ -576,38 +570,46 @@ fn report(gpus: &str, variants: &[Variant], log: &str) {
     );
     // The RuntimeClass's goal (issue 41): no slower than NRI `hook`. What it pays that NRI
     // does not is nvhook's process between the shim and runc, which the plugin's daemon saves.
-    let against = |a: Way, b: Way| {
+    let pairs = [
+        (
+            "RuntimeClass against NRI `hook`",
+            Way::RuntimeClass,
+            Way::NriHook,
+        ),
+        (
+            "nvhook's process between the shim and runc, no work (the `void` row against runc, no GPU)",
+            Way::RuntimeClassHop,
+            Way::Plain,
+        ),
+        (
+            "runc carrying the arguments of nvhook's CDI hook (a /bin/true hook at createRuntime with them, against the floor's at prestart without)",
+            Way::FloorWithCdiHookArguments,
+            Way::FloorWithHook,
+        ),
+        (
+            "the CDI request's hook arguments grouped by directory against one entry each",
+            Way::CdiRequest,
+            Way::CdiRequestOneEntryEach,
+        ),
+        (
+            "the CDI request's hook at createRuntime against createContainer",
+            Way::CdiRequest,
+            Way::CdiRequestAtCreateContainer,
+        ),
+        (
+            "NRI `mounts`, a CUDA image's gathered driver directories against every file a bind mount",
+            Way::NriMountsCudaImage,
+            Way::NriMounts,
+        ),
+    ];
+    for (label, a, b) in pairs {
         let (a, b) = (by(a), by(b));
-        format!(
-            "start {:+.2} ms, create {:+.2} ms, CPU {:+.2} ms",
+        println!(
+            "- {label}, paired p50: start {:+.2} ms, create {:+.2} ms, CPU {:+.2} ms",
             a.samples.paired_minus(&b.samples).p50(),
             a.create.paired_minus(&b.create).p50(),
             a.cpu.paired_minus(&b.cpu).p50()
-        )
-    };
-    println!(
-        "- RuntimeClass against NRI `hook`, paired p50: {}",
-        against(Way::RuntimeClass, Way::NriHook)
-    );
-    println!(
-        "- nvhook's process between the shim and runc, no work (the `void` row against runc, no GPU), paired p50: {}",
-        against(Way::RuntimeClassHop, Way::Plain)
-    );
-    println!(
-        "- runc carrying the arguments of nvhook's CDI hook (a /bin/true hook at createRuntime with them, against the floor's at prestart without), paired p50: {}",
-        against(Way::FloorWithCdiHookArguments, Way::FloorWithHook)
-    );
-    println!(
-        "- the CDI request's hook arguments grouped by directory against one entry each, paired p50: {}",
-        against(Way::CdiRequest, Way::CdiRequestOneEntryEach)
-    );
-    println!(
-        "- the CDI request's hook at createRuntime against createContainer, paired p50: {}",
-        against(Way::CdiRequest, Way::CdiRequestAtCreateContainer)
-    );
-    println!(
-        "- NRI `mounts`, a CUDA image's gathered driver directories against every file a bind mount, paired p50: {}",
-        against(Way::NriMountsCudaImage, Way::NriMounts)
-    );
+        );
+    }
     println!();
 }
