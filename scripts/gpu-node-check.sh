@@ -8,6 +8,7 @@
 #   DIR/gpu-node-check.sh compat OUT     # there: only the CUDA forward-compat check
 #   DIR/gpu-node-check.sh nested OUT     # there: only the nested-sandbox check
 #   DIR/gpu-node-check.sh memlimits OUT  # there: only the GPU memory limit check
+#   DIR/gpu-node-check.sh cdi OUT        # there: only the CDI check
 #
 # `run` lists the driver's device nodes (GPUs, caps, IMEX channels, NVSwitch, NVLink) and asks
 # for GPU 0 with every capability through each path nvhook offers (runc + the prestart hook,
@@ -32,6 +33,13 @@
 # NOT_SUPPORTED, or no such call (a driver before CUDA 13.4's); where it limits, a container
 # with NVIDIA_GPU_MEMORY_LIMIT=1024 (MiB) through the prestart hook allocates 256 MiB and is
 # refused 2 GiB (cuMemAlloc), and the same container without a limit allocates both.
+# The CDI check (part of `run`, or alone) writes nvhook's spec for this node (`nvhook cdi
+# generate`, kept as OUT/nvidia.json), applies GPU 0's edits to a bundle as a CDI-aware engine
+# does (device nodes, env, the createRuntime hook), and runs the kernel probe through it in an
+# image without a loader cache, then in one with. Then it times whole starts, alternating:
+# plain runc, the floor (the spec's device nodes and env alone), the floor with a createRuntime
+# hook running /bin/true, the whole spec, and the prestart hook with every capability (p50 and
+# p95), and gives the p50 of each hook step.
 # NVHOOK_EXTRA_CONFIG: lines added to every config (e.g. driver-root for a driver elsewhere).
 set -euo pipefail
 
@@ -56,7 +64,15 @@ pack() {
   echo "packed $kit ($(du -sh "$kit" | cut -f1))"
 }
 
-# bundle NAME ARGS_JSON ENV_JSON [HOOK]: a bundle on the kit's rootfs.
+# fresh_image: $KIT/image, a copy of the packed rootfs for one check's bundles. The hooks write
+# into it (mount points, the loader's cache), as into an image's layer; a check that ran before,
+# here or on another node, must not leave a stale cache entry that shadows the driver's files.
+fresh_image() {
+  rm -rf "$KIT/image"
+  cp -a "$KIT/rootfs" "$KIT/image"
+}
+
+# bundle NAME ARGS_JSON ENV_JSON [HOOK]: a bundle on $KIT/image (ROOTFS overrides).
 bundle() {
   local dir="$KIT/b-$1"
   mkdir -p "$dir"
@@ -66,7 +82,7 @@ kit, out, args, env, hook = sys.argv[1:]
 spec = json.load(open(f"{kit}/spec.json"))
 spec["process"].update(terminal=False, args=json.loads(args))
 spec["process"]["env"] += json.loads(env)
-spec["root"] = {"path": os.environ.get("ROOTFS", f"{kit}/rootfs"), "readonly": False}
+spec["root"] = {"path": os.environ.get("ROOTFS", f"{kit}/image"), "readonly": False}
 if os.environ.get("AS_USER"):
     spec["process"]["user"] = {"uid": int(os.environ["AS_USER"]), "gid": int(os.environ["AS_USER"])}
 if os.environ.get("UNMASKED"):
@@ -100,7 +116,8 @@ us() {
   echo $(((end - start) / 1000))
 }
 
-p50() { sort -n | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'; }
+# pct N: the Nth percentile (nearest rank) of the microseconds on stdin, in ms.
+pct() { sort -n | awk -v n="$1" '{a[NR]=$1} END {r=int((NR*n+99)/100); printf "%.1f", a[r<1?1:r]/1000}'; }
 
 # compat: nvhook's CUDA forward-compat choice for each compat directory on this host.
 compat() {
@@ -137,6 +154,7 @@ nested() {
   local runc="$KIT/bin/runc --root /run/nvhook-check" view unmasked
   local probe='["/bin/sh","-c","echo gpus: $(busybox ls /proc/driver/nvidia/gpus); busybox unshare -Urpf --mount-proc true && echo nested procfs ok || echo nested procfs refused"]'
   local env='["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_DRIVER_CAPABILITIES=utility"]'
+  fresh_image
   for view in always auto; do
     config "nested-$view" "proc-driver-view = \"$view\""
     for unmasked in "" 1; do
@@ -151,6 +169,7 @@ nested() {
 memlimits() {
   local runc="$KIT/bin/runc --root /run/nvhook-check" lib uuid dir rc
   echo "== GPU memory limits"
+  fresh_image
   config limits ""
   "$KIT/bin/nvhook" --config "$KIT/limits.toml" info | grep -i 'memory limits' || true
   if [ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ]; then
@@ -179,9 +198,112 @@ memlimits() {
   grep -h 'GPU memory limits' "$OUT/limits.log" | tail -2 || true
 }
 
+# cdi_bundle NAME ARGS_JSON SPEC [floor|floor-hook]: a bundle with the CDI spec's edits for GPU 0,
+# applied as an engine applies them. floor: only the device nodes and env; floor-hook: those and a
+# createRuntime hook that runs the host's /bin/true (what runc's running of any hook costs).
+cdi_bundle() {
+  bundle "$1" "$2" '[]'
+  python3 - "$KIT/b-$1/config.json" "$3" "${4:-}" <<'PY'
+import json, os, sys
+out, spec_path, floor = sys.argv[1:]
+oci, cdi = json.load(open(out)), json.load(open(spec_path))
+edits = [cdi.get("containerEdits", {})]
+edits += [d["containerEdits"] for d in cdi["devices"] if d["name"] == "0"]
+linux = oci["linux"]
+for e in edits:
+    oci["process"]["env"] += e.get("env", [])
+    for node in e.get("deviceNodes", []):
+        rdev = os.stat(node.get("hostPath", node["path"])).st_rdev
+        major, minor = os.major(rdev), os.minor(rdev)
+        linux.setdefault("devices", []).append({"path": node["path"], "type": "c",
+            "major": major, "minor": minor, "fileMode": node.get("fileMode", 0o666), "uid": 0, "gid": 0})
+        linux["resources"]["devices"].append({"allow": True, "type": "c", "major": major,
+            "minor": minor, "access": node.get("permissions", "rwm")})
+    if floor:
+        continue
+    for m in e.get("mounts", []):
+        oci["mounts"].append({"destination": m["containerPath"], "source": m["hostPath"],
+            "type": m.get("type", "bind"), "options": m.get("options", [])})
+    for h in e.get("hooks", []):
+        entry = {k: h[k] for k in ("path", "args", "env", "timeout") if k in h}
+        oci.setdefault("hooks", {}).setdefault(h["hookName"], []).append(entry)
+if floor == "floor-hook":
+    oci.setdefault("hooks", {})["createRuntime"] = [{"path": "/bin/true", "args": ["true"]}]
+json.dump(oci, open(out, "w"))
+PY
+}
+
+# steps_p50 LOG: the p50 of each step in the hook's step lines, and of their sum (ms).
+steps_p50() {
+  python3 - "$1" <<'PY'
+import statistics, sys
+steps = {}
+for line in open(sys.argv[1]):
+    if "steps:" not in line:
+        continue
+    pairs = [p.split("=") for p in line.split("steps:", 1)[1].split()]
+    for name, us in pairs:
+        steps.setdefault(name, []).append(int(us))
+    steps.setdefault("sum", []).append(sum(int(us) for _, us in pairs))
+print(" ".join(f"{k}={statistics.median(v) / 1000:.2f}" for k, v in steps.items()))
+PY
+}
+
+# cdi: nvhook's CDI spec for this node, a GPU container through it, and its start cost.
+cdi() {
+  local runc="$KIT/bin/runc --root /run/nvhook-check" spec=$OUT/nvidia.json i v
+  local probe='["/gpucheck","--kernel","1048576","--dev","/dev/nvidia0","--dev","/dev/nvidiactl","--exec","/usr/bin/nvidia-smi"]'
+  echo "== CDI: nvhook cdi generate, GPU 0's edits applied as an engine does, through runc"
+  fresh_image
+  config cdi-spec ""
+  config hook-all ""
+  "$KIT/bin/nvhook" --config "$KIT/cdi-spec.toml" cdi generate --output "$spec"
+  python3 - "$spec" <<'PY'
+import json, sys
+cdi = json.load(open(sys.argv[1]))
+hooks = [h for e in [cdi["containerEdits"]] + [d["containerEdits"] for d in cdi["devices"]]
+         for h in e.get("hooks", [])]
+args = hooks[0]["args"] if hooks else []
+print(f"spec: {len(cdi['devices'])} devices, hooks {[h['hookName'] for h in hooks]}, "
+      f"mounts {len(cdi['containerEdits'].get('mounts', []))}; the hook's arguments: {len(args)}, "
+      f"{sum(len(a) + 1 for a in args)} bytes, one-entry binds {args.count('--bind-file')}, "
+      f"grouped binds {sum(args[i] in ('--bind-files', '--bind-sockets', '--bind-dirs') for i in range(len(args)))}")
+PY
+  echo "-- an image without a loader cache"
+  cdi_bundle probe-cdi "$probe" "$spec"
+  $runc run --bundle "$KIT/b-probe-cdi" probe-cdi
+  echo "-- an image with a loader cache"
+  rm -rf "$KIT/image-cached"
+  cp -a "$KIT/rootfs" "$KIT/image-cached"
+  echo /lib/x86_64-linux-gnu > "$KIT/image-cached/etc/ld.so.conf"
+  ldconfig -r "$KIT/image-cached"
+  ROOTFS=$KIT/image-cached cdi_bundle probe-cdi-cached "$probe" "$spec"
+  $runc run --bundle "$KIT/b-probe-cdi-cached" probe-cdi-cached
+  cdi_bundle cdi '["/bin/true"]' "$spec"
+  cdi_bundle cdi-floor '["/bin/true"]' "$spec" floor
+  cdi_bundle cdi-floor-hook '["/bin/true"]' "$spec" floor-hook
+  bundle plain '["/bin/true"]' '[]'
+  bundle hook-all '["/bin/true"]' '["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_DRIVER_CAPABILITIES=all"]' "$KIT/hook-all.toml"
+  : > "$OUT/cdi-starts.txt"
+  for i in $(seq "${ROUNDS:-20}"); do
+    for v in plain cdi-floor cdi-floor-hook cdi hook-all; do
+      echo "$v $(us $runc run --bundle "$KIT/b-$v" "$v-$i")" >> "$OUT/cdi-starts.txt"
+    done
+  done
+  echo "== whole starts, ms over ${ROUNDS:-20} (runc run of /bin/true, GPU 0, every capability): p50 p95"
+  for v in plain cdi-floor cdi-floor-hook cdi hook-all; do
+    echo "$v $(awk -v v="$v" '$1 == v {print $2}' "$OUT/cdi-starts.txt" | pct 50)" \
+      "$(awk -v v="$v" '$1 == v {print $2}' "$OUT/cdi-starts.txt" | pct 95)"
+  done
+  echo "== the hooks' steps, p50 ms"
+  echo "cdi createRuntime: $(steps_p50 "$OUT/cdi-spec.log")"
+  echo "prestart, every capability: $(steps_p50 "$OUT/hook-all.log")"
+}
+
 run() {
   OUT=$1
   mkdir -p "$OUT"
+  fresh_image
   export LD_LIBRARY_PATH=$KIT/bin
   local runc="$KIT/bin/runc --root /run/nvhook-check" probe env all
   nvidia-smi -L || true
@@ -220,12 +342,13 @@ run() {
   done
   echo "== whole starts, p50 ms over $rounds (runc run of /bin/true, GPU 0, compute,utility)"
   for v in runc hook-kept hook-every shim-kept shim-every; do
-    echo "$v $(awk -v v="$v" '$1 == v {print $2}' "$OUT/starts.txt" | p50)"
+    echo "$v $(awk -v v="$v" '$1 == v {print $2}' "$OUT/starts.txt" | pct 50)"
   done
   echo "== the hook's inventory step, p50 ms"
   for mode in kept every; do
-    echo "$mode $(grep -h 'steps:' "$OUT/$mode.log" | grep -o ' inventory=[0-9]*' | sed 's/.*=//' | p50)"
+    echo "$mode $(grep -h 'steps:' "$OUT/$mode.log" | grep -o ' inventory=[0-9]*' | sed 's/.*=//' | pct 50)"
   done
+  cdi
   compat
   nested
   memlimits
@@ -234,23 +357,11 @@ run() {
 case "${1:-}" in
   pack) pack "$(realpath -m "${2:?pack DIR}")" ;;
   run) KIT=$(cd "$(dirname "$0")" && pwd); run "$(realpath -m "${2:?run OUT}")" ;;
-  compat)
-    KIT=$(cd "$(dirname "$0")" && pwd) OUT=$(realpath -m "${2:?compat OUT}")
+  compat | nested | memlimits | cdi)
+    KIT=$(cd "$(dirname "$0")" && pwd) OUT=$(realpath -m "${2:?$1 OUT}")
     mkdir -p "$OUT"
     export LD_LIBRARY_PATH=$KIT/bin
-    compat
+    "$1"
     ;;
-  nested)
-    KIT=$(cd "$(dirname "$0")" && pwd) OUT=$(realpath -m "${2:?nested OUT}")
-    mkdir -p "$OUT"
-    export LD_LIBRARY_PATH=$KIT/bin
-    nested
-    ;;
-  memlimits)
-    KIT=$(cd "$(dirname "$0")" && pwd) OUT=$(realpath -m "${2:?memlimits OUT}")
-    mkdir -p "$OUT"
-    export LD_LIBRARY_PATH=$KIT/bin
-    memlimits
-    ;;
-  *) echo "usage: $0 pack DIR | run OUT | compat OUT | nested OUT | memlimits OUT" >&2; exit 2 ;;
+  *) echo "usage: $0 pack DIR | run OUT | compat OUT | nested OUT | memlimits OUT | cdi OUT" >&2; exit 2 ;;
 esac

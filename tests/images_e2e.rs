@@ -4,17 +4,20 @@
 //! an Alpine/musl image, and an image whose loader cache is in glibc's new format only. In
 //! each, a real program (`/gpucheck`, built for the image's libc) dlopens `libcuda.so.1` by
 //! name with no LD_LIBRARY_PATH and calls cuInit: 0 is the host driver's answer, 999 the
-//! answer of any libcuda the image brought itself.
+//! answer of any libcuda the image brought itself. And through a static CDI spec (Podman),
+//! an image without a loader cache on a node whose driver lives in GKE's directory.
 //! Run as root after `cargo build --workspace`: `cargo test --test images_e2e`.
 
 use std::fs;
 use std::path::Path;
 use std::sync::OnceLock;
 
+use nvhook_test_support::engines::unique_name;
+use nvhook_test_support::podman::{CdiSpecFile, Podman};
 use nvhook_test_support::{
     Bundle, GlibcImageOptions, Image, LoaderCache, OLD_DRIVER_VERSION, Output, RuntimeEnv, SimNode,
-    build_glibc_image, build_musl_image, glibc_image, glibc_image_with_fake_libcuda, run_clean,
-    run_nvhook, target_tmp_dir,
+    build_glibc_image, build_musl_image, glibc_image, glibc_image_with_fake_libcuda, require_root,
+    run_clean, run_nvhook, target_tmp_dir,
 };
 
 const GPUS: u32 = 2;
@@ -220,4 +223,47 @@ fn an_images_libcuda_on_ld_library_path_is_named_by_nvhook_plan() {
         let cuinit = if shadowed { "cuInit 999" } else { "cuInit 0" };
         output.assert_lines(&["dlopen libcuda.so.1 ok", cuinit]);
     }
+}
+
+/// A static CDI spec keeps the driver's libraries at their host paths: on a node whose driver
+/// lives where GKE installs it (`/usr/local/nvidia/lib64`), that is a directory the loader of
+/// an image without a cache never searches. The spec's createRuntime hook then writes the
+/// image a cache of its own, as NVIDIA's update-ldcache hook does (found on a real H200 node
+/// of that layout, where the CDI route left such a container without libcuda).
+#[test]
+fn a_static_cdi_spec_on_a_gke_layout_node_reaches_an_image_without_a_loader_cache() {
+    require_root();
+    let node = SimNode::create_with(GPUS, &["--lib-dir", "usr/local/nvidia/lib64"]);
+    let spec = CdiSpecFile::new("json");
+    node.generate_cdi_spec(spec.path());
+    let image = glibc(
+        "distroless-cdi",
+        GlibcImageOptions {
+            ldcache: LoaderCache::Absent,
+            ..GlibcImageOptions::default()
+        },
+    );
+    let podman = Podman::new();
+    let name = format!("localhost/{}:latest", unique_name("nvhook-no-cache"));
+    podman.import(image.rootfs(), &name);
+    let args = [
+        "/gpucheck",
+        "--dev",
+        "/dev/nvidia1",
+        "--dev",
+        "/dev/nvidia0",
+    ];
+    let mut output = podman.run(&["--device", "nvidia.com/gpu=1"], &name, &args);
+    output.hook_log = Some(node.log());
+    assert_host_driver(&output);
+    let file = format!(
+        "dlopen libcuda.so.1 file /usr/local/nvidia/lib64/libcuda.so.{}",
+        node.driver_version()
+    );
+    output.assert_lines(&[file.as_str()]);
+    let log = node.log();
+    assert!(
+        log.contains("the image has no loader cache, and its loader does not look where the driver's libraries are: writing one"),
+        "{log}"
+    );
 }

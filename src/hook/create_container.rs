@@ -126,7 +126,17 @@ pub fn create_container(
         step.done("mounts");
     }
     // Which images have a glibc cache is only known now: a static spec serves them all.
-    let has_cache = rootfs.probe().has_ldcache || args.makes_cache;
+    let image = rootfs.probe();
+    let new_cache = !args.makes_cache && image.needs_cache_for(Arch::HOST, &args.ldcache);
+    if new_cache {
+        tracing::info!(
+            "the image has no loader cache, and its loader does not look where the driver's libraries are: writing one"
+        );
+    }
+    // CUDA compat is chosen by the image's own cache: one written only to reach the host's
+    // files is no sign that the image expects its compat libraries to load.
+    let image_cache = image.has_ldcache || args.makes_cache;
+    let has_cache = image_cache || new_cache;
     step.done("image");
     let mut args = args.clone();
     for folder in &args.folders.clone() {
@@ -165,7 +175,7 @@ pub fn create_container(
             .filter_map(|l| Some((l.path.rsplit_once('/')?.1, l.target.as_str())))
             .collect();
         let (decision, conf) =
-            compat::apply(&found, host, has_cache, &host_files, &mut args.ldcache);
+            compat::apply(&found, host, image_cache, &host_files, &mut args.ldcache);
         decision.log();
         args.ld_so_confs.splice(0..0, conf);
     }

@@ -24,10 +24,9 @@ pub fn build(
     firmware_path: Option<&str>,
 ) -> Result<()> {
     let version = &params.driver_version;
-    let arch = toolchain.arch;
     let dirs = [
-        Some(arch.lib_dir()),
-        arch.lib_dir_32(),
+        Some(toolchain.lib_dir()),
+        toolchain.lib_dir_32(),
         Some(tools::BIN_DIR),
         Some("etc"),
     ];
@@ -41,10 +40,11 @@ pub fn build(
     let scratch = root.join(".build");
     mkdir(&scratch)?;
     let libc32_stub = scratch.join("libc.so.6");
-    if arch.lib_dir_32().is_some() {
+    if toolchain.lib_dir_32().is_some() {
         compile::run_all(toolchain, vec![libs::libc32_stub_job(&libc32_stub)])?;
     }
-    let mut jobs = libs::jobs(root, version, cuda, arch, &libc32_stub);
+    let dirs = (toolchain.lib_dir(), toolchain.lib_dir_32());
+    let mut jobs = libs::jobs(root, version, cuda, dirs, &libc32_stub);
     jobs.extend(libs::xorg_jobs(root, version));
     jobs.extend(tools::jobs(root, version, &smi));
     compile::run_all(toolchain, jobs)?;
@@ -54,7 +54,7 @@ pub fn build(
         .iter()
         .find(|l| l.name == NVML)
         .expect("NVML is in the table");
-    let lib64 = root.join(arch.lib_dir());
+    let lib64 = root.join(toolchain.lib_dir());
     fs::copy(mock_nvml, lib64.join(nvml_lib.file_name(version))).with_context(|| {
         format!(
             "cannot copy the mock NVML from {}: build it with `cargo build -p mock-nvml` or pass --mock-nvml",
@@ -177,7 +177,7 @@ pub fn run_ldconfig(root: &Path, toolchain: &Toolchain) -> Result<std::path::Pat
 /// nvhook needs.
 fn loader_cache(root: &Path, toolchain: &Toolchain, version: &str) -> Result<()> {
     let arch = toolchain.arch;
-    let conf: String = [Some(arch.lib_dir()), arch.lib_dir_32()]
+    let conf: String = [Some(toolchain.lib_dir()), toolchain.lib_dir_32()]
         .into_iter()
         .flatten()
         .map(|dir| format!("/{dir}\n"))

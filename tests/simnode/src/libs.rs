@@ -3,7 +3,6 @@
 //! exactly like the real driver's files.
 
 use crate::compile::Job;
-use crate::machine::Arch;
 use std::path::Path;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,14 +163,14 @@ pub fn xorg_jobs(driver_root: &Path, driver_version: &str) -> Vec<Job> {
     .collect()
 }
 
-/// Compile jobs for every library under `driver_root`, except the 64-bit
-/// NVML, which is the mock copied in by the caller. Where `arch` has compat32
-/// libraries, they link against `libc32_stub` (see `libc32_stub_job`).
+/// Compile jobs for every library under `driver_root`, in its 64-bit directory `lib64` and
+/// (compat32) `lib32`, except the 64-bit NVML, which is the mock copied in by the caller. The
+/// compat32 libraries link against `libc32_stub` (see `libc32_stub_job`).
 pub fn jobs(
     driver_root: &Path,
     driver_version: &str,
     cuda_version: u32,
-    arch: Arch,
+    (lib64, lib32): (&str, Option<&str>),
     libc32_stub: &Path,
 ) -> Vec<Job> {
     let mut jobs = Vec::new();
@@ -182,12 +181,10 @@ pub fn jobs(
             jobs.push(Job {
                 source: source.clone(),
                 flags: vec!["-shared".into(), "-fPIC".into(), soname_flag.clone()],
-                output: driver_root
-                    .join(arch.lib_dir())
-                    .join(lib.file_name(driver_version)),
+                output: driver_root.join(lib64).join(lib.file_name(driver_version)),
             });
         }
-        let Some(lib_dir_32) = arch.lib_dir_32() else {
+        let Some(lib_dir_32) = lib32 else {
             continue;
         };
         if lib.has_compat32() {
@@ -212,6 +209,7 @@ pub fn jobs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::machine::Arch;
 
     #[test]
     fn sonames_and_file_names() {
@@ -239,7 +237,7 @@ mod tests {
             Path::new("/d"),
             "550.54.15",
             12040,
-            Arch::X86_64,
+            (Arch::X86_64.lib_dir(), Arch::X86_64.lib_dir_32()),
             Path::new("/s/libc.so.6"),
         );
         let built64 = jobs
@@ -265,7 +263,7 @@ mod tests {
             Path::new("/d"),
             "580.95.05",
             13000,
-            Arch::Aarch64,
+            (Arch::Aarch64.lib_dir(), Arch::Aarch64.lib_dir_32()),
             Path::new("/s/libc.so.6"),
         );
         assert_eq!(jobs.len(), LIBRARIES.len() - 1);

@@ -56,10 +56,24 @@ impl Arch {
 pub struct Toolchain {
     pub arch: Arch,
     cross_root: Option<PathBuf>,
+    /// Where the driver's 64-bit libraries are installed (`--lib-dir`), where not in Debian's
+    /// multiarch directory.
+    lib_dir: Option<String>,
 }
 
 impl Toolchain {
-    pub fn new(arch: Arch, cross_root: Option<PathBuf>) -> Result<Toolchain> {
+    pub fn new(
+        arch: Arch,
+        cross_root: Option<PathBuf>,
+        lib_dir: Option<String>,
+    ) -> Result<Toolchain> {
+        if let Some(dir) = &lib_dir
+            && (dir.is_empty() || dir.starts_with('/') || dir.split('/').any(|c| c == ".."))
+        {
+            bail!(
+                "--lib-dir {dir:?}: a directory under the driver root, e.g. usr/local/nvidia/lib64"
+            );
+        }
         match (arch, &cross_root) {
             (Arch::X86_64, Some(_)) => bail!("--cross-root is for --arch aarch64 only"),
             (Arch::Aarch64, None) => bail!(
@@ -69,7 +83,11 @@ impl Toolchain {
                 "{} has no {ARM64_LDCONFIG}: run scripts/arm64-toolchain.sh",
                 root.display()
             ),
-            _ => Ok(Toolchain { arch, cross_root }),
+            _ => Ok(Toolchain {
+                arch,
+                cross_root,
+                lib_dir,
+            }),
         }
     }
 
@@ -95,6 +113,20 @@ impl Toolchain {
                 cc.args(common).args(flags);
                 (cc, Written::OnStdout)
             }
+        }
+    }
+
+    /// The directory of the driver's 64-bit libraries under the driver root.
+    pub fn lib_dir(&self) -> &str {
+        self.lib_dir.as_deref().unwrap_or(self.arch.lib_dir())
+    }
+
+    /// The directory of its compat32 libraries: none where `--lib-dir` moved the 64-bit ones
+    /// (GKE's installer, the layout it stands for, installs no 32-bit libraries).
+    pub fn lib_dir_32(&self) -> Option<&str> {
+        match self.lib_dir {
+            Some(_) => None,
+            None => self.arch.lib_dir_32(),
         }
     }
 

@@ -89,6 +89,11 @@ struct CreateArgs {
     /// gcc and ldconfig build the driver.
     #[arg(long, value_name = "DIR")]
     cross_root: Option<PathBuf>,
+    /// The directory of the driver's 64-bit libraries under the driver root, where not Debian's
+    /// multiarch one: `usr/local/nvidia/lib64`, as GKE installs the driver. The node then has
+    /// no compat32 libraries.
+    #[arg(long, value_name = "DIR")]
+    lib_dir: Option<String>,
     /// IMEX channels /dev/nvidia-caps-imex-channels/channel0..N.
     #[arg(long, default_value_t = 0)]
     imex_channels: u32,
@@ -179,7 +184,7 @@ fn create(args: CreateArgs) -> Result<()> {
             .map_or_else(|| beside_self(default_mock), Ok)?,
     )?;
     let hook_path = absolute(args.hook_path.map_or_else(|| beside_self("nvhook"), Ok)?)?;
-    let toolchain = machine::Toolchain::new(args.arch, args.cross_root)?;
+    let toolchain = machine::Toolchain::new(args.arch, args.cross_root, args.lib_dir)?;
     let inputs = node::Inputs {
         toolchain: &toolchain,
         params: &params,

@@ -358,11 +358,14 @@ impl SimNode {
         let stores = fs::read_dir(root.join("usr/lib/wsl/drivers"))
             .into_iter()
             .flatten();
+        // Beside the mock NVML: in a WSL driver store, Debian's directory, or GKE's.
+        let default = root.join("usr/lib/x86_64-linux-gnu").join(FILE);
         let path = stores
             .flatten()
             .map(|store| store.path().join(FILE))
+            .chain([root.join("usr/local/nvidia/lib64").join(FILE)])
             .find(|p| p.is_file())
-            .unwrap_or_else(|| root.join("usr/lib/x86_64-linux-gnu").join(FILE));
+            .unwrap_or(default);
         let text = fs::read_to_string(&path)
             .unwrap_or_else(|err| panic!("read {}: {err}", path.display()));
         serde_json::from_str(&text).expect("topology is JSON")

@@ -248,6 +248,23 @@ impl Layout {
     }
 }
 
+impl ImageInfo {
+    /// Whether this image, which has no loader cache of its own, needs one for `entries`: a
+    /// static spec keeps libraries at their host paths (`/usr/local/nvidia/lib64` on GKE,
+    /// `/usr/lib64` on a Fedora host), where the image's loader may not look without a cache.
+    /// Only the directory an image-aware plan would choose ([`Layout::for_image`]) is taken
+    /// as searched: the loader's built-in path differs between glibc builds.
+    pub fn needs_cache_for(&self, arch: Arch, entries: &[CacheEntry]) -> bool {
+        if self.has_ldcache {
+            return false;
+        }
+        let searched = Layout::for_image(self, arch);
+        entries
+            .iter()
+            .any(|e| e.path.rsplit_once('/').map(|(dir, _)| dir) != Some(searched.dir(e.class)))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceNode {
     /// In the container.

@@ -577,6 +577,52 @@ fn layout_follows_the_image() {
     }
 }
 
+/// A static spec's libraries at host paths: an image without a loader cache needs one where
+/// they lie outside the directory its loader is known to search.
+#[test]
+fn an_image_without_a_cache_needs_one_for_libraries_outside_its_loaders_path() {
+    let image = |debian, has_usr_lib64, has_ldcache| ImageInfo {
+        debian,
+        has_usr_lib64,
+        has_ldcache,
+        cuda_compat: None,
+    };
+    let entry = |path: &str, class| CacheEntry {
+        soname: "libcuda.so.1".into(),
+        path: path.into(),
+        class,
+    };
+    let gke = [entry(
+        "/usr/local/nvidia/lib64/libcuda.so.1",
+        ElfClass::Lib64,
+    )];
+    let debian_host = [
+        entry(&format!("{DEBIAN_LIB64}/libcuda.so.1"), ElfClass::Lib64),
+        entry(&format!("{DEBIAN_LIB32}/libcuda.so.1"), ElfClass::Lib32),
+    ];
+    let fedora_host = [entry("/usr/lib64/libcuda.so.1", ElfClass::Lib64)];
+    let x86 = Arch::X86_64;
+    // (image, entries, needs a cache)
+    let cases: [(ImageInfo, &[CacheEntry], bool); 8] = [
+        (image(true, false, false), &gke, true),
+        (image(false, false, false), &gke, true),
+        (image(true, false, false), &debian_host, false),
+        (image(false, true, false), &fedora_host, false),
+        (image(false, true, false), &debian_host, true),
+        (image(true, false, false), &fedora_host, true),
+        // An image with a cache gets the entries added to it: never a second one.
+        (image(false, false, true), &gke, false),
+        (image(false, false, false), &[], false),
+    ];
+    for (info, entries, needed) in cases {
+        assert_eq!(
+            info.needs_cache_for(x86, entries),
+            needed,
+            "{info:?} {entries:?}"
+        );
+    }
+}
+
 #[test]
 fn ldcache_entries_point_at_the_sonames_in_the_layout() {
     let p = plan(&[&visible("0"), &caps("compute,utility,compat32")]);
