@@ -1,7 +1,8 @@
 //! End-to-end tests of nvhook's CDI support on a simulated GPU node: `nvhook cdi generate`
 //! and `cdi list`, Podman injecting a device from a generated spec (as root, and rootless as
-//! an unprivileged user), and nvhook-runtime's cdi mode under runc (cgroup v1 and v2). Run as root after `cargo build --workspace` (for
-//! simnode): `cargo test --test cdi_e2e`.
+//! an unprivileged user), and nvhook-runtime's cdi mode under runc (cgroup v1 and v2); and
+//! scripts/gpu-node-check.sh's CDI check, from a kit of this build. Run as root after `cargo
+//! build --workspace` (for simnode): `cargo test --test cdi_e2e`.
 //!
 //! On the simulated node no driver sits behind the device nodes, so opening a node the
 //! cgroup allows gives ENXIO and one it refuses gives EPERM.
@@ -737,4 +738,76 @@ fn nvidia_shaped_cdi_spec_runs_with_nvhook_as_nvidia_cdi_hook() {
         dockerd.log()
     );
     assert_no_mounts_left(dir.path(), node.root());
+}
+
+/// scripts/gpu-node-check.sh's CDI check, run from a kit made of this build against a
+/// simulated node whose driver lives where GKE installs it, as on the H200 that found the
+/// cache-less image's defect (performance.md, thirty-first round): the kernel probe loads the
+/// host's libcuda through nvhook's spec applied as an engine applies it, in an image without a
+/// loader cache and in one with, and every timed start ran.
+#[test]
+fn gpu_node_checks_cdi_check_runs_containers_through_nvhooks_spec() {
+    require_root();
+    let node = SimNode::create_with(1, &["--lib-dir", "usr/local/nvidia/lib64"]);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let image = support::build_glibc_image(
+        &dir.path().join("image"),
+        support::GlibcImageOptions {
+            ldcache: support::LoaderCache::Absent,
+            ..Default::default()
+        },
+    );
+    // The check times starts of /bin/true (the image's /bin is its /usr/bin).
+    fs::copy("/usr/bin/true", image.rootfs().join("usr/bin/true")).expect("copy true");
+    let kit = dir.path().join("kit");
+    fs::create_dir(&kit).expect("create the kit");
+    support::gpu_kit::make(&kit, image.rootfs());
+    let out = dir.path().join("out");
+    let run = support::gpu_kit::run(&kit, "cdi", &out, &node, &[("ROUNDS", "2")]);
+    let report = support::gpu_kit::report(&run, &out, &["cdi-spec.log", "hook-all.log"]);
+    assert!(run.status.success(), "{report}");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let libcuda = format!(
+        "dlopen libcuda.so.1 file /usr/local/nvidia/lib64/libcuda.so.{}",
+        node.driver_version()
+    );
+    for image in [
+        "-- an image without a loader cache",
+        "-- an image with a loader cache",
+    ] {
+        let at = lines.iter().position(|l| *l == image);
+        let probe = lines[at.unwrap_or_else(|| panic!("no {image:?}\n{report}")) + 1..]
+            .iter()
+            .take_while(|l| !l.starts_with("--") && !l.starts_with("=="));
+        let probe: Vec<&str> = probe.copied().collect();
+        for want in ["dlopen libcuda.so.1 ok", &libcuda, "cuInit 0"] {
+            assert!(probe.contains(&want), "{image}: no {want:?}\n{report}");
+        }
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("spec: 3 devices, hooks ['createRuntime']")),
+        "{report}"
+    );
+    // Two rounds of each kind, every one timed (a failed start is written FAIL).
+    let starts = fs::read_to_string(out.join("cdi-starts.txt")).expect("read cdi-starts.txt");
+    for kind in ["plain", "cdi-floor", "cdi-floor-hook", "cdi", "hook-all"] {
+        let timed = starts
+            .lines()
+            .filter_map(|l| l.strip_prefix(kind)?.strip_prefix(' '))
+            .filter(|us| us.parse::<u64>().is_ok())
+            .count();
+        assert_eq!(timed, 2, "{kind}\n{starts}\n{report}");
+    }
+    for hook in [
+        "cdi createRuntime: process=",
+        "prestart, every capability: process=",
+    ] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(hook)),
+            "{hook}\n{report}"
+        );
+    }
 }

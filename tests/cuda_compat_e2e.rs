@@ -16,11 +16,12 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use nvhook_test_support::engines::{nvhook_runtime_bin, unique_name};
+use nvhook_test_support::gpu_kit;
 use nvhook_test_support::podman::{CdiSpecFile, Podman};
 use nvhook_test_support::{
     Bundle, CUDA_COMPAT_DIR, GlibcImageOptions, Image, Output, RuntimeEnv, SimNode, Snapshot,
     build_glibc_image, glibc_image, host_mounts_referencing, host_snapshot, nvhook_bin,
-    require_program, require_root, run_clean, run_container_with, target_tmp_dir, workspace_bin,
+    require_root, run_clean, run_container_with, target_tmp_dir,
 };
 
 const COMPAT_VERSION: &str = "580.95.05";
@@ -281,42 +282,15 @@ fn gpu_node_check_reports_the_compat_choice() {
     require_root();
     let kit = tempfile::tempdir().expect("temp dir");
     let kit = kit.path();
-    let bin = kit.join("bin");
-    fs::create_dir(&bin).unwrap();
-    for (name, path) in [
-        ("nvhook", nvhook_bin().to_owned()),
-        ("nvhook-nvml", workspace_bin("nvhook-nvml")),
-        ("runc", require_program("runc")),
-    ] {
-        symlink(path, bin.join(name)).unwrap();
-    }
-    let cp = |from: &Path, to: &Path| {
-        let status = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(from)
-            .arg(to)
-            .status()
-            .expect("run cp");
-        assert!(status.success(), "cp -a {from:?} {to:?}");
-    };
-    cp(glibc_image().rootfs(), &kit.join("rootfs"));
+    gpu_kit::make(kit, glibc_image().rootfs());
     let host_compat = kit.join("host/cuda-13.0/compat");
     fs::create_dir_all(host_compat.parent().unwrap()).unwrap();
-    cp(
+    gpu_kit::copy(
         &compat_image()
             .rootfs()
             .join(CUDA_COMPAT_DIR.trim_start_matches('/')),
         &host_compat,
     );
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu-node-check.sh");
-    cp(&script, &kit.join("gpu-node-check.sh"));
-    let spec = std::process::Command::new(require_program("runc"))
-        .arg("spec")
-        .current_dir(kit)
-        .status()
-        .expect("runc spec");
-    assert!(spec.success());
-    fs::rename(kit.join("config.json"), kit.join("spec.json")).unwrap();
 
     for (host, why, file) in [
         (
@@ -335,31 +309,11 @@ fn gpu_node_check_reports_the_compat_choice() {
         ),
     ] {
         let node = node(host);
-        // The node's driver, device and proc roots; the script writes the rest of its config.
-        let roots: String = fs::read_to_string(node.config())
-            .unwrap()
-            .lines()
-            .filter(|l| {
-                ["driver-root", "dev-root", "proc-root"]
-                    .iter()
-                    .any(|k| l.starts_with(k))
-            })
-            .map(|l| format!("{l}\n"))
-            .collect();
         let out = kit.join(format!("out-{host}"));
-        let run = std::process::Command::new(kit.join("gpu-node-check.sh"))
-            .arg("compat")
-            .arg(&out)
-            .env("COMPAT_DIRS", &host_compat)
-            .env("NVHOOK_EXTRA_CONFIG", roots)
-            .output()
-            .expect("run gpu-node-check.sh");
+        let compat_dirs = host_compat.to_str().expect("UTF-8 path");
+        let run = gpu_kit::run(kit, "compat", &out, &node, &[("COMPAT_DIRS", compat_dirs)]);
         let stdout = String::from_utf8_lossy(&run.stdout);
-        let report = format!(
-            "{stdout}\n--- stderr\n{}\n--- log\n{}",
-            String::from_utf8_lossy(&run.stderr),
-            fs::read_to_string(out.join("compat.log")).unwrap_or_default()
-        );
+        let report = gpu_kit::report(&run, &out, &["compat.log"]);
         assert!(run.status.success(), "{report}");
         for line in [
             format!(

@@ -14,6 +14,7 @@ pub mod containerd2;
 pub mod cri;
 pub mod dra;
 pub mod engines;
+pub mod gpu_kit;
 mod gpucheck;
 pub mod hook_log;
 pub mod hook_mounts;
