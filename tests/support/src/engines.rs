@@ -158,7 +158,8 @@ fn unescape_mount_path(field: &str) -> PathBuf {
     )
 }
 
-fn unmount_below(root: &Path) {
+/// Detaches every mount at or below `root`, deepest first, so that the directory can go.
+pub(crate) fn unmount_below(root: &Path) {
     let mut points = mount_points_below(root);
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for point in points {

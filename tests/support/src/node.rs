@@ -17,6 +17,14 @@ pub struct SimNode {
     hook: PathBuf,
 }
 
+/// What a test's node leaves mounted in it (NRI's gathered driver directories, say) would keep
+/// the directory from being removed and stay in the host's mount table after the test.
+impl Drop for SimNode {
+    fn drop(&mut self) {
+        super::engines::unmount_below(self.dir.path());
+    }
+}
+
 /// What `SimNode::build` makes; `NodeOptions::gpus(n)` is a plain node in the temp dir.
 #[derive(Clone, Debug, Default)]
 pub struct NodeOptions {
