@@ -215,9 +215,9 @@ for e in edits:
     for node in e.get("deviceNodes", []):
         rdev = os.stat(node.get("hostPath", node["path"])).st_rdev
         major, minor = os.major(rdev), os.minor(rdev)
-        linux.setdefault("devices", []).append({"path": node["path"], "type": "c",
+        linux.setdefault("devices", []).append({"path": node["path"], "type": node.get("type", "c"),
             "major": major, "minor": minor, "fileMode": node.get("fileMode", 0o666), "uid": 0, "gid": 0})
-        linux["resources"]["devices"].append({"allow": True, "type": "c", "major": major,
+        linux["resources"]["devices"].append({"allow": True, "type": node.get("type", "c"), "major": major,
             "minor": minor, "access": node.get("permissions", "rwm")})
     if floor:
         continue

@@ -761,7 +761,7 @@ fn gpu_node_checks_cdi_check_runs_containers_through_nvhooks_spec() {
     fs::copy("/usr/bin/true", image.rootfs().join("usr/bin/true")).expect("copy true");
     let kit = dir.path().join("kit");
     fs::create_dir(&kit).expect("create the kit");
-    support::gpu_kit::make(&kit, image.rootfs());
+    support::gpu_kit::make(&kit, &image);
     let out = dir.path().join("out");
     let run = support::gpu_kit::run(&kit, "cdi", &out, &node, &[("ROUNDS", "2")]);
     let report = support::gpu_kit::report(&run, &out, &["cdi-spec.log", "hook-all.log"]);

@@ -282,7 +282,7 @@ fn gpu_node_check_reports_the_compat_choice() {
     require_root();
     let kit = tempfile::tempdir().expect("temp dir");
     let kit = kit.path();
-    gpu_kit::make(kit, glibc_image().rootfs());
+    gpu_kit::make(kit, glibc_image());
     let host_compat = kit.join("host/cuda-13.0/compat");
     fs::create_dir_all(host_compat.parent().unwrap()).unwrap();
     gpu_kit::copy(

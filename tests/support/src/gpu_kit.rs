@@ -3,14 +3,15 @@
 //! checks then run against a simulated node, whose roots the caller passes in
 //! `NVHOOK_EXTRA_CONFIG`.
 
-use crate::{SimNode, nvhook_bin, require_program, workspace_bin};
+use crate::cmd::run_checked;
+use crate::{Image, SimNode, nvhook_bin, require_program, workspace_bin};
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::process::{Command, Output};
 
-/// A kit in `kit` (an empty directory) whose image is a copy of `rootfs`.
-pub fn make(kit: &Path, rootfs: &Path) {
+/// A kit in `kit` (an empty directory) whose image is a copy of `image`.
+pub fn make(kit: &Path, image: &Image) {
     let bin = kit.join("bin");
     fs::create_dir(&bin).expect("create the kit's bin");
     for (name, path) in [
@@ -20,27 +21,20 @@ pub fn make(kit: &Path, rootfs: &Path) {
     ] {
         symlink(path, bin.join(name)).expect("link a binary into the kit");
     }
-    copy(rootfs, &kit.join("rootfs"));
+    image.instantiate(kit);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gpu-node-check.sh");
     copy(&script, &kit.join("gpu-node-check.sh"));
-    let spec = Command::new(require_program("runc"))
-        .arg("spec")
-        .current_dir(kit)
-        .status()
-        .expect("run runc spec");
-    assert!(spec.success(), "runc spec in {}", kit.display());
+    run_checked(
+        Command::new(require_program("runc"))
+            .arg("spec")
+            .current_dir(kit),
+    );
     fs::rename(kit.join("config.json"), kit.join("spec.json")).expect("name runc's spec");
 }
 
 /// `cp -a from to`.
 pub fn copy(from: &Path, to: &Path) {
-    let status = Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .expect("run cp");
-    assert!(status.success(), "cp -a {from:?} {to:?}");
+    run_checked(Command::new("cp").arg("-a").arg(from).arg(to));
 }
 
 /// The lines of `node`'s config that place its driver, devices, /proc and /sys: what the
