@@ -312,6 +312,7 @@ run() {
   ls -l /dev/nvidia* /dev/nvidia-caps /dev/nvidia-caps-imex-channels 2>/dev/null || true
   config kept ""
   config every 'nvml-cache-file = ""'
+  config loads 'device-program-pins = ""'
   config cdi 'runtime-mode = "cdi"'
   "$KIT/bin/nvhook" --config "$KIT/kept.toml" info > "$OUT/info.txt"
   probe='["/gpucheck","--kernel","1048576","--dev","/dev/nvidia0","--dev","/dev/nvidia1","--dev","/dev/nvidiactl","--exec","/usr/bin/nvidia-smi"]'
@@ -339,14 +340,21 @@ run() {
       echo "shim-$mode $(NVHOOK_CONFIG="$KIT/$mode.toml" us "$KIT/bin/nvhook-runtime" \
         --root /run/nvhook-check run --bundle "$KIT/b-shim-$mode" "shim-$mode-$i")" >> "$OUT/starts.txt"
     done
+    bundle hook-loads '["/bin/true"]' "$env" "$KIT/loads.toml"
+    echo "hook-loads $(us $runc run --bundle "$KIT/b-hook-loads" "hook-loads-$i")" >> "$OUT/starts.txt"
   done
   echo "== whole starts, p50 ms over $rounds (runc run of /bin/true, GPU 0, compute,utility)"
-  for v in runc hook-kept hook-every shim-kept shim-every; do
+  for v in runc hook-kept hook-every hook-loads shim-kept shim-every; do
     echo "$v $(awk -v v="$v" '$1 == v {print $2}' "$OUT/starts.txt" | pct 50)"
   done
   echo "== the hook's inventory step, p50 ms"
   for mode in kept every; do
     echo "$mode $(grep -h 'steps:' "$OUT/$mode.log" | grep -o ' inventory=[0-9]*' | sed 's/.*=//' | pct 50)"
+  done
+  # hook-loads: each container loads its own cgroup v2 device program (device-program-pins = "").
+  echo "== the hook's cgroup step, p50 ms (programs kept in /sys/fs/bpf/nvhook: $(ls /sys/fs/bpf/nvhook 2>/dev/null | wc -l), on $(stat -f -c %T /sys/fs/bpf 2>/dev/null || echo 'no /sys/fs/bpf'))"
+  for mode in kept loads; do
+    echo "$mode $(grep -h 'steps:' "$OUT/$mode.log" | grep -o ' cgroup=[0-9]*' | sed 's/.*=//' | pct 50)"
   done
   cdi
   compat

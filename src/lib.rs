@@ -34,5 +34,4 @@ pub mod private_file;
 pub mod privileges;
 pub mod rootfs;
 pub mod runtime_create;
-mod stable_hash;
 mod whole_file;

@@ -8,7 +8,7 @@
 use nvhook_test_support as support;
 
 use support::{
-    Bundle, Image, Output, RuntimeEnv, SimNode, busybox_image, glibc_image,
+    Bpffs, Bundle, Image, Output, RuntimeEnv, SimNode, busybox_image, glibc_image,
     glibc_image_with_fake_libcuda, gpucheck_args, host_mounts_referencing, require_root, run_clean,
     tree_listing,
 };
@@ -209,6 +209,46 @@ fn visible_devices_1_3(env: RuntimeEnv) {
     ]);
     output.assert_lines(&["dev /dev/nvidia2 absent", "cuInit 0"]);
     assert_hook_kept_only_its_capabilities(&node);
+}
+
+/// cgroup v2 on a node with a bpffs for `device-program-pins`: the first container's hook
+/// loads its device program and keeps it, the next on the same GPU attaches that one, and
+/// each reaches GPU 1 and not GPU 0. One on other GPUs gets a program of its own.
+#[test]
+fn the_next_container_on_the_same_gpus_attaches_the_kept_device_program() {
+    let node = SimNode::create(GPUS);
+    let bpffs = Bpffs::mount();
+    node.set(
+        "device-program-pins",
+        &format!("{:?}", bpffs.path().join("nvhook")),
+    );
+    let start = |gpus: &str| {
+        let mut bundle = gpucheck_bundle(glibc_image(), &[]);
+        bundle
+            .env(&format!("NVIDIA_VISIBLE_DEVICES={gpus}"))
+            .extra_device("/dev/nvidia0", NVIDIA_MAJOR, 0);
+        run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV2)
+    };
+    for _ in 0..2 {
+        start("1").assert_lines(&["dev /dev/nvidia0 EPERM", "dev /dev/nvidia1 ENXIO"]);
+    }
+    let reused = |log: &str| -> Vec<bool> {
+        log.lines()
+            .filter(|l| l.contains("replaced device program"))
+            .map(|l| l.contains("reused=true"))
+            .collect()
+    };
+    assert_eq!(reused(&node.log()), [false, true], "{}", node.log());
+    assert_eq!(bpffs.entries("nvhook").len(), 1, "one program kept");
+
+    start("2,3").assert_lines(&[
+        "dev /dev/nvidia0 EPERM",
+        "dev /dev/nvidia1 absent",
+        "dev /dev/nvidia2 ENXIO",
+        "dev /dev/nvidia3 ENXIO",
+    ]);
+    assert_eq!(reused(&node.log()), [false, true, false]);
+    assert_eq!(bpffs.entries("nvhook").len(), 2);
 }
 
 /// The capabilities the hook's work needs (capabilities(7) numbers): DAC_OVERRIDE,

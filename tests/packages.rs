@@ -379,6 +379,11 @@ fn deb_installs_upgrades_keeping_the_config_removes_and_purges_only_its_own_file
     // And what the hook kept: NVML's answer, at the default nvml-cache-file.
     fs::create_dir_all(root.path("/run/nvhook")).expect("mkdir run/nvhook");
     fs::write(root.path("/run/nvhook/nvml-inventory.json"), "{}").expect("write NVML cache");
+    // And the device programs it kept, at the default device-program-pins (on a node, pins in
+    // a bpffs; here plain files standing for them).
+    let pins = root.path("/sys/fs/bpf/nvhook");
+    fs::create_dir_all(&pins).expect("mkdir sys/fs/bpf/nvhook");
+    fs::write(pins.join("devices_0123456789abcdef_100"), "").expect("write a pin");
 
     let remove = root.dpkg_ok(&["--remove", "nvhook"]);
     let stderr = text(&remove.stderr);
@@ -391,6 +396,7 @@ fn deb_installs_upgrades_keeping_the_config_removes_and_purges_only_its_own_file
         !root.path("/run/nvhook").exists(),
         "removal kept NVML's cache"
     );
+    assert!(!pins.exists(), "removal kept the device programs");
     assert_eq!(
         root.files(),
         BTreeSet::from([

@@ -6,9 +6,10 @@
 //! nvhook-runtime against runc, nvhook-runtime's cost for a non-GPU container, peak memory,
 //! growth per GPU and per mounted file, and the slow-NVML case. Targets are printed beside
 //! the numbers. `NVHOOK_BENCH_ROUNDS` sets the starts per variant (default 60);
-//! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst`, `=cri`, `=gpus`, `=dra`, `=limits` or `=cdi`
-//! runs one part (limits: a GPU start with and without GPU memory limits; cdi: nvhook's CDI
-//! device through runc, layer by layer; cri:
+//! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst`, `=cri`, `=gpus`, `=dra`, `=limits`, `=cdi`,
+//! `=ways` or `=programs` runs one part (limits: a GPU start with and without GPU memory
+//! limits; cdi: nvhook's CDI device through runc, layer by layer; ways: every way in at the
+//! runtime against its floors; programs: the cgroup v2 step with device programs kept; cri:
 //! pods over containerd 2.1.9's CRI, RuntimeClass against NRI; gpus: `docker run --gpus` and
 //! `ctr run --gpus` against the same client's plain start; dra: nvhook-dra's prepare, and pods
 //! through a DRA claim against the device plugin's CDI name; all three need
@@ -26,6 +27,7 @@ mod cycle;
 mod dra;
 mod gpus;
 mod hook_timer;
+mod kept_programs;
 mod limits;
 mod pod_parts;
 mod setup;
@@ -61,7 +63,7 @@ struct Plan {
 fn main() {
     hook_timer::run_if_wrapper();
     let full = std::env::args().any(|a| a == "--bench");
-    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri|gpus|dra|limits|cdi|ways`: one part, for iterating on a
+    // `NVHOOK_BENCH_ONLY=hooks|starts|burst|cri|gpus|dra|limits|cdi|ways|programs`: one part, for iterating on a
     // profile.
     let only = std::env::var("NVHOOK_BENCH_ONLY").ok();
     let only = only.as_deref();
@@ -339,6 +341,11 @@ fn main() {
     if only.is_none_or(|o| o == "ways") {
         // 13: every way in at the runtime, against its floors.
         ways::run(plan.gpus_rounds);
+    }
+
+    if only.is_none_or(|o| o == "programs") {
+        // 14: the cgroup v2 step with device programs kept between containers.
+        kept_programs::run(plan.gpus_rounds);
     }
 }
 

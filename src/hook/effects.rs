@@ -13,7 +13,7 @@ use crate::plan::{DeviceNode, Mount, MountKind, Plan, ProcOverlay};
 use crate::rootfs::{Existing, Rootfs, RootfsError, loader, sys};
 use nvhook_cgroup::{self as cgroup, DeviceRule};
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The hook's effects in the host's namespaces.
 pub trait HostEffects {
@@ -56,15 +56,23 @@ pub struct System {
     proc: Option<procfs::Prepared>,
     /// The container's root, where it is not the host's (see [`super::userns`]).
     root: Option<ContainerRoot>,
+    /// Where cgroup v2 device programs are kept between containers (`device-program-pins`).
+    device_program_pins: Option<PathBuf>,
 }
 
 impl System {
-    pub fn new(pid: i32, rootfs: Rootfs, root: Option<ContainerRoot>) -> System {
+    pub fn new(
+        pid: i32,
+        rootfs: Rootfs,
+        root: Option<ContainerRoot>,
+        device_program_pins: Option<&Path>,
+    ) -> System {
         System {
             pid,
             rootfs,
             proc: None,
             root,
+            device_program_pins: device_program_pins.map(Path::to_owned),
         }
     }
 }
@@ -80,7 +88,7 @@ impl HostEffects for System {
     type Inside = SystemInside;
 
     fn allow_devices(&mut self, rules: &[DeviceRule]) -> Result<(), HookError> {
-        let version = cgroup::allow_devices(self.pid, rules)?;
+        let version = cgroup::allow_devices(self.pid, rules, self.device_program_pins.as_deref())?;
         tracing::debug!(?version, rules = rules.len(), "cgroup device rules set");
         Ok(())
     }

@@ -200,7 +200,12 @@ fn configure(
         step.done("memory-limits");
     }
     apply(
-        effects::System::new(pid, rootfs, userns::container_root(pid)?),
+        effects::System::new(
+            pid,
+            rootfs,
+            userns::container_root(pid)?,
+            config.device_program_pins(),
+        ),
         &container.listed,
         container.cgroups,
         &plan,

@@ -46,7 +46,7 @@ impl GpuLayout {
                 .flat_map(|name| name.bytes().chain([0]))
                 .chain([0xff, i as u8])
         });
-        format!("{:016x}", crate::stable_hash::fnv1a(bytes))
+        format!("{:016x}", nvhook_model::stable_hash::fnv1a(bytes))
     }
 
     /// Whether `text` has the shape of a [`stamp`](GpuLayout::stamp).

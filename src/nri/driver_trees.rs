@@ -237,7 +237,7 @@ fn name_of(files: &[(&str, &Path)]) -> Result<String, GatherError> {
             bytes.extend(n.to_le_bytes());
         }
     }
-    Ok(format!("{:016x}", crate::stable_hash::fnv1a(bytes)))
+    Ok(format!("{:016x}", nvhook_model::stable_hash::fnv1a(bytes)))
 }
 
 fn cstring(name: &str) -> Result<CString, GatherError> {

@@ -228,17 +228,25 @@ fn holds(location: &proc::Location, pid: i32) -> bool {
     // A v1 hierarchy is the devices one by its controller's file; cgroup2 has every
     // controller in one hierarchy.
     let (dir, magic, controller) = match location {
-        proc::Location::V1(dir) => (dir, libc::CGROUP_SUPER_MAGIC, Some("devices.allow")),
-        proc::Location::V2(dir) => (dir, libc::CGROUP2_SUPER_MAGIC, None),
+        proc::Location::V1(dir) => (dir, libc::CGROUP_SUPER_MAGIC as u32, Some("devices.allow")),
+        proc::Location::V2(dir) => (dir, libc::CGROUP2_SUPER_MAGIC as u32, None),
     };
-    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+    on_filesystem(dir, magic)
+        && controller.is_none_or(|file| dir.join(file).is_file())
+        && holds_process(dir, pid)
+}
+
+/// Whether `path` is on a filesystem of type `magic` (statfs's `f_type`).
+/// Magics are 32-bit, in a type that differs between C libraries.
+fn on_filesystem(path: &Path, magic: u32) -> bool {
+    let Ok(path) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
         return false;
     };
     // SAFETY: a zeroed statfs is a valid out-value.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: the path is NUL-terminated and `st` is writable, both for the call.
-    let on_kind = unsafe { libc::statfs(path.as_ptr(), &mut st) } == 0 && st.f_type == magic;
-    on_kind && controller.is_none_or(|file| dir.join(file).is_file()) && holds_process(dir, pid)
+    let rc = unsafe { libc::statfs(path.as_ptr(), &mut st) };
+    rc == 0 && st.f_type as u32 == magic
 }
 
 /// Whether cgroup directory `dir` lists process `pid` (as the caller's PID namespace numbers it).
@@ -252,15 +260,21 @@ fn holds_process(dir: &Path, pid: i32) -> bool {
 /// may already open, and says which cgroup version enforced it.
 ///
 /// Must run as root in the host cgroup namespace; reads `/proc/<pid>/cgroup` and the
-/// caller's mountinfo to find the cgroup directory.
-pub fn allow_devices(pid: i32, rules: &[DeviceRule]) -> Result<CgroupVersion, CgroupError> {
+/// caller's mountinfo to find the cgroup directory. Under cgroup v2, `kept_programs` names
+/// a directory in a bpffs where device programs are kept for the containers after this one
+/// (made if missing; unused where its parent is no bpffs).
+pub fn allow_devices(
+    pid: i32,
+    rules: &[DeviceRule],
+    kept_programs: Option<&Path>,
+) -> Result<CgroupVersion, CgroupError> {
     match locate_dir(pid)? {
         proc::Location::V1(dir) => {
             v1::allow(&dir, rules)?;
             Ok(CgroupVersion::V1)
         }
         proc::Location::V2(dir) => {
-            v2::allow(&dir, rules)?;
+            v2::allow(&dir, rules, kept_programs)?;
             Ok(CgroupVersion::V2)
         }
     }

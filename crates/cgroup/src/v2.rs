@@ -2,15 +2,21 @@
 //!
 //! Attaching a second program cannot widen access (every attached program must allow),
 //! so each attached program is read back, prefixed with allow blocks for the rules,
-//! loaded, attached, and the old one detached. The bpf(2) calls are behind [`Programs`], so
-//! that order and its undo are unit-tested without a kernel.
+//! loaded (or taken from the programs kept for earlier containers), attached, and the old one
+//! detached. The bpf(2) calls are behind [`Programs`], so that order and its undo are
+//! unit-tested without a kernel.
 
-use super::bpf::{self, insn::Insn, sys};
+use super::bpf::{self, insn::Insn, kept::KeptPrograms, sys};
 use super::{CgroupError, DeviceRule};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
-pub(super) fn allow(dir: &Path, rules: &[DeviceRule]) -> Result<(), CgroupError> {
+/// `kept`: the bpffs directory where programs are kept between containers, if any.
+pub(super) fn allow(
+    dir: &Path,
+    rules: &[DeviceRule],
+    kept: Option<&Path>,
+) -> Result<(), CgroupError> {
     if rules.is_empty() {
         return Ok(());
     }
@@ -25,6 +31,7 @@ pub(super) fn allow(dir: &Path, rules: &[DeviceRule]) -> Result<(), CgroupError>
     }
     let mut kernel = Kernel {
         cgroup: cgroup.as_fd(),
+        kept: kept.and_then(KeptPrograms::open),
     };
     for &id in &attached.ids {
         replace(&mut kernel, dir, id, attached.flags, rules)?;
@@ -38,6 +45,10 @@ trait Programs {
     /// The attached program `id`, with its instructions.
     fn read(&mut self, id: u32) -> Result<(Self::Program, Vec<Insn>), CgroupError>;
     fn load(&mut self, dir: &Path, insns: &[Insn]) -> Result<Self::Program, CgroupError>;
+    /// A program kept from an earlier container, loaded from `insns`.
+    fn kept(&mut self, insns: &[Insn]) -> Option<Self::Program>;
+    /// Keeps `program`, loaded from `insns`, for later containers; best effort.
+    fn keep(&mut self, insns: &[Insn], program: &Self::Program);
     fn attach(&mut self, program: &Self::Program, flags: u32) -> Result<(), CgroupError>;
     fn detach(&mut self, program: &Self::Program) -> Result<(), CgroupError>;
 }
@@ -45,6 +56,7 @@ trait Programs {
 /// bpf(2) on a cgroup directory.
 struct Kernel<'a> {
     cgroup: BorrowedFd<'a>,
+    kept: Option<KeptPrograms>,
 }
 
 impl Programs for Kernel<'_> {
@@ -62,6 +74,16 @@ impl Programs for Kernel<'_> {
             source: e.source,
             log: e.log,
         })
+    }
+
+    fn kept(&mut self, insns: &[Insn]) -> Option<OwnedFd> {
+        self.kept.as_ref()?.get(insns)
+    }
+
+    fn keep(&mut self, insns: &[Insn], program: &OwnedFd) {
+        if let Some(kept) = &self.kept {
+            kept.keep(insns, program.as_fd());
+        }
     }
 
     fn attach(&mut self, program: &OwnedFd, flags: u32) -> Result<(), CgroupError> {
@@ -86,7 +108,14 @@ fn replace<P: Programs>(
         path: dir.to_owned(),
         reason,
     })?;
-    let new = programs.load(dir, &extended)?;
+    let (new, reused) = match programs.kept(&extended) {
+        Some(kept) => (kept, true),
+        None => {
+            let new = programs.load(dir, &extended)?;
+            programs.keep(&extended, &new);
+            (new, false)
+        }
+    };
     // Without ALLOW_MULTI a cgroup holds one program, and attaching with the same flags
     // swaps it atomically. With it, attach before detaching: while both run, both must
     // allow, so access never exceeds the final state.
@@ -103,6 +132,7 @@ fn replace<P: Programs>(
         old_id,
         original_insns = original.len(),
         rules = rules.len(),
+        reused,
         "replaced device program with one that also allows the GPU devices"
     );
     Ok(())
@@ -114,12 +144,14 @@ mod tests {
     use crate::bpf::interp::runc_program;
     use crate::{DeviceKind, DeviceRule};
 
-    /// Programs by number: 1 is the runtime's, 2 the replacement.
+    /// Programs by number: 1 is the runtime's, 2 and up the replacements loaded.
     #[derive(Default)]
     struct Recorded {
         attached: Vec<u32>,
         calls: Vec<String>,
         fail: Option<&'static str>,
+        loaded: u32,
+        kept: Vec<(Vec<Insn>, u32)>,
     }
 
     impl Recorded {
@@ -149,7 +181,19 @@ mod tests {
 
         fn load(&mut self, _: &Path, _: &[Insn]) -> Result<u32, CgroupError> {
             self.call("load".into())?;
-            Ok(2)
+            self.loaded += 1;
+            Ok(1 + self.loaded)
+        }
+
+        fn kept(&mut self, insns: &[Insn]) -> Option<u32> {
+            let &(_, program) = self.kept.iter().find(|(kept, _)| kept == insns)?;
+            self.calls.push(format!("reuse {program}"));
+            Some(program)
+        }
+
+        fn keep(&mut self, insns: &[Insn], program: &u32) {
+            self.calls.push(format!("keep {program}"));
+            self.kept.push((insns.to_vec(), *program));
         }
 
         fn attach(&mut self, program: &u32, _: u32) -> Result<(), CgroupError> {
@@ -180,15 +224,46 @@ mod tests {
     fn the_new_program_is_attached_before_the_old_one_goes() {
         let (r, ok) = replace_runtimes(None, sys::BPF_F_ALLOW_MULTI);
         assert!(ok);
-        assert_eq!(r.calls, ["read 1", "load", "attach 2", "detach 1"]);
+        assert_eq!(
+            r.calls,
+            ["read 1", "load", "keep 2", "attach 2", "detach 1"]
+        );
         assert_eq!(r.attached, [2]);
+    }
+
+    /// The same runtime program and rules: the program kept from the first cgroup serves the
+    /// second; other rules get a program of their own.
+    #[test]
+    fn a_program_kept_for_the_same_rules_is_attached_instead_of_loading() {
+        let mut r = Recorded {
+            attached: vec![1],
+            ..Recorded::default()
+        };
+        let gpu0 = [DeviceRule::char_rw(195, 0)];
+        let gpu1 = [DeviceRule::char_rw(195, 1)];
+        let multi = sys::BPF_F_ALLOW_MULTI;
+        replace(&mut r, Path::new("/cg/a"), 1, multi, &gpu0).unwrap();
+        r.attached = vec![1];
+        replace(&mut r, Path::new("/cg/b"), 1, multi, &gpu0).unwrap();
+        assert_eq!(r.attached, [2], "the kept program, attached again");
+        r.attached = vec![1];
+        replace(&mut r, Path::new("/cg/c"), 1, multi, &gpu1).unwrap();
+        assert_eq!(r.attached, [3]);
+        assert_eq!(
+            r.calls,
+            [
+                "read 1", "load", "keep 2", "attach 2", "detach 1", // a
+                "read 1", "reuse 2", "attach 2", "detach 1", // b
+                "read 1", "load", "keep 3", "attach 3", "detach 1", // c
+            ]
+        );
     }
 
     #[test]
     fn without_allow_multi_the_attach_swaps_and_nothing_is_detached() {
         let (r, ok) = replace_runtimes(None, 0);
         assert!(ok);
-        assert_eq!(r.calls, ["read 1", "load", "attach 2"]);
+        assert_eq!(r.calls, ["read 1", "load", "keep 2", "attach 2"]);
     }
 
     #[test]
@@ -197,7 +272,9 @@ mod tests {
         assert!(!ok);
         assert_eq!(
             r.calls,
-            ["read 1", "load", "attach 2", "detach 1", "detach 2"]
+            [
+                "read 1", "load", "keep 2", "attach 2", "detach 1", "detach 2"
+            ]
         );
         assert_eq!(r.attached, [1], "the runtime's program alone, as it set it");
     }

@@ -154,7 +154,10 @@ fn v1_devices_allow_lets_exactly_the_rule_through() {
         "deny-all is not in force"
     );
 
-    assert_eq!(allow_devices(pid, &[gpu0_rw()]).unwrap(), CgroupVersion::V1);
+    assert_eq!(
+        allow_devices(pid, &[gpu0_rw()], None).unwrap(),
+        CgroupVersion::V1
+    );
 
     assert_eq!(open_from_cgroup(&cgroup.procs(), &gpu0), Open::NoDriver);
     assert_eq!(open_from_cgroup(&cgroup.procs(), &gpu1), Open::Denied);
@@ -221,7 +224,10 @@ fn v2_scenario() {
         Open::Ok
     );
 
-    assert_eq!(allow_devices(pid, &[gpu0_rw()]).unwrap(), CgroupVersion::V2);
+    assert_eq!(
+        allow_devices(pid, &[gpu0_rw()], None).unwrap(),
+        CgroupVersion::V2
+    );
 
     assert_eq!(open_from_cgroup(&cgroup.procs(), &gpu0), Open::NoDriver);
     assert_eq!(open_from_cgroup(&cgroup.procs(), &gpu1), Open::Denied);
@@ -261,9 +267,124 @@ fn v2_without_a_device_program_changes_nothing() {
             std::process::id()
         )));
         let pid = cgroup.enter_sleeper();
-        assert_eq!(allow_devices(pid, &[gpu0_rw()]).unwrap(), CgroupVersion::V2);
+        assert_eq!(
+            allow_devices(pid, &[gpu0_rw()], None).unwrap(),
+            CgroupVersion::V2
+        );
         assert!(attached_device_programs(&cgroup.dir).unwrap().is_empty());
     })
     .join()
     .expect("v2 no-program scenario failed");
+}
+
+/// A cgroup under the private cgroup2 mount whose sleeping member runs under runc's
+/// deny-all-but-null program.
+fn runc_cgroup(name: &str) -> (TestCgroup, i32) {
+    let cgroup = TestCgroup::create(PathBuf::from(format!(
+        "/sys/fs/cgroup/nvhook-test-{}-{name}",
+        std::process::id()
+    )));
+    attach_device_program(&cgroup.dir, &runc_deny_all_but_null()).unwrap();
+    let pid = cgroup.enter_sleeper();
+    (cgroup, pid)
+}
+
+/// The one device program attached to `cgroup`.
+fn attached(cgroup: &TestCgroup) -> u32 {
+    match attached_device_programs(&cgroup.dir).unwrap()[..] {
+        [id] => id,
+        ref ids => panic!("one device program expected: {ids:?}"),
+    }
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+fn kept_programs_scenario() {
+    enter_private_cgroup2_namespace();
+    let bpffs = tempfile::tempdir().unwrap();
+    let c_bpffs = CString::new(bpffs.path().as_os_str().as_bytes()).unwrap();
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"bpf".as_ptr(),
+            c_bpffs.as_ptr(),
+            c"bpf".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "mount bpffs: {}", std::io::Error::last_os_error());
+    let kept = bpffs.path().join("nvhook");
+    let nodes = tempfile::tempdir().unwrap();
+    let gpu0 = mknod_char(nodes.path(), NVIDIA_MAJOR, 0);
+    let gpu1 = mknod_char(nodes.path(), NVIDIA_MAJOR, 1);
+    let gpu1_rw = DeviceRule {
+        minor: 1,
+        ..gpu0_rw()
+    };
+    let opens = |cgroup: &TestCgroup| {
+        [&gpu0, &gpu1, Path::new("/dev/null")].map(|n| open_from_cgroup(&cgroup.procs(), n))
+    };
+
+    // The first container loads its program and keeps it.
+    let (a, pid) = runc_cgroup("a");
+    allow_devices(pid, &[gpu0_rw()], Some(&kept)).unwrap();
+    assert_eq!(opens(&a), [Open::NoDriver, Open::Denied, Open::Ok]);
+    let [name_a] = &entries(&kept)[..] else {
+        panic!("one program kept: {:?}", entries(&kept));
+    };
+    let name_a = name_a.clone();
+
+    // The next with the same rules attaches that one.
+    let (b, pid) = runc_cgroup("b");
+    allow_devices(pid, &[gpu0_rw()], Some(&kept)).unwrap();
+    assert_eq!(attached(&b), attached(&a), "the kept program is attached");
+    assert_eq!(opens(&b), [Open::NoDriver, Open::Denied, Open::Ok]);
+
+    // Other rules: a program of their own, kept beside it.
+    let (c, pid) = runc_cgroup("c");
+    allow_devices(pid, &[gpu1_rw], Some(&kept)).unwrap();
+    assert_ne!(attached(&c), attached(&a));
+    assert_eq!(opens(&c), [Open::Denied, Open::NoDriver, Open::Ok]);
+    let names = entries(&kept);
+    let name_c = names
+        .iter()
+        .find(|n| **n != name_a)
+        .expect("c's kept")
+        .clone();
+
+    // A program under another program's name is not attached, and goes.
+    std::fs::rename(kept.join(&name_a), kept.join(&name_c)).unwrap();
+    let (d, pid) = runc_cgroup("d");
+    allow_devices(pid, &[gpu1_rw], Some(&kept)).unwrap();
+    assert_ne!(attached(&d), attached(&a), "a's program, under c's name");
+    assert_ne!(attached(&d), attached(&c), "c's pin was replaced");
+    assert_eq!(opens(&d), [Open::Denied, Open::NoDriver, Open::Ok]);
+    assert_eq!(entries(&kept), [name_c], "d's program, kept in its place");
+
+    // A directory outside a bpffs keeps nothing and is not made.
+    let elsewhere = nodes.path().join("nvhook");
+    let (e, pid) = runc_cgroup("e");
+    allow_devices(pid, &[gpu0_rw()], Some(&elsewhere)).unwrap();
+    assert_ne!(attached(&e), attached(&a));
+    assert_eq!(opens(&e), [Open::NoDriver, Open::Denied, Open::Ok]);
+    assert!(!elsewhere.exists());
+    drop([a, b, c, d, e]);
+    // SAFETY: as above.
+    unsafe { libc::umount2(c_bpffs.as_ptr(), libc::MNT_DETACH) };
+}
+
+#[test]
+fn v2_programs_kept_in_a_bpffs_serve_the_next_container_with_the_same_rules() {
+    require_root();
+    std::thread::spawn(kept_programs_scenario)
+        .join()
+        .expect("kept programs scenario failed");
 }

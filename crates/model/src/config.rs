@@ -9,6 +9,8 @@ use std::time::Duration;
 pub const DEFAULT_PATH: &str = nvhook_runtime::DEFAULT_CONFIG;
 /// On tmpfs, so that a reboot forgets it.
 pub const DEFAULT_NVML_CACHE_FILE: &str = "/run/nvhook/nvml-inventory.json";
+/// In the bpffs systemd mounts, so that a reboot forgets it.
+pub const DEFAULT_DEVICE_PROGRAM_PINS: &str = "/sys/fs/bpf/nvhook";
 /// Environment variable that names the config file when `--config` is not given.
 pub const ENV_VAR: &str = nvhook_runtime::CONFIG_ENV;
 /// The `timeout` of the hook entries nvhook writes, in seconds; `nvml-timeout-ms` stays below it.
@@ -43,6 +45,9 @@ pub struct Config {
     /// Where NVML's answer is kept between starts, with the host state it was read in;
     /// empty: every start queries NVML.
     pub nvml_cache_file: PathBuf,
+    /// The bpffs directory where the hook keeps cgroup v2 device programs loaded for the
+    /// containers after one; empty: every container loads its own.
+    pub device_program_pins: PathBuf,
     /// File the hook appends its log to; none means log to stderr only on failure.
     pub log_file: Option<PathBuf>,
     pub log_level: LogLevel,
@@ -182,6 +187,7 @@ impl Default for Config {
             disable_require: false,
             nvml_timeout_ms: 10_000,
             nvml_cache_file: PathBuf::from(DEFAULT_NVML_CACHE_FILE),
+            device_program_pins: PathBuf::from(DEFAULT_DEVICE_PROGRAM_PINS),
             log_file: None,
             log_level: LogLevel::Info,
             runtimes: nvhook_runtime::DEFAULT_RUNTIMES.map(String::from).to_vec(),
@@ -244,6 +250,12 @@ impl Config {
                 self.nvml_cache_file
             ));
         }
+        if self.device_program_pins().is_some_and(|p| !p.is_absolute()) {
+            return Err(format!(
+                "device-program-pins {:?} must be an absolute path, or \"\" to keep none",
+                self.device_program_pins
+            ));
+        }
         for (key, p) in [
             ("driver-root", &self.driver_root),
             ("dev-root", &self.dev_root),
@@ -286,6 +298,11 @@ impl Config {
     /// The NVML cache file, unless `nvml-cache-file = ""` turned the cache off.
     pub fn nvml_cache(&self) -> Option<&Path> {
         Some(self.nvml_cache_file.as_path()).filter(|p| !p.as_os_str().is_empty())
+    }
+
+    /// The device programs' bpffs directory, unless `device-program-pins = ""` turned it off.
+    pub fn device_program_pins(&self) -> Option<&Path> {
+        Some(self.device_program_pins.as_path()).filter(|p| !p.as_os_str().is_empty())
     }
 
     pub fn nvml_timeout(&self) -> Duration {
@@ -536,6 +553,28 @@ device-families = ["mofed", "gds"]
     fn relative_hook_path_rejected() {
         let e = parse("hook-path = \"nvhook\"").unwrap_err().to_string();
         assert!(e.contains("hook-path"), "{e}");
+    }
+
+    #[test]
+    fn device_program_pins_is_an_absolute_path_or_off() {
+        let default = parse("").unwrap();
+        assert_eq!(
+            default.device_program_pins(),
+            Some(Path::new("/sys/fs/bpf/nvhook"))
+        );
+        assert_eq!(
+            parse("device-program-pins = \"\"")
+                .unwrap()
+                .device_program_pins(),
+            None
+        );
+        let e = parse("device-program-pins = \"bpf/nvhook\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("device-program-pins \"bpf/nvhook\" must be an absolute path"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -14,4 +14,5 @@ pub mod plan;
 pub mod proc_view;
 pub mod request;
 pub mod shown;
+pub mod stable_hash;
 pub mod version;

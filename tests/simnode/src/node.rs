@@ -44,6 +44,9 @@ struct HookConfig {
     /// The node's own: with one file for all, nodes used in turn (the bench, parallel tests)
     /// would keep replacing each other's answer.
     nvml_cache_file: PathBuf,
+    /// The node's own too: cgroup v2 device programs are kept there once a test mounts a
+    /// bpffs on its parent, and nowhere (not in the host's bpffs) otherwise.
+    device_program_pins: PathBuf,
     hook_path: PathBuf,
 }
 
@@ -195,6 +198,7 @@ fn finish(
         log_file: dir.join("nvhook.log"),
         log_level: "debug",
         nvml_cache_file: dir.join("run/nvml-inventory.json"),
+        device_program_pins: dir.join("bpf/nvhook"),
         hook_path: inputs.hook_path.to_path_buf(),
     };
     if inputs.keep_state.is_none() || !config.exists() {

@@ -1,8 +1,56 @@
 //! Observing the host: its mount table and the contents of a rootfs.
 
+use crate::cmd::{require_program, run_checked};
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
+use std::process::Command;
+
+/// A bpffs of its own on a temporary directory of the host, detached when dropped: where a
+/// test's hooks keep their device programs (`device-program-pins`), seen through every
+/// private mount namespace made after it.
+pub struct Bpffs {
+    dir: tempfile::TempDir,
+}
+
+impl Bpffs {
+    pub fn mount() -> Bpffs {
+        let dir = tempfile::tempdir().expect("a dir for a bpffs");
+        run_checked(
+            Command::new(require_program("mount"))
+                .args(["-t", "bpf", "bpf"])
+                .arg(dir.path()),
+        );
+        Bpffs { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The names in its directory `name`, sorted; none where it is not there.
+    pub fn entries(&self, name: &str) -> Vec<String> {
+        let Ok(entries) = fs::read_dir(self.path().join(name)) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .map(|e| {
+                e.expect("a bpffs entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        crate::engines::unmount_below(self.dir.path());
+    }
+}
 
 /// Lines of the host's mount table that mention any of `paths`: a container
 /// that was deleted must leave none behind (nothing may propagate back).

@@ -6,17 +6,20 @@
 
 use super::insn::{Insn, decode_program, encode_program};
 use crate::CgroupError;
+use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_PROG_ATTACH: libc::c_long = 8;
 const BPF_PROG_DETACH: libc::c_long = 9;
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_PROG_QUERY: libc::c_long = 16;
 
-const BPF_PROG_TYPE_CGROUP_DEVICE: u32 = 15;
+pub(crate) const BPF_PROG_TYPE_CGROUP_DEVICE: u32 = 15;
 const BPF_CGROUP_DEVICE: u32 = 6;
 pub const BPF_F_ALLOW_MULTI: u32 = 2;
 
@@ -165,11 +168,31 @@ pub(crate) fn program_id(prog: BorrowedFd<'_>) -> Result<u32, CgroupError> {
 
 /// The program's instructions as the kernel holds them after verification.
 pub(crate) fn program_instructions(prog: BorrowedFd<'_>) -> Result<Vec<Insn>, CgroupError> {
+    program_listing(prog).map(|(_, insns)| insns)
+}
+
+/// The program's type (BPF_PROG_TYPE_*) and its instructions after verification.
+pub(crate) fn program_listing(prog: BorrowedFd<'_>) -> Result<(u32, Vec<Insn>), CgroupError> {
     let info = prog_info(prog, &mut [])?;
     let mut bytes = vec![0u8; info_u32(&info, 20) as usize];
     let info = prog_info(prog, &mut bytes)?;
     bytes.truncate(info_u32(&info, 20) as usize);
-    Ok(decode_program(&bytes))
+    Ok((info_u32(&info, 0), decode_program(&bytes)))
+}
+
+/// BPF_OBJ_PIN: `prog` stays loaded, under `path` in a bpffs, until that file is removed.
+pub(crate) fn pin(prog: BorrowedFd<'_>, path: &CStr) -> io::Result<()> {
+    let mut attr = Attr::new();
+    attr.set_ptr(0, path.as_ptr()) // pathname
+        .set_u32(8, fd_u32(prog)); // bpf_fd
+    sys_bpf(BPF_OBJ_PIN, &mut attr).map(drop)
+}
+
+/// BPF_OBJ_GET: the object pinned at `path` in a bpffs.
+pub(crate) fn pinned(path: &CStr) -> io::Result<OwnedFd> {
+    let mut attr = Attr::new();
+    attr.set_ptr(0, path.as_ptr()); // pathname
+    owned_fd(sys_bpf(BPF_OBJ_GET, &mut attr)?)
 }
 
 /// The failure of a BPF_PROG_LOAD, with the last lines of the verifier's log.
