@@ -9,6 +9,7 @@ use crate::dev_char::CharLink;
 use crate::elf_machine::{ElfHead, mismatch};
 use crate::hook::memory_limits::OnThisNode;
 use crate::inventory::{DeviceMajors, HostNode, Inventory, Library, WslDriver};
+use nvhook_cgroup::bpf::kept::Keeping;
 use nvhook_ldcache::{Arch, ElfClass};
 use nvhook_model::inventory::wsl;
 use std::collections::BTreeSet;
@@ -821,15 +822,32 @@ pub struct Cgroup {
     pub v2: bool,
     /// The kernel has the bpf() system call (needed on v2).
     pub bpf: bool,
+    /// `device-program-pins` and what is there; None where the config turned it off.
+    pub pins: Option<(PathBuf, Keeping)>,
 }
 
 pub fn cgroup(c: &Cgroup) -> Check {
     match (c.v2, c.bpf) {
         (false, _) => Check::ok("cgroup", "v1: GPU rules go into devices.allow"),
-        (true, true) => Check::ok(
-            "cgroup",
-            "v2: the runtime's BPF device program can be replaced by one that allows the GPUs",
-        ),
+        (true, true) => {
+            let keeping = match &c.pins {
+                None => "device-program-pins = \"\": each container loads its own".to_owned(),
+                Some((dir, Keeping::Kept(n))) => {
+                    format!("kept for the next container in {} ({n} now)", dir.display())
+                }
+                Some((dir, Keeping::NoBpffs)) => format!(
+                    "each container loads its own, as {} is not a bpffs (mount one there, as systemd does, to keep them in {})",
+                    dir.parent().unwrap_or(dir).display(),
+                    dir.display()
+                ),
+            };
+            Check::ok(
+                "cgroup",
+                format!(
+                    "v2: the runtime's BPF device program can be replaced by one that allows the GPUs; device programs: {keeping}"
+                ),
+            )
+        }
         (true, false) => Check::fail(
             "cgroup",
             "v2 without the bpf() system call: the device filter cannot be replaced",
@@ -1496,7 +1514,8 @@ mod tests {
         assert_eq!(
             cgroup(&Cgroup {
                 v2: false,
-                bpf: false
+                bpf: false,
+                pins: None
             })
             .level,
             Level::Ok
@@ -1504,7 +1523,8 @@ mod tests {
         assert_eq!(
             cgroup(&Cgroup {
                 v2: true,
-                bpf: true
+                bpf: true,
+                pins: None
             })
             .level,
             Level::Ok
@@ -1512,11 +1532,41 @@ mod tests {
         assert_eq!(
             cgroup(&Cgroup {
                 v2: true,
-                bpf: false
+                bpf: false,
+                pins: None
             })
             .level,
             Level::Fail
         );
+    }
+
+    #[test]
+    fn cgroup_v2_says_where_device_programs_are_kept() {
+        let v2 = |pins| {
+            cgroup(&Cgroup {
+                v2: true,
+                bpf: true,
+                pins,
+            })
+        };
+        let dir = PathBuf::from("/sys/fs/bpf/nvhook");
+        let kept = v2(Some((dir.clone(), Keeping::Kept(3))));
+        assert_eq!(kept.level, Level::Ok);
+        assert!(
+            kept.detail.ends_with(
+                "device programs: kept for the next container in /sys/fs/bpf/nvhook (3 now)"
+            ),
+            "{}",
+            kept.detail
+        );
+        let none = v2(Some((dir, Keeping::NoBpffs)));
+        assert_eq!(none.level, Level::Ok, "an optimisation, not a fault");
+        assert!(
+            none.detail.contains("/sys/fs/bpf is not a bpffs"),
+            "{}",
+            none.detail
+        );
+        assert!(v2(None).detail.contains("device-program-pins = \"\""));
     }
 
     #[test]

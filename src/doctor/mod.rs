@@ -277,7 +277,7 @@ pub fn run(config: &Config, options: &Options) -> Report {
         &socket.display().to_string(),
         &state,
     ));
-    out.push(checks::cgroup(&cgroup()));
+    out.push(checks::cgroup(&cgroup(config)));
     out.push(checks::policy(config));
     Report::new(out)
 }
@@ -626,10 +626,13 @@ fn drain(pipe: Option<impl Read>) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-fn cgroup() -> Cgroup {
+fn cgroup(config: &Config) -> Cgroup {
     Cgroup {
         v2: Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
         // The sysctl exists exactly when the kernel has the bpf() system call.
         bpf: Path::new("/proc/sys/kernel/unprivileged_bpf_disabled").exists(),
+        pins: config
+            .device_program_pins()
+            .map(|dir| (dir.to_owned(), nvhook_cgroup::bpf::kept::keeping(dir))),
     }
 }

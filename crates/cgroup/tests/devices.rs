@@ -6,6 +6,7 @@
 //! deny-by-default policy, puts a sleeping process in it for `allow_devices` to find, and
 //! opens nodes from short-lived processes that first move themselves into the cgroup.
 
+use nvhook_cgroup::bpf::kept::{Keeping, keeping};
 use nvhook_cgroup::bpf::{
     attach_device_program, attached_device_programs, insn::Insn, interp::runc_program,
 };
@@ -322,6 +323,11 @@ fn kept_programs_scenario() {
     };
     assert_eq!(rc, 0, "mount bpffs: {}", std::io::Error::last_os_error());
     let kept = bpffs.path().join("nvhook");
+    assert_eq!(
+        keeping(&kept),
+        Keeping::Kept(0),
+        "a bpffs, nothing kept yet"
+    );
     let nodes = tempfile::tempdir().unwrap();
     let gpu0 = mknod_char(nodes.path(), NVIDIA_MAJOR, 0);
     let gpu1 = mknod_char(nodes.path(), NVIDIA_MAJOR, 1);
@@ -341,6 +347,7 @@ fn kept_programs_scenario() {
         panic!("one program kept: {:?}", entries(&kept));
     };
     let name_a = name_a.clone();
+    assert_eq!(keeping(&kept), Keeping::Kept(1));
 
     // The next with the same rules attaches that one.
     let (b, pid) = runc_cgroup("b");
@@ -376,6 +383,7 @@ fn kept_programs_scenario() {
     assert_ne!(attached(&e), attached(&a));
     assert_eq!(opens(&e), [Open::NoDriver, Open::Denied, Open::Ok]);
     assert!(!elsewhere.exists());
+    assert_eq!(keeping(&elsewhere), Keeping::NoBpffs);
     drop([a, b, c, d, e]);
     // SAFETY: as above.
     unsafe { libc::umount2(c_bpffs.as_ptr(), libc::MNT_DETACH) };

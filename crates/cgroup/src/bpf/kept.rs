@@ -23,6 +23,23 @@ const BPF_FS_MAGIC: u32 = libc::BPF_FS_MAGIC as u32;
 /// memory until it is removed or the node reboots.
 pub(crate) const LIMIT: usize = 64;
 
+/// Whether device programs are kept in a directory, as `nvhook doctor` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keeping {
+    /// Its parent is a bpffs; so many programs are there now (none before the first is kept).
+    Kept(usize),
+    /// Its parent is not a bpffs: each container loads its own program.
+    NoBpffs,
+}
+
+/// What [`KeptPrograms::open`] would find at `dir`, without making it.
+pub fn keeping(dir: &Path) -> Keeping {
+    if !crate::on_filesystem(dir.parent().unwrap_or(dir), BPF_FS_MAGIC) {
+        return Keeping::NoBpffs;
+    }
+    Keeping::Kept(std::fs::read_dir(dir).map_or(0, Iterator::count))
+}
+
 /// A bpffs directory of root's, where nvhook keeps device programs.
 pub(crate) struct KeptPrograms {
     dir: PathBuf,

@@ -7,7 +7,7 @@
 pub mod insn;
 #[cfg(feature = "test-util")]
 pub mod interp;
-pub(crate) mod kept;
+pub mod kept;
 mod prefix;
 pub(crate) mod sys;
 
