@@ -4,11 +4,12 @@
 //! each start, as the tests run it), on two nodes alike but for `device-program-pins`: a bpffs
 //! directory on one, `""` on the other; plus plain runc through the same wrapper. The variants
 //! take turns, each round beginning at the next. Printed: the starts, and the hook's `cgroup`
-//! step and total from each node's log.
+//! step and total from each node's log. Nodes and bundles are on the tmpfs, as in the other
+//! parts that time a hook's steps.
 
 use crate::stats::Samples;
-use crate::support::hook_log::hook_runs;
-use crate::support::{Bpffs, Bundle, RuntimeEnv, SimNode, glibc_image, run_container};
+use crate::support::hook_log::{HookRun, hook_runs};
+use crate::support::{Bpffs, Bundle, NodeOptions, RuntimeEnv, SimNode, glibc_image, run_container};
 use std::time::Instant;
 
 struct Variant {
@@ -19,9 +20,13 @@ struct Variant {
 
 /// `rounds` starts per variant, after one warm-up start each.
 pub fn run(rounds: usize) {
+    let work = crate::setup::tmpfs_work_dir();
     let bpffs = Bpffs::mount();
     let node = |pins: String| {
-        let node = SimNode::create(8);
+        let node = SimNode::build(&NodeOptions {
+            parent: Some(work.path().to_owned()),
+            ..NodeOptions::gpus(8)
+        });
         node.set("device-program-pins", &pins);
         Some(node)
     };
@@ -46,7 +51,7 @@ pub fn run(rounds: usize) {
     for round in 0..=rounds {
         for i in 0..n {
             let v = &mut variants[(round + i) % n];
-            let mut bundle = Bundle::new(glibc_image(), &["/gpucheck"]);
+            let mut bundle = Bundle::new_in(work.path(), glibc_image(), &["/gpucheck"]);
             if let Some(node) = &v.node {
                 bundle.env("NVIDIA_VISIBLE_DEVICES=0");
                 bundle.env("NVIDIA_DRIVER_CAPABILITIES=compute,utility");
@@ -69,6 +74,7 @@ pub fn run(rounds: usize) {
     );
     println!("|---|---|---|---|---|---|---|---|");
     let base = variants[1].starts.p50();
+    let mut steps_p50 = Vec::new();
     for v in &variants {
         let start = v.starts.delta_row(v.label, base);
         let Some(node) = &v.node else {
@@ -85,6 +91,7 @@ pub fn run(rounds: usize) {
             .map(|&(_, us)| us as f64 / 1e3)
             .collect();
         let total: Samples = runs.iter().map(|r| r.total_us as f64 / 1e3).collect();
+        steps_p50.push((v.label, steps_p50_of(runs)));
         let reused = node.log().matches("reused=true").count();
         println!(
             "{start} {:.3} | {:.3} | {:.3} | {reused} |",
@@ -93,6 +100,10 @@ pub fn run(rounds: usize) {
             total.p50()
         );
     }
+    println!();
+    for (label, steps) in steps_p50 {
+        println!("- {label}, the hook's steps, p50 ms: {steps}");
+    }
     let kept = variants[2].starts.paired_minus(&variants[1].starts);
     println!(
         "\nKept against loaded, paired by round: start p50 {:+.2} ms, p95 {:+.2} ms; programs in the bpffs: {}.\n",
@@ -100,4 +111,27 @@ pub fn run(rounds: usize) {
         kept.p95(),
         bpffs.entries("nvhook").len()
     );
+}
+
+/// `name p50` for each step of `runs`, in the order the hook takes them.
+fn steps_p50_of(runs: &[HookRun]) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    for (name, _) in runs.iter().flat_map(|r| &r.steps) {
+        if !names.contains(&name.as_str()) {
+            names.push(name);
+        }
+    }
+    names
+        .iter()
+        .map(|name| {
+            let step: Samples = runs
+                .iter()
+                .flat_map(|r| &r.steps)
+                .filter(|(s, _)| s == name)
+                .map(|&(_, us)| us as f64 / 1e3)
+                .collect();
+            format!("{name} {:.3}", step.p50())
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }

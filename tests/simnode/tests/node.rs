@@ -569,7 +569,10 @@ fn check_config(node: &Path) {
         path(&node.join("run/nvml-inventory.json"))
     );
     // The node's own, where no bpffs is unless a test mounts one: none of the host's.
-    assert_eq!(config["device-program-pins"], path(&node.join("bpf/nvhook")));
+    assert_eq!(
+        config["device-program-pins"],
+        path(&node.join("bpf/nvhook"))
+    );
     assert!(!config.contains_key("nvml-library"));
     assert_eq!(config.len(), 9);
 }
