@@ -21,7 +21,7 @@ use std::time::SystemTime;
 const BPF_FS_MAGIC: u32 = libc::BPF_FS_MAGIC as u32;
 /// The most programs the directory keeps; past it the oldest go. Each holds a little kernel
 /// memory until it is removed or the node reboots.
-pub(crate) const LIMIT: usize = 64;
+const LIMIT: usize = 64;
 
 /// Whether device programs are kept in a directory, as `nvhook doctor` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,7 +152,7 @@ fn c_path(path: &Path) -> Option<CString> {
 
 /// A program's name in the directory: its instructions' hash and count (bpffs refuses a name
 /// with a dot).
-pub(crate) fn name(insns: &[Insn]) -> String {
+fn name(insns: &[Insn]) -> String {
     format!(
         "devices_{:016x}_{}",
         fnv1a(encode_program(insns)),
