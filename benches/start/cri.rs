@@ -101,9 +101,25 @@ enum Kind {
     NoGpu,
     /// A way in to the GPUs; `hooked`: nvhook runs a hook in it.
     Way { hooked: bool },
-    /// The floor: the GPUs' device nodes from a CDI spec, and with `hook` the empty hook.
-    Floor { hook: bool },
+    /// The floor: the GPUs' device nodes from a CDI spec, with `hook` the empty hook, and with
+    /// `plugin_mounts` the device plugin's allocation, as the ways in without a CDI name get it
+    /// (`/dev/null` bound at `/var/run/nvidia-container-devices/<UUID>` for each GPU, which the
+    /// runtime mounts).
+    Floor { hook: bool, plugin_mounts: bool },
 }
+
+const FLOOR: Kind = Kind::Floor {
+    hook: false,
+    plugin_mounts: false,
+};
+const FLOOR_WITH_HOOK: Kind = Kind::Floor {
+    hook: true,
+    plugin_mounts: false,
+};
+const FLOOR_WITH_HOOK_AND_PLUGIN_MOUNTS: Kind = Kind::Floor {
+    hook: true,
+    plugin_mounts: true,
+};
 
 /// One way of starting the pod, and its samples (ms).
 struct Variant {
@@ -267,14 +283,21 @@ pub fn run(rounds: usize) {
                 0,
                 DEFAULT_HANDLER,
                 gpus,
-                Kind::Floor { hook: false },
+                FLOOR,
             ),
             variant(
                 "floor with a hook: the same and a prestart hook that does nothing",
                 0,
                 DEFAULT_HANDLER,
                 gpus,
-                Kind::Floor { hook: true },
+                FLOOR_WITH_HOOK,
+            ),
+            variant(
+                "floor with a hook and the device plugin's mounts (one /dev/null mount per GPU)",
+                0,
+                DEFAULT_HANDLER,
+                gpus,
+                FLOOR_WITH_HOOK_AND_PLUGIN_MOUNTS,
             ),
         ]);
     }
@@ -295,15 +318,17 @@ pub fn run(rounds: usize) {
         for (index, v) in variants.iter_mut().enumerate() {
             let engine = &mut engines[v.engine];
             let mounts: Vec<(&str, &str)> = match v.kind {
-                Kind::Way { .. } if v.cdi_kind.is_none() => allocations
-                    .iter()
-                    .find(|(gpus, _)| *gpus == v.gpus)
-                    .map(|(_, a)| a.iter().map(|(m, d)| (m.as_str(), *d)).collect())
-                    .expect("an allocation of the variant's GPUs"),
+                Kind::Way { .. } | FLOOR_WITH_HOOK_AND_PLUGIN_MOUNTS if v.cdi_kind.is_none() => {
+                    allocations
+                        .iter()
+                        .find(|(gpus, _)| *gpus == v.gpus)
+                        .map(|(_, a)| a.iter().map(|(m, d)| (m.as_str(), *d)).collect())
+                        .expect("an allocation of the variant's GPUs")
+                }
                 _ => Vec::new(),
             };
             let device = match (v.kind, v.cdi_kind) {
-                (Kind::Floor { hook }, _) => Some(floor_device(v.gpus, hook)),
+                (Kind::Floor { hook, .. }, _) => Some(floor_device(v.gpus, hook)),
                 (_, Some(kind)) => Some(format!("{kind}={}", device_name(v.gpus))),
                 _ => None,
             };
@@ -384,7 +409,7 @@ fn report(variants: &[Variant], rounds: usize) {
         let Kind::Way { hooked } = v.kind else {
             continue;
         };
-        let floor = find(v.gpus, Kind::Floor { hook: false });
+        let floor = find(v.gpus, FLOOR);
         let (p50, p95) = above(v, floor);
         let mut line = format!(
             "- {}: floor {p50:+.2} ms at p50, {p95:+.2} at p95 (goal ≤ +1.00 at both): {} (paired {:+.2})",
@@ -393,13 +418,23 @@ fn report(variants: &[Variant], rounds: usize) {
             paired(v, floor)
         );
         if hooked {
-            let with_hook = find(v.gpus, Kind::Floor { hook: true });
+            let with_hook = find(v.gpus, FLOOR_WITH_HOOK);
             let (p50, p95) = above(v, with_hook);
             line.push_str(&format!(
                 "; floor with a hook {p50:+.2} at p50, {p95:+.2} at p95: {} (paired {:+.2})",
                 verdict(p50 <= 1.0 && p95 <= 1.0),
                 paired(v, with_hook)
             ));
+            // The ways the device plugin's mounts allocate: against the floor that has them.
+            if v.cdi_kind.is_none() {
+                let with_mounts = find(v.gpus, FLOOR_WITH_HOOK_AND_PLUGIN_MOUNTS);
+                let (p50, p95) = above(v, with_mounts);
+                line.push_str(&format!(
+                    "; that floor with the device plugin's mounts {p50:+.2} at p50, {p95:+.2} at p95: {} (paired {:+.2})",
+                    verdict(p50 <= 1.0 && p95 <= 1.0),
+                    paired(v, with_mounts)
+                ));
+            }
         }
         println!("{line}");
     }
@@ -412,14 +447,20 @@ fn report(variants: &[Variant], rounds: usize) {
                 .samples
                 .p50()
         };
-        let (floor, with_hook) = (
-            find(gpus, Kind::Floor { hook: false }),
-            find(gpus, Kind::Floor { hook: true }),
+        let (floor, with_hook, with_mounts) = (
+            find(gpus, FLOOR),
+            find(gpus, FLOOR_WITH_HOOK),
+            find(gpus, FLOOR_WITH_HOOK_AND_PLUGIN_MOUNTS),
         );
         println!(
             "- {gpus} GPU(s): a hook that does nothing costs {:+.2} ms at p50 (paired {:+.2}), what the runtime takes to run any hook",
             with_hook.samples.p50() - floor.samples.p50(),
             paired(with_hook, floor)
+        );
+        println!(
+            "- {gpus} GPU(s): the device plugin's mounts cost {:+.2} ms at p50 (paired {:+.2}), what the runtime takes to mount them",
+            with_mounts.samples.p50() - with_hook.samples.p50(),
+            paired(with_mounts, with_hook)
         );
         let requested = |kind: &str| {
             variants
