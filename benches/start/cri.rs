@@ -417,23 +417,23 @@ fn report(variants: &[Variant], rounds: usize) {
             verdict(p50 <= 1.0 && p95 <= 1.0),
             paired(v, floor)
         );
-        if hooked {
-            let with_hook = find(v.gpus, FLOOR_WITH_HOOK);
-            let (p50, p95) = above(v, with_hook);
+        let mut against = |name: &str, kind: Kind| {
+            let floor = find(v.gpus, kind);
+            let (p50, p95) = above(v, floor);
             line.push_str(&format!(
-                "; floor with a hook {p50:+.2} at p50, {p95:+.2} at p95: {} (paired {:+.2})",
+                "; {name} {p50:+.2} at p50, {p95:+.2} at p95: {} (paired {:+.2})",
                 verdict(p50 <= 1.0 && p95 <= 1.0),
-                paired(v, with_hook)
+                paired(v, floor)
             ));
+        };
+        if hooked {
+            against("floor with a hook", FLOOR_WITH_HOOK);
             // The ways the device plugin's mounts allocate: against the floor that has them.
             if v.cdi_kind.is_none() {
-                let with_mounts = find(v.gpus, FLOOR_WITH_HOOK_AND_PLUGIN_MOUNTS);
-                let (p50, p95) = above(v, with_mounts);
-                line.push_str(&format!(
-                    "; that floor with the device plugin's mounts {p50:+.2} at p50, {p95:+.2} at p95: {} (paired {:+.2})",
-                    verdict(p50 <= 1.0 && p95 <= 1.0),
-                    paired(v, with_mounts)
-                ));
+                against(
+                    "that floor with the device plugin's mounts",
+                    FLOOR_WITH_HOOK_AND_PLUGIN_MOUNTS,
+                );
             }
         }
         println!("{line}");
