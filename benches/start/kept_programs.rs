@@ -8,7 +8,7 @@
 //! parts that time a hook's steps.
 
 use crate::stats::Samples;
-use crate::support::hook_log::{HookRun, hook_runs};
+use crate::support::hook_log::hook_runs;
 use crate::support::{Bpffs, Bundle, NodeOptions, RuntimeEnv, SimNode, glibc_image, run_container};
 use std::time::Instant;
 
@@ -91,7 +91,11 @@ pub fn run(rounds: usize) {
             .map(|&(_, us)| us as f64 / 1e3)
             .collect();
         let total: Samples = runs.iter().map(|r| r.total_us as f64 / 1e3).collect();
-        steps_p50.push((v.label, steps_p50_of(runs)));
+        let steps: Vec<String> = crate::step_medians(runs)
+            .into_iter()
+            .map(|(name, us)| format!("{name} {:.3}", us / 1e3))
+            .collect();
+        steps_p50.push((v.label, steps.join(", ")));
         let reused = node.log().matches("reused=true").count();
         println!(
             "{start} {:.3} | {:.3} | {:.3} | {reused} |",
@@ -111,27 +115,4 @@ pub fn run(rounds: usize) {
         kept.p95(),
         bpffs.entries("nvhook").len()
     );
-}
-
-/// `name p50` for each step of `runs`, in the order the hook takes them.
-fn steps_p50_of(runs: &[HookRun]) -> String {
-    let mut names: Vec<&str> = Vec::new();
-    for (name, _) in runs.iter().flat_map(|r| &r.steps) {
-        if !names.contains(&name.as_str()) {
-            names.push(name);
-        }
-    }
-    names
-        .iter()
-        .map(|name| {
-            let step: Samples = runs
-                .iter()
-                .flat_map(|r| &r.steps)
-                .filter(|(s, _)| s == name)
-                .map(|&(_, us)| us as f64 / 1e3)
-                .collect();
-            format!("{name} {:.3}", step.p50())
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }

@@ -50,16 +50,23 @@ impl KeptPrograms {
     /// where programs cannot be kept there: each container then loads its own.
     pub(crate) fn open(dir: &Path) -> Option<KeptPrograms> {
         let usable = || -> Result<(), String> {
-            let parent = dir.parent().unwrap_or(dir);
-            if !crate::on_filesystem(parent, BPF_FS_MAGIC) {
-                return Err(format!("{} is not a bpffs mount", parent.display()));
-            }
-            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(format!("mkdir: {e}")),
-            }
-            let meta = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+            // Made once, by the first start that finds it missing; every start checks it.
+            let meta = match std::fs::symlink_metadata(dir) {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    let parent = dir.parent().unwrap_or(dir);
+                    if !crate::on_filesystem(parent, BPF_FS_MAGIC) {
+                        return Err(format!("{} is not a bpffs mount", parent.display()));
+                    }
+                    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                        Err(e) => return Err(format!("mkdir: {e}")),
+                    }
+                    std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?
+                }
+                Err(e) => return Err(e.to_string()),
+            };
             // SAFETY: geteuid has no preconditions.
             let euid = unsafe { libc::geteuid() };
             if !meta.is_dir() || meta.uid() != euid || meta.mode() & 0o022 != 0 {
