@@ -324,6 +324,10 @@ run() {
   echo "== the driver's device nodes"
   grep -E 'nvidia|nvswitch|nvlink' /proc/devices || true
   ls -l /dev/nvidia* /dev/nvidia-caps /dev/nvidia-caps-imex-channels 2>/dev/null || true
+  # The tree the fingerprint of NVML's kept answer lists on every start (the simulated node has
+  # only the MIG-enabled GPUs' part of it).
+  find /proc/driver/nvidia/capabilities > "$OUT/capabilities.txt" 2>/dev/null || true
+  echo "== /proc/driver/nvidia/capabilities: $(wc -l < "$OUT/capabilities.txt") entries, $(find /proc/driver/nvidia/capabilities -type d 2>/dev/null | wc -l) directories"
   config kept ""
   config every 'nvml-cache-file = ""'
   config loads 'device-program-pins = ""'
@@ -369,6 +373,13 @@ run() {
   for mode in kept every; do
     echo "$mode $(grep -h 'steps:' "$OUT/$mode.log" | grep -o ' inventory=[0-9]*' | sed 's/.*=//' | pct 50)"
   done
+  # The hooks alone: those after nvhook-runtime log to the same file, with no inventory step.
+  echo "== what the hook alone reads and decides (kept NVML answer), each step's p50 ms"
+  local step
+  for step in process state request image inventory plan; do
+    printf '%s=%s ' "$step" "$(grep -h 'steps:.* inventory=' "$OUT/kept.log" | grep -o " $step=[0-9]*" | sed 's/.*=//' | pct 50)"
+  done
+  echo
   # hook-loads: each container loads its own cgroup v2 device program (device-program-pins = "").
   echo "== the hook's cgroup step, p50 ms (programs kept in /sys/fs/bpf/nvhook: $(ls /sys/fs/bpf/nvhook 2>/dev/null | wc -l), on $(stat -f -c %T /sys/fs/bpf 2>/dev/null || echo 'no /sys/fs/bpf'))"
   for mode in kept loads; do

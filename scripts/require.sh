@@ -29,7 +29,7 @@ declare -A NVHOOK_PACKAGE=(
   [musl-gcc]=musl-tools [systemd-run]=systemd [debootstrap]=debootstrap
   [qemu-aarch64-static]=qemu-user-static [update-binfmts]=binfmt-support
   [make]=make [pkg-config]=pkg-config [/usr/lib/cni/bridge]=containernetworking-plugins
-  [nm]=binutils [perf]=linux-perf [valgrind]=valgrind
+  [nm]=binutils [perf]=linux-perf [valgrind]=valgrind [strace]=strace
 )
 
 require_programs() {

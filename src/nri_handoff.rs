@@ -95,7 +95,7 @@ pub fn take(config: &Config, id: &str, scope: Scope) -> Option<Inventory> {
         );
         return None;
     }
-    let handed: Handed = serde_json::from_slice(&bytes).ok()?;
+    let handed: Handed = crate::whole_file::json(&bytes)?;
     if scope.graphics && !handed.graphics {
         return None;
     }

@@ -56,7 +56,7 @@ pub fn write(bundle: &Path, plan: Plan, image: ImageInfo) -> Result<(), PlanFile
 /// for `image`.
 pub fn read(bundle: &Path, image: &ImageInfo) -> Option<Plan> {
     let bytes = std::fs::read(bundle.join(PLAN_FILE)).ok()?;
-    let file: PlanFile = serde_json::from_slice(&bytes).ok()?;
+    let file: PlanFile = crate::whole_file::json(&bytes)?;
     let current = FileId::of(&bundle.join("config.json"));
     if current.as_ref() != Some(&file.config_json) {
         tracing::info!("nvhook-runtime's plan was made for another config.json: not used");

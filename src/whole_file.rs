@@ -9,6 +9,14 @@
 use std::io::Read;
 use std::path::Path;
 
+/// `bytes`, a file's whole contents, parsed as JSON. The text is checked as UTF-8 once, as a
+/// whole: serde_json checks each string it meets when it parses bytes, and the files a start
+/// reads (NVML's kept answer, the kept driver files, a handed-over inventory or plan) are mostly
+/// paths and names, so that costs a start more than the check of the whole.
+pub fn json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+    serde_json::from_str(std::str::from_utf8(bytes).ok()?).ok()
+}
+
 /// What a kernel file of a few lines takes; a longer one is read all the same.
 const KERNEL_FILE: usize = 4096;
 

@@ -168,9 +168,7 @@ impl NvmlCache {
 
     fn stored(&self) -> Option<Stored> {
         let (bytes, _) = private_file::read(&self.path)?;
-        serde_json::from_slice(&bytes)
-            .ok()
-            .filter(|s: &Stored| s.format == FORMAT)
+        crate::whole_file::json(&bytes).filter(|s: &Stored| s.format == FORMAT)
     }
 
     /// Stores `system` as the answer for the fingerprinted state. Best effort: a host where

@@ -2,7 +2,7 @@
 //! by the driver's own files and the graphics stack's.
 
 use super::HostFile;
-use super::resolve::Resolver;
+use super::resolve::{Found, Resolver};
 use crate::capability::Capability;
 use crate::file_id::FileId;
 use std::path::{Path, PathBuf};
@@ -35,10 +35,14 @@ impl DriverRoot {
     }
 
     pub(super) fn canonical(&self, path: &str) -> Option<PathBuf> {
-        let host = self
+        self.found(path).map(|found| found.path)
+    }
+
+    fn found(&self, path: &str) -> Option<Found> {
+        let found = self
             .resolver
-            .canonical(&self.path.join(path.trim_start_matches('/')))?;
-        host.starts_with(&self.path).then_some(host)
+            .canonical_found(&self.path.join(path.trim_start_matches('/')))?;
+        found.path.starts_with(&self.path).then_some(found)
     }
 
     /// The entries of directory `dir` (absolute, in the driver root's terms), when it exists
@@ -62,11 +66,11 @@ impl DriverRoot {
     }
 
     pub(super) fn existing(&self, path: &str, capability: Option<Capability>) -> Option<HostFile> {
-        let host = self.canonical(path)?;
+        let found = self.found(path)?;
         Some(HostFile {
             capability,
-            is_dir: host.is_dir(),
-            host_path: host,
+            is_dir: found.is_dir,
+            host_path: found.path,
             container_path: path.to_string(),
         })
     }

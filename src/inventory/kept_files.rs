@@ -95,7 +95,7 @@ pub(super) fn path(config: &Config, scope: Scope) -> Option<PathBuf> {
 
 pub(super) fn read(path: &Path) -> Option<Kept> {
     let (bytes, _) = private_file::read(path)?;
-    serde_json::from_slice(&bytes).ok()
+    crate::whole_file::json(&bytes)
 }
 
 /// Best effort: a host where it cannot be written searches again at the next start.

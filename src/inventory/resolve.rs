@@ -27,6 +27,12 @@ struct Dir {
     id: Option<FileId>,
 }
 
+/// Where a path ends: canonical, and whether it is a directory.
+pub struct Found {
+    pub path: PathBuf,
+    pub is_dir: bool,
+}
+
 #[derive(Default)]
 pub struct Resolver {
     dirs: RefCell<HashMap<PathBuf, Option<Rc<Dir>>>>,
@@ -44,16 +50,28 @@ impl Resolver {
 
     /// What `std::fs::canonicalize(path)` returns, or None where it fails.
     pub fn canonical(&self, path: &Path) -> Option<PathBuf> {
+        self.canonical_found(path).map(|found| found.path)
+    }
+
+    /// [`Resolver::canonical`], with whether the path ends at a directory: known from the lookup
+    /// that found it, without another.
+    pub fn canonical_found(&self, path: &Path) -> Option<Found> {
         let mut path = path.to_path_buf();
         for _ in 0..MAX_HOPS {
             let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
                 // `/`, or a path ending in `..`: nothing to share.
-                return std::fs::canonicalize(&path).ok();
+                let path = std::fs::canonicalize(&path).ok()?;
+                let is_dir = path.is_dir();
+                return Some(Found { path, is_dir });
             };
             let dir = self.dir(parent)?;
             let st = fstatat(&dir.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
-            if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFLNK {
-                return Some(dir.path.join(name));
+            let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+            if kind != SFlag::S_IFLNK {
+                return Some(Found {
+                    path: dir.path.join(name),
+                    is_dir: kind == SFlag::S_IFDIR,
+                });
             }
             // A relative target resolves against the link's (already canonical) directory.
             let target = readlinkat(&dir.fd, name).ok()?;
@@ -161,6 +179,11 @@ mod tests {
             let path = root.join(rel);
             let expected = std::fs::canonicalize(&path).ok();
             assert_eq!(resolver.canonical(&path), expected, "{rel}");
+            assert_eq!(
+                resolver.canonical_found(&path).map(|f| f.is_dir),
+                expected.as_ref().map(|p| p.is_dir()),
+                "{rel}: a directory or not"
+            );
             // The tempdir's own path may lead through links (/tmp): from the canonical root.
             let under_root = std::fs::canonicalize(root).unwrap().join(rel);
             assert_eq!(

@@ -162,7 +162,24 @@ pub fn run_detached_with(
     let _ = runtime_command(bundle, env, runtime)
         .args(["delete", "-f", bundle.id()])
         .output();
+    remove_leftover_cgroup(bundle.id());
     output
+}
+
+/// youki names a container's cgroup `:youki:<id>` when the spec names none, and its `delete`
+/// leaves that directory behind in every hierarchy of a cgroup v1 or hybrid host: one per run,
+/// on the test machine for good. Each is removed with rmdir, which only an empty cgroup allows.
+fn remove_leftover_cgroup(id: &str) {
+    let name = format!(":youki:{id}");
+    let root = Path::new("/sys/fs/cgroup");
+    let hierarchies = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path());
+    for hierarchy in hierarchies.chain([root.to_path_buf()]) {
+        let _ = std::fs::remove_dir(hierarchy.join(&name));
+    }
 }
 
 /// `RUNTIME --root <state> run` inside `ns`, where RUNTIME is runc or a drop-in for it
