@@ -374,10 +374,11 @@ run() {
     echo "$mode $(grep -h 'steps:' "$OUT/$mode.log" | grep -o ' inventory=[0-9]*' | sed 's/.*=//' | pct 50)"
   done
   # The hooks alone: those after nvhook-runtime log to the same file, with no inventory step.
-  echo "== what the hook alone reads and decides (kept NVML answer), each step's p50 ms"
+  echo "== what the hook alone reads and decides (kept NVML answer), each step's p50 µs"
   local step
   for step in process state request image inventory plan; do
-    printf '%s=%s ' "$step" "$(grep -h 'steps:.* inventory=' "$OUT/kept.log" | grep -o " $step=[0-9]*" | sed 's/.*=//' | pct 50)"
+    printf '%s=%s ' "$step" "$(grep -h 'steps:.* inventory=' "$OUT/kept.log" | grep -o " $step=[0-9]*" | sed 's/.*=//' |
+      sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')"
   done
   echo
   # hook-loads: each container loads its own cgroup v2 device program (device-program-pins = "").
