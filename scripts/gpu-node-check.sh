@@ -129,8 +129,12 @@ us() {
   echo $(((end - start) / 1000))
 }
 
-# pct N: the Nth percentile (nearest rank) of the microseconds on stdin, in ms.
-pct() { sort -n | awk -v n="$1" '{a[NR]=$1} END {r=int((NR*n+99)/100); printf "%.1f", a[r<1?1:r]/1000}'; }
+# pct N [us]: the Nth percentile (nearest rank) of the microseconds on stdin, in ms (one
+# decimal), or with `us` in whole microseconds.
+pct() {
+  sort -n | awk -v n="$1" -v unit="${2:-ms}" '{a[NR]=$1} END {r=int((NR*n+99)/100); v=a[r<1?1:r]
+    if (unit == "us") printf "%d", v; else printf "%.1f", v/1000}'
+}
 
 # compat: nvhook's CUDA forward-compat choice for each compat directory on this host.
 compat() {
@@ -326,8 +330,8 @@ run() {
   ls -l /dev/nvidia* /dev/nvidia-caps /dev/nvidia-caps-imex-channels 2>/dev/null || true
   # The tree the fingerprint of NVML's kept answer lists on every start (the simulated node has
   # only the MIG-enabled GPUs' part of it).
-  find /proc/driver/nvidia/capabilities > "$OUT/capabilities.txt" 2>/dev/null || true
-  echo "== /proc/driver/nvidia/capabilities: $(wc -l < "$OUT/capabilities.txt") entries, $(find /proc/driver/nvidia/capabilities -type d 2>/dev/null | wc -l) directories"
+  find /proc/driver/nvidia/capabilities -printf '%y %p\n' > "$OUT/capabilities.txt" 2>/dev/null || true
+  echo "== /proc/driver/nvidia/capabilities: $(wc -l < "$OUT/capabilities.txt") entries, $(grep -c '^d' "$OUT/capabilities.txt") directories"
   config kept ""
   config every 'nvml-cache-file = ""'
   config loads 'device-program-pins = ""'
@@ -377,8 +381,7 @@ run() {
   echo "== what the hook alone reads and decides (kept NVML answer), each step's p50 µs"
   local step
   for step in process state request image inventory plan; do
-    printf '%s=%s ' "$step" "$(grep -h 'steps:.* inventory=' "$OUT/kept.log" | grep -o " $step=[0-9]*" | sed 's/.*=//' |
-      sort -n | awk '{a[NR] = $1} END {print a[int((NR + 1) / 2)]}')"
+    printf '%s=%s ' "$step" "$(grep -h 'steps:.* inventory=' "$OUT/kept.log" | grep -o " $step=[0-9]*" | sed 's/.*=//' | pct 50 us)"
   done
   echo
   # hook-loads: each container loads its own cgroup v2 device program (device-program-pins = "").
