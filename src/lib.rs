@@ -23,6 +23,7 @@ mod glob;
 pub mod hook;
 pub mod host_plan;
 pub mod inventory;
+pub mod kept_config;
 pub mod labels;
 pub mod logging;
 pub mod nri;

@@ -6,6 +6,7 @@
 //! node the cgroup allows gives ENXIO and one it refuses gives EPERM.
 
 use nvhook_test_support as support;
+use std::os::unix::fs::PermissionsExt;
 
 use support::{
     Bpffs, Bundle, Image, Output, RuntimeEnv, SimNode, busybox_image, glibc_image,
@@ -249,6 +250,55 @@ fn the_next_container_on_the_same_gpus_attaches_the_kept_device_program() {
     ]);
     assert_eq!(reused(&node.log()), [false, true, false]);
     assert_eq!(bpffs.entries("nvhook").len(), 2);
+}
+
+/// The config as parsed is kept between starts once its file has settled, and an edit to the
+/// file applies to the very next container all the same.
+#[test]
+fn an_edited_config_applies_to_the_next_container_after_a_kept_one() {
+    let node = SimNode::create(GPUS);
+    let start = || {
+        let mut bundle = gpucheck_bundle(glibc_image(), &[]);
+        bundle.env("NVIDIA_VISIBLE_DEVICES=1");
+        run_with_hook(&mut bundle, &node, RuntimeEnv::CgroupV1)
+            .assert_lines(&["dev /dev/nvidia1 ENXIO"]);
+    };
+    // Kept only once the file has not changed for two seconds.
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    start();
+    let config = node.config();
+    let kept = std::fs::read_dir("/run/nvhook/config")
+        .expect("a settled config is kept in /run/nvhook/config")
+        .flatten()
+        .map(|e| e.path())
+        .find(|path| {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            serde_json::from_str::<serde_json::Value>(&text)
+                .is_ok_and(|v| v["path"] == config.to_str().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no kept config for {}", config.display()));
+    let mode = std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{}", kept.display());
+    let mut stored: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&kept).unwrap()).unwrap();
+    assert_eq!(
+        stored["config"]["log-file"],
+        node.log_file().to_str().unwrap()
+    );
+
+    // The next start reads what was kept, not the TOML: a kept log level of warn (written here
+    // as no nvhook would) leaves its info lines out of the log.
+    let finished = || node.log().matches("hook finished").count();
+    stored["config"]["log-level"] = "warn".into();
+    std::fs::write(&kept, serde_json::to_vec(&stored).unwrap()).unwrap();
+    let before = finished();
+    start();
+    assert_eq!(finished(), before, "{}", node.log());
+
+    // The file edited: the next start parses it.
+    node.set("log-level", "\"info\"");
+    start();
+    assert_eq!(finished(), before + 1, "{}", node.log());
 }
 
 /// The capabilities the hook's work needs (capabilities(7) numbers): DAC_OVERRIDE,

@@ -116,6 +116,7 @@ fn main() {
         },
     );
     let libraries = node("8 GPUs", NodeOptions::gpus(8)).with_other_libraries(OTHER_LIBRARIES);
+    let packaged = node("8 GPUs", NodeOptions::gpus(8)).with_packaged_config();
     let slow = node(
         "8 GPUs, slow NVML",
         NodeOptions {
@@ -184,6 +185,14 @@ fn main() {
         hooks.push(spec(
             label,
             &libraries,
+            Ask::Gpus("compute,utility"),
+            Via::Hook,
+            true,
+        ));
+        let label = "8 GPUs, compute,utility, hook alone, the packaged config".to_string();
+        hooks.push(spec(
+            label,
+            &packaged,
             Ask::Gpus("compute,utility"),
             Via::Hook,
             true,

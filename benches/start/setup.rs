@@ -38,6 +38,9 @@ pub fn image() -> &'static Image {
     image
 }
 
+/// The config the packages install.
+const PACKAGED_CONFIG: &str = include_str!("../../config/config.toml");
+
 pub struct Node {
     pub sim: SimNode,
     pub label: String,
@@ -69,6 +72,28 @@ impl Node {
         }
         let bytes = cache.to_bytes().expect("write the loader cache");
         std::fs::write(&path, bytes).expect("write the node's loader cache");
+        self
+    }
+
+    /// The node's config written as the packaged one (every key, documented in comments), with
+    /// the node's own settings in place of the packaged ones: what a real node's processes parse.
+    pub fn with_packaged_config(self) -> Node {
+        let path = self.sim.config();
+        let own = std::fs::read_to_string(&path).expect("read the node's config");
+        let key = |line: &str| line.split('=').next().map(str::trim).map(String::from);
+        let mut own: Vec<(Option<String>, &str)> = own.lines().map(|l| (key(l), l)).collect();
+        let mut text = String::new();
+        for line in PACKAGED_CONFIG.lines() {
+            let at = own
+                .iter()
+                .position(|(k, _)| !line.starts_with('#') && *k == key(line));
+            text += at.map_or(line, |i| own.remove(i).1);
+            text.push('\n');
+        }
+        for (_, line) in own {
+            text += &format!("{line}\n");
+        }
+        std::fs::write(&path, text).expect("write the node's config");
         self
     }
 

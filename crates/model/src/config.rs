@@ -230,7 +230,8 @@ impl Config {
         Ok(config)
     }
 
-    fn validate(&self) -> Result<(), String> {
+    /// The checks a config passes beyond its types: the message of the first it fails.
+    pub fn validate(&self) -> Result<(), String> {
         if let Some(hook) = self.hook_path.as_ref().filter(|p| !p.is_absolute()) {
             return Err(format!("hook-path {hook:?} must be an absolute path"));
         }

@@ -31,7 +31,7 @@ pub(crate) fn scrub_process() {
 pub(crate) fn hook_process(config_path: Option<&Path>) -> Result<(Config, nvhook::logging::Sink)> {
     scrub_process();
     // Not $NVHOOK_CONFIG: only a caller that may trust its environment passes that in.
-    let config = nvhook::config::load(config_path, None)?;
+    let config = nvhook::kept_config::load(config_path)?;
     let sink = nvhook::logging::init(&config);
     // Defence in depth, before anything of the container is read: a host that will not let
     // the hook drop capabilities still gets its GPU container, with a warning in the log.

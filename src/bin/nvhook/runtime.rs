@@ -40,7 +40,7 @@ pub fn main(program: &OsStr, args: &[OsString]) -> i32 {
 fn run(args: &[OsString]) -> Result<PathBuf> {
     let started = Instant::now();
     let config_path = std::env::var_os(config::ENV_VAR).map(PathBuf::from);
-    let config = config::load(config_path.as_deref(), None)?;
+    let config = nvhook::kept_config::load(config_path.as_deref())?;
     let runtime = find_runtime(&config, std::env::var_os("PATH").as_deref())?;
     let invocation = Invocation::parse(args.iter().map(|a| a.as_bytes()));
     if invocation.creates() {
