@@ -233,6 +233,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "entry",
             "file_id",
             "glob",
+            "kept_config",
             "binary_paths",
             "logging",
             "oci",
