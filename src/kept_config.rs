@@ -49,14 +49,16 @@ fn load_in(dir: &Path, explicit: Option<&Path>, now: SystemTime) -> Result<Confi
         return Ok(config);
     }
     let config = config::load(explicit, None)?;
-    if !file.changed_lately(now, SETTLED) && !program.changed_lately(now, SETTLED) {
-        // Nothing is logged yet (the config says where): a config not kept is parsed again by
-        // the next process, which is all it costs.
+    let settled = !file.changed_lately(now, SETTLED) && !program.changed_lately(now, SETTLED);
+    // Nothing is logged yet (the config says where): a config not kept is parsed again by the
+    // next process, which is all it costs. serde_json would refuse only a path that is not
+    // UTF-8, which TOML cannot give.
+    if let Some(set) = settled.then(|| set_apart_from_defaults(&config)).flatten() {
         let stored = Stored {
             path: path.to_path_buf(),
             file,
             program,
-            config: set_apart_from_defaults(&config),
+            config: set,
         };
         if crate::private_file::write_json(&kept, &stored).is_ok() {
             prune(dir, &kept);
@@ -66,14 +68,14 @@ fn load_in(dir: &Path, explicit: Option<&Path>, now: SystemTime) -> Result<Confi
 }
 
 /// `config`'s settings whose values are not the defaults': the fewer, the less a start parses.
-fn set_apart_from_defaults(config: &Config) -> serde_json::Value {
-    let mut set = serde_json::to_value(config).unwrap_or_default();
-    if let (Some(set), Ok(serde_json::Value::Object(defaults))) =
-        (set.as_object_mut(), serde_json::to_value(Config::default()))
-    {
-        set.retain(|key, value| defaults.get(key) != Some(value));
-    }
-    set
+fn set_apart_from_defaults(config: &Config) -> Option<serde_json::Value> {
+    let serde_json::Value::Object(defaults) = serde_json::to_value(Config::default()).ok()? else {
+        return None;
+    };
+    let mut set = serde_json::to_value(config).ok()?;
+    set.as_object_mut()?
+        .retain(|key, value| defaults.get(key) != Some(value));
+    Some(set)
 }
 
 /// The kept file's name for the config at `path`.
