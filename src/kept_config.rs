@@ -98,16 +98,23 @@ fn prune(dir: &Path, just_kept: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut others: Vec<(SystemTime, PathBuf)> = entries
+    let others: Vec<PathBuf> = entries
         .flatten()
-        .filter(|e| e.path() != just_kept)
-        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .map(|e| e.path())
+        .filter(|path| path != just_kept)
         .collect();
+    // Their times only when some must go: a node keeps one or two.
     if others.len() < MOST {
         return;
     }
+    let mut others: Vec<(SystemTime, PathBuf)> = others
+        .into_iter()
+        .filter_map(|path| Some((std::fs::metadata(&path).ok()?.modified().ok()?, path)))
+        .collect();
     others.sort();
-    for (_, path) in &others[..=others.len() - MOST] {
+    // With the one just kept, MOST are left.
+    let excess = (others.len() + 1).saturating_sub(MOST);
+    for (_, path) in &others[..excess] {
         let _ = std::fs::remove_file(path);
     }
 }
