@@ -163,7 +163,8 @@ python3 - "$work/strace.out" "$config" "$work/ops" "$work/capcalls" <<'PY'
 import os, re, sys
 trace, config, out, capcalls = sys.argv[1:]
 lines = open(trace).read().splitlines()
-begin = next(i for i, l in enumerate(lines) if l.startswith("openat") and f'"{config}"' in l)
+# The config's first look: a statx where a kept config is read, an open where it is parsed.
+begin = next(i for i, l in enumerate(lines) if f'"{config}"' in l)
 end = next(i for i, l in enumerate(lines) if i > begin and re.search(r'"/proc/\d+/cgroup"', l))
 AT = {"AT_SYMLINK_NOFOLLOW": 0x100, "AT_EMPTY_PATH": 0x1000}
 def flags(text):

@@ -25,6 +25,7 @@ pub mod host_plan;
 pub mod inventory;
 pub mod kept_config;
 pub mod labels;
+pub mod log_line;
 pub mod logging;
 pub mod nri;
 pub mod nri_handoff;

@@ -6,6 +6,7 @@
 //! show the error, which the binary prints before it releases the rest.
 
 use crate::config::{Config, LogLevel};
+use crate::log_line::Lines;
 
 /// Where the log went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,11 +75,7 @@ impl std::io::Write for ServiceWriter {
 /// another config's log file later.
 pub fn init_service(config: &Config) {
     redirect_service(config);
-    tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(|| ServiceWriter)
-        .with_max_level(level(config))
-        .init();
+    Lines::new(level(config), true, ServiceWriter).install();
 }
 
 /// From now on, the log goes to `config`'s log file (if it names one that opens).
@@ -129,21 +126,13 @@ pub fn init(config: &Config) -> Sink {
             })
             .ok()
     });
-    let builder = tracing_subscriber::fmt().with_ansi(false);
     match file {
         Some(f) => {
-            builder
-                .with_writer(std::sync::Mutex::new(f))
-                .with_max_level(level)
-                .init();
+            Lines::new(level, true, f).install();
             Sink::File
         }
         None => {
-            builder
-                .with_writer(|| HeldStderr)
-                .with_max_level(tracing::Level::WARN)
-                .without_time()
-                .init();
+            Lines::new(tracing::Level::WARN, false, HeldStderr).install();
             Sink::Stderr
         }
     }

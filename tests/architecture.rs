@@ -235,6 +235,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "glob",
             "kept_config",
             "binary_paths",
+            "log_line",
             "logging",
             "oci",
             "private_file",
