@@ -58,8 +58,7 @@ impl<W: Write + Send + 'static> Subscriber for Lines<W> {
     fn record_follows_from(&self, _: &Id, _: &Id) {}
 
     fn event(&self, event: &Event<'_>) {
-        let time = self.time.then(SystemTime::now);
-        let line = line(time, event.metadata(), |visit| event.record(visit));
+        let line = line(self.time.then(SystemTime::now), event);
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
         // A log that cannot be written has nowhere to say so.
         let _ = out.write_all(line.as_bytes());
@@ -70,13 +69,9 @@ impl<W: Write + Send + 'static> Subscriber for Lines<W> {
     fn exit(&self, _: &Id) {}
 }
 
-/// One event's line, newline included: its time (if any), level, target, then its fields as
-/// `record` visits them.
-fn line(
-    time: Option<SystemTime>,
-    metadata: &Metadata<'_>,
-    record: impl FnOnce(&mut dyn Visit),
-) -> String {
+/// One event's line, newline included: its time (if any), level, target, then its fields.
+fn line(time: Option<SystemTime>, event: &Event<'_>) -> String {
+    let metadata = event.metadata();
     let mut line = String::with_capacity(160);
     if let Some(time) = time {
         let _ = write!(line, "{} ", Utc(time));
@@ -93,7 +88,7 @@ fn line(
         line: Escaped(&mut line),
         first: true,
     };
-    record(&mut fields);
+    event.record(&mut fields);
     line.push('\n');
     line
 }
@@ -158,7 +153,6 @@ impl fmt::Write for Escaped<'_> {
             match c {
                 '\n' => self.0.push_str("\\n"),
                 '\r' => self.0.push_str("\\r"),
-                '\t' => self.0.push('\t'),
                 c if c.is_control() => {
                     let _ = write!(self.0, "\\u{{{:x}}}", c as u32);
                 }
