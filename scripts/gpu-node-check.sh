@@ -16,7 +16,8 @@
 # calls cuInit, launches a real kernel through the driver API (PTX JIT-compiled, launched, the
 # result copied back and checked), probes the device nodes and runs the mounted nvidia-smi. Then it
 # times whole starts (`runc run` of /bin/true) for plain runc and both hook paths, alternating,
-# with NVML's answer cached (the default) and queried on every start.
+# with NVML's answer cached (the default) and queried on every start. Each timed start gets a
+# new empty layer over the image, as an engine's snapshotter gives each container.
 #
 # The CUDA forward-compat check (part of `run`, or alone) takes each CUDA compat directory the
 # host has (/usr/local/cuda/compat, /usr/local/cuda-*/compat; COMPAT_DIRS overrides), copies it
@@ -38,8 +39,9 @@
 # does (device nodes, env, the createRuntime hook), and runs the kernel probe through it in an
 # image without a loader cache, then in one with. Then it times whole starts, alternating:
 # plain runc, the floor (the spec's device nodes and env alone), the floor with a createRuntime
-# hook running /bin/true, the whole spec, and the prestart hook with every capability (p50 and
-# p95), and gives the p50 of each hook step.
+# hook running /bin/true, the whole spec on each of the two images, and the prestart hook with
+# every capability (p50 and p95), and gives the p50 of each hook step. OTHER_NVHOOK=PATH adds
+# the spec's start with its hook run by another nvhook build, in the same loop (an A/B).
 # NVHOOK_EXTRA_CONFIG: lines added to every config (e.g. driver-root for a driver elsewhere).
 set -euo pipefail
 
@@ -72,17 +74,27 @@ fresh_image() {
   cp -a "$KIT/rootfs" "$KIT/image"
 }
 
-# packed_cache: the image's loader cache back to the packed rootfs's (none, or its own), before
-# each timed start. A hook writes the driver's libraries into the cache, and the next start on
-# this one directory would otherwise replace that file, which an engine's new container of the
-# image never does: it starts from the image's own layers (on ext4 a rename over an existing
-# file also starts writing the new one out).
-packed_cache() {
-  if [ -e "$KIT/rootfs/etc/ld.so.cache" ]; then
-    cp -p "$KIT/rootfs/etc/ld.so.cache" "$KIT/image/etc/ld.so.cache"
-  else
-    rm -f "$KIT/image/etc/ld.so.cache"
-  fi
+# layer NAME LOWER: $KIT/layers/NAME/root, LOWER (an image's rootfs, left as it is) under a new
+# empty layer, made anew before each timed start as an engine's snapshotter gives each container
+# (overlayfs). The hooks write into the layer: mount points, links, the loader's cache. Starting
+# on the layer a start before left would time another path (files already there, a cache
+# replaced). Where overlayfs is refused (the kit on an overlay or tmpfs), the root is a fresh copy.
+layer() {
+  local dir=$KIT/layers/$1
+  if mountpoint -q "$dir/root"; then umount "$dir/root"; fi
+  rm -rf "$dir"
+  mkdir -p "$dir"/{upper,work,root}
+  mount -t overlay overlay -o "lowerdir=$2,upperdir=$dir/upper,workdir=$dir/work" "$dir/root" 2>/dev/null ||
+    { rmdir "$dir/root" && cp -a "$2" "$dir/root"; }
+}
+
+# drop_layers: unmounts and removes every layer.
+drop_layers() {
+  local root
+  for root in "$KIT"/layers/*/root; do
+    if mountpoint -q "$root"; then umount "$root"; fi
+  done
+  rm -rf "$KIT/layers"
 }
 
 # bundle NAME ARGS_JSON ENV_JSON [HOOK]: a bundle on $KIT/image (ROOTFS overrides).
@@ -250,18 +262,25 @@ json.dump(oci, open(out, "w"))
 PY
 }
 
-# steps_p50 LOG: the p50 of each step in the hook's step lines, and of their sum (ms).
+# steps_p50 LOG [ID-PATTERN]: the p50 of each step in the hook's step lines, and of their sum (ms);
+# with a pattern, only the runs whose `hook finished` line (the line after the steps) names a
+# container id that the pattern matches at its start.
 steps_p50() {
-  python3 - "$1" <<'PY'
-import statistics, sys
-steps = {}
+  python3 - "$1" "${2:-}" <<'PY'
+import re, statistics, sys
+steps, pending = {}, None
 for line in open(sys.argv[1]):
-    if "steps:" not in line:
+    if "steps:" in line:
+        pending = [p.split("=") for p in line.split("steps:", 1)[1].split()]
         continue
-    pairs = [p.split("=") for p in line.split("steps:", 1)[1].split()]
-    for name, us in pairs:
-        steps.setdefault(name, []).append(int(us))
-    steps.setdefault("sum", []).append(sum(int(us) for _, us in pairs))
+    found = re.search(r"hook finished .*\bid=(\S+)", line)
+    if pending is None or not found:
+        continue
+    if re.match(sys.argv[2], found.group(1)):
+        for name, us in pending:
+            steps.setdefault(name, []).append(int(us))
+        steps.setdefault("sum", []).append(sum(int(us) for _, us in pending))
+    pending = None
 print(" ".join(f"{k}={statistics.median(v) / 1000:.2f}" for k, v in steps.items()))
 PY
 }
@@ -271,7 +290,6 @@ cdi() {
   local runc="$KIT/bin/runc --root /run/nvhook-check" spec=$OUT/nvidia.json i v
   local probe='["/gpucheck","--kernel","1048576","--dev","/dev/nvidia0","--dev","/dev/nvidiactl","--exec","/usr/bin/nvidia-smi"]'
   echo "== CDI: nvhook cdi generate, GPU 0's edits applied as an engine does, through runc"
-  fresh_image
   config cdi-spec ""
   config hook-all ""
   "$KIT/bin/nvhook" --config "$KIT/cdi-spec.toml" cdi generate --output "$spec"
@@ -286,36 +304,58 @@ print(f"spec: {len(cdi['devices'])} devices, hooks {[h['hookName'] for h in hook
       f"{sum(len(a) + 1 for a in args)} bytes, one-entry binds {args.count('--bind-file')}, "
       f"grouped binds {sum(args[i] in ('--bind-files', '--bind-sockets', '--bind-dirs') for i in range(len(args)))}")
 PY
-  echo "-- an image without a loader cache"
-  cdi_bundle probe-cdi "$probe" "$spec"
-  $runc run --bundle "$KIT/b-probe-cdi" probe-cdi
-  echo "-- an image with a loader cache"
   rm -rf "$KIT/image-cached"
   cp -a "$KIT/rootfs" "$KIT/image-cached"
   echo /lib/x86_64-linux-gnu > "$KIT/image-cached/etc/ld.so.conf"
   ldconfig -r "$KIT/image-cached"
-  ROOTFS=$KIT/image-cached cdi_bundle probe-cdi-cached "$probe" "$spec"
+  echo "-- an image without a loader cache"
+  layer probe-cdi "$KIT/rootfs"
+  ROOTFS=$KIT/layers/probe-cdi/root cdi_bundle probe-cdi "$probe" "$spec"
+  $runc run --bundle "$KIT/b-probe-cdi" probe-cdi
+  echo "-- an image with a loader cache"
+  layer probe-cdi-cached "$KIT/image-cached"
+  ROOTFS=$KIT/layers/probe-cdi-cached/root cdi_bundle probe-cdi-cached "$probe" "$spec"
   $runc run --bundle "$KIT/b-probe-cdi-cached" probe-cdi-cached
-  cdi_bundle cdi '["/bin/true"]' "$spec"
-  cdi_bundle cdi-floor '["/bin/true"]' "$spec" floor
-  cdi_bundle cdi-floor-hook '["/bin/true"]' "$spec" floor-hook
-  bundle plain '["/bin/true"]' '[]'
-  bundle hook-all '["/bin/true"]' '["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_DRIVER_CAPABILITIES=all"]' "$KIT/hook-all.toml"
+  local kinds="plain cdi-floor cdi-floor-hook cdi cdi-cached hook-all"
+  ROOTFS=$KIT/layers/cdi/root cdi_bundle cdi '["/bin/true"]' "$spec"
+  # OTHER_NVHOOK: another nvhook build, whose hook runs the same spec in the same loop, right
+  # before or right after this build's in turns. The prestart hook is left out: the two builds
+  # do not share their kept answers, so it would query NVML at every start.
+  if [ -n "${OTHER_NVHOOK:-}" ]; then
+    sed "s|\"$KIT/bin/nvhook\"|\"$OTHER_NVHOOK\"|" "$spec" > "$OUT/nvidia-other.json"
+    ROOTFS=$KIT/layers/cdi-other/root cdi_bundle cdi-other '["/bin/true"]' "$OUT/nvidia-other.json"
+    kinds="plain cdi-floor cdi-floor-hook cdi cdi-other cdi-cached"
+  fi
+  ROOTFS=$KIT/layers/cdi-cached/root cdi_bundle cdi-cached '["/bin/true"]' "$spec"
+  ROOTFS=$KIT/layers/cdi-floor/root cdi_bundle cdi-floor '["/bin/true"]' "$spec" floor
+  ROOTFS=$KIT/layers/cdi-floor-hook/root cdi_bundle cdi-floor-hook '["/bin/true"]' "$spec" floor-hook
+  ROOTFS=$KIT/layers/plain/root bundle plain '["/bin/true"]' '[]'
+  ROOTFS=$KIT/layers/hook-all/root bundle hook-all '["/bin/true"]' \
+    '["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_DRIVER_CAPABILITIES=all"]' "$KIT/hook-all.toml"
   : > "$OUT/cdi-starts.txt"
+  local order
   for i in $(seq "${ROUNDS:-20}"); do
-    for v in plain cdi-floor cdi-floor-hook cdi hook-all; do
-      packed_cache
+    order=$kinds
+    if [ $((i % 2)) = 0 ]; then order=${kinds/cdi cdi-other/cdi-other cdi}; fi
+    for v in $order; do
+      if [ "$v" = cdi-cached ]; then layer "$v" "$KIT/image-cached"; else layer "$v" "$KIT/rootfs"; fi
       echo "$v $(us $runc run --bundle "$KIT/b-$v" "$v-$i")" >> "$OUT/cdi-starts.txt"
     done
   done
+  drop_layers
   echo "== whole starts, ms over ${ROUNDS:-20} (runc run of /bin/true, GPU 0, every capability): p50 p95"
-  for v in plain cdi-floor cdi-floor-hook cdi hook-all; do
+  for v in $kinds; do
     echo "$v $(awk -v v="$v" '$1 == v {print $2}' "$OUT/cdi-starts.txt" | pct 50)" \
       "$(awk -v v="$v" '$1 == v {print $2}' "$OUT/cdi-starts.txt" | pct 95)"
   done
   echo "== the hooks' steps, p50 ms"
-  echo "cdi createRuntime: $(steps_p50 "$OUT/cdi-spec.log")"
-  echo "prestart, every capability: $(steps_p50 "$OUT/hook-all.log")"
+  echo "cdi createRuntime: $(steps_p50 "$OUT/cdi-spec.log" 'cdi-[0-9]')"
+  echo "cdi createRuntime, an image with a loader cache: $(steps_p50 "$OUT/cdi-spec.log" cdi-cached-)"
+  if [ -n "${OTHER_NVHOOK:-}" ]; then
+    echo "cdi createRuntime, $OTHER_NVHOOK: $(steps_p50 "$OUT/cdi-spec.log" cdi-other-)"
+  else
+    echo "prestart, every capability: $(steps_p50 "$OUT/hook-all.log")"
+  fi
 }
 
 run() {
@@ -353,22 +393,23 @@ run() {
   local i mode rounds=${ROUNDS:-20}
   : > "$OUT/starts.txt"
   for i in $(seq "$rounds"); do
-    bundle plain '["/bin/true"]' '[]'
-    packed_cache
+    ROOTFS=$KIT/layers/plain/root bundle plain '["/bin/true"]' '[]'
+    layer plain "$KIT/rootfs"
     echo "runc $(us $runc run --bundle "$KIT/b-plain" "plain-$i")" >> "$OUT/starts.txt"
     for mode in kept every; do
-      bundle "hook-$mode" '["/bin/true"]' "$env" "$KIT/$mode.toml"
-      packed_cache
+      ROOTFS=$KIT/layers/hook-$mode/root bundle "hook-$mode" '["/bin/true"]' "$env" "$KIT/$mode.toml"
+      layer "hook-$mode" "$KIT/rootfs"
       echo "hook-$mode $(us $runc run --bundle "$KIT/b-hook-$mode" "hook-$mode-$i")" >> "$OUT/starts.txt"
-      bundle "shim-$mode" '["/bin/true"]' "$env"
-      packed_cache
+      ROOTFS=$KIT/layers/shim-$mode/root bundle "shim-$mode" '["/bin/true"]' "$env"
+      layer "shim-$mode" "$KIT/rootfs"
       echo "shim-$mode $(NVHOOK_CONFIG="$KIT/$mode.toml" us "$KIT/bin/nvhook-runtime" \
         --root /run/nvhook-check run --bundle "$KIT/b-shim-$mode" "shim-$mode-$i")" >> "$OUT/starts.txt"
     done
-    bundle hook-loads '["/bin/true"]' "$env" "$KIT/loads.toml"
-    packed_cache
+    ROOTFS=$KIT/layers/hook-loads/root bundle hook-loads '["/bin/true"]' "$env" "$KIT/loads.toml"
+    layer hook-loads "$KIT/rootfs"
     echo "hook-loads $(us $runc run --bundle "$KIT/b-hook-loads" "hook-loads-$i")" >> "$OUT/starts.txt"
   done
+  drop_layers
   echo "== whole starts, p50 ms over $rounds (runc run of /bin/true, GPU 0, compute,utility)"
   for v in runc hook-kept hook-every hook-loads shim-kept shim-every; do
     echo "$v $(awk -v v="$v" '$1 == v {print $2}' "$OUT/starts.txt" | pct 50)"
@@ -397,11 +438,16 @@ run() {
 
 case "${1:-}" in
   pack) pack "$(realpath -m "${2:?pack DIR}")" ;;
-  run) KIT=$(cd "$(dirname "$0")" && pwd); run "$(realpath -m "${2:?run OUT}")" ;;
+  run)
+    KIT=$(cd "$(dirname "$0")" && pwd)
+    trap drop_layers EXIT
+    run "$(realpath -m "${2:?run OUT}")"
+    ;;
   compat | nested | memlimits | cdi)
     KIT=$(cd "$(dirname "$0")" && pwd) OUT=$(realpath -m "${2:?$1 OUT}")
     mkdir -p "$OUT"
     export LD_LIBRARY_PATH=$KIT/bin
+    trap drop_layers EXIT
     "$1"
     ;;
   *) echo "usage: $0 pack DIR | run OUT | compat OUT | nested OUT | memlimits OUT | cdi OUT" >&2; exit 2 ;;

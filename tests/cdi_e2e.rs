@@ -744,7 +744,7 @@ fn nvidia_shaped_cdi_spec_runs_with_nvhook_as_nvidia_cdi_hook() {
 /// simulated node whose driver lives where GKE installs it, as on the H200 that found the
 /// cache-less image's defect (performance.md, thirty-first round): the kernel probe loads the
 /// host's libcuda through nvhook's spec applied as an engine applies it, in an image without a
-/// loader cache and in one with, and every timed start ran.
+/// loader cache and in one with, and every timed start ran (the spec's container on each image).
 #[test]
 fn gpu_node_checks_cdi_check_runs_containers_through_nvhooks_spec() {
     require_root();
@@ -793,7 +793,14 @@ fn gpu_node_checks_cdi_check_runs_containers_through_nvhooks_spec() {
     );
     // Two rounds of each kind, every one timed (a failed start is written FAIL).
     let starts = fs::read_to_string(out.join("cdi-starts.txt")).expect("read cdi-starts.txt");
-    for kind in ["plain", "cdi-floor", "cdi-floor-hook", "cdi", "hook-all"] {
+    for kind in [
+        "plain",
+        "cdi-floor",
+        "cdi-floor-hook",
+        "cdi",
+        "cdi-cached",
+        "hook-all",
+    ] {
         let timed = starts
             .lines()
             .filter_map(|l| l.strip_prefix(kind)?.strip_prefix(' '))
@@ -803,6 +810,7 @@ fn gpu_node_checks_cdi_check_runs_containers_through_nvhooks_spec() {
     }
     for hook in [
         "cdi createRuntime: process=",
+        "cdi createRuntime, an image with a loader cache: process=",
         "prestart, every capability: process=",
     ] {
         assert!(

@@ -6,7 +6,8 @@
 //! and on sid's crun 1.28 (cgroup v2 in a mount namespace), a container gets exactly its GPU
 //! and libcuda loads; on those and on Podman 4.3 over youki it sees the same driver files, at
 //! the same paths, with the same mount options, as through a spec whose runtime makes the
-//! mounts (`cdi-mounts = "runtime"`); and the createContainer hook of a spec written before
+//! mounts (`cdi-mounts = "runtime"`), also where a driver directory the image lacks gets a
+//! tmpfs of its own for the files' mounts and links; and the createContainer hook of a spec written before
 //! refuses to mount from the runtime's own mount namespace. A pod through containerd 2.1.9's CRI gets its GPU from such a spec too. Run as
 //! root after `cargo build --workspace` (and `scripts/sid-engines.sh`,
 //! `scripts/sid-runtimes.sh`, `scripts/youki.sh`): `cargo test --test cdi_hook_mounts_e2e`.
@@ -108,6 +109,41 @@ fn the_hooks_mounts_show_the_container_what_the_runtimes_show_it() {
             run_flags.extend(&flags);
             podman.run(&run_flags, &image, args)
         });
+    }
+}
+
+/// A node whose driver libraries live in a directory images do not have
+/// (`/usr/local/nvidia/lib64`, GKE's layout), where the spec keeps them: the hook gives that
+/// directory a tmpfs of the container's own holding the files' mounts and the links, and the
+/// container sees the same files, links, modes and mounts as through a spec whose runtime
+/// binds each file into the container's layer (on runc 1.1.5, runc 1.3 and crun).
+#[test]
+fn a_driver_directory_made_a_tmpfs_tree_shows_what_per_file_mounts_show() {
+    require_root();
+    let ns = MountNs::new(RuntimeEnv::CgroupV2);
+    for (engine, podman, flags) in engines(&ns) {
+        let image = format!("localhost/{}:latest", unique_name("nvhook-busybox"));
+        podman.import(busybox_image().rootfs(), &image);
+        let node = SimNode::create_with(GPUS, &["--lib-dir", "usr/local/nvidia/lib64"]);
+        let spec = CdiSpecFile::new("json");
+        assert_same_view_both_ways(engine, &node, spec.path(), |args| {
+            let mut run_flags = vec!["--device", "nvidia.com/gpu=1"];
+            run_flags.extend(&flags);
+            podman.run(&run_flags, &image, args)
+        });
+        let log = node.log();
+        let bound: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("driver files mounted"))
+            .collect();
+        // Both hook runs (grouped arguments, one entry each) made the library directory a tree.
+        assert_eq!(bound.len(), 2, "{engine}:\n{log}");
+        for line in bound {
+            assert!(
+                !line.contains("trees=0") && !line.contains("in_trees=0"),
+                "{engine}: {line}\n{log}"
+            );
+        }
     }
 }
 

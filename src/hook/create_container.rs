@@ -10,6 +10,7 @@
 //! to that. What to do comes in its arguments, because a static spec cannot point at a
 //! per-container plan file, and arguments show in the spec for review.
 
+use super::dir_groups::{DirGroup, dir_groups};
 use super::nvidia_hooks;
 use super::step::Step;
 use super::userns::ContainerRoot;
@@ -19,7 +20,7 @@ use crate::delivery::PrepareError;
 use crate::delivery::hook_args::{LibFolder, LinkArgs};
 use crate::inventory::gpu_layout::GpuLayout;
 use crate::oci::{OciError, Spec, State};
-use crate::plan::{CacheEntry, Mount, Symlink, compat};
+use crate::plan::{CacheEntry, Symlink, compat};
 use crate::proc_view;
 use crate::request::CUDA_VERSION;
 use crate::rootfs::{Rootfs, RootfsError, loader};
@@ -117,12 +118,21 @@ pub fn create_container(
     let container_root = pid.map(enter_container).transpose()?;
     let mounts = spec.as_ref().map(Spec::mount_points).unwrap_or_default();
     let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&mounts);
+    // A directory the image lacks gets a tmpfs of the container's own, where the files'
+    // mount points and the links cost the container's new layer nothing. Not where the image
+    // has the directory (the tmpfs would hide its files), nor in a user namespace of the
+    // container's own, whose root would not own what the hook makes there.
+    let own_userns = matches!(container_root, Some(Some(_)));
+    let trees: Vec<DirGroup> = dir_groups(args)
+        .into_iter()
+        .filter(|group| !own_userns && rootfs.resolve(&group.dir).is_none())
+        .collect();
     if let Some(root) = container_root {
         effects::act_as_container_root(root)?;
         step.done("enter");
     }
     if !args.mounts.is_empty() {
-        mount_driver_files(&rootfs, &args.mounts, &before.sources)?;
+        mount_driver_files(&rootfs, args, &before.sources, &trees)?;
         step.done("mounts");
     }
     // Which images have a glibc cache is only known now: a static spec serves them all.
@@ -180,9 +190,14 @@ pub fn create_container(
         args.ld_so_confs.splice(0..0, conf);
     }
     step.done("folders+compat");
+    // The links of a tree's directory are made already.
+    let links: Vec<Symlink> = (args.symlinks.iter().enumerate())
+        .filter(|(i, _)| !trees.iter().any(|group| group.links.contains(i)))
+        .map(|(_, link)| link.clone())
+        .collect();
     loader::link_and_cache(
         &rootfs,
-        &args.symlinks,
+        &links,
         // The spec was generated on this host, for its architecture.
         Arch::HOST,
         (&args.ldcache, &ahead),
@@ -246,16 +261,38 @@ fn enter_container(pid: i32) -> Result<Option<ContainerRoot>, HookError> {
 
 /// The driver files' bind mounts a spec leaves to this hook (`cdi-mounts = "hook"`): each
 /// source, opened by [`before_state`] as a detached read-only tree, attached at its target
-/// inside the rootfs.
+/// inside the rootfs, or for the directories in `trees`, inside the directory's own tmpfs
+/// with the directory's links.
 fn mount_driver_files(
     rootfs: &Rootfs,
-    mounts: &[Mount],
+    args: &LinkArgs,
     sources: &[OwnedFd],
+    trees: &[DirGroup],
 ) -> Result<(), HookError> {
-    for (mount, source) in mounts.iter().zip(sources) {
-        effects::attach_in(rootfs, source, mount)?;
+    for group in trees {
+        let files: Vec<(&str, &OwnedFd)> = (group.mounts.iter())
+            .map(|&i| (group.relative(&args.mounts[i].destination), &sources[i]))
+            .collect();
+        let links: Vec<(&str, &str)> = (group.links.iter())
+            .map(|&i| {
+                let link = &args.symlinks[i];
+                (group.relative(&link.path), link.target.as_str())
+            })
+            .collect();
+        effects::tmpfs_tree_in(rootfs, &group.dir, &files, &links)?;
     }
-    tracing::info!(mounts = mounts.len(), "driver files mounted");
+    for (i, (mount, source)) in args.mounts.iter().zip(sources).enumerate() {
+        if !trees.iter().any(|group| group.mounts.contains(&i)) {
+            effects::attach_in(rootfs, source, mount)?;
+        }
+    }
+    let in_trees: usize = trees.iter().map(|group| group.mounts.len()).sum();
+    tracing::info!(
+        mounts = args.mounts.len(),
+        in_trees,
+        trees = trees.len(),
+        "driver files mounted"
+    );
     Ok(())
 }
 

@@ -241,6 +241,92 @@ pub fn attach_in(rootfs: &Rootfs, source: &OwnedFd, mount: &Mount) -> Result<(),
     Ok(())
 }
 
+/// A tmpfs of the container's own on the directory `dir`, made in the rootfs, holding each of
+/// `files` (a path relative to `dir`, and its source from [`open_source`]) attached on a file
+/// made there, and each of `links` (a relative path and its target); then read-only. One
+/// directory in the container's layer where there would be a mount point for each file and a
+/// link for each library.
+pub fn tmpfs_tree_in(
+    rootfs: &Rootfs,
+    dir: &str,
+    files: &[(&str, &OwnedFd)],
+    links: &[(&str, &str)],
+) -> Result<(), HookError> {
+    let fail = |op: &'static str, path: &str| {
+        let path = format!("{dir}/{path}");
+        move |e: std::io::Error| RootfsError::Op {
+            op,
+            path,
+            message: e.to_string(),
+        }
+    };
+    let (target, _) = rootfs.mount_target(dir, MountKind::Dir)?;
+    let tmpfs = sys::new_tmpfs().map_err(fail("make a tmpfs for", ""))?;
+    sys::attach(tmpfs.as_fd(), target.as_fd()).map_err(fail("mount a tmpfs on", ""))?;
+    for &(path, source) in files {
+        let (parent, name) = tree_parent(&tmpfs, dir, path)?;
+        let at = parent.as_ref().map_or(tmpfs.as_fd(), |p| p.as_fd());
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        sys::open_at(at, &name, flags, 0o644).map_err(fail("create mount point", path))?;
+        let point = sys::open_at(at, &name, libc::O_PATH | libc::O_NOFOLLOW, 0)
+            .map_err(fail("open mount point", path))?;
+        attach(source, &point, &format!("{dir}/{path}"))?;
+    }
+    for &(path, target) in links {
+        let (parent, name) = tree_parent(&tmpfs, dir, path)?;
+        let at = parent.as_ref().map_or(tmpfs.as_fd(), |p| p.as_fd());
+        let target = std::ffi::CString::new(target).map_err(|e| RootfsError::Op {
+            op: "link",
+            path: format!("{dir}/{path}"),
+            message: e.to_string(),
+        })?;
+        sys::symlink_at(&target, at, &name).map_err(fail("create link", path))?;
+    }
+    // Recursive, as mount_setattr(2) is here: the files' mounts are read-only already.
+    sys::set_attrs(tmpfs.as_fd(), sys::MOUNT_ATTR_RDONLY).map_err(fail("make read-only", ""))?;
+    Ok(())
+}
+
+/// The directory of `path` (relative) in the tree whose root is `root`, its directories made
+/// on the way (None: the root itself), and its last component.
+fn tree_parent(
+    root: &OwnedFd,
+    dir: &str,
+    path: &str,
+) -> Result<(Option<OwnedFd>, std::ffi::CString), RootfsError> {
+    let bad = || RootfsError::Op {
+        op: "use",
+        path: format!("{dir}/{path}"),
+        message: "not a plain relative path".into(),
+    };
+    let (subdirs, name) = path.rsplit_once('/').unwrap_or(("", path));
+    let mut parent: Option<OwnedFd> = None;
+    for part in subdirs.split('/').filter(|p| !p.is_empty()) {
+        let at = parent.as_ref().map_or(root.as_fd(), |p| p.as_fd());
+        let part = std::ffi::CString::new(part).map_err(|_| bad())?;
+        match sys::mkdir_at(at, &part, 0o755) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(RootfsError::Op {
+                    op: "create directory",
+                    path: format!("{dir}/{path}"),
+                    message: e.to_string(),
+                });
+            }
+            _ => {}
+        }
+        let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+        parent = Some(
+            sys::open_at(at, &part, flags, 0).map_err(|e| RootfsError::Op {
+                op: "open directory",
+                path: format!("{dir}/{path}"),
+                message: e.to_string(),
+            })?,
+        );
+    }
+    let name = std::ffi::CString::new(name).map_err(|_| bad())?;
+    Ok((parent, name))
+}
+
 fn attach(source: &OwnedFd, target: &OwnedFd, path: &str) -> Result<(), RootfsError> {
     sys::attach(source.as_fd(), target.as_fd()).map_err(|e| RootfsError::Op {
         op: "mount",

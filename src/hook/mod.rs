@@ -7,6 +7,7 @@
 
 pub mod container_mounts;
 pub mod create_container;
+pub mod dir_groups;
 pub mod effects;
 pub mod memory_limits;
 pub mod nvidia_hooks;

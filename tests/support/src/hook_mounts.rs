@@ -165,15 +165,24 @@ fn container_view(paths: &[String], run: &impl Fn(&[&str]) -> Output) -> String 
 }
 
 /// `ls -l`'s line without its time (month, day, time): links the hook makes at each start
-/// differ in it. Any other line as it is.
+/// differ in it. Any other line as it is, but for what is the filesystem's own (below).
 fn without_time(line: &str) -> String {
     let fields: Vec<&str> = line.split_whitespace().collect();
     match line.chars().next() {
-        Some('l' | '-' | 'd' | 's') if fields.len() > 8 => {
+        // A directory's size and a listing's block total are the filesystem's own: a
+        // directory made in the container's layer and one in a tmpfs the hook made hold the
+        // same entries.
+        Some('d') if fields.len() > 8 => {
+            let mut kept = fields[..4].to_vec();
+            kept.extend(&fields[8..]);
+            kept.join(" ")
+        }
+        Some('l' | '-' | 's') if fields.len() > 8 => {
             let mut kept = fields[..5].to_vec();
             kept.extend(&fields[8..]);
             kept.join(" ")
         }
+        _ if line.starts_with("total ") => "total".to_string(),
         _ => line.to_string(),
     }
 }
