@@ -64,6 +64,20 @@ fn listing_image(dir: &Path) -> std::path::PathBuf {
     rootfs
 }
 
+/// A [`LIST`] line without a directory's size, which is its filesystem's own: a directory
+/// made in the container's layer and one on a tmpfs nvhook's hook made hold the same entries.
+fn without_directory_size(line: &str) -> String {
+    let fields: Vec<&str> = line.split(' ').collect();
+    match fields.iter().position(|f| *f == "directory") {
+        Some(at) if fields.len() == at + 5 => {
+            let mut kept = fields.clone();
+            kept.remove(at + 3);
+            kept.join(" ")
+        }
+        _ => line.to_string(),
+    }
+}
+
 /// What one container saw.
 struct Seen {
     tree: BTreeSet<String>,
@@ -178,7 +192,7 @@ impl Seen {
         let tree = section("tree")
             .chain(section("sums"))
             .filter(per_container)
-            .map(String::from)
+            .map(without_directory_size)
             .collect();
         let hex = section("cache").next().expect("the cache in hex");
         // The set compares the entries; the header only counts them.

@@ -261,7 +261,8 @@ pub fn tmpfs_tree_in(
         }
     };
     let (target, _) = rootfs.mount_target(dir, MountKind::Dir)?;
-    let tmpfs = sys::new_tmpfs().map_err(fail("make a tmpfs for", ""))?;
+    // The mode a directory made in the layer gets; the tmpfs is read-only once filled.
+    let tmpfs = sys::new_tmpfs(c"0755").map_err(fail("make a tmpfs for", ""))?;
     sys::attach(tmpfs.as_fd(), target.as_fd()).map_err(fail("mount a tmpfs on", ""))?;
     for &(path, source) in files {
         let (parent, name) = tree_parent(&tmpfs, dir, path)?;

@@ -80,7 +80,7 @@ pub fn apply_params(rootfs: &Rootfs, host_params: &std::path::Path) -> Result<bo
     let params = container_params(&host);
     // The file is made on a tmpfs attached over the directory just long enough to clone it:
     // older kernels clone nothing out of a detached tmpfs.
-    let tmpfs = sys::new_tmpfs().map_err(|e| err("create tmpfs for", PARAMS, e))?;
+    let tmpfs = sys::new_tmpfs(c"0555").map_err(|e| err("create tmpfs for", PARAMS, e))?;
     sys::attach(tmpfs.as_fd(), dir.as_fd()).map_err(|e| err("mount tmpfs on", TARGET, e))?;
     let file = write_new(tmpfs.as_fd(), "params", params.as_bytes(), PARAMS).and_then(|()| {
         let file = sys::clone_at(tmpfs.as_fd(), c"params").map_err(|e| err("bind", PARAMS, e))?;
@@ -125,7 +125,7 @@ pub fn apply(rootfs: &Rootfs, prepared: Prepared) -> Result<bool, RootfsError> {
     let Some(target) = rootfs.resolve(TARGET) else {
         return Ok(false);
     };
-    let tmpfs = sys::new_tmpfs().map_err(|e| err("create tmpfs for", TARGET, e))?;
+    let tmpfs = sys::new_tmpfs(c"0555").map_err(|e| err("create tmpfs for", TARGET, e))?;
     // Attach first: mounting under a detached tree needs a newer kernel than GPU nodes run.
     sys::attach(tmpfs.as_fd(), target.as_fd()).map_err(|e| err("mount tmpfs on", TARGET, e))?;
     for (name, bytes) in &prepared.files {

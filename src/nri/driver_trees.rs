@@ -142,7 +142,7 @@ impl DriverTrees {
         if sys::is_mount_root(fd.as_fd()).map_err(io("inspect"))? {
             return Ok(fd);
         }
-        let tmpfs = sys::new_tmpfs().map_err(io("make a tmpfs for"))?;
+        let tmpfs = sys::new_tmpfs(c"0555").map_err(io("make a tmpfs for"))?;
         // Private: the files bound in it propagate nowhere, and copies of it are their own.
         sys::set_attrs(tmpfs.as_fd(), 0).map_err(io("make private"))?;
         sys::attach(tmpfs.as_fd(), fd.as_fd()).map_err(io("mount a tmpfs on"))?;

@@ -121,8 +121,8 @@ pub fn attach(tree: BorrowedFd, target: BorrowedFd) -> io::Result<()> {
     })
 }
 
-/// A new, detached tmpfs (nosuid, nodev, noexec).
-pub fn new_tmpfs() -> io::Result<OwnedFd> {
+/// A new, detached tmpfs (nosuid, nodev, noexec) whose root has `mode` (octal, `c"0555"`).
+pub fn new_tmpfs(mode: &CStr) -> io::Result<OwnedFd> {
     // SAFETY: static NUL-terminated strings; the returned fds are owned below.
     let ctx =
         fd_result(unsafe { libc::syscall(libc::SYS_fsopen, c"tmpfs".as_ptr(), FSOPEN_CLOEXEC) })?;
@@ -133,7 +133,7 @@ pub fn new_tmpfs() -> io::Result<OwnedFd> {
             ctx.as_raw_fd(),
             FSCONFIG_SET_STRING,
             c"mode".as_ptr(),
-            c"0555".as_ptr(),
+            mode.as_ptr(),
             0,
         )
     })?;
