@@ -29,8 +29,8 @@ impl DirGroup {
 }
 
 /// The directories of `args` that hold two or more file mounts of their own and nothing the
-/// hook writes there later but files and links: no socket or directory mount in them or on
-/// them, no cache folder, no link on the directory itself, no path twice, no `.` or `..` in a
+/// hook writes there later but files and links: no socket or directory mount in them, on
+/// them or above them, no cache folder, no link on the directory itself, no path twice, no `.` or `..` in a
 /// path. A directory inside another such directory is part of it. A directory that cannot be
 /// one tree stays per-file mounts.
 pub fn dir_groups(args: &LinkArgs) -> Vec<DirGroup> {
@@ -53,11 +53,12 @@ pub fn dir_groups(args: &LinkArgs) -> Vec<DirGroup> {
     let mut groups = Vec::new();
     for &dir in outermost {
         let in_dir = |path: &str| path != dir && inside(path, dir);
-        let blocked = args
-            .mounts
-            .iter()
-            .any(|m| m.kind != MountKind::File && inside(&m.destination, dir))
-            || args.symlinks.iter().any(|l| l.path == dir)
+        // A directory or socket mount in the tree, or a directory mount above it, which the
+        // hook would attach after the tree and so hide it.
+        let blocked = args.mounts.iter().any(|m| {
+            m.kind != MountKind::File
+                && (inside(&m.destination, dir) || inside(dir, &m.destination))
+        }) || args.symlinks.iter().any(|l| l.path == dir)
             || args
                 .folders
                 .iter()
@@ -189,8 +190,9 @@ mod tests {
     }
 
     /// Anything the hook would write into the directory after making it read-only keeps it
-    /// per-file: a socket or directory mount in it, a folder whose libraries are linked
-    /// there, a path given twice, a link on the directory itself.
+    /// per-file: a socket or directory mount in it, a directory mount above it (attached
+    /// after the tree, it would hide it), a folder whose libraries are linked there, a path
+    /// given twice, a link on the directory itself.
     #[test]
     fn a_directory_the_hook_writes_into_later_stays_per_file() {
         let with = |change: &dyn Fn(&mut LinkArgs)| {
@@ -230,6 +232,14 @@ mod tests {
             (
                 "a link on the directory",
                 with(&|a| a.symlinks.push(link(LIB, "/elsewhere"))),
+            ),
+            (
+                "a directory mount above it",
+                with(&|a| {
+                    let mut m = file("/usr/local/nvidia");
+                    m.kind = MountKind::Dir;
+                    a.mounts.push(m);
+                }),
             ),
             (
                 "a path through ..",

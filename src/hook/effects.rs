@@ -10,8 +10,9 @@ use super::HookError;
 use super::procfs;
 use super::userns::ContainerRoot;
 use crate::plan::{DeviceNode, Mount, MountKind, Plan, ProcOverlay};
-use crate::rootfs::{Existing, Rootfs, RootfsError, loader, sys};
+use crate::rootfs::{Existing, NEW_FILE, Rootfs, RootfsError, loader, op_err, sys};
 use nvhook_cgroup::{self as cgroup, DeviceRule};
+use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -252,79 +253,56 @@ pub fn tmpfs_tree_in(
     files: &[(&str, &OwnedFd)],
     links: &[(&str, &str)],
 ) -> Result<(), HookError> {
-    let fail = |op: &'static str, path: &str| {
-        let path = format!("{dir}/{path}");
-        move |e: std::io::Error| RootfsError::Op {
-            op,
-            path,
-            message: e.to_string(),
-        }
-    };
     let (target, _) = rootfs.mount_target(dir, MountKind::Dir)?;
     // The mode a directory made in the layer gets; the tmpfs is read-only once filled.
-    let tmpfs = sys::new_tmpfs(c"0755").map_err(fail("make a tmpfs for", ""))?;
-    sys::attach(tmpfs.as_fd(), target.as_fd()).map_err(fail("mount a tmpfs on", ""))?;
+    let tmpfs = sys::new_tmpfs(c"0755").map_err(|e| op_err("make a tmpfs for", dir, e))?;
+    sys::attach(tmpfs.as_fd(), target.as_fd()).map_err(|e| op_err("mount a tmpfs on", dir, e))?;
     for &(path, source) in files {
-        let (parent, name) = tree_parent(&tmpfs, dir, path)?;
+        let full = format!("{dir}/{path}");
+        let (parent, name) = tree_parent(&tmpfs, &full, path)?;
         let at = parent.as_ref().map_or(tmpfs.as_fd(), |p| p.as_fd());
-        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
-        sys::open_at(at, &name, flags, 0o644).map_err(fail("create mount point", path))?;
-        let point = sys::open_at(at, &name, libc::O_PATH | libc::O_NOFOLLOW, 0)
-            .map_err(fail("open mount point", path))?;
-        attach(source, &point, &format!("{dir}/{path}"))?;
+        // A new inode of our own (O_EXCL, no link followed): its descriptor is the mount point.
+        let point = sys::open_at(at, &name, NEW_FILE, 0o644)
+            .map_err(|e| op_err("create mount point", &full, e))?;
+        attach(source, &point, &full)?;
     }
     for &(path, target) in links {
-        let (parent, name) = tree_parent(&tmpfs, dir, path)?;
+        let full = format!("{dir}/{path}");
+        let (parent, name) = tree_parent(&tmpfs, &full, path)?;
         let at = parent.as_ref().map_or(tmpfs.as_fd(), |p| p.as_fd());
-        let target = std::ffi::CString::new(target).map_err(|e| RootfsError::Op {
-            op: "link",
-            path: format!("{dir}/{path}"),
-            message: e.to_string(),
-        })?;
-        sys::symlink_at(&target, at, &name).map_err(fail("create link", path))?;
+        let target = CString::new(target).map_err(|e| op_err("link", &full, e))?;
+        sys::symlink_at(&target, at, &name).map_err(|e| op_err("create link", &full, e))?;
     }
     // Recursive, as mount_setattr(2) is here: the files' mounts are read-only already.
-    sys::set_attrs(tmpfs.as_fd(), sys::MOUNT_ATTR_RDONLY).map_err(fail("make read-only", ""))?;
+    sys::set_attrs(tmpfs.as_fd(), sys::MOUNT_ATTR_RDONLY)
+        .map_err(|e| op_err("make read-only", dir, e))?;
     Ok(())
 }
 
-/// The directory of `path` (relative) in the tree whose root is `root`, its directories made
-/// on the way (None: the root itself), and its last component.
+/// The directory of `path` (relative, `full` in the container) in the tree whose root is
+/// `root`, its directories made on the way (None: the root itself), and its last component.
 fn tree_parent(
     root: &OwnedFd,
-    dir: &str,
+    full: &str,
     path: &str,
-) -> Result<(Option<OwnedFd>, std::ffi::CString), RootfsError> {
-    let bad = || RootfsError::Op {
-        op: "use",
-        path: format!("{dir}/{path}"),
-        message: "not a plain relative path".into(),
-    };
+) -> Result<(Option<OwnedFd>, CString), RootfsError> {
     let (subdirs, name) = path.rsplit_once('/').unwrap_or(("", path));
     let mut parent: Option<OwnedFd> = None;
     for part in subdirs.split('/').filter(|p| !p.is_empty()) {
         let at = parent.as_ref().map_or(root.as_fd(), |p| p.as_fd());
-        let part = std::ffi::CString::new(part).map_err(|_| bad())?;
+        let part = CString::new(part).map_err(|e| op_err("use", full, e))?;
         match sys::mkdir_at(at, &part, 0o755) {
             Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                return Err(RootfsError::Op {
-                    op: "create directory",
-                    path: format!("{dir}/{path}"),
-                    message: e.to_string(),
-                });
+                return Err(op_err("create directory", full, e));
             }
             _ => {}
         }
         let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
-        parent = Some(
-            sys::open_at(at, &part, flags, 0).map_err(|e| RootfsError::Op {
-                op: "open directory",
-                path: format!("{dir}/{path}"),
-                message: e.to_string(),
-            })?,
-        );
+        let opened =
+            sys::open_at(at, &part, flags, 0).map_err(|e| op_err("open directory", full, e))?;
+        parent = Some(opened);
     }
-    let name = std::ffi::CString::new(name).map_err(|_| bad())?;
+    let name = CString::new(name).map_err(|e| op_err("use", full, e))?;
     Ok((parent, name))
 }
 

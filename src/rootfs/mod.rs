@@ -51,7 +51,7 @@ pub enum RootfsError {
     },
 }
 
-fn op_err(op: &'static str, path: &str, e: impl std::fmt::Display) -> RootfsError {
+pub(crate) fn op_err(op: &'static str, path: &str, e: impl std::fmt::Display) -> RootfsError {
     RootfsError::Op {
         op,
         path: path.to_string(),
@@ -61,7 +61,7 @@ fn op_err(op: &'static str, path: &str, e: impl std::fmt::Display) -> RootfsErro
 
 /// Flags that create a file that was not there, never following a link (open_at adds
 /// O_NOFOLLOW).
-const NEW_FILE: i32 = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY;
+pub(crate) const NEW_FILE: i32 = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY;
 
 /// What is at a target path before nvhook writes there, for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
