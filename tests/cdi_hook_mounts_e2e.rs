@@ -25,7 +25,7 @@ use support::hook_mounts::{assert_same_view_both_ways, spec_mounts, write_spec};
 use support::podman::{CdiSpecFile, Podman};
 use support::{
     Bundle, MountNs, RuntimeEnv, SimNode, busybox_image, glibc_image, gpucheck_args,
-    host_mounts_referencing, nvhook_bin, require_root,
+    host_mounts_referencing, nvhook_bin, require_root, run_clean,
 };
 
 const GPUS: u32 = 4;
@@ -145,6 +145,63 @@ fn a_driver_directory_made_a_tmpfs_tree_shows_what_per_file_mounts_show() {
             );
         }
     }
+}
+
+/// Two directories the image lacks that are one directory under two names (`/lib` links to
+/// `usr/lib`, as on a merged-/usr image): a tmpfs on each would hide the first one's files, so
+/// both keep their files per-file, and the container sees all four; a third directory beside
+/// them is still a tree.
+#[test]
+fn one_directory_under_two_names_keeps_its_files_per_file() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let source = node
+        .driver_root()
+        .join("usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15");
+    let files = [
+        "/lib/firmware/nvidia/a.bin",
+        "/lib/firmware/nvidia/b.bin",
+        "/usr/lib/firmware/other/c.bin",
+        "/usr/lib/firmware/other/d.bin",
+        "/opt/nvidia/e.bin",
+        "/opt/nvidia/f.bin",
+    ];
+    let mut script = String::new();
+    for file in files {
+        script.push_str(&format!("test -s {file} && echo found {file}; "));
+    }
+    let mut bundle = Bundle::new(busybox_image(), &["/bin/sh", "-c", &script]);
+    std::fs::create_dir_all(bundle.rootfs().join("usr/lib")).expect("make usr/lib");
+    std::fs::create_dir_all(bundle.rootfs().join("opt")).expect("make opt");
+    std::os::unix::fs::symlink("usr/lib", bundle.rootfs().join("lib")).expect("link lib");
+    let mut args = vec![
+        json!("nvhook"),
+        json!("--config"),
+        json!(node.config()),
+        json!("hook"),
+        json!("createRuntime"),
+    ];
+    for file in files {
+        args.extend([json!("--bind-file"), json!(source), json!(file)]);
+    }
+    bundle.raw_hook(
+        "createRuntime",
+        json!({ "path": nvhook_bin(), "args": args }),
+    );
+    let output = run_clean(&bundle, Some(&node), RuntimeEnv::CgroupV2);
+    output.assert_success();
+    for file in files {
+        assert!(
+            output.stdout.contains(&format!("found {file}\n")),
+            "{file}: {output}"
+        );
+    }
+    let log = node.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("driver files mounted") && l.contains("in_trees=2 trees=1")),
+        "{log}"
+    );
 }
 
 /// The hook makes no mount on the runtime's side: at createContainer when the runtime runs it

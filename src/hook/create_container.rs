@@ -23,9 +23,9 @@ use crate::oci::{OciError, Spec, State};
 use crate::plan::{CacheEntry, Symlink, compat};
 use crate::proc_view;
 use crate::request::CUDA_VERSION;
-use crate::rootfs::{Rootfs, RootfsError, loader};
+use crate::rootfs::{Rootfs, RootfsError, loader, sys};
 use nvhook_ldcache::Arch;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 /// The OCI stage the spec runs the hook at, which says where the runtime starts it.
@@ -118,22 +118,21 @@ pub fn create_container(
     let container_root = pid.map(enter_container).transpose()?;
     let mounts = spec.as_ref().map(Spec::mount_points).unwrap_or_default();
     let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&mounts);
-    // A directory the image lacks gets a tmpfs of the container's own, where the files'
-    // mount points and the links cost the container's new layer nothing. Not where the image
-    // has the directory (the tmpfs would hide its files), nor in a user namespace of the
-    // container's own, whose root would not own what the hook makes there.
-    let own_userns = matches!(container_root, Some(Some(_)));
-    let trees: Vec<DirGroup> = dir_groups(args)
-        .into_iter()
-        .filter(|group| !own_userns && rootfs.resolve(&group.dir).is_none())
-        .collect();
+    // A directory the image lacks gets a tmpfs of the container's own, where the files' mount
+    // points, the links and the directories holding them cost the container's new layer
+    // nothing. Not where the image has the directory (the tmpfs would hide its files), nor in
+    // a user namespace of the container's own, whose root would not own what the hook makes
+    // there.
+    let trees = match container_root {
+        Some(Some(_)) => Vec::new(),
+        _ => one_tree_per_directory(&rootfs, dir_groups(args, |dir| rootfs.missing_from(dir))),
+    };
     if let Some(root) = container_root {
         effects::act_as_container_root(root)?;
         step.done("enter");
     }
     if !args.mounts.is_empty() {
-        mount_driver_files(&rootfs, args, &before.sources, &trees)?;
-        step.done("mounts");
+        mount_driver_files(&rootfs, args, &before.sources, &trees, &mut step)?;
     }
     // Which images have a glibc cache is only known now: a static spec serves them all.
     let image = rootfs.probe();
@@ -259,15 +258,36 @@ fn enter_container(pid: i32) -> Result<Option<ContainerRoot>, HookError> {
     Ok(root)
 }
 
+/// `trees` less any two that are one directory of the image under two names (`/lib/firmware`
+/// and `/usr/lib/firmware` where `/lib` links to `usr/lib`): the second tmpfs would hide the
+/// first. Their files are bound one by one.
+fn one_tree_per_directory(rootfs: &Rootfs, trees: Vec<DirGroup>) -> Vec<DirGroup> {
+    if trees.len() < 2 {
+        return trees;
+    }
+    let place = |group: &DirGroup| {
+        let (parent, name) = group.dir.rsplit_once('/')?;
+        let parent = rootfs.dir_if_exists(parent).ok()?;
+        let st = sys::fstat(parent.as_fd()).ok()?;
+        Some((st.st_dev, st.st_ino, name.to_string()))
+    };
+    let places: Vec<_> = trees.iter().map(place).collect();
+    (trees.into_iter().zip(&places))
+        .filter(|(_, at)| at.is_some() && places.iter().filter(|other| other == at).count() == 1)
+        .map(|(group, _)| group)
+        .collect()
+}
+
 /// The driver files' bind mounts a spec leaves to this hook (`cdi-mounts = "hook"`): each
 /// source, opened by [`before_state`] as a detached read-only tree, attached at its target
 /// inside the rootfs, or for the directories in `trees`, inside the directory's own tmpfs
-/// with the directory's links.
+/// with the directory's links: the steps `trees`, then `mounts` for the files bound one by one.
 fn mount_driver_files(
     rootfs: &Rootfs,
     args: &LinkArgs,
     sources: &[OwnedFd],
     trees: &[DirGroup],
+    step: &mut Step,
 ) -> Result<(), HookError> {
     for group in trees {
         let files: Vec<(&str, &OwnedFd)> = (group.mounts.iter())
@@ -281,6 +301,7 @@ fn mount_driver_files(
             .collect();
         effects::tmpfs_tree_in(rootfs, &group.dir, &files, &links)?;
     }
+    step.done("trees");
     for (i, (mount, source)) in args.mounts.iter().zip(sources).enumerate() {
         if !trees.iter().any(|group| group.mounts.contains(&i)) {
             effects::attach_in(rootfs, source, mount)?;
@@ -293,6 +314,7 @@ fn mount_driver_files(
         trees = trees.len(),
         "driver files mounted"
     );
+    step.done("mounts");
     Ok(())
 }
 

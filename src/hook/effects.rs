@@ -12,8 +12,9 @@ use super::userns::ContainerRoot;
 use crate::plan::{DeviceNode, Mount, MountKind, Plan, ProcOverlay};
 use crate::rootfs::{Existing, NEW_FILE, Rootfs, RootfsError, loader, op_err, sys};
 use nvhook_cgroup::{self as cgroup, DeviceRule};
+use std::collections::HashMap;
 use std::ffi::CString;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// The hook's effects in the host's namespaces.
@@ -257,10 +258,13 @@ pub fn tmpfs_tree_in(
     // The mode a directory made in the layer gets; the tmpfs is read-only once filled.
     let tmpfs = sys::new_tmpfs(c"0755").map_err(|e| op_err("make a tmpfs for", dir, e))?;
     sys::attach(tmpfs.as_fd(), target.as_fd()).map_err(|e| op_err("mount a tmpfs on", dir, e))?;
+    let mut tree = TreeDirs {
+        root: tmpfs.as_fd(),
+        made: HashMap::new(),
+    };
     for &(path, source) in files {
         let full = format!("{dir}/{path}");
-        let (parent, name) = tree_parent(&tmpfs, &full, path)?;
-        let at = parent.as_ref().map_or(tmpfs.as_fd(), |p| p.as_fd());
+        let (at, name) = tree.parent_of(&full, path)?;
         // A new inode of our own (O_EXCL, no link followed): its descriptor is the mount point.
         let point = sys::open_at(at, &name, NEW_FILE, 0o644)
             .map_err(|e| op_err("create mount point", &full, e))?;
@@ -268,8 +272,7 @@ pub fn tmpfs_tree_in(
     }
     for &(path, target) in links {
         let full = format!("{dir}/{path}");
-        let (parent, name) = tree_parent(&tmpfs, &full, path)?;
-        let at = parent.as_ref().map_or(tmpfs.as_fd(), |p| p.as_fd());
+        let (at, name) = tree.parent_of(&full, path)?;
         let target = CString::new(target).map_err(|e| op_err("link", &full, e))?;
         sys::symlink_at(&target, at, &name).map_err(|e| op_err("create link", &full, e))?;
     }
@@ -279,31 +282,48 @@ pub fn tmpfs_tree_in(
     Ok(())
 }
 
-/// The directory of `path` (relative, `full` in the container) in the tree whose root is
-/// `root`, its directories made on the way (None: the root itself), and its last component.
-fn tree_parent(
-    root: &OwnedFd,
-    full: &str,
-    path: &str,
-) -> Result<(Option<OwnedFd>, CString), RootfsError> {
-    let (subdirs, name) = path.rsplit_once('/').unwrap_or(("", path));
-    let mut parent: Option<OwnedFd> = None;
-    for part in subdirs.split('/').filter(|p| !p.is_empty()) {
-        let at = parent.as_ref().map_or(root.as_fd(), |p| p.as_fd());
-        let part = CString::new(part).map_err(|e| op_err("use", full, e))?;
-        match sys::mkdir_at(at, &part, 0o755) {
-            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                return Err(op_err("create directory", full, e));
+/// The directories of a tree being filled, each made once and kept open by its path relative
+/// to the tree's root.
+struct TreeDirs<'a> {
+    root: BorrowedFd<'a>,
+    made: HashMap<String, OwnedFd>,
+}
+
+impl TreeDirs<'_> {
+    /// The directory of `path` (relative, `full` in the container), its directories made on
+    /// the way, and its last component.
+    fn parent_of(
+        &mut self,
+        full: &str,
+        path: &str,
+    ) -> Result<(BorrowedFd<'_>, CString), RootfsError> {
+        let (subdirs, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let ends = subdirs.match_indices('/').map(|(i, _)| i);
+        for end in ends.chain([subdirs.len()]).filter(|&end| end > 0) {
+            let prefix = &subdirs[..end];
+            if self.made.contains_key(prefix) {
+                continue;
             }
-            _ => {}
+            let (up, part) = prefix.rsplit_once('/').unwrap_or(("", prefix));
+            let at = if up.is_empty() {
+                self.root
+            } else {
+                self.made[up].as_fd()
+            };
+            let part = CString::new(part).map_err(|e| op_err("use", full, e))?;
+            sys::mkdir_at(at, &part, 0o755).map_err(|e| op_err("create directory", full, e))?;
+            let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+            let opened =
+                sys::open_at(at, &part, flags, 0).map_err(|e| op_err("open directory", full, e))?;
+            self.made.insert(prefix.to_string(), opened);
         }
-        let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
-        let opened =
-            sys::open_at(at, &part, flags, 0).map_err(|e| op_err("open directory", full, e))?;
-        parent = Some(opened);
+        let at = match self.made.get(subdirs) {
+            Some(fd) => fd.as_fd(),
+            None => self.root,
+        };
+        let name = CString::new(name).map_err(|e| op_err("use", full, e))?;
+        Ok((at, name))
     }
-    let name = CString::new(name).map_err(|e| op_err("use", full, e))?;
-    Ok((parent, name))
 }
 
 fn attach(source: &OwnedFd, target: &OwnedFd, path: &str) -> Result<(), RootfsError> {

@@ -15,7 +15,7 @@ use std::os::fd::AsFd;
 
 /// Where ldconfig reads its directories from, and the files NVIDIA's `enable-cuda-compat`
 /// writes there (`00-compat-<uuid>.conf`; nvhook's is [`COMPAT_CONF`]).
-const CONF_DIR: &str = "/etc/ld.so.conf.d";
+pub(crate) const CONF_DIR: &str = "/etc/ld.so.conf.d";
 const COMPAT_PREFIX: &str = "00-compat-";
 /// More than such a file or directory ever holds.
 const MAX_CONF: u64 = 64 << 10;
@@ -101,7 +101,7 @@ pub fn compat_entries(rootfs: &Rootfs) -> Vec<CacheEntry> {
 }
 
 /// The image's loader config, which names the files of [`CONF_DIR`] ldconfig reads.
-const LD_SO_CONF: &str = "/etc/ld.so.conf";
+pub(crate) const LD_SO_CONF: &str = "/etc/ld.so.conf";
 const INCLUDE_CONF_DIR: &str = "include /etc/ld.so.conf.d/*.conf\n";
 
 /// NVIDIA's `update-ldcache` gives an image without `/etc/ld.so.conf` one that includes
@@ -182,7 +182,7 @@ fn compat_dirs(rootfs: &Rootfs) -> Vec<String> {
 }
 
 /// The file NVIDIA's `update-application-profile` writes, and its directory.
-const PROFILE_DIR: &str = "/etc/nvidia/nvidia-application-profiles-rc.d";
+pub(crate) const PROFILE_DIR: &str = "/etc/nvidia/nvidia-application-profiles-rc.d";
 const PROFILE: &str = "/etc/nvidia/nvidia-application-profiles-rc.d/10-container.conf";
 
 /// NVIDIA's `update-application-profile`: the driver's application profile limiting EGL and

@@ -5,7 +5,7 @@ use super::{Existing, Rootfs, RootfsError};
 use crate::plan::{CacheEntry, LdSoConf, Symlink};
 use nvhook_ldcache::{Arch, Entry, LdCache, MAX_CACHE_LEN};
 
-const CACHE_PATH: &str = "/etc/ld.so.cache";
+pub(crate) const CACHE_PATH: &str = "/etc/ld.so.cache";
 
 /// Creates `symlinks`, then, when the image has a loader cache, adds `entries` (libraries of
 /// `arch`) to it, each in place of the image's same-named ones, and `ahead` before them,

@@ -327,6 +327,14 @@ impl Rootfs {
         }
     }
 
+    /// The highest of the directory `dir` and its ancestors the image lacks; None where the
+    /// image has `dir`, or where a component is not a directory or a link leads nowhere.
+    pub fn missing_from(&self, dir: &str) -> Option<String> {
+        let parts = components(dir).ok()?;
+        let (_, depth) = self.walk(&parts).ok()?;
+        (depth < parts.len()).then(|| key(&parts[..=depth]))
+    }
+
     fn is_dir(&self, path: &str) -> bool {
         self.dir_if_exists(path).is_ok()
     }
