@@ -9,6 +9,7 @@
 #   DIR/gpu-node-check.sh nested OUT     # there: only the nested-sandbox check
 #   DIR/gpu-node-check.sh memlimits OUT  # there: only the GPU memory limit check
 #   DIR/gpu-node-check.sh cdi OUT        # there: only the CDI check
+#   DIR/gpu-node-check.sh costs OUT      # there: only the kernel's costs of a CDI view's parts
 #
 # `run` lists the driver's device nodes (GPUs, caps, IMEX channels, NVSwitch, NVLink) and asks
 # for GPU 0 with every capability through each path nvhook offers (runc + the prestart hook,
@@ -42,6 +43,10 @@
 # hook running /bin/true, the whole spec on each of the two images, and the prestart hook with
 # every capability (p50 and p95), and gives the p50 of each hook step. OTHER_NVHOOK=PATH adds
 # the spec's start with its hook run by another nvhook build, in the same loop (an A/B).
+# The costs check (part of `run`, or alone) times, in a private mount namespace on the kit's
+# disk, each piece of kernel work a driver file's view in a new layer is made of (directories,
+# files and links in an overlay layer, in ext4 and in a tmpfs; a file's clone, seal and attach;
+# a new tmpfs and its attach; a lower directory's copy-up): the median of 200 each, in µs.
 # NVHOOK_EXTRA_CONFIG: lines added to every config (e.g. driver-root for a driver elsewhere).
 set -euo pipefail
 
@@ -320,9 +325,13 @@ PY
   ROOTFS=$KIT/layers/cdi/root cdi_bundle cdi '["/bin/true"]' "$spec"
   # OTHER_NVHOOK: another nvhook build, whose hook runs the same spec in the same loop, right
   # before or right after this build's in turns. The prestart hook is left out: the two builds
-  # do not share their kept answers, so it would query NVML at every start.
+  # do not share their kept answers, so it would query NVML at every start. The other build
+  # reads a copy of the config: a parsed config is kept for one program, so two builds on one
+  # file would each parse it at every start.
   if [ -n "${OTHER_NVHOOK:-}" ]; then
-    sed "s|\"$KIT/bin/nvhook\"|\"$OTHER_NVHOOK\"|" "$spec" > "$OUT/nvidia-other.json"
+    cp "$KIT/cdi-spec.toml" "$KIT/cdi-spec-other.toml"
+    sed -e "s|\"$KIT/bin/nvhook\"|\"$OTHER_NVHOOK\"|" \
+      -e "s|\"$KIT/cdi-spec.toml\"|\"$KIT/cdi-spec-other.toml\"|" "$spec" > "$OUT/nvidia-other.json"
     ROOTFS=$KIT/layers/cdi-other/root cdi_bundle cdi-other '["/bin/true"]' "$OUT/nvidia-other.json"
     kinds="plain cdi-floor cdi-floor-hook cdi cdi-other cdi-cached"
   fi
@@ -356,6 +365,85 @@ PY
   else
     echo "prestart, every capability: $(steps_p50 "$OUT/hook-all.log")"
   fi
+}
+
+# costs: the kernel's price of each part of a driver file's view in a new layer.
+costs() {
+  local dir=$KIT/costs
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  echo "== the kernel's costs of a view's parts, µs (median of 200)"
+  unshare -m --propagation private python3 - "$dir" <<'PY' | tee "$OUT/costs.txt"
+import ctypes, os, subprocess, sys, time
+base = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    rc = libc.syscall(nr, *args)
+    if rc < 0:
+        raise OSError(ctypes.get_errno(), f"system call {nr}")
+    return rc
+# x86_64 and aarch64 share these numbers: open_tree, move_mount, fsopen, fsconfig, fsmount,
+# mount_setattr.
+OPEN_TREE, MOVE_MOUNT, FSOPEN, FSCONFIG, FSMOUNT, MOUNT_SETATTR = 428, 429, 430, 431, 432, 442
+class Attr(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("set", "clr", "propagation", "userns")]
+def clone(path):
+    return call(OPEN_TREE, -100, path.encode(), 1 | os.O_CLOEXEC)
+def attach(tree, at):
+    fd = os.open(at, os.O_PATH)
+    call(MOVE_MOUNT, tree, b"", fd, b"", 0x4 | 0x40)
+    os.close(fd)
+def seal(tree):
+    call(MOUNT_SETATTR, tree, b"", 0x1000 | 0x8000, ctypes.byref(Attr(1 | 2 | 4, 0, 0, 0)), 32)
+def tmpfs():
+    ctx = call(FSOPEN, b"tmpfs", 1)
+    call(FSCONFIG, ctx, 6, None, None, 0)
+    mnt = call(FSMOUNT, ctx, 1, 0)
+    os.close(ctx)
+    return mnt
+def create(path):
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+def median(work, n=200):
+    took = []
+    for i in range(n):
+        start = time.perf_counter_ns()
+        work(i)
+        took.append(time.perf_counter_ns() - start)
+    return f"{sorted(took)[n // 2] / 1000:.1f}"
+for d in ("lower", "upper", "work", "root", "ext4"):
+    os.mkdir(f"{base}/{d}")
+for i in range(200):
+    os.mkdir(f"{base}/lower/c{i}")
+source = f"{base}/source"
+open(source, "w").write("x")
+subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                f"lowerdir={base}/lower,upperdir={base}/upper,workdir={base}/work", f"{base}/root"],
+               check=True)
+root = f"{base}/root"
+print("overlay: copy-up of a lower directory (the first create in it)", median(lambda i: create(f"{root}/c{i}/f")))
+print("overlay: create in a copied-up directory", median(lambda i: create(f"{root}/c{i}/g")))
+for fs, d in (("overlay", f"{root}/new"), ("ext4", f"{base}/ext4")):
+    os.makedirs(d, exist_ok=True)
+    print(f"{fs}: mkdir", median(lambda i: os.mkdir(f"{d}/d{i}")))
+    print(f"{fs}: create", median(lambda i: create(f"{d}/f{i}")))
+    print(f"{fs}: symlink", median(lambda i: os.symlink("x", f"{d}/l{i}")))
+d = f"{root}/new"
+trees = []
+print("open_tree clone of a file", median(lambda i: trees.append(clone(source))))
+print("mount_setattr ro,nosuid,nodev", median(lambda i: seal(trees[i])))
+print("move_mount onto a file in overlay", median(lambda i: attach(trees[i], f"{d}/f{i}")))
+fresh = []
+print("new tmpfs (fsopen to fsmount)", median(lambda i: fresh.append(tmpfs())))
+print("move_mount of a tmpfs onto a directory in overlay", median(lambda i: attach(fresh[i], f"{d}/d{i}")))
+t = f"{d}/d0"
+print("tmpfs: create", median(lambda i: create(f"{t}/f{i}")))
+print("tmpfs: mkdir", median(lambda i: os.mkdir(f"{t}/d{i}")))
+print("tmpfs: symlink", median(lambda i: os.symlink("x", f"{t}/l{i}")))
+trees = [clone(source) for _ in range(200)]
+print("move_mount onto a file in a tmpfs", median(lambda i: attach(trees[i], f"{t}/f{i}")))
+PY
+  rm -rf "$dir"
 }
 
 run() {
@@ -431,6 +519,7 @@ run() {
     echo "$mode $(grep -h 'steps:' "$OUT/$mode.log" | grep -o ' cgroup=[0-9]*' | sed 's/.*=//' | pct 50)"
   done
   cdi
+  costs
   compat
   nested
   memlimits
@@ -443,12 +532,12 @@ case "${1:-}" in
     trap drop_layers EXIT
     run "$(realpath -m "${2:?run OUT}")"
     ;;
-  compat | nested | memlimits | cdi)
+  compat | nested | memlimits | cdi | costs)
     KIT=$(cd "$(dirname "$0")" && pwd) OUT=$(realpath -m "${2:?$1 OUT}")
     mkdir -p "$OUT"
     export LD_LIBRARY_PATH=$KIT/bin
     trap drop_layers EXIT
     "$1"
     ;;
-  *) echo "usage: $0 pack DIR | run OUT | compat OUT | nested OUT | memlimits OUT | cdi OUT" >&2; exit 2 ;;
+  *) echo "usage: $0 pack DIR | run OUT | compat OUT | nested OUT | memlimits OUT | cdi OUT | costs OUT" >&2; exit 2 ;;
 esac

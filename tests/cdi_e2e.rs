@@ -745,6 +745,7 @@ fn nvidia_shaped_cdi_spec_runs_with_nvhook_as_nvidia_cdi_hook() {
 /// cache-less image's defect (performance.md, thirty-first round): the kernel probe loads the
 /// host's libcuda through nvhook's spec applied as an engine applies it, in an image without a
 /// loader cache and in one with, and every timed start ran (the spec's container on each image).
+/// Then its costs check times each part of a view's kernel work and leaves nothing behind.
 #[test]
 fn gpu_node_checks_cdi_check_runs_containers_through_nvhooks_spec() {
     require_root();
@@ -818,4 +819,38 @@ fn gpu_node_checks_cdi_check_runs_containers_through_nvhooks_spec() {
             "{hook}\n{report}"
         );
     }
+    // The costs check: each part of a view's kernel work timed, nothing left mounted or made.
+    let costs = support::gpu_kit::run(&kit, "costs", &out, &node, &[]);
+    let report = support::gpu_kit::report(&costs, &out, &[]);
+    assert!(costs.status.success(), "{report}");
+    let timed: Vec<(String, f64)> = String::from_utf8_lossy(&costs.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (part, us) = l.rsplit_once(' ')?;
+            Some((part.to_string(), us.parse().ok()?))
+        })
+        .collect();
+    for part in [
+        "overlay: copy-up of a lower directory (the first create in it)",
+        "overlay: mkdir",
+        "overlay: create",
+        "overlay: symlink",
+        "ext4: create",
+        "open_tree clone of a file",
+        "mount_setattr ro,nosuid,nodev",
+        "move_mount onto a file in overlay",
+        "new tmpfs (fsopen to fsmount)",
+        "move_mount of a tmpfs onto a directory in overlay",
+        "tmpfs: create",
+        "tmpfs: mkdir",
+        "tmpfs: symlink",
+        "move_mount onto a file in a tmpfs",
+    ] {
+        assert!(
+            timed.iter().any(|(name, us)| name == part && *us > 0.0),
+            "{part}\n{report}"
+        );
+    }
+    assert!(!kit.join("costs").exists(), "{report}");
+    assert!(support::host_mounts_referencing(&[kit.as_path()]).is_empty(), "{report}");
 }
