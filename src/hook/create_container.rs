@@ -44,8 +44,7 @@ pub enum Stage {
 /// that it does not wait for the state with nothing done.
 pub struct BeforeState {
     stage: Stage,
-    /// The driver files' sources (`cdi-mounts = "hook"`), cloned and not yet sealed, in the
-    /// order of the mounts.
+    /// The driver files' sources (`cdi-mounts = "hook"`), opened, in the order of the mounts.
     sources: Vec<OwnedFd>,
 }
 
@@ -76,7 +75,7 @@ pub fn before_state(
     let sources = args
         .mounts
         .iter()
-        .map(effects::clone_source)
+        .map(effects::open_source)
         .collect::<Result<Vec<_>, _>>()?;
     Ok(BeforeState { stage, sources })
 }
@@ -280,10 +279,9 @@ fn one_tree_per_directory(rootfs: &Rootfs, trees: Vec<DirGroup>) -> Vec<DirGroup
 }
 
 /// The driver files' bind mounts a spec leaves to this hook (`cdi-mounts = "hook"`): each
-/// source, cloned by [`before_state`] as a detached tree, made read-only, nosuid and nodev and
-/// attached at its target inside the rootfs, or for the directories in `trees`, attached
-/// inside the directory's own tmpfs with the directory's links and sealed with it (one call
-/// for the whole tree): the steps `trees`, then `mounts` for the files bound one by one.
+/// source, opened by [`before_state`] as a detached read-only tree, attached at its target
+/// inside the rootfs, or for the directories in `trees`, inside the directory's own tmpfs
+/// with the directory's links: the steps `trees`, then `mounts` for the files bound one by one.
 fn mount_driver_files(
     rootfs: &Rootfs,
     args: &LinkArgs,
@@ -306,7 +304,6 @@ fn mount_driver_files(
     step.done("trees");
     for (i, (mount, source)) in args.mounts.iter().zip(sources).enumerate() {
         if !trees.iter().any(|group| group.mounts.contains(&i)) {
-            effects::seal_source(source, mount)?;
             effects::attach_in(rootfs, source, mount)?;
         }
     }

@@ -207,18 +207,12 @@ pub fn act_as_container_root(root: Option<ContainerRoot>) -> Result<(), HookErro
 /// `mount`'s source as a detached, read-only, nosuid, nodev tree, checked to be the kind of
 /// file the plan expects.
 pub fn open_source(mount: &Mount) -> Result<OwnedFd, HookError> {
-    let tree = clone_source(mount)?;
-    seal_source(&tree, mount)?;
-    Ok(tree)
-}
-
-/// `mount`'s source as a detached tree, checked to be the kind of file the plan expects, with
-/// the host's mount options: [`seal_source`] or [`tmpfs_tree_in`] makes it read-only, nosuid
-/// and nodev before the container runs.
-pub fn clone_source(mount: &Mount) -> Result<OwnedFd, HookError> {
-    let tree = sys::clone_tree(&mount.source, mount.kind == MountKind::Dir)
-        .map_err(|e| source_err(mount, e))?;
-    let st = sys::fstat(tree.as_fd()).map_err(|e| source_err(mount, e))?;
+    let fail = |source| HookError::Source {
+        path: mount.source.clone(),
+        source,
+    };
+    let tree = sys::clone_tree(&mount.source, mount.kind == MountKind::Dir).map_err(fail)?;
+    let st = sys::fstat(tree.as_fd()).map_err(fail)?;
     let (want, kind) = match mount.kind {
         MountKind::File => (libc::S_IFREG, "regular file"),
         MountKind::Socket => (libc::S_IFSOCK, "socket"),
@@ -230,22 +224,12 @@ pub fn clone_source(mount: &Mount) -> Result<OwnedFd, HookError> {
             kind,
         });
     }
+    sys::set_attrs(
+        tree.as_fd(),
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+    )
+    .map_err(fail)?;
     Ok(tree)
-}
-
-/// Makes a tree from [`clone_source`] read-only, nosuid and nodev, before it is attached.
-pub fn seal_source(tree: &OwnedFd, mount: &Mount) -> Result<(), HookError> {
-    sys::set_attrs(tree.as_fd(), SEALED).map_err(|e| source_err(mount, e))
-}
-
-/// The mount options of every driver file in a container.
-const SEALED: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
-
-fn source_err(mount: &Mount, source: std::io::Error) -> HookError {
-    HookError::Source {
-        path: mount.source.clone(),
-        source,
-    }
 }
 
 /// Attaches `source` (from [`open_source`]) at `mount`'s destination, resolved inside
@@ -260,9 +244,8 @@ pub fn attach_in(rootfs: &Rootfs, source: &OwnedFd, mount: &Mount) -> Result<(),
 }
 
 /// A tmpfs of the container's own on the directory `dir`, made in the rootfs, holding each of
-/// `files` (a path relative to `dir`, and its source from [`clone_source`] or [`open_source`])
-/// attached on a file made there, and each of `links` (a relative path and its target); then
-/// the tmpfs and every file's mount in it read-only, nosuid and nodev, in one call. One
+/// `files` (a path relative to `dir`, and its source from [`open_source`]) attached on a file
+/// made there, and each of `links` (a relative path and its target); then read-only. One
 /// directory in the container's layer where there would be a mount point for each file and a
 /// link for each library.
 pub fn tmpfs_tree_in(
@@ -293,9 +276,9 @@ pub fn tmpfs_tree_in(
         let target = CString::new(target).map_err(|e| op_err("link", &full, e))?;
         sys::symlink_at(&target, at, &name).map_err(|e| op_err("create link", &full, e))?;
     }
-    // Recursive, as mount_setattr(2) is here: the files' mounts are sealed with the tmpfs,
-    // before the container's process runs.
-    sys::set_attrs(tmpfs.as_fd(), SEALED).map_err(|e| op_err("make read-only", dir, e))?;
+    // Recursive, as mount_setattr(2) is here: the files' mounts are read-only already.
+    sys::set_attrs(tmpfs.as_fd(), sys::MOUNT_ATTR_RDONLY)
+        .map_err(|e| op_err("make read-only", dir, e))?;
     Ok(())
 }
 
