@@ -852,5 +852,8 @@ fn gpu_node_checks_cdi_check_runs_containers_through_nvhooks_spec() {
         );
     }
     assert!(!kit.join("costs").exists(), "{report}");
-    assert!(support::host_mounts_referencing(&[kit.as_path()]).is_empty(), "{report}");
+    assert!(
+        support::host_mounts_referencing(&[kit.as_path()]).is_empty(),
+        "{report}"
+    );
 }
