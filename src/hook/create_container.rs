@@ -267,9 +267,14 @@ fn one_tree_per_directory(rootfs: &Rootfs, trees: Vec<DirGroup>) -> Vec<DirGroup
     }
     let place = |group: &DirGroup| {
         let (parent, name) = group.dir.rsplit_once('/')?;
-        let parent = rootfs.dir_if_exists(parent).ok()?;
-        let st = sys::fstat(parent.as_fd()).ok()?;
-        Some((st.st_dev, st.st_ino, name.to_string()))
+        match rootfs.dir_if_exists(parent) {
+            Ok(parent) => {
+                let st = sys::fstat(parent.as_fd()).ok()?;
+                Some((Some((st.st_dev, st.st_ino)), name.to_string()))
+            }
+            // A parent the image lacks is made for the tree, under the one name it has.
+            Err(_) => Some((None, group.dir.clone())),
+        }
     };
     let places: Vec<_> = trees.iter().map(place).collect();
     (trees.into_iter().zip(&places))
