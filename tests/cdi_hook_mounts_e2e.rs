@@ -161,8 +161,8 @@ fn one_directory_under_two_names_keeps_its_files_per_file() {
     let files = [
         "/lib/firmware/nvidia/a.bin",
         "/lib/firmware/nvidia/b.bin",
-        "/usr/lib/firmware/other/c.bin",
-        "/usr/lib/firmware/other/d.bin",
+        "/usr/lib/firmware/nvidia/c.bin",
+        "/usr/lib/firmware/nvidia/d.bin",
         "/opt/nvidia/e.bin",
         "/opt/nvidia/f.bin",
     ];

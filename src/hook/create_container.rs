@@ -258,23 +258,22 @@ fn enter_container(pid: i32) -> Result<Option<ContainerRoot>, HookError> {
     Ok(root)
 }
 
-/// `trees` less any two that are one directory of the image under two names (`/lib/firmware`
-/// and `/usr/lib/firmware` where `/lib` links to `usr/lib`): the second tmpfs would hide the
-/// first. Their files are bound one by one.
+/// `trees` less any two that are one directory of the image under two names
+/// (`/lib/firmware/nvidia` and `/usr/lib/firmware/nvidia` where `/lib` links to `usr/lib`): the
+/// second tmpfs would hide the first. Their files are bound one by one.
 fn one_tree_per_directory(rootfs: &Rootfs, trees: Vec<DirGroup>) -> Vec<DirGroup> {
     if trees.len() < 2 {
         return trees;
     }
+    // The deepest directory the image has above a tree, by its inode, and the path from it.
     let place = |group: &DirGroup| {
-        let (parent, name) = group.dir.rsplit_once('/')?;
-        match rootfs.dir_if_exists(parent) {
-            Ok(parent) => {
-                let st = sys::fstat(parent.as_fd()).ok()?;
-                Some((Some((st.st_dev, st.st_ino)), name.to_string()))
-            }
-            // A parent the image lacks is made for the tree, under the one name it has.
-            Err(_) => Some((None, group.dir.clone())),
-        }
+        let top = rootfs.missing_from(&group.dir)?;
+        let (above, _) = top.rsplit_once('/')?;
+        let have = rootfs
+            .dir_if_exists(if above.is_empty() { "/" } else { above })
+            .ok()?;
+        let st = sys::fstat(have.as_fd()).ok()?;
+        Some((st.st_dev, st.st_ino, group.dir[above.len()..].to_string()))
     };
     let places: Vec<_> = trees.iter().map(place).collect();
     (trees.into_iter().zip(&places))

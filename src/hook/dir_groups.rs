@@ -1,6 +1,6 @@
 //! Which of the CDI hook's file mounts can go into a container as one directory tree: the
-//! files a spec binds under the highest directory the image lacks, with the links the hook
-//! makes there, in a tmpfs of the container's own on that directory
+//! files a spec binds under a directory the image lacks and only the driver fills, with the
+//! links the hook makes there, in a tmpfs of the container's own on that directory
 //! ([`super::effects::tmpfs_tree_in`]), made read-only. That gives the container the view
 //! per-file mounts give it, with one directory made in its layer where there would be one for
 //! each directory, mount point and link under it. Which directories the image lacks comes from
@@ -37,32 +37,35 @@ const MIN_ENTRIES: usize = 2;
 
 /// The trees of `args` where `missing(dir)` names the highest of `dir` and its ancestors the
 /// image lacks (None where the image has `dir`, or where that cannot be told). A tree's
-/// directory is that one, for the directory of one file mount or more, but never a top-level
-/// one (a tmpfs on a scratch image's `/usr` would take every path under it from the layer):
-/// there it is the directory one level down. The tree holds every file mount and link at any
-/// depth in it, and qualifies with [`MIN_ENTRIES`] entries and nothing the hook writes there
-/// later but files and links: no socket or directory mount in it, on it or above it, no cache
-/// folder, no loader file, no link on the directory or above it, no path twice, no `.` or `..`
-/// in a path.
+/// directory is the highest of those the image lacks that only the driver fills: one named for
+/// NVIDIA (`/usr/local/nvidia`, `/lib/firmware/nvidia`) or one the spec binds two or more files
+/// into (a library directory). Never a directory a distribution's packages also fill
+/// (`/etc/vulkan`, `/usr/share/glvnd`, `/lib/firmware`): read-only, it would refuse a package
+/// the container installs there. Never a top-level one either. The tree holds every file
+/// mount and link at any depth in it, and qualifies with [`MIN_ENTRIES`] entries and nothing
+/// the hook writes there later but files and links: no socket or directory mount in it, on it
+/// or above it, no cache folder, no loader file, no link on the directory or above it, no path
+/// twice, no `.` or `..` in a path.
 pub fn dir_groups(args: &LinkArgs, missing: impl Fn(&str) -> Option<String>) -> Vec<DirGroup> {
-    let mut asked: BTreeMap<&str, Option<String>> = BTreeMap::new();
+    let mut direct: BTreeMap<&str, usize> = BTreeMap::new();
+    for mount in args.mounts.iter().filter(|m| m.kind == MountKind::File) {
+        if let Some((dir, _)) = parent(&mount.destination) {
+            *direct.entry(dir).or_default() += 1;
+        }
+    }
     let mut tops: Vec<String> = Vec::new();
     let mut roots = BTreeSet::new();
-    for mount in args.mounts.iter().filter(|m| m.kind == MountKind::File) {
-        let Some((dir, _)) = parent(&mount.destination) else {
-            continue;
-        };
+    for &dir in direct.keys() {
         // Under a directory found missing already, that one is the highest missing: its
         // parent exists.
-        let lacking = asked.entry(dir).or_insert_with(|| {
-            let known = tops.iter().find(|top| inside(dir, top)).cloned();
-            let top = known.or_else(|| missing(dir));
-            tops.extend(top.clone());
-            top
-        });
-        if let Some(root) = lacking.as_deref().and_then(|top| tree_root(dir, top)) {
+        let known = tops.iter().find(|top| inside(dir, top)).cloned();
+        let Some(top) = known.or_else(|| missing(dir)) else {
+            continue;
+        };
+        if let Some(root) = tree_root(dir, &top, &direct) {
             roots.insert(root);
         }
+        tops.push(top);
     }
     let outermost = roots
         .iter()
@@ -130,19 +133,22 @@ pub fn dir_groups(args: &LinkArgs, missing: impl Fn(&str) -> Option<String>) -> 
     groups
 }
 
-/// The tree's directory for a file mount in `dir`, where `top` is the highest of `dir` and
-/// its ancestors the image lacks: `top`, or below a top-level `top`, the directory of `dir`
-/// one level down. None when `top` is not `dir` or above it, or `dir` is top-level itself.
-fn tree_root(dir: &str, top: &str) -> Option<String> {
+/// The tree's directory for the file mounts in `dir`, where `top` is the highest of `dir` and
+/// its ancestors the image lacks: the highest directory from `top` down to `dir`, below the
+/// top level, that only the driver fills (named for NVIDIA, or holding two or more of the
+/// file mounts, `direct` counting them by directory). None when there is none.
+fn tree_root(dir: &str, top: &str, direct: &BTreeMap<&str, usize>) -> Option<String> {
     if !inside(dir, top) {
         return None;
     }
-    if top.rfind('/').is_some_and(|i| i > 0) {
-        return Some(top.to_string());
-    }
-    let mut parts = dir.splitn(4, '/');
-    let (_, first, second) = (parts.next()?, parts.next()?, parts.next()?);
-    (!first.is_empty() && !second.is_empty()).then(|| format!("/{first}/{second}"))
+    let ends = dir.match_indices('/').map(|(i, _)| i).chain([dir.len()]);
+    ends.map(|end| &dir[..end])
+        .filter(|at| at.len() >= top.len() && at.rfind('/').is_some_and(|i| i > 0))
+        .find(|at| {
+            let name = at.rsplit('/').next().unwrap_or_default();
+            name.contains("nvidia") || direct.get(at).is_some_and(|&files| files >= 2)
+        })
+        .map(str::to_string)
 }
 
 /// Whether `path` is `dir` or under it.
@@ -249,8 +255,8 @@ mod tests {
         );
     }
 
-    /// Files and links deeper in the directory are in its tree; a file alone in a directory
-    /// of its own counts its directories.
+    /// Files and links deeper in the directory are in its tree; the firmware's tree is the
+    /// driver's own directory in `/lib/firmware`.
     #[test]
     fn files_links_and_their_directories_deeper_in_the_directory_are_in_its_tree() {
         let mut a = args();
@@ -260,7 +266,6 @@ mod tests {
         ));
         a.mounts
             .push(file(&format!("{LIB}/vdpau/libvdpau_nvidia.so.580.1")));
-        a.mounts.push(file("/etc/vulkan/icd.d/nvidia_icd.json"));
         a.mounts
             .push(file("/lib/firmware/nvidia/580.1/gsp_ga10x.bin"));
         a.mounts
@@ -273,23 +278,36 @@ mod tests {
         assert_eq!(
             dir_groups(&a, image(DEBIAN)),
             vec![
-                tree("/etc/vulkan", vec![4], vec![]),
-                tree("/lib/firmware", vec![5, 6], vec![]),
+                tree("/lib/firmware/nvidia", vec![4, 5], vec![]),
                 tree("/usr/local/nvidia", vec![0, 2, 3], vec![0, 2, 3]),
             ]
         );
-        // `/etc/vulkan` made in the layer holds one file and one directory; an `icd.d` the
-        // image lacks in an `/etc/vulkan` it has would hold the file alone.
-        let with_vulkan = image(&["/usr", "/usr/local", "/lib", "/etc", "/etc/vulkan"]);
-        assert!(
-            !dir_groups(&a, with_vulkan)
-                .iter()
-                .any(|group| group.dir.starts_with("/etc"))
-        );
     }
 
-    /// On an image without `/usr` (scratch), a tree's directory is one level below the top:
-    /// a tmpfs on `/usr` would take every path under it from the container's layer.
+    /// Directories a distribution's packages fill too stay per-file even where the image
+    /// lacks them: read-only, they would refuse a package the container installs. One the
+    /// spec binds two files into is the driver's.
+    #[test]
+    fn shared_directories_stay_per_file() {
+        let a = LinkArgs {
+            mounts: vec![
+                file("/etc/vulkan/icd.d/nvidia_icd.json"),
+                file("/etc/vulkan/implicit_layer.d/nvidia_layers.json"),
+                file("/usr/share/glvnd/egl_vendor.d/10_nvidia.json"),
+                file("/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json"),
+                file("/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json"),
+            ],
+            ..LinkArgs::default()
+        };
+        let dirs: Vec<String> = dir_groups(&a, image(DEBIAN))
+            .into_iter()
+            .map(|group| group.dir)
+            .collect();
+        assert_eq!(dirs, ["/usr/share/egl/egl_external_platform.d"]);
+    }
+
+    /// On an image without `/usr` (scratch), a tree is never a top-level directory: a tmpfs on
+    /// `/usr` would take every path under it from the container's layer.
     #[test]
     fn a_tree_is_never_a_top_level_directory() {
         let mut a = args();
@@ -298,10 +316,9 @@ mod tests {
             .into_iter()
             .map(|group| group.dir)
             .collect();
-        assert_eq!(dirs, ["/usr/bin", "/usr/local"]);
-        // A file in a top-level directory has no tree.
+        assert_eq!(dirs, ["/usr/bin", "/usr/local/nvidia"]);
         let top = LinkArgs {
-            mounts: vec![file("/firmware/a.bin"), file("/firmware/b.bin")],
+            mounts: vec![file("/nvidia/a.bin"), file("/nvidia/b.bin")],
             ..LinkArgs::default()
         };
         assert_eq!(dir_groups(&top, image(&[])), Vec::new());
