@@ -267,8 +267,7 @@ fn one_tree_per_directory(rootfs: &Rootfs, trees: Vec<DirGroup>) -> Vec<DirGroup
     }
     // The deepest directory the image has above a tree, by its inode, and the path from it.
     let place = |group: &DirGroup| {
-        let top = rootfs.missing_from(&group.dir)?;
-        let (above, _) = top.rsplit_once('/')?;
+        let (above, _) = group.lacking.rsplit_once('/')?;
         let have = rootfs
             .dir_if_exists(if above.is_empty() { "/" } else { above })
             .ok()?;

@@ -17,6 +17,9 @@ use std::collections::{BTreeMap, BTreeSet};
 pub struct DirGroup {
     /// The container directory, absolute, without a trailing `/`.
     pub dir: String,
+    /// The highest of `dir` and its ancestors the image lacks: the hook makes it in the
+    /// layer, and the image has its parent.
+    pub lacking: String,
     /// The indices of its file mounts in [`LinkArgs::mounts`], at any depth in it.
     pub mounts: Vec<usize>,
     /// The indices of its links in [`LinkArgs::symlinks`], at any depth in it.
@@ -54,7 +57,7 @@ pub fn dir_groups(args: &LinkArgs, missing: impl Fn(&str) -> Option<String>) -> 
         }
     }
     let mut tops: Vec<String> = Vec::new();
-    let mut roots = BTreeSet::new();
+    let mut roots = BTreeMap::new();
     for &dir in direct.keys() {
         // Under a directory found missing already, that one is the highest missing: its
         // parent exists.
@@ -63,13 +66,13 @@ pub fn dir_groups(args: &LinkArgs, missing: impl Fn(&str) -> Option<String>) -> 
             continue;
         };
         if let Some(root) = tree_root(dir, &top, &direct) {
-            roots.insert(root);
+            roots.insert(root, top.clone());
         }
         tops.push(top);
     }
     let outermost = roots
         .iter()
-        .filter(|&dir| !roots.iter().any(|other| other != dir && inside(dir, other)));
+        .filter(|&(dir, _)| !roots.keys().any(|other| other != dir && inside(dir, other)));
     let later_writes = [
         loader::CACHE_PATH,
         nvidia_hooks::LD_SO_CONF,
@@ -78,7 +81,7 @@ pub fn dir_groups(args: &LinkArgs, missing: impl Fn(&str) -> Option<String>) -> 
         procfs::TARGET,
     ];
     let mut groups = Vec::new();
-    for dir in outermost {
+    for (dir, lacking) in outermost {
         let dir = dir.as_str();
         let in_dir = |path: &str| path != dir && inside(path, dir);
         let crosses = |path: &str| inside(path, dir) || inside(dir, path);
@@ -98,6 +101,7 @@ pub fn dir_groups(args: &LinkArgs, missing: impl Fn(&str) -> Option<String>) -> 
         }
         let group = DirGroup {
             dir: dir.to_string(),
+            lacking: lacking.clone(),
             mounts: (args.mounts.iter().enumerate())
                 .filter(|(_, m)| in_dir(&m.destination))
                 .map(|(i, _)| i)
@@ -237,6 +241,7 @@ mod tests {
             groups,
             vec![DirGroup {
                 dir: "/usr/local/nvidia".to_string(),
+                lacking: "/usr/local/nvidia".to_string(),
                 mounts: vec![0, 2],
                 links: vec![0, 2],
             }]
@@ -270,16 +275,22 @@ mod tests {
             .push(file("/lib/firmware/nvidia/580.1/gsp_ga10x.bin"));
         a.mounts
             .push(file("/lib/firmware/nvidia/580.1/gsp_tu10x.bin"));
-        let tree = |dir: &str, mounts: Vec<usize>, links: Vec<usize>| DirGroup {
+        let tree = |dir: &str, lacking: &str, mounts: Vec<usize>, links: Vec<usize>| DirGroup {
             dir: dir.to_string(),
+            lacking: lacking.to_string(),
             mounts,
             links,
         };
         assert_eq!(
             dir_groups(&a, image(DEBIAN)),
             vec![
-                tree("/lib/firmware/nvidia", vec![4, 5], vec![]),
-                tree("/usr/local/nvidia", vec![0, 2, 3], vec![0, 2, 3]),
+                tree("/lib/firmware/nvidia", "/lib/firmware", vec![4, 5], vec![]),
+                tree(
+                    "/usr/local/nvidia",
+                    "/usr/local/nvidia",
+                    vec![0, 2, 3],
+                    vec![0, 2, 3]
+                ),
             ]
         );
     }
