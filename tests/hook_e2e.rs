@@ -212,6 +212,39 @@ fn visible_devices_1_3(env: RuntimeEnv) {
     assert_hook_kept_only_its_capabilities(&node);
 }
 
+/// On a kernel before Linux 6.15, which lacks `open_tree_attr`, the hook clones each driver
+/// file and seals it read-only in two calls instead of one: the container still gets its
+/// GPU's libraries, loaded, and read-only. Most nodes run such kernels; simnode's `old-kernel`
+/// makes the call fail with ENOSYS for the hook, as they do.
+#[test]
+fn a_kernel_without_open_tree_attr_gets_the_same_read_only_driver_files() {
+    let node = SimNode::create(GPUS);
+    let checks = ["--write", LIBCUDA, "--write", NVIDIA_SMI];
+    let mut bundle = gpucheck_bundle(glibc_image(), &checks);
+    bundle.env("NVIDIA_VISIBLE_DEVICES=1");
+    let simnode = support::simnode_bin();
+    let args = [
+        &simnode.display().to_string(),
+        "old-kernel",
+        &node.hook().display().to_string(),
+        "--config",
+        &node.config().display().to_string(),
+        "hook",
+        "prestart",
+    ]
+    .map(String::from);
+    bundle.prestart_command(&simnode, &args);
+    let output = run_clean(&bundle, Some(&node), RuntimeEnv::CgroupV2);
+    output.assert_success();
+    output.assert_gpus(GPUS, &[1]);
+    output.assert_lines(&[
+        "dlopen libcuda.so.1 ok",
+        "cuInit 0",
+        &format!("write {LIBCUDA} EROFS"),
+        &format!("write {NVIDIA_SMI} EROFS"),
+    ]);
+}
+
 /// cgroup v2 on a node with a bpffs for `device-program-pins`: the first container's hook
 /// loads its device program and keeps it, the next on the same GPU attaches that one, and
 /// each reaches GPU 1 and not GPU 0. One on other GPUs gets a program of its own.

@@ -61,8 +61,12 @@ pub fn dir_groups(args: &LinkArgs, missing: impl Fn(&str) -> Option<String>) -> 
     for &dir in direct.keys() {
         // Under a directory found missing already, that one is the highest missing: its
         // parent exists.
+        // The image is asked only about a directory that could be in a tree: each question
+        // is a lookup in the container's layer.
         let known = tops.iter().find(|top| inside(dir, top)).cloned();
-        let Some(top) = known.or_else(|| missing(dir)) else {
+        let could_be_in_a_tree = || below_top_level(dir).any(|at| driver_only(at, &direct));
+        let Some(top) = known.or_else(|| could_be_in_a_tree().then(|| missing(dir)).flatten())
+        else {
             continue;
         };
         if let Some(root) = tree_root(dir, &top, &direct) {
@@ -145,14 +149,24 @@ fn tree_root(dir: &str, top: &str, direct: &BTreeMap<&str, usize>) -> Option<Str
     if !inside(dir, top) {
         return None;
     }
+    below_top_level(dir)
+        .filter(|at| at.len() >= top.len())
+        .find(|at| driver_only(at, direct))
+        .map(str::to_string)
+}
+
+/// Whether only the driver fills the directory `at`: it is named for NVIDIA, or `direct`
+/// counts two or more of the spec's file mounts in it.
+fn driver_only(at: &str, direct: &BTreeMap<&str, usize>) -> bool {
+    let name = at.rsplit('/').next().unwrap_or_default();
+    name.contains("nvidia") || direct.get(at).is_some_and(|&files| files >= 2)
+}
+
+/// The absolute `dir` and its ancestors below the top level, highest first.
+fn below_top_level(dir: &str) -> impl Iterator<Item = &str> {
     let ends = dir.match_indices('/').map(|(i, _)| i).chain([dir.len()]);
     ends.map(|end| &dir[..end])
-        .filter(|at| at.len() >= top.len() && at.rfind('/').is_some_and(|i| i > 0))
-        .find(|at| {
-            let name = at.rsplit('/').next().unwrap_or_default();
-            name.contains("nvidia") || direct.get(at).is_some_and(|&files| files >= 2)
-        })
-        .map(str::to_string)
+        .filter(|at| at.rfind('/').is_some_and(|i| i > 0))
 }
 
 /// Whether `path` is `dir` or under it.
@@ -315,6 +329,29 @@ mod tests {
             .map(|group| group.dir)
             .collect();
         assert_eq!(dirs, ["/usr/share/egl/egl_external_platform.d"]);
+    }
+
+    /// The rootfs is asked only about directories that could be in a tree: a lone file in a
+    /// directory not named for NVIDIA (`/usr/bin`, `/etc/OpenCL/vendors`) is bound one by one
+    /// whatever the image has, and a directory under one found missing already
+    /// (`/usr/local/nvidia/lib64`) is known to be missing.
+    #[test]
+    fn the_image_is_asked_only_about_directories_that_could_be_in_a_tree() {
+        let mut a = args();
+        a.mounts.push(file("/etc/OpenCL/vendors/nvidia.icd"));
+        a.mounts
+            .push(file("/usr/share/X11/xorg.conf.d/10-nvidia.conf"));
+        a.mounts.push(file("/usr/local/nvidia/bin/nvidia-smi"));
+        let asked = std::cell::RefCell::new(Vec::new());
+        let debian = image(DEBIAN);
+        let groups = dir_groups(&a, |dir| {
+            asked.borrow_mut().push(dir.to_string());
+            debian(dir)
+        });
+        assert_eq!(asked.into_inner(), ["/usr/local/nvidia/bin"]);
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].dir, "/usr/local/nvidia");
+        assert_eq!(groups[0].mounts, [0, 2, 5]);
     }
 
     /// On an image without `/usr` (scratch), a tree is never a top-level directory: a tmpfs on

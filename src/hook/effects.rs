@@ -109,7 +109,8 @@ impl HostEffects for System {
             path: node.host_path.clone(),
             source,
         };
-        let tree = sys::clone_tree(&node.host_path, false).map_err(fail)?;
+        let tree =
+            sys::clone_tree_with(&node.host_path, false, sys::MOUNT_ATTR_NOSUID).map_err(fail)?;
         let st = sys::fstat(tree.as_fd()).map_err(fail)?;
         if sys::file_type(&st) != libc::S_IFCHR
             || (libc::major(st.st_rdev), libc::minor(st.st_rdev)) != (node.major, node.minor)
@@ -119,7 +120,6 @@ impl HostEffects for System {
                 kind: "the planned char device",
             });
         }
-        sys::set_attrs(tree.as_fd(), sys::MOUNT_ATTR_NOSUID).map_err(fail)?;
         Ok(Some(tree))
     }
 
@@ -211,7 +211,12 @@ pub fn open_source(mount: &Mount) -> Result<OwnedFd, HookError> {
         path: mount.source.clone(),
         source,
     };
-    let tree = sys::clone_tree(&mount.source, mount.kind == MountKind::Dir).map_err(fail)?;
+    let tree = sys::clone_tree_with(
+        &mount.source,
+        mount.kind == MountKind::Dir,
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+    )
+    .map_err(fail)?;
     let st = sys::fstat(tree.as_fd()).map_err(fail)?;
     let (want, kind) = match mount.kind {
         MountKind::File => (libc::S_IFREG, "regular file"),
@@ -224,11 +229,6 @@ pub fn open_source(mount: &Mount) -> Result<OwnedFd, HookError> {
             kind,
         });
     }
-    sys::set_attrs(
-        tree.as_fd(),
-        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
-    )
-    .map_err(fail)?;
     Ok(tree)
 }
 

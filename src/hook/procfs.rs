@@ -42,13 +42,12 @@ pub fn prepare(overlay: &ProcOverlay) -> Result<Prepared, RootfsError> {
         .iter()
         .map(|bus| {
             let path = overlay.host_dir.join("gpus").join(bus);
-            let tree = sys::clone_tree(&path, false)
-                .map_err(|e| err("bind", &path.display().to_string(), e))?;
-            sys::set_attrs(
-                tree.as_fd(),
+            let tree = sys::clone_tree_with(
+                &path,
+                false,
                 sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
             )
-            .map_err(|e| err("make read-only", &path.display().to_string(), e))?;
+            .map_err(|e| err("bind read-only", &path.display().to_string(), e))?;
             Ok((bus.clone(), tree))
         })
         .collect::<Result<_, RootfsError>>()?;

@@ -9,6 +9,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
@@ -54,11 +55,60 @@ fn unit_result(rc: libc::c_long) -> io::Result<()> {
 /// A detached copy of the mount at `path` (a bind mount not yet attached anywhere).
 pub fn clone_tree(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
     let p = cstr(path)?;
-    let flags = OPEN_TREE_CLONE
-        | libc::O_CLOEXEC as libc::c_uint
-        | if recursive { AT_RECURSIVE } else { 0 };
+    let flags = clone_flags(recursive);
     // SAFETY: p is a valid NUL-terminated string for the duration of the call.
     fd_result(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, p.as_ptr(), flags) })
+}
+
+/// `open_tree_attr` (Linux 6.15), numbered alike on every architecture since the mount API.
+const SYS_OPEN_TREE_ATTR: libc::c_long = 467;
+
+/// Cleared once `open_tree_attr` has been refused, so that each later clone makes one call, not
+/// a failed one first.
+static OPEN_TREE_ATTR: AtomicBool = AtomicBool::new(true);
+
+/// [`clone_tree`] with `attrs` set on the copy and the copy made private, as [`set_attrs`] sets
+/// them: in the one call the kernel's `open_tree_attr` makes of it, or in the two where the
+/// kernel is older (ENOSYS) or a seccomp profile that predates the call refuses it (EPERM; a
+/// process that may not clone at all gets its EPERM from the clone then).
+pub fn clone_tree_with(path: &Path, recursive: bool, attrs: u64) -> io::Result<OwnedFd> {
+    if OPEN_TREE_ATTR.load(Ordering::Relaxed) {
+        let p = cstr(path)?;
+        let attr = private_with(attrs);
+        // SAFETY: p is a valid NUL-terminated string and attr a valid struct for the call.
+        let rc = unsafe {
+            libc::syscall(
+                SYS_OPEN_TREE_ATTR,
+                libc::AT_FDCWD,
+                p.as_ptr(),
+                clone_flags(recursive),
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        match fd_result(rc) {
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {
+                OPEN_TREE_ATTR.store(false, Ordering::Relaxed);
+            }
+            cloned => return cloned,
+        }
+    }
+    let tree = clone_tree(path, recursive)?;
+    set_attrs(tree.as_fd(), attrs)?;
+    Ok(tree)
+}
+
+fn clone_flags(recursive: bool) -> libc::c_uint {
+    OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | if recursive { AT_RECURSIVE } else { 0 }
+}
+
+fn private_with(attrs: u64) -> MountAttr {
+    MountAttr {
+        attr_set: attrs,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    }
 }
 
 /// A detached bind of `name` in the directory `dir` (its mount must be attached: older kernels
@@ -87,12 +137,7 @@ pub fn detach(root: BorrowedFd) -> io::Result<()> {
 /// Sets mount attributes on a whole detached tree and makes it private, so that nothing
 /// mounted under it later propagates anywhere.
 pub fn set_attrs(tree: BorrowedFd, attrs: u64) -> io::Result<()> {
-    let attr = MountAttr {
-        attr_set: attrs,
-        attr_clr: 0,
-        propagation: libc::MS_PRIVATE,
-        userns_fd: 0,
-    };
+    let attr = private_with(attrs);
     // SAFETY: the empty path with AT_EMPTY_PATH refers to `tree`; attr is a valid struct.
     unit_result(unsafe {
         libc::syscall(

@@ -8,6 +8,7 @@ mod fabric;
 mod libs;
 mod machine;
 mod node;
+mod old_kernel;
 mod procfs;
 mod spec;
 mod sysfs;
@@ -32,6 +33,12 @@ enum Command {
     Create(Box<CreateArgs>),
     /// Remove a node that simnode built (refuses any other directory).
     Destroy { dir: PathBuf },
+    /// Run COMMAND as on a kernel before Linux 6.15: `open_tree_attr` fails with ENOSYS for
+    /// it and every program it starts.
+    OldKernel {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -152,6 +159,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Create(args) => create(*args),
         Command::Destroy { dir } => node::destroy(&dir),
+        Command::OldKernel { command } => old_kernel::run(&command),
     }
 }
 
