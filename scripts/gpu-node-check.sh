@@ -42,7 +42,9 @@
 # plain runc, the floor (the spec's device nodes and env alone), the floor with a createRuntime
 # hook running /bin/true, the whole spec on each of the two images, and the prestart hook with
 # every capability (p50 and p95), and gives the p50 of each hook step. OTHER_NVHOOK=PATH adds
-# the spec's start with its hook run by another nvhook build, in the same loop (an A/B).
+# the spec's start with its hook run by another nvhook build, in the same loop (an A/B), and
+# the medians of each round's differences: whole starts, both builds over the floor with a
+# hook, and each hook step.
 # The costs check (part of `run`, or alone) times, in a private mount namespace on the kit's
 # disk, each piece of kernel work a driver file's view in a new layer is made of (directories,
 # files and links in an overlay layer, in ext4 and in a tmpfs; a file's clone, seal and attach;
@@ -138,6 +140,42 @@ EOT
 }
 
 # us COMMAND...: wall microseconds of one run, "FAIL" when it fails.
+# paired STARTS LOG: the A/B's per-round differences (each kind's Nth start is round N's):
+# this build's whole start against the other's, each over the floor with a hook, and each of
+# the hook's steps against the other build's in the same round.
+paired() {
+  python3 - "$1" "$2" <<'PY'
+import re, statistics, sys
+starts = {}
+for line in open(sys.argv[1]):
+    kind, us = line.split()
+    starts.setdefault(kind, []).append(int(us) if us.isdigit() else None)
+steps, pending = {}, None
+for line in open(sys.argv[2]):
+    if "steps:" in line:
+        pending = {k: int(v) for k, v in (p.split("=") for p in line.split("steps:", 1)[1].split())}
+        continue
+    found = re.search(r"hook finished .*\bid=(\S+)", line)
+    if pending is not None and found:
+        steps[found.group(1)] = pending
+    pending = None
+def median(pairs):
+    diffs = [a - b for a, b in pairs if a is not None and b is not None]
+    return f"{statistics.median(diffs) / 1000:+.2f}" if diffs else "none"
+def against(a, b):
+    return median(zip(starts.get(a, []), starts.get(b, [])))
+print(f"whole start, this build - the other: {against('cdi', 'cdi-other')}")
+print(f"over the floor with a hook: this build {against('cdi', 'cdi-floor-hook')},"
+      f" the other {against('cdi-other', 'cdi-floor-hook')}")
+rounds = [(steps[f"cdi-{n}"], steps[f"cdi-other-{n}"]) for n in range(1, len(starts.get("cdi", [])) + 1)
+          if f"cdi-{n}" in steps and f"cdi-other-{n}" in steps]
+names = list(dict.fromkeys(k for mine, _ in rounds for k in mine)) + ["sum"]
+total = lambda s, k: sum(s.values()) if k == "sum" else s.get(k)
+print("hook steps, this build - the other: "
+      + " ".join(f"{k}={median((total(a, k), total(b, k)) for a, b in rounds)}" for k in names))
+PY
+}
+
 us() {
   local start end
   start=$(date +%s%N)
@@ -362,6 +400,8 @@ PY
   echo "cdi createRuntime, an image with a loader cache: $(steps_p50 "$OUT/cdi-spec.log" cdi-cached-)"
   if [ -n "${OTHER_NVHOOK:-}" ]; then
     echo "cdi createRuntime, $OTHER_NVHOOK: $(steps_p50 "$OUT/cdi-spec.log" cdi-other-)"
+    echo "== this build against $OTHER_NVHOOK, the median of each round's difference, ms"
+    paired "$OUT/cdi-starts.txt" "$OUT/cdi-spec.log"
   else
     echo "prestart, every capability: $(steps_p50 "$OUT/hook-all.log")"
   fi

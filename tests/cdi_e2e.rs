@@ -819,6 +819,44 @@ fn gpu_node_checks_cdi_check_runs_containers_through_nvhooks_spec() {
             "{hook}\n{report}"
         );
     }
+    // An A/B against another build (this one, under a second path): each round's differences
+    // come out, over the floor with a hook and step by step, each a number.
+    let other = dir.path().join("other-nvhook");
+    fs::copy(nvhook_bin(), &other).expect("copy nvhook");
+    let other = other.display().to_string();
+    let ab_out = dir.path().join("ab");
+    let ab = support::gpu_kit::run(
+        &kit,
+        "cdi",
+        &ab_out,
+        &node,
+        &[("ROUNDS", "2"), ("OTHER_NVHOOK", &other)],
+    );
+    let report = support::gpu_kit::report(&ab, &ab_out, &["cdi-spec.log"]);
+    assert!(ab.status.success(), "{report}");
+    let stdout = String::from_utf8_lossy(&ab.stdout);
+    let values = |prefix: &str| -> Vec<String> {
+        let line = stdout.lines().find_map(|l| l.strip_prefix(prefix));
+        let line = line.unwrap_or_else(|| panic!("no {prefix:?}\n{report}"));
+        line.split([' ', ',', '='])
+            .filter(|v| v.starts_with(['+', '-']))
+            .map(String::from)
+            .collect()
+    };
+    let steps = "hook steps, this build - the other: ";
+    for (prefix, count) in [
+        ("whole start, this build - the other: ", 1),
+        ("over the floor with a hook: ", 2),
+        // process, sources, state, request, enter, trees, mounts, image, folders+compat,
+        // links+ldcache, proc, and their sum.
+        (steps, 12),
+    ] {
+        let found = values(prefix);
+        assert_eq!(found.len(), count, "{prefix}{found:?}\n{report}");
+        for v in found {
+            assert!(v.parse::<f64>().is_ok(), "{prefix}{v}\n{report}");
+        }
+    }
     // The costs check: each part of a view's kernel work timed, nothing left mounted or made.
     let costs = support::gpu_kit::run(&kit, "costs", &out, &node, &[]);
     let report = support::gpu_kit::report(&costs, &out, &[]);
