@@ -60,9 +60,8 @@ pub fn dir_groups(args: &LinkArgs, missing: impl Fn(&str) -> Option<String>) -> 
     let mut roots = BTreeMap::new();
     for &dir in direct.keys() {
         // Under a directory found missing already, that one is the highest missing: its
-        // parent exists.
-        // The image is asked only about a directory that could be in a tree: each question
-        // is a lookup in the container's layer.
+        // parent exists. Else the image is asked, only about a directory that could be in a
+        // tree: each question is a lookup in the container's layer.
         let known = tops.iter().find(|top| inside(dir, top)).cloned();
         let could_be_in_a_tree = || below_top_level(dir).any(|at| driver_only(at, &direct));
         let Some(top) = known.or_else(|| could_be_in_a_tree().then(|| missing(dir)).flatten())
