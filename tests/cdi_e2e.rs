@@ -745,7 +745,8 @@ fn nvidia_shaped_cdi_spec_runs_with_nvhook_as_nvidia_cdi_hook() {
 /// cache-less image's defect (performance.md, thirty-first round): the kernel probe loads the
 /// host's libcuda through nvhook's spec applied as an engine applies it, in an image without a
 /// loader cache and in one with, and every timed start ran (the spec's container on each image).
-/// Then its costs check times each part of a view's kernel work and leaves nothing behind.
+/// An A/B against a second copy of the build prints each round's paired differences, and
+/// the costs check times each part of a view's kernel work and leaves nothing behind.
 #[test]
 fn gpu_node_checks_cdi_check_runs_containers_through_nvhooks_spec() {
     require_root();
