@@ -2,7 +2,10 @@
 //! its GPUs: none (plain runc), the RuntimeClass path (nvhook-runtime as the handler's runtime),
 //! the NRI plugin (`nvhook nri`, runc as the default runtime) in each of its modes, and the
 //! kubelet's CDI request for nvhook's spec, for a pod with one GPU and one with eight, against
-//! the floors: the GPUs' device nodes alone, and the same with a hook that does nothing. What is timed is what the kubelet waits for:
+//! the floors: the GPUs' device nodes alone, and the same with a hook that does nothing; and
+//! nvhook's spec with a hook that does nothing, with and without its arguments, which splits
+//! the CDI request's cost into its edits, its arguments and its hook's work. What is timed is
+//! what the kubelet waits for:
 //! CreateContainer + StartContainer. Five containerds run side by side, one without the
 //! plugin and four with it (one per mode), and the variants take turns round by round, so that
 //! the machine's drift hits them alike. Needs `scripts/sid-engines.sh`.
@@ -28,6 +31,11 @@ const FLOOR_KIND: &str = "nvhook-bench.example/gpu";
 /// each (as nvhook wrote them before they named a directory's files in one group).
 const NVHOOK_KIND: &str = "nvidia.com/gpu";
 const ONE_ENTRY_KIND: &str = "nvhook-bench.example/gpu-one-entry";
+/// nvhook's spec with its hook's program replaced by one that does nothing: what the spec
+/// costs the engine and the runtime (its edits, the hook's arguments carried and a process
+/// run) without the hook's work; and the same without the hook's arguments.
+const EMPTY_HOOK_KIND: &str = "nvhook-bench.example/gpu-empty-hook";
+const EMPTY_HOOK_NO_ARGS_KIND: &str = "nvhook-bench.example/gpu-empty-hook-no-args";
 const EMPTY_HOOK: [&str; 2] = ["/bin/busybox", "true"];
 
 /// The pod's GPUs: one (GPU 3) or all eight of the node's.
@@ -81,17 +89,30 @@ fn floor_spec(dir: &std::path::Path, node: &SimNode) {
     std::fs::write(dir.join("floor.json"), spec.to_string()).expect("write the spec");
 }
 
-/// nvhook's spec for `node` in `dir`, and its copy of [`ONE_ENTRY_KIND`].
+/// nvhook's spec for `node` in `dir`, and its copies of [`ONE_ENTRY_KIND`],
+/// [`EMPTY_HOOK_KIND`] and [`EMPTY_HOOK_NO_ARGS_KIND`].
 fn nvhook_specs(dir: &std::path::Path, node: &SimNode) {
     let path = dir.join("nvidia.json");
     node.generate_cdi_spec(&path);
     let text = std::fs::read_to_string(&path).expect("read the spec");
-    let mut spec: serde_json::Value = serde_json::from_str(&text).expect("the spec is JSON");
+    let spec: serde_json::Value = serde_json::from_str(&text).expect("the spec is JSON");
     assert_eq!(spec["kind"], NVHOOK_KIND);
-    spec["kind"] = ONE_ENTRY_KIND.into();
-    let args = &mut spec["containerEdits"]["hooks"][0]["args"];
+    let mut one_entry = spec.clone();
+    one_entry["kind"] = ONE_ENTRY_KIND.into();
+    let args = &mut one_entry["containerEdits"]["hooks"][0]["args"];
     *args = crate::support::hook_mounts::one_entry_each(args).into();
-    std::fs::write(dir.join("one-entry.json"), spec.to_string()).expect("write the spec");
+    std::fs::write(dir.join("one-entry.json"), one_entry.to_string()).expect("write the spec");
+    let mut empty_hook = spec;
+    empty_hook["kind"] = EMPTY_HOOK_KIND.into();
+    let hook = &mut empty_hook["containerEdits"]["hooks"][0];
+    hook["path"] = EMPTY_HOOK[0].into();
+    hook["args"][0] = EMPTY_HOOK[1].into();
+    std::fs::write(dir.join("empty-hook.json"), empty_hook.to_string()).expect("write the spec");
+    let mut no_args = empty_hook;
+    no_args["kind"] = EMPTY_HOOK_NO_ARGS_KIND.into();
+    no_args["containerEdits"]["hooks"][0]["args"] = serde_json::json!(EMPTY_HOOK);
+    std::fs::write(dir.join("empty-hook-no-args.json"), no_args.to_string())
+        .expect("write the spec");
 }
 
 /// What a variant's pod is.
@@ -106,6 +127,10 @@ enum Kind {
     /// (`/dev/null` bound at `/var/run/nvidia-container-devices/<UUID>` for each GPU, which the
     /// runtime mounts).
     Floor { hook: bool, plugin_mounts: bool },
+    /// nvhook's spec with a hook that does nothing, with or without the hook's arguments
+    /// ([`EMPTY_HOOK_KIND`], [`EMPTY_HOOK_NO_ARGS_KIND`]): lines between the floor with a hook
+    /// and the CDI request, not ways in.
+    EmptyHookSpec,
 }
 
 const FLOOR: Kind = Kind::Floor {
@@ -278,6 +303,22 @@ pub fn run(rounds: usize) {
                 gpus,
                 ONE_ENTRY_KIND,
             ),
+            Variant {
+                kind: Kind::EmptyHookSpec,
+                ..requested(
+                    "nvhook's spec with a hook that does nothing (busybox `true`, the same arguments)",
+                    gpus,
+                    EMPTY_HOOK_KIND,
+                )
+            },
+            Variant {
+                kind: Kind::EmptyHookSpec,
+                ..requested(
+                    "the same without the hook's arguments",
+                    gpus,
+                    EMPTY_HOOK_NO_ARGS_KIND,
+                )
+            },
             variant(
                 "floor: the GPUs' device nodes alone (a CDI spec)",
                 0,
@@ -469,6 +510,19 @@ fn report(variants: &[Variant], rounds: usize) {
                 .expect("every GPU count has both CDI requests")
         };
         let (grouped, one_entry) = (requested(NVHOOK_KIND), requested(ONE_ENTRY_KIND));
+        let (empty_hook, no_args) = (
+            requested(EMPTY_HOOK_KIND),
+            requested(EMPTY_HOOK_NO_ARGS_KIND),
+        );
+        println!(
+            "- {gpus} GPU(s): nvhook's spec with a hook that does nothing, over the floor with a hook: {:+.2} ms at p50 (paired {:+.2}) without the hook's arguments, what its other edits take; its arguments {:+.2} more (paired {:+.2}), what the engine and the runtime take to carry them; the CDI request {:+.2} over that (paired {:+.2}), its hook's work",
+            no_args.samples.p50() - with_hook.samples.p50(),
+            paired(no_args, with_hook),
+            empty_hook.samples.p50() - no_args.samples.p50(),
+            paired(empty_hook, no_args),
+            grouped.samples.p50() - empty_hook.samples.p50(),
+            paired(grouped, empty_hook)
+        );
         println!(
             "- {gpus} GPU(s): the CDI request's hook arguments grouped against one entry each: {:+.2} ms at p50 (paired {:+.2})",
             grouped.samples.p50() - one_entry.samples.p50(),
