@@ -216,16 +216,25 @@ fn podman_runs_an_arm64_container_from_the_aarch64_cdi_spec() {
             .arg(spec.path()),
     );
     let text = std::fs::read_to_string(spec.path()).expect("read the spec");
-    // The hook's arguments: `--bind-files DIR NAME,...`, one line each in YAML.
+    // The hook's arguments are in the file the spec names (`- --args-file`, then its path, in
+    // YAML): `--bind-files DIR NAME,...`, one a line.
     let lines: Vec<&str> = text.lines().map(str::trim).collect();
-    let aarch64_libcuda = lines.windows(3).any(|w| {
-        w[0] == "- --bind-files" && w[1] == format!("- {LIB_DIR}") && w[2].contains("libcuda.so.")
-    });
+    let args_file = lines
+        .windows(2)
+        .find(|w| w[0] == "- --args-file")
+        .and_then(|w| w[1].strip_prefix("- "))
+        .unwrap_or_else(|| panic!("the spec names no argument file:\n{text}"));
+    let args = std::fs::read_to_string(args_file).expect("read the hook's argument file");
+    let arg_lines: Vec<&str> = args.lines().collect();
+    let aarch64_libcuda = arg_lines
+        .windows(3)
+        .any(|w| w[0] == "--bind-files" && w[1] == LIB_DIR && w[2].contains("libcuda.so."));
     assert!(
         aarch64_libcuda,
-        "the spec names no aarch64 libcuda:\n{text}"
+        "the spec names no aarch64 libcuda:\n{text}\n{args}"
     );
     assert!(!text.contains("x86_64-linux-gnu"), "{text}");
+    assert!(!args.contains("x86_64-linux-gnu"), "{args}");
 
     let podman = Podman::new();
     let image = format!(

@@ -15,6 +15,7 @@ pub use generate::{NameStrategy, generate};
 pub use imex_and_families::generate_imex_and_families;
 
 use crate::atomic_file::{NewFile, write_atomic};
+use crate::delivery::args_file;
 use crate::delivery::cdi_spec as spec;
 use std::path::{Path, PathBuf};
 
@@ -258,6 +259,16 @@ pub fn write_imex_and_family_specs(
 /// Writes `text` to `path` atomically (engines watch these directories and may read at any
 /// time). Engines read only `*.json` and `*.yaml`: another name would be silently ignored.
 pub fn write_spec(path: &Path, text: &str) -> Result<(), CdiError> {
+    spec_dir(path)?;
+    write_atomic(path, text.as_bytes(), NewFile::mode(0o644)).map_err(|source| CdiError::Io {
+        op: "write",
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Checks that `path` can be a spec file engines read, and makes its directory where missing.
+fn spec_dir(path: &Path) -> Result<(), CdiError> {
     if path.is_dir() {
         return Err(CdiError::Directory(path.to_path_buf()));
     }
@@ -275,11 +286,53 @@ pub fn write_spec(path: &Path, text: &str) -> Result<(), CdiError> {
             source,
         })?;
     }
-    write_atomic(path, text.as_bytes(), NewFile::mode(0o644)).map_err(|source| CdiError::Io {
-        op: "write",
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(())
+}
+
+/// Writes nvhook's GPU spec to `path` as `format`, with its hook's arguments in a file beside
+/// it ([`args_file`]): the file first, so that an engine never reads a spec whose file is not
+/// there yet. With `only_if_changed` a spec that holds that text already is left as it is (see
+/// [`refresh_spec`]). Whether the spec was written.
+pub fn write_gpu_spec(
+    path: &Path,
+    mut spec: CdiSpec,
+    format: Format,
+    only_if_changed: bool,
+) -> Result<bool, CdiError> {
+    spec_dir(path)?;
+    let io = |op, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| CdiError::Io { op, path, source }
+    };
+    let absolute = std::path::absolute(path).map_err(io("find", path))?;
+    // The file of the spec being replaced stays for the containers made through it.
+    let previous = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| args_file::named_in(&text, &absolute));
+    let file = args_file::externalize(&mut spec, &absolute);
+    if let Some(file) = &file {
+        file.write()
+            .map_err(io("write the hook's arguments of", path))?;
+    }
+    let text = spec.to_text(format);
+    let written = match only_if_changed {
+        true => refresh_spec(path, &text)?,
+        false => write_spec(path, &text).map(|()| true)?,
+    };
+    let keep: Vec<&Path> = (file.iter().map(|f| f.path.as_path()))
+        .chain(previous.as_deref())
+        .collect();
+    match args_file::remove_others(&absolute, &keep) {
+        Ok(removed) => {
+            for old in removed {
+                tracing::info!(path = %old.display(), "removed the hook's arguments of an older spec");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(spec = %path.display(), "older hook argument files not removed: {e}")
+        }
+    }
+    Ok(written)
 }
 
 #[cfg(test)]

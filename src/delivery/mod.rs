@@ -4,6 +4,7 @@
 //! come); [`config_json`] applies them to a bundle as an engine applies CDI edits. And the
 //! one error of preparing a container: reading what it asks for and planning it on this host.
 
+pub mod args_file;
 pub mod cdi_spec;
 pub mod config_json;
 pub mod edits;

@@ -17,18 +17,18 @@ pub(crate) fn cdi(config: &Config, config_path: Option<&Path>, command: CdiComma
             let spec =
                 nvhook::cdi::generate(config, config_path, &inventory, &device_name_strategy)?;
             let format = format.unwrap_or(nvhook::cdi::Format::for_path(output.as_deref()));
-            let text = spec.to_text(format);
             match output {
                 Some(path) => {
-                    nvhook::cdi::write_spec(&path, &text)?;
-                    println!("wrote {} ({} devices)", path.display(), spec.devices.len());
+                    let devices = spec.devices.len();
+                    nvhook::cdi::write_gpu_spec(&path, spec, format, false)?;
+                    println!("wrote {} ({devices} devices)", path.display());
                     let extra = nvhook::cdi::generate_imex_and_families(&inventory)?;
                     report_specs(nvhook::cdi::write_imex_and_family_specs(
                         &path, &extra, format,
                     )?);
                     link_dev_char(config, &inventory);
                 }
-                None => print!("{text}"),
+                None => print!("{}", spec.to_text(format)),
             }
         }
         CdiCommand::Refresh {
@@ -44,12 +44,9 @@ pub(crate) fn cdi(config: &Config, config_path: Option<&Path>, command: CdiComma
                 nvhook::cdi::generate(config, config_path, &inventory, &device_name_strategy)?;
             let format = format.unwrap_or(nvhook::cdi::Format::for_path(Some(&output)));
             link_dev_char(config, &inventory);
-            match nvhook::cdi::refresh_spec(&output, &spec.to_text(format))? {
-                true => println!(
-                    "refreshed {} ({} devices)",
-                    output.display(),
-                    spec.devices.len()
-                ),
+            let devices = spec.devices.len();
+            match nvhook::cdi::write_gpu_spec(&output, spec, format, true)? {
+                true => println!("refreshed {} ({devices} devices)", output.display()),
                 false => println!("unchanged: {}", output.display()),
             }
             let extra = nvhook::cdi::generate_imex_and_families(&inventory)?;

@@ -46,13 +46,16 @@ pub(crate) fn hook_process(config_path: Option<&Path>) -> Result<(Config, nvhook
 }
 
 pub(crate) fn hook(config_path: Option<&Path>, stage: Stage, args: &[String]) -> Result<()> {
-    // Parsed first: a bad spec entry fails before anything is read or touched.
+    // Parsed first: a bad spec entry fails before anything is read or touched. A spec written
+    // to a file names its arguments' file, which is read here with them.
     // createRuntime with arguments is a CDI spec's hook; without, the prestart hook's work.
+    let link_args = |args: &[String]| -> Result<_> {
+        let args = nvhook::delivery::args_file::inline(args)?;
+        Ok(Some(nvhook::delivery::hook_args::LinkArgs::parse(&args)?))
+    };
     let links = match stage {
-        Stage::CreateContainer => Some(nvhook::delivery::hook_args::LinkArgs::parse(args)?),
-        Stage::CreateRuntime if !args.is_empty() => {
-            Some(nvhook::delivery::hook_args::LinkArgs::parse(args)?)
-        }
+        Stage::CreateContainer => link_args(args)?,
+        Stage::CreateRuntime if !args.is_empty() => link_args(args)?,
         Stage::MemoryLimits => return memory_limits(config_path, args),
         _ if !args.is_empty() => {
             return Err(Usage(format!(

@@ -32,8 +32,9 @@ pub fn spec_mounts(spec: &Value) -> Vec<Value> {
 /// Asserts that a container sees the same driver files through `node`'s spec written each way,
 /// written to `spec` (a `.json` path where the engine reads specs): `run` starts a container
 /// with the spec's GPU and a shell (an image with `sh`, `stat`, `ls` and `cat`) running the
-/// arguments it is given. The node is left with `cdi-mounts = "hook"`, and `spec` with its
-/// hook's arguments one entry per flag.
+/// arguments it is given. The hook's spec names a file for its arguments; the one-entry spec
+/// holds them all. The node is left with `cdi-mounts = "hook"`, and `spec` with its hook's
+/// arguments one entry per flag.
 pub fn assert_same_view_both_ways(
     engine: &str,
     node: &SimNode,
@@ -61,7 +62,11 @@ pub fn assert_same_view_both_ways(
     let args = &mut earlier["containerEdits"]["hooks"][0]["args"];
     assert!(
         args.as_array()
-            .is_some_and(|a| a.contains(&"--bind-files".into())),
+            .is_some_and(|a| a.contains(&"--args-file".into())),
+        "{engine}: the spec names a file for its hook's arguments: {args}"
+    );
+    assert!(
+        with_args_file_inlined(args).contains(&"--bind-files".into()),
         "{engine}: {args}"
     );
     *args = one_entry_each(args).into();
@@ -73,12 +78,27 @@ pub fn assert_same_view_both_ways(
     );
 }
 
-/// nvhook's hook arguments (a spec's JSON array) with each group (`--bind-files DIR A,B`,
-/// `--links`, `--lib64s`, `--lib32s`, and the `--host-root` their sources are under) written
-/// out one entry per flag.
-pub fn one_entry_each(args: &Value) -> Vec<String> {
+/// nvhook's hook arguments (a spec's JSON array) with the file a spec written to a file keeps
+/// them in (`--args-file PATH SUM`, one argument a line) read in their place: the test's own
+/// reading, not nvhook's.
+pub fn with_args_file_inlined(args: &Value) -> Vec<String> {
     let args: Vec<String> =
         serde_json::from_value(args.clone()).expect("the hook's arguments are strings");
+    let Some(at) = args.iter().position(|a| a == "--args-file") else {
+        return args;
+    };
+    let text = std::fs::read_to_string(&args[at + 1]).expect("read the hook's argument file");
+    let mut out = args[..at].to_vec();
+    out.extend(text.lines().map(String::from));
+    out.extend_from_slice(&args[at + 3..]);
+    out
+}
+
+/// nvhook's hook arguments (a spec's JSON array, its argument file read in) with each group
+/// (`--bind-files DIR A,B`, `--links`, `--lib64s`, `--lib32s`, and the `--host-root` their
+/// sources are under) written out one entry per flag.
+pub fn one_entry_each(args: &Value) -> Vec<String> {
+    let args = with_args_file_inlined(args);
     let root = args
         .iter()
         .position(|a| a == "--host-root")

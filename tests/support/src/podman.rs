@@ -201,7 +201,8 @@ impl CdiSpecFile {
 }
 
 impl Drop for CdiSpecFile {
-    /// Removes the spec and the specs nvhook wrote beside it (`<name>-imex-channel.yaml`, ...).
+    /// Removes the spec and the files nvhook wrote beside it (`<name>-imex-channel.yaml`, ...,
+    /// and its hook's argument files, `.<name>.<sum>.args`).
     fn drop(&mut self) {
         if let Err(err) = fs::remove_file(&self.path) {
             eprintln!("cleanup: rm {}: {err}", self.path.display());
@@ -210,9 +211,15 @@ impl Drop for CdiSpecFile {
             .path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned());
+        let args_prefix = self
+            .path
+            .file_name()
+            .map(|n| format!(".{}.", n.to_string_lossy()));
         let beside = |p: &Path| {
             let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
-            matches!((&stem, name), (Some(stem), Some(name)) if name.starts_with(&format!("{stem}-")))
+            let spec = matches!((&stem, &name), (Some(stem), Some(name)) if name.starts_with(&format!("{stem}-")));
+            let args = matches!((&args_prefix, &name), (Some(prefix), Some(name)) if name.starts_with(prefix) && name.ends_with(".args"));
+            spec || args
         };
         for entry in fs::read_dir(Self::DIR).into_iter().flatten().flatten() {
             if beside(&entry.path()) {

@@ -31,11 +31,14 @@ pub const USER: &str = "nvhook-rootless";
 const SUBID_COUNT: u32 = 65536;
 /// Where shadow's useradd starts subordinate ranges (login.defs SUB_UID_MIN).
 const SUBID_MIN: u32 = 100_000;
-/// The CDI spec directory inside the namespace.
-const CDI_DIR: &str = "/run/cdi";
 
-/// Run in the namespace once: a private /run holding an empty CDI spec directory.
-const RUN_SETUP: &str = "set -e; mount -t tmpfs -o mode=755 nvhook-run /run; mkdir /run/cdi";
+/// Run in the namespace once, with a directory of the engine dir: a private /run whose CDI
+/// spec directory is that directory, so that a spec's path outside is a path inside too (the
+/// hook reads its arguments' file beside the spec by the path the spec names).
+const RUN_SETUP: &str = r#"set -e
+mount -t tmpfs -o mode=755 nvhook-run /run
+mkdir /run/cdi
+mount --bind "$1" /run/cdi"#;
 
 /// Run in the namespace with a scratch directory and a node's dev dir: /dev becomes an
 /// overlay of itself (the host's /dev/pts, /dev/mqueue, ... mounted again on top) holding
@@ -112,8 +115,15 @@ impl RootlessPodman {
             fs::set_permissions(&path, fs::Permissions::from_mode(0o700)).expect("chmod");
             chown(&path, Some(uid), Some(gid)).expect("chown to the test user");
         }
-        podman.setup(RUN_SETUP, &[]);
+        let cdi = podman.cdi_dir();
+        fs::create_dir(&cdi).expect("create the CDI spec directory");
+        podman.setup(RUN_SETUP, &[&cdi]);
         podman
+    }
+
+    /// The namespace's /run/cdi, seen from outside at the same path as from inside.
+    fn cdi_dir(&self) -> PathBuf {
+        self.dir.path().join("cdi")
     }
 
     /// The test user's uid and gid.
@@ -154,10 +164,10 @@ impl RootlessPodman {
         node
     }
 
-    /// Where to write a CDI spec named `file_name` for this Podman: the namespace's
-    /// /run/cdi, seen from outside.
+    /// Where to write a CDI spec named `file_name` for this Podman: its /run/cdi, at a path
+    /// both the host and the namespace see.
     pub fn cdi_spec_path(&self, file_name: &str) -> PathBuf {
-        self.ns.inside(&Path::new(CDI_DIR).join(file_name))
+        self.cdi_dir().join(file_name)
     }
 
     /// `podman` as the test user with a clean environment, everything private, vfs storage.
