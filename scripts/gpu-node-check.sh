@@ -42,7 +42,8 @@
 # plain runc, the floor (the spec's device nodes and env alone), the floor with a createRuntime
 # hook running /bin/true, the whole spec on each of the two images, and the prestart hook with
 # every capability (p50 and p95), and gives the p50 of each hook step. OTHER_NVHOOK=PATH adds
-# the spec's start with its hook run by another nvhook build, in the same loop (an A/B), and
+# the spec's start with its hook run by another nvhook build, its arguments inline in the spec
+# (as builds before the argument file read them), in the same loop (an A/B), and
 # the medians of each round's differences: whole starts, both builds over the floor with a
 # hook, and each hook step.
 # The costs check (part of `run`, or alone) times, in a private mount namespace on the kit's
@@ -342,9 +343,14 @@ cdi = json.load(open(sys.argv[1]))
 hooks = [h for e in [cdi["containerEdits"]] + [d["containerEdits"] for d in cdi["devices"]]
          for h in e.get("hooks", [])]
 args = hooks[0]["args"] if hooks else []
+in_spec = f"{len(args)}, {sum(len(a) + 1 for a in args)} bytes"
+if "--args-file" in args:
+    at = args.index("--args-file")
+    args = args[:at] + open(args[at + 1]).read().splitlines() + args[at + 3:]
+    in_spec += f" in the spec, {len(args)} with its argument file"
 print(f"spec: {len(cdi['devices'])} devices, hooks {[h['hookName'] for h in hooks]}, "
-      f"mounts {len(cdi['containerEdits'].get('mounts', []))}; the hook's arguments: {len(args)}, "
-      f"{sum(len(a) + 1 for a in args)} bytes, one-entry binds {args.count('--bind-file')}, "
+      f"mounts {len(cdi['containerEdits'].get('mounts', []))}; the hook's arguments: {in_spec}, "
+      f"one-entry binds {args.count('--bind-file')}, "
       f"grouped binds {sum(args[i] in ('--bind-files', '--bind-sockets', '--bind-dirs') for i in range(len(args)))}")
 PY
   rm -rf "$KIT/image-cached"
@@ -368,8 +374,21 @@ PY
   # file would each parse it at every start.
   if [ -n "${OTHER_NVHOOK:-}" ]; then
     cp "$KIT/cdi-spec.toml" "$KIT/cdi-spec-other.toml"
-    sed -e "s|\"$KIT/bin/nvhook\"|\"$OTHER_NVHOOK\"|" \
-      -e "s|\"$KIT/cdi-spec.toml\"|\"$KIT/cdi-spec-other.toml\"|" "$spec" > "$OUT/nvidia-other.json"
+    # Its arguments inline, as a build before the argument file reads them.
+    python3 - "$spec" "$OTHER_NVHOOK" "$KIT" > "$OUT/nvidia-other.json" <<'PY'
+import json, sys
+spec, other, kit = sys.argv[1:]
+cdi = json.load(open(spec))
+for hook in cdi["containerEdits"].get("hooks", []):
+    args = hook["args"]
+    if "--args-file" in args:
+        at = args.index("--args-file")
+        args[at:at + 3] = open(args[at + 1]).read().splitlines()
+    hook["args"] = [f"{kit}/cdi-spec-other.toml" if a == f"{kit}/cdi-spec.toml" else a for a in args]
+    if hook["path"] == f"{kit}/bin/nvhook":
+        hook["path"] = other
+json.dump(cdi, sys.stdout)
+PY
     ROOTFS=$KIT/layers/cdi-other/root cdi_bundle cdi-other '["/bin/true"]' "$OUT/nvidia-other.json"
     kinds="plain cdi-floor cdi-floor-hook cdi cdi-other cdi-cached"
   fi

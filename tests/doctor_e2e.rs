@@ -589,6 +589,28 @@ fn a_cdi_spec_naming_a_gpu_that_is_gone_fails() {
 }
 
 #[test]
+fn a_cdi_spec_whose_argument_file_is_gone_fails() {
+    let node = Node::ready();
+    let beside: Vec<PathBuf> = fs::read_dir(node.host("etc/cdi"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".args"))
+        .collect();
+    assert_eq!(beside.len(), 1, "{beside:?}");
+    fs::remove_file(&beside[0]).unwrap();
+    let fix = format!(
+        "nvhook --config {} cdi refresh",
+        node.sim.config().display()
+    );
+    node.expect(
+        1,
+        "FAIL CDI ",
+        &["stale", "cannot use its argument file", &fix],
+    );
+}
+
+#[test]
 fn a_malformed_cdi_spec_fails() {
     let node = Node::ready();
     fs::write(node.host("etc/cdi/broken.yaml"), "kind: [").unwrap();

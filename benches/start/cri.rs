@@ -3,7 +3,8 @@
 //! the NRI plugin (`nvhook nri`, runc as the default runtime) in each of its modes, and the
 //! kubelet's CDI request for nvhook's spec, for a pod with one GPU and one with eight, against
 //! the floors: the GPUs' device nodes alone, and the same with a hook that does nothing; and
-//! nvhook's spec with a hook that does nothing, with and without its arguments, which splits
+//! nvhook's spec with its hook's arguments in a file (as written now) and inline (as written
+//! before), and with a hook that does nothing, with and without its arguments, which splits
 //! the CDI request's cost into its edits, its arguments and its hook's work. What is timed is
 //! what the kubelet waits for:
 //! CreateContainer + StartContainer. Five containerds run side by side, one without the
@@ -27,13 +28,15 @@ const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
 /// add a prestart hook that does nothing (static busybox's `true`), the least any way in
 /// that runs a hook asks of it.
 const FLOOR_KIND: &str = "nvhook-bench.example/gpu";
-/// nvhook's spec, as `nvhook cdi generate` writes it and with its hook's arguments one entry
-/// each (as nvhook wrote them before they named a directory's files in one group).
+/// nvhook's spec, as `nvhook cdi generate` writes it (its hook's arguments in a file beside
+/// it), with its hook's arguments inline (as nvhook wrote them before the file), and inline
+/// one entry each (as nvhook wrote them before they named a directory's files in one group).
 const NVHOOK_KIND: &str = "nvidia.com/gpu";
+const INLINE_KIND: &str = "nvhook-bench.example/gpu-inline";
 const ONE_ENTRY_KIND: &str = "nvhook-bench.example/gpu-one-entry";
-/// nvhook's spec with its hook's program replaced by one that does nothing: what the spec
-/// costs the engine and the runtime (its edits, the hook's arguments carried and a process
-/// run) without the hook's work; and the same without the hook's arguments.
+/// nvhook's spec with its hook's program replaced by one that does nothing, its arguments
+/// inline: what the spec costs the engine and the runtime (its edits, the hook's arguments
+/// carried and a process run) without the hook's work; and the same without the arguments.
 const EMPTY_HOOK_KIND: &str = "nvhook-bench.example/gpu-empty-hook";
 const EMPTY_HOOK_NO_ARGS_KIND: &str = "nvhook-bench.example/gpu-empty-hook-no-args";
 const EMPTY_HOOK: [&str; 2] = ["/bin/busybox", "true"];
@@ -89,20 +92,27 @@ fn floor_spec(dir: &std::path::Path, node: &SimNode) {
     std::fs::write(dir.join("floor.json"), spec.to_string()).expect("write the spec");
 }
 
-/// nvhook's spec for `node` in `dir`, and its copies of [`ONE_ENTRY_KIND`],
+/// nvhook's spec for `node` in `dir`, and its copies of [`INLINE_KIND`], [`ONE_ENTRY_KIND`],
 /// [`EMPTY_HOOK_KIND`] and [`EMPTY_HOOK_NO_ARGS_KIND`].
 fn nvhook_specs(dir: &std::path::Path, node: &SimNode) {
+    use crate::support::hook_mounts::{one_entry_each, with_args_file_inlined};
     let path = dir.join("nvidia.json");
     node.generate_cdi_spec(&path);
     let text = std::fs::read_to_string(&path).expect("read the spec");
     let spec: serde_json::Value = serde_json::from_str(&text).expect("the spec is JSON");
     assert_eq!(spec["kind"], NVHOOK_KIND);
-    let mut one_entry = spec.clone();
-    one_entry["kind"] = ONE_ENTRY_KIND.into();
-    let args = &mut one_entry["containerEdits"]["hooks"][0]["args"];
-    *args = crate::support::hook_mounts::one_entry_each(args).into();
+    let copy = |kind: &str, args: &dyn Fn(&serde_json::Value) -> Vec<String>| {
+        let mut copy = spec.clone();
+        copy["kind"] = kind.into();
+        let hook_args = &mut copy["containerEdits"]["hooks"][0]["args"];
+        *hook_args = args(hook_args).into();
+        copy
+    };
+    let inline = copy(INLINE_KIND, &with_args_file_inlined);
+    std::fs::write(dir.join("inline.json"), inline.to_string()).expect("write the spec");
+    let one_entry = copy(ONE_ENTRY_KIND, &one_entry_each);
     std::fs::write(dir.join("one-entry.json"), one_entry.to_string()).expect("write the spec");
-    let mut empty_hook = spec;
+    let mut empty_hook = inline;
     empty_hook["kind"] = EMPTY_HOOK_KIND.into();
     let hook = &mut empty_hook["containerEdits"]["hooks"][0];
     hook["path"] = EMPTY_HOOK[0].into();
@@ -299,14 +309,19 @@ pub fn run(rounds: usize) {
                 NVHOOK_KIND,
             ),
             requested(
-                "the same, its hook's arguments one entry each (a spec of an earlier nvhook)",
+                "the same, its hook's arguments inline (a spec of the thirtieth to thirty-eighth rounds)",
+                gpus,
+                INLINE_KIND,
+            ),
+            requested(
+                "the same, its hook's arguments inline one entry each (a spec of an earlier nvhook)",
                 gpus,
                 ONE_ENTRY_KIND,
             ),
             Variant {
                 kind: Kind::EmptyHookSpec,
                 ..requested(
-                    "nvhook's spec with a hook that does nothing (busybox `true`, the same arguments)",
+                    "nvhook's spec with a hook that does nothing (busybox `true`, the arguments inline)",
                     gpus,
                     EMPTY_HOOK_KIND,
                 )
@@ -507,26 +522,32 @@ fn report(variants: &[Variant], rounds: usize) {
             variants
                 .iter()
                 .find(|v| v.gpus == gpus && v.cdi_kind == Some(kind))
-                .expect("every GPU count has both CDI requests")
+                .expect("every GPU count has each CDI request")
         };
-        let (grouped, one_entry) = (requested(NVHOOK_KIND), requested(ONE_ENTRY_KIND));
+        let (in_file, inline, one_entry) = (
+            requested(NVHOOK_KIND),
+            requested(INLINE_KIND),
+            requested(ONE_ENTRY_KIND),
+        );
         let (empty_hook, no_args) = (
             requested(EMPTY_HOOK_KIND),
             requested(EMPTY_HOOK_NO_ARGS_KIND),
         );
         println!(
-            "- {gpus} GPU(s): nvhook's spec with a hook that does nothing, over the floor with a hook: {:+.2} ms at p50 (paired {:+.2}) without the hook's arguments, what its other edits take; its arguments {:+.2} more (paired {:+.2}), what the engine and the runtime take to carry them; the CDI request {:+.2} over that (paired {:+.2}), its hook's work",
+            "- {gpus} GPU(s): nvhook's spec with a hook that does nothing, over the floor with a hook: {:+.2} ms at p50 (paired {:+.2}) without the hook's arguments, what its other edits take; its arguments inline {:+.2} more (paired {:+.2}), what the engine and the runtime take to carry them; the CDI request with them inline {:+.2} over that (paired {:+.2}), its hook's work",
             no_args.samples.p50() - with_hook.samples.p50(),
             paired(no_args, with_hook),
             empty_hook.samples.p50() - no_args.samples.p50(),
             paired(empty_hook, no_args),
-            grouped.samples.p50() - empty_hook.samples.p50(),
-            paired(grouped, empty_hook)
+            inline.samples.p50() - empty_hook.samples.p50(),
+            paired(inline, empty_hook)
         );
         println!(
-            "- {gpus} GPU(s): the CDI request's hook arguments grouped against one entry each: {:+.2} ms at p50 (paired {:+.2})",
-            grouped.samples.p50() - one_entry.samples.p50(),
-            paired(grouped, one_entry)
+            "- {gpus} GPU(s): the CDI request's hook arguments in a file against inline: {:+.2} ms at p50 (paired {:+.2}); inline grouped against one entry each: {:+.2} (paired {:+.2})",
+            in_file.samples.p50() - inline.samples.p50(),
+            paired(in_file, inline),
+            inline.samples.p50() - one_entry.samples.p50(),
+            paired(inline, one_entry)
         );
         let (runtime_class, nri_hook) = (way("RuntimeClass"), way("NRI plugin, nri-mode = hook"));
         println!(

@@ -97,6 +97,13 @@ for spec in "${cdi_dir}nvidia.yaml" "$cdi_dir"nvidia-*.yaml; do
         say "removed /var/run/cdi/${spec#"$cdi_dir"}"
     fi
 done
+# The files that held the spec's hook arguments beside it (`.nvidia.yaml.SUM.args`).
+for args in "$cdi_dir".nvidia.yaml.*.args; do
+    if [ -f "$args" ]; then
+        rm -f "$args"
+        say "removed /var/run/cdi/${args#"$cdi_dir"}"
+    fi
+done
 cache=$(on_host "$(config_key nvml-cache-file /run/nvhook/nvml-inventory.json)")
 for file in "$cache" "$cache.lock"; do
     [ ! -f "$file" ] || rm -f "$file"

@@ -581,6 +581,8 @@ pub struct SpecFile {
     pub devices: Result<Vec<(String, Vec<SpecNode>)>, String>,
     /// The GPU layout stamp its hook checks (specs nvhook wrote).
     pub gpu_layout: Option<String>,
+    /// Why its hook cannot use the file its arguments are in, where it names one that way.
+    pub args_file: Option<String>,
 }
 
 /// A device node of a CDI device: its path in the container, and its numbers where the spec
@@ -670,6 +672,11 @@ pub fn cdi(specs: &[SpecFile], now: &CurrentDevices, nvhook: &str) -> Vec<Check>
             }
             if !changed.is_empty() {
                 problems.push(format!("device nodes changed for: {}", changed.join(", ")));
+            }
+            if let Some(problem) = &spec.args_file {
+                problems.push(format!(
+                    "its hook cannot use its argument file, so nvhook refuses every start through it: {problem}"
+                ));
             }
             if let (Some(written), Some(now)) = (&spec.gpu_layout, &now.gpu_layout)
                 && written != now
@@ -1343,6 +1350,7 @@ mod tests {
                 .map(|n| (n.to_string(), vec![node(minor)]))
                 .collect()),
             gpu_layout: None,
+            args_file: None,
         };
         let checks = cdi(
             &[
@@ -1380,6 +1388,21 @@ mod tests {
         assert_eq!(
             checks[1].detail,
             "stale: written for another GPU layout (00000000000000bb, now 00000000000000aa: GPUs or MIG instances changed), so nvhook refuses every start through it"
+        );
+        // The same names and nodes, the file of its hook's arguments gone.
+        let without_args = SpecFile {
+            args_file: Some("cannot read /etc/cdi/.nvidia.yaml.00000000000000cc.args".into()),
+            ..spec(&["0", "1", "all"], Some(0))
+        };
+        let checks = cdi(&[without_args], &now, "nvhook");
+        assert_eq!(levels(&checks), [Level::Fail]);
+        assert!(
+            checks[0].detail.contains("cannot use its argument file")
+                && checks[0]
+                    .detail
+                    .contains(".nvidia.yaml.00000000000000cc.args"),
+            "{}",
+            checks[0].detail
         );
     }
 

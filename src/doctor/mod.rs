@@ -16,6 +16,7 @@ mod runtimes;
 use crate::cdi::{self, NameStrategy};
 use crate::config::Config;
 use crate::configure::{self, Applied, Engine};
+use crate::delivery::args_file;
 use crate::delivery::hook_args::gpu_layout_of;
 use crate::dev_char;
 use crate::hook::memory_limits::OnThisNode;
@@ -467,6 +468,26 @@ fn nvhook_hook_in(dir: &Path) -> Option<PathBuf> {
     })
 }
 
+/// Why the hooks of the spec `file` (found under `root`) could not use the file their
+/// arguments are in, where they name one. nvhook writes that file beside the spec: it is read
+/// there, and a spec that names one elsewhere (moved away from it) is a problem itself.
+fn args_file_problem(root: &Path, file: &Path, edits: &cdi::ContainerEdits) -> Option<String> {
+    edits.hooks.iter().find_map(|hook| {
+        let mut args = hook.args.clone();
+        let at = args.iter().position(|a| a == args_file::FLAG)?;
+        let named = PathBuf::from(args.get(at + 1)?);
+        let beside = file.with_file_name(named.file_name()?);
+        if named != beside && under(root, &named.display().to_string()) != beside {
+            return Some(format!(
+                "it names {}, which is not beside the spec",
+                named.display()
+            ));
+        }
+        args[at + 1] = beside.display().to_string();
+        args_file::inline(&args).err().map(|e| e.to_string())
+    })
+}
+
 fn cdi_checks(config: &Config, options: &Options, inventory: &Inventory) -> Vec<Check> {
     let dirs: Vec<PathBuf> = cdi::SPEC_DIRS
         .iter()
@@ -476,8 +497,8 @@ fn cdi_checks(config: &Config, options: &Options, inventory: &Inventory) -> Vec<
     let specs: Vec<SpecFile> = cdi::spec_files(&dirs)
         .into_iter()
         .filter_map(|file| {
-            let (devices, gpu_layout) = match cdi::read_spec(&file) {
-                Err(e) => (Err(e.to_string()), None),
+            let (devices, gpu_layout, args_file) = match cdi::read_spec(&file) {
+                Err(e) => (Err(e.to_string()), None, None),
                 Ok(spec) if spec.kind != cdi::KIND => return None,
                 Ok(spec) => (
                     Ok(spec
@@ -486,12 +507,14 @@ fn cdi_checks(config: &Config, options: &Options, inventory: &Inventory) -> Vec<
                         .map(|d| (d.name.clone(), spec_nodes(&d.container_edits)))
                         .collect()),
                     gpu_layout_of(&spec.container_edits).map(str::to_owned),
+                    args_file_problem(&options.root, &file, &spec.container_edits),
                 ),
             };
             Some(SpecFile {
                 file,
                 devices,
                 gpu_layout,
+                args_file,
             })
         })
         .collect();
