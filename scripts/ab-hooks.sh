@@ -13,7 +13,9 @@
 # glibc's start, the hook's work and its exit. The p50 of each step of the hooks' own log
 # lines, of what they read and decide (without `state`, the wait for runc's stdin), and of
 # each process's wall time, CPU and page faults are printed for A and B.
-# Needs root, runc, cc, python3, busybox-static. STARTS sets the starts per build (200).
+# Needs root, runc, cc, python3, busybox-static. STARTS sets the starts per build (200);
+# LIBRARIES=N lists N libraries other than the driver's in the node's loader cache (0), as a real
+# host's cache lists every library of the system.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/require.sh
@@ -31,7 +33,7 @@ cargo build --release -p simnode -p mock-nvml
 bin=$(realpath "${CARGO_TARGET_DIR:-target}/release")
 work=$(mktemp -d /dev/shm/nvhook-ab-hooks.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-"$bin/simnode" create "$work/node" --gpus 8 >/dev/null
+"$bin/simnode" create "$work/node" --gpus 8 --other-libraries "${LIBRARIES:-0}" >/dev/null
 sed -i -e 's/^log-level = .*/log-level = "info"/' "$work/node/config.toml"
 for x in A B; do
   sed -e "s|^nvml-cache-file = .*|nvml-cache-file = \"$work/node/run-$x/nvml-inventory.json\"|" \

@@ -39,11 +39,6 @@ impl FileId {
         })
     }
 
-    /// The size it had.
-    pub fn size(&self) -> u64 {
-        self.size
-    }
-
     pub fn of_metadata(m: &std::fs::Metadata) -> FileId {
         FileId {
             dev: m.dev(),

@@ -115,7 +115,13 @@ fn main() {
             ..NodeOptions::gpus(8)
         },
     );
-    let libraries = node("8 GPUs", NodeOptions::gpus(8)).with_other_libraries(OTHER_LIBRARIES);
+    let libraries = node(
+        "8 GPUs",
+        NodeOptions {
+            flags: vec!["--other-libraries".into(), OTHER_LIBRARIES.to_string()],
+            ..NodeOptions::gpus(8)
+        },
+    );
     let packaged = node("8 GPUs", NodeOptions::gpus(8)).with_packaged_config();
     let slow = node(
         "8 GPUs, slow NVML",

@@ -54,27 +54,6 @@ impl Node {
         }
     }
 
-    /// Adds `count` entries of other libraries to the driver root's loader cache. A node's
-    /// cache lists every library of the system (hundreds; more with CUDA and X installed),
-    /// where the simulated node's lists only the driver's; none of them is a driver file.
-    pub fn with_other_libraries(self, count: usize) -> Node {
-        use nvhook_ldcache::{Arch, ElfClass, Entry, LdCache};
-        let path = self.sim.driver_root().join("etc/ld.so.cache");
-        let bytes = std::fs::read(&path).expect("read the node's loader cache");
-        let mut cache = LdCache::parse(&bytes).expect("the node's loader cache parses");
-        for i in 0..count {
-            let soname = format!("libsystem-component-{i}.so.{}", i % 9);
-            let path = format!(
-                "/usr/lib/{}/{soname}",
-                Arch::HOST.multiarch(ElfClass::Lib64)
-            );
-            cache.insert(Entry::new(soname, path, Arch::HOST, ElfClass::Lib64));
-        }
-        let bytes = cache.to_bytes().expect("write the loader cache");
-        std::fs::write(&path, bytes).expect("write the node's loader cache");
-        self
-    }
-
     /// The node's config written as the packaged one (every key, documented in comments), with
     /// the node's own settings in place of the packaged ones: what a real node's processes parse.
     pub fn with_packaged_config(self) -> Node {

@@ -316,7 +316,7 @@ fn under(root: &Path, path: &str) -> PathBuf {
 }
 
 fn cache_state(config: &Config, inventory: &Inventory) -> CacheState {
-    let stored = HostCache::read(config)
+    let stored = HostCache::open(config)
         .ok()
         .and_then(|c| nvml_library(config, &c).ok())
         .and_then(|library| NvmlCache::open(config, &library));

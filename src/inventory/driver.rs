@@ -10,8 +10,8 @@ use crate::config::Config;
 use crate::file_id::FileId;
 use crate::whole_file::{read_kernel_text, read_sized};
 use nvhook_ldcache::{self as ldcache, Arch, CacheFile, ElfClass, LdCache};
-use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::cell::OnceCell;
+use std::path::PathBuf;
 use std::time::SystemTime;
 
 #[derive(Debug, thiserror::Error)]
@@ -126,40 +126,64 @@ const SOCKETS: &[(Capability, &str)] = &[
     (Capability::Compute, "/tmp/nvidia-mps"),
 ];
 
-/// The driver root's ld.so.cache, read once per start.
+/// The driver root's ld.so.cache. Its identity is taken when it is opened and its entries are
+/// read at their first use: a start whose driver files are kept, with where NVML's library is
+/// (while the cache is the file they were found in), reads none of it. A real node's cache
+/// lists every library of the host, a thousand or more.
 pub struct HostCache {
     path: PathBuf,
-    /// The file as it was read.
+    /// The file as it was when opened.
     id: Option<FileId>,
-    /// Its entries are read when used: a start whose driver files are kept reads only NVML's.
-    file: CacheFile,
+    /// Its entries, once read.
+    file: OnceCell<CacheFile>,
+    /// `libnvidia-ml.so.1`'s entry, as a start before found it in this very file.
+    known_nvml: Option<String>,
     /// Whose entries are taken: the loader of this architecture's (the build target's).
     arch: Arch,
 }
 
 impl HostCache {
-    pub fn read(config: &Config) -> Result<HostCache, DriverError> {
+    pub fn open(config: &Config) -> Result<HostCache, DriverError> {
         let path = config.driver_path("etc/ld.so.cache");
-        let read = |path: &Path| -> std::io::Result<(Vec<u8>, Option<FileId>)> {
-            let mut file = std::fs::File::open(path)?;
-            let id = FileId::of_fd(file.as_fd());
-            let bytes = read_sized(&mut file, id.as_ref().map_or(0, FileId::size))?;
-            Ok((bytes, id))
-        };
-        let (bytes, id) = read(&path).map_err(|source| DriverError::ReadCache {
-            path: path.clone(),
-            source,
-        })?;
-        let file = CacheFile::new(bytes).map_err(|source| DriverError::ParseCache {
+        let meta = std::fs::metadata(&path).map_err(|source| DriverError::ReadCache {
             path: path.clone(),
             source,
         })?;
         Ok(HostCache {
             path,
-            id,
-            file,
+            id: Some(FileId::of_metadata(&meta)),
+            file: OnceCell::new(),
+            known_nvml: None,
             arch: Arch::HOST,
         })
+    }
+
+    /// The cache, taking NVML's library from `kept` where its search read this very file.
+    pub(super) fn knowing(self, kept: Option<&Kept>) -> HostCache {
+        let known_nvml = kept
+            .and_then(|k| k.nvml_entry(self.id.as_ref()))
+            .map(str::to_owned);
+        HostCache { known_nvml, ..self }
+    }
+
+    /// The entries, read now if they were not yet. A file replaced since it was opened is read
+    /// as it is now: a search made from it is kept under the identity taken at the open, which
+    /// the next start's no longer matches, so that start searches again.
+    fn file(&self) -> Result<&CacheFile, DriverError> {
+        if let Some(file) = self.file.get() {
+            return Ok(file);
+        }
+        let read = || -> std::io::Result<Vec<u8>> {
+            let mut file = std::fs::File::open(&self.path)?;
+            let size = file.metadata()?.len();
+            read_sized(&mut file, size)
+        };
+        let bytes = read().map_err(|source| DriverError::ReadCache {
+            path: self.path.clone(),
+            source,
+        })?;
+        let file = CacheFile::new(bytes).map_err(|source| self.bad(source))?;
+        Ok(self.file.get_or_init(|| file))
     }
 
     /// The architecture whose libraries this cache's entries are taken for.
@@ -169,10 +193,18 @@ impl HostCache {
 
     /// The host path of `libnvidia-ml.so.1`, where NVML is loaded from by default.
     pub fn nvml_library(&self, config: &Config) -> Result<PathBuf, DriverError> {
-        self.file
+        Ok(config.driver_path(&self.nvml_entry()?))
+    }
+
+    /// `libnvidia-ml.so.1`'s path as the cache lists it, in the driver root's terms.
+    fn nvml_entry(&self) -> Result<String, DriverError> {
+        if let Some(known) = &self.known_nvml {
+            return Ok(known.clone());
+        }
+        self.file()?
             .lookup("libnvidia-ml.so.1", self.arch, ElfClass::Lib64)
             .map_err(|source| self.bad(source))?
-            .map(|e| config.driver_path(&e.path))
+            .map(|e| e.path)
             .ok_or_else(|| DriverError::NoNvml {
                 cache: self.path.clone(),
             })
@@ -180,7 +212,7 @@ impl HostCache {
 
     /// Every entry, in the loader's order.
     fn entries(&self) -> Result<LdCache, DriverError> {
-        self.file.parse().map_err(|source| self.bad(source))
+        self.file()?.parse().map_err(|source| self.bad(source))
     }
 
     fn bad(&self, source: ldcache::LdCacheError) -> DriverError {
@@ -244,7 +276,8 @@ fn find_files_kept_at(
             }
             None => {
                 let files = search(&root, cache, &key)?;
-                *kept = Kept::of(key, root.consulted(), &files, now);
+                let nvml = cache.nvml_entry().ok();
+                *kept = Kept::of(key, root.consulted(), &files, nvml, now);
                 files
             }
         },
@@ -437,7 +470,8 @@ mod tests {
         HostCache {
             path: root.join("etc/ld.so.cache"),
             id,
-            file: CacheFile::new(cache.to_bytes().unwrap()).unwrap(),
+            file: OnceCell::from(CacheFile::new(cache.to_bytes().unwrap()).unwrap()),
+            known_nvml: None,
             arch,
         }
     }

@@ -57,7 +57,7 @@ impl Remembered {
         config: &Config,
         scope: Scope,
     ) -> Result<(Inventory, Source), InventoryError> {
-        let host_cache = HostCache::read(config)?;
+        let host_cache = HostCache::open(config)?.knowing(self.files.as_ref());
         // Taken before any query: a host that changes during one leaves the answer stale at
         // once, never wrongly fresh.
         let now = Fingerprint::now(config, &nvml_library(config, &host_cache)?);
@@ -100,7 +100,7 @@ pub fn load_fresh(config: &Config, scope: Scope) -> Result<Inventory, InventoryE
 /// for the commands that change nothing (`info`, `plan`, `cdi generate`).
 pub fn load_uncached(config: &Config, scope: Scope) -> Result<Inventory, InventoryError> {
     let deadline = Instant::now() + config.nvml_timeout();
-    let host_cache = HostCache::read(config)?;
+    let host_cache = HostCache::open(config)?;
     let system = query_in_child(config, &host_cache, deadline)?;
     super::around(config, &host_cache, system, scope)
 }
@@ -110,7 +110,9 @@ fn load_from(
     use_cache: bool,
     scope: Scope,
 ) -> Result<(Inventory, Source), InventoryError> {
-    let host_cache = HostCache::read(config)?;
+    // Read first: where it was found with this very loader cache, it names NVML's library.
+    let kept = KeptFile::read(config, scope, use_cache);
+    let host_cache = HostCache::open(config)?.knowing(kept.as_ref().and_then(|k| k.kept.as_ref()));
     let stored = NvmlCache::open(config, &nvml_library(config, &host_cache)?);
     let cached = || {
         stored
@@ -119,7 +121,7 @@ fn load_from(
             .and_then(NvmlCache::read)
     };
     if let Some(system) = cached() {
-        let inventory = around_stored(config, &host_cache, system, scope, true)?;
+        let inventory = around_stored(config, &host_cache, system, scope, kept)?;
         return Ok((inventory, Source::Cache));
     }
     // One query for a burst of starts: the lock's holder asks NVML, the others wait for its
@@ -128,14 +130,14 @@ fn load_from(
     let flight = stored.as_ref().and_then(|s| s.lock_query(deadline));
     if let Some(system) = flight.as_ref().and_then(|_| cached()) {
         tracing::debug!("another start asked NVML while this one waited");
-        let inventory = around_stored(config, &host_cache, system, scope, true)?;
+        let inventory = around_stored(config, &host_cache, system, scope, kept)?;
         return Ok((inventory, Source::Cache));
     }
     let answer = query_in_child(config, &host_cache, deadline)?;
     // Around the new answer, with its search kept as around a cached one: the next start need
     // not search again. A start whose plan failed on the cached answer (`load_fresh`) searches
     // anew, in case the kept search was what failed it.
-    let inventory = around_stored(config, &host_cache, answer, scope, use_cache)?;
+    let inventory = around_stored(config, &host_cache, answer, scope, kept)?;
     let system = inventory.system();
     let previous = stored.as_ref().and_then(NvmlCache::previous);
     let change = previous.and_then(|old| HostChange::between(&old, &system));
@@ -149,20 +151,34 @@ fn load_from(
     Ok((inventory, Source::Nvml { change }))
 }
 
-/// [`around`](super::around), with the driver's files from the search a start before kept
-/// beside NVML's cached answer (unless `use_kept` is false), and this start's search kept there
-/// when it made one.
+/// The file beside NVML's cached answer that keeps a search for the driver's files, with the
+/// search a start before kept there (none where `use` is false: this start searches anew).
+struct KeptFile {
+    path: std::path::PathBuf,
+    kept: Option<Kept>,
+}
+
+impl KeptFile {
+    /// None where NVML's answer is not cached: nothing is kept.
+    fn read(config: &Config, scope: Scope, use_kept: bool) -> Option<KeptFile> {
+        let path = kept_files::path(config, scope)?;
+        let kept = kept_files::read(&path).filter(|_| use_kept);
+        Some(KeptFile { path, kept })
+    }
+}
+
+/// [`around`](super::around), with the driver's files from the search `kept` holds, and this
+/// start's search kept there when it made one.
 fn around_stored(
     config: &Config,
     cache: &HostCache,
     system: System,
     scope: Scope,
-    use_kept: bool,
+    kept: Option<KeptFile>,
 ) -> Result<Inventory, InventoryError> {
-    let Some(path) = kept_files::path(config, scope) else {
+    let Some(KeptFile { path, mut kept }) = kept else {
         return super::around(config, cache, system, scope);
     };
-    let mut kept = kept_files::read(&path).filter(|_| use_kept);
     let inventory = super::around_kept(config, cache, system, scope, Some(&mut kept))?;
     if let Some(kept) = kept.filter(|k| k.made_now) {
         kept_files::write(&path, &kept);

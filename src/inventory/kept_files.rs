@@ -41,11 +41,14 @@ pub struct Kept {
     /// Every directory inside the driver root the search looked into, with its identity.
     dirs: Vec<(PathBuf, FileId)>,
     files: DriverFiles,
+    /// `libnvidia-ml.so.1`'s entry in the loader cache `key.ld_cache` names: while the cache
+    /// is that file, a start finds NVML's library without reading it.
+    nvml: Option<String>,
 }
 
 /// The layout of [`Kept`] and [`DriverFiles`] in the file; raised whenever either changes, so
-/// that a file an older nvhook wrote is a miss.
-const FORMAT: u32 = 1;
+/// that a file an older nvhook wrote is a miss. 2: NVML's library as the loader cache lists it.
+const FORMAT: u32 = 2;
 
 impl Kept {
     /// The search's result, kept unless some of what it read cannot be identified or changed
@@ -54,6 +57,7 @@ impl Kept {
         key: Key,
         consulted: Vec<(PathBuf, Option<FileId>)>,
         files: &DriverFiles,
+        nvml: Option<String>,
         now: SystemTime,
     ) -> Option<Kept> {
         let settled = |id: &FileId| !id.changed_lately(now, SETTLED);
@@ -68,7 +72,15 @@ impl Kept {
             key,
             dirs,
             files: files.clone(),
+            nvml,
         })
+    }
+
+    /// `libnvidia-ml.so.1`'s entry in the loader cache whose identity is now `ld_cache`, where
+    /// that is the cache this search read.
+    pub(super) fn nvml_entry(&self, ld_cache: Option<&FileId>) -> Option<&str> {
+        let same_cache = ld_cache.is_some() && self.key.ld_cache.as_ref() == ld_cache;
+        self.nvml.as_deref().filter(|_| self.format == FORMAT && same_cache)
     }
 
     /// The files, when a search for `key` now would find them: the same key, and every

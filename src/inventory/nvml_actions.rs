@@ -77,7 +77,7 @@ impl NvmlActions {
         config: &Config,
         args: &[&OsStr],
     ) -> Result<T, NvmlActionError> {
-        let host_cache = HostCache::read(config).map_err(InventoryError::from)?;
+        let host_cache = HostCache::open(config).map_err(InventoryError::from)?;
         let library = nvml_library(config, &host_cache)?;
         let output = helper_command(&self.helper, &library)
             .args(args)

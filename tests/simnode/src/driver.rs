@@ -74,6 +74,30 @@ pub fn build(
     loader_cache(root, toolchain, version)
 }
 
+/// `count` entries of other libraries added to the loader cache under `root`, as a real host's
+/// cache lists every library of the system; none of them is a driver file, and their files are
+/// not made.
+pub fn add_other_libraries(root: &Path, toolchain: &Toolchain, count: usize) -> Result<()> {
+    use nvhook_ldcache::{Arch, ElfClass, Entry, LdCache};
+    if count == 0 {
+        return Ok(());
+    }
+    let path = root.join("etc/ld.so.cache");
+    let bytes = fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut cache = LdCache::parse(&bytes).with_context(|| format!("bad {}", path.display()))?;
+    let arch = match toolchain.arch {
+        crate::machine::Arch::X86_64 => Arch::X86_64,
+        crate::machine::Arch::Aarch64 => Arch::Aarch64,
+    };
+    for i in 0..count {
+        let soname = format!("libsystem-component-{i}.so.{}", i % 9);
+        let path = format!("/{}/{soname}", toolchain.arch.lib_dir());
+        cache.insert(Entry::new(soname, path, arch, ElfClass::Lib64));
+    }
+    let bytes = cache.to_bytes().context("cannot write the loader cache")?;
+    fs::write(&path, bytes).with_context(|| format!("cannot write {}", path.display()))
+}
+
 fn mkdir(dir: &Path) -> Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))
 }

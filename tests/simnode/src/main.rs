@@ -101,6 +101,11 @@ struct CreateArgs {
     /// no compat32 libraries.
     #[arg(long, value_name = "DIR")]
     lib_dir: Option<String>,
+    /// Libraries other than the driver's in the driver root's loader cache, as a real host's
+    /// lists every library of the system (a thousand or more with CUDA and a desktop's
+    /// installed); their files are not made.
+    #[arg(long, default_value_t = 0)]
+    other_libraries: usize,
     /// IMEX channels /dev/nvidia-caps-imex-channels/channel0..N.
     #[arg(long, default_value_t = 0)]
     imex_channels: u32,
@@ -128,7 +133,7 @@ struct CreateArgs {
     /// NVML without minor numbers; no NVIDIA kernel module, /dev/nvidia* or /proc/driver/nvidia.
     #[arg(long, conflicts_with_all = [
         "mig", "drm", "firmware_path", "imex_channels", "nvswitch", "gds", "mofed", "gdrcopy",
-        "keep_state", "lost_gpu",
+        "keep_state", "lost_gpu", "other_libraries",
     ])]
     wsl: bool,
 }
@@ -205,6 +210,7 @@ fn create(args: CreateArgs) -> Result<()> {
             drm: args.drm,
             firmware_path: args.firmware_path,
         },
+        other_libraries: args.other_libraries,
     };
     node::create(&args.dir, &inputs)
 }

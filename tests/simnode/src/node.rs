@@ -58,6 +58,8 @@ pub struct Inputs<'a> {
     /// Rebuild an existing node in place instead of a new one.
     pub keep_state: Option<KeepState>,
     pub display: Display,
+    /// Entries of other libraries in the driver root's loader cache.
+    pub other_libraries: usize,
 }
 
 /// What a desktop or workstation host has beyond a headless one, and where its kernel
@@ -161,6 +163,7 @@ pub fn create(dir: &Path, inputs: &Inputs) -> Result<()> {
         majors.caps,
         firmware_path,
     )?;
+    driver::add_other_libraries(&driver_root, inputs.toolchain, inputs.other_libraries)?;
     let caps = devices::capabilities(&gpus);
     let fabric = &inputs.params.fabric;
     devices::make_nodes(&dir.join("dev"), &gpus, majors, &caps, fabric)?;
