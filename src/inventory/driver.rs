@@ -631,6 +631,69 @@ mod tests {
         );
     }
 
+    /// A kept search names NVML's library as the loader cache it read lists it: while the cache
+    /// is that very file, a start takes it from there and reads none of the cache; once the
+    /// cache is another file, it is read again.
+    #[test]
+    fn nvml_s_library_is_taken_from_a_kept_search_of_the_same_loader_cache() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let dir = format!("/usr/lib/{}", Arch::HOST.multiarch(ElfClass::Lib64));
+        std::fs::create_dir_all(root.join(&dir[1..])).unwrap();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        let entry = format!("{dir}/libnvidia-ml.so.1");
+        let mut cache = LdCache::default();
+        cache.insert(ldcache::Entry::new(
+            "libnvidia-ml.so.1",
+            entry.clone(),
+            Arch::HOST,
+            ElfClass::Lib64,
+        ));
+        let cache_path = root.join("etc/ld.so.cache");
+        std::fs::write(&cache_path, cache.to_bytes().unwrap()).unwrap();
+        let config = Config {
+            driver_root: root.to_path_buf(),
+            proc_root: root.join("proc"),
+            sys_root: root.join("sys"),
+            ..Config::default()
+        };
+        let later = SystemTime::now() + std::time::Duration::from_secs(60);
+        let mut kept = None;
+        let opened = HostCache::open(&config).unwrap();
+        find_files_kept_at(
+            &config,
+            &opened,
+            "580.1",
+            Scope::ALL,
+            Some(&mut kept),
+            later,
+        )
+        .unwrap();
+        let kept = kept.expect("a settled search is kept");
+
+        // Opened, then rewritten in place with what no loader could read: the cache as opened
+        // is the one the search read, so nothing of it is read.
+        let opened = HostCache::open(&config).unwrap().knowing(Some(&kept));
+        std::fs::write(&cache_path, b"not a loader cache").unwrap();
+        assert_eq!(
+            opened.nvml_library(&config).unwrap(),
+            config.driver_path(&entry)
+        );
+        // Opened now, it is another file: read, and refused.
+        let reopened = HostCache::open(&config).unwrap().knowing(Some(&kept));
+        assert!(matches!(
+            reopened.nvml_library(&config),
+            Err(DriverError::ParseCache { .. })
+        ));
+        // Without a kept search it is read too.
+        assert!(
+            HostCache::open(&config)
+                .unwrap()
+                .nvml_library(&config)
+                .is_err()
+        );
+    }
+
     #[test]
     fn binaries_are_elf_files_and_wrapper_scripts_are_passed_over() {
         let root = tempfile::tempdir().unwrap();

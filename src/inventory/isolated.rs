@@ -130,6 +130,8 @@ fn load_from(
     let flight = stored.as_ref().and_then(|s| s.lock_query(deadline));
     if let Some(system) = flight.as_ref().and_then(|_| cached()) {
         tracing::debug!("another start asked NVML while this one waited");
+        // Read again: that start kept its search too.
+        let kept = KeptFile::read(config, scope, use_cache);
         let inventory = around_stored(config, &host_cache, system, scope, kept)?;
         return Ok((inventory, Source::Cache));
     }
@@ -152,7 +154,7 @@ fn load_from(
 }
 
 /// The file beside NVML's cached answer that keeps a search for the driver's files, with the
-/// search a start before kept there (none where `use` is false: this start searches anew).
+/// search a start before kept there (none where `use_kept` is false: this start searches anew).
 struct KeptFile {
     path: std::path::PathBuf,
     kept: Option<Kept>,
@@ -162,7 +164,7 @@ impl KeptFile {
     /// None where NVML's answer is not cached: nothing is kept.
     fn read(config: &Config, scope: Scope, use_kept: bool) -> Option<KeptFile> {
         let path = kept_files::path(config, scope)?;
-        let kept = kept_files::read(&path).filter(|_| use_kept);
+        let kept = use_kept.then(|| kept_files::read(&path)).flatten();
         Some(KeptFile { path, kept })
     }
 }

@@ -80,7 +80,9 @@ impl Kept {
     /// that is the cache this search read.
     pub(super) fn nvml_entry(&self, ld_cache: Option<&FileId>) -> Option<&str> {
         let same_cache = ld_cache.is_some() && self.key.ld_cache.as_ref() == ld_cache;
-        self.nvml.as_deref().filter(|_| self.format == FORMAT && same_cache)
+        self.nvml
+            .as_deref()
+            .filter(|_| self.format == FORMAT && same_cache)
     }
 
     /// The files, when a search for `key` now would find them: the same key, and every
