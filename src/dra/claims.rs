@@ -9,6 +9,7 @@ use super::partitions::Partition;
 use super::{CDI_CLASS, CDI_VENDOR, DRIVER_NAME};
 use crate::cdi::{self, CdiError};
 use crate::config::Config;
+use crate::delivery::args_file;
 use crate::delivery::cdi_spec::Format;
 use crate::inventory::{Gpu, Inventory};
 use crate::request::DeviceId;
@@ -344,22 +345,20 @@ impl Claims {
             &gpus,
             &channels,
         )?;
-        cdi::refresh_spec(&self.spec_path(&claim.uid), &spec.to_text(Format::Yaml))?;
+        // Its hook's arguments in a file beside it, as nvhook's own spec's: every pod started
+        // through the claim passes its engine and runtime a spec that much smaller.
+        cdi::write_gpu_spec(&self.spec_path(&claim.uid), spec, Format::Yaml, true)?;
         Ok(())
     }
 
-    /// Removes the spec of claim `uid` and destroys the MIG devices made for it, then forgets
-    /// the claim; a claim never prepared here (or already unprepared) is unprepared already.
+    /// Removes the spec of claim `uid` (with its hook's argument files) and destroys the MIG
+    /// devices made for it, then forgets the claim; a claim never prepared here (or already
+    /// unprepared) is unprepared already.
     /// A MIG device that cannot be destroyed keeps the claim in the checkpoint, so that the
     /// kubelet's next unprepare tries again and no other claim is given its place meanwhile.
     pub fn unprepare(&self, uid: &str, node: &dyn Node) -> Result<(), ClaimError> {
         let _one = self.one_at_a_time.lock().unwrap_or_else(|e| e.into_inner());
-        let path = self.spec_path(uid);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(ClaimError::RemoveSpec { path, source }),
-        }
+        remove_spec(&self.spec_path(uid))?;
         let mut checkpoint = Checkpoint::load(&self.checkpoint)?;
         let Some(claim) = checkpoint.claims.get(uid) else {
             return Ok(());
@@ -391,6 +390,21 @@ impl Claims {
         tracing::info!(claim = %id, uid, "DRA: claim unprepared");
         Ok(())
     }
+}
+
+/// Removes the spec at `path` and its hook's argument files; what is gone already is removed.
+fn remove_spec(path: &Path) -> Result<(), ClaimError> {
+    let removed = |result: std::io::Result<()>| match result {
+        Err(source) if source.kind() != std::io::ErrorKind::NotFound => {
+            Err(ClaimError::RemoveSpec {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+        _ => Ok(()),
+    };
+    removed(std::fs::remove_file(path))?;
+    removed(args_file::remove_others(path, &[]).map(drop))
 }
 
 /// The GPU of NVML index `index`.
@@ -682,8 +696,15 @@ mod tests {
             Err(ClaimError::Taken { .. })
         ));
         assert!(!claims.spec_path("u2").exists());
+        // The hook's arguments are in a file beside the spec, which goes with it.
+        let hook_args = &spec.container_edits.hooks[0].args;
+        let at = hook_args.iter().position(|a| a == args_file::FLAG).unwrap();
+        let args_path = PathBuf::from(&hook_args[at + 1]);
+        assert_eq!(args_path.parent(), path.parent());
+        assert!(args_file::inline(hook_args).unwrap().len() > hook_args.len());
         claims.unprepare("u1", &node).unwrap();
         assert!(!path.exists());
+        assert!(!args_path.exists(), "the hook's argument file outlived its spec");
         assert_eq!(
             Checkpoint::load(&claims.checkpoint).unwrap(),
             Checkpoint::default()
@@ -738,8 +759,8 @@ mod tests {
             ["/dev/nvidia-caps-imex-channels/channel3"]
         );
         assert!(
-            spec.container_edits.hooks[0]
-                .args
+            args_file::inline(&spec.container_edits.hooks[0].args)
+                .unwrap()
                 .contains(&"--bind-files".to_string())
                 && spec.container_edits.mounts.is_empty(),
             "the GPU's driver files, for the hook to mount"
