@@ -5,8 +5,8 @@
 //! plugin's CDI name (`nvidia.com/gpu=3` in nvhook's node spec), against the same device from
 //! the node's spec written with `cdi-mounts = "runtime"` (the runtime making the driver files'
 //! mounts; the node's own spec leaves them to nvhook's hook, the default), and against plain
-//! runc, the variants
-//! taking turns round by round. Needs `scripts/sid-engines.sh`.
+//! runc, the variants taking turns round by round in rotating order; the claim's pod against
+//! the device plugin's, paired by round. Needs `scripts/sid-engines.sh`.
 
 use crate::pod_parts::{Pods, TimedRunc, engine_dir};
 use crate::stats::Samples;
@@ -104,7 +104,10 @@ pub fn run(rounds: usize) {
     let logs = dir.path().join("pods");
     let args = ["/gpucheck", "--dev", "/dev/nvidia3"];
     for round in 0..=rounds {
-        for (variant, (label, ids)) in variants.iter().enumerate() {
+        // In rotating order, so that no variant always follows the same one.
+        for turn in 0..variants.len() {
+            let variant = (round + turn) % variants.len();
+            let (label, ids) = &variants[variant];
             let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
             let request = ContainerRequest {
                 image: &image,
@@ -159,5 +162,10 @@ pub fn run(rounds: usize) {
     );
     let labels: Vec<&str> = variants.iter().map(|(label, _)| *label).collect();
     pods.print_totals(&labels);
+    let totals = pods.totals(labels.len());
+    println!(
+        "- the DRA claim's pod against the device plugin's CDI name, paired by round: {:+.2} ms\n",
+        totals[2].paired_minus(&totals[1]).p50()
+    );
     pods.print_parts(&labels, &runc, &node.log());
 }

@@ -103,12 +103,9 @@ impl Pods {
         self.0.push((variant, run));
     }
 
-    /// Prints, per variant (`labels`), the whole start's p50, p95 and Δ p50 against the first
-    /// variant.
-    pub fn print_totals(&self, labels: &[&str]) {
-        println!("| variant | p50 | p95 | Δ p50 |");
-        println!("|---|---|---|---|");
-        let totals: Vec<Samples> = (0..labels.len())
+    /// Each of `variants` variants' whole starts, ms, in the order of their rounds.
+    pub fn totals(&self, variants: usize) -> Vec<Samples> {
+        (0..variants)
             .map(|v| {
                 self.0
                     .iter()
@@ -116,7 +113,15 @@ impl Pods {
                     .map(|(_, run)| run.container_start.as_secs_f64() * 1e3)
                     .collect()
             })
-            .collect();
+            .collect()
+    }
+
+    /// Prints, per variant (`labels`), the whole start's p50, p95 and Δ p50 against the first
+    /// variant.
+    pub fn print_totals(&self, labels: &[&str]) {
+        println!("| variant | p50 | p95 | Δ p50 |");
+        println!("|---|---|---|---|");
+        let totals = self.totals(labels.len());
         for (label, samples) in labels.iter().zip(&totals) {
             println!("{}", samples.delta_row(label, totals[0].p50()));
         }
