@@ -5,8 +5,9 @@
 //! plugin's CDI name (`nvidia.com/gpu=3` in nvhook's node spec), against the same device from
 //! the node's spec written with `cdi-mounts = "runtime"` (the runtime making the driver files'
 //! mounts; the node's own spec leaves them to nvhook's hook, the default), and against plain
-//! runc, the variants taking turns round by round in rotating order; the claim's pod against
-//! the device plugin's, paired by round. Needs `scripts/sid-engines.sh`.
+//! runc, the variants taking turns round by round in rotating order, each pod on a node left
+//! alone for a moment after the last; the claim's pod against the device plugin's, paired by
+//! round. Needs `scripts/sid-engines.sh`.
 
 use crate::pod_parts::{Pods, TimedRunc, engine_dir};
 use crate::stats::Samples;
@@ -23,6 +24,13 @@ use std::time::Instant;
 const RUNTIME_MOUNTS_KIND: &str = "nvhook-bench.example/runtime-mounts";
 
 const GPUS: u32 = 8;
+
+/// How long the node is left alone after each pod. A GPU pod leaves work behind for the kernel
+/// (its cgroup and mount namespace taken down after the CRI calls return), which on a 2-core
+/// VM the next pod's start pays: without this pause, the claim's pod, which the rotation put
+/// after another GPU pod three rounds in four, was slower than the device plugin's with the
+/// same OCI spec by more than nvhook's hook takes (docs/performance.md, fortieth round).
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(150);
 
 pub fn run(rounds: usize) {
     let node = SimNode::create(GPUS);
@@ -132,6 +140,7 @@ pub fn run(rounds: usize) {
             if round > 0 {
                 pods.push(variant, run);
             }
+            std::thread::sleep(SETTLE);
         }
     }
     registered
