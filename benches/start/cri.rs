@@ -11,7 +11,7 @@
 //! plugin and four with it (one per mode), and the variants take turns round by round, so that
 //! the machine's drift hits them alike. Needs `scripts/sid-engines.sh`.
 
-use crate::pod_parts::{Pods, TimedRunc, engine_dir};
+use crate::pod_parts::{Pods, TimedRunc, engine_dir, settle};
 use crate::stats::Samples;
 use crate::support::containerd2::{Containerd2Cri, DEFAULT_HANDLER, NriPlugin};
 use crate::support::cri::{ContainerRequest, Cri};
@@ -416,6 +416,7 @@ pub fn run(rounds: usize) {
                 v.samples.push(run.container_start.as_secs_f64() * 1e3);
                 pods.push(index, run);
             }
+            settle();
         }
     }
     drop(running);

@@ -9,7 +9,7 @@
 //! alone for a moment after the last; the claim's pod against the device plugin's, paired by
 //! round. Needs `scripts/sid-engines.sh`.
 
-use crate::pod_parts::{Pods, TimedRunc, engine_dir};
+use crate::pod_parts::{Pods, TimedRunc, engine_dir, settle};
 use crate::stats::Samples;
 use crate::support::SimNode;
 use crate::support::apiserver::ApiServer;
@@ -25,12 +25,6 @@ const RUNTIME_MOUNTS_KIND: &str = "nvhook-bench.example/runtime-mounts";
 
 const GPUS: u32 = 8;
 
-/// How long the node is left alone after each pod. A GPU pod leaves work behind for the kernel
-/// (its cgroup and mount namespace taken down after the CRI calls return), which on a 2-core
-/// VM the next pod's start pays: without this pause, the claim's pod, which the rotation put
-/// after another GPU pod three rounds in four, was slower than the device plugin's with the
-/// same OCI spec by more than nvhook's hook takes (docs/performance.md, fortieth round).
-const SETTLE: std::time::Duration = std::time::Duration::from_millis(150);
 
 pub fn run(rounds: usize) {
     let node = SimNode::create(GPUS);
@@ -140,7 +134,7 @@ pub fn run(rounds: usize) {
             if round > 0 {
                 pods.push(variant, run);
             }
-            std::thread::sleep(SETTLE);
+            settle();
         }
     }
     registered

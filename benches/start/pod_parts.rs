@@ -94,6 +94,16 @@ struct RuncCalls {
     start: Option<f64>,
 }
 
+/// Leaves the node alone for a moment after a pod. A GPU pod leaves work behind for the kernel
+/// (its cgroup and its mount namespace, with the hook's mounts, taken down after the CRI calls
+/// return), which on a 2-core VM the next pod's start pays; variants that take turns in a fixed
+/// order would each pay for the one before them. Without it, the dra part's claim pod, which
+/// followed another GPU pod three rounds in four, was slower than the device plugin's with the
+/// same OCI spec by more than nvhook's hook takes (docs/performance.md, fortieth round).
+pub fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(150));
+}
+
 /// The pods of a run: each measured pod's variant and its times.
 #[derive(Default)]
 pub struct Pods(Vec<(usize, PodRun)>);
