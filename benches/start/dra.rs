@@ -25,7 +25,6 @@ const RUNTIME_MOUNTS_KIND: &str = "nvhook-bench.example/runtime-mounts";
 
 const GPUS: u32 = 8;
 
-
 pub fn run(rounds: usize) {
     let node = SimNode::create(GPUS);
     let dir = engine_dir("dra-bench");

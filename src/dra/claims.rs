@@ -704,7 +704,10 @@ mod tests {
         assert!(args_file::inline(hook_args).unwrap().len() > hook_args.len());
         claims.unprepare("u1", &node).unwrap();
         assert!(!path.exists());
-        assert!(!args_path.exists(), "the hook's argument file outlived its spec");
+        assert!(
+            !args_path.exists(),
+            "the hook's argument file outlived its spec"
+        );
         assert_eq!(
             Checkpoint::load(&claims.checkpoint).unwrap(),
             Checkpoint::default()
