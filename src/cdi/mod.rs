@@ -199,20 +199,24 @@ pub const REFRESHED_SPEC: &str = "/var/run/cdi/nvidia.yaml";
 /// was written. An unchanged spec keeps its inode and times, so engines watching the
 /// directory see nothing happen.
 pub fn refresh_spec(path: &Path, text: &str) -> Result<bool, CdiError> {
-    match std::fs::read(path) {
-        Ok(current) if current == text.as_bytes() => return Ok(false),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(source) => {
-            return Err(CdiError::Io {
-                op: "read",
-                path: path.to_path_buf(),
-                source,
-            });
-        }
+    if holds(path, text)? {
+        return Ok(false);
     }
     write_spec(path, text)?;
     Ok(true)
+}
+
+/// Whether the file at `path` holds exactly `text` (none there: it does not).
+fn holds(path: &Path, text: &str) -> Result<bool, CdiError> {
+    match std::fs::read(path) {
+        Ok(current) => Ok(current == text.as_bytes()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(CdiError::Io {
+            op: "read",
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
 }
 
 /// What became of an extra spec's file.
@@ -260,6 +264,11 @@ pub fn write_imex_and_family_specs(
 /// time). Engines read only `*.json` and `*.yaml`: another name would be silently ignored.
 pub fn write_spec(path: &Path, text: &str) -> Result<(), CdiError> {
     spec_dir(path)?;
+    write_checked(path, text)
+}
+
+/// [`write_spec`] of a `path` [`spec_dir`] has checked.
+fn write_checked(path: &Path, text: &str) -> Result<(), CdiError> {
     write_atomic(path, text.as_bytes(), NewFile::mode(0o644)).map_err(|source| CdiError::Io {
         op: "write",
         path: path.to_path_buf(),
@@ -315,10 +324,10 @@ pub fn write_gpu_spec(
             .map_err(io("write the hook's arguments of", path))?;
     }
     let text = spec.to_text(format);
-    let written = match only_if_changed {
-        true => refresh_spec(path, &text)?,
-        false => write_spec(path, &text).map(|()| true)?,
-    };
+    let written = !(only_if_changed && holds(path, &text)?);
+    if written {
+        write_checked(path, &text)?;
+    }
     let keep: Vec<&Path> = (file.iter().map(|f| f.path.as_path()))
         .chain(previous.as_deref())
         .collect();

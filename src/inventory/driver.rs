@@ -136,8 +136,9 @@ pub struct HostCache {
     id: Option<FileId>,
     /// Its entries, once read.
     file: OnceCell<CacheFile>,
-    /// `libnvidia-ml.so.1`'s entry, as a start before found it in this very file.
-    known_nvml: Option<String>,
+    /// `libnvidia-ml.so.1`'s entry, once looked up, or as a start before found it in this very
+    /// file.
+    nvml: OnceCell<String>,
     /// Whose entries are taken: the loader of this architecture's (the build target's).
     arch: Arch,
 }
@@ -153,17 +154,17 @@ impl HostCache {
             path,
             id: Some(FileId::of_metadata(&meta)),
             file: OnceCell::new(),
-            known_nvml: None,
+            nvml: OnceCell::new(),
             arch: Arch::HOST,
         })
     }
 
     /// The cache, taking NVML's library from `kept` where its search read this very file.
     pub(super) fn knowing(self, kept: Option<&Kept>) -> HostCache {
-        let known_nvml = kept
-            .and_then(|k| k.nvml_entry(self.id.as_ref()))
-            .map(str::to_owned);
-        HostCache { known_nvml, ..self }
+        if let Some(known) = kept.and_then(|k| k.nvml_entry(self.id.as_ref())) {
+            let _ = self.nvml.set(known.to_owned());
+        }
+        self
     }
 
     /// The entries, read now if they were not yet. A file replaced since it was opened is read
@@ -198,16 +199,17 @@ impl HostCache {
 
     /// `libnvidia-ml.so.1`'s path as the cache lists it, in the driver root's terms.
     fn nvml_entry(&self) -> Result<String, DriverError> {
-        if let Some(known) = &self.known_nvml {
+        if let Some(known) = self.nvml.get() {
             return Ok(known.clone());
         }
-        self.file()?
+        let found = self
+            .file()?
             .lookup("libnvidia-ml.so.1", self.arch, ElfClass::Lib64)
             .map_err(|source| self.bad(source))?
-            .map(|e| e.path)
             .ok_or_else(|| DriverError::NoNvml {
                 cache: self.path.clone(),
-            })
+            })?;
+        Ok(self.nvml.get_or_init(|| found.path).clone())
     }
 
     /// Every entry, in the loader's order.
@@ -471,7 +473,7 @@ mod tests {
             path: root.join("etc/ld.so.cache"),
             id,
             file: OnceCell::from(CacheFile::new(cache.to_bytes().unwrap()).unwrap()),
-            known_nvml: None,
+            nvml: OnceCell::new(),
             arch,
         }
     }
