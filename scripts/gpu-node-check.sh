@@ -105,6 +105,14 @@ drop_layers() {
   rm -rf "$KIT/layers"
 }
 
+# finish: what a check leaves at its exit: no layer, and none of the state it kept (the CDI
+# hook's trees are mounts).
+finish() {
+  drop_layers
+  if mountpoint -q "$KIT/state/hook-trees"; then umount --lazy "$KIT/state/hook-trees"; fi
+  rm -rf "$KIT/state"
+}
+
 # bundle NAME ARGS_JSON ENV_JSON [HOOK]: a bundle on $KIT/image (ROOTFS overrides).
 bundle() {
   local dir="$KIT/b-$1"
@@ -130,11 +138,16 @@ PY
   rm -f "$dir/nvhook-plan.json"
 }
 
-config() { # config NAME EXTRA-LINES
+# config NAME EXTRA-LINES: $KIT/NAME.toml. What nvhook keeps between starts (NVML's answer, the
+# driver files, the CDI hook's trees) is kept in $KIT/state, not in the machine's /run/nvhook.
+config() {
+  local state="nvml-cache-file = \"$KIT/state/nvml.json\""
+  case $2 in *nvml-cache-file*) state= ;; esac
   cat > "$KIT/$1.toml" <<EOT
 log-file = "$OUT/$1.log"
 hook-path = "$KIT/bin/nvhook"
 runtimes = ["$KIT/bin/runc"]
+$state
 ${NVHOOK_EXTRA_CONFIG:-}
 $2
 EOT
@@ -588,14 +601,14 @@ case "${1:-}" in
   pack) pack "$(realpath -m "${2:?pack DIR}")" ;;
   run)
     KIT=$(cd "$(dirname "$0")" && pwd)
-    trap drop_layers EXIT
+    trap finish EXIT
     run "$(realpath -m "${2:?run OUT}")"
     ;;
   compat | nested | memlimits | cdi | costs)
     KIT=$(cd "$(dirname "$0")" && pwd) OUT=$(realpath -m "${2:?$1 OUT}")
     mkdir -p "$OUT"
     export LD_LIBRARY_PATH=$KIT/bin
-    trap drop_layers EXIT
+    trap finish EXIT
     "$1"
     ;;
   *) echo "usage: $0 pack DIR | run OUT | compat OUT | nested OUT | memlimits OUT | cdi OUT | costs OUT" >&2; exit 2 ;;

@@ -19,6 +19,7 @@ pub mod dra;
 pub mod elf_machine;
 pub mod entry;
 mod file_id;
+pub mod gathered;
 mod glob;
 pub mod hook;
 pub mod host_plan;

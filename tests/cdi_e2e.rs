@@ -848,9 +848,9 @@ fn gpu_node_checks_cdi_check_runs_containers_through_nvhooks_spec() {
     for (prefix, count) in [
         ("whole start, this build - the other: ", 1),
         ("over the floor with a hook: ", 2),
-        // process, sources, state, request, enter, trees, mounts, image, folders+compat,
-        // links+ldcache, proc, and their sum.
-        (steps, 12),
+        // process, sources, state, request, enter, visit, trees, mounts, image,
+        // folders+compat, links+ldcache, proc, and their sum.
+        (steps, 13),
     ] {
         let found = values(prefix);
         assert_eq!(found.len(), count, "{prefix}{found:?}\n{report}");
@@ -858,6 +858,10 @@ fn gpu_node_checks_cdi_check_runs_containers_through_nvhooks_spec() {
             assert!(v.parse::<f64>().is_ok(), "{prefix}{v}\n{report}");
         }
     }
+    // The kit kept its state (the CDI hook's trees) in its own directory, and left none of it.
+    let left = support::engines::mount_points_below(&kit);
+    assert!(left.is_empty(), "{left:#?}");
+    assert!(!kit.join("state").exists());
     // The costs check: each part of a view's kernel work timed, nothing left mounted or made.
     let costs = support::gpu_kit::run(&kit, "costs", &out, &node, &[]);
     let report = support::gpu_kit::report(&costs, &out, &[]);

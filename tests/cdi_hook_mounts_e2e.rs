@@ -204,6 +204,116 @@ fn one_directory_under_two_names_keeps_its_files_per_file() {
     );
 }
 
+/// A tree is made once on the node and copied into each container after: the second
+/// container's hook makes none and its container sees the same files and links. A driver file
+/// replaced (a new inode, as an upgrade writes it) gets a new tree, and the old one is removed
+/// from the node with its mounts. Where the node's store cannot be made, the container gets a
+/// tmpfs of its own with the same files, and the log says why.
+#[test]
+fn a_tree_is_kept_on_the_node_and_copied_into_each_container() {
+    require_root();
+    let node = SimNode::create(GPUS);
+    let sources = node.driver_root().join("opt-nvidia");
+    std::fs::create_dir(&sources).expect("make the sources' directory");
+    for (name, text) in [("a.bin", "one"), ("b.bin", "two")] {
+        std::fs::write(sources.join(name), text).expect("write a source");
+    }
+    let script = "cat /opt/nvidia/a.bin /opt/nvidia/lib/b.bin; echo; readlink /opt/nvidia/c.bin";
+    let start = || {
+        let mut bundle = Bundle::new(busybox_image(), &["/bin/sh", "-c", script]);
+        std::fs::create_dir_all(bundle.rootfs().join("opt")).expect("make opt");
+        let mut args = vec![
+            json!("nvhook"),
+            json!("--config"),
+            json!(node.config()),
+            json!("hook"),
+            json!("createRuntime"),
+            json!("--link"),
+            json!("/opt/nvidia/c.bin=a.bin"),
+        ];
+        for (source, file) in [
+            ("a.bin", "/opt/nvidia/a.bin"),
+            ("b.bin", "/opt/nvidia/lib/b.bin"),
+        ] {
+            args.extend([
+                json!("--bind-file"),
+                json!(sources.join(source)),
+                json!(file),
+            ]);
+        }
+        bundle.raw_hook(
+            "createRuntime",
+            json!({ "path": nvhook_bin(), "args": args }),
+        );
+        // In the host's mount namespace, where the node's store stays between starts.
+        let output = run_clean(&bundle, Some(&node), RuntimeEnv::CgroupV1);
+        output.assert_success();
+        output
+    };
+    let store = node.root().join("run/hook-trees");
+    let trees = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&store)
+            .map(|entries| entries.flatten())
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| !name.starts_with('.'))
+            .collect();
+        names.sort();
+        names
+    };
+    let kept_mounts = |tree: &str| {
+        let table = std::fs::read_to_string("/proc/self/mountinfo").expect("read the mount table");
+        let at = store.join(tree).display().to_string();
+        table.lines().filter(|l| l.contains(&at)).count()
+    };
+    let made = |log: &str| log.matches("a tree kept on the host").count();
+    let seen = "onetwo\na.bin\n";
+    for round in 1..=2 {
+        let output = start();
+        assert_eq!(output.stdout, seen, "round {round}: {output}");
+        let log = node.log();
+        assert_eq!(made(&log), 1, "round {round}:\n{log}");
+        assert_eq!(
+            log.matches("in_trees=2 trees=1 kept=1").count(),
+            round,
+            "{log}"
+        );
+    }
+    let first = trees();
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(kept_mounts(&first[0]), 2);
+    // The driver upgraded: a.bin is a new file.
+    std::fs::remove_file(sources.join("a.bin")).expect("remove a source");
+    std::fs::write(sources.join("a.bin"), "ONE").expect("write a source anew");
+    let output = start();
+    assert_eq!(output.stdout, "ONEtwo\na.bin\n", "{output}");
+    assert_eq!(made(&node.log()), 2, "{}", node.log());
+    let second = trees();
+    assert!(second.len() == 1 && second != first, "{first:?} {second:?}");
+    assert_eq!(kept_mounts(&first[0]), 0, "the old tree's mounts are left");
+    assert!(!store.join(format!(".{}.sources", first[0])).exists());
+    // A store that cannot be made: a tmpfs of the container's own.
+    let unmounted = Command::new("umount").arg("--lazy").arg(&store).status();
+    assert!(
+        unmounted.is_ok_and(|s| s.success()),
+        "umount {}",
+        store.display()
+    );
+    std::fs::remove_dir_all(&store).expect("remove the store");
+    std::fs::write(&store, "").expect("put a file in the store's place");
+    let output = start();
+    assert_eq!(output.stdout, "ONEtwo\na.bin\n", "{output}");
+    let log = node.log();
+    assert!(
+        log.lines().any(|l| l
+            .contains("the directory gets a tmpfs of its own: no kept tree: cannot create")
+            && l.ends_with("dir=/opt/nvidia")),
+        "{log}"
+    );
+    assert!(log.contains("in_trees=2 trees=1 kept=0"), "{log}");
+}
+
 /// The hook makes no mount on the runtime's side: at createContainer when the runtime runs it
 /// in its own mount namespace (against the OCI spec), at createRuntime when the state's pid
 /// shares that namespace (no container's process). One line each, and the rootfs is as it was.

@@ -1740,41 +1740,50 @@ fn uninstall_sh_undoes_install_sh_in_nri_mode() {
 }
 
 /// NRI mode, where the plugin was killed before it could unmount the driver directories it
-/// gathered in nvhook's state directory (a tmpfs with a driver file bound in it): uninstall.sh
-/// unmounts them and removes the state directory, and leaves nothing mounted.
+/// gathered in nvhook's state directory, and the trees the CDI hook keeps there (each a tmpfs
+/// with a driver file bound in it): uninstall.sh unmounts both and removes the state
+/// directory, and leaves nothing mounted.
 #[test]
-fn uninstall_sh_unmounts_the_driver_directories_a_killed_nri_plugin_left() {
+fn uninstall_sh_unmounts_the_driver_files_nvhook_gathered() {
     support::require_root();
     let m = manifests();
     let host = Host::with_containerd_config("containerd-2.3-default.toml");
     fs::create_dir_all(host.at("/usr/local")).unwrap();
     host.install(&m.nri_daemon_set);
-    let gathered = host.at("/run/nvhook/driver-dirs");
-    fs::create_dir_all(&gathered).unwrap();
     let mount = |args: &[&std::ffi::OsStr]| {
         let status = Command::new("mount").args(args).status().unwrap();
         assert!(status.success(), "mount {args:?}");
     };
-    mount(&[
-        "-t".as_ref(),
-        "tmpfs".as_ref(),
-        "tmpfs".as_ref(),
-        gathered.as_os_str(),
-    ]);
-    let set = gathered.join("0123456789abcdef");
-    fs::create_dir(&set).unwrap();
-    let file = set.join("libcuda.so.1");
-    fs::write(&file, "").unwrap();
-    let source = host.at("/usr/local/nvhook/bin/nvhook");
-    mount(&["--bind".as_ref(), source.as_os_str(), file.as_os_str()]);
+    let stores = ["/run/nvhook/driver-dirs", "/run/nvhook/hook-trees"];
+    for store in stores {
+        let gathered = host.at(store);
+        fs::create_dir_all(&gathered).unwrap();
+        mount(&[
+            "-t".as_ref(),
+            "tmpfs".as_ref(),
+            "tmpfs".as_ref(),
+            gathered.as_os_str(),
+        ]);
+        let set = gathered.join("0123456789abcdef");
+        fs::create_dir(&set).unwrap();
+        let file = set.join("libcuda.so.1");
+        fs::write(&file, "").unwrap();
+        let source = host.at("/usr/local/nvhook/bin/nvhook");
+        mount(&["--bind".as_ref(), source.as_os_str(), file.as_os_str()]);
+    }
 
     let said = host.uninstall(&m.nri_daemon_set);
-    assert!(
-        said.contains("unmounted the NRI plugin's driver directories (/run/nvhook/driver-dirs)"),
-        "{said}"
-    );
+    for store in stores {
+        assert!(
+            said.contains(&format!(
+                "unmounted the driver files nvhook gathered ({store})"
+            )),
+            "{said}"
+        );
+    }
     assert!(said.contains("nvhook-uninstall: done"), "{said}");
-    let left = support::host_mounts_referencing(&[&host.root()]);
+    // The mount table itself: the kept trees are left out of host_mounts_referencing.
+    let left = support::engines::mount_points_below(&host.root());
     assert!(left.is_empty(), "{left:#?}");
     assert!(!host.at("/run/nvhook").exists(), "{said}");
 }

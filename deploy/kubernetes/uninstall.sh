@@ -146,20 +146,22 @@ for name in nvhook nvhook-runtime nvhook-nvml \
 done
 rmdir "$host$nvhook_dir/bin" 2>/dev/null || true
 rmdir "$host$nvhook_dir" 2>/dev/null || true
-# The driver directories an NRI plugin gathered beside NVML's cache, if it was killed before
-# it could unmount them: the host's mount (its namespace entered through PID 1, where $host
-# is PID 1's root), then this container's own copy of it where it has one; rm cannot remove
-# a mount point.
+# The driver files gathered beside NVML's cache: the trees the CDI hook keeps for the next
+# containers (hook-trees), and the directories an NRI plugin gathered (driver-dirs) if it was
+# killed before it could unmount them. The host's mount (its namespace entered through PID 1,
+# where $host is PID 1's root), then this container's own copy of it where it has one; rm
+# cannot remove a mount point. Running containers keep their own copies.
 host_is_pid1s_root=false
 [ "$(stat -L -c %d:%i "$host/" 2>/dev/null)" != "$(stat -L -c %d:%i /proc/1/root/ 2>/dev/null)" ] ||
     host_is_pid1s_root=true
-for gathered in "$host/run/nvhook/driver-dirs" "$(dirname "$cache")/driver-dirs"; do
+for gathered in "$host/run/nvhook/driver-dirs" "$(dirname "$cache")/driver-dirs" \
+    "$host/run/nvhook/hook-trees" "$(dirname "$cache")/hook-trees"; do
     mountpoint -q "$gathered" 2>/dev/null || continue
     if $host_is_pid1s_root; then
         nsenter --target 1 --mount -- umount --lazy "${gathered#"$host"}" 2>/dev/null || true
     fi
     umount --lazy "$gathered" 2>/dev/null || true
-    say "unmounted the NRI plugin's driver directories (${gathered#"$host"})"
+    say "unmounted the driver files nvhook gathered (${gathered#"$host"})"
 done
 rm -rf "$host/run/nvhook"
 say "done: nvhook is off this node"

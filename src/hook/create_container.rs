@@ -10,7 +10,8 @@
 //! to that. What to do comes in its arguments, because a static spec cannot point at a
 //! per-container plan file, and arguments show in the spec for review.
 
-use super::dir_groups::{DirGroup, dir_groups};
+use super::dir_groups::{DirGroup, could_be_in_trees, dir_groups};
+use super::kept_trees::KeptTrees;
 use super::nvidia_hooks;
 use super::step::Step;
 use super::userns::ContainerRoot;
@@ -44,13 +45,17 @@ pub enum Stage {
 /// that it does not wait for the state with nothing done.
 pub struct BeforeState {
     stage: Stage,
-    /// The driver files' sources (`cdi-mounts = "hook"`), opened, in the order of the mounts.
-    sources: Vec<OwnedFd>,
+    /// The driver files' sources (`cdi-mounts = "hook"`), in the order of the mounts: opened,
+    /// or None where the file could be in a tree a copy of a kept one may give the container
+    /// (opened on the visit to the runtime's mount namespace where no copy does).
+    sources: Vec<Option<OwnedFd>>,
+    /// The kept trees, at createRuntime where nvhook keeps state.
+    kept: Option<KeptTrees>,
 }
 
 /// Checks the spec's GPU layout stamp and, where the hook makes mounts at createContainer,
 /// that it runs in the container's own mount namespace; then opens the driver files'
-/// sources. Nothing of the container is touched.
+/// sources, less those a kept tree may hold. Nothing of the container is touched.
 pub fn before_state(
     config: &Config,
     args: &LinkArgs,
@@ -63,6 +68,7 @@ pub fn before_state(
         return Ok(BeforeState {
             stage,
             sources: Vec::new(),
+            kept: None,
         });
     }
     // At createContainer the OCI spec runs this hook in the container's own mount namespace:
@@ -72,12 +78,22 @@ pub fn before_state(
     {
         return Err(HookError::HostMountNamespace);
     }
-    let sources = args
-        .mounts
-        .iter()
-        .map(effects::open_source)
+    // Opened in the runtime's mount namespace, which holds the store.
+    let kept = (stage == Stage::CreateRuntime)
+        .then(|| KeptTrees::open(config))
+        .flatten();
+    let deferred = match kept {
+        Some(_) => could_be_in_trees(args),
+        None => vec![false; args.mounts.len()],
+    };
+    let sources = (args.mounts.iter().zip(deferred))
+        .map(|(mount, deferred)| (!deferred).then(|| effects::open_source(mount)).transpose())
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(BeforeState { stage, sources })
+    Ok(BeforeState {
+        stage,
+        sources,
+        kept,
+    })
 }
 
 /// Applies `args` to the rootfs of the container `state` describes, with what
@@ -118,21 +134,33 @@ pub fn create_container(
     let container_root = pid.map(enter_container).transpose()?;
     let mounts = spec.as_ref().map(Spec::mount_points).unwrap_or_default();
     let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&mounts);
-    // A directory the image lacks gets a tmpfs of the container's own, where the files' mount
-    // points, the links and the directories holding them cost the container's new layer
-    // nothing. Not where the image has the directory (the tmpfs would hide its files), nor in
-    // a user namespace of the container's own, whose root would not own what the hook makes
-    // there.
+    // A directory the image lacks gets a tree (a copy of one kept on the host, or a tmpfs of
+    // the container's own), where the files' mount points, the links and the directories
+    // holding them cost the container's new layer nothing. Not where the image has the
+    // directory (the tree would hide its files), nor in a user namespace of the container's
+    // own, whose root would not own what the hook makes there.
     let trees = match container_root {
         Some(Some(_)) => Vec::new(),
         _ => one_tree_per_directory(&rootfs, dir_groups(args, |dir| rootfs.missing_from(dir))),
     };
-    if let Some(root) = container_root {
-        effects::act_as_container_root(root)?;
+    if container_root.is_some() {
         step.done("enter");
     }
+    // Before the hook acts as the container's root: what it makes on the host is the host's.
+    let mut sources = before.sources;
+    let copies = match (&before.kept, pid) {
+        (Some(kept), Some(pid)) if !trees.is_empty() || sources.iter().any(Option::is_none) => {
+            let copies = kept.visit(&trees, args, &mut sources, pid)?;
+            step.done("visit");
+            copies
+        }
+        _ => trees.iter().map(|_| None).collect(),
+    };
+    if let Some(root) = container_root {
+        effects::act_as_container_root(root)?;
+    }
     if !args.mounts.is_empty() {
-        mount_driver_files(&rootfs, args, &before.sources, &trees, &mut step)?;
+        mount_driver_files(&rootfs, args, &sources, (&trees, copies), &mut step)?;
     }
     // Which images have a glibc cache is only known now: a static spec serves them all.
     let image = rootfs.probe();
@@ -283,19 +311,32 @@ fn one_tree_per_directory(rootfs: &Rootfs, trees: Vec<DirGroup>) -> Vec<DirGroup
 
 /// The driver files' bind mounts a spec leaves to this hook (`cdi-mounts = "hook"`): each
 /// source, opened by [`before_state`] as a detached read-only tree, attached at its target
-/// inside the rootfs, or for the directories in `trees`, inside the directory's own tmpfs
-/// with the directory's links: the steps `trees`, then `mounts` for the files bound one by one.
+/// inside the rootfs; for the directories in `trees`, the copy of its kept tree where there
+/// is one, else the directory's own tmpfs holding its files and links: the steps `trees`, then
+/// `mounts` for the files bound one by one.
 fn mount_driver_files(
     rootfs: &Rootfs,
     args: &LinkArgs,
-    sources: &[OwnedFd],
-    trees: &[DirGroup],
+    sources: &[Option<OwnedFd>],
+    (trees, copies): (&[DirGroup], Vec<Option<OwnedFd>>),
     step: &mut Step,
 ) -> Result<(), HookError> {
-    for group in trees {
+    // Each source not in a kept tree's copy was opened, before the state or on the visit.
+    let opened = |i: usize| {
+        sources[i].as_ref().ok_or_else(|| HookError::Source {
+            path: args.mounts[i].source.clone(),
+            source: std::io::Error::other("not opened in the runtime's mount namespace"),
+        })
+    };
+    let kept = copies.iter().filter(|c| c.is_some()).count();
+    for (group, copy) in trees.iter().zip(copies) {
+        if let Some(copy) = copy {
+            effects::attach_dir_in(rootfs, &copy, &group.dir)?;
+            continue;
+        }
         let files: Vec<(&str, &OwnedFd)> = (group.mounts.iter())
-            .map(|&i| (group.relative(&args.mounts[i].destination), &sources[i]))
-            .collect();
+            .map(|&i| Ok((group.relative(&args.mounts[i].destination), opened(i)?)))
+            .collect::<Result<_, HookError>>()?;
         let links: Vec<(&str, &str)> = (group.links.iter())
             .map(|&i| {
                 let link = &args.symlinks[i];
@@ -305,9 +346,9 @@ fn mount_driver_files(
         effects::tmpfs_tree_in(rootfs, &group.dir, &files, &links)?;
     }
     step.done("trees");
-    for (i, (mount, source)) in args.mounts.iter().zip(sources).enumerate() {
+    for (i, mount) in args.mounts.iter().enumerate() {
         if !trees.iter().any(|group| group.mounts.contains(&i)) {
-            effects::attach_in(rootfs, source, mount)?;
+            effects::attach_in(rootfs, opened(i)?, mount)?;
         }
     }
     let in_trees: usize = trees.iter().map(|group| group.mounts.len()).sum();
@@ -315,6 +356,7 @@ fn mount_driver_files(
         mounts = args.mounts.len(),
         in_trees,
         trees = trees.len(),
+        kept,
         "driver files mounted"
     );
     step.done("mounts");

@@ -50,12 +50,7 @@ const MIN_ENTRIES: usize = 2;
 /// or above it, no cache folder, no loader file, no link on the directory or above it, no path
 /// twice, no `.` or `..` in a path.
 pub fn dir_groups(args: &LinkArgs, missing: impl Fn(&str) -> Option<String>) -> Vec<DirGroup> {
-    let mut direct: BTreeMap<&str, usize> = BTreeMap::new();
-    for mount in args.mounts.iter().filter(|m| m.kind == MountKind::File) {
-        if let Some((dir, _)) = parent(&mount.destination) {
-            *direct.entry(dir).or_default() += 1;
-        }
-    }
+    let direct = direct_files(args);
     let mut tops: Vec<String> = Vec::new();
     let mut roots = BTreeMap::new();
     for &dir in direct.keys() {
@@ -63,9 +58,8 @@ pub fn dir_groups(args: &LinkArgs, missing: impl Fn(&str) -> Option<String>) -> 
         // parent exists. Else the image is asked, only about a directory that could be in a
         // tree: each question is a lookup in the container's layer.
         let known = tops.iter().find(|top| inside(dir, top)).cloned();
-        let could_be_in_a_tree = || below_top_level(dir).any(|at| driver_only(at, &direct));
-        let Some(top) = known.or_else(|| could_be_in_a_tree().then(|| missing(dir)).flatten())
-        else {
+        let could_be = || could_be_in_a_tree(dir, &direct);
+        let Some(top) = known.or_else(|| could_be().then(|| missing(dir)).flatten()) else {
             continue;
         };
         if let Some(root) = tree_root(dir, &top, &direct) {
@@ -138,6 +132,35 @@ pub fn dir_groups(args: &LinkArgs, missing: impl Fn(&str) -> Option<String>) -> 
         }
     }
     groups
+}
+
+/// Which of `args`'s mounts could be in a tree of [`dir_groups`] for some image: file mounts in
+/// a directory that is, or is under, one only the driver fills. The others never are.
+pub fn could_be_in_trees(args: &LinkArgs) -> Vec<bool> {
+    let direct = direct_files(args);
+    (args.mounts.iter())
+        .map(|m| {
+            m.kind == MountKind::File
+                && parent(&m.destination).is_some_and(|(dir, _)| could_be_in_a_tree(dir, &direct))
+        })
+        .collect()
+}
+
+/// The number of file mounts directly in each directory.
+fn direct_files(args: &LinkArgs) -> BTreeMap<&str, usize> {
+    let mut direct: BTreeMap<&str, usize> = BTreeMap::new();
+    for mount in args.mounts.iter().filter(|m| m.kind == MountKind::File) {
+        if let Some((dir, _)) = parent(&mount.destination) {
+            *direct.entry(dir).or_default() += 1;
+        }
+    }
+    direct
+}
+
+/// Whether the files directly in `dir` could be in a tree: `dir` or one of its ancestors
+/// below the top level is one only the driver fills.
+fn could_be_in_a_tree(dir: &str, direct: &BTreeMap<&str, usize>) -> bool {
+    below_top_level(dir).any(|at| driver_only(at, direct))
 }
 
 /// The tree's directory for the file mounts in `dir`, where `top` is the highest of `dir` and

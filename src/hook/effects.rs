@@ -154,7 +154,7 @@ impl ContainerEffects for SystemInside {
             }
             Some(host) => {
                 let (target, _) = self.rootfs.mount_target(&node.path, MountKind::File)?;
-                attach(host, &target, &node.path)?;
+                attach(host.as_fd(), target.as_fd(), &node.path)?;
             }
         }
         Ok(())
@@ -236,11 +236,18 @@ pub fn open_source(mount: &Mount) -> Result<OwnedFd, HookError> {
 /// `rootfs`, from a process in the container's mount namespace.
 pub fn attach_in(rootfs: &Rootfs, source: &OwnedFd, mount: &Mount) -> Result<(), HookError> {
     let (target, existing) = rootfs.mount_target(&mount.destination, mount.kind)?;
-    attach(source, &target, &mount.destination)?;
+    attach(source.as_fd(), target.as_fd(), &mount.destination)?;
     if existing == Existing::Replaced {
         tracing::info!(path = %mount.destination, "covered the image's own file with the host's");
     }
     Ok(())
+}
+
+/// Attaches `tree` (a detached mount) on the directory `dir`, made in the rootfs where the image
+/// lacks it.
+pub fn attach_dir_in(rootfs: &Rootfs, tree: &OwnedFd, dir: &str) -> Result<(), HookError> {
+    let (target, _) = rootfs.mount_target(dir, MountKind::Dir)?;
+    Ok(attach(tree.as_fd(), target.as_fd(), dir)?)
 }
 
 /// A tmpfs of the container's own on the directory `dir`, made in the rootfs, holding each of
@@ -254,12 +261,28 @@ pub fn tmpfs_tree_in(
     files: &[(&str, &OwnedFd)],
     links: &[(&str, &str)],
 ) -> Result<(), HookError> {
-    let (target, _) = rootfs.mount_target(dir, MountKind::Dir)?;
     // The mode a directory made in the layer gets; the tmpfs is read-only once filled.
     let tmpfs = sys::new_tmpfs(c"0755").map_err(|e| op_err("make a tmpfs for", dir, e))?;
-    sys::attach(tmpfs.as_fd(), target.as_fd()).map_err(|e| op_err("mount a tmpfs on", dir, e))?;
+    attach_dir_in(rootfs, &tmpfs, dir)?;
+    let files: Vec<(&str, BorrowedFd)> = files.iter().map(|&(p, fd)| (p, fd.as_fd())).collect();
+    fill_tree(tmpfs.as_fd(), dir, &files, links)?;
+    // Recursive, as mount_setattr(2) is here: the files' mounts are read-only already.
+    sys::set_attrs(tmpfs.as_fd(), sys::MOUNT_ATTR_RDONLY)
+        .map_err(|e| op_err("make read-only", dir, e))?;
+    Ok(())
+}
+
+/// Fills the empty directory `root` (`dir` on the error's path): each of `files` (a path
+/// relative to it, and its source from [`open_source`]) attached on a file made there, and each
+/// of `links` (a relative path and its target), with the directories holding them.
+pub fn fill_tree(
+    root: BorrowedFd,
+    dir: &str,
+    files: &[(&str, BorrowedFd)],
+    links: &[(&str, &str)],
+) -> Result<(), RootfsError> {
     let mut tree = TreeDirs {
-        root: tmpfs.as_fd(),
+        root,
         made: HashMap::new(),
     };
     for &(path, source) in files {
@@ -268,7 +291,7 @@ pub fn tmpfs_tree_in(
         // A new inode of our own (O_EXCL, no link followed): its descriptor is the mount point.
         let point = sys::open_at(at, &name, NEW_FILE, 0o644)
             .map_err(|e| op_err("create mount point", &full, e))?;
-        attach(source, &point, &full)?;
+        attach(source, point.as_fd(), &full)?;
     }
     for &(path, target) in links {
         let full = format!("{dir}/{path}");
@@ -276,9 +299,6 @@ pub fn tmpfs_tree_in(
         let target = CString::new(target).map_err(|e| op_err("link", &full, e))?;
         sys::symlink_at(&target, at, &name).map_err(|e| op_err("create link", &full, e))?;
     }
-    // Recursive, as mount_setattr(2) is here: the files' mounts are read-only already.
-    sys::set_attrs(tmpfs.as_fd(), sys::MOUNT_ATTR_RDONLY)
-        .map_err(|e| op_err("make read-only", dir, e))?;
     Ok(())
 }
 
@@ -326,10 +346,6 @@ impl TreeDirs<'_> {
     }
 }
 
-fn attach(source: &OwnedFd, target: &OwnedFd, path: &str) -> Result<(), RootfsError> {
-    sys::attach(source.as_fd(), target.as_fd()).map_err(|e| RootfsError::Op {
-        op: "mount",
-        path: path.to_string(),
-        message: e.to_string(),
-    })
+fn attach(source: BorrowedFd, target: BorrowedFd, path: &str) -> Result<(), RootfsError> {
+    sys::attach(source, target).map_err(|e| op_err("mount", path, e))
 }

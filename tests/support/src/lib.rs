@@ -41,7 +41,7 @@ pub use image::{
     glibc_image_with_fake_libcuda, source,
 };
 pub use mountns::{MountNs, table_diff};
-pub use mounts::{Bpffs, host_mounts_referencing, tree_listing};
+pub use mounts::{Bpffs, host_mounts_referencing, kept_by_the_node, tree_listing};
 pub use node::{NodeOptions, SimNode, profile_dir, simnode_bin, target_tmp_dir, workspace_bin};
 pub use run::run_clean;
 pub use runc::{

@@ -59,12 +59,14 @@ impl MountNs {
         self.env
     }
 
-    /// The namespace's whole mount table, line by line.
+    /// The namespace's mount table, line by line, less the trees nodes keep
+    /// ([`super::kept_by_the_node`]).
     pub fn table(&self) -> Vec<String> {
         let path = format!("/proc/{}/mountinfo", self.holder.id());
         fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("read {path}: {e}"))
             .lines()
+            .filter(|line| !super::kept_by_the_node(line))
             .map(str::to_owned)
             .collect()
     }

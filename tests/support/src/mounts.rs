@@ -59,9 +59,19 @@ pub fn host_mounts_referencing(paths: &[&Path]) -> Vec<String> {
     let needles: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     table
         .lines()
+        .filter(|line| !kept_by_the_node(line))
         .filter(|line| needles.iter().any(|needle| line.contains(needle.as_str())))
         .map(str::to_owned)
         .collect()
+}
+
+/// Whether a mount table line is one of the trees the CDI hook keeps on a node between
+/// containers (`hook-trees` beside NVML's cached answer, unmounted with the node): the node's
+/// state, not a mount a container left.
+pub fn kept_by_the_node(line: &str) -> bool {
+    line.split(' ')
+        .nth(4)
+        .is_some_and(|point| point.contains("/hook-trees"))
 }
 
 /// A sorted description of every entry under `root` (type, mode, size, link
