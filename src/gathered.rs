@@ -107,7 +107,7 @@ impl Store {
             .and_then(|()| {
                 crate::atomic_file::write_atomic(
                     &list,
-                    sources.as_bytes(),
+                    sources_list(&sources).as_bytes(),
                     crate::atomic_file::NewFile::mode(0o600),
                 )
                 .map_err(io("write", &list))
@@ -171,16 +171,26 @@ impl Store {
     }
 
     /// Removes the directories other than `keep` whose sources changed (a driver upgraded,
-    /// its files replaced): their binds would keep the old files on the host's disk.
+    /// its files replaced), and those a process that is gone left half-gathered: their binds
+    /// would keep the old files on the host's disk.
     fn remove_stale(&self, keep: &str) {
         let Ok(entries) = std::fs::read_dir(&self.root) else {
             return;
         };
         for entry in entries.flatten() {
             let name = entry.file_name();
-            let Some(name) = name.to_str().filter(|n| !n.starts_with('.') && *n != keep) else {
+            let Some(name) = name.to_str().filter(|n| *n != keep) else {
                 continue;
             };
+            if let Some(hidden) = name.strip_prefix('.') {
+                // `.NAME.PID`, being gathered: left where that process is alive.
+                let builder = hidden.rsplit_once('.').map(|(_, pid)| pid);
+                let gone = builder.filter(|pid| pid.bytes().all(|b| b.is_ascii_digit()));
+                if gone.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
+                    remove(&entry.path());
+                }
+                continue;
+            }
             let list = self.root.join(format!(".{name}.sources"));
             let current = std::fs::read_to_string(&list)
                 .ok()
@@ -261,18 +271,19 @@ fn identity(source: &Path) -> io::Result<[u64; 5]> {
 }
 
 /// The directory's name, as sixteen hex digits of what it holds and each source's identity;
-/// and the list of its sources with their identities (one a line, the path last).
-fn name_of(contents: &Contents) -> Result<(String, String), GatherError> {
+/// and its sources with their identities, for [`sources_list`].
+fn name_of<'a>(contents: &Contents<'a>) -> Result<(String, Vec<(&'a Path, [u64; 5])>), GatherError> {
     let mut files = contents.files.clone();
     files.sort();
     let mut links = contents.links.clone();
     links.sort();
     let mut bytes = Vec::new();
-    let mut list = String::new();
+    let mut sources = Vec::with_capacity(files.len());
     for (name, source) in files {
         plain(name)?;
-        let text = source.to_str().filter(|s| !s.contains('\n'));
-        let text = text.ok_or_else(|| GatherError::Name(source.display().to_string()))?;
+        if source.to_str().is_none_or(|s| s.contains('\n')) {
+            return Err(GatherError::Name(source.display().to_string()));
+        }
         let id = identity(source).map_err(|e| GatherError::Io {
             op: "inspect",
             path: source.to_path_buf(),
@@ -283,8 +294,7 @@ fn name_of(contents: &Contents) -> Result<(String, String), GatherError> {
         for n in id {
             bytes.extend(n.to_le_bytes());
         }
-        let [dev, ino, size, secs, nanos] = id;
-        list.push_str(&format!("{dev} {ino} {size} {secs} {nanos} {text}\n"));
+        sources.push((source, id));
     }
     // A link's part ends in a byte no file's part has there.
     for (path, target) in links {
@@ -293,7 +303,16 @@ fn name_of(contents: &Contents) -> Result<(String, String), GatherError> {
         bytes.extend(target.bytes().chain([0]));
     }
     let name = format!("{:016x}", nvhook_model::stable_hash::fnv1a(bytes));
-    Ok((name, list))
+    Ok((name, sources))
+}
+
+/// A directory's list of sources kept beside it: one a line, its identity, then its path
+/// (which [`name_of`] checked is UTF-8 without a newline).
+fn sources_list(sources: &[(&Path, [u64; 5])]) -> String {
+    let line = |(source, [dev, ino, size, secs, nanos]): &(&Path, [u64; 5])| {
+        format!("{dev} {ino} {size} {secs} {nanos} {}\n", source.display())
+    };
+    sources.iter().map(line).collect()
 }
 
 /// Whether every source in a directory's list still has the identity listed.
@@ -339,10 +358,11 @@ mod tests {
         std::fs::write(&a, "one").unwrap();
         std::fs::write(&b, "two").unwrap();
         let contents = |files: &[(&'static str, &Path)], links: &[(&'static str, &'static str)]| {
-            name_of(&Contents {
+            let named = name_of(&Contents {
                 files: files.iter().map(|&(n, p)| (n, p)).collect(),
                 links: links.to_vec(),
-            })
+            });
+            named.map(|(name, sources)| (name, sources_list(&sources)))
         };
         let files = [
             ("lib64/libcuda.so.1", a.as_path()),

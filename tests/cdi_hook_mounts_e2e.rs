@@ -207,8 +207,9 @@ fn one_directory_under_two_names_keeps_its_files_per_file() {
 /// A tree is made once on the node and copied into each container after: the second
 /// container's hook makes none and its container sees the same files and links. A driver file
 /// replaced (a new inode, as an upgrade writes it) gets a new tree, and the old one is removed
-/// from the node with its mounts. Where the node's store cannot be made, the container gets a
-/// tmpfs of its own with the same files, and the log says why.
+/// from the node with its mounts, as is one a hook that is gone left half-made. Where the
+/// node's store cannot be made, the container gets a tmpfs of its own with the same files, and
+/// the log says why.
 #[test]
 fn a_tree_is_kept_on_the_node_and_copied_into_each_container() {
     require_root();
@@ -283,6 +284,16 @@ fn a_tree_is_kept_on_the_node_and_copied_into_each_container() {
     let first = trees();
     assert_eq!(first.len(), 1, "{first:?}");
     assert_eq!(kept_mounts(&first[0]), 2);
+    // A tree a hook that is gone left half-made, with a file bound in it.
+    let half = store.join(".0123456789abcdef.4000000000");
+    std::fs::create_dir(&half).expect("make a half-made tree");
+    std::fs::write(half.join("b.bin"), "").expect("make a mount point");
+    let bound = Command::new("mount")
+        .arg("--bind")
+        .arg(sources.join("b.bin"))
+        .arg(half.join("b.bin"))
+        .status();
+    assert!(bound.is_ok_and(|s| s.success()), "mount --bind");
     // The driver upgraded: a.bin is a new file.
     std::fs::remove_file(sources.join("a.bin")).expect("remove a source");
     std::fs::write(sources.join("a.bin"), "ONE").expect("write a source anew");
@@ -293,6 +304,7 @@ fn a_tree_is_kept_on_the_node_and_copied_into_each_container() {
     assert!(second.len() == 1 && second != first, "{first:?} {second:?}");
     assert_eq!(kept_mounts(&first[0]), 0, "the old tree's mounts are left");
     assert!(!store.join(format!(".{}.sources", first[0])).exists());
+    assert!(!half.exists(), "the half-made tree is left");
     // A store that cannot be made: a tmpfs of the container's own.
     let unmounted = Command::new("umount").arg("--lazy").arg(&store).status();
     assert!(
