@@ -258,8 +258,14 @@ fn remove(dir: &Path) {
     }
 }
 
-/// A source's identity as a gathered directory depends on it: device, inode, size and time.
-fn identity(source: &Path) -> io::Result<[u64; 5]> {
+/// A source's identity as a gathered directory depends on it: device, inode, size and time
+/// (seconds, nanoseconds).
+type Identity = [u64; 5];
+
+/// Each source of a directory with its identity.
+type Sources<'a> = Vec<(&'a Path, Identity)>;
+
+fn identity(source: &Path) -> io::Result<Identity> {
     let meta = std::fs::metadata(source)?;
     Ok([
         meta.dev(),
@@ -272,7 +278,7 @@ fn identity(source: &Path) -> io::Result<[u64; 5]> {
 
 /// The directory's name, as sixteen hex digits of what it holds and each source's identity;
 /// and its sources with their identities, for [`sources_list`].
-fn name_of<'a>(contents: &Contents<'a>) -> Result<(String, Vec<(&'a Path, [u64; 5])>), GatherError> {
+fn name_of<'a>(contents: &Contents<'a>) -> Result<(String, Sources<'a>), GatherError> {
     let mut files = contents.files.clone();
     files.sort();
     let mut links = contents.links.clone();
@@ -308,8 +314,8 @@ fn name_of<'a>(contents: &Contents<'a>) -> Result<(String, Vec<(&'a Path, [u64; 
 
 /// A directory's list of sources kept beside it: one a line, its identity, then its path
 /// (which [`name_of`] checked is UTF-8 without a newline).
-fn sources_list(sources: &[(&Path, [u64; 5])]) -> String {
-    let line = |(source, [dev, ino, size, secs, nanos]): &(&Path, [u64; 5])| {
+fn sources_list(sources: &[(&Path, Identity)]) -> String {
+    let line = |(source, [dev, ino, size, secs, nanos]): &(&Path, Identity)| {
         format!("{dev} {ino} {size} {secs} {nanos} {}\n", source.display())
     };
     sources.iter().map(line).collect()

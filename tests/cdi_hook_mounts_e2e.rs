@@ -31,6 +31,19 @@ use support::{
 const GPUS: u32 = 4;
 const LIBCUDA: &str = "/usr/lib/x86_64-linux-gnu/libcuda.so.1";
 
+/// nvhook's createRuntime hook entry for `node`, with the hook's own `args`.
+fn create_runtime_hook(node: &SimNode, args: Vec<serde_json::Value>) -> serde_json::Value {
+    let mut all = vec![
+        json!("nvhook"),
+        json!("--config"),
+        json!(node.config()),
+        json!("hook"),
+        json!("createRuntime"),
+    ];
+    all.extend(args);
+    json!({ "path": nvhook_bin(), "args": all })
+}
+
 /// The engines of this test: a name and a Podman with its `podman run` flags.
 fn engines(ns: &MountNs) -> Vec<(&'static str, Podman, Vec<&'static str>)> {
     vec![
@@ -174,20 +187,11 @@ fn one_directory_under_two_names_keeps_its_files_per_file() {
     std::fs::create_dir_all(bundle.rootfs().join("usr/lib")).expect("make usr/lib");
     std::fs::create_dir_all(bundle.rootfs().join("opt")).expect("make opt");
     std::os::unix::fs::symlink("usr/lib", bundle.rootfs().join("lib")).expect("link lib");
-    let mut args = vec![
-        json!("nvhook"),
-        json!("--config"),
-        json!(node.config()),
-        json!("hook"),
-        json!("createRuntime"),
-    ];
+    let mut args = Vec::new();
     for file in files {
         args.extend([json!("--bind-file"), json!(source), json!(file)]);
     }
-    bundle.raw_hook(
-        "createRuntime",
-        json!({ "path": nvhook_bin(), "args": args }),
-    );
+    bundle.raw_hook("createRuntime", create_runtime_hook(&node, args));
     let output = run_clean(&bundle, Some(&node), RuntimeEnv::CgroupV2);
     output.assert_success();
     for file in files {
@@ -223,15 +227,7 @@ fn a_tree_is_kept_on_the_node_and_copied_into_each_container() {
     let start = || {
         let mut bundle = Bundle::new(busybox_image(), &["/bin/sh", "-c", script]);
         std::fs::create_dir_all(bundle.rootfs().join("opt")).expect("make opt");
-        let mut args = vec![
-            json!("nvhook"),
-            json!("--config"),
-            json!(node.config()),
-            json!("hook"),
-            json!("createRuntime"),
-            json!("--link"),
-            json!("/opt/nvidia/c.bin=a.bin"),
-        ];
+        let mut args = vec![json!("--link"), json!("/opt/nvidia/c.bin=a.bin")];
         for (source, file) in [
             ("a.bin", "/opt/nvidia/a.bin"),
             ("b.bin", "/opt/nvidia/lib/b.bin"),
@@ -242,10 +238,7 @@ fn a_tree_is_kept_on_the_node_and_copied_into_each_container() {
                 json!(file),
             ]);
         }
-        bundle.raw_hook(
-            "createRuntime",
-            json!({ "path": nvhook_bin(), "args": args }),
-        );
+        bundle.raw_hook("createRuntime", create_runtime_hook(&node, args));
         // In the host's mount namespace, where the node's store stays between starts.
         let output = run_clean(&bundle, Some(&node), RuntimeEnv::CgroupV1);
         output.assert_success();
