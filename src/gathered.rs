@@ -52,14 +52,11 @@ pub struct Contents<'a> {
     pub links: Vec<(&'a str, &'a str)>,
 }
 
-/// A gathered directory, and what getting it did.
+/// A gathered directory, and whether getting it made it (else another's, made before).
 #[derive(Debug)]
 pub struct Gathered {
     pub path: PathBuf,
-    /// Made by this call (else another's, made before).
     pub made: bool,
-    /// The tmpfs holding the directories was mounted by this call.
-    pub mounted_store: bool,
 }
 
 /// The gathered directories in the tmpfs at `root`.
@@ -77,58 +74,15 @@ impl Store {
         &self.root
     }
 
-    /// The directory holding `contents`, made where it is not yet.
-    pub fn gather(&self, contents: &Contents) -> Result<Gathered, GatherError> {
-        let (name, sources) = name_of(contents)?;
-        let path = self.root.join(&name);
-        let (root, mounted_store) = self.open_root()?;
-        let c_name = cstring(&name)?;
-        let io = |op, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| GatherError::Io { op, path, source }
-        };
-        let found = |made| Gathered {
-            path: path.clone(),
-            made,
-            mounted_store,
-        };
-        if sys::lstat_at(root.as_fd(), &c_name)
-            .map_err(io("look for", &path))?
-            .is_some()
-        {
-            return Ok(found(false));
-        }
-        let building = format!(".{name}.{}", std::process::id());
-        let building_path = self.root.join(&building);
-        let c_building = cstring(&building)?;
-        let list = self.root.join(format!(".{name}.sources"));
-        sys::mkdir_at(root.as_fd(), &c_building, 0o755).map_err(io("create", &building_path))?;
-        let filled = fill(root.as_fd(), &c_building, &building_path, contents)
-            .and_then(|()| {
-                crate::atomic_file::write_atomic(
-                    &list,
-                    sources_list(&sources).as_bytes(),
-                    crate::atomic_file::NewFile::mode(0o600),
-                )
-                .map_err(io("write", &list))
-            })
-            .and_then(|()| {
-                sys::rename_at(root.as_fd(), &c_building, &c_name).map_err(io("name", &path))
-            });
-        match filled {
-            Ok(()) => {
-                self.remove_stale(&name);
-                Ok(found(true))
-            }
-            Err(e) => {
-                remove(&building_path);
-                // Made meanwhile by another process: the same files.
-                match path.is_dir() {
-                    true => Ok(found(false)),
-                    false => Err(e),
-                }
-            }
-        }
+    /// The store's tmpfs, mounted private where it is not (never mounted, or unmounted by
+    /// hand).
+    pub fn open(&self) -> Result<OpenStore<'_>, GatherError> {
+        let (root, mounted) = self.open_root()?;
+        Ok(OpenStore {
+            store: self,
+            root,
+            mounted,
+        })
     }
 
     /// The tmpfs at the store's root, and whether this call mounted it: mounted private again
@@ -199,6 +153,69 @@ impl Store {
                 remove(&entry.path());
                 let _ = std::fs::remove_file(&list);
                 tracing::info!(dir = %entry.path().display(), "a gathered directory whose driver files changed removed");
+            }
+        }
+    }
+}
+
+/// The store, its tmpfs open.
+pub struct OpenStore<'s> {
+    store: &'s Store,
+    root: OwnedFd,
+    /// The tmpfs was mounted by [`Store::open`].
+    pub mounted: bool,
+}
+
+impl OpenStore<'_> {
+    /// The directory holding `contents`, made where it is not yet.
+    pub fn gather(&self, contents: &Contents) -> Result<Gathered, GatherError> {
+        let (name, sources) = name_of(contents)?;
+        let path = self.store.root.join(&name);
+        let c_name = cstring(&name)?;
+        let io = |op, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| GatherError::Io { op, path, source }
+        };
+        let found = |made| Gathered {
+            path: path.clone(),
+            made,
+        };
+        let root = &self.root;
+        if sys::lstat_at(root.as_fd(), &c_name)
+            .map_err(io("look for", &path))?
+            .is_some()
+        {
+            return Ok(found(false));
+        }
+        let building = format!(".{name}.{}", std::process::id());
+        let building_path = self.store.root.join(&building);
+        let c_building = cstring(&building)?;
+        let list = self.store.root.join(format!(".{name}.sources"));
+        sys::mkdir_at(root.as_fd(), &c_building, 0o755).map_err(io("create", &building_path))?;
+        let filled = fill(root.as_fd(), &c_building, &building_path, contents)
+            .and_then(|()| {
+                crate::atomic_file::write_atomic(
+                    &list,
+                    sources_list(&sources).as_bytes(),
+                    crate::atomic_file::NewFile::mode(0o600),
+                )
+                .map_err(io("write", &list))
+            })
+            .and_then(|()| {
+                sys::rename_at(root.as_fd(), &c_building, &c_name).map_err(io("name", &path))
+            });
+        match filled {
+            Ok(()) => {
+                self.store.remove_stale(&name);
+                Ok(found(true))
+            }
+            Err(e) => {
+                remove(&building_path);
+                // Made meanwhile by another process: the same files.
+                match path.is_dir() {
+                    true => Ok(found(false)),
+                    false => Err(e),
+                }
             }
         }
     }
@@ -411,10 +428,7 @@ mod tests {
         // A store nothing can be made in: an error for the caller to log.
         let store = Store::new(a.clone());
         assert!(matches!(
-            store.gather(&Contents {
-                files: vec![(files[1].0, b.as_path())],
-                links: Vec::new(),
-            }),
+            store.open(),
             Err(GatherError::Io { op: "create", .. })
         ));
     }

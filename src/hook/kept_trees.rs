@@ -17,7 +17,7 @@ use super::dir_groups::DirGroup;
 use super::{HookError, effects};
 use crate::config::Config;
 use crate::delivery::hook_args::LinkArgs;
-use crate::gathered::{Contents, GatherError, Store};
+use crate::gathered::{Contents, GatherError, OpenStore, Store};
 use crate::rootfs::sys;
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -58,7 +58,13 @@ impl KeptTrees {
         let here = std::process::id() as i32;
         sys::enter_mount_ns(&self.runtime_ns)
             .map_err(|source| HookError::Namespace { pid: here, source })?;
-        let copies: Vec<_> = groups.iter().map(|g| self.copy(g, args)).collect();
+        let copies: Vec<_> = match self.store.open() {
+            Ok(store) => groups.iter().map(|g| copy(&store, g, args)).collect(),
+            Err(e) => {
+                tracing::info!("the trees get a tmpfs of their own: no store for them: {e}");
+                groups.iter().map(|_| None).collect()
+            }
+        };
         let in_copies = |i| {
             (groups.iter().zip(&copies)).any(|(g, copy)| copy.is_some() && g.mounts.contains(&i))
         };
@@ -71,50 +77,51 @@ impl KeptTrees {
         sys::enter_mount_ns(&container).map_err(|source| HookError::Namespace { pid, source })?;
         opened.map(|()| copies)
     }
+}
 
-    fn copy(&self, group: &DirGroup, args: &LinkArgs) -> Option<OwnedFd> {
-        let contents = Contents {
-            files: (group.mounts.iter())
-                .map(|&i| {
-                    let mount = &args.mounts[i];
-                    (group.relative(&mount.destination), mount.source.as_path())
-                })
-                .collect(),
-            links: (group.links.iter())
-                .map(|&i| {
-                    let link = &args.symlinks[i];
-                    (group.relative(&link.path), link.target.as_str())
-                })
-                .collect(),
-        };
-        let attrs = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
-        let copied = self.store.gather(&contents).and_then(|kept| {
-            let copy = sys::clone_tree_with(&kept.path, true, attrs).map_err(|source| {
-                GatherError::Io {
-                    op: "copy",
-                    path: kept.path.clone(),
-                    source,
-                }
+/// A copy of `group`'s tree in `store`, made where it is not yet; None, logged, where it cannot
+/// be had.
+fn copy(store: &OpenStore, group: &DirGroup, args: &LinkArgs) -> Option<OwnedFd> {
+    let contents = Contents {
+        files: (group.mounts.iter())
+            .map(|&i| {
+                let mount = &args.mounts[i];
+                (group.relative(&mount.destination), mount.source.as_path())
+            })
+            .collect(),
+        links: (group.links.iter())
+            .map(|&i| {
+                let link = &args.symlinks[i];
+                (group.relative(&link.path), link.target.as_str())
+            })
+            .collect(),
+    };
+    let attrs = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    let copied = store.gather(&contents).and_then(|kept| {
+        let copy =
+            sys::clone_tree_with(&kept.path, true, attrs).map_err(|source| GatherError::Io {
+                op: "copy",
+                path: kept.path.clone(),
+                source,
             })?;
-            Ok((kept, copy))
-        });
-        match copied {
-            Ok((kept, copy)) => {
-                if kept.made {
-                    tracing::info!(
-                        dir = %group.dir,
-                        tree = %kept.path.display(),
-                        files = contents.files.len(),
-                        links = contents.links.len(),
-                        "a tree kept on the host for the containers that get this directory"
-                    );
-                }
-                Some(copy)
+        Ok((kept, copy))
+    });
+    match copied {
+        Ok((kept, copy)) => {
+            if kept.made {
+                tracing::info!(
+                    dir = %group.dir,
+                    tree = %kept.path.display(),
+                    files = contents.files.len(),
+                    links = contents.links.len(),
+                    "a tree kept on the host for the containers that get this directory"
+                );
             }
-            Err(e) => {
-                tracing::info!(dir = %group.dir, "the directory gets a tmpfs of its own: no kept tree: {e}");
-                None
-            }
+            Some(copy)
+        }
+        Err(e) => {
+            tracing::info!(dir = %group.dir, "the directory gets a tmpfs of its own: no kept tree: {e}");
+            None
         }
     }
 }

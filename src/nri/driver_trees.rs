@@ -9,7 +9,7 @@
 //! when the plugin stops.
 
 use super::engine_view::EngineView;
-use crate::gathered::{Contents, GatherError, Store};
+use crate::gathered::{Contents, GatherError, OpenStore, Store};
 use crate::rootfs::sys;
 use std::path::{Path, PathBuf};
 
@@ -38,32 +38,34 @@ impl DriverTrees {
         &self,
         sets: &[&[(&str, &Path)]],
     ) -> Result<Vec<Result<PathBuf, GatherError>>, GatherError> {
-        self.view
-            .run(|| sets.iter().map(|files| self.gather_here(files)).collect())
-            .map_err(|source| GatherError::Io {
-                op: "enter the engine's mount namespace for",
-                path: self.store.root().to_path_buf(),
-                source,
-            })
+        let entered = self.view.run(|| {
+            let store = self.store.open()?;
+            if store.mounted {
+                MOUNTED
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((self.store.root().to_path_buf(), self.view.clone()));
+            }
+            Ok(sets.iter().map(|files| gather_one(&store, files)).collect())
+        });
+        entered.map_err(|source| GatherError::Io {
+            op: "enter the engine's mount namespace for",
+            path: self.store.root().to_path_buf(),
+            source,
+        })?
     }
+}
 
-    /// One set of [`DriverTrees::gather`], in the engine's mount namespace.
-    fn gather_here(&self, files: &[(&str, &Path)]) -> Result<PathBuf, GatherError> {
-        let gathered = self.store.gather(&Contents {
-            files: files.to_vec(),
-            links: Vec::new(),
-        })?;
-        if gathered.mounted_store {
-            MOUNTED
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push((self.store.root().to_path_buf(), self.view.clone()));
-        }
-        if gathered.made {
-            tracing::info!(dir = %gathered.path.display(), files = files.len(), "NRI: driver files gathered into one directory");
-        }
-        Ok(gathered.path)
+/// One set of [`DriverTrees::gather`], in the engine's mount namespace.
+fn gather_one(store: &OpenStore, files: &[(&str, &Path)]) -> Result<PathBuf, GatherError> {
+    let gathered = store.gather(&Contents {
+        files: files.to_vec(),
+        links: Vec::new(),
+    })?;
+    if gathered.made {
+        tracing::info!(dir = %gathered.path.display(), files = files.len(), "NRI: driver files gathered into one directory");
     }
+    Ok(gathered.path)
 }
 
 /// The tmpfs this process mounted, and where, for [`detach_all`].
