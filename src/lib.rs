@@ -19,7 +19,6 @@ pub mod dra;
 pub mod elf_machine;
 pub mod entry;
 mod file_id;
-pub mod gathered;
 mod glob;
 pub mod hook;
 pub mod host_plan;

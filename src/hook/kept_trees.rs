@@ -1,7 +1,7 @@
 //! The CDI hook's trees ([`super::dir_groups`]) kept on the host between containers. Made in
 //! each container, a tree costs a tmpfs, a mount point and a mount for each file, a link for
 //! each library and the directories holding them. Kept, it is made once per node and driver,
-//! in [`crate::gathered`]'s store beside NVML's cached answer (`hook-trees`), and each
+//! in [`super::gathered`]'s store beside NVML's cached answer (`hook-trees`), and each
 //! container gets a read-only recursive copy of it: one clone and one attach. Copies are
 //! private and the container's own, so a tree removed on the host (its driver upgraded) stays
 //! whole in the containers that have it.
@@ -17,7 +17,7 @@ use super::dir_groups::DirGroup;
 use super::{HookError, effects};
 use crate::config::Config;
 use crate::delivery::hook_args::LinkArgs;
-use crate::gathered::{Contents, GatherError, OpenStore, Store};
+use super::gathered::{Contents, GatherError, OpenStore, Store};
 use crate::rootfs::sys;
 use std::fs::File;
 use std::os::fd::OwnedFd;

@@ -9,6 +9,7 @@ pub mod container_mounts;
 pub mod create_container;
 pub mod dir_groups;
 pub mod effects;
+pub mod gathered;
 pub mod kept_trees;
 pub mod memory_limits;
 pub mod nvidia_hooks;

@@ -4,12 +4,12 @@
 //! own work per bind mount is most of what NRI's `mounts` mode costs a start
 //! (docs/performance.md).
 //!
-//! The directories are [`crate::gathered`]'s, in `driver-dirs` in the plugin's state
+//! The directories are [`crate::hook::gathered`]'s, in `driver-dirs` in the plugin's state
 //! directory, mounted in the engine's mount namespace ([`super::engine_view`]) and unmounted
 //! when the plugin stops.
 
 use super::engine_view::EngineView;
-use crate::gathered::{Contents, GatherError, OpenStore, Store};
+use crate::hook::gathered::{Contents, GatherError, OpenStore, Store};
 use crate::rootfs::sys;
 use std::path::{Path, PathBuf};
 

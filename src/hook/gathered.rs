@@ -1,7 +1,7 @@
 //! Driver files gathered on the host into directories named by what they hold, so that a
 //! container gets each directory as one recursive bind where it would get a mount per file
 //! (and a link per library): the NRI plugin's driver directories (`crate::nri::driver_trees`)
-//! and the CDI hook's kept trees (`crate::hook::kept_trees`).
+//! and the CDI hook's kept trees ([`super::kept_trees`]).
 //!
 //! The directories live in a tmpfs of nvhook's own, mounted private on first use: nothing made
 //! there propagates to the host's other mount namespaces, and a container's copy is its own,
@@ -12,8 +12,8 @@
 //! gets a new one, and making one removes those whose sources changed (their list is kept
 //! beside them, `.NAME.sources`).
 
-use crate::hook::HookError;
-use crate::hook::effects::{fill_tree, open_source};
+use super::HookError;
+use super::effects::{fill_tree, open_source};
 use crate::plan::{Mount, MountKind};
 use crate::rootfs::sys;
 use std::ffi::CString;
