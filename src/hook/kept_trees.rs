@@ -14,10 +14,10 @@
 //! start that gets the copies opens none of them.
 
 use super::dir_groups::DirGroup;
+use super::gathered::{Contents, GatherError, OpenStore, Store};
 use super::{HookError, effects};
 use crate::config::Config;
 use crate::delivery::hook_args::LinkArgs;
-use super::gathered::{Contents, GatherError, OpenStore, Store};
 use crate::rootfs::sys;
 use std::fs::File;
 use std::os::fd::OwnedFd;
