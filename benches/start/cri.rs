@@ -5,11 +5,14 @@
 //! the floors: the GPUs' device nodes alone, and the same with a hook that does nothing; and
 //! nvhook's spec with its hook's arguments in a file (as written now) and inline (as written
 //! before), and with a hook that does nothing, with and without its arguments, which splits
-//! the CDI request's cost into its edits, its arguments and its hook's work. What is timed is
-//! what the kubelet waits for:
+//! the CDI request's cost into its edits, its arguments and its hook's work; and nvhook's spec
+//! for a node whose driver is where GKE puts it, with its trees kept on the node and made in
+//! each container. What is timed is what the kubelet waits for:
 //! CreateContainer + StartContainer. Five containerds run side by side, one without the
-//! plugin and four with it (one per mode), and the variants take turns round by round, so that
-//! the machine's drift hits them alike. Needs `scripts/sid-engines.sh`.
+//! plugin and four with it (one per mode), and the variants take turns round by round in
+//! rotating order, so that the machine's drift hits them alike. `NVHOOK_BENCH_CRI=TEXT,...`
+//! runs only the variants whose label holds one of the texts (with the floors). Needs
+//! `scripts/sid-engines.sh`.
 
 use crate::pod_parts::{Pods, TimedRunc, engine_dir, settle};
 use crate::stats::Samples;
@@ -40,6 +43,11 @@ const ONE_ENTRY_KIND: &str = "nvhook-bench.example/gpu-one-entry";
 const EMPTY_HOOK_KIND: &str = "nvhook-bench.example/gpu-empty-hook";
 const EMPTY_HOOK_NO_ARGS_KIND: &str = "nvhook-bench.example/gpu-empty-hook-no-args";
 const EMPTY_HOOK: [&str; 2] = ["/bin/busybox", "true"];
+/// nvhook's spec for a node whose driver is where GKE puts it (`/usr/local/nvidia`, which
+/// images lack, so its files go into trees kept on the node), and the same spec whose hook
+/// reads a config that keeps nothing between starts, so each tree is made in the container.
+const GKE_KIND: &str = "nvhook-bench.example/gpu-gke";
+const GKE_OWN_TREES_KIND: &str = "nvhook-bench.example/gpu-gke-own-trees";
 
 /// The pod's GPUs: one (GPU 3) or all eight of the node's.
 fn gpu_indices(gpus: u32) -> Vec<usize> {
@@ -125,6 +133,34 @@ fn nvhook_specs(dir: &std::path::Path, node: &SimNode) {
         .expect("write the spec");
 }
 
+/// nvhook's spec for `gke`, a node whose driver is where GKE puts it, in `dir` as
+/// [`GKE_KIND`], and its copy of [`GKE_OWN_TREES_KIND`].
+fn gke_specs(dir: &std::path::Path, gke: &SimNode) {
+    let path = dir.join("gke.json");
+    gke.generate_cdi_spec(&path);
+    let text = std::fs::read_to_string(&path).expect("read the spec");
+    let mut spec: serde_json::Value = serde_json::from_str(&text).expect("the spec is JSON");
+    spec["kind"] = GKE_KIND.into();
+    std::fs::write(&path, spec.to_string()).expect("write the spec");
+    let config = std::fs::read_to_string(gke.config()).expect("read the node's config");
+    let keeps_nothing: String = config
+        .lines()
+        .map(|l| match l.starts_with("nvml-cache-file") {
+            true => "nvml-cache-file = \"\"\n".to_string(),
+            false => format!("{l}\n"),
+        })
+        .collect();
+    let own_config = gke.root().join("keeps-nothing.toml");
+    std::fs::write(&own_config, keeps_nothing).expect("write a config");
+    spec["kind"] = GKE_OWN_TREES_KIND.into();
+    let args = spec["containerEdits"]["hooks"][0]["args"]
+        .as_array_mut()
+        .expect("the hook has arguments");
+    let named = (args.iter_mut()).find(|a| a.as_str() == gke.config().to_str());
+    *named.expect("the hook names its config") = own_config.display().to_string().into();
+    std::fs::write(dir.join("gke-own-trees.json"), spec.to_string()).expect("write the spec");
+}
+
 /// What a variant's pod is.
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
@@ -183,6 +219,8 @@ pub fn run(rounds: usize) {
     // its default level, as on a node.
     node.configure("accept-env-when-unprivileged = false");
     node.set("log-level", "\"info\"");
+    let gke = SimNode::create_with(GPUS, &["--lib-dir", "usr/local/nvidia/lib64"]);
+    gke.set("log-level", "\"info\"");
     let allocation = |gpus: u32| -> Vec<(String, &'static str)> {
         gpu_indices(gpus)
             .into_iter()
@@ -230,6 +268,7 @@ pub fn run(rounds: usize) {
             setup.handlers.push((HANDLER.into(), runtime.clone()));
             floor_spec(&setup.cdi_spec_dirs[0], &node);
             nvhook_specs(&setup.cdi_spec_dirs[0], &node);
+            gke_specs(&setup.cdi_spec_dirs[0], &gke);
         }
         let config = node.config();
         let [record, program] = runc.env();
@@ -318,6 +357,16 @@ pub fn run(rounds: usize) {
                 gpus,
                 ONE_ENTRY_KIND,
             ),
+            requested(
+                "kubelet CDI request for nvhook's spec on a GKE-layout node (the driver in /usr/local/nvidia, its trees kept on the node)",
+                gpus,
+                GKE_KIND,
+            ),
+            requested(
+                "the same, each tree made in the container (a config that keeps nothing)",
+                gpus,
+                GKE_OWN_TREES_KIND,
+            ),
             Variant {
                 kind: Kind::EmptyHookSpec,
                 ..requested(
@@ -364,6 +413,7 @@ pub fn run(rounds: usize) {
         0,
         Kind::NoGpu,
     ));
+    focus(&mut variants);
     let mut pods = Pods::default();
     let cgroups = CgroupParent::new("nvhook-cri-bench");
     let logs = dirs[0].path().join("pods");
@@ -371,7 +421,10 @@ pub fn run(rounds: usize) {
     let allocations = [(1, allocation(1)), (GPUS, allocation(GPUS))];
     // One warm-up pod each, not counted.
     for round in 0..=rounds {
-        for (index, v) in variants.iter_mut().enumerate() {
+        // In rotating order, so that no variant always follows the same one.
+        for turn in 0..variants.len() {
+            let index = (round + turn) % variants.len();
+            let v = &mut variants[index];
             let engine = &mut engines[v.engine];
             let mounts: Vec<(&str, &str)> = match v.kind {
                 Kind::Way { .. } | FLOOR_WITH_HOOK_AND_PLUGIN_MOUNTS if v.cdi_kind.is_none() => {
@@ -422,12 +475,32 @@ pub fn run(rounds: usize) {
     drop(running);
     report(&variants, rounds);
     let labels: Vec<&str> = variants.iter().map(|v| v.label.as_str()).collect();
-    pods.print_parts(&labels, &runc, &node.log());
+    pods.print_parts(&labels, &runc, &format!("{}{}", node.log(), gke.log()));
     plugin_share(&node.log());
     for mut engine in engines {
         drop(engine.cri);
         engine.containerd.shutdown();
     }
+}
+
+/// `NVHOOK_BENCH_CRI=TEXT,...`: only the variants whose label holds one of the texts, with
+/// plain runc and the floors of their GPU counts; a focused run, whose paired neighbours are
+/// close in time.
+fn focus(variants: &mut Vec<Variant>) {
+    let Ok(only) = std::env::var("NVHOOK_BENCH_CRI") else {
+        return;
+    };
+    let chosen = |v: &Variant| only.split(',').any(|text| v.label.contains(text));
+    let counts: Vec<u32> = (variants.iter())
+        .filter(|v| chosen(v))
+        .map(|v| v.gpus)
+        .collect();
+    let floor = |v: &Variant| matches!(v.kind, Kind::Floor { .. }) && counts.contains(&v.gpus);
+    let mut index = 0;
+    variants.retain(|v| {
+        index += 1;
+        index == 1 || floor(v) || chosen(v)
+    });
 }
 
 fn report(variants: &[Variant], rounds: usize) {
@@ -496,13 +569,14 @@ fn report(variants: &[Variant], rounds: usize) {
         println!("{line}");
     }
     for gpus in [1, GPUS] {
+        if !variants.iter().any(|v| v.gpus == gpus) {
+            continue;
+        }
         let way = |name: &str| {
-            variants
+            let found = variants
                 .iter()
-                .find(|v| v.gpus == gpus && v.label.starts_with(name))
-                .expect("every GPU count has each way in")
-                .samples
-                .p50()
+                .find(|v| v.gpus == gpus && v.label.starts_with(name));
+            found.map(|v| v.samples.p50())
         };
         let (floor, with_hook, with_mounts) = (
             find(gpus, FLOOR),
@@ -519,21 +593,30 @@ fn report(variants: &[Variant], rounds: usize) {
             with_mounts.samples.p50() - with_hook.samples.p50(),
             paired(with_mounts, with_hook)
         );
-        let requested = |kind: &str| {
-            variants
-                .iter()
-                .find(|v| v.gpus == gpus && v.cdi_kind == Some(kind))
-                .expect("every GPU count has each CDI request")
-        };
-        let (in_file, inline, one_entry) = (
+        let requested =
+            |kind: &str| (variants.iter()).find(|v| v.gpus == gpus && v.cdi_kind == Some(kind));
+        if let (Some(kept), Some(own)) = (requested(GKE_KIND), requested(GKE_OWN_TREES_KIND)) {
+            println!(
+                "- {gpus} GPU(s): a GKE-layout node's CDI request, its trees kept on the node against made in each container: {:+.2} ms at p50 (paired {:+.2})",
+                kept.samples.p50() - own.samples.p50(),
+                paired(kept, own)
+            );
+        }
+        if let (Some(rc), Some(nri)) = (way("RuntimeClass"), way("NRI plugin, nri-mode = hook")) {
+            println!(
+                "- {gpus} GPU(s): RuntimeClass {rc:.2} ms against NRI hook {nri:.2} at p50 (goal: no slower): {}",
+                verdict(rc <= nri)
+            );
+        }
+        let (Some(in_file), Some(inline), Some(one_entry), Some(empty_hook), Some(no_args)) = (
             requested(NVHOOK_KIND),
             requested(INLINE_KIND),
             requested(ONE_ENTRY_KIND),
-        );
-        let (empty_hook, no_args) = (
             requested(EMPTY_HOOK_KIND),
             requested(EMPTY_HOOK_NO_ARGS_KIND),
-        );
+        ) else {
+            continue;
+        };
         println!(
             "- {gpus} GPU(s): nvhook's spec with a hook that does nothing, over the floor with a hook: {:+.2} ms at p50 (paired {:+.2}) without the hook's arguments, what its other edits take; its arguments inline {:+.2} more (paired {:+.2}), what the engine and the runtime take to carry them; the CDI request with them inline {:+.2} over that (paired {:+.2}), its hook's work",
             no_args.samples.p50() - with_hook.samples.p50(),
@@ -550,23 +633,17 @@ fn report(variants: &[Variant], rounds: usize) {
             inline.samples.p50() - one_entry.samples.p50(),
             paired(inline, one_entry)
         );
-        let (runtime_class, nri_hook) = (way("RuntimeClass"), way("NRI plugin, nri-mode = hook"));
+    }
+    let connected = (variants.iter()).find(|v| v.kind == Kind::NoGpu && v.engine > 0);
+    if let Some(connected) = connected {
+        let paid = connected.samples.p50() - base;
         println!(
-            "- {gpus} GPU(s): RuntimeClass {runtime_class:.2} ms against NRI hook {nri_hook:.2} at p50 (goal: no slower): {}",
-            verdict(runtime_class <= nri_hook)
+            "- {}: {paid:+.2} ms over plain at p50 (goal ≤ +0.50): {} (paired {:+.2})",
+            connected.label,
+            verdict(paid <= 0.5),
+            paired(connected, &variants[0])
         );
     }
-    let connected = variants
-        .iter()
-        .find(|v| v.kind == Kind::NoGpu && v.engine > 0)
-        .expect("the plugin-connected pod without a GPU");
-    let paid = connected.samples.p50() - base;
-    println!(
-        "- {}: {paid:+.2} ms over plain at p50 (goal ≤ +0.50): {} (paired {:+.2})",
-        connected.label,
-        verdict(paid <= 0.5),
-        paired(connected, &variants[0])
-    );
     println!();
 }
 
