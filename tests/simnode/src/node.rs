@@ -284,15 +284,36 @@ fn clear(dir: &Path) -> Result<()> {
     clear_except(dir, &[])
 }
 
+/// nvhook's own mounts in a node's state directory: the CDI hook's kept trees and the NRI
+/// plugin's gathered driver directories (one that was killed). A node removed takes them
+/// down; one rebuilt with `--keep-state` keeps them, as a host keeps `/run`.
+const STATE_MOUNTS: &[&str] = &["run/hook-trees", "run/driver-dirs"];
+
 /// Removes everything in `dir` but the `kept` paths (relative, at most one directory deep).
 fn clear_except(dir: &Path, kept: &[&str]) -> Result<()> {
     let mountinfo =
         fs::read_to_string("/proc/self/mountinfo").context("cannot read /proc/self/mountinfo")?;
-    if let Some(mount) = mount_points(&mountinfo).find(|m| m.starts_with(dir) && m != dir) {
-        bail!(
-            "{} is mounted inside the node: unmount it first",
-            mount.display()
-        );
+    let under = |m: &Path, paths: &[&str]| paths.iter().any(|p| m.starts_with(dir.join(p)));
+    let inside = mount_points(&mountinfo).filter(|m| m.starts_with(dir) && m != dir);
+    let mut state = Vec::new();
+    for mount in inside.filter(|m| !under(m, kept)) {
+        if !under(&mount, STATE_MOUNTS) {
+            bail!(
+                "{} is mounted inside the node: unmount it first",
+                mount.display()
+            );
+        }
+        state.push(mount);
+    }
+    for store in STATE_MOUNTS.iter().map(|p| dir.join(p)) {
+        if state.iter().any(|m| m.starts_with(&store)) {
+            let path = std::ffi::CString::new(store.as_os_str().as_encoded_bytes())?;
+            // SAFETY: path is a valid NUL-terminated string for the call.
+            if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
+                let e = std::io::Error::last_os_error();
+                bail!("cannot unmount {}: {e}", store.display());
+            }
+        }
     }
     remove_entries(dir, dir, kept)
 }
@@ -366,5 +387,42 @@ mod tests {
             points,
             [PathBuf::from("/mnt/my dir"), PathBuf::from("/tmp")]
         );
+    }
+
+    /// nvhook's own mounts in a node's state directory stay when the node is rebuilt with
+    /// its state and go when it is cleared; any other mount inside a node is refused. Needs
+    /// root, as the end-to-end tests do.
+    #[test]
+    fn a_nodes_state_mounts_go_with_it_and_others_are_refused() {
+        // SAFETY: geteuid reads the process's id and touches no memory.
+        assert_eq!(unsafe { libc::geteuid() }, 0, "run the tests as root");
+        let dir = tempfile::tempdir().unwrap();
+        let mount = |at: &Path| {
+            fs::create_dir_all(at).unwrap();
+            let status = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "tmpfs"])
+                .arg(at)
+                .status()
+                .unwrap();
+            assert!(status.success(), "mount {}", at.display());
+        };
+        let store = dir.path().join("run/hook-trees");
+        mount(&store);
+        fs::write(store.join("tree"), "").unwrap();
+        let mounted = |at: &Path| {
+            let table = fs::read_to_string("/proc/self/mountinfo").unwrap();
+            mount_points(&table).any(|m| m == at)
+        };
+        clear_except(dir.path(), &["run"]).unwrap();
+        assert!(mounted(&store) && store.join("tree").exists());
+        let other = dir.path().join("driver");
+        mount(&other);
+        let refused = clear(dir.path()).unwrap_err().to_string();
+        assert!(refused.contains("is mounted inside the node"), "{refused}");
+        let unmounted = std::process::Command::new("umount").arg(&other).status();
+        assert!(unmounted.unwrap().success());
+        clear(dir.path()).unwrap();
+        assert!(!mounted(&store));
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }
