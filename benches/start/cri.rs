@@ -10,7 +10,7 @@
 //! each container. What is timed is what the kubelet waits for:
 //! CreateContainer + StartContainer. Five containerds run side by side, one without the
 //! plugin and four with it (one per mode), and the variants take turns round by round in
-//! rotating order, so that the machine's drift hits them alike. `NVHOOK_BENCH_CRI=TEXT,...`
+//! rotating order, so that the machine's drift hits them alike. `NVHOOK_BENCH_CRI=TEXT;...`
 //! runs only the variants whose label holds one of the texts (with the floors). Needs
 //! `scripts/sid-engines.sh`.
 
@@ -483,14 +483,14 @@ pub fn run(rounds: usize) {
     }
 }
 
-/// `NVHOOK_BENCH_CRI=TEXT,...`: only the variants whose label holds one of the texts, with
+/// `NVHOOK_BENCH_CRI=TEXT;...`: only the variants whose label holds one of the texts, with
 /// plain runc and the floors of their GPU counts; a focused run, whose paired neighbours are
 /// close in time.
 fn focus(variants: &mut Vec<Variant>) {
     let Ok(only) = std::env::var("NVHOOK_BENCH_CRI") else {
         return;
     };
-    let chosen = |v: &Variant| only.split(',').any(|text| v.label.contains(text));
+    let chosen = |v: &Variant| only.split(';').any(|text| v.label.contains(text));
     let counts: Vec<u32> = (variants.iter())
         .filter(|v| chosen(v))
         .map(|v| v.gpus)

@@ -16,7 +16,7 @@
 //! `scripts/sid-engines.sh`; the cri and dra parts split each pod's start into its parts,
 //! and take `NVHOOK_BENCH_RUNC` (another runc for the engines) and `NVHOOK_BENCH_ENGINE_DIR`
 //! (another parent than /tmp for the engines' state and snapshots, e.g. a tmpfs); the cri part
-//! takes `NVHOOK_BENCH_CRI=TEXT,...` for only the variants whose label holds a text).
+//! takes `NVHOOK_BENCH_CRI=TEXT;...` for only the variants whose label holds a text).
 //! Run by `cargo test` (no `--bench` flag) it makes 2 rounds, as a smoke test of itself.
 
 use nvhook_test_support as support;
