@@ -20,7 +20,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -107,7 +107,13 @@ impl Store {
         let fd = match open() {
             Ok(fd) => fd,
             Err(_) => {
-                std::fs::create_dir_all(root).map_err(io("create"))?;
+                // Root's alone, as nvhook's state directory is (private_file): whatever the
+                // umask, which the hook sets to 0.
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(root)
+                    .map_err(io("create"))?;
                 open()?
             }
         };
@@ -425,6 +431,17 @@ mod tests {
             contents(&[("gone", dir.path().join("gone").as_path())], &[]),
             Err(GatherError::Io { op: "inspect", .. })
         ));
+        // A store made where nothing was: its directories are root's alone, and it is a
+        // private tmpfs of its own.
+        let store = Store::new(dir.path().join("state/store"));
+        let opened = store.open().expect("open a new store (as root)");
+        assert!(opened.mounted);
+        let mode = |at: &str| std::fs::metadata(dir.path().join(at)).unwrap().mode() & 0o7777;
+        assert_eq!(mode("state/store"), 0o555);
+        drop(opened);
+        assert!(!store.open().unwrap().mounted);
+        sys::unmount_lazily(store.root()).unwrap();
+        assert_eq!((mode("state"), mode("state/store")), (0o700, 0o700));
         // A store nothing can be made in: an error for the caller to log.
         let store = Store::new(a.clone());
         assert!(matches!(
