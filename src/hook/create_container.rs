@@ -26,6 +26,7 @@ use crate::proc_view;
 use crate::request::CUDA_VERSION;
 use crate::rootfs::{Rootfs, RootfsError, loader, sys};
 use nvhook_ldcache::Arch;
+use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
@@ -131,7 +132,10 @@ pub fn create_container(
         super::memory_limits::in_spec_hook(config, state, spec, pid)?;
     }
     step.done("request");
-    let container_root = pid.map(enter_container).transpose()?;
+    let (container_root, container_ns) = match pid.map(enter_container).transpose()? {
+        Some((root, ns)) => (Some(root), Some(ns)),
+        None => (None, None),
+    };
     let mounts = spec.as_ref().map(Spec::mount_points).unwrap_or_default();
     let rootfs = Rootfs::open(&rootfs_path)?.with_mounts(&mounts);
     // A directory the image lacks gets a tree (a copy of one kept on the host, or a tmpfs of
@@ -148,9 +152,11 @@ pub fn create_container(
     }
     // Before the hook acts as the container's root: what it makes on the host is the host's.
     let mut sources = before.sources;
-    let copies = match (&before.kept, pid) {
-        (Some(kept), Some(pid)) if !trees.is_empty() || sources.iter().any(Option::is_none) => {
-            let copies = kept.visit(&trees, args, &mut sources, pid)?;
+    let copies = match (&before.kept, pid.zip(container_ns.as_ref())) {
+        (Some(kept), Some(container))
+            if !trees.is_empty() || sources.iter().any(Option::is_none) =>
+        {
+            let copies = kept.visit(&trees, args, &mut sources, container)?;
             step.done("visit");
             copies
         }
@@ -280,10 +286,10 @@ fn container_pid(state: &State) -> Result<i32, HookError> {
 /// Enters the mount namespace of the container's process `pid` from the runtime's: its
 /// rootfs is then at the path the spec gives, before pivot_root. Returns the container's
 /// root, for what the hook creates there.
-fn enter_container(pid: i32) -> Result<Option<ContainerRoot>, HookError> {
+fn enter_container(pid: i32) -> Result<(Option<ContainerRoot>, File), HookError> {
     let root = userns::container_root(pid)?;
-    effects::enter_mount_ns(pid)?;
-    Ok(root)
+    let ns = effects::enter_mount_ns(pid)?;
+    Ok((root, ns))
 }
 
 /// `trees` less any two that are one directory of the image under two names

@@ -184,11 +184,12 @@ impl ContainerEffects for SystemInside {
     }
 }
 
-/// Enters the mount namespace of the process `pid`.
-pub fn enter_mount_ns(pid: i32) -> Result<(), HookError> {
+/// Enters the mount namespace of the process `pid`; returns it, for coming back to it.
+pub fn enter_mount_ns(pid: i32) -> Result<std::fs::File, HookError> {
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
         .map_err(|source| HookError::Namespace { pid, source })?;
-    sys::enter_mount_ns(&ns).map_err(|source| HookError::Namespace { pid, source })
+    sys::enter_mount_ns(&ns).map_err(|source| HookError::Namespace { pid, source })?;
+    Ok(ns)
 }
 
 /// Makes what the hook creates from here on the container root's, `root` where it is not the

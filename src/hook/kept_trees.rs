@@ -42,7 +42,8 @@ impl KeptTrees {
         })
     }
 
-    /// One visit to the runtime's mount namespace, back in the container's (`pid`'s) after:
+    /// One visit to the runtime's mount namespace, back in the container's (`container`: its
+    /// process and that namespace, which the hook is in) after:
     /// for each of `groups`, a detached, read-only, nosuid, nodev, private copy of its kept
     /// tree, made where there is none yet (None for a group whose tree cannot be had); and each
     /// source still None in `sources` that no copy holds, opened.
@@ -51,10 +52,8 @@ impl KeptTrees {
         groups: &[DirGroup],
         args: &LinkArgs,
         sources: &mut [Option<OwnedFd>],
-        pid: i32,
+        (pid, container): (i32, &File),
     ) -> Result<Vec<Option<OwnedFd>>, HookError> {
-        let container = File::open(format!("/proc/{pid}/ns/mnt"))
-            .map_err(|source| HookError::Namespace { pid, source })?;
         let here = std::process::id() as i32;
         sys::enter_mount_ns(&self.runtime_ns)
             .map_err(|source| HookError::Namespace { pid: here, source })?;
@@ -74,7 +73,7 @@ impl KeptTrees {
                 *source = Some(effects::open_source(&args.mounts[i])?);
                 Ok(())
             });
-        sys::enter_mount_ns(&container).map_err(|source| HookError::Namespace { pid, source })?;
+        sys::enter_mount_ns(container).map_err(|source| HookError::Namespace { pid, source })?;
         opened.map(|()| copies)
     }
 }
