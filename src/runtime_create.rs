@@ -120,10 +120,11 @@ pub fn prepare_bundle(
     match config.runtime_mode {
         RuntimeMode::Hook => edit_spec(&mut value, &plan, &HookBinary::new(config, config_path)),
         // The same edits a CDI spec would make, for this container's image and request.
-        RuntimeMode::Cdi => delivery::config_json::apply(
-            &mut value,
-            &delivery::container_edits(&plan, &HookBinary::new(config, config_path)),
-        ),
+        RuntimeMode::Cdi => {
+            let mut edits = delivery::container_edits(&plan, &HookBinary::new(config, config_path));
+            delivery::args_file::kept::externalize(&mut edits, config);
+            delivery::config_json::apply(&mut value, &edits)
+        }
     }
     // Compact, as engines write it: the runtime reads it once, and pretty printing costs more.
     let out = serde_json::to_vec(&value).map_err(json_err)?;

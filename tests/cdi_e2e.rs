@@ -575,6 +575,14 @@ fn nvhook_runtime_cdi_mode_gives_gpu_1_only(env: RuntimeEnv, mounts_by: &str) {
     assert!(spec["hooks"]["createContainer"].is_null(), "{text}");
     let hook = &spec["hooks"]["createRuntime"][0]["args"];
     assert_eq!(hook[4], "createRuntime", "{text}");
+    // Its arguments in a file of nvhook's state directory, as a written spec's beside it.
+    let args_file = hook[6].as_str().map(std::path::Path::new);
+    assert_eq!(hook[5], "--args-file", "{text}");
+    assert_eq!(
+        args_file.and_then(std::path::Path::parent),
+        Some(node.root().join("run/hook-args").as_path()),
+        "{text}"
+    );
     let env_vars = spec["process"]["env"].as_array().expect("env");
     assert!(
         env_vars.contains(&Value::from("NVIDIA_VISIBLE_DEVICES=void")),

@@ -585,6 +585,20 @@ fn nri_and_the_hook_give_a_container_the_same_view() {
         hook.iter().any(|l| l == "dlopen libcuda.so.1 ok"),
         "{hook:#?}"
     );
+    // The cdi modes' hooks read their arguments from nvhook's state directory, one file for
+    // each mode's: the links alone, and the links with the files to mount.
+    let args_dir = node.root().join("run/hook-args");
+    let mut texts: Vec<String> = fs::read_dir(&args_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", args_dir.display()))
+        .map(|entry| fs::read_to_string(entry.unwrap().path()).unwrap())
+        .collect();
+    texts.sort_by_key(|text| text.contains("--bind-files"));
+    assert_eq!(texts.len(), 2, "{texts:#?}");
+    assert!(
+        texts[0].contains("--links\n") && !texts[0].contains("--bind-files"),
+        "{texts:#?}"
+    );
+    assert!(texts[1].contains("--bind-files\n"), "{texts:#?}");
     stop_engine(plugin, cri, containerd);
 }
 

@@ -11,8 +11,10 @@
 //! CreateContainer + StartContainer. Five containerds run side by side, one without the
 //! plugin and four with it (one per mode), and the variants take turns round by round in
 //! rotating order, so that the machine's drift hits them alike. `NVHOOK_BENCH_CRI=TEXT;...`
-//! runs only the variants whose label holds one of the texts (with the floors). Needs
-//! `scripts/sid-engines.sh`.
+//! runs only the variants whose label holds one of the texts (with the floors).
+//! `NVHOOK_BENCH_OTHER_NVHOOK=PATH` adds a sixth, whose plugin is another build of nvhook in
+//! `nri-mode = "cdi"` (its hook that build's too, logging to a file of its own): before and
+//! after in one run. Needs `scripts/sid-engines.sh`.
 
 use crate::pod_parts::{Pods, TimedRunc, engine_dir, settle};
 use crate::stats::Samples;
@@ -48,6 +50,11 @@ const EMPTY_HOOK: [&str; 2] = ["/bin/busybox", "true"];
 /// reads a config that keeps nothing between starts, so each tree is made in the container.
 const GKE_KIND: &str = "nvhook-bench.example/gpu-gke";
 const GKE_OWN_TREES_KIND: &str = "nvhook-bench.example/gpu-gke-own-trees";
+
+/// The engines whose plugin is this build's and another's (`NVHOOK_BENCH_OTHER_NVHOOK`), both
+/// in `nri-mode = "cdi"`.
+const NRI_CDI_ENGINE: usize = 2;
+const OTHER_BUILD_ENGINE: usize = 5;
 
 /// The pod's GPUs: one (GPU 3) or all eight of the node's.
 fn gpu_indices(gpus: u32) -> Vec<usize> {
@@ -233,7 +240,12 @@ pub fn run(rounds: usize) {
             .collect()
     };
 
-    let dirs: Vec<EngineDir> = (0..5).map(|_| engine_dir("cri-bench")).collect();
+    let other_build = std::env::var_os("NVHOOK_BENCH_OTHER_NVHOOK").map(PathBuf::from);
+    let other_log = node.root().join("other-build.log");
+    let engines_count = 5 + usize::from(other_build.is_some());
+    let dirs: Vec<EngineDir> = (0..engines_count)
+        .map(|_| engine_dir("cri-bench"))
+        .collect();
     // One timed runc for all engines, and under nvhook-runtime.
     let runc = TimedRunc::new(dirs[0].path());
     node.set("runtimes", &format!("[{:?}]", runc.program()));
@@ -245,8 +257,9 @@ pub fn run(rounds: usize) {
         std::fs::write(&config, format!("{text}\n{lines}\n")).expect("write an NRI mode's config");
         Some(config)
     };
-    // Engine 0: no plugin, nvhook-runtime as a handler; 1 to 4: the plugin, one mode each.
-    let plugins = [
+    // Engine 0: no plugin, nvhook-runtime as a handler; 1 to 4: the plugin, one mode each;
+    // 5: the other build's plugin, its own log.
+    let mut plugins = vec![
         None,
         Some(node.config()),
         with_mode("cdi", "nri-mode = \"cdi\""),
@@ -256,10 +269,20 @@ pub fn run(rounds: usize) {
             "nri-mode = \"cdi\"\ncdi-mounts = \"runtime\"",
         ),
     ];
+    if other_build.is_some() {
+        let own_log: Vec<&str> = (text.lines())
+            .filter(|l| l.split('=').next().map(str::trim) != Some("log-file"))
+            .collect();
+        let config = node.root().join("nri-cdi-other-build.toml");
+        let lines = format!("nri-mode = \"cdi\"\nlog-file = {other_log:?}\n");
+        std::fs::write(&config, format!("{}\n{lines}", own_log.join("\n")))
+            .expect("write the other build's config");
+        plugins.push(Some(config));
+    }
     let runtime: PathBuf = workspace_bin("nvhook-runtime");
     let mut engines = Vec::new();
     let mut running = Vec::new();
-    for (dir, plugin) in dirs.iter().zip(&plugins) {
+    for (index, (dir, plugin)) in dirs.iter().zip(&plugins).enumerate() {
         let mut setup = Containerd2Cri {
             runc: runc.program(),
             ..Containerd2Cri::under(dir.path())
@@ -274,10 +297,18 @@ pub fn run(rounds: usize) {
         let [record, program] = runc.env();
         let containerd = setup.start(dir.path(), &[("NVHOOK_CONFIG", &config), record, program]);
         let image = containerd.import_gpucheck_image(dir.path());
-        if let Some(config) = plugin {
-            let p = NriPlugin::start(config, &setup.nri.socket, dir.path());
-            p.wait_registered(&node.log_file(), running.len() + 1, &containerd);
-            running.push(p);
+        match (plugin, &other_build) {
+            (Some(config), Some(program)) if index == OTHER_BUILD_ENGINE => {
+                let p = NriPlugin::start_build(program, config, &setup.nri.socket, dir.path());
+                p.wait_registered(&other_log, 1, &containerd);
+                running.push(p);
+            }
+            (Some(config), _) => {
+                let p = NriPlugin::start(config, &setup.nri.socket, dir.path());
+                p.wait_registered(&node.log_file(), running.len() + 1, &containerd);
+                running.push(p);
+            }
+            (None, _) => {}
         }
         let cri = Cri::connect(containerd.socket());
         engines.push(Engine {
@@ -324,6 +355,13 @@ pub fn run(rounds: usize) {
             variant(
                 "NRI plugin, nri-mode = cdi",
                 2,
+                DEFAULT_HANDLER,
+                gpus,
+                hooked,
+            ),
+            variant(
+                "NRI plugin, nri-mode = cdi, the other build (NVHOOK_BENCH_OTHER_NVHOOK)",
+                OTHER_BUILD_ENGINE,
                 DEFAULT_HANDLER,
                 gpus,
                 hooked,
@@ -413,6 +451,7 @@ pub fn run(rounds: usize) {
         0,
         Kind::NoGpu,
     ));
+    variants.retain(|v| v.engine < engines_count);
     focus(&mut variants);
     let mut pods = Pods::default();
     let cgroups = CgroupParent::new("nvhook-cri-bench");
@@ -475,8 +514,11 @@ pub fn run(rounds: usize) {
     drop(running);
     report(&variants, rounds);
     let labels: Vec<&str> = variants.iter().map(|v| v.label.as_str()).collect();
-    pods.print_parts(&labels, &runc, &format!("{}{}", node.log(), gke.log()));
-    plugin_share(&node.log());
+    let other_log_text = std::fs::read_to_string(&other_log).unwrap_or_default();
+    let hook_logs = format!("{}{}{other_log_text}", node.log(), gke.log());
+    pods.print_parts(&labels, &runc, &hook_logs);
+    plugin_share("this build", &node.log());
+    plugin_share("the other build", &other_log_text);
     for mut engine in engines {
         drop(engine.cri);
         engine.containerd.shutdown();
@@ -602,6 +644,17 @@ fn report(variants: &[Variant], rounds: usize) {
                 paired(kept, own)
             );
         }
+        let on_engine =
+            |engine: usize| (variants.iter()).find(|v| v.gpus == gpus && v.engine == engine);
+        if let (Some(this), Some(other)) =
+            (on_engine(NRI_CDI_ENGINE), on_engine(OTHER_BUILD_ENGINE))
+        {
+            println!(
+                "- {gpus} GPU(s): NRI `cdi`, this build against the other: {:+.2} ms at p50 (paired {:+.2})",
+                this.samples.p50() - other.samples.p50(),
+                paired(this, other)
+            );
+        }
         if let (Some(rc), Some(nri)) = (way("RuntimeClass"), way("NRI plugin, nri-mode = hook")) {
             println!(
                 "- {gpus} GPU(s): RuntimeClass {rc:.2} ms against NRI hook {nri:.2} at p50 (goal: no slower): {}",
@@ -649,7 +702,7 @@ fn report(variants: &[Variant], rounds: usize) {
 
 /// The plugin's own share of a start: its `NRI: planned` log lines' times (config read, the
 /// inventory, the plan, the adjustment), by mode.
-fn plugin_share(log: &str) {
+fn plugin_share(build: &str, log: &str) {
     let mut by_mode: std::collections::BTreeMap<String, Samples> = Default::default();
     for line in log.lines().filter(|l| l.contains("NRI: planned")) {
         let field = |name: &str| {
@@ -664,7 +717,7 @@ fn plugin_share(log: &str) {
     }
     for (mode, samples) in &by_mode {
         println!(
-            "- the plugin's planning, nri-mode = {}: p50 {:.2} ms, p95 {:.2} ms",
+            "- the plugin's planning ({build}), nri-mode = {}: p50 {:.2} ms, p95 {:.2} ms",
             mode.to_lowercase(),
             samples.p50(),
             samples.p95()

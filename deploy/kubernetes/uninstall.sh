@@ -23,7 +23,7 @@
 #    its other keys, the Kubernetes policy and the backup (loosening it is the admin's call).
 # 4. The binaries and NVIDIA's command names in $NVHOOK_DIR/bin, then $NVHOOK_DIR/bin and
 #    $NVHOOK_DIR when empty, and nvhook's state directory /run/nvhook (the NRI plugin's
-#    gathered driver directories unmounted first).
+#    gathered driver directories unmounted first; its hooks' argument files with it).
 # Directories other programs use too (/var/run/cdi, /etc/containerd/conf.d, NFD's features.d,
 # /dev/char) stay, and so does a log-file the admin configured. Safe to run again: a node
 # without nvhook is left as it is.

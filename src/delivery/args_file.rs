@@ -16,9 +16,12 @@
 //! file is no spec to them. The hook reads it only where it and its directory are writable by
 //! their owner alone, who is root, the hook's own user, or in a rootless engine's user
 //! namespace an owner the namespace does not map (root's, as the engine's user sees it).
+//!
+//! Edits made for one container at a time, which no spec file holds (the NRI plugin's and
+//! nvhook-runtime's `cdi` modes), keep theirs in nvhook's state directory ([`kept`]).
 
 use crate::atomic_file::{NewFile, write_atomic};
-use crate::delivery::cdi_spec::CdiSpec;
+use crate::delivery::cdi_spec::{CdiSpec, ContainerEdits};
 use std::borrow::Cow;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -40,7 +43,7 @@ pub enum ArgsFileError {
     )]
     Usage,
     #[error(
-        "cannot read the CDI hook's argument file {}: {source}; the spec that names it was replaced: run `nvhook cdi refresh` (or `nvhook cdi generate` for a spec kept elsewhere) and start the container again",
+        "cannot read the CDI hook's argument file {}: {source}; the spec that names it was replaced: run `nvhook cdi refresh` (or `nvhook cdi generate` for a spec kept elsewhere; nvhook writes its state directory's again at the next start) and start the container again",
         path.display()
     )]
     Read {
@@ -92,7 +95,18 @@ fn sum(text: &str) -> String {
 /// where it has no such hook or an argument holds a line break.
 pub fn externalize(spec: &mut CdiSpec, spec_path: &Path) -> Option<ArgsFile> {
     let name = spec_path.file_name()?.to_str()?;
-    let hook = (spec.container_edits.hooks.iter_mut()).find(|h| h.hook_name == "createRuntime")?;
+    move_out(&mut spec.container_edits, |sum| {
+        spec_path.with_file_name(format!(".{name}.{sum}.args"))
+    })
+}
+
+/// [`externalize`] for `edits` whose file is at the path `path_for` gives for the sum of its
+/// text.
+fn move_out(
+    edits: &mut ContainerEdits,
+    path_for: impl FnOnce(&str) -> PathBuf,
+) -> Option<ArgsFile> {
+    let hook = (edits.hooks.iter_mut()).find(|h| h.hook_name == "createRuntime")?;
     let start =
         2 + (hook.args.windows(2)).position(|w| w[0] == "hook" && w[1] == "createRuntime")?;
     let tail = &hook.args[start..];
@@ -111,7 +125,7 @@ pub fn externalize(spec: &mut CdiSpec, spec_path: &Path) -> Option<ArgsFile> {
         }
     }
     let sum = sum(&text);
-    let path = spec_path.with_file_name(format!(".{name}.{sum}.args"));
+    let path = path_for(&sum);
     hook.args
         .extend([FLAG.to_string(), path.display().to_string(), sum]);
     hook.args.extend(kept);
@@ -245,6 +259,8 @@ fn read_trusted(path: &Path) -> Result<String, ArgsFileError> {
     String::from_utf8(bytes)
         .map_err(|e| read(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
+
+pub mod kept;
 
 #[cfg(test)]
 mod tests;

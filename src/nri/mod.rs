@@ -213,7 +213,11 @@ impl GpuPlugin {
                     .collect(),
                 ..hook_mode_edits(&plan, &hook, container::has_user_namespace(container))
             },
-            NriMode::Cdi => container_edits(&plan, &hook),
+            NriMode::Cdi => {
+                let mut edits = container_edits(&plan, &hook);
+                crate::delivery::args_file::kept::externalize(&mut edits, &config);
+                edits
+            }
             NriMode::Mounts => hookless_edits(&plan, &hook, &self.gathered(&config, &plan)),
             // The engine injects the GPUs from the spec, whose createRuntime hook sets the
             // GPU memory limits the container asks for.

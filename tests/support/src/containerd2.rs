@@ -402,8 +402,7 @@ impl NriPlugin {
     /// [`NriPlugin::start`], run by the command line `wrapper` (a program and its arguments,
     /// `unshare ...` say, which must stop the plugin when it gets SIGTERM); none when empty.
     pub fn start_under(wrapper: &[&str], config: &Path, socket: &Path, dir: &Path) -> NriPlugin {
-        let stderr = dir.join(format!("{}.stderr", unique_name("nri")));
-        let mut command = match wrapper {
+        let command = match wrapper {
             [] => std::process::Command::new(super::nvhook_bin()),
             [program, args @ ..] => {
                 let mut command = std::process::Command::new(super::require_program(program));
@@ -411,6 +410,22 @@ impl NriPlugin {
                 command
             }
         };
+        NriPlugin::spawn(command, config, socket, dir)
+    }
+
+    /// [`NriPlugin::start`] of another build of nvhook (`program`), whose hook is then that
+    /// build's too: a bench's before and after in one run.
+    pub fn start_build(program: &Path, config: &Path, socket: &Path, dir: &Path) -> NriPlugin {
+        NriPlugin::spawn(std::process::Command::new(program), config, socket, dir)
+    }
+
+    fn spawn(
+        mut command: std::process::Command,
+        config: &Path,
+        socket: &Path,
+        dir: &Path,
+    ) -> NriPlugin {
+        let stderr = dir.join(format!("{}.stderr", unique_name("nri")));
         let child = command
             .arg("--config")
             .arg(config)
