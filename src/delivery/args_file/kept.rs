@@ -139,28 +139,14 @@ fn remove_unused(dir: &Path, keep: &Path, now: SystemTime) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::delivery::args_file::tests::edits_with as edits;
     use crate::delivery::args_file::{FLAG, inline};
-    use crate::delivery::cdi_spec::Hook;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     fn config(state: &Path) -> Config {
         Config {
             nvml_cache_file: state.join("nvml-inventory.json"),
             ..Config::default()
-        }
-    }
-
-    fn edits(args: &[&str]) -> ContainerEdits {
-        let prefix = ["hook", "createRuntime"];
-        ContainerEdits {
-            hooks: vec![Hook {
-                hook_name: "createRuntime".into(),
-                path: "/usr/bin/nvhook".into(),
-                args: (prefix.iter().chain(args)).map(|s| s.to_string()).collect(),
-                env: Vec::new(),
-                timeout: None,
-            }],
-            ..ContainerEdits::default()
         }
     }
 

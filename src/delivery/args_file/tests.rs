@@ -14,21 +14,26 @@ const PREFIX: [&str; 5] = [
     "createRuntime",
 ];
 
+/// Edits whose createRuntime hook is nvhook's with `args` after `hook createRuntime`.
+pub(super) fn edits_with(args: &[&str]) -> ContainerEdits {
+    ContainerEdits {
+        hooks: vec![Hook {
+            hook_name: "createRuntime".into(),
+            path: "/usr/bin/nvhook".into(),
+            args: strings(&PREFIX).into_iter().chain(strings(args)).collect(),
+            env: Vec::new(),
+            timeout: None,
+        }],
+        ..ContainerEdits::default()
+    }
+}
+
 fn spec_with(args: &[&str]) -> CdiSpec {
     CdiSpec {
         cdi_version: "0.6.0".into(),
         kind: "nvidia.com/gpu".into(),
         devices: Vec::new(),
-        container_edits: ContainerEdits {
-            hooks: vec![Hook {
-                hook_name: "createRuntime".into(),
-                path: "/usr/bin/nvhook".into(),
-                args: strings(&PREFIX).into_iter().chain(strings(args)).collect(),
-                env: Vec::new(),
-                timeout: None,
-            }],
-            ..ContainerEdits::default()
-        },
+        container_edits: edits_with(args),
     }
 }
 
