@@ -43,7 +43,7 @@ pub enum ArgsFileError {
     )]
     Usage,
     #[error(
-        "cannot read the CDI hook's argument file {}: {source}; the spec that names it was replaced: run `nvhook cdi refresh` (or `nvhook cdi generate` for a spec kept elsewhere; nvhook writes its state directory's again at the next start) and start the container again",
+        "cannot read the CDI hook's argument file {}: {source}; the spec that names it was replaced: run `nvhook cdi refresh` (or `nvhook cdi generate` for a spec kept elsewhere) and start the container again; a file of nvhook's state directory (hook-args) is written again when the container is created again",
         path.display()
     )]
     Read {
