@@ -1827,13 +1827,23 @@ fn uninstall_sh_removes_what_refresh_sh_wrote_and_keeps_an_admins_config() {
     );
     let cache = host.at(&installed.nvml_cache_file.display().to_string());
     assert!(cache.exists(), "{refreshed}");
+    // The argument files the NRI plugin's and nvhook-runtime's cdi modes keep beside it.
+    let hook_args = cache.with_file_name(nvhook::delivery::args_file::kept::DIR_NAME);
+    fs::create_dir(&hook_args).unwrap();
+    fs::write(hook_args.join("0123456789abcdef.args"), "--links\n").unwrap();
 
     let said = host.uninstall(&m.daemon_set);
     assert!(said.contains("removed /var/run/cdi/nvidia.yaml"), "{said}");
     assert!(said.contains("/dev/char links of NVIDIA nodes"), "{said}");
     assert_eq!(host.restarts(), 2, "{said}");
     assert_eq!(fs::read(&containerd).unwrap(), original, "{said}");
-    for gone in [spec, host.at(NFD_FEATURE_FILE), link, cache.clone()] {
+    for gone in [
+        spec,
+        host.at(NFD_FEATURE_FILE),
+        link,
+        cache.clone(),
+        hook_args,
+    ] {
         assert!(
             fs::symlink_metadata(&gone).is_err(),
             "{} is left\n{said}",

@@ -15,8 +15,8 @@
 #    leave (*.nvhook.bak) are deleted: they hold the configured version.
 # 2. What refresh.sh keeps: the CDI specs nvhook wrote (/var/run/cdi/nvidia.yaml and the
 #    nvidia-<class>.yaml beside it, each only if it names nvhook), NVML's cached answer (the
-#    config's nvml-cache-file, and its .lock), the NFD feature file
-#    (/etc/kubernetes/node-feature-discovery/features.d/nvhook) and the /dev/char links of the
+#    config's nvml-cache-file, its .lock and the hooks' argument files beside it), the NFD
+#    feature file (/etc/kubernetes/node-feature-discovery/features.d/nvhook) and the /dev/char links of the
 #    NVIDIA nodes (<dev-root>/dev/char/MAJ:MIN -> ../nvidia*).
 # 3. /etc/nvhook/config.toml: deleted with its backup when it holds only what install.sh wrote;
 #    an admin's own file loses only the hook-path line naming the nvhook removed here, and keeps
@@ -108,6 +108,9 @@ cache=$(on_host "$(config_key nvml-cache-file /run/nvhook/nvml-inventory.json)")
 for file in "$cache" "$cache.lock"; do
     [ ! -f "$file" ] || rm -f "$file"
 done
+# The hooks' argument files kept beside it (nvhook's own directory, where the cache is not in
+# /run/nvhook, which goes whole below).
+[ ! -d "$cache" ] && [ -d "$(dirname "$cache")/hook-args" ] && rm -rf "$(dirname "$cache")/hook-args"
 rm -f "$host/etc/kubernetes/node-feature-discovery/features.d/nvhook"
 char_dir=$host$(config_key dev-root /)/dev/char
 links=0
