@@ -440,16 +440,7 @@ mod tests {
         // A store made where nothing was: its directories are root's alone, and it is a
         // private tmpfs of its own.
         let store = Store::new(dir.path().join("state/store"));
-        let opened = match store.open() {
-            // qemu's user mode, which runs the aarch64 unit tests here, lacks the kernel's new
-            // mount API; the x86_64 run covers this part.
-            Err(GatherError::Io { source, .. })
-                if cfg!(target_arch = "aarch64") && source.raw_os_error() == Some(libc::ENOSYS) =>
-            {
-                return;
-            }
-            opened => opened.expect("open a new store (as root)"),
-        };
+        let opened = store.open().expect("open a new store (as root)");
         assert!(opened.mounted);
         let mode = |at: &str| std::fs::metadata(dir.path().join(at)).unwrap().mode() & 0o7777;
         assert_eq!(mode("state/store"), 0o555);
