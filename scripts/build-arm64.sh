@@ -17,9 +17,8 @@
 #                        release's panic = "abort" without fat LTO or debug info; what every test
 #                        run builds, a fraction of release's time)
 #   NVHOOK_ARM64_TESTS   1: then run the workspace's unit tests (the libraries' and nvhook-nvml's)
-#                        for aarch64 in the root, under qemu-aarch64 registered in binfmt_misc
-#                        with the F flag, so that it runs in the chroot: sid's, as
-#                        scripts/arm64-binfmt.sh registers it, or else qemu-user-static's
+#                        for aarch64 in the root, under sid's qemu-aarch64 (from the toolchain
+#                        root), which scripts/arm64-binfmt.sh registers in binfmt_misc first
 #   CARGO_HOME           the host's cargo home, for its registry (default: ~/.cargo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,24 +46,9 @@ case $PROFILE in
   *) echo "build-arm64.sh: NVHOOK_ARM64_PROFILE is release, dev or arm64-check, not $PROFILE" >&2; exit 1 ;;
 esac
 if [ "$TESTS" = 1 ]; then
-  binfmt=/proc/sys/fs/binfmt_misc
-  # The newest registration of a format wins. Where sid's qemu is registered, enabling Debian's
-  # here would put it in front, and Debian 12's qemu (7.2) answers the mount API that nvhook's
-  # code (and its unit tests) use with ENOSYS: sid's is kept.
-  entry=$binfmt/nvhook-qemu-aarch64
-  if ! grep -qx enabled "$entry" 2>/dev/null; then
-    entry=$binfmt/qemu-aarch64
-    # qemu-user-static's package registers its format when binfmt_misc is mounted at install
-    # time; on a machine (or CI container) where it was not, mount it and register it here.
-    if [ ! -e "$entry" ] && command -v update-binfmts >/dev/null; then
-      [ -e "$binfmt/register" ] || mount -t binfmt_misc binfmt_misc "$binfmt" 2>/dev/null || true
-      update-binfmts --enable qemu-aarch64 2>/dev/null || true
-    fi
-  fi
-  grep -qx enabled "$entry" 2>/dev/null && grep -q '^flags:.*F' "$entry" || {
-    echo "build-arm64.sh: aarch64 unit tests need a qemu-aarch64 enabled in binfmt_misc with the F flag: run scripts/arm64-binfmt.sh (sid's qemu, which the tests need), or apt-get install -y qemu-user-static binfmt-support" >&2
-    exit 1
-  }
+  # Debian 12's qemu (7.2) answers the mount API that nvhook's code and its unit tests use with
+  # ENOSYS: the tests run under sid's, which arm64-binfmt.sh registers in front of any other.
+  NVHOOK_CROSS_ROOT=$ROOT scripts/arm64-binfmt.sh
 fi
 
 # Inside the chroot; the target directory is ignored by git (.cross/).
