@@ -126,6 +126,29 @@ impl Pods {
             .collect()
     }
 
+    /// Each of `variants` variants' pods' work for the container's view ([`VIEW_STEPS`]) by
+    /// their hooks' log (`log`), ms, in the order of their rounds; 0 for a pod without them.
+    pub fn views(&self, variants: usize, log: &str) -> Vec<Samples> {
+        let hooks = hook_logs(log);
+        let view = |run: &PodRun| {
+            let id = run.container_id.as_deref().expect("a started container");
+            hooks.get(id).map_or(0.0, |h| {
+                (h.steps.iter())
+                    .filter(|(step, _)| VIEW_STEPS.contains(&step.as_str()))
+                    .map(|(_, ms)| ms)
+                    .sum()
+            })
+        };
+        (0..variants)
+            .map(|v| {
+                (self.0.iter())
+                    .filter(|(variant, _)| *variant == v)
+                    .map(|(_, run)| view(run))
+                    .collect()
+            })
+            .collect()
+    }
+
     /// Prints, per variant (`labels`), the whole start's p50, p95 and Δ p50 against the first
     /// variant.
     pub fn print_totals(&self, labels: &[&str]) {
@@ -230,6 +253,22 @@ const PARTS: [&str; 8] = [
     "of which nvhook's hooks (their log)",
     "runc start",
     "StartContainer's rest (containerd, shim)",
+];
+
+/// The steps of nvhook's hooks that make the container's view of the driver: the device
+/// rules and nodes, the files' sources and mounts, their links and the loader cache, the procfs
+/// view, the trees and their copies. Any way in pays the kernel for the same view; the other
+/// steps (the process, the state, the request, the image, the inventory, the plan) are
+/// nvhook's reading and deciding.
+const VIEW_STEPS: [&str; 8] = [
+    "cgroup",
+    "sources",
+    "devices",
+    "mounts",
+    "links+ldcache",
+    "proc",
+    "trees",
+    "visit",
 ];
 
 /// What nvhook's log says of one container: its hooks' total and their steps, and

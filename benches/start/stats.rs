@@ -29,6 +29,19 @@ impl Samples {
         self.percentile(95.0)
     }
 
+    /// A 95% confidence interval of the median, from the order statistics alone (no
+    /// assumption on the distribution): the samples of ranks n/2 ± 1.96·√n/2.
+    pub fn median_interval(&self) -> (f64, f64) {
+        assert!(!self.0.is_empty(), "no samples");
+        let mut sorted = self.0.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len() as f64;
+        let half = 1.96 * n.sqrt() / 2.0;
+        let low = (n / 2.0 - half).floor().max(1.0) as usize;
+        let high = (n / 2.0 + 1.0 + half).ceil().min(n) as usize;
+        (sorted[low - 1], sorted[high - 1])
+    }
+
     /// Each sample less the one `base` took in the same round (both pushed once per round):
     /// a difference in which drift between rounds cancels.
     pub fn paired_minus(&self, base: &Samples) -> Samples {
