@@ -113,24 +113,28 @@ impl Pods {
         self.0.push((variant, run));
     }
 
-    /// Each of `variants` variants' whole starts, ms, in the order of their rounds.
-    pub fn totals(&self, variants: usize) -> Vec<Samples> {
+    /// Each of `variants` variants' `value` of its pods, in the order of their rounds.
+    fn per_variant(&self, variants: usize, value: impl Fn(&PodRun) -> f64) -> Vec<Samples> {
         (0..variants)
             .map(|v| {
-                self.0
-                    .iter()
+                (self.0.iter())
                     .filter(|(variant, _)| *variant == v)
-                    .map(|(_, run)| run.container_start.as_secs_f64() * 1e3)
+                    .map(|(_, run)| value(run))
                     .collect()
             })
             .collect()
+    }
+
+    /// Each of `variants` variants' whole starts, ms, in the order of their rounds.
+    pub fn totals(&self, variants: usize) -> Vec<Samples> {
+        self.per_variant(variants, |run| run.container_start.as_secs_f64() * 1e3)
     }
 
     /// Each of `variants` variants' pods' work for the container's view ([`VIEW_STEPS`]) by
     /// their hooks' log (`log`), ms, in the order of their rounds; 0 for a pod without them.
     pub fn views(&self, variants: usize, log: &str) -> Vec<Samples> {
         let hooks = hook_logs(log);
-        let view = |run: &PodRun| {
+        self.per_variant(variants, |run| {
             let id = run.container_id.as_deref().expect("a started container");
             hooks.get(id).map_or(0.0, |h| {
                 (h.steps.iter())
@@ -138,15 +142,7 @@ impl Pods {
                     .map(|(_, ms)| ms)
                     .sum()
             })
-        };
-        (0..variants)
-            .map(|v| {
-                (self.0.iter())
-                    .filter(|(variant, _)| *variant == v)
-                    .map(|(_, run)| view(run))
-                    .collect()
-            })
-            .collect()
+        })
     }
 
     /// Prints, per variant (`labels`), the whole start's p50, p95 and Δ p50 against the first
@@ -258,8 +254,8 @@ const PARTS: [&str; 8] = [
 /// The steps of nvhook's hooks that make the container's view of the driver: the device
 /// rules and nodes, the files' sources and mounts, their links and the loader cache, the procfs
 /// view, the trees and their copies. Any way in pays the kernel for the same view; the other
-/// steps (the process, the state, the request, the image, the inventory, the plan) are
-/// nvhook's reading and deciding.
+/// steps (the process, the state, the request, the image, the inventory, the plan, entering
+/// the container, the folders and CUDA compat) are nvhook's reading and deciding.
 const VIEW_STEPS: [&str; 8] = [
     "cgroup",
     "sources",

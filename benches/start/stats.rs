@@ -12,11 +12,16 @@ impl Samples {
         self.0.len()
     }
 
-    /// Nearest-rank percentile, `p` in 0..=100.
-    pub fn percentile(&self, p: f64) -> f64 {
+    fn sorted(&self) -> Vec<f64> {
         assert!(!self.0.is_empty(), "no samples");
         let mut sorted = self.0.clone();
         sorted.sort_by(f64::total_cmp);
+        sorted
+    }
+
+    /// Nearest-rank percentile, `p` in 0..=100.
+    pub fn percentile(&self, p: f64) -> f64 {
+        let sorted = self.sorted();
         let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
         sorted[rank.clamp(1, sorted.len()) - 1]
     }
@@ -32,9 +37,7 @@ impl Samples {
     /// A 95% confidence interval of the median, from the order statistics alone (no
     /// assumption on the distribution): the samples of ranks n/2 ± 1.96·√n/2.
     pub fn median_interval(&self) -> (f64, f64) {
-        assert!(!self.0.is_empty(), "no samples");
-        let mut sorted = self.0.clone();
-        sorted.sort_by(f64::total_cmp);
+        let sorted = self.sorted();
         let n = sorted.len() as f64;
         let half = 1.96 * n.sqrt() / 2.0;
         let low = (n / 2.0 - half).floor().max(1.0) as usize;
