@@ -166,11 +166,16 @@ fn ensure_one(
         target: link.target.clone(),
         source: e.into(),
     };
+    // Every start after a node's first finds its link: one lookup, and nothing written.
+    if leads_to(dir, &link.name, link) {
+        return Ok(LinkOutcome::Present);
+    }
     match symlinkat(link.target.as_str(), dir.as_fd(), link.name.as_str()) {
         Ok(()) => return Ok(LinkOutcome::Created),
         Err(Errno::EEXIST) => {}
         Err(e) => return Err(link_err(e)),
     }
+    // Made meanwhile by another start, or there and wrong.
     if leads_to(dir, &link.name, link) {
         return Ok(LinkOutcome::Present);
     }

@@ -7,6 +7,7 @@ use crate::atomic_file::{NewFile, write_atomic};
 use crate::config::{Config, RuntimeMode};
 use crate::delivery::{self, HookBinary, PrepareError};
 use crate::dev_char;
+use crate::hook::step::Step;
 use crate::host_plan::{Target, plan_for_host, probe_image};
 use crate::inventory::{self};
 use crate::oci::Spec;
@@ -79,11 +80,13 @@ fn is_executable(p: &Path) -> bool {
 }
 
 /// Prepares a bundle for a GPU container; a container that asks for no GPU is left
-/// byte for byte as it was. Returns whether config.json was changed.
+/// byte for byte as it was. Returns whether config.json was changed; `step` gets the
+/// steps' times.
 pub fn prepare_bundle(
     config: &Config,
     config_path: Option<&Path>,
     bundle: &Path,
+    step: &mut Step,
 ) -> Result<bool, RuntimeCreateError> {
     let path = bundle.join("config.json");
     let io_err = |op: &'static str| {
@@ -99,13 +102,17 @@ pub fn prepare_bundle(
     let Some(request) = Request::from_spec(&spec, config)? else {
         return Ok(false);
     };
+    step.done("request");
     let rootfs = spec.rootfs(bundle).ok_or(PrepareError::NoRoot)?;
     let scope = inventory::Scope::for_capabilities(&request.capabilities);
     let (inventory, source) = inventory::isolated::load(config, scope)?;
+    step.done("inventory");
     // The container's mount namespace does not exist yet: the image as the host sees it. The
     // hook probes it again through the namespace and plans anew where a volume changed it.
     let image = probe_image(&request, config, &rootfs)?;
+    step.done("image");
     let plan = plan_for_host(&request, inventory, source, config, Target::Image(&image))?;
+    step.done("plan");
     if config.runtime_mode == RuntimeMode::Cdi {
         // Refused before the runtime starts: where it makes the driver files' mounts
         // (`cdi-mounts = "runtime"`) it would make these mount points before any hook could
@@ -117,6 +124,7 @@ pub fn prepare_bundle(
     }
     // Before the runtime turns the rules into systemd's DeviceAllow= entries.
     dev_char::ensure_for_plan(config, &plan);
+    step.done("dev-char");
     match config.runtime_mode {
         RuntimeMode::Hook => edit_spec(&mut value, &plan, &HookBinary::new(config, config_path)),
         // The same edits a CDI spec would make, for this container's image and request.
@@ -126,6 +134,7 @@ pub fn prepare_bundle(
             delivery::config_json::apply(&mut value, &edits)
         }
     }
+    step.done("edit");
     // Compact, as engines write it: the runtime reads it once, and pretty printing costs more.
     let out = serde_json::to_vec(&value).map_err(json_err)?;
     let mode = std::fs::metadata(&path)
@@ -135,6 +144,7 @@ pub fn prepare_bundle(
     if config.runtime_mode == RuntimeMode::Hook {
         plan_file::write(bundle, plan, image)?;
     }
+    step.done("write");
     Ok(true)
 }
 

@@ -16,6 +16,7 @@ use nvhook_test_support as support;
 
 use std::path::{Path, PathBuf};
 use support::engines::{nvhook_runtime_bin, sid_runtime_bin, unique_name, youki_bin};
+use support::hook_log::{hook_runs, prepared_steps};
 use support::podman::{CdiSpecFile, Podman};
 use support::{
     Bundle, MountNs, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args,
@@ -128,6 +129,37 @@ fn nvhook_runtime_on(runtime: Runtime, env: RuntimeEnv) {
     output.hook_log = Some(node.log());
     assert_gpu_1_only(&output);
     assert_nothing_left(&node, &bundle);
+    // Its create's time, step by step, in its own line: what an operator reads to see where
+    // a GPU container's create goes, never mistaken for a hook's steps.
+    let log = node.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("GPU container prepared"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    let steps: Vec<&str> = prepared_steps(lines[0]).iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        steps,
+        [
+            "config",
+            "request",
+            "inventory",
+            "image",
+            "plan",
+            "dev-char",
+            "edit",
+            "write"
+        ],
+        "{log}"
+    );
+    assert!(
+        hook_runs(&log).iter().all(|run| {
+            run.steps
+                .iter()
+                .all(|(step, _)| !["config", "dev-char", "write"].contains(&step.as_str()))
+        }),
+        "{log}"
+    );
 }
 
 /// A user namespace (ids 0..65536 are the host's 100000..): the hook binds the host's nodes

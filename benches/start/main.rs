@@ -40,7 +40,7 @@ use setup::{Ask, Node, Variant, VariantSpec, Via, run_rounds};
 use stats::{Samples, fit_line};
 use std::path::Path;
 use support::NodeOptions;
-use support::hook_log::{HookRun, hook_runs, steps_of};
+use support::hook_log::{HookRun, hook_runs, prepared_steps, steps_of};
 
 const ALL: &str = "all";
 const NVML_DELAY_MS: u64 = 500;
@@ -553,6 +553,23 @@ fn report_starts(starts: &[Variant], exec: &(Samples, Samples)) {
         }
     }
     println!();
+    let mut create_steps = pod_parts::StepTable::new(starts.len());
+    for (i, v) in starts.iter().enumerate() {
+        for line in v.log_text().lines() {
+            let steps = prepared_steps(line).into_iter();
+            create_steps.push(
+                i,
+                &steps
+                    .map(|(s, us)| (s.to_string(), us as f64 / 1e3))
+                    .collect::<Vec<_>>(),
+            );
+        }
+    }
+    let labels: Vec<&str> = starts.iter().map(|v| v.label.as_str()).collect();
+    create_steps.print(
+        "nvhook-runtime's create step by step, p50 ms (its log)",
+        &labels,
+    );
     let gpu8 = starts[2].starts.p50();
     println!(
         "{}",

@@ -14,7 +14,7 @@ use crate::hook_timer;
 use crate::stats::Samples;
 use crate::support::cri::PodRun;
 use crate::support::engines::EngineDir;
-use crate::support::hook_log::hook_runs;
+use crate::support::hook_log::{hook_runs, prepared_steps};
 use crate::support::require_program;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -162,9 +162,8 @@ impl Pods {
     pub fn print_parts(&self, labels: &[&str], runc: &TimedRunc, log: &str) {
         let calls = runc.calls();
         let hooks = hook_logs(log);
-        let mut steps: Vec<String> = Vec::new();
-        let mut step_samples: Vec<HashMap<String, Samples>> =
-            labels.iter().map(|_| HashMap::new()).collect();
+        let mut hook_steps = StepTable::new(labels.len());
+        let mut create_steps = StepTable::new(labels.len());
         let mut parts: Vec<[Samples; PARTS.len()]> =
             labels.iter().map(|_| Default::default()).collect();
         for (variant, run) in &self.0 {
@@ -191,14 +190,9 @@ impl Pods {
             for (samples, value) in parts[*variant].iter_mut().zip(values) {
                 samples.push(value);
             }
-            for (step, ms) in hooks.get(id).map_or(&[][..], |h| &h.steps) {
-                if !steps.contains(step) {
-                    steps.push(step.clone());
-                }
-                step_samples[*variant]
-                    .entry(step.clone())
-                    .or_default()
-                    .push(*ms);
+            if let Some(log) = hooks.get(id) {
+                hook_steps.push(*variant, &log.steps);
+                create_steps.push(*variant, &log.prepared_steps);
             }
         }
         println!(
@@ -216,18 +210,53 @@ impl Pods {
             println!("| {label} | {} |", cells.join(" | "));
         }
         println!();
-        if steps.is_empty() {
+        hook_steps.print("nvhook's hooks step by step, p50 ms (their log)", labels);
+        create_steps.print(
+            "nvhook-runtime's create step by step, p50 ms (its log)",
+            labels,
+        );
+    }
+}
+
+/// Steps' times per variant, in the order the steps were first seen.
+pub struct StepTable {
+    steps: Vec<String>,
+    samples: Vec<HashMap<String, Samples>>,
+}
+
+impl StepTable {
+    pub fn new(variants: usize) -> StepTable {
+        StepTable {
+            steps: Vec::new(),
+            samples: (0..variants).map(|_| HashMap::new()).collect(),
+        }
+    }
+
+    /// One container's steps, ms, of variant `variant`.
+    pub fn push(&mut self, variant: usize, steps: &[(String, f64)]) {
+        for (step, ms) in steps {
+            if !self.steps.contains(step) {
+                self.steps.push(step.clone());
+            }
+            (self.samples[variant].entry(step.clone()))
+                .or_default()
+                .push(*ms);
+        }
+    }
+
+    /// The p50 of each step, a row per variant (`labels`) that has them; nothing without any.
+    pub fn print(&self, title: &str, labels: &[&str]) {
+        if self.steps.is_empty() {
             return;
         }
-        println!("nvhook's hooks step by step, p50 ms (their log):\n");
-        println!("| variant | {} |", steps.join(" | "));
-        println!("|---|{}", "---|".repeat(steps.len()));
-        for (label, by_step) in labels.iter().zip(&step_samples) {
+        println!("{title}:\n");
+        println!("| variant | {} |", self.steps.join(" | "));
+        println!("|---|{}", "---|".repeat(self.steps.len()));
+        for (label, by_step) in labels.iter().zip(&self.samples) {
             if by_step.is_empty() {
                 continue;
             }
-            let cells: Vec<String> = steps
-                .iter()
+            let cells: Vec<String> = (self.steps.iter())
                 .map(|step| {
                     by_step
                         .get(step)
@@ -274,6 +303,7 @@ struct HookLog {
     total: f64,
     steps: Vec<(String, f64)>,
     prepared: f64,
+    prepared_steps: Vec<(String, f64)>,
 }
 
 /// nvhook's log by container id: a container may run a prestart and a createContainer hook,
@@ -300,6 +330,8 @@ fn hook_logs(log: &str) -> HashMap<String, HookLog> {
         let id = Path::new(bundle).file_name().expect("a bundle directory");
         let entry = by_id.entry(id.to_string_lossy().into_owned()).or_default();
         entry.prepared += us.parse::<f64>().expect("total_us is a number") / 1e3;
+        let steps = prepared_steps(line).into_iter();
+        (entry.prepared_steps).extend(steps.map(|(step, us)| (step.to_string(), us as f64 / 1e3)));
     }
     by_id
 }

@@ -25,6 +25,22 @@ impl Step {
         self.done.push((step, self.at.elapsed().as_micros()));
         self.at = Instant::now();
     }
+
+    /// The steps as their line holds them (` name=us ...`), for a caller that logs them in a
+    /// line of its own; nothing is logged when they end.
+    pub fn finish(mut self) -> String {
+        let line = self.line();
+        self.done.clear();
+        line
+    }
+
+    fn line(&self) -> String {
+        let mut line = String::with_capacity(16 * self.done.len());
+        for (step, us) in &self.done {
+            let _ = write!(line, " {step}={us}");
+        }
+        line
+    }
 }
 
 /// The line is written when the steps end, failed or not: a failed hook's line shows how far
@@ -34,10 +50,28 @@ impl Drop for Step {
         if self.done.is_empty() {
             return;
         }
-        let mut line = String::with_capacity(16 * self.done.len());
-        for (step, us) in &self.done {
-            let _ = write!(line, " {step}={us}");
-        }
-        tracing::info!("steps:{line}");
+        tracing::info!("steps:{}", self.line());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finish_gives_the_steps_as_their_line_holds_them() {
+        let mut step = Step::start();
+        step.done("config");
+        step.done("request");
+        let line = step.finish();
+        let steps: Vec<(&str, u128)> = (line.split_whitespace())
+            .map(|w| {
+                let (name, us) = w.split_once('=').unwrap();
+                (name, us.parse().unwrap())
+            })
+            .collect();
+        assert_eq!(steps.len(), 2, "{line:?}");
+        assert_eq!((steps[0].0, steps[1].0), ("config", "request"));
+        assert!(line.starts_with(' '), "{line:?}");
     }
 }

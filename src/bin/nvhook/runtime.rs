@@ -4,6 +4,7 @@
 
 use anyhow::Result;
 use nvhook::config;
+use nvhook::hook::step::Step;
 use nvhook::runtime_create::{find_runtime, prepare_bundle};
 use nvhook_runtime::Invocation;
 use std::ffi::{OsStr, OsString};
@@ -39,6 +40,7 @@ pub fn main(program: &OsStr, args: &[OsString]) -> i32 {
 /// Prepares the bundle when needed and returns the runtime to exec.
 fn run(args: &[OsString]) -> Result<PathBuf> {
     let started = Instant::now();
+    let mut step = Step::start();
     let config_path = std::env::var_os(config::ENV_VAR).map(PathBuf::from);
     let config = nvhook::kept_config::load(config_path.as_deref())?;
     let runtime = find_runtime(&config, std::env::var_os("PATH").as_deref())?;
@@ -51,13 +53,17 @@ fn run(args: &[OsString]) -> Result<PathBuf> {
                 anyhow::anyhow!("cannot find the bundle (no --bundle and no cwd): {e}")
             })?,
         };
-        if prepare_bundle(&config, config_path.as_deref(), &bundle)? {
-            // Its own time until it execs the runtime, as the hooks' `total_us`.
+        step.done("config");
+        let prepared = prepare_bundle(&config, config_path.as_deref(), &bundle, &mut step);
+        // Logged in its own line, never as a hook's steps, and only for a GPU container.
+        let steps = step.finish();
+        if prepared? {
+            // Its own time until it execs the runtime, as the hooks' `total_us`, and its steps.
             tracing::info!(
                 bundle = %bundle.display(),
                 runtime = %runtime.display(),
                 total_us = started.elapsed().as_micros(),
-                "GPU container prepared"
+                "GPU container prepared; steps:{steps}"
             );
         }
     }

@@ -1,13 +1,29 @@
 //! nvhook's log as its hooks write it, read back by the tests and the bench: a hook run's
 //! `nvhook::hook::step: steps: name=us ...` line comes before its `hook finished ... stage=S id=I ... total_us=N`
-//! line.
+//! line. nvhook-runtime's create logs its own steps in its `GPU container prepared; steps: name=us
+//! ... bundle=B ... total_us=N` line.
 
 /// A log line's steps with their µs: a hook's `steps:` line, none for any other line.
 pub fn steps_of(line: &str) -> Vec<(&str, u64)> {
     let Some((_, steps)) = line.split_once("hook::step: steps:") else {
         return Vec::new();
     };
-    steps
+    named_us(steps, line)
+}
+
+/// nvhook-runtime's steps with their µs: its `GPU container prepared` line's, none for any
+/// other line.
+pub fn prepared_steps(line: &str) -> Vec<(&str, u64)> {
+    let Some((_, rest)) = line.split_once("GPU container prepared; steps:") else {
+        return Vec::new();
+    };
+    let steps = rest.split(" bundle=").next().unwrap_or_default();
+    named_us(steps, line)
+}
+
+/// `name=us` words, of `line`.
+fn named_us<'a>(words: &'a str, line: &str) -> Vec<(&'a str, u64)> {
+    words
         .split_whitespace()
         .map(|w| {
             let (step, us) = w
@@ -81,5 +97,20 @@ x INFO nvhook::hook: hook finished stage=CreateContainer id=c2 total_us=900
         assert_eq!(runs[0].steps[3], ("mounts".to_string(), 270));
         assert_eq!(runs[1].steps.len(), 3);
         assert_eq!(runs[1].steps[2], ("links+ldcache".to_string(), 40));
+    }
+
+    #[test]
+    fn the_runtime_line_holds_its_steps() {
+        let line = "x INFO nvhook::runtime: GPU container prepared; steps: config=120 \
+                    inventory=550 write=130 bundle=/run/b/c1 runtime=/usr/bin/runc total_us=800";
+        assert_eq!(
+            prepared_steps(line),
+            [("config", 120), ("inventory", 550), ("write", 130)]
+        );
+        assert_eq!(steps_of(line), Vec::new());
+        assert_eq!(
+            prepared_steps("x INFO nvhook::hook::step: steps: process=1"),
+            []
+        );
     }
 }
