@@ -40,7 +40,7 @@ use setup::{Ask, Node, Variant, VariantSpec, Via, run_rounds};
 use stats::{Samples, fit_line};
 use std::path::Path;
 use support::NodeOptions;
-use support::hook_log::{HookRun, hook_runs, prepared_steps, steps_of};
+use support::hook_log::{HookRun, hook_runs, steps_of};
 
 const ALL: &str = "all";
 const NVML_DELAY_MS: u64 = 500;
@@ -556,13 +556,7 @@ fn report_starts(starts: &[Variant], exec: &(Samples, Samples)) {
     let mut create_steps = pod_parts::StepTable::new(starts.len());
     for (i, v) in starts.iter().enumerate() {
         for line in v.log_text().lines() {
-            let steps = prepared_steps(line).into_iter();
-            create_steps.push(
-                i,
-                &steps
-                    .map(|(s, us)| (s.to_string(), us as f64 / 1e3))
-                    .collect::<Vec<_>>(),
-            );
+            create_steps.push(i, &pod_parts::create_steps_ms(line));
         }
     }
     let labels: Vec<&str> = starts.iter().map(|v| v.label.as_str()).collect();

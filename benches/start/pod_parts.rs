@@ -218,6 +218,13 @@ impl Pods {
     }
 }
 
+/// nvhook-runtime's create steps in log line `line`, ms; none for any other line.
+pub fn create_steps_ms(line: &str) -> Vec<(String, f64)> {
+    (prepared_steps(line).into_iter())
+        .map(|(step, us)| (step.to_string(), us as f64 / 1e3))
+        .collect()
+}
+
 /// Steps' times per variant, in the order the steps were first seen.
 pub struct StepTable {
     steps: Vec<String>,
@@ -330,8 +337,7 @@ fn hook_logs(log: &str) -> HashMap<String, HookLog> {
         let id = Path::new(bundle).file_name().expect("a bundle directory");
         let entry = by_id.entry(id.to_string_lossy().into_owned()).or_default();
         entry.prepared += us.parse::<f64>().expect("total_us is a number") / 1e3;
-        let steps = prepared_steps(line).into_iter();
-        (entry.prepared_steps).extend(steps.map(|(step, us)| (step.to_string(), us as f64 / 1e3)));
+        entry.prepared_steps.extend(create_steps_ms(line));
     }
     by_id
 }
