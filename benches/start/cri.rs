@@ -8,7 +8,9 @@
 //! the CDI request's cost into its edits, its arguments and its hook's work; and nvhook's spec
 //! for a node whose driver is where GKE puts it, with its trees kept on the node and made in
 //! each container; and the floor with a hook and the device plugin's mounts a second time, whose
-//! difference from the first is what the run resolves. Each goal is judged on the median of
+//! difference from the first is what the run resolves; and that floor through the RuntimeClass,
+//! its mounts where they ask for no GPU, which nvhook-runtime passes on to runc: what a runtime
+//! between the shim and runc costs by itself. Each goal is judged on the median of
 //! the pods' round-by-round differences and its 95% interval: met, missed, or not resolved by
 //! the run; a way in that runs nvhook's hooks also once its pods' work for the view (by the
 //! hooks' log) is taken out. What is timed is what the kubelet waits for:
@@ -31,6 +33,9 @@ use std::path::PathBuf;
 const GPUS: u32 = 8;
 const HANDLER: &str = "nvidia";
 const DEVICE_MOUNT_ROOT: &str = "/var/run/nvidia-container-devices";
+/// Where the floor passed on by nvhook-runtime ([`Kind::PassedOn`]) gets its mounts: as many
+/// as the device plugin's, at a path that asks nvhook for nothing.
+const PASSED_ON_MOUNT_ROOT: &str = "/var/run/nvhook-bench-passed-on";
 
 /// The floor variants' CDI kind: devices of the node's GPU nodes and control nodes, nothing
 /// else, which is the least any way of giving the GPUs asks of the runtime; `-hook` devices
@@ -191,6 +196,11 @@ enum Kind {
     /// The floor with a hook and the device plugin's mounts a second time: two variants that
     /// are the same, whose difference is what the run resolves.
     FloorAgain,
+    /// The floor with a hook and as many mounts as the device plugin's (at
+    /// [`PASSED_ON_MOUNT_ROOT`]), through the RuntimeClass: a container that asks nvhook for
+    /// nothing, which nvhook-runtime reads and hands to runc as it is. What a runtime between
+    /// the shim and runc costs by itself, the line under the RuntimeClass way in.
+    PassedOn,
 }
 
 const FLOOR: Kind = Kind::Floor {
@@ -235,15 +245,10 @@ pub fn run(rounds: usize) {
     node.set("log-level", "\"info\"");
     let gke = SimNode::create_with(GPUS, &["--lib-dir", "usr/local/nvidia/lib64"]);
     gke.set("log-level", "\"info\"");
-    let allocation = |gpus: u32| -> Vec<(String, &'static str)> {
+    let allocation = |root: &str, gpus: u32| -> Vec<(String, &'static str)> {
         gpu_indices(gpus)
             .into_iter()
-            .map(|i| {
-                (
-                    format!("{DEVICE_MOUNT_ROOT}/{}", node.gpu_uuid(i)),
-                    "/dev/null",
-                )
-            })
+            .map(|i| (format!("{root}/{}", node.gpu_uuid(i)), "/dev/null"))
             .collect()
     };
 
@@ -456,6 +461,13 @@ pub fn run(rounds: usize) {
                 gpus,
                 Kind::FloorAgain,
             ),
+            variant(
+                "floor passed on by nvhook-runtime: that floor, its mounts where they ask for no GPU, through the RuntimeClass",
+                0,
+                HANDLER,
+                gpus,
+                Kind::PassedOn,
+            ),
         ]);
     }
     variants.push(variant(
@@ -471,7 +483,14 @@ pub fn run(rounds: usize) {
     let cgroups = CgroupParent::new("nvhook-cri-bench");
     let logs = dirs[0].path().join("pods");
     let args = ["/gpucheck", "--dev", "/dev/nvidia3"];
-    let allocations = [(1, allocation(1)), (GPUS, allocation(GPUS))];
+    // Each GPU count's allocation from the device plugin, and the same at the passed-on root.
+    let allocations = [1, GPUS].map(|gpus| {
+        (
+            gpus,
+            allocation(DEVICE_MOUNT_ROOT, gpus),
+            allocation(PASSED_ON_MOUNT_ROOT, gpus),
+        )
+    });
     // One warm-up pod each, not counted.
     for round in 0..=rounds {
         // In rotating order, so that no variant always follows the same one.
@@ -480,20 +499,26 @@ pub fn run(rounds: usize) {
             let v = &mut variants[index];
             let engine = &mut engines[v.engine];
             let mounts: Vec<(&str, &str)> = match v.kind {
-                Kind::Way { .. } | FLOOR_WITH_HOOK_AND_PLUGIN_MOUNTS | Kind::FloorAgain
+                Kind::Way { .. }
+                | FLOOR_WITH_HOOK_AND_PLUGIN_MOUNTS
+                | Kind::FloorAgain
+                | Kind::PassedOn
                     if v.cdi_kind.is_none() =>
                 {
-                    allocations
-                        .iter()
-                        .find(|(gpus, _)| *gpus == v.gpus)
-                        .map(|(_, a)| a.iter().map(|(m, d)| (m.as_str(), *d)).collect())
-                        .expect("an allocation of the variant's GPUs")
+                    let (_, plugin, passed_on) = (allocations.iter())
+                        .find(|(gpus, ..)| *gpus == v.gpus)
+                        .expect("an allocation of the variant's GPUs");
+                    let allocation = match v.kind {
+                        Kind::PassedOn => passed_on,
+                        _ => plugin,
+                    };
+                    (allocation.iter()).map(|(m, d)| (m.as_str(), *d)).collect()
                 }
                 _ => Vec::new(),
             };
             let device = match (v.kind, v.cdi_kind) {
                 (Kind::Floor { hook, .. }, _) => Some(floor_device(v.gpus, hook)),
-                (Kind::FloorAgain, _) => Some(floor_device(v.gpus, true)),
+                (Kind::FloorAgain | Kind::PassedOn, _) => Some(floor_device(v.gpus, true)),
                 (_, Some(kind)) => Some(format!("{kind}={}", device_name(v.gpus))),
                 _ => None,
             };
@@ -554,8 +579,15 @@ fn focus(variants: &mut Vec<Variant>) {
         .filter(|v| chosen(v))
         .map(|v| v.gpus)
         .collect();
+    // The floor passed on by nvhook-runtime only where the RuntimeClass is chosen.
+    let runtime_class = variants.iter().any(|v| chosen(v) && v.handler == HANDLER);
     let floor = |v: &Variant| {
-        matches!(v.kind, Kind::Floor { .. } | Kind::FloorAgain) && counts.contains(&v.gpus)
+        let floor = match v.kind {
+            Kind::Floor { .. } | Kind::FloorAgain => true,
+            Kind::PassedOn => runtime_class,
+            _ => false,
+        };
+        floor && counts.contains(&v.gpus)
     };
     let mut index = 0;
     variants.retain(|v| {
@@ -667,6 +699,17 @@ fn report(variants: &[Variant], views: &[Samples], rounds: usize) {
                 view.p50(),
                 judged_differences(&rest.paired_minus(&find(v.gpus, nearest).samples), 1.0)
             ));
+            // The RuntimeClass puts a runtime between the shim and runc for every command of
+            // every pod: over the floor that pays that too, what is left is nvhook's own.
+            let passed_on = (variants.iter())
+                .find(|p| p.gpus == v.gpus && p.kind == Kind::PassedOn && v.handler == HANDLER);
+            if let Some(passed_on) = passed_on {
+                line.push_str(&format!(
+                    "; over the floor passed on by nvhook-runtime: {}, and less the view: {}",
+                    judged(v, passed_on, 1.0),
+                    judged_differences(&rest.paired_minus(&passed_on.samples), 1.0)
+                ));
+            }
         }
         println!("{line}");
     }
@@ -688,6 +731,15 @@ fn report(variants: &[Variant], views: &[Samples], rounds: usize) {
             println!(
                 "- {gpus} GPU(s): the floor with a hook and the device plugin's mounts against itself (two variants alike): {p50:+.2} ms at p50, {p95:+.2} at p95, {}: what this run resolves",
                 interval(&again.samples.paired_minus(&with_mounts.samples)).0
+            );
+        }
+        if let Some(passed_on) =
+            (variants.iter()).find(|v| v.gpus == gpus && v.kind == Kind::PassedOn)
+        {
+            println!(
+                "- {gpus} GPU(s): nvhook-runtime passing on a container that asks for no GPU costs {:+.2} ms at p50 over the floor with a hook and the device plugin's mounts ({}): what a runtime between the shim and runc costs by itself",
+                passed_on.samples.p50() - with_mounts.samples.p50(),
+                interval(&passed_on.samples.paired_minus(&with_mounts.samples)).0
             );
         }
         println!(
