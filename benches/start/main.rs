@@ -3,7 +3,8 @@
 //! `sudo cargo bench --bench start` (after `cargo build --release --workspace`: simnode and
 //! the mock NVML come from the same profile directory) prints markdown tables: the hook's
 //! wall time as runc runs it, whole starts (create, start, wait for exit, delete) through
-//! nvhook-runtime against runc, nvhook-runtime's cost for a non-GPU container, peak memory,
+//! nvhook-runtime against runc, nvhook-runtime's cost for a non-GPU container, what a GPU
+//! create's second program image costs outside nvhook's log, peak memory,
 //! growth per GPU and per mounted file, and the slow-NVML case. Targets are printed beside
 //! the numbers. `NVHOOK_BENCH_ROUNDS` sets the starts per variant (default 60);
 //! `NVHOOK_BENCH_ONLY=hooks`, `=starts`, `=burst`, `=cri`, `=gpus`, `=dra`, `=limits`, `=cdi`,
@@ -31,11 +32,11 @@ mod hook_timer;
 mod kept_programs;
 mod limits;
 mod pod_parts;
+mod process;
 mod setup;
 mod stats;
 mod ways;
 
-use cycle::Runtime;
 use setup::{Ask, Node, Variant, VariantSpec, Via, run_rounds};
 use stats::{Samples, fit_line};
 use std::path::Path;
@@ -267,6 +268,11 @@ fn main() {
         run_rounds(&mut starts, plan.rounds);
         let exec = nvhook_runtime_overhead(&starts[1], w, plan.exec_rounds);
         report_starts(&starts, &exec);
+        let outside = process::measure(&starts[1], &starts[2], w, plan.exec_rounds);
+        process::report(
+            &outside,
+            "nvhook-runtime, a GPU create, 8 GPUs (execs nvhook, which execs the runtime)",
+        );
 
         // 6: a 500 ms NVML init, paid by whichever process queries NVML.
         let mut slow_starts = vec![
@@ -626,18 +632,8 @@ fn report_slow_nvml(slow: &[Variant], fast: &[Variant]) {
 /// nvhook-runtime and directly, alternating, with `/bin/true` as the runtime. Returns the
 /// per-start sums, direct and through nvhook-runtime, in ms.
 fn nvhook_runtime_overhead(no_gpu: &Variant, work: &Path, rounds: usize) -> (Samples, Samples) {
-    let Runtime::NvhookRuntime(config) = &no_gpu.runtime else {
-        panic!("not an nvhook-runtime variant")
-    };
-    let text = std::fs::read_to_string(config).expect("read the variant's nvhook config");
-    let mut text: String = text
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("runtimes"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    text.push_str("runtimes = [\"/bin/true\"]\n");
-    let true_config = work.join("nvhook-runtime-overhead.toml");
-    std::fs::write(&true_config, text).expect("write the /bin/true config");
+    let true_config =
+        process::true_runtime_config(no_gpu, work, "nvhook-runtime-overhead.toml", None);
     let bundle = no_gpu.bundle.dir().display().to_string();
     let commands: [&[&str]; 3] = [
         &["create", "--bundle", &bundle, "id"],

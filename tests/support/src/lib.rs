@@ -32,7 +32,7 @@ mod watch;
 pub use bundle::{Bundle, link_to_nvhook, nvhook_bin, run_nvhook};
 pub use cmd::{
     containerd_1_7_in, ld_cache_entries_of_hex, output_of_copied_binary, readelf, require_program,
-    require_root, stdout_of, write_script,
+    require_root, run_checked, stdout_of, write_script,
 };
 pub use gpucheck::{CONTROL_NODES, WRITTEN_SEEN_INSIDE, gpu_node, gpucheck_args, owner_args};
 pub use image::{
