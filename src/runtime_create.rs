@@ -16,11 +16,15 @@ use crate::plan_file::{self, PlanFileError};
 use crate::request::Request;
 use crate::rootfs::Rootfs;
 
+use nvhook_runtime::Invocation;
 use serde_json::Value;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+pub mod server;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeCreateError {
@@ -41,6 +45,8 @@ pub enum RuntimeCreateError {
     Prepare(#[from] PrepareError),
     #[error(transparent)]
     PlanFile(#[from] PlanFileError),
+    #[error("cannot find the bundle (no --bundle and no working directory): {source}")]
+    NoBundle { source: std::io::Error },
 }
 
 delivery::prepare_error_sources!(RuntimeCreateError);
@@ -77,6 +83,43 @@ pub fn locate_runtime(name: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
 
 fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// What `nvhook runtime` does before the runtime runs, for runc's command line `args`: a
+/// `create`/`run` gets its bundle prepared, and a GPU container's steps are logged in their
+/// own line, with who prepared it (`by`). `step` and `started` began with the request.
+pub fn prepare_command<'a>(
+    config: &Config,
+    config_path: Option<&Path>,
+    args: impl IntoIterator<Item = &'a [u8]>,
+    mut step: Step,
+    started: Instant,
+    by: &str,
+) -> Result<(), RuntimeCreateError> {
+    let invocation = Invocation::parse(args);
+    if !invocation.creates() {
+        return Ok(());
+    }
+    let bundle = match invocation.bundle {
+        Some(b) => PathBuf::from(OsStr::from_bytes(b)),
+        None => {
+            std::env::current_dir().map_err(|source| RuntimeCreateError::NoBundle { source })?
+        }
+    };
+    step.done("config");
+    let prepared = prepare_bundle(config, config_path, &bundle, &mut step);
+    // Logged in its own line, never as a hook's steps, and only for a GPU container.
+    let steps = step.finish();
+    if prepared? {
+        // Its own time until the runtime may run, as the hooks' `total_us`, and its steps.
+        tracing::info!(
+            bundle = %bundle.display(),
+            by = %by,
+            total_us = started.elapsed().as_micros(),
+            "GPU container prepared; steps:{steps}"
+        );
+    }
+    Ok(())
 }
 
 /// Prepares a bundle for a GPU container; a container that asks for no GPU is left

@@ -23,9 +23,10 @@ use nvhook::oci::{Spec, State};
 use nvhook::plan::{self, ImageInfo};
 use nvhook::request::{Decision, Request};
 use nvhook_ldcache::LdCache;
-use nvhook_runtime::{self as runtime_front, Runtimes};
+use nvhook_runtime::{self as runtime_front, Runtimes, ServerSocket};
 use proptest::prelude::*;
 use serde_json::{Value, json};
+use std::os::unix::ffi::OsStrExt;
 
 // ---------------------------------------------------------------- what every input must satisfy
 
@@ -93,6 +94,18 @@ fn check_config(text: &str) {
         Err(e) => return assert_one_line("config", &text, &e.to_string()),
     };
     // What nvhook-runtime reads of a valid config is what nvhook reads, or it asks nvhook.
+    let socket = match runtime_front::server_socket_in_toml(text.as_bytes()) {
+        ServerSocket::Default => Some(runtime_front::server::DEFAULT_SOCKET.as_bytes()),
+        ServerSocket::Named(path) => Some(path),
+        ServerSocket::Unsure => None,
+    };
+    if let Some(socket) = socket {
+        assert_eq!(
+            socket,
+            config.runtime_server.as_os_str().as_bytes(),
+            "nvhook-runtime misreads runtime-server in {text:?}"
+        );
+    }
     let runtimes: Vec<String> = match runtime_front::runtimes_in_toml(text.as_bytes()) {
         Runtimes::Default => runtime_front::DEFAULT_RUNTIMES.map(String::from).to_vec(),
         Runtimes::Listed(inner) => runtime_front::array_strings(inner)
@@ -453,6 +466,9 @@ fn valid_nvhook_config() -> impl Strategy<Value = String> {
         "   ",
         "log-file = \"\"\"\nruntimes = [\"in-a-string\"]\n\"\"\"",
         "log-file = \"/var/log/\\\"q\\\".log\"",
+        "runtime-server = \"/run/s.sock\"",
+        "runtime-server = '' # off",
+        "\"runtime-server\" = \"/q.sock\"",
     ]);
     let name = prop::sample::select(vec![
         "runc",
@@ -503,6 +519,7 @@ const NVHOOK_KEYS: &[&str] = &[
     "log-file",
     "log-level",
     "runtimes",
+    "runtime-server",
     "hook-path",
     "\"a\\nb\"",
     "x",

@@ -3,9 +3,10 @@
 //! The binary is copied alone into a scratch directory, so that anything it would hand to
 //! nvhook fails loudly instead.
 
+use nvhook_runtime::server::{self as wire, Request};
 use nvhook_runtime::{
-    DEFAULT_RUNTIMES, Invocation, Runtimes, array_strings, join_path, may_ask_for_gpu,
-    runtimes_in_toml,
+    DEFAULT_RUNTIMES, Invocation, Runtimes, ServerSocket, array_strings, join_path,
+    may_ask_for_gpu, runtimes_in_toml, server_socket_in_toml,
 };
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -389,4 +390,73 @@ fn joins_path_entries() {
     assert_eq!(join_path(&mut buf, b"", b"runc"), Some(&b"runc\0"[..]));
     assert_eq!(join_path(&mut buf, b"/a-long-dir", b"runc"), None);
     assert_eq!(join_path(&mut buf, b"/bin", b"ru\0nc"), None);
+}
+
+#[test]
+fn runtime_server_key_forms() {
+    let cases: &[(&str, ServerSocket)] = &[
+        ("", ServerSocket::Default),
+        ("runtimes = [\"runc\"]\n", ServerSocket::Default),
+        (
+            "runtime-server = \"/run/x.sock\"\n",
+            ServerSocket::Named(b"/run/x.sock"),
+        ),
+        (
+            "runtimes = [\"runc\"]\nruntime-server='/s' # the socket\r\n",
+            ServerSocket::Named(b"/s"),
+        ),
+        ("runtime-server = \"\"\n", ServerSocket::Named(b"")),
+        // A key of a table is not the top-level one.
+        ("[x]\nruntime-server = \"/s\"\n", ServerSocket::Default),
+        // The key's prefix is another key.
+        ("runtime-server-x = \"/s\"\n", ServerSocket::Default),
+        // What a scanner could misread is left to nvhook.
+        ("runtime-server = \"/r\\u0073\"\n", ServerSocket::Unsure),
+        ("runtime-server = \"\"\"/s\"\"\"\n", ServerSocket::Unsure),
+        ("runtime-server = [\"/s\"]\n", ServerSocket::Unsure),
+        ("runtime-server = \"/s\" x\n", ServerSocket::Unsure),
+        ("\"runtime-server\" = \"/s\"\n", ServerSocket::Unsure),
+        (
+            "hook-path = \"\"\"\nruntime-server = \"/s\"\n\"\"\"\n",
+            ServerSocket::Unsure,
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(&server_socket_in_toml(text.as_bytes()), want, "{text:?}");
+    }
+    // The shipped config's line is read as nvhook reads it.
+    let shipped = include_str!("../config/config.toml");
+    assert_eq!(
+        server_socket_in_toml(shipped.as_bytes()),
+        ServerSocket::Named(wire::DEFAULT_SOCKET.as_bytes())
+    );
+}
+
+#[test]
+fn a_request_reads_back_as_written() {
+    let args: [&[u8]; 4] = [b"--root", b"/run/r", b"create", b"id"];
+    let mut buf = [0u8; 256];
+    for config in [None, Some(&b"/etc/n.toml"[..]), Some(&b""[..])] {
+        let msg = Request::encode(&mut buf, b"/usr/bin/nvhook", config, args).unwrap();
+        let request = Request::decode(msg).unwrap();
+        assert_eq!(request.nvhook, b"/usr/bin/nvhook");
+        assert_eq!(request.config, config);
+        assert_eq!(request.args().collect::<Vec<_>>(), args);
+    }
+    let msg = Request::encode(&mut buf, b"/n", None, []).unwrap();
+    assert_eq!(Request::decode(msg).unwrap().args().count(), 0);
+    // Too long for the buffer, or a NUL in a string: not sent (nvhook prepares the create).
+    assert!(Request::encode(&mut [0u8; 16], b"/usr/bin/nvhook", None, args).is_none());
+    assert!(Request::encode(&mut buf, b"/n\0x", None, args).is_none());
+    assert!(Request::encode(&mut buf, b"/n", None, [&b"a\0b"[..]]).is_none());
+    // Another version, or a message cut short, is not read.
+    let msg = Request::encode(&mut buf, b"/n", Some(b"/c"), args)
+        .unwrap()
+        .to_vec();
+    assert!(Request::decode(&msg[..msg.len() - 1]).is_none());
+    assert!(Request::decode(&msg[1..]).is_none());
+    let mut other = msg.clone();
+    let version = other.iter().position(|&c| c == 0).unwrap() - 1;
+    other[version] = b'2';
+    assert!(Request::decode(&other).is_none());
 }

@@ -18,6 +18,9 @@ pub const HOOK_TIMEOUT_S: u32 = 30;
 /// The longest `nvml-timeout-ms`: the hook entry's timeout less what the rest of the hook needs.
 pub const NVML_TIMEOUT_MAX: Duration = Duration::from_secs(HOOK_TIMEOUT_S as u64 - 5);
 
+/// The longest `runtime-server` socket path, in bytes.
+pub const RUNTIME_SERVER_MAX: usize = 96;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields, default)]
 pub struct Config {
@@ -56,6 +59,9 @@ pub struct Config {
     /// Absolute path of the nvhook binary written into hook entries; by default the nvhook
     /// that writes them, which is the one beside nvhook-runtime.
     pub hook_path: Option<PathBuf>,
+    /// The socket of `nvhook runtime-server`, which prepares GPU creates for nvhook-runtime
+    /// when it listens there; empty: nvhook-runtime never asks one.
+    pub runtime_server: PathBuf,
     /// How nvhook-runtime gives a container its GPUs.
     pub runtime_mode: RuntimeMode,
     /// Who makes the driver files' bind mounts of the CDI-style edits nvhook writes (its
@@ -192,6 +198,7 @@ impl Default for Config {
             log_level: LogLevel::Info,
             runtimes: nvhook_runtime::DEFAULT_RUNTIMES.map(String::from).to_vec(),
             hook_path: None,
+            runtime_server: PathBuf::from(nvhook_runtime::server::DEFAULT_SOCKET),
             runtime_mode: RuntimeMode::Hook,
             cdi_mounts: CdiMounts::Hook,
             cuda_compat: CudaCompatMode::Auto,
@@ -251,6 +258,15 @@ impl Config {
                 self.nvml_cache_file
             ));
         }
+        if let Some(socket) = self.runtime_server() {
+            // sockaddr_un's path holds 108 bytes with its NUL, and the server makes its socket
+            // under a name with its pid added first.
+            if !socket.is_absolute() || socket.as_os_str().len() > RUNTIME_SERVER_MAX {
+                return Err(format!(
+                    "runtime-server {socket:?} must be an absolute path of at most {RUNTIME_SERVER_MAX} bytes, or \"\" for no server"
+                ));
+            }
+        }
         if self.device_program_pins().is_some_and(|p| !p.is_absolute()) {
             return Err(format!(
                 "device-program-pins {:?} must be an absolute path, or \"\" to keep none",
@@ -299,6 +315,11 @@ impl Config {
     /// The NVML cache file, unless `nvml-cache-file = ""` turned the cache off.
     pub fn nvml_cache(&self) -> Option<&Path> {
         Some(self.nvml_cache_file.as_path()).filter(|p| !p.as_os_str().is_empty())
+    }
+
+    /// `nvhook runtime-server`'s socket, unless `runtime-server = ""` turned it off.
+    pub fn runtime_server(&self) -> Option<&Path> {
+        Some(self.runtime_server.as_path()).filter(|p| !p.as_os_str().is_empty())
     }
 
     /// The device programs' bpffs directory, unless `device-program-pins = ""` turned it off.
@@ -554,6 +575,26 @@ device-families = ["mofed", "gds"]
     fn relative_hook_path_rejected() {
         let e = parse("hook-path = \"nvhook\"").unwrap_err().to_string();
         assert!(e.contains("hook-path"), "{e}");
+    }
+
+    #[test]
+    fn runtime_server_is_a_socket_path_or_off() {
+        assert_eq!(
+            parse("").unwrap().runtime_server(),
+            Some(Path::new("/run/nvhook/runtime.sock"))
+        );
+        assert_eq!(
+            parse("runtime-server = \"\"").unwrap().runtime_server(),
+            None
+        );
+        for bad in ["rt.sock".to_string(), format!("/{}", "s".repeat(96))] {
+            let e = parse(&format!("runtime-server = {bad:?}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("runtime-server") && !e.contains('\n'), "{e}");
+        }
+        let longest = format!("/{}", "s".repeat(95));
+        assert!(parse(&format!("runtime-server = {longest:?}")).is_ok());
     }
 
     #[test]

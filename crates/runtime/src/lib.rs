@@ -12,6 +12,8 @@
 
 #![no_std]
 
+pub mod server;
+
 /// runc's global flags that take a value (`--root DIR`); the others are booleans.
 const GLOBAL_FLAGS_WITH_VALUE: &[&[u8]] = &[
     b"--root",
@@ -120,6 +122,53 @@ pub enum Runtimes<'a> {
 /// values of other keys are skipped with their brackets and strings tracked, and anything
 /// a plain scan could misread makes the answer [`Runtimes::Unsure`].
 pub fn runtimes_in_toml(text: &[u8]) -> Runtimes<'_> {
+    match top_level_key(text, b"runtimes") {
+        Key::Absent => Runtimes::Default,
+        Key::At(key_end) => runtimes_value(text, key_end),
+        Key::Unsure => Runtimes::Unsure,
+    }
+}
+
+/// The config's `runtime-server` key, as far as a line scanner can be sure of it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ServerSocket<'a> {
+    /// No top-level key: [`server::DEFAULT_SOCKET`].
+    Default,
+    /// A one-line string without escapes; empty turns the server off.
+    Named(&'a [u8]),
+    /// Anything else: nvhook reads the config (the create is handed to it).
+    Unsure,
+}
+
+/// Finds the top-level `runtime-server` string, as [`runtimes_in_toml`] finds `runtimes`.
+pub fn server_socket_in_toml(text: &[u8]) -> ServerSocket<'_> {
+    match top_level_key(text, server::SOCKET_KEY.as_bytes()) {
+        Key::Absent => ServerSocket::Default,
+        Key::At(key_end) => {
+            let i = skip_blanks(text, key_end);
+            if text.get(i) != Some(&b'=') {
+                return ServerSocket::Unsure;
+            }
+            match quoted(text, skip_blanks(text, i + 1)) {
+                Some((value, next)) if ends_line(text, next) => ServerSocket::Named(value),
+                _ => ServerSocket::Unsure,
+            }
+        }
+        Key::Unsure => ServerSocket::Unsure,
+    }
+}
+
+/// Where a top-level key is in a TOML document.
+enum Key {
+    /// Not before the first table header (or the end).
+    Absent,
+    /// Just after the key's name.
+    At(usize),
+    /// Something a plain scan could misread came first.
+    Unsure,
+}
+
+fn top_level_key(text: &[u8], key: &[u8]) -> Key {
     let mut i = 0;
     while i < text.len() {
         i = skip_blanks(text, i);
@@ -128,25 +177,25 @@ pub fn runtimes_in_toml(text: &[u8]) -> Runtimes<'_> {
             Some(b'\n' | b'\r') => i += 1,
             Some(b'#') => i = line_end(text, i),
             // The first table header ends the top level.
-            Some(b'[') => return Runtimes::Default,
+            Some(b'[') => return Key::Absent,
             Some(&c) if is_bare_key_char(c) => {
                 let key_end = i + text[i..]
                     .iter()
                     .take_while(|&&c| is_bare_key_char(c))
                     .count();
-                if &text[i..key_end] == b"runtimes" {
-                    return runtimes_value(text, key_end);
+                if &text[i..key_end] == key {
+                    return Key::At(key_end);
                 }
                 match skip_value(text, key_end) {
                     Some(next) => i = next,
-                    None => return Runtimes::Unsure,
+                    None => return Key::Unsure,
                 }
             }
-            // A quoted key (it could spell `runtimes`), a byte-order mark, ...
-            Some(_) => return Runtimes::Unsure,
+            // A quoted key (it could spell the one looked for), a byte-order mark, ...
+            Some(_) => return Key::Unsure,
         }
     }
-    Runtimes::Default
+    Key::Absent
 }
 
 /// The strings of a [`Runtimes::Listed`] array (checked by [`runtimes_value`]: quoted
@@ -195,26 +244,39 @@ fn runtimes_value(text: &[u8], key_end: usize) -> Runtimes<'_> {
         match text.get(j) {
             Some(b']') => break,
             Some(b',') => j += 1,
-            Some(&q @ (b'"' | b'\'')) => {
-                let len = text[j + 1..]
-                    .iter()
-                    .take_while(|&&c| c != q && c != b'\\' && c != b'\n')
-                    .count();
-                let triple = len == 0 && text.get(j + 2) == Some(&q);
-                if text.get(j + 1 + len) != Some(&q) || triple {
-                    return Runtimes::Unsure;
-                }
-                j += len + 2;
-            }
+            Some(b'"' | b'\'') => match quoted(text, j) {
+                Some((_, next)) => j = next,
+                None => return Runtimes::Unsure,
+            },
             _ => return Runtimes::Unsure,
         }
     }
-    let inner = &text[start..j];
-    let rest = skip_blanks(text, j + 1);
+    if ends_line(text, j + 1) {
+        Runtimes::Listed(&text[start..j])
+    } else {
+        Runtimes::Unsure
+    }
+}
+
+/// A one-line quoted string at `i` without escapes (and not a multi-line string's `"""`):
+/// its inside, and the index just past its closing quote.
+fn quoted(text: &[u8], i: usize) -> Option<(&[u8], usize)> {
+    let q = *text.get(i).filter(|&&c| c == b'"' || c == b'\'')?;
+    let len = text[i + 1..]
+        .iter()
+        .take_while(|&&c| c != q && c != b'\\' && c != b'\n')
+        .count();
+    let triple = len == 0 && text.get(i + 2) == Some(&q);
+    (text.get(i + 1 + len) == Some(&q) && !triple).then(|| (&text[i + 1..i + 1 + len], i + len + 2))
+}
+
+/// Whether only blanks and a comment are left of the line from `i`.
+fn ends_line(text: &[u8], i: usize) -> bool {
+    let rest = skip_blanks(text, i);
     match text.get(rest) {
-        None | Some(b'\n' | b'#') => Runtimes::Listed(inner),
-        Some(b'\r') if text.get(rest + 1) == Some(&b'\n') => Runtimes::Listed(inner),
-        _ => Runtimes::Unsure,
+        None | Some(b'\n' | b'#') => true,
+        Some(b'\r') => text.get(rest + 1) == Some(&b'\n'),
+        _ => false,
     }
 }
 

@@ -91,6 +91,14 @@ enum Command {
         #[arg(long, value_name = "NN", default_value = nvhook::nri::PLUGIN_INDEX)]
         index: String,
     },
+    /// Prepare nvhook-runtime's GPU creates in this process until stopped, so that a GPU
+    /// create starts no second program: nvhook-runtime asks it at the config's
+    /// `runtime-server` socket, and runs `nvhook runtime` itself where none answers.
+    RuntimeServer {
+        /// The socket to listen on [default: the config's runtime-server].
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+    },
     /// Run nvhook's Kubernetes DRA kubelet plugin, `nvhook-dra` (installed beside nvhook), with
     /// ARGS: `nvhook dra --help` lists them. nvhook's `--config` is passed on.
     #[command(disable_help_flag = true)]
@@ -240,6 +248,23 @@ enum Stage {
     MemoryLimits,
 }
 
+/// For a long-running command: SIGTERM and SIGINT run `stop` on a thread of their own, then
+/// end the process with status 0. Call before any other thread starts (they inherit the mask).
+fn on_stop_signal(stop: impl FnOnce(nix::sys::signal::Signal) + Send + 'static) -> Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals.thread_block()?;
+    std::thread::spawn(move || {
+        if let Ok(signal) = signals.wait() {
+            stop(signal);
+            std::process::exit(0);
+        }
+    });
+    Ok(())
+}
+
 #[cfg(not(test))]
 #[unsafe(no_mangle)]
 extern "C" fn main(
@@ -320,6 +345,9 @@ fn run(cli: Cli) -> Result<()> {
     if let Command::Nri { socket, index } = &cli.command {
         return nri::nri(cli.config.as_deref(), socket, index);
     }
+    if let Command::RuntimeServer { socket } = cli.command {
+        return runtime::server(cli.config.as_deref(), socket);
+    }
     if let Command::Dra { args } = &cli.command {
         return Err(dra(cli.config.as_deref(), args));
     }
@@ -338,7 +366,9 @@ fn run(cli: Cli) -> Result<()> {
             cdi::cdi(&config, named.as_deref(), command)
         }
         Command::DevCharLinks => cdi::dev_char_links(&config),
-        Command::Nri { .. } | Command::Dra { .. } => unreachable!("handled above"),
+        Command::Nri { .. } | Command::Dra { .. } | Command::RuntimeServer { .. } => {
+            unreachable!("handled above")
+        }
         Command::Doctor {
             format,
             root,

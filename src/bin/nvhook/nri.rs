@@ -6,7 +6,13 @@ use std::path::{Path, PathBuf};
 
 /// `nvhook nri`: serves the engine until stopped, connecting again whenever it restarts.
 pub(crate) fn nri(config_path: Option<&Path>, socket: &Path, index: &str) -> Result<()> {
-    stop_on_signal()?;
+    // Stopped by its unit, the kubelet or by hand, the plugin unmounts the driver directories
+    // it gathered and removes its registration record.
+    crate::on_stop_signal(|signal| {
+        tracing::info!(%signal, "NRI plugin stopping");
+        nvhook::nri::driver_trees::detach_all();
+        nvhook::nri::registration::ended();
+    })?;
     let env_config = std::env::var(nvhook::config::ENV_VAR).ok();
     let named = config_path.map(Path::to_path_buf).or_else(|| {
         env_config
@@ -60,26 +66,5 @@ pub(crate) fn nri(config_path: Option<&Path>, socket: &Path, index: &str) -> Res
             }
         }
     })?;
-    Ok(())
-}
-
-/// Stopped by SIGTERM (its unit, the kubelet) or SIGINT (by hand), the plugin unmounts the
-/// driver directories it gathered and removes its registration record, then exits. The
-/// signals are taken by a thread of their own, blocked in every other thread: this runs
-/// before any other thread exists.
-fn stop_on_signal() -> Result<()> {
-    use nix::sys::signal::{SigSet, Signal};
-    let mut signals = SigSet::empty();
-    signals.add(Signal::SIGTERM);
-    signals.add(Signal::SIGINT);
-    signals.thread_block()?;
-    std::thread::spawn(move || {
-        if let Ok(signal) = signals.wait() {
-            tracing::info!(%signal, "NRI plugin stopping");
-            nvhook::nri::driver_trees::detach_all();
-            nvhook::nri::registration::ended();
-            std::process::exit(0);
-        }
-    });
     Ok(())
 }

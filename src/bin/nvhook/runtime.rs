@@ -5,12 +5,15 @@
 use anyhow::Result;
 use nvhook::config;
 use nvhook::hook::step::Step;
-use nvhook::runtime_create::{find_runtime, prepare_bundle};
+use nvhook::runtime_create::server::{Server, ServerError};
+use nvhook::runtime_create::{find_runtime, prepare_command};
 use nvhook_runtime::Invocation;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 use std::time::Instant;
 
 /// Runs the create path on runc's arguments; returns only on failure. `program` is argv[0]:
@@ -40,32 +43,46 @@ pub fn main(program: &OsStr, args: &[OsString]) -> i32 {
 /// Prepares the bundle when needed and returns the runtime to exec.
 fn run(args: &[OsString]) -> Result<PathBuf> {
     let started = Instant::now();
-    let mut step = Step::start();
+    let step = Step::start();
     let config_path = std::env::var_os(config::ENV_VAR).map(PathBuf::from);
     let config = nvhook::kept_config::load(config_path.as_deref())?;
     let runtime = find_runtime(&config, std::env::var_os("PATH").as_deref())?;
-    let invocation = Invocation::parse(args.iter().map(|a| a.as_bytes()));
-    if invocation.creates() {
+    let args = args.iter().map(|a| a.as_bytes());
+    if Invocation::parse(args.clone()).creates() {
         nvhook::logging::init(&config);
-        let bundle = match invocation.bundle {
-            Some(b) => PathBuf::from(OsStr::from_bytes(b)),
-            None => std::env::current_dir().map_err(|e| {
-                anyhow::anyhow!("cannot find the bundle (no --bundle and no cwd): {e}")
-            })?,
-        };
-        step.done("config");
-        let prepared = prepare_bundle(&config, config_path.as_deref(), &bundle, &mut step);
-        // Logged in its own line, never as a hook's steps, and only for a GPU container.
-        let steps = step.finish();
-        if prepared? {
-            // Its own time until it execs the runtime, as the hooks' `total_us`, and its steps.
-            tracing::info!(
-                bundle = %bundle.display(),
-                runtime = %runtime.display(),
-                total_us = started.elapsed().as_micros(),
-                "GPU container prepared; steps:{steps}"
-            );
-        }
     }
+    prepare_command(
+        &config,
+        config_path.as_deref(),
+        args,
+        step,
+        started,
+        "nvhook",
+    )?;
     Ok(runtime)
+}
+
+/// `nvhook runtime-server`: prepares nvhook-runtime's GPU creates until SIGTERM or SIGINT,
+/// which removes the socket and waits for the creates being prepared.
+pub(crate) fn server(config_path: Option<&Path>, socket: Option<PathBuf>) -> Result<()> {
+    let env_config = std::env::var_os(config::ENV_VAR).filter(|v| !v.is_empty());
+    let named = config_path
+        .map(Path::to_path_buf)
+        .or_else(|| env_config.map(PathBuf::from));
+    let config = config::load(named.as_deref(), None)?;
+    nvhook::logging::init_service(&config);
+    let socket = socket
+        .or_else(|| config.runtime_server().map(Path::to_path_buf))
+        .ok_or(ServerError::Off)?;
+    let server = Arc::new(Server::bind(&socket, named.as_deref())?);
+    let stopping = Arc::clone(&server);
+    crate::on_stop_signal(move |signal| {
+        tracing::info!(%signal, "runtime-server stopping");
+        stopping.stop(Duration::from_secs(
+            nvhook_runtime::server::REPLY_TIMEOUT_S as u64,
+        ));
+    })?;
+    tracing::info!(socket = %socket.display(), "runtime-server listening");
+    server.serve()?;
+    Ok(())
 }

@@ -1,7 +1,7 @@
 //! nvhook-runtime's decisions, on the process's own argv, environment and files.
 
 use crate::sys;
-use nvhook_runtime::{self as front, Invocation, Runtimes};
+use nvhook_runtime::{self as front, Invocation, Runtimes, ServerSocket, server};
 
 const PATH_MAX: usize = 4096;
 const ENOENT: isize = 2;
@@ -19,8 +19,10 @@ pub fn main(argc: usize, argv: *mut *const u8, envp: *const *const u8) -> ! {
     let args = (1..argc).map(|i| unsafe { c_bytes(*argv.add(i)) });
     let invocation = Invocation::parse(args);
     let mut buf = [0u8; PATH_MAX];
-    if !(invocation.creates() && may_ask_for_gpu(&mut buf, invocation.bundle))
-        && let Some(runtime) = find_runtime(&mut buf, envp)
+    let gpu_create = invocation.creates() && may_ask_for_gpu(&mut buf, invocation.bundle);
+    if let Some(config) = read_config(&mut buf, envp)
+        && let Some(runtime) = find_runtime(&mut buf, config.text, envp)
+        && (!gpu_create || prepared_by_server(&config, argc, argv))
     {
         // SAFETY: argv[0] is ours to replace; `runtime` is NUL-terminated and lives until exec.
         unsafe {
@@ -41,9 +43,15 @@ fn may_ask_for_gpu(buf: &mut [u8], bundle: Option<&[u8]>) -> bool {
     sys::map_file(path).map_or(true, front::may_ask_for_gpu)
 }
 
-/// The first of the config's `runtimes` that is an executable file (absolute, or on PATH),
-/// NUL-terminated in `buf`; `None` when that is not certain.
-fn find_runtime(buf: &mut [u8], envp: *const *const u8) -> Option<&[u8]> {
+/// nvhook's config, as nvhook would read it.
+struct NodeConfig {
+    /// NVHOOK_CONFIG, when set.
+    named: Option<&'static [u8]>,
+    text: &'static [u8],
+}
+
+/// `None` when the file cannot be read: that is nvhook's to report.
+fn read_config(buf: &mut [u8], envp: *const *const u8) -> Option<NodeConfig> {
     // Set but empty names no file, as in nvhook: that error is nvhook's to report.
     let named = env(envp, front::CONFIG_ENV.as_bytes());
     let config = named.unwrap_or(front::DEFAULT_CONFIG.as_bytes());
@@ -53,8 +61,14 @@ fn find_runtime(buf: &mut [u8], envp: *const *const u8) -> Option<&[u8]> {
         Err(ENOENT) if named.is_none() => b"",
         Err(_) => return None,
     };
+    Some(NodeConfig { named, text })
+}
+
+/// The first of the config's `runtimes` that is an executable file (absolute, or on PATH),
+/// NUL-terminated in `buf`; `None` when that is not certain.
+fn find_runtime<'b>(buf: &'b mut [u8], config: &[u8], envp: *const *const u8) -> Option<&'b [u8]> {
     let search = env(envp, b"PATH").unwrap_or(front::DEFAULT_SEARCH_PATH);
-    let found = match front::runtimes_in_toml(text) {
+    let found = match front::runtimes_in_toml(config) {
         Runtimes::Default => front::DEFAULT_RUNTIMES
             .iter()
             .any(|name| locate(buf, name.as_bytes(), search)),
@@ -65,6 +79,77 @@ fn find_runtime(buf: &mut [u8], envp: *const *const u8) -> Option<&[u8]> {
     };
     let len = buf.iter().position(|&c| c == 0)?;
     found.then_some(&buf[..=len])
+}
+
+/// Whether `nvhook runtime-server` prepared the bundle of this GPU create; false when no
+/// server listens or it cannot answer for this create (nvhook then prepares it). A refusal
+/// is reported as nvhook would, and so is a server that took the request and gave no answer:
+/// it may have changed the bundle, so nothing else may prepare it again.
+fn prepared_by_server(config: &NodeConfig, argc: usize, argv: *const *const u8) -> bool {
+    let named = match front::server_socket_in_toml(config.text) {
+        ServerSocket::Default => server::DEFAULT_SOCKET.as_bytes(),
+        ServerSocket::Named(path) if !path.is_empty() => path,
+        ServerSocket::Named(_) | ServerSocket::Unsure => return false,
+    };
+    let mut socket = [0u8; PATH_MAX];
+    let mut exe = [0u8; PATH_MAX];
+    let mut nvhook = [0u8; PATH_MAX];
+    let mut request = [0u8; server::MAX_REQUEST];
+    let (Some(socket), Some(nvhook)) = (
+        front::join_path(&mut socket, b"", named),
+        nvhook_beside(&mut exe, &mut nvhook),
+    ) else {
+        return false;
+    };
+    // SAFETY: the kernel's argv has argc valid C strings.
+    let args = (1..argc).map(|i| unsafe { c_bytes(*argv.add(i)) });
+    let nvhook = &nvhook[..nvhook.len() - 1];
+    let Some(request) = server::Request::encode(&mut request, nvhook, config.named, args) else {
+        return false;
+    };
+    let Ok(sock) = sys::connect_unix(socket) else {
+        return false;
+    };
+    let cwd = sys::open_cwd();
+    let sent = if cwd < 0 {
+        cwd
+    } else {
+        let sent = sys::send_with_fd(sock, request, cwd as usize);
+        sys::close(cwd as usize);
+        sent
+    };
+    // A message not sent is one the server never saw.
+    if sent != request.len() as isize {
+        sys::close(sock);
+        return false;
+    }
+    let mut reply = [0u8; 4096];
+    let n = sys::recv_within(sock, &mut reply, server::REPLY_TIMEOUT_S);
+    sys::close(sock);
+    if n <= 0 {
+        fail(
+            socket,
+            b"gave no answer: see nvhook runtime-server's log",
+            -n,
+        )
+    }
+    match &reply[..n as usize] {
+        server::DONE => true,
+        server::PASS => false,
+        reply => match reply.strip_prefix(server::FAILED) {
+            Some(line) => {
+                sys::write_all(2, b"nvhook-runtime: ");
+                sys::write_all(2, line);
+                sys::write_all(2, b"\n");
+                sys::exit(1)
+            }
+            None => fail(
+                socket,
+                b"gave an answer this nvhook-runtime cannot read: install the same version of both",
+                0,
+            ),
+        },
+    }
 }
 
 /// Whether `name` is an executable file, absolute or in one of `search`'s directories; its
@@ -85,11 +170,7 @@ fn is_executable(path: &[u8]) -> bool {
 /// Execs `nvhook runtime ARGS...`, nvhook being the binary beside this one.
 fn hand_to_nvhook(buf: &mut [u8], argc: usize, argv: *mut *const u8, envp: *const *const u8) -> ! {
     let mut exe = [0u8; PATH_MAX];
-    let nvhook = sys::own_exe(&mut exe).and_then(|exe| {
-        let dir = &exe[..exe.iter().rposition(|&c| c == b'/')?];
-        front::join_path(buf, dir, b"nvhook")
-    });
-    let Some(nvhook) = nvhook else {
+    let Some(nvhook) = nvhook_beside(&mut exe, buf) else {
         fail(b"/proc/self/exe", b"cannot be read: mount /proc", 0)
     };
     let mut subcommand = [0u8; 16];
@@ -116,6 +197,13 @@ fn hand_to_nvhook(buf: &mut [u8], argc: usize, argv: *mut *const u8, envp: *cons
         b"cannot be run: install nvhook beside nvhook-runtime",
         -errno,
     )
+}
+
+/// The nvhook beside this program, NUL-terminated in `buf`.
+fn nvhook_beside<'b>(exe: &mut [u8], buf: &'b mut [u8]) -> Option<&'b [u8]> {
+    let exe = sys::own_exe(exe)?;
+    let dir = &exe[..exe.iter().rposition(|&c| c == b'/')?];
+    front::join_path(buf, dir, b"nvhook")
 }
 
 /// One line on stderr, as nvhook's own errors: `nvhook-runtime: PATH WHAT (errno N)`.

@@ -128,8 +128,7 @@ pub fn map_file(path: &[u8]) -> Result<&'static [u8], isize> {
             })
         }
     };
-    // SAFETY: closing our own descriptor.
-    unsafe { syscall6(nr::CLOSE, [fd, 0, 0, 0, 0, 0]) };
+    close(fd);
     out
 }
 
@@ -220,4 +219,127 @@ pub fn default_sigpipe() {
             [SIGPIPE, action.as_ptr() as usize, 0, 8, 0, 0],
         )
     };
+}
+
+/// A connected `SOCK_SEQPACKET` Unix socket to the NUL-terminated `path`, or the negated
+/// errno. Close-on-exec: the runtime this process becomes never sees it.
+pub fn connect_unix(path: &[u8]) -> Result<usize, isize> {
+    const AF_UNIX: usize = 1;
+    const SOCK_SEQPACKET: usize = 5;
+    // SOCK_CLOEXEC is O_CLOEXEC.
+    const SOCK_CLOEXEC: usize = O_RDONLY_CLOEXEC;
+    // struct sockaddr_un: the family, then up to 108 bytes of path with its NUL.
+    let mut addr = [0u8; 110];
+    let name = addr.get_mut(2..2 + path.len()).ok_or(EINVAL)?;
+    name.copy_from_slice(path);
+    addr[0] = AF_UNIX as u8;
+    // SAFETY: plain arguments.
+    let fd = unsafe {
+        syscall6(
+            nr::SOCKET,
+            [AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, 0, 0, 0],
+        )
+    };
+    if fd < 0 {
+        return Err(-fd);
+    }
+    let fd = fd as usize;
+    // SAFETY: `addr` holds a sockaddr_un of the given length.
+    let r = unsafe {
+        syscall6(
+            nr::CONNECT,
+            [fd, addr.as_ptr() as usize, 2 + path.len(), 0, 0, 0],
+        )
+    };
+    if r < 0 {
+        close(fd);
+        return Err(-r);
+    }
+    Ok(fd)
+}
+
+/// The working directory as an `O_PATH` descriptor, or the negated errno.
+pub fn open_cwd() -> isize {
+    const O_PATH: usize = 0o10_000_000;
+    // SAFETY: the path is NUL-terminated.
+    unsafe {
+        syscall6(
+            nr::OPENAT,
+            [
+                AT_FDCWD as usize,
+                c".".as_ptr() as usize,
+                O_PATH | O_RDONLY_CLOEXEC,
+                0,
+                0,
+                0,
+            ],
+        )
+    }
+}
+
+/// Sends `msg` as one message with descriptor `fd` attached (`SCM_RIGHTS`); the bytes sent,
+/// or the negated errno.
+pub fn send_with_fd(sock: usize, msg: &[u8], fd: usize) -> isize {
+    const SOL_SOCKET: usize = 1;
+    const SCM_RIGHTS: usize = 1;
+    const MSG_NOSIGNAL: usize = 0x4000;
+    let iov = [msg.as_ptr() as usize, msg.len()];
+    // struct cmsghdr (len, level, type) and one int, padded to CMSG_SPACE(4); both
+    // architectures are little-endian, so level and type share the second word that way.
+    let control = [16 + 4, SOL_SOCKET | SCM_RIGHTS << 32, fd];
+    // struct msghdr: name, namelen, iov, iovlen, control, controllen, flags.
+    let header = [
+        0,
+        0,
+        iov.as_ptr() as usize,
+        1,
+        control.as_ptr() as usize,
+        core::mem::size_of_val(&control),
+        0,
+    ];
+    // SAFETY: the header and everything it points to live across the call.
+    unsafe {
+        syscall6(
+            nr::SENDMSG,
+            [sock, header.as_ptr() as usize, MSG_NOSIGNAL, 0, 0, 0],
+        )
+    }
+}
+
+/// Receives one message into `buf`, waiting at most `seconds`; its length (0: the peer
+/// closed), or the negated errno (EAGAIN when the time ran out).
+pub fn recv_within(sock: usize, buf: &mut [u8], seconds: usize) -> isize {
+    const SOL_SOCKET: usize = 1;
+    const SO_RCVTIMEO: usize = 20;
+    // struct timeval.
+    let timeout = [seconds, 0usize];
+    // SAFETY: `timeout` is a struct timeval of the given size.
+    let r = unsafe {
+        syscall6(
+            nr::SETSOCKOPT,
+            [
+                sock,
+                SOL_SOCKET,
+                SO_RCVTIMEO,
+                timeout.as_ptr() as usize,
+                core::mem::size_of_val(&timeout),
+                0,
+            ],
+        )
+    };
+    if r < 0 {
+        return r;
+    }
+    // SAFETY: `buf` is writable for its length; no source address is asked for.
+    unsafe {
+        syscall6(
+            nr::RECVFROM,
+            [sock, buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0],
+        )
+    }
+}
+
+pub fn close(fd: usize) {
+    // SAFETY: closing a descriptor of our own.
+    unsafe { syscall6(nr::CLOSE, [fd, 0, 0, 0, 0, 0]) };
 }

@@ -20,6 +20,11 @@ pub mod nr {
     pub const NEWFSTATAT: usize = 79;
     pub const FSTAT: usize = 80;
     pub const RT_SIGACTION: usize = 134;
+    pub const SOCKET: usize = 198;
+    pub const CONNECT: usize = 203;
+    pub const RECVFROM: usize = 207;
+    pub const SETSOCKOPT: usize = 208;
+    pub const SENDMSG: usize = 211;
     pub const EXECVE: usize = 221;
     pub const MMAP: usize = 222;
 }

@@ -14,6 +14,11 @@ pub mod nr {
     pub const MMAP: usize = 9;
     pub const RT_SIGACTION: usize = 13;
     pub const EXECVE: usize = 59;
+    pub const SOCKET: usize = 41;
+    pub const CONNECT: usize = 42;
+    pub const RECVFROM: usize = 45;
+    pub const SENDMSG: usize = 46;
+    pub const SETSOCKOPT: usize = 54;
     pub const FCNTL: usize = 72;
     pub const OPENAT: usize = 257;
     pub const NEWFSTATAT: usize = 262;
