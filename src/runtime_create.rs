@@ -9,7 +9,8 @@ use crate::delivery::{self, HookBinary, PrepareError};
 use crate::dev_char;
 use crate::hook::step::Step;
 use crate::host_plan::{Target, plan_for_host, probe_image};
-use crate::inventory::{self};
+use crate::inventory::isolated::{Remembered, Source};
+use crate::inventory::{self, Inventory, InventoryError, Scope};
 use crate::oci::Spec;
 use crate::plan::Plan;
 use crate::plan_file::{self, PlanFileError};
@@ -22,6 +23,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Instant;
 
 pub mod server;
@@ -85,12 +87,42 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
+/// Where a create's inventory comes from.
+pub enum Inventories<'a> {
+    /// What a new process reads: NVML's answer cached in a file for the host's state.
+    Files,
+    /// A long-running process's memory, used while the host is in the state it was kept for
+    /// (the NRI plugin's way), and forgotten when a plan fails on it.
+    Remembered(&'a Mutex<Remembered>),
+}
+
+impl Inventories<'_> {
+    fn load(&self, config: &Config, scope: Scope) -> Result<(Inventory, Source), InventoryError> {
+        match self {
+            Inventories::Files => inventory::isolated::load(config, scope),
+            // A thread that panicked left the answer as a whole value: still usable.
+            Inventories::Remembered(kept) => kept
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .load(config, scope),
+        }
+    }
+
+    /// A kept answer a plan failed on may be stale: the next create asks again.
+    fn forget(&self) {
+        if let Inventories::Remembered(kept) = self {
+            kept.lock().unwrap_or_else(|e| e.into_inner()).forget();
+        }
+    }
+}
+
 /// What `nvhook runtime` does before the runtime runs, for runc's command line `args`: a
 /// `create`/`run` gets its bundle prepared, and a GPU container's steps are logged in their
 /// own line, with who prepared it (`by`). `step` and `started` began with the request.
 pub fn prepare_command<'a>(
     config: &Config,
     config_path: Option<&Path>,
+    inventories: &Inventories,
     args: impl IntoIterator<Item = &'a [u8]>,
     mut step: Step,
     started: Instant,
@@ -107,7 +139,7 @@ pub fn prepare_command<'a>(
         }
     };
     step.done("config");
-    let prepared = prepare_bundle(config, config_path, &bundle, &mut step);
+    let prepared = prepare_bundle(config, config_path, inventories, &bundle, &mut step);
     // Logged in its own line, never as a hook's steps, and only for a GPU container.
     let steps = step.finish();
     if prepared? {
@@ -128,6 +160,7 @@ pub fn prepare_command<'a>(
 pub fn prepare_bundle(
     config: &Config,
     config_path: Option<&Path>,
+    inventories: &Inventories,
     bundle: &Path,
     step: &mut Step,
 ) -> Result<bool, RuntimeCreateError> {
@@ -148,13 +181,19 @@ pub fn prepare_bundle(
     step.done("request");
     let rootfs = spec.rootfs(bundle).ok_or(PrepareError::NoRoot)?;
     let scope = inventory::Scope::for_capabilities(&request.capabilities);
-    let (inventory, source) = inventory::isolated::load(config, scope)?;
+    let (inventory, source) = inventories.load(config, scope)?;
+    let kept = source == Source::Cache;
     step.done("inventory");
     // The container's mount namespace does not exist yet: the image as the host sees it. The
     // hook probes it again through the namespace and plans anew where a volume changed it.
     let image = probe_image(&request, config, &rootfs)?;
     step.done("image");
-    let plan = plan_for_host(&request, inventory, source, config, Target::Image(&image))?;
+    let plan = plan_for_host(&request, inventory, source, config, Target::Image(&image))
+        .inspect_err(|_| {
+            if kept {
+                inventories.forget();
+            }
+        })?;
     step.done("plan");
     if config.runtime_mode == RuntimeMode::Cdi {
         // Refused before the runtime starts: where it makes the driver files' mounts

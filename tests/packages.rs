@@ -24,7 +24,7 @@ const CONFIG: &str = "/etc/nvhook/config.toml";
 const DOCKER_CONFIG: &str = "/etc/docker/daemon.json";
 
 /// What both packages install, documentation aside.
-const PROGRAM_FILES: [&str; 10] = [
+const PROGRAM_FILES: [&str; 11] = [
     "/usr/bin/nvhook",
     "/usr/bin/nvhook-runtime",
     "/usr/bin/nvhook-nvml",
@@ -35,6 +35,8 @@ const PROGRAM_FILES: [&str; 10] = [
     "/usr/lib/systemd/system/nvhook-dev-char-links.service",
     // Installed, not enabled: NRI mode is the operator's switch.
     "/usr/lib/systemd/system/nvhook-nri.service",
+    // Installed, not enabled: a long-running root service is the operator's switch too.
+    "/usr/lib/systemd/system/nvhook-runtime-server.service",
     "/usr/lib/udev/rules.d/71-nvhook-dev-char.rules",
 ];
 
@@ -447,6 +449,12 @@ fn assert_units_run_nvhook(root: &ScratchRoot) {
             assert!(path.contains(&watched), "{watched}{path}");
         }
     }
+    let server = read("/usr/lib/systemd/system/nvhook-runtime-server.service");
+    assert!(
+        server.contains("\nExecStart=/usr/bin/nvhook runtime-server\n")
+            && server.contains("Before=containerd.service docker.service"),
+        "{server}"
+    );
     let links = read("/usr/lib/systemd/system/nvhook-dev-char-links.service");
     assert!(
         links.contains("\nExecStart=/usr/bin/nvhook dev-char-links\n"),

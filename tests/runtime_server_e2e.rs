@@ -5,7 +5,9 @@
 //! config file) or none listens (stopped, or killed and its socket left behind),
 //! nvhook-runtime runs `nvhook runtime` itself. A refusal reads as nvhook's own line; a peer of
 //! another user gets no answer; a second server on a socket in use, or a socket path that is
-//! another kind of file, is refused in one line. Run as root after `cargo build --workspace`.
+//! another kind of file, is refused in one line. A driver upgrade under a running server reaches
+//! the next create, though the server keeps NVML's answer in memory. Run as root after
+//! `cargo build --workspace`.
 
 use nvhook_runtime::server::Request;
 use nvhook_test_support as support;
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 use support::engines::nvhook_runtime_bin;
 use support::{
     Bundle, RuntimeEnv, SimNode, glibc_image, gpucheck_args, nvhook_bin, require_program,
-    require_root, run_detached_with,
+    require_root, run_container_with, run_detached_with,
 };
 
 const GPUS: u32 = 4;
@@ -34,7 +36,7 @@ struct Server {
 
 impl Server {
     fn start(node: &SimNode) -> Server {
-        let socket = node.root().join("runtime.sock");
+        let socket = socket_of(node);
         let mut child = Command::new(nvhook_bin())
             .arg("runtime-server")
             .env("NVHOOK_CONFIG", node.config())
@@ -67,7 +69,19 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = fs::remove_file(&self.socket);
     }
+}
+
+/// The node's server socket: beside the node's directory, which `SimNode::change` makes anew.
+fn socket_of(node: &SimNode) -> PathBuf {
+    let name = node
+        .root()
+        .file_name()
+        .expect("the node's directory has a name");
+    let mut name = name.to_os_string();
+    name.push(".runtime.sock");
+    node.root().with_file_name(name)
 }
 
 fn signal(child: &Child, name: &str) {
@@ -81,15 +95,20 @@ fn signal(child: &Child, name: &str) {
 /// A node whose nvhook-runtime execs `runtimes` and asks the server on the node's socket.
 fn node(runtimes: Option<&str>) -> SimNode {
     let node = SimNode::create(GPUS);
-    let socket = node.root().join("runtime.sock");
-    node.set(
-        "runtime-server",
-        &format!("{:?}", socket.display().to_string()),
-    );
+    ask_the_server(&node);
     if let Some(runtimes) = runtimes {
         node.set("runtimes", runtimes);
     }
     node
+}
+
+/// The node's config names the node's socket as `runtime-server`.
+fn ask_the_server(node: &SimNode) {
+    let socket = socket_of(node);
+    node.set(
+        "runtime-server",
+        &format!("{:?}", socket.display().to_string()),
+    );
 }
 
 fn gpu_bundle(visible: &str) -> Bundle {
@@ -209,6 +228,11 @@ fn a_gpu_container_under_runc_gets_its_gpu_from_the_server() {
         "{}",
         node.log()
     );
+    assert!(
+        node.log().contains("another mount namespace"),
+        "{}",
+        node.log()
+    );
 }
 
 #[test]
@@ -273,6 +297,7 @@ fn where_no_server_can_answer_nvhook_prepares_the_create() {
         "{}",
         node.log()
     );
+    assert!(node.log().contains("another config file"), "{}", node.log());
 }
 
 #[test]
@@ -298,15 +323,14 @@ fn a_peer_of_another_user_gets_no_answer() {
         args,
     )
     .expect("encode");
-    // A client as nobody: the request with its working directory, then what comes back (a
-    // connection closed unread is reset).
+    // A client as nobody: the request with its working directory, then what comes back (the
+    // server may close the connection before the request is sent, or unread after it).
     let client = "import socket, os, sys\n\
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
         s.connect(sys.argv[1])\n\
         cwd = os.open('/', os.O_PATH)\n\
-        s.sendmsg([bytes.fromhex(sys.argv[2])], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, cwd.to_bytes(4, sys.byteorder))])\n\
-        try:\n    reply = s.recv(4096)\n\
-        except ConnectionResetError:\n    reply = b''\n\
+        try:\n    s.sendmsg([bytes.fromhex(sys.argv[2])], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, cwd.to_bytes(4, sys.byteorder))])\n    reply = s.recv(4096)\n\
+        except (BrokenPipeError, ConnectionResetError):\n    reply = b''\n\
         print(repr(reply))\n";
     let hex: String = request.iter().map(|b| format!("{b:02x}")).collect();
     // Debian's, which another user may run (a toolchain's shims under /root are root's).
@@ -370,4 +394,40 @@ fn a_socket_in_use_or_of_another_kind_is_refused_in_one_line() {
         "{stderr}"
     );
     assert_eq!(fs::read_to_string(&file).unwrap(), "kept");
+}
+
+#[test]
+fn a_driver_upgrade_under_a_running_server_reaches_the_next_create() {
+    require_root();
+    const LIB_DIR: &str = "/usr/lib/x86_64-linux-gnu";
+    let node = node(None);
+    let _server = Server::start(&node);
+    let config = node.config();
+    let start = || {
+        let args = gpucheck_args(GPUS, &["--ls", LIB_DIR]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut bundle = Bundle::new(glibc_image(), &args);
+        bundle.env("NVIDIA_VISIBLE_DEVICES=2");
+        let out = run_container_with(
+            &bundle,
+            RuntimeEnv::CgroupV1,
+            nvhook_runtime_bin(),
+            &[("NVHOOK_CONFIG", &config)],
+        );
+        out.assert_success();
+        out
+    };
+    start().assert_lines(&[&format!("ls {LIB_DIR} libcuda.so.550.54.15")]);
+    // The server keeps NVML's answer and the driver's files in memory: the host's new state
+    // must reach the next create all the same.
+    node.change(&["--gpus", "4", "--driver-version", "560.35.03"]);
+    // simnode writes the node's config anew.
+    ask_the_server(&node);
+    let after = start();
+    after.assert_gpus(GPUS, &[2]);
+    after.assert_lines(&[
+        &format!("ls {LIB_DIR} libcuda.so.560.35.03"),
+        "dlopen libcuda.so.1 ok",
+    ]);
+    assert_eq!(prepared_by(&node), ["runtime-server"; 2], "{}", node.log());
 }

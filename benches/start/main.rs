@@ -633,7 +633,7 @@ fn report_slow_nvml(slow: &[Variant], fast: &[Variant]) {
 /// per-start sums, direct and through nvhook-runtime, in ms.
 fn nvhook_runtime_overhead(no_gpu: &Variant, work: &Path, rounds: usize) -> (Samples, Samples) {
     let true_config =
-        process::true_runtime_config(no_gpu, work, "nvhook-runtime-overhead.toml", None);
+        process::true_runtime_config(no_gpu, work, "nvhook-runtime-overhead.toml", None, None);
     let bundle = no_gpu.bundle.dir().display().to_string();
     let commands: [&[&str]; 3] = [
         &["create", "--bundle", &bundle, "id"],

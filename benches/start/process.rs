@@ -9,6 +9,10 @@
 //! plugin: only the RuntimeClass pays for that second image. Measured here with `/bin/true` as
 //! the runtime, in alternating rounds, without runc's noise.
 //!
+//! The same GPU create prepared by `nvhook runtime-server` (nvhook-runtime asks it on a socket
+//! and execs the runtime itself) is timed in the same rounds: what the RuntimeClass pays with
+//! the server running, against the passed-on create and the create nvhook prepares.
+//!
 //! For scale: a static program that does nothing, built against musl and against glibc (glibc
 //! asks the CPU for its features and caches with CPUID before `main`), and one CPUID
 //! instruction, which a hypervisor traps.
@@ -26,6 +30,10 @@ pub struct OutsideLog {
     gpu: Samples,
     /// nvhook's own time for each of those GPU creates (`total_us` in its log).
     logged: Samples,
+    /// The same GPU create prepared by `nvhook runtime-server`.
+    served: Samples,
+    /// The server's own time for each of those (`total_us` in its log).
+    served_logged: Samples,
     /// A static program that does nothing, built against musl and against glibc.
     musl: Samples,
     glibc: Samples,
@@ -33,12 +41,14 @@ pub struct OutsideLog {
     cpuid_us: Option<f64>,
 }
 
-/// nvhook's config of `variant` with `/bin/true` as the runtime, logging to `log` (when given).
+/// nvhook's config of `variant` with `/bin/true` as the runtime, logging to `log` (when given),
+/// asking the runtime server at `server` (none when not given).
 pub fn true_runtime_config(
     variant: &Variant,
     work: &Path,
     name: &str,
     log: Option<&Path>,
+    server: Option<&Path>,
 ) -> PathBuf {
     let cycle::Runtime::NvhookRuntime(config) = &variant.runtime else {
         panic!("{}: not an nvhook-runtime variant", variant.label)
@@ -46,7 +56,9 @@ pub fn true_runtime_config(
     let text = std::fs::read_to_string(config).expect("read the variant's nvhook config");
     let replaced = |l: &str| {
         let key = l.trim_start();
-        key.starts_with("runtimes") || (log.is_some() && key.starts_with("log-file"))
+        key.starts_with("runtimes")
+            || key.starts_with("runtime-server")
+            || (log.is_some() && key.starts_with("log-file"))
     };
     let mut text: String = text
         .lines()
@@ -54,6 +66,8 @@ pub fn true_runtime_config(
         .map(|l| format!("{l}\n"))
         .collect();
     text.push_str("runtimes = [\"/bin/true\"]\n");
+    let server = server.map(|s| s.display().to_string()).unwrap_or_default();
+    text.push_str(&format!("runtime-server = {server:?}\n"));
     if let Some(log) = log {
         text.push_str(&format!("log-file = {:?}\n", log.display().to_string()));
     }
@@ -66,8 +80,18 @@ pub fn true_runtime_config(
 /// `/bin/true` as the runtime, then as many alternating runs of the two static programs.
 pub fn measure(no_gpu: &Variant, gpu: &Variant, work: &Path, rounds: usize) -> OutsideLog {
     let log = work.join("outside-log.log");
-    let passed_config = true_runtime_config(no_gpu, work, "outside-log-no-gpu.toml", None);
-    let gpu_config = true_runtime_config(gpu, work, "outside-log-gpu.toml", Some(&log));
+    let served_log = work.join("outside-log-served.log");
+    let socket = work.join("runtime.sock");
+    let passed_config = true_runtime_config(no_gpu, work, "outside-log-no-gpu.toml", None, None);
+    let gpu_config = true_runtime_config(gpu, work, "outside-log-gpu.toml", Some(&log), None);
+    let served_config = true_runtime_config(
+        gpu,
+        work,
+        "outside-log-served.toml",
+        Some(&served_log),
+        Some(&socket),
+    );
+    let _server = RuntimeServer::start(&served_config, &socket);
     let front = crate::support::engines::nvhook_runtime_bin();
     let create = |variant: &Variant, config: &Path| {
         let bundle = variant.bundle.dir().display().to_string();
@@ -78,24 +102,19 @@ pub fn measure(no_gpu: &Variant, gpu: &Variant, work: &Path, rounds: usize) -> O
             &[("NVHOOK_CONFIG", config)],
         ))
     };
-    let (mut passed_on, mut on_gpu) = (Samples::default(), Samples::default());
+    let (mut passed_on, mut on_gpu, mut served) =
+        (Samples::default(), Samples::default(), Samples::default());
     for _ in 0..rounds {
         no_gpu.bundle.write_config();
         passed_on.push(create(no_gpu, &passed_config));
         // nvhook-runtime edits config.json in place: each create from the variant's own.
         gpu.bundle.write_config();
         on_gpu.push(create(gpu, &gpu_config));
+        gpu.bundle.write_config();
+        served.push(create(gpu, &served_config));
     }
-    let text = std::fs::read_to_string(&log).expect("read the GPU creates' log");
-    let logged: Samples = crate::log_values(&text, "total_us")
-        .into_iter()
-        .map(|us| us / 1e3)
-        .collect();
-    assert_eq!(
-        logged.len(),
-        rounds,
-        "every GPU create logs its time once:\n{text}"
-    );
+    let logged = logged_ms(&log, rounds, "nvhook");
+    let served_logged = logged_ms(&served_log, rounds, "runtime-server");
     let (musl, glibc) = static_programs(work);
     let (mut on_musl, mut on_glibc) = (Samples::default(), Samples::default());
     for _ in 0..rounds {
@@ -106,9 +125,66 @@ pub fn measure(no_gpu: &Variant, gpu: &Variant, work: &Path, rounds: usize) -> O
         passed_on,
         gpu: on_gpu,
         logged,
+        served,
+        served_logged,
         musl: on_musl,
         glibc: on_glibc,
         cpuid_us: cpuid_us(),
+    }
+}
+
+/// The `total_us` of the `rounds` GPU creates that `by` prepared, in ms, from `log`.
+fn logged_ms(log: &Path, rounds: usize, by: &str) -> Samples {
+    let text = std::fs::read_to_string(log).expect("read the GPU creates' log");
+    let by_line = format!(" by={by} ");
+    let lines: String = text
+        .lines()
+        .filter(|l| l.contains(&by_line))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let logged: Samples = crate::log_values(&lines, "total_us")
+        .into_iter()
+        .map(|us| us / 1e3)
+        .collect();
+    assert_eq!(
+        logged.len(),
+        rounds,
+        "every GPU create logs its time once, prepared by {by}:\n{text}"
+    );
+    logged
+}
+
+/// `nvhook runtime-server` reading `config`, listening at `socket` until dropped.
+struct RuntimeServer(std::process::Child);
+
+impl RuntimeServer {
+    fn start(config: &Path, socket: &Path) -> RuntimeServer {
+        let _ = std::fs::remove_file(socket);
+        let mut child = std::process::Command::new(crate::support::nvhook_bin())
+            .arg("runtime-server")
+            .env("NVHOOK_CONFIG", config)
+            .spawn()
+            .expect("start nvhook runtime-server");
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(
+                child.try_wait().expect("wait for the server").is_none(),
+                "nvhook runtime-server ended"
+            );
+            assert!(
+                std::time::Instant::now() < until,
+                "no runtime-server socket"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        RuntimeServer(child)
+    }
+}
+
+impl Drop for RuntimeServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -125,6 +201,14 @@ pub fn report(m: &OutsideLog, gpu_label: &str) {
         (
             "nvhook's own time in that create (its log's total_us)",
             &m.logged,
+        ),
+        (
+            "the same GPU create prepared by nvhook runtime-server",
+            &m.served,
+        ),
+        (
+            "the server's own time in that create (its log's total_us)",
+            &m.served_logged,
         ),
         ("a static program that does nothing, musl", &m.musl),
         ("the same, glibc", &m.glibc),
@@ -148,6 +232,12 @@ pub fn report(m: &OutsideLog, gpu_label: &str) {
     println!(
         "\n- The GPU create over the create passed on, less nvhook's logged time: {}. That is nvhook's image loaded, started and torn down: what the RuntimeClass alone pays beyond its steps.",
         paired(outside)
+    );
+    println!(
+        "- The GPU create prepared by the runtime server, over the create passed on: {}; over the one nvhook prepares: {}. The server's logged time, over nvhook's: {}.",
+        paired(m.served.paired_minus(&m.passed_on)),
+        paired(m.served.paired_minus(&m.gpu)),
+        paired(m.served_logged.paired_minus(&m.logged))
     );
     println!(
         "- glibc's start-up over musl's, in a program that does nothing: {}.",

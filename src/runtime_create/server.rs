@@ -7,12 +7,16 @@
 //! server's mount namespace (so paths name the same files), naming the same config file and
 //! the same nvhook binary as this process (a server left running across an upgrade, or started
 //! with another config, is passed by). Anything else is answered "pass", and nvhook-runtime
-//! runs `nvhook runtime` itself, exactly as with no server. Each request is served on a thread
-//! of its own whose working directory is the one nvhook-runtime sent, so a relative `--bundle`
-//! means what it meant to the engine.
+//! runs `nvhook runtime` itself, exactly as with no server. Requests are served by worker
+//! threads that each have a working directory of their own (`unshare(CLONE_FS)`), set for each
+//! request to the one nvhook-runtime sent, so a relative `--bundle` means what it meant to the
+//! engine.
 
-use super::prepare_command;
+use super::{Inventories, prepare_command};
+use crate::config::{Config, ConfigError};
+use crate::file_id::{FileId, SETTLED};
 use crate::hook::step::Step;
+use crate::inventory::isolated::Remembered;
 use crate::kept_config;
 use nix::errno::Errno;
 use nix::sys::socket::{
@@ -26,9 +30,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Who prepared a bundle, in the create's log line.
 const BY: &str = "runtime-server";
@@ -54,10 +58,10 @@ pub enum ServerError {
     Off,
 }
 
-/// A file's identity: its device and inode.
-type FileId = (u64, u64);
+/// A file's device and inode: the same file, whatever its times.
+type Inode = (u64, u64);
 
-fn file_id(path: &Path) -> Option<FileId> {
+fn inode(path: &Path) -> Option<Inode> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
@@ -68,11 +72,15 @@ pub struct Server {
     /// The config file this process was started with, canonical; `None`: the default one.
     config: Option<PathBuf>,
     /// This process's own binary.
-    exe: FileId,
+    exe: Inode,
     /// This process's mount namespace, as `/proc/PID/ns/mnt` reads.
     mount_ns: PathBuf,
     /// Requests being answered, which a stop waits for.
     in_flight: AtomicUsize,
+    /// NVML's answer and the driver's files, kept while the host is as they were read in.
+    inventory: Mutex<Remembered>,
+    /// The config as parsed, kept while its file is the one it was parsed from.
+    config_kept: Mutex<Option<(FileId, Config)>>,
 }
 
 impl Server {
@@ -113,16 +121,54 @@ impl Server {
             listener,
             socket: socket.to_path_buf(),
             config,
-            exe: file_id(exe).ok_or_else(|| {
+            exe: inode(exe).ok_or_else(|| {
                 err("read", exe)(std::io::Error::from(std::io::ErrorKind::NotFound))
             })?,
             mount_ns: own(Path::new("/proc/self/ns/mnt"))?,
             in_flight: AtomicUsize::new(0),
+            inventory: Mutex::default(),
+            config_kept: Mutex::default(),
         })
     }
 
-    /// Answers requests until the process is stopped, each on a thread of its own.
-    pub fn serve(self: Arc<Self>) -> Result<(), ServerError> {
+    /// Answers requests until the process is stopped, on `workers` threads that each take
+    /// the next request as soon as they are free.
+    pub fn serve(self: Arc<Self>, workers: usize) -> Result<(), ServerError> {
+        let threads: Vec<_> = (0..workers.max(1))
+            .map(|_| {
+                let server = Arc::clone(&self);
+                std::thread::Builder::new()
+                    .name("create".into())
+                    .spawn(move || server.work())
+                    .map_err(|source| ServerError::Socket {
+                        op: "start a thread for",
+                        path: self.socket.clone(),
+                        source,
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        for thread in threads {
+            thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        }
+        Ok(())
+    }
+
+    /// One worker: a working directory of its own (each request's is set there), then
+    /// requests until accepting fails for good.
+    fn work(&self) -> Result<(), ServerError> {
+        let fail = |op: &'static str, source: std::io::Error| ServerError::Socket {
+            op,
+            path: self.socket.clone(),
+            source,
+        };
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS).map_err(|e| {
+            fail(
+                "give a working directory of its own to a worker of",
+                e.into(),
+            )
+        })?;
         loop {
             let conn = match socket::accept4(self.listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
                 // SAFETY: accept4 returned a new descriptor that nothing else owns.
@@ -134,27 +180,11 @@ impl Server {
                     std::thread::sleep(Duration::from_millis(10));
                     continue;
                 }
-                Err(e) => {
-                    return Err(ServerError::Socket {
-                        op: "accept on",
-                        path: self.socket.clone(),
-                        source: e.into(),
-                    });
-                }
+                Err(e) => return Err(fail("accept on", e.into())),
             };
             self.in_flight.fetch_add(1, Ordering::SeqCst);
-            let server = Arc::clone(&self);
-            let spawned = std::thread::Builder::new()
-                .name("create".into())
-                .spawn(move || {
-                    server.answer(&conn);
-                    server.in_flight.fetch_sub(1, Ordering::SeqCst);
-                });
-            // The request's connection closes with the closure: nvhook-runtime reports it.
-            if let Err(e) = spawned {
-                self.in_flight.fetch_sub(1, Ordering::SeqCst);
-                tracing::warn!(error = %e, "runtime-server: cannot start a thread for a request");
-            }
+            self.answer(&conn);
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
@@ -186,7 +216,10 @@ impl Server {
         let mut msg = vec![0u8; wire::MAX_REQUEST];
         let reply = match receive(conn, &mut msg) {
             Some((len, cwd)) => self.reply(&msg[..len], cwd, peer.pid(), step, started),
-            None => wire::PASS.to_vec(),
+            None => passed(
+                peer.pid(),
+                "a message without exactly one descriptor, or cut short",
+            ),
         };
         if let Err(e) = socket::send(conn.as_raw_fd(), &reply, MsgFlags::MSG_NOSIGNAL) {
             tracing::warn!(error = %e, "runtime-server: cannot reply to nvhook-runtime");
@@ -195,27 +228,53 @@ impl Server {
 
     fn reply(&self, msg: &[u8], cwd: OwnedFd, pid: i32, step: Step, started: Instant) -> Vec<u8> {
         let Some(request) = Request::decode(msg) else {
-            return wire::PASS.to_vec();
+            return passed(pid, "a request of another version");
         };
         let config = request.config.map(|c| Path::new(OsStr::from_bytes(c)));
-        let own_ns = std::fs::read_link(format!("/proc/{pid}/ns/mnt"));
-        if own_ns.ok().as_deref() != Some(self.mount_ns.as_path())
-            || file_id(Path::new(OsStr::from_bytes(request.nvhook))) != Some(self.exe)
-            || enter(&cwd).is_err()
-            || !self.same_config(config)
-        {
-            return wire::PASS.to_vec();
+        let peer_ns = std::fs::read_link(format!("/proc/{pid}/ns/mnt"));
+        if peer_ns.ok().as_deref() != Some(self.mount_ns.as_path()) {
+            return passed(pid, "another mount namespace");
+        }
+        if inode(Path::new(OsStr::from_bytes(request.nvhook))) != Some(self.exe) {
+            return passed(pid, "another nvhook binary beside nvhook-runtime");
+        }
+        if nix::unistd::fchdir(&cwd).is_err() {
+            return passed(pid, "a working directory that cannot be entered");
+        }
+        if !self.same_config(config) {
+            return passed(pid, "another config file");
         }
         // The line `nvhook runtime` would print after its program's name.
-        let prepared = match kept_config::load(config) {
-            Ok(c) => prepare_command(&c, config, request.args(), step, started, BY)
-                .map_err(|e| e.to_string()),
+        let prepared = match self.load_config(config) {
+            Ok(c) => {
+                let inventories = Inventories::Remembered(&self.inventory);
+                prepare_command(&c, config, &inventories, request.args(), step, started, BY)
+                    .map_err(|e| e.to_string())
+            }
             Err(e) => Err(e.to_string()),
         };
         match prepared {
             Ok(()) => wire::DONE.to_vec(),
             Err(line) => [wire::FAILED, line.as_bytes()].concat(),
         }
+    }
+
+    /// The config `named` (NVHOOK_CONFIG as nvhook-runtime has it) names, parsed again only
+    /// when its file is another one, or changed too lately for its times to tell (as
+    /// `kept_config` keeps it between processes).
+    fn load_config(&self, named: Option<&Path>) -> Result<Config, ConfigError> {
+        let file = FileId::of(named.unwrap_or(Path::new(crate::config::DEFAULT_PATH)));
+        let mut kept = self.config_kept.lock().unwrap_or_else(|e| e.into_inner());
+        if let (Some(file), Some((then, config))) = (&file, &*kept)
+            && file == then
+        {
+            return Ok(config.clone());
+        }
+        let config = kept_config::load(named)?;
+        *kept = file
+            .filter(|f| !f.changed_lately(SystemTime::now(), SETTLED))
+            .map(|f| (f, config.clone()));
+        Ok(config)
     }
 
     /// Whether `named` (NVHOOK_CONFIG as nvhook-runtime has it, resolved from its working
@@ -227,6 +286,12 @@ impl Server {
             _ => false,
         }
     }
+}
+
+/// The answer for a create that `nvhook runtime` prepares instead, saying why.
+fn passed(pid: i32, why: &str) -> Vec<u8> {
+    tracing::info!(pid, why, "runtime-server: a create left to nvhook runtime");
+    wire::PASS.to_vec()
 }
 
 /// A new socket at `path`, mode 0600, listening.
@@ -306,10 +371,4 @@ fn receive(conn: &OwnedFd, buf: &mut [u8]) -> Option<(usize, OwnedFd)> {
         .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
     let len = msg.bytes;
     (!cut && fds.len() == 1).then(|| (len, fds.remove(0)))
-}
-
-/// Gives this thread a working directory of its own, and makes it `dir`.
-fn enter(dir: &OwnedFd) -> nix::Result<()> {
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS)?;
-    nix::unistd::fchdir(dir)
 }

@@ -6,7 +6,7 @@ use anyhow::Result;
 use nvhook::config;
 use nvhook::hook::step::Step;
 use nvhook::runtime_create::server::{Server, ServerError};
-use nvhook::runtime_create::{find_runtime, prepare_command};
+use nvhook::runtime_create::{Inventories, find_runtime, prepare_command};
 use nvhook_runtime::Invocation;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -54,6 +54,7 @@ fn run(args: &[OsString]) -> Result<PathBuf> {
     prepare_command(
         &config,
         config_path.as_deref(),
+        &Inventories::Files,
         args,
         step,
         started,
@@ -83,6 +84,8 @@ pub(crate) fn server(config_path: Option<&Path>, socket: Option<PathBuf>) -> Res
         ));
     })?;
     tracing::info!(socket = %socket.display(), "runtime-server listening");
-    server.serve()?;
+    // A slow NVML query holds one worker: the others go on with creates whose answer is kept.
+    let workers = std::thread::available_parallelism().map_or(4, |n| n.get().max(4));
+    server.serve(workers)?;
     Ok(())
 }
