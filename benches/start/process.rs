@@ -18,6 +18,7 @@
 //! instruction, which a hypervisor traps.
 
 use crate::cycle;
+use crate::pod_parts::{StepTable, create_steps_ms};
 use crate::setup::Variant;
 use crate::stats::Samples;
 use std::path::{Path, PathBuf};
@@ -34,6 +35,8 @@ pub struct OutsideLog {
     served: Samples,
     /// The server's own time for each of those (`total_us` in its log).
     served_logged: Samples,
+    /// Both logs' create steps: nvhook's first, then the server's.
+    steps: StepTable,
     /// A static program that does nothing, built against musl and against glibc.
     musl: Samples,
     glibc: Samples,
@@ -115,6 +118,13 @@ pub fn measure(no_gpu: &Variant, gpu: &Variant, work: &Path, rounds: usize) -> O
     }
     let logged = logged_ms(&log, rounds, "nvhook");
     let served_logged = logged_ms(&served_log, rounds, "runtime-server");
+    let mut steps = StepTable::new(2);
+    for (variant, log) in [&log, &served_log].into_iter().enumerate() {
+        let text = std::fs::read_to_string(log).expect("read the GPU creates' log");
+        for line in text.lines() {
+            steps.push(variant, &create_steps_ms(line));
+        }
+    }
     let (musl, glibc) = static_programs(work);
     let (mut on_musl, mut on_glibc) = (Samples::default(), Samples::default());
     for _ in 0..rounds {
@@ -127,6 +137,7 @@ pub fn measure(no_gpu: &Variant, gpu: &Variant, work: &Path, rounds: usize) -> O
         logged,
         served,
         served_logged,
+        steps,
         musl: on_musl,
         glibc: on_glibc,
         cpuid_us: cpuid_us(),
@@ -239,6 +250,12 @@ pub fn report(m: &OutsideLog, gpu_label: &str) {
         paired(m.served.paired_minus(&m.gpu)),
         paired(m.served_logged.paired_minus(&m.logged))
     );
+    println!();
+    m.steps.print(
+        "The GPU create step by step, p50 ms (the logs)",
+        &["prepared by nvhook", "prepared by nvhook runtime-server"],
+    );
+    println!();
     println!(
         "- glibc's start-up over musl's, in a program that does nothing: {}.",
         paired(m.glibc.paired_minus(&m.musl))
