@@ -21,7 +21,7 @@ use crate::kept_config;
 use nix::errno::Errno;
 use nix::sys::socket::{
     self, AddressFamily, Backlog, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
-    sockopt::PeerCredentials,
+    sockopt::{self, PeerCredentials},
 };
 use nvhook_runtime::server::{self as wire, Request};
 use std::ffi::OsStr;
@@ -33,6 +33,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
+
+/// How long a connected peer has to send its request.
+const REQUEST_TIMEOUT_S: i64 = 5;
 
 /// Who prepared a bundle, in the create's log line.
 const BY: &str = "runtime-server";
@@ -211,6 +214,12 @@ impl Server {
                 pid = peer.pid(),
                 "runtime-server: a request from another user, not answered"
             );
+            return;
+        }
+        // nvhook-runtime sends its request as soon as it is connected: a peer that does not
+        // cannot hold a worker for long.
+        let wait = nix::sys::time::TimeVal::new(REQUEST_TIMEOUT_S, 0);
+        if socket::setsockopt(conn, sockopt::ReceiveTimeout, &wait).is_err() {
             return;
         }
         let mut msg = vec![0u8; wire::MAX_REQUEST];
