@@ -20,8 +20,8 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 use support::engines::nvhook_runtime_bin;
 use support::{
-    Bundle, RuntimeEnv, SimNode, glibc_image, gpucheck_args, nvhook_bin, require_program,
-    require_root, run_container_with, run_detached_with,
+    Bundle, RuntimeEnv, SimNode, compute_bundle, nvhook_bin, require_program, require_root,
+    run_container_with, run_detached_with,
 };
 
 const GPUS: u32 = 4;
@@ -112,12 +112,7 @@ fn ask_the_server(node: &SimNode) {
 }
 
 fn gpu_bundle(visible: &str) -> Bundle {
-    let args = gpucheck_args(GPUS, &["--write", LIBCUDA]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut bundle = Bundle::new(glibc_image(), &args);
-    bundle
-        .env(&format!("NVIDIA_VISIBLE_DEVICES={visible}"))
-        .env("NVIDIA_DRIVER_CAPABILITIES=compute,utility");
+    let bundle = compute_bundle(GPUS, visible, &["--write", LIBCUDA]);
     bundle.write_config();
     bundle
 }
@@ -404,16 +399,9 @@ fn a_driver_upgrade_under_a_running_server_reaches_the_next_create() {
     let _server = Server::start(&node);
     let config = node.config();
     let start = || {
-        let args = gpucheck_args(GPUS, &["--ls", LIB_DIR]);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut bundle = Bundle::new(glibc_image(), &args);
-        bundle.env("NVIDIA_VISIBLE_DEVICES=2");
-        let out = run_container_with(
-            &bundle,
-            RuntimeEnv::CgroupV1,
-            nvhook_runtime_bin(),
-            &[("NVHOOK_CONFIG", &config)],
-        );
+        let bundle = compute_bundle(GPUS, "2", &["--ls", LIB_DIR]);
+        let vars = [("NVHOOK_CONFIG", config.as_path())];
+        let out = run_container_with(&bundle, RuntimeEnv::CgroupV1, nvhook_runtime_bin(), &vars);
         out.assert_success();
         out
     };

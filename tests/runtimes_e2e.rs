@@ -19,7 +19,7 @@ use support::engines::{nvhook_runtime_bin, sid_runtime_bin, unique_name, youki_b
 use support::hook_log::{hook_runs, prepared_steps};
 use support::podman::{CdiSpecFile, Podman};
 use support::{
-    Bundle, MountNs, Output, RuntimeEnv, SimNode, glibc_image, gpucheck_args,
+    Bundle, MountNs, Output, RuntimeEnv, SimNode, compute_bundle, glibc_image, gpucheck_args,
     host_mounts_referencing, host_snapshot, require_root, run_detached_with,
 };
 
@@ -46,13 +46,7 @@ impl Runtime {
 }
 
 fn gpu_bundle(visible: &str) -> Bundle {
-    let args = gpucheck_args(GPUS, &["--write", LIBCUDA]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut bundle = Bundle::new(glibc_image(), &args);
-    bundle
-        .env(&format!("NVIDIA_VISIBLE_DEVICES={visible}"))
-        .env("NVIDIA_DRIVER_CAPABILITIES=compute,utility");
-    bundle
+    compute_bundle(GPUS, visible, &["--write", LIBCUDA])
 }
 
 #[track_caller]

@@ -62,13 +62,7 @@ fn probe() -> Vec<String> {
 }
 
 fn probe_bundle(visible: &str) -> Bundle {
-    let args = probe();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut bundle = Bundle::new(glibc_image(), &args);
-    bundle
-        .env(&format!("NVIDIA_VISIBLE_DEVICES={visible}"))
-        .env("NVIDIA_DRIVER_CAPABILITIES=compute,utility");
-    bundle
+    support::compute_bundle_running(&probe(), visible)
 }
 
 /// `/dev/dxg` there and usable, nothing of a Linux driver, the store and dxcore read-only at

@@ -91,10 +91,7 @@ impl Server {
     /// by a server that is gone is replaced. `config` is the file this process's config came
     /// from (`None`: the default).
     pub fn bind(socket: &Path, config: Option<&Path>) -> Result<Server, ServerError> {
-        let err = |op: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| ServerError::Socket { op, path, source }
-        };
+        let err = socket_error;
         if let Some(dir) = socket.parent() {
             std::fs::DirBuilder::new()
                 .recursive(true)
@@ -303,20 +300,29 @@ fn passed(pid: i32, why: &str) -> Vec<u8> {
     wire::PASS.to_vec()
 }
 
-/// A new socket at `path`, mode 0600, listening.
-fn listen_at(path: &Path) -> Result<OwnedFd, ServerError> {
-    let err = |op: &'static str| {
-        let path = path.to_path_buf();
-        move |source| ServerError::Socket { op, path, source }
-    };
-    let listener = socket::socket(
+/// `op` on `path` failed with `source`.
+fn socket_error(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ServerError {
+    let path = path.to_path_buf();
+    move |source| ServerError::Socket { op, path, source }
+}
+
+/// A socket of the kind nvhook-runtime connects to, and `path` as its address.
+fn unix_socket(path: &Path) -> Result<(OwnedFd, UnixAddr), ServerError> {
+    let fd = socket::socket(
         AddressFamily::Unix,
         SockType::SeqPacket,
         SockFlag::SOCK_CLOEXEC,
         None,
     )
-    .map_err(|e| err("open a socket for")(e.into()))?;
-    let addr = UnixAddr::new(path).map_err(|e| err("name")(e.into()))?;
+    .map_err(|e| socket_error("open a socket for", path)(e.into()))?;
+    let addr = UnixAddr::new(path).map_err(|e| socket_error("name", path)(e.into()))?;
+    Ok((fd, addr))
+}
+
+/// A new socket at `path`, mode 0600, listening.
+fn listen_at(path: &Path) -> Result<OwnedFd, ServerError> {
+    let (listener, addr) = unix_socket(path)?;
+    let err = |op| socket_error(op, path);
     socket::bind(listener.as_raw_fd(), &addr).map_err(|e| err("listen on")(e.into()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(err("restrict"))?;
@@ -327,24 +333,14 @@ fn listen_at(path: &Path) -> Result<OwnedFd, ServerError> {
 /// A socket at `path` that no server answers on goes; one that answers, or another kind of
 /// file, stays and is an error.
 fn remove_stale(path: &Path) -> Result<(), ServerError> {
-    let err = |op: &'static str| {
-        let path = path.to_path_buf();
-        move |source| ServerError::Socket { op, path, source }
-    };
+    let err = |op| socket_error(op, path);
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {}
         Ok(_) => return Err(ServerError::NotASocket(path.to_path_buf())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(err("read")(e)),
     }
-    let probe = socket::socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .map_err(|e| err("open a socket for")(e.into()))?;
-    let addr = UnixAddr::new(path).map_err(|e| err("name")(e.into()))?;
+    let (probe, addr) = unix_socket(path)?;
     match socket::connect(probe.as_raw_fd(), &addr) {
         Ok(()) => Err(ServerError::InUse(path.to_path_buf())),
         Err(Errno::ECONNREFUSED) => std::fs::remove_file(path).map_err(err("remove")),

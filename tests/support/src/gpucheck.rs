@@ -3,6 +3,8 @@
 //! On a simulated node no driver sits behind the device nodes, so opening a node the cgroup
 //! allows gives ENXIO, one it refuses gives EPERM, and one never created is absent.
 
+use super::bundle::Bundle;
+use super::image::glibc_image;
 use super::runc::Output;
 
 /// What nvhook writes in a Debian-layout image, checked from inside the container (the
@@ -31,6 +33,23 @@ pub fn gpu_node(index: u32) -> String {
 }
 
 /// `/gpucheck` probing every GPU node of a `gpus`-GPU node and the control nodes, then `extra`.
+/// A bundle of the glibc image running gpucheck over a node's `gpus` GPUs with `extra`
+/// arguments, asking for GPUs `visible` with compute and utility.
+pub fn compute_bundle(gpus: u32, visible: &str, extra: &[&str]) -> Bundle {
+    compute_bundle_running(&gpucheck_args(gpus, extra), visible)
+}
+
+/// A bundle of the glibc image running `args`, asking for GPUs `visible` with compute and
+/// utility.
+pub fn compute_bundle_running(args: &[String], visible: &str) -> Bundle {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut bundle = Bundle::new(glibc_image(), &args);
+    bundle
+        .env(&format!("NVIDIA_VISIBLE_DEVICES={visible}"))
+        .env("NVIDIA_DRIVER_CAPABILITIES=compute,utility");
+    bundle
+}
+
 pub fn gpucheck_args(gpus: u32, extra: &[&str]) -> Vec<String> {
     let nodes = (0..gpus)
         .map(gpu_node)

@@ -34,7 +34,10 @@ pub use cmd::{
     containerd_1_7_in, ld_cache_entries_of_hex, output_of_copied_binary, readelf, require_program,
     require_root, run_checked, stdout_of, write_script,
 };
-pub use gpucheck::{CONTROL_NODES, WRITTEN_SEEN_INSIDE, gpu_node, gpucheck_args, owner_args};
+pub use gpucheck::{
+    CONTROL_NODES, WRITTEN_SEEN_INSIDE, compute_bundle, compute_bundle_running, gpu_node,
+    gpucheck_args, owner_args,
+};
 pub use image::{
     CUDA_COMPAT_DIR, GlibcImageOptions, Image, LoaderCache, OLD_DRIVER_VERSION,
     build_busybox_image, build_glibc_image, build_musl_image, busybox_image, compile, glibc_image,
