@@ -99,6 +99,15 @@ impl Server {
                 .create(dir)
                 .map_err(err("create the directory of", socket))?;
         }
+        // What requests are checked against, read before there is a socket to find.
+        let config = config
+            .map(|c| c.canonicalize().map_err(err("resolve", c)))
+            .transpose()?;
+        let exe = Path::new("/proc/self/exe");
+        let exe = inode(exe)
+            .ok_or_else(|| err("read", exe)(std::io::Error::from(std::io::ErrorKind::NotFound)))?;
+        let mount_ns = Path::new("/proc/self/ns/mnt");
+        let mount_ns = std::fs::read_link(mount_ns).map_err(err("read", mount_ns))?;
         remove_stale(socket)?;
         // Made under another name and renamed into place once it listens, so that a client
         // that finds the socket is answered.
@@ -112,19 +121,12 @@ impl Server {
             let _ = std::fs::remove_file(&fresh);
             err("rename a socket to", socket)(e)
         })?;
-        let config = config
-            .map(|c| c.canonicalize().map_err(err("resolve", c)))
-            .transpose()?;
-        let exe = Path::new("/proc/self/exe");
-        let own = |path: &Path| std::fs::read_link(path).map_err(err("read", path));
         Ok(Server {
             listener,
             socket: socket.to_path_buf(),
             config,
-            exe: inode(exe).ok_or_else(|| {
-                err("read", exe)(std::io::Error::from(std::io::ErrorKind::NotFound))
-            })?,
-            mount_ns: own(Path::new("/proc/self/ns/mnt"))?,
+            exe,
+            mount_ns,
             in_flight: AtomicUsize::new(0),
             inventory: Mutex::default(),
             config_kept: Mutex::default(),
